@@ -1,0 +1,54 @@
+//! Preprocessing for training pipelines as DataFusion SQL functions.
+//!
+//! Each family sits behind a cargo feature (all on by default) and every
+//! function is vectorised over Arrow arrays. [`register_all`] registers every
+//! enabled family on a context; [`functions`] lists them with their signatures
+//! for `\functions` in the REPL.
+//!
+//! | family    | feature   | functions                          |
+//! |-----------|-----------|------------------------------------|
+//! | numeric   | `numeric` | `standardize`, `min_max_scale`     |
+
+#[cfg(feature = "numeric")]
+pub mod numeric;
+
+use datafusion::error::Result;
+use datafusion::logical_expr::ScalarUDF;
+use datafusion::prelude::SessionContext;
+
+/// A function of this crate with its documentation, for listings.
+#[derive(Debug, Clone)]
+pub struct FunctionInfo {
+    /// The SQL name.
+    pub name: &'static str,
+    /// The family (cargo feature) it belongs to.
+    pub family: &'static str,
+    /// The call syntax, e.g. `standardize(x, mean, std)`.
+    pub syntax: &'static str,
+    /// One sentence on what it returns.
+    pub description: &'static str,
+}
+
+/// Every enabled scalar function of this crate.
+pub fn scalar_functions() -> Vec<ScalarUDF> {
+    let mut udfs = Vec::new();
+    #[cfg(feature = "numeric")]
+    udfs.extend(numeric::functions());
+    udfs
+}
+
+/// Name, syntax and description of every enabled function.
+pub fn functions() -> Vec<FunctionInfo> {
+    let mut infos = Vec::new();
+    #[cfg(feature = "numeric")]
+    infos.extend(numeric::infos());
+    infos
+}
+
+/// Registers every enabled function on `ctx`.
+pub fn register_all(ctx: &SessionContext) -> Result<()> {
+    for udf in scalar_functions() {
+        ctx.register_udf(udf);
+    }
+    Ok(())
+}
