@@ -1,0 +1,23 @@
+//! sqlfeed: a training input pipeline written as SQL over Parquet.
+//!
+//! An ML engineer writes the pipeline as SQL (`SELECT … FROM 'data/*.parquet'`)
+//! plus Rust UDFs; sqlfeed runs it on embedded DataFusion (or, later, an Apache
+//! Ballista cluster) and streams the result into training.
+//!
+//! | module      | what it holds                                                  |
+//! |-------------|----------------------------------------------------------------|
+//! | [`session`] | the DataFusion context: memory budget, spill, object stores, UDFs |
+//! | [`sql`]     | our dialect on DataFusion's parser: `SUMMARIZE`, `SAMPLE`, …   |
+//! | [`datagen`]     | the deterministic synthetic training set of `sqlfeed gen`      |
+//! | [`cli`]     | the `sqlfeed` command line and REPL                            |
+//!
+//! The shuffle, feed, device, cache and cluster parts arrive with their issues.
+
+#![deny(clippy::clone_on_ref_ptr)]
+
+pub mod cli;
+pub mod datagen;
+pub mod session;
+pub mod sql;
+
+pub use session::{Session, SessionBuilder};

@@ -1,0 +1,447 @@
+//! The sqlfeed session: one DataFusion context with everything registered.
+//!
+//! A [`Session`] is what every entry point (REPL, `-c`, feeds, examples) runs
+//! SQL through. It owns:
+//!
+//! * one **memory budget** ([`SessionBuilder::memory_limit`], default
+//!   [`DEFAULT_MEMORY_FRACTION`] of physical RAM) enforced by DataFusion's
+//!   `FairSpillPool`, so sorts, joins and aggregates spill instead of failing;
+//! * a **spill directory** (DataFusion's `DiskManager`) whose files are removed
+//!   when the query that wrote them ends, also on error or cancellation;
+//! * **object stores resolved from the URL** in the query
+//!   (`FROM 's3://bucket/*.parquet'`), see [`object_stores`];
+//! * **path tables** with checked Parquet footers, see [`url_table`];
+//! * the **functions** of `sqlfeed-udfs` plus sqlfeed's internal ones;
+//! * `target_partitions` = the number of cores.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> datafusion::error::Result<()> {
+//! let session = sqlfeed::Session::builder().memory_limit(512 << 20).build()?;
+//! let batches = session.sql("SELECT 1 + 1 AS two").await?.collect().await?;
+//! assert_eq!(batches[0].num_rows(), 1);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod object_stores;
+pub mod url_table;
+
+use std::any::Any;
+use std::num::NonZeroUsize;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::dataframe::DataFrame;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool, TrackConsumersPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::RecordBatchStream;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::{FutureExt, Stream};
+
+use crate::sql::{self, Statement};
+pub use object_stores::{IoCounters, ObjectStoreLimits};
+
+/// Share of physical RAM used as the memory limit when none is given.
+pub const DEFAULT_MEMORY_FRACTION: f64 = 0.5;
+
+/// Memory limit when physical RAM cannot be read (non-Linux without `/proc`).
+const FALLBACK_MEMORY_LIMIT: usize = 4 << 30;
+
+/// Configures and builds a [`Session`].
+#[derive(Debug, Clone, Default)]
+pub struct SessionBuilder {
+    /// Bytes of memory all operators of a query share; `None` = default fraction.
+    memory_limit: Option<usize>,
+    /// Parallelism of scans and operators; `None` = number of cores.
+    target_partitions: Option<usize>,
+    /// Directory for spill files; `None` = the OS temp directory.
+    spill_dir: Option<PathBuf>,
+    /// Rows per record batch inside the engine; `None` = DataFusion's default.
+    batch_size: Option<usize>,
+    /// Timeouts and retries for network object stores.
+    object_store_limits: ObjectStoreLimits,
+}
+
+impl SessionBuilder {
+    /// Caps the memory of all operators; beyond it they spill or fail cleanly.
+    pub fn memory_limit(mut self, bytes: usize) -> Self {
+        self.memory_limit = Some(bytes);
+        self
+    }
+
+    /// Number of partitions scans and operators split work into.
+    pub fn target_partitions(mut self, partitions: usize) -> Self {
+        self.target_partitions = Some(partitions.max(1));
+        self
+    }
+
+    /// Directory in which spill files are created (in a per-session subfolder).
+    pub fn spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.spill_dir = Some(dir.into());
+        self
+    }
+
+    /// Rows per record batch inside the engine.
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = Some(rows.max(1));
+        self
+    }
+
+    /// Timeouts and retries for S3, GCS, Azure and HTTP.
+    pub fn object_store_limits(mut self, limits: ObjectStoreLimits) -> Self {
+        self.object_store_limits = limits;
+        self
+    }
+
+    /// Builds the session; fails only if the spill directory cannot be used.
+    pub fn build(self) -> Result<Session> {
+        let memory_limit = self.memory_limit.unwrap_or_else(default_memory_limit);
+        let io = Arc::new(IoCounters::default());
+        let registry = Arc::new(object_stores::LazyObjectStoreRegistry::new(
+            self.object_store_limits.clone(),
+            Arc::clone(&io),
+        ));
+        let pool: Arc<dyn MemoryPool> = Arc::new(TrackConsumersPool::new(
+            FairSpillPool::new(memory_limit),
+            NonZeroUsize::new(5).expect("5 is not zero"),
+        ));
+        let disk_mode = match &self.spill_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "cannot create spill directory '{}': {e}",
+                        dir.display()
+                    ))
+                })?;
+                DiskManagerMode::Directories(vec![dir.clone()])
+            }
+            None => DiskManagerMode::OsTmpDirectory,
+        };
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_pool(pool)
+            .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(disk_mode))
+            .with_object_store_registry(registry)
+            .build_arc()?;
+
+        let mut config = SessionConfig::new()
+            .with_information_schema(true)
+            .with_target_partitions(self.target_partitions.unwrap_or_else(num_cores));
+        if let Some(rows) = self.batch_size {
+            config = config.with_batch_size(rows);
+        }
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(runtime)
+            .with_default_features()
+            .build();
+        let (state, factory) = url_table::install(state);
+        let ctx = SessionContext::new_with_state(state);
+        factory.session_store().with_state(ctx.state_weak_ref());
+        factory
+            .other_formats_session_store()
+            .with_state(ctx.state_weak_ref());
+        sqlfeed_udfs::register_all(&ctx)?;
+        sql::register_internal_functions(&ctx);
+        Ok(Session {
+            ctx,
+            io,
+            memory_limit,
+            spill_dir: self.spill_dir,
+        })
+    }
+}
+
+/// A DataFusion context with sqlfeed's tables, functions and limits; see the
+/// module docs.
+#[derive(Clone)]
+pub struct Session {
+    /// The DataFusion context everything runs in.
+    ctx: SessionContext,
+    /// Bytes read through this session's object stores.
+    io: Arc<IoCounters>,
+    /// The memory budget in bytes.
+    memory_limit: usize,
+    /// Where spill files go (`None` = OS temp directory).
+    spill_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("session_id", &self.ctx.session_id())
+            .field("memory_limit", &self.memory_limit)
+            .field("spill_dir", &self.spill_dir)
+            .finish()
+    }
+}
+
+impl Session {
+    /// Options for a new session.
+    pub fn builder() -> SessionBuilder {
+        SessionBuilder::default()
+    }
+
+    /// A session with default options.
+    pub fn try_new() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// The underlying DataFusion context.
+    pub fn context(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// The memory budget in bytes.
+    pub fn memory_limit(&self) -> usize {
+        self.memory_limit
+    }
+
+    /// Counters of bytes read from object stores (local files included).
+    pub fn io_counters(&self) -> &IoCounters {
+        &self.io
+    }
+
+    /// The same counters, shared.
+    pub fn io_counters_arc(&self) -> Arc<IoCounters> {
+        Arc::clone(&self.io)
+    }
+
+    /// Plans one statement of sqlfeed SQL (DataFusion SQL plus `SUMMARIZE`,
+    /// `SAMPLE` and `DESCRIBE '<path>'`) into a [`DataFrame`].
+    pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
+        let mut statements = sql::parse(sql)?;
+        match statements.len() {
+            1 => self.plan(statements.remove(0)).await,
+            0 => Err(DataFusionError::Plan("no SQL statement given".into())),
+            n => Err(DataFusionError::Plan(format!(
+                "expected one SQL statement, got {n}; run them one by one"
+            ))),
+        }
+    }
+
+    /// Plans one parsed statement.
+    pub async fn plan(&self, statement: Statement) -> Result<DataFrame> {
+        catch_panic(sql::plan_statement(&self.ctx, statement)).await
+    }
+
+    /// Runs `df` and collects its batches, turning a panic inside the engine
+    /// or a dependency into an error.
+    pub async fn collect(&self, df: DataFrame) -> Result<Vec<RecordBatch>> {
+        catch_panic(df.collect()).await
+    }
+
+    /// Starts `plan` and returns its output as one stream whose panics become
+    /// errors. Dropping the stream cancels the query.
+    pub fn execute_stream(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+    ) -> Result<SendableRecordBatchStream> {
+        let task_ctx = self.ctx.task_ctx();
+        let stream = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            datafusion::physical_plan::execute_stream(plan, task_ctx)
+        }))
+        .map_err(|panic| panic_error(&panic))??;
+        Ok(Box::pin(PanicCatchingStream { inner: stream }))
+    }
+}
+
+/// Parses sizes like `512M`, `4G`, `1.5GiB`, `1048576` or `25%` (of RAM).
+pub fn parse_memory_size(text: &str) -> std::result::Result<usize, String> {
+    let text = text.trim();
+    if let Some(percent) = text.strip_suffix('%') {
+        let percent: f64 = percent
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid memory size '{text}': expected e.g. 25%"))?;
+        if !(percent > 0.0 && percent <= 100.0) {
+            return Err(format!(
+                "invalid memory size '{text}': percent must be in (0, 100]"
+            ));
+        }
+        return Ok(
+            (physical_memory().unwrap_or(FALLBACK_MEMORY_LIMIT * 2) as f64 * percent
+                / 100.0) as usize,
+        );
+    }
+    let upper = text.to_ascii_uppercase();
+    let digits_end = upper
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(upper.len());
+    let (number, unit) = upper.split_at(digits_end);
+    let number: f64 = number.parse().map_err(|_| {
+        format!(
+            "invalid memory size '{text}': expected a number with K, M, G or T, e.g. 4G"
+        )
+    })?;
+    let scale: u64 = match unit.trim().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => {
+            return Err(format!(
+                "invalid memory size '{text}': unknown unit '{other}', use K, M, G or T"
+            ));
+        }
+    };
+    let bytes = number * scale as f64;
+    if bytes < 1.0 {
+        return Err(format!("invalid memory size '{text}': must be positive"));
+    }
+    Ok(bytes as usize)
+}
+
+/// [`DEFAULT_MEMORY_FRACTION`] of physical RAM.
+pub fn default_memory_limit() -> usize {
+    physical_memory()
+        .map(|total| (total as f64 * DEFAULT_MEMORY_FRACTION) as usize)
+        .unwrap_or(FALLBACK_MEMORY_LIMIT)
+}
+
+/// Total physical memory from `/proc/meminfo`.
+fn physical_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn num_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(NonZeroUsize::get)
+        .unwrap_or(1)
+}
+
+/// The text of a caught panic payload.
+pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}
+
+fn panic_error(panic: &Box<dyn Any + Send>) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "the query engine panicked: {}. This is a bug in sqlfeed or a dependency, \
+         usually triggered by unusual input data; please report it",
+        panic_message(panic)
+    ))
+}
+
+/// Runs `fut`, turning a panic into an error (see [`panic_error`]).
+pub(crate) async fn catch_panic<T>(
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => Err(panic_error(&panic)),
+    }
+}
+
+/// A record-batch stream whose panics (from a dependency, e.g. a reader
+/// meeting corrupt data) become one error item, after which it ends.
+struct PanicCatchingStream {
+    inner: SendableRecordBatchStream,
+}
+
+impl Stream for PanicCatchingStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        let inner = &mut self.inner;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll_next(cx)))
+        {
+            Ok(poll) => poll,
+            Err(panic) => {
+                self.inner = Box::pin(
+                    datafusion::physical_plan::stream::EmptyRecordBatchStream::new(
+                        self.inner.schema(),
+                    ),
+                );
+                Poll::Ready(Some(Err(panic_error(&panic))))
+            }
+        }
+    }
+}
+
+impl RecordBatchStream for PanicCatchingStream {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_sizes_parse_with_units() {
+        assert_eq!(parse_memory_size("1024"), Ok(1024));
+        assert_eq!(parse_memory_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_memory_size("4G"), Ok(4 << 30));
+        assert_eq!(parse_memory_size("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_memory_size("2gb"), Ok(2 << 30));
+        assert!(parse_memory_size("25%").is_ok_and(|b| b > 0));
+    }
+
+    #[test]
+    fn bad_memory_sizes_say_what_is_expected() {
+        for bad in ["", "G", "4X", "-1G", "0", "200%"] {
+            let err = parse_memory_size(bad).expect_err(bad);
+            assert!(err.contains("invalid memory size"), "{bad}: {err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn session_runs_sql_with_the_given_limit() -> Result<()> {
+        let session = Session::builder()
+            .memory_limit(64 << 20)
+            .target_partitions(2)
+            .build()?;
+        assert_eq!(session.memory_limit(), 64 << 20);
+        let batches = session
+            .collect(session.sql("SELECT 40 + 2 AS answer").await?)
+            .await?;
+        assert_eq!(batches[0].num_rows(), 1);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn panics_in_streams_become_errors() -> Result<()> {
+        use futures::StreamExt;
+        let schema = Arc::new(datafusion::arrow::datatypes::Schema::empty());
+        let panicking =
+            futures::stream::poll_fn(|_| -> Poll<Option<Result<RecordBatch>>> {
+                panic!("corrupt page")
+            });
+        let inner: SendableRecordBatchStream = Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                schema, panicking,
+            ),
+        );
+        let mut stream = PanicCatchingStream { inner };
+        let first = stream.next().await.expect("one item");
+        let err = first.expect_err("the panic becomes an error");
+        assert!(err.to_string().contains("corrupt page"), "{err}");
+        assert!(stream.next().await.is_none());
+        Ok(())
+    }
+}

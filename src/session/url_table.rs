@@ -1,0 +1,381 @@
+//! Tables named by a path or URL in `FROM`, with checked Parquet footers.
+//!
+//! DataFusion's own URL tables (`enable_url_table`) answer a missing file with
+//! "table not found", pick the format from whatever file lists first (a stray
+//! `_meta.json` turns a Parquet folder into a JSON table), report a corrupt
+//! footer without naming the file, and merge conflicting schemas with a message
+//! that names neither file. [`ParquetUrlTableFactory`] resolves the same
+//! `'path'` / `'s3://…'` table names and does it properly:
+//!
+//! ```text
+//!  FROM 'data/month=*/part-*.parquet'
+//!       │
+//!       ▼ list (names the URL on failure; empty → error naming the glob)
+//!  [file 1] [file 2] … [file n]         every footer fetched concurrently,
+//!       │       │           │           a panic in the reader caught per file
+//!       ▼       ▼           ▼
+//!  schema 1  schema 2 … schema n ──► merge: a column whose type differs names
+//!                                           the column and both files
+//!       │
+//!       ▼
+//!  ListingTable (+ hive partition columns inferred from `key=value` folders)
+//! ```
+//!
+//! Names that do not look like paths (`trips`, `t1`) are left to the catalog, so
+//! an unknown table still says "table not found".
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::Path as FsPath;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::catalog::{TableProvider, UrlTableFactory};
+use datafusion::datasource::dynamic_file::DynamicListTableFactory;
+use datafusion::datasource::file_format::FileFormat;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::SessionState;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion_session::SessionStore;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::ObjectMeta;
+
+use super::panic_message;
+
+/// Resolves path- and URL-named tables; see the module docs.
+#[derive(Debug, Default)]
+pub struct ParquetUrlTableFactory {
+    /// The session whose object stores and options the tables use.
+    session_store: SessionStore,
+    /// DataFusion's factory, for CSV, JSON, Arrow and Avro files.
+    other_formats: DynamicListTableFactory,
+}
+
+impl ParquetUrlTableFactory {
+    /// A factory whose session is attached later with [`Self::session_store`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where the owning session registers itself.
+    pub fn session_store(&self) -> &SessionStore {
+        &self.session_store
+    }
+
+    /// Where the fallback factory finds the session.
+    pub fn other_formats_session_store(&self) -> &SessionStore {
+        self.other_formats.session_store()
+    }
+
+    fn state(&self) -> Result<SessionState> {
+        self.session_store
+            .get_session()
+            .upgrade()
+            .and_then(|session| {
+                session
+                    .read()
+                    .as_any()
+                    .downcast_ref::<SessionState>()
+                    .cloned()
+            })
+            .ok_or_else(|| {
+                DataFusionError::Internal(
+                    "the session of this table factory is gone".into(),
+                )
+            })
+    }
+}
+
+/// Whether a table name is meant as a path or URL rather than a catalog name.
+fn looks_like_path(name: &str) -> bool {
+    name.contains("://")
+        || name.contains('/')
+        || name.contains('*')
+        || name.ends_with(".parquet")
+        || name.ends_with(".csv")
+        || name.ends_with(".json")
+        || name.ends_with(".arrow")
+}
+
+#[async_trait]
+impl UrlTableFactory for ParquetUrlTableFactory {
+    async fn try_new(&self, url: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        if !looks_like_path(url) {
+            return Ok(None);
+        }
+        let table_url = parse_table_url(url)?;
+        check_local_path_exists(url, &table_url)?;
+        let state = self.state()?;
+        let store = state.runtime_env().object_store(&table_url)?;
+        let files = list_files(&state, url, &table_url, store.as_ref()).await?;
+        if files.is_empty() {
+            return Err(DataFusionError::Plan(format!(
+                "no files match '{url}': check the path and the glob pattern"
+            )));
+        }
+        let parquet: Vec<ObjectMeta> = files
+            .iter()
+            .filter(|f| f.location.as_ref().ends_with(".parquet"))
+            .cloned()
+            .collect();
+        if parquet.is_empty() {
+            // Not Parquet: DataFusion's own inference handles CSV, JSON and friends.
+            return match self.other_formats.try_new(url).await? {
+                Some(table) => Ok(Some(table)),
+                None => Err(DataFusionError::Plan(format!(
+                    "cannot read '{url}': none of its {} files has a known extension \
+                     (.parquet, .csv, .json, .arrow, .avro)",
+                    files.len()
+                ))),
+            };
+        }
+        let format = Arc::new(
+            ParquetFormat::default().with_options(state.table_options().parquet.clone()),
+        );
+        let schema =
+            checked_schema(&state, &table_url, &store, format.as_ref(), &parquet).await?;
+        let options = ListingOptions::new(format).with_file_extension(".parquet");
+        let config = ListingTableConfig::new(table_url)
+            .with_listing_options(options)
+            .with_schema(schema)
+            .infer_partitions_from_path(&state)
+            .await?;
+        let table = ListingTable::try_new(config)?;
+        Ok(Some(Arc::new(table)))
+    }
+}
+
+/// Parses a path or URL; unlike [`ListingTableUrl::parse`], globs work in
+/// object-store URLs too (`s3://bucket/train/*.parquet`).
+fn parse_table_url(url: &str) -> Result<ListingTableUrl> {
+    let invalid = |e: &dyn std::fmt::Display| {
+        DataFusionError::Plan(format!("'{url}' is not a valid path or URL: {e}"))
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return ListingTableUrl::parse(url).map_err(|e| invalid(&e));
+    };
+    let glob_start = rest.find(['*', '?', '[']);
+    match (scheme, glob_start) {
+        ("file", _) | (_, None) => ListingTableUrl::parse(url).map_err(|e| invalid(&e)),
+        (_, Some(glob_start)) => {
+            let Some(split) = rest[..glob_start].rfind('/') else {
+                return Err(invalid(&"a glob cannot be part of the bucket or host name"));
+            };
+            let (base, pattern) = rest.split_at(split + 1);
+            let base = url::Url::parse(&format!("{scheme}://{base}"))
+                .map_err(|e| invalid(&e))?;
+            let pattern = glob::Pattern::new(pattern).map_err(|e| invalid(&e))?;
+            ListingTableUrl::try_new(base, Some(pattern)).map_err(|e| invalid(&e))
+        }
+    }
+}
+
+/// A local path without glob characters must exist: say so by name.
+fn check_local_path_exists(url: &str, table_url: &ListingTableUrl) -> Result<()> {
+    if table_url.scheme() != "file" || url.contains(['*', '?', '[']) {
+        return Ok(());
+    }
+    let local = url.strip_prefix("file://").unwrap_or(url);
+    if FsPath::new(local).exists() {
+        Ok(())
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "no such file or directory: '{url}'"
+        )))
+    }
+}
+
+async fn list_files(
+    state: &SessionState,
+    url: &str,
+    table_url: &ListingTableUrl,
+    store: &dyn object_store::ObjectStore,
+) -> Result<Vec<ObjectMeta>> {
+    let listing = table_url
+        .list_all_files(state, store, "")
+        .await
+        .map_err(|e| list_error(url, e))?;
+    let mut files: Vec<ObjectMeta> = listing
+        .try_collect()
+        .await
+        .map_err(|e| list_error(url, e))?;
+    files.sort_by(|a, b| a.location.cmp(&b.location));
+    Ok(files)
+}
+
+fn list_error(url: &str, e: DataFusionError) -> DataFusionError {
+    DataFusionError::Plan(format!("cannot list '{url}': {e}"))
+}
+
+/// The table schema: every file's footer read, conflicts named by file.
+async fn checked_schema(
+    state: &SessionState,
+    table_url: &ListingTableUrl,
+    store: &Arc<dyn object_store::ObjectStore>,
+    format: &ParquetFormat,
+    files: &[ObjectMeta],
+) -> Result<SchemaRef> {
+    let concurrency = state
+        .config_options()
+        .execution
+        .meta_fetch_concurrency
+        .get();
+    let schemas: Vec<(String, SchemaRef)> = futures::stream::iter(files)
+        .map(|file| file_schema(state, table_url, store, format, file))
+        .boxed() // https://github.com/rust-lang/rust/issues/64552
+        .buffered(concurrency)
+        .try_collect()
+        .await?;
+    merge_schemas(&schemas)
+}
+
+/// One file's schema, with errors and reader panics named by file.
+async fn file_schema(
+    state: &SessionState,
+    table_url: &ListingTableUrl,
+    store: &Arc<dyn object_store::ObjectStore>,
+    format: &ParquetFormat,
+    file: &ObjectMeta,
+) -> Result<(String, SchemaRef)> {
+    let name = file_display_name(table_url, file);
+    let one = std::slice::from_ref(file);
+    let read = AssertUnwindSafe(format.infer_schema(state, store, one))
+        .catch_unwind()
+        .await;
+    match read {
+        Ok(Ok(schema)) => Ok((name, schema)),
+        Ok(Err(e)) => Err(footer_error(&name, file.size, &e.to_string())),
+        Err(panic) => Err(footer_error(
+            &name,
+            file.size,
+            &format!("the Parquet reader panicked: {}", panic_message(&panic)),
+        )),
+    }
+}
+
+fn file_display_name(table_url: &ListingTableUrl, file: &ObjectMeta) -> String {
+    if table_url.scheme() == "file" {
+        format!("/{}", file.location)
+    } else {
+        let base = table_url.object_store();
+        format!("{}{}", base.as_str(), file.location)
+    }
+}
+
+fn footer_error(file: &str, size: u64, reason: &str) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "cannot read the Parquet footer of '{file}' ({size} bytes): {reason}. The file \
+         is truncated, corrupt or not Parquet: replace it, or exclude it from the path"
+    ))
+}
+
+/// Merges per-file schemas; a column with two types names both files.
+fn merge_schemas(schemas: &[(String, SchemaRef)]) -> Result<SchemaRef> {
+    let mut seen: BTreeMap<&str, (&DataType, &str)> = BTreeMap::new();
+    for (file, schema) in schemas {
+        for field in schema.fields() {
+            match seen.get(field.name().as_str()) {
+                Some((data_type, first_file)) if *data_type != field.data_type() => {
+                    return Err(DataFusionError::Plan(format!(
+                        "column '{}' has type {} in '{}' but {} in '{}': files under one \
+                         path must agree on column types; select them separately and CAST",
+                        field.name(),
+                        data_type,
+                        first_file,
+                        field.data_type(),
+                        file
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(field.name(), (field.data_type(), file));
+                }
+            }
+        }
+    }
+    let merged = Schema::try_merge(schemas.iter().map(|(_, s)| s.as_ref().clone()))?;
+    Ok(Arc::new(merged))
+}
+
+/// Installs the factory on a freshly built state, returning the new state.
+pub(super) fn install(
+    state: SessionState,
+) -> (SessionState, Arc<ParquetUrlTableFactory>) {
+    let factory = Arc::new(ParquetUrlTableFactory::new());
+    let catalogs = Arc::new(datafusion::catalog::DynamicFileCatalog::new(
+        Arc::clone(state.catalog_list()),
+        Arc::clone(&factory) as Arc<dyn UrlTableFactory>,
+    ));
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_catalog_list(catalogs)
+        .build();
+    (state, factory)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Field;
+
+    fn schema(fields: &[(&str, DataType)]) -> SchemaRef {
+        Arc::new(Schema::new(
+            fields
+                .iter()
+                .map(|(n, t)| Field::new(*n, t.clone(), true))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    #[test]
+    fn conflicting_column_types_name_column_and_both_files() {
+        let schemas = vec![
+            ("/a.parquet".to_string(), schema(&[("x", DataType::Int64)])),
+            (
+                "/b.parquet".to_string(),
+                schema(&[("x", DataType::Float64)]),
+            ),
+        ];
+        let err = merge_schemas(&schemas).expect_err("types conflict");
+        let msg = err.to_string();
+        assert!(msg.contains("'x'"), "{msg}");
+        assert!(
+            msg.contains("/a.parquet") && msg.contains("/b.parquet"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn disjoint_columns_merge() -> Result<()> {
+        let schemas = vec![
+            ("/a.parquet".to_string(), schema(&[("x", DataType::Int64)])),
+            ("/b.parquet".to_string(), schema(&[("y", DataType::Utf8)])),
+        ];
+        assert_eq!(merge_schemas(&schemas)?.fields().len(), 2);
+        Ok(())
+    }
+
+    #[test]
+    fn globs_in_object_store_urls_are_split_off() -> Result<()> {
+        let url = parse_table_url("s3://bucket/train/year=2024/*.parquet")?;
+        assert_eq!(url.prefix().as_ref(), "train/year=2024");
+        let file = object_store::path::Path::from("train/year=2024/part-1.parquet");
+        assert!(url.contains(&file, true));
+        let other = object_store::path::Path::from("train/year=2024/part-1.csv");
+        assert!(!url.contains(&other, true));
+        assert!(parse_table_url("s3://buck*/x").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn catalog_names_are_not_paths() {
+        assert!(!looks_like_path("trips"));
+        assert!(looks_like_path("data/x.parquet"));
+        assert!(looks_like_path("s3://b/k"));
+        assert!(looks_like_path("x.parquet"));
+    }
+}
