@@ -1,0 +1,294 @@
+//! sqlfeed's SQL dialect: DataFusion SQL plus the statements of a data tool.
+//!
+//! | statement                          | what it does                                   |
+//! |------------------------------------|------------------------------------------------|
+//! | any DataFusion statement           | planned by DataFusion unchanged                |
+//! | `SUMMARIZE <table>`                | per-column profile: counts, nulls, distinct, min/max, mean, stddev, quartiles |
+//! | `SAMPLE <table> <n> [SEED <s>]`    | `n` uniform random rows, the same for the same seed and data |
+//! | `DESCRIBE <table>`                 | column names, types and nullability            |
+//!
+//! `<table>` is a table name, a quoted path or URL as in `FROM`
+//! (`'data/*.parquet'`, `'s3://bucket/x/'`), or a parenthesised query.
+//!
+//! # How it parses
+//! Our keywords are not sqlparser keywords, so the parser peeks at the first
+//! token of each statement: ours are parsed here with sqlparser's primitives,
+//! everything else goes to DataFusion's [`DFParser`] on the same token stream,
+//! so error positions refer to the whole input (the pattern of datafusion-cli
+//! and DataFusion's `sql_ops/dialect.rs` example).
+
+mod explore;
+mod functions;
+
+use datafusion::dataframe::DataFrame;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::{DFParser, DFParserBuilder, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::{ObjectName, Query};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::tokenizer::Token;
+
+pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos, row_key_hash};
+
+/// One parsed statement of sqlfeed SQL.
+#[derive(Debug, Clone)]
+pub enum Statement {
+    /// A statement DataFusion plans itself.
+    DataFusion(Box<DFStatement>),
+    /// `DESCRIBE <table>` for a path or a query (names go to DataFusion).
+    Describe(TableTarget),
+    /// `SUMMARIZE <table>`.
+    Summarize(TableTarget),
+    /// `SAMPLE <table> <rows> [SEED <seed>]`.
+    Sample {
+        /// What to sample from.
+        target: TableTarget,
+        /// Number of rows wanted (fewer if the table is smaller).
+        rows: u64,
+        /// Seed of the sample; `None` draws a fresh one.
+        seed: Option<u64>,
+    },
+}
+
+/// The `<table>` of our statements.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TableTarget {
+    /// A table in the catalog.
+    Name(ObjectName),
+    /// A quoted path or URL, resolved like `FROM 'path'`.
+    Path(String),
+    /// A parenthesised query.
+    Query(Box<Query>),
+}
+
+impl TableTarget {
+    /// The SQL text that names this target after `FROM`.
+    pub fn from_clause(&self) -> String {
+        match self {
+            TableTarget::Name(name) => name.to_string(),
+            TableTarget::Path(path) => format!("'{}'", path.replace('\'', "''")),
+            TableTarget::Query(query) => format!("({query}) AS __sqlfeed_subquery"),
+        }
+    }
+}
+
+/// Parses `sql` into statements; errors carry the parser's position.
+pub fn parse(sql: &str) -> Result<Vec<Statement>> {
+    let dialect = GenericDialect {};
+    let mut parser = DFParserBuilder::new(sql).with_dialect(&dialect).build()?;
+    let mut statements = Vec::new();
+    let mut expecting_delimiter = false;
+    loop {
+        while parser.parser.consume_token(&Token::SemiColon) {
+            expecting_delimiter = false;
+        }
+        let next = parser.parser.peek_token();
+        if next.token == Token::EOF {
+            break;
+        }
+        if expecting_delimiter {
+            return Err(parse_error(format!(
+                "expected ';' between statements, found {next} at Line: {}, Column: {}",
+                next.span.start.line, next.span.start.column
+            )));
+        }
+        statements.push(parse_one(&mut parser).map_err(|e| with_end_position(e, sql))?);
+        expecting_delimiter = true;
+    }
+    Ok(statements)
+}
+
+fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
+    let first = parser.parser.peek_token();
+    let keyword = match &first.token {
+        Token::Word(word) => word.value.to_ascii_uppercase(),
+        _ => String::new(),
+    };
+    match keyword.as_str() {
+        "SUMMARIZE" => {
+            parser.parser.next_token();
+            Ok(Statement::Summarize(parse_target(parser)?))
+        }
+        "SAMPLE" => {
+            parser.parser.next_token();
+            let target = parse_target(parser)?;
+            let rows = parser.parser.parse_literal_uint().map_err(|e| {
+                parse_error(format!("SAMPLE <table> <rows> [SEED <seed>]: {e}"))
+            })?;
+            let seed = if next_word_is(parser, "SEED") {
+                parser.parser.next_token();
+                Some(parser.parser.parse_literal_uint().map_err(|e| {
+                    parse_error(format!("SEED takes a non-negative integer: {e}"))
+                })?)
+            } else {
+                None
+            };
+            Ok(Statement::Sample { target, rows, seed })
+        }
+        "DESCRIBE" | "DESC" => {
+            let after = parser.parser.peek_nth_token(1);
+            if matches!(after.token, Token::SingleQuotedString(_) | Token::LParen) {
+                parser.parser.next_token();
+                Ok(Statement::Describe(parse_target(parser)?))
+            } else {
+                Ok(Statement::DataFusion(Box::new(parser.parse_statement()?)))
+            }
+        }
+        _ => Ok(Statement::DataFusion(Box::new(parser.parse_statement()?))),
+    }
+}
+
+/// sqlparser reports "found: EOF" without a position; add where input ends.
+fn with_end_position(error: DataFusionError, sql: &str) -> DataFusionError {
+    let message = error.to_string();
+    if message.contains("Line:") || !message.contains("EOF") {
+        return error;
+    }
+    let line = sql.lines().count().max(1);
+    let column = sql
+        .lines()
+        .last()
+        .map(|l| l.chars().count() + 1)
+        .unwrap_or(1);
+    parse_error(format!(
+        "{} at the end of the input (Line: {line}, Column: {column}): the statement is incomplete",
+        message.trim_start_matches("SQL error: ")
+    ))
+}
+
+fn next_word_is(parser: &DFParser<'_>, word: &str) -> bool {
+    matches!(&parser.parser.peek_token().token, Token::Word(w) if w.value.eq_ignore_ascii_case(word))
+}
+
+fn parse_target(parser: &mut DFParser<'_>) -> Result<TableTarget> {
+    let next = parser.parser.peek_token();
+    match &next.token {
+        Token::SingleQuotedString(path) => {
+            let path = path.clone();
+            parser.parser.next_token();
+            Ok(TableTarget::Path(path))
+        }
+        Token::LParen => {
+            parser.parser.next_token();
+            let query = parser
+                .parser
+                .parse_query()
+                .map_err(|e| parse_error(e.to_string()))?;
+            parser
+                .parser
+                .expect_token(&Token::RParen)
+                .map_err(|e| parse_error(e.to_string()))?;
+            Ok(TableTarget::Query(query))
+        }
+        Token::Word(_) => parser
+            .parser
+            .parse_object_name(false)
+            .map(TableTarget::Name)
+            .map_err(|e| parse_error(e.to_string())),
+        _ => Err(parse_error(format!(
+            "expected a table name, a quoted path or a (query), found {next} at Line: {}, \
+             Column: {}",
+            next.span.start.line, next.span.start.column
+        ))),
+    }
+}
+
+fn parse_error(message: String) -> DataFusionError {
+    DataFusionError::SQL(
+        Box::new(datafusion::sql::sqlparser::parser::ParserError::ParserError(message)),
+        None,
+    )
+}
+
+/// Registers the functions sqlfeed's own statements plan with.
+pub(crate) fn register_internal_functions(ctx: &SessionContext) {
+    ctx.register_udf(datafusion::logical_expr::ScalarUDF::from(RowKeyFunc::new()));
+    ctx.register_udf(datafusion::logical_expr::ScalarUDF::from(
+        ByteLengthFunc::new(),
+    ));
+}
+
+/// Plans one statement into a DataFrame.
+pub(crate) async fn plan_statement(
+    ctx: &SessionContext,
+    statement: Statement,
+) -> Result<DataFrame> {
+    match statement {
+        Statement::DataFusion(statement) => {
+            let state = ctx.state();
+            let plan = state.statement_to_plan(*statement).await?;
+            ctx.execute_logical_plan(plan).await
+        }
+        Statement::Describe(target) => explore::describe(ctx, &target).await,
+        Statement::Summarize(target) => explore::summarize(ctx, &target).await,
+        Statement::Sample { target, rows, seed } => {
+            explore::sample(ctx, &target, rows, seed).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_statements_and_recognises_ours() -> Result<()> {
+        let statements = parse(
+            "SELECT 1; SUMMARIZE 'data/*.parquet'; SAMPLE t 10 SEED 7;\
+             SAMPLE (SELECT * FROM t WHERE x > 1) 3; DESCRIBE 'a.parquet'; DESCRIBE t",
+        )?;
+        assert_eq!(statements.len(), 6);
+        assert!(matches!(statements[0], Statement::DataFusion(_)));
+        assert!(
+            matches!(&statements[1], Statement::Summarize(TableTarget::Path(p)) if p == "data/*.parquet")
+        );
+        assert!(matches!(
+            &statements[2],
+            Statement::Sample {
+                target: TableTarget::Name(_),
+                rows: 10,
+                seed: Some(7)
+            }
+        ));
+        assert!(matches!(
+            &statements[3],
+            Statement::Sample {
+                target: TableTarget::Query(_),
+                rows: 3,
+                seed: None
+            }
+        ));
+        assert!(matches!(
+            statements[4],
+            Statement::Describe(TableTarget::Path(_))
+        ));
+        assert!(matches!(statements[5], Statement::DataFusion(_)));
+        Ok(())
+    }
+
+    #[test]
+    fn bad_sql_reports_the_position() {
+        let err = parse("SELECT * FROM t WHERE x = ").expect_err("incomplete");
+        let msg = err.to_string();
+        assert!(msg.contains("Line: 1, Column: 27"), "{msg}");
+        let err = parse("SELECT * FROM t WHERE AND x").expect_err("bad token");
+        assert!(err.to_string().contains("Line: 1, Column: 27"), "{err}");
+    }
+
+    #[test]
+    fn sample_needs_a_row_count() {
+        let err = parse("SAMPLE t SEED 1").expect_err("no count");
+        assert!(err.to_string().contains("SAMPLE <table> <rows>"), "{err}");
+    }
+
+    #[test]
+    fn missing_delimiter_is_an_error() {
+        assert!(parse("SUMMARIZE t SELECT 1").is_err());
+    }
+
+    #[test]
+    fn paths_are_quoted_back_safely() {
+        let target = TableTarget::Path("it's.parquet".into());
+        assert_eq!(target.from_clause(), "'it''s.parquet'");
+    }
+}
