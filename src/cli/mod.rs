@@ -1,0 +1,202 @@
+//! The `sqlfeed` command line: REPL, `-c`, `-f`, `gen` and `demo`.
+
+// The command line's job is to print; the library modules log instead.
+#![allow(clippy::print_stdout)]
+
+mod command;
+mod demo;
+mod exec;
+mod print;
+mod progress;
+mod repl;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+pub use command::Command;
+pub use exec::{Executor, Flow, is_broken_pipe};
+pub use print::OutputFormat;
+pub use progress::ScanTotals;
+
+use crate::datagen::{self, GenOptions};
+use crate::session::{Session, parse_memory_size};
+
+/// SQL over Parquet into training batches; with no arguments, an interactive
+/// SQL shell.
+#[derive(Debug, Parser)]
+#[command(name = "sqlfeed", version, about, after_help = EXAMPLES)]
+pub struct Cli {
+    /// What to run; nothing starts the REPL.
+    #[command(subcommand)]
+    pub command: Option<SubCommand>,
+    /// Run these statements (or `\` commands) and exit. Repeatable.
+    #[arg(short = 'c', long = "command", value_name = "SQL")]
+    pub commands: Vec<String>,
+    /// Run the statements of these files and exit. Repeatable.
+    #[arg(short = 'f', long = "file", value_name = "PATH")]
+    pub files: Vec<PathBuf>,
+    /// Output format of results.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    pub format: OutputFormat,
+    /// Memory for all operators of a query, e.g. 4G, 512M or 25% (default:
+    /// half of physical RAM). Beyond it, sorts and aggregations spill to disk.
+    #[arg(long, value_parser = parse_memory_size, value_name = "SIZE")]
+    pub memory_limit: Option<usize>,
+    /// Where spill files go (default: the OS temp directory).
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
+    /// Parallelism (default: number of cores).
+    #[arg(long, value_name = "N")]
+    pub target_partitions: Option<usize>,
+    /// Rows shown per table result; 0 shows all (default: 40 in the REPL, all
+    /// with -c and -f).
+    #[arg(long, value_name = "N")]
+    pub max_rows: Option<usize>,
+    /// Print the elapsed time after each table result (always on in the REPL).
+    #[arg(long)]
+    pub timing: bool,
+}
+
+const EXAMPLES: &str = "Examples:
+  sqlfeed gen --rows 100000 --out data
+  sqlfeed -c \"SUMMARIZE 'data/*.parquet'\"
+  sqlfeed -c \"SAMPLE 'data/*.parquet' 5 SEED 42\" --format csv
+  sqlfeed -c \"SELECT label, count(*) FROM 's3://bucket/train/*.parquet' GROUP BY label\"
+  sqlfeed                       # interactive shell";
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum SubCommand {
+    /// Write a deterministic synthetic training set as Parquet.
+    Gen(GenArgs),
+    /// Generate a small data set if missing and run a preprocessing query on it.
+    Demo(demo::DemoArgs),
+}
+
+/// Options of `sqlfeed gen`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenArgs {
+    /// Total rows.
+    #[arg(long)]
+    pub rows: u64,
+    /// Output directory.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Number of files.
+    #[arg(long, default_value_t = 4)]
+    pub files: usize,
+    /// Seed; the same seed gives byte-identical files.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Number of float32 feature columns f0, f1, ...
+    #[arg(long, default_value_t = 8)]
+    pub features: usize,
+    /// Side of the square PNG/JPEG images in pixels.
+    #[arg(long, default_value_t = 32)]
+    pub image_size: u32,
+}
+
+/// Parses the arguments, runs, and maps the outcome to an exit code.
+pub fn main() -> ExitCode {
+    let _ = env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn"),
+    )
+    .format_timestamp(None)
+    .try_init();
+    // Panics inside the engine are caught at our boundary and reported as
+    // errors; keep the default hook's backtrace text out of the user's way.
+    std::panic::set_hook(Box::new(|info| log::debug!("caught panic: {info}")));
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            if let Some(df) = e.downcast_ref::<datafusion::error::DataFusionError>()
+                && is_broken_pipe(df)
+            {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the parsed command line.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run_async(cli))
+}
+
+async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(SubCommand::Gen(args)) = &cli.command {
+        let options = GenOptions {
+            rows: args.rows,
+            out: args.out.clone(),
+            files: args.files,
+            seed: args.seed,
+            features: args.features,
+            image_size: args.image_size,
+            row_group_rows: 8192,
+        };
+        let start = std::time::Instant::now();
+        let summary = datagen::generate(&options)?;
+        eprintln!(
+            "wrote {} rows in {} files ({:.1} MB) to {} in {:.2}s",
+            summary.rows,
+            summary.files.len(),
+            summary.bytes as f64 / 1e6,
+            args.out.display(),
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let mut builder = Session::builder();
+    if let Some(limit) = cli.memory_limit {
+        builder = builder.memory_limit(limit);
+    }
+    if let Some(dir) = &cli.spill_dir {
+        builder = builder.spill_dir(dir);
+    }
+    if let Some(n) = cli.target_partitions {
+        builder = builder.target_partitions(n);
+    }
+    let interactive =
+        cli.commands.is_empty() && cli.files.is_empty() && cli.command.is_none();
+    let mut exec = Executor {
+        session: builder.build()?,
+        format: cli.format,
+        max_rows: cli.max_rows.unwrap_or(if interactive { 40 } else { 0 }),
+        timing: cli.timing || interactive,
+        progress: std::io::stderr().is_terminal(),
+    };
+
+    if let Some(SubCommand::Demo(args)) = &cli.command {
+        demo::run(&mut exec, args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if interactive {
+        repl::run(&mut exec).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    for text in &cli.commands {
+        if exec.run_text(text).await? == Flow::Quit {
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    for path in &cli.files {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read SQL file '{}'", path.display()))?;
+        if exec.run_text(&text).await? == Flow::Quit {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

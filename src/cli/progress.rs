@@ -1,0 +1,132 @@
+//! The progress bar of long queries: files and bytes read of the total, rows/s.
+//!
+//! Drawn on stderr only when stderr is a terminal and only once a query has
+//! run for [`SHOW_AFTER`], so quick queries and piped output see nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::physical_plan::ExecutionPlan;
+use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::session::IoCounters;
+
+/// A query shorter than this shows no bar.
+const SHOW_AFTER: Duration = Duration::from_millis(800);
+/// Refresh interval of the bar.
+const TICK: Duration = Duration::from_millis(150);
+
+/// Files and bytes a physical plan scans.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ScanTotals {
+    /// Distinct files in all scans.
+    pub files: usize,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
+impl ScanTotals {
+    /// Sums the file scans of `plan`; a file split into ranges counts once.
+    pub fn of(plan: &Arc<dyn ExecutionPlan>) -> Self {
+        let mut files: HashMap<String, u64> = HashMap::new();
+        let _ = plan.apply(|node| {
+            if let Some(scan) = node.downcast_ref::<DataSourceExec>()
+                && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
+            {
+                for group in &config.file_groups {
+                    for file in group.iter() {
+                        files.insert(
+                            file.object_meta.location.to_string(),
+                            file.object_meta.size,
+                        );
+                    }
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        Self {
+            files: files.len(),
+            bytes: files.values().sum(),
+        }
+    }
+}
+
+/// A running progress bar; cleared when dropped.
+pub struct Progress {
+    /// The bar (hidden until [`SHOW_AFTER`]).
+    bar: ProgressBar,
+    /// Rows delivered so far, updated by the consumer.
+    rows: Arc<AtomicU64>,
+    /// The ticker; aborted on drop.
+    _ticker: SpawnedTask<()>,
+}
+
+impl Progress {
+    /// Starts ticking for a query that scans `totals`, reading `io`.
+    pub fn start(totals: ScanTotals, io: Arc<IoCounters>) -> Self {
+        let bar = ProgressBar::with_draw_target(
+            Some(totals.bytes.max(1)),
+            ProgressDrawTarget::hidden(),
+        );
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] [{bar:30}] {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        let rows = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let bytes_at_start = io.bytes_read();
+        io.reset_files();
+        let ticker = {
+            let bar = bar.clone();
+            let rows = Arc::clone(&rows);
+            SpawnedTask::spawn(async move {
+                let mut shown = false;
+                loop {
+                    tokio::time::sleep(TICK).await;
+                    let elapsed = start.elapsed();
+                    if !shown && elapsed >= SHOW_AFTER {
+                        bar.set_draw_target(ProgressDrawTarget::stderr());
+                        shown = true;
+                    }
+                    let read = io.bytes_read().saturating_sub(bytes_at_start);
+                    let rows = rows.load(Ordering::Relaxed);
+                    bar.set_position(read.min(totals.bytes));
+                    bar.set_message(format!(
+                        "{}/{} files, {} of {}, {} rows ({:.0} rows/s)",
+                        io.files_read().min(totals.files),
+                        totals.files,
+                        HumanBytes(read),
+                        HumanBytes(totals.bytes),
+                        rows,
+                        rows as f64 / elapsed.as_secs_f64().max(1e-3)
+                    ));
+                }
+            })
+        };
+        Self {
+            bar,
+            rows,
+            _ticker: ticker,
+        }
+    }
+
+    /// Adds delivered rows.
+    pub fn add_rows(&self, rows: usize) {
+        self.rows.fetch_add(rows as u64, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
