@@ -1,0 +1,193 @@
+//! The binary: `-c`, `-f`, formats, backslash commands, `gen`, `demo`.
+
+use datafusion::error::Result;
+
+use crate::common::{csv, gen_data, run, sqlfeed};
+
+#[test]
+fn formats_csv_json_ndjson_and_table() {
+    let sql = "SELECT * FROM (VALUES (1, 'a'), (2, NULL)) AS t(n, s) ORDER BY n";
+    assert_eq!(csv(sql), "n,s\n1,a\n2,\n");
+    let (ok, json, _) = run(sqlfeed().args(["--format", "json", "-c", sql]));
+    assert!(ok);
+    assert_eq!(json.trim(), r#"[{"n":1,"s":"a"},{"n":2}]"#);
+    let (ok, nd, _) = run(sqlfeed().args(["--format", "ndjson", "-c", sql]));
+    assert!(ok);
+    assert_eq!(nd, "{\"n\":1,\"s\":\"a\"}\n{\"n\":2}\n");
+    let (ok, table, _) = run(sqlfeed().args(["-c", sql]));
+    assert!(ok);
+    assert_eq!(
+        table,
+        "+---+------+\n| n | s    |\n+---+------+\n| 1 | a    |\n| 2 | NULL |\n+---+------+\n2 rows\n"
+    );
+}
+
+#[test]
+fn timing_and_row_limit_in_table_output() {
+    let (ok, out, _) = run(sqlfeed().args([
+        "--timing",
+        "--max-rows",
+        "3",
+        "-c",
+        "SELECT * FROM generate_series(1, 10)",
+    ]));
+    assert!(ok);
+    let footer = out.lines().last().expect("a footer");
+    assert!(footer.starts_with("10 rows (first 3 shown"), "{footer}");
+    assert!(footer.contains(" in ") && footer.ends_with('s'), "{footer}");
+}
+
+#[test]
+fn script_file_with_statements_and_commands() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(&dir.path().join("data"), 100, 2)?;
+    let script = dir.path().join("explore.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "-- a comment\n\
+             CREATE EXTERNAL TABLE train STORED AS PARQUET LOCATION '{}/data/';\n\
+             \\dt\n\
+             SELECT count(*) AS n\n  FROM train\n  WHERE label < 5;\n\
+             \\d train\n",
+            dir.path().display()
+        ),
+    )?;
+    let (ok, out, err) = run(sqlfeed().args(["--format", "csv", "-f"]).arg(&script));
+    assert!(ok, "{err}");
+    assert!(out.contains("public,train,BASE TABLE"), "{out}");
+    assert!(out.contains("column_name,data_type,is_nullable"), "{out}");
+    assert!(out.contains("caption,Utf8View"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn summarize_and_sample_statements() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 400, 2)?;
+    let path = format!("{}/*.parquet", dir.path().display());
+    let summary = csv(&format!("SUMMARIZE '{path}'"));
+    let label = summary
+        .lines()
+        .find(|l| l.starts_with("label,"))
+        .expect("a row for label");
+    assert!(
+        label.starts_with("label,Int32,value,400,0,10,0,9,"),
+        "{label}"
+    );
+    let a = csv(&format!("SAMPLE '{path}' 5 SEED 3"));
+    let b = csv(&format!("SAMPLE (SELECT * FROM '{path}') 5 SEED 3"));
+    assert_eq!(a, b, "a path and the same query sample the same rows");
+    assert_eq!(a.lines().count(), 6);
+    assert_ne!(a, csv(&format!("SAMPLE '{path}' 5 SEED 4")));
+    Ok(())
+}
+
+#[test]
+fn functions_and_help_list_what_exists() {
+    let (ok, out, _) = run(sqlfeed().args(["-c", "\\functions"]));
+    assert!(ok);
+    assert!(out.contains("standardize(x, mean, std)"), "{out}");
+    assert!(out.contains("byte_length(value)"), "{out}");
+    let (ok, help, _) = run(sqlfeed().args(["-c", "\\?"]));
+    assert!(ok);
+    assert!(
+        help.contains("SUMMARIZE <table>") && help.contains("\\timing"),
+        "{help}"
+    );
+}
+
+#[test]
+fn unknown_command_and_bad_memory_limit_are_errors() {
+    let (ok, _, err) = run(sqlfeed().args(["-c", "\\nope"]));
+    assert!(!ok);
+    assert!(err.contains("unknown command '\\nope'"), "{err}");
+    let (ok, _, err) = run(sqlfeed().args(["--memory-limit", "lots", "-c", "SELECT 1"]));
+    assert!(!ok);
+    assert!(err.contains("invalid memory size 'lots'"), "{err}");
+}
+
+#[test]
+fn gen_is_byte_identical_for_a_seed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let generate = |name: &str, seed: &str| {
+        let out = dir.path().join(name);
+        let (ok, _, err) = run(sqlfeed()
+            .args([
+                "gen",
+                "--rows",
+                "300",
+                "--files",
+                "2",
+                "--image-size",
+                "16",
+                "--seed",
+                seed,
+                "--out",
+            ])
+            .arg(&out));
+        assert!(ok, "{err}");
+        out
+    };
+    let (a, b, c) = (generate("a", "5"), generate("b", "5"), generate("c", "6"));
+    for file in ["part-00000.parquet", "part-00001.parquet", "_meta.json"] {
+        let bytes = |d: &std::path::Path| std::fs::read(d.join(file)).expect("generated");
+        assert_eq!(bytes(&a), bytes(&b), "{file}");
+        if file != "_meta.json" {
+            assert_ne!(bytes(&a), bytes(&c), "{file}");
+        }
+    }
+    let rows = csv(&format!(
+        "SELECT count(*) AS n, count(DISTINCT id) AS ids FROM '{}'",
+        a.display()
+    ));
+    assert_eq!(rows, "n,ids\n300,300\n");
+    Ok(())
+}
+
+#[test]
+fn demo_generates_data_and_prints_one_row_per_label() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("demo");
+    let (ok, out, err) = run(sqlfeed()
+        .args(["demo", "--rows", "2000", "--dir"])
+        .arg(&data));
+    assert!(ok, "{err}");
+    assert!(err.contains("generated 2000 rows"), "{err}");
+    assert!(out.contains("10 rows in"), "{out}");
+    assert!(out.contains("preprocessed 2000 rows"), "{out}");
+    // Second run reuses the data.
+    let (ok, _, err) = run(sqlfeed()
+        .args(["demo", "--rows", "2000", "--dir"])
+        .arg(&data));
+    assert!(ok);
+    assert!(!err.contains("generated"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn broken_pipe_is_not_an_error() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = sqlfeed()
+        .args([
+            "--format",
+            "csv",
+            "-c",
+            "SELECT * FROM generate_series(1, 2000000)",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first).expect("some output");
+    drop(stdout);
+    let output = child.wait_with_output().expect("exit");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,0 +1,113 @@
+//! Shared helpers: generated data, the binary, small Parquet writers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::error::Result;
+use datafusion::parquet::arrow::ArrowWriter;
+use sqlfeed::datagen::{GenOptions, generate};
+
+/// Generates `rows` rows in `files` files under `dir` (seed 42).
+pub fn gen_data(dir: &Path, rows: u64, files: usize) -> Result<Vec<PathBuf>> {
+    let mut options = GenOptions::new(rows, dir);
+    options.files = files;
+    options.image_size = 8;
+    Ok(generate(&options)?.files)
+}
+
+/// Writes `batch` as one Parquet file.
+pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let file = std::fs::File::create(path)?;
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), None)?;
+    writer.write(batch)?;
+    writer.close()?;
+    Ok(())
+}
+
+/// A one-column batch.
+pub fn one_column(name: &str, array: datafusion::arrow::array::ArrayRef) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![(name, array)]).expect("one column is a valid batch")
+}
+
+/// The `sqlfeed` binary with a private history file and no colour.
+pub fn sqlfeed() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sqlfeed"));
+    command
+        .env(
+            "SQLFEED_HISTORY",
+            std::env::temp_dir().join("sqlfeed-test-history"),
+        )
+        .env("RUST_LOG", "warn")
+        .env_remove("AWS_ENDPOINT_URL");
+    command
+}
+
+/// Runs the binary with `args`; returns (success, stdout, stderr).
+pub fn run(command: &mut Command) -> (bool, String, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.output().expect("sqlfeed runs");
+    (
+        status.success(),
+        String::from_utf8_lossy(&stdout).into_owned(),
+        String::from_utf8_lossy(&stderr).into_owned(),
+    )
+}
+
+/// Runs `sqlfeed -c sql --format csv` and returns stdout, panicking with
+/// stderr on failure.
+pub fn csv(sql: &str) -> String {
+    let (ok, out, err) = run(sqlfeed().args(["--format", "csv", "-c", sql]));
+    assert!(ok, "sqlfeed -c {sql:?} failed: {err}");
+    out
+}
+
+/// A session small enough for tests.
+pub fn session() -> Result<sqlfeed::Session> {
+    sqlfeed::Session::builder()
+        .memory_limit(256 << 20)
+        .target_partitions(2)
+        .build()
+}
+
+/// Collects `sql` on `session` into batches.
+pub async fn collect(session: &sqlfeed::Session, sql: &str) -> Result<Vec<RecordBatch>> {
+    session.collect(session.sql(sql).await?).await
+}
+
+/// Rows of `batches` formatted as strings per cell (for order-sensitive checks).
+pub fn rows(batches: &[RecordBatch]) -> Vec<Vec<String>> {
+    use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let options = FormatOptions::default().with_null("NULL");
+    let mut out = Vec::new();
+    for batch in batches {
+        let formatters: Vec<_> = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).expect("formattable"))
+            .collect();
+        for row in 0..batch.num_rows() {
+            out.push(
+                formatters
+                    .iter()
+                    .map(|f| f.value(row).to_string())
+                    .collect(),
+            );
+        }
+    }
+    out
+}
+
+/// `Arc` helper for arrays.
+pub fn arc<A: datafusion::arrow::array::Array + 'static>(
+    a: A,
+) -> datafusion::arrow::array::ArrayRef {
+    Arc::new(a)
+}

@@ -1,0 +1,17 @@
+//! sqlfeed's integration tests, in one binary so that DataFusion is linked once.
+//!
+//! * `local_sql`: queries over local Parquet (globs, folders, hive partitions),
+//!   SUMMARIZE and SAMPLE against hand-computed values, the memory limit.
+//! * `bad_input`: every bad input of the foundation issue names what is wrong.
+//! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
+//! * `repl`: the interactive shell through a pseudo-terminal.
+//! * `s3`: object-store queries against a real S3-compatible server (moto) on
+//!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
+//!   `SQLFEED_TEST_S3=require` (as in `.ci/run`).
+
+mod bad_input;
+mod cli;
+mod common;
+mod local_sql;
+mod repl;
+mod s3;

@@ -1,0 +1,202 @@
+//! Queries over S3 through a real S3-compatible server (moto) on 127.0.0.1.
+//!
+//! `.ci/run` installs moto and sets `SQLFEED_TEST_S3=require`, so in CI these
+//! tests always run. Elsewhere they run when `moto_server` is on PATH and
+//! print a skip line otherwise.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::error::Result;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::common::{gen_data, run, sqlfeed};
+
+/// A moto server on a free loopback port, killed on drop.
+struct Moto {
+    child: Child,
+    endpoint: String,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn moto_binary() -> Option<String> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("moto_server"))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+}
+
+/// Starts moto, or returns `None` (skip) when it is absent and not required.
+fn start_moto(test: &str) -> Option<Moto> {
+    let required = std::env::var("SQLFEED_TEST_S3").is_ok_and(|v| v == "require");
+    let Some(binary) = moto_binary() else {
+        assert!(
+            !required,
+            "SQLFEED_TEST_S3=require but moto_server is not on PATH"
+        );
+        eprintln!("skipped {test}: moto_server not on PATH (pip install 'moto[server]')");
+        return None;
+    };
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = Command::new(binary)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("moto_server starts");
+    let moto = Moto {
+        child,
+        endpoint: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "moto did not start on port {port}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Some(moto)
+}
+
+/// Creates a bucket with a plain HTTP PUT (object_store cannot create buckets).
+fn create_bucket(endpoint: &str, bucket: &str) {
+    let address = endpoint.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).expect("connect to moto");
+    write!(
+        stream,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    assert!(
+        response.starts_with("HTTP/1.1 200"),
+        "create bucket: {response}"
+    );
+}
+
+fn store(endpoint: &str, bucket: &str) -> Arc<dyn ObjectStore> {
+    Arc::new(
+        AmazonS3Builder::new()
+            .with_endpoint(endpoint)
+            .with_allow_http(true)
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .expect("S3 client"),
+    )
+}
+
+async fn upload_dir(
+    store: &dyn ObjectStore,
+    local: &std::path::Path,
+    prefix: &str,
+) -> Result<()> {
+    for entry in std::fs::read_dir(local)? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = std::fs::read(&path)?;
+        store
+            .put(
+                &ObjectPath::from(format!("{prefix}/{name}")),
+                PutPayload::from(bytes),
+            )
+            .await
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+    }
+    Ok(())
+}
+
+fn s3_sqlfeed(moto: &Moto) -> Command {
+    let mut command = sqlfeed();
+    command
+        .env("AWS_ENDPOINT_URL", &moto.endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "secret-never-printed")
+        .env("AWS_REGION", "us-east-1");
+    command
+}
+
+#[tokio::test]
+async fn s3_globs_hive_partitions_summarize_and_errors() -> Result<()> {
+    let Some(moto) = start_moto("s3_globs_hive_partitions_summarize_and_errors") else {
+        return Ok(());
+    };
+    create_bucket(&moto.endpoint, "train");
+    let s3 = store(&moto.endpoint, "train");
+    let local = tempfile::tempdir()?;
+    gen_data(&local.path().join("flat"), 500, 3)?;
+    gen_data(&local.path().join("month=1"), 120, 1)?;
+    gen_data(&local.path().join("month=2"), 80, 1)?;
+    upload_dir(s3.as_ref(), &local.path().join("flat"), "flat").await?;
+    upload_dir(s3.as_ref(), &local.path().join("month=1"), "hive/month=1").await?;
+    upload_dir(s3.as_ref(), &local.path().join("month=2"), "hive/month=2").await?;
+    s3.put(
+        &ObjectPath::from("broken/x.parquet"),
+        PutPayload::from_static(b"PAR1 but not really"),
+    )
+    .await
+    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+
+    let query = |sql: &str| run(s3_sqlfeed(&moto).args(["--format", "csv", "-c", sql]));
+
+    let (ok, out, err) =
+        query("SELECT count(*) AS n, sum(id) AS s FROM 's3://train/flat/*.parquet'");
+    assert!(ok, "{err}");
+    assert_eq!(out, format!("n,s\n500,{}\n", 499 * 500 / 2));
+
+    let (ok, out, err) = query(
+        "SELECT month, count(*) AS n FROM 's3://train/hive/' GROUP BY month ORDER BY month",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "month,n\n1,120\n2,80\n");
+
+    let (ok, out, err) = query("SUMMARIZE 's3://train/flat/'");
+    assert!(ok, "{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("id,Int64,value,500,0,")),
+        "{out}"
+    );
+
+    let (ok, _, err) = query("SELECT * FROM 's3://train/missing/*.parquet'");
+    assert!(!ok);
+    assert!(
+        err.contains("no files match 's3://train/missing/*.parquet'"),
+        "{err}"
+    );
+
+    let (ok, _, err) = query("SELECT * FROM 's3://train/broken/x.parquet'");
+    assert!(!ok);
+    assert!(err.contains("s3://train/broken/x.parquet"), "{err}");
+
+    for text in [&out, &err] {
+        assert!(
+            !text.contains("secret-never-printed"),
+            "a secret leaked: {text}"
+        );
+    }
+    Ok(())
+}
