@@ -1,7 +1,8 @@
 //! The progress bar of long queries: files and bytes read of the total, rows/s.
 //!
 //! Drawn on stderr only when stderr is a terminal and only once a query has
-//! run for [`SHOW_AFTER`], so quick queries and piped output see nothing.
+//! run for [`SHOW_AFTER`] (or `$SQLFEED_PROGRESS_DELAY_MS`), so quick queries
+//! and piped output see nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -83,6 +84,11 @@ impl Progress {
         );
         let rows = Arc::new(AtomicU64::new(0));
         let start = Instant::now();
+        let show_after = std::env::var("SQLFEED_PROGRESS_DELAY_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(SHOW_AFTER);
         let bytes_at_start = io.bytes_read();
         io.reset_files();
         let ticker = {
@@ -93,7 +99,7 @@ impl Progress {
                 loop {
                     tokio::time::sleep(TICK).await;
                     let elapsed = start.elapsed();
-                    if !shown && elapsed >= SHOW_AFTER {
+                    if !shown && elapsed >= show_after {
                         bar.set_draw_target(ProgressDrawTarget::stderr());
                         shown = true;
                     }

@@ -209,7 +209,16 @@ async fn list_files(
 }
 
 fn list_error(url: &str, e: DataFusionError) -> DataFusionError {
-    DataFusionError::Plan(format!("cannot list '{url}': {e}"))
+    let message = e.to_string();
+    let hint = if message.contains("403") || message.contains("401") {
+        ". Access denied: check the credentials for this store (AWS_ACCESS_KEY_ID / \
+         AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*)"
+    } else if message.contains("timed out") || message.contains("connect") {
+        ". The store is unreachable: check the endpoint (AWS_ENDPOINT_URL) and the network"
+    } else {
+        ""
+    };
+    DataFusionError::Plan(format!("cannot list '{url}': {message}{hint}"))
 }
 
 /// The table schema: every file's footer read, conflicts named by file.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rexpect::session::spawn_command;
 
-use crate::common::sqlfeed;
+use crate::common::{gen_data, run, sqlfeed};
 
 const PROMPT: &str = "sqlfeed> ";
 
@@ -61,5 +61,37 @@ fn repl_multiline_errors_cancel_completion_history_and_exit()
     let saved = std::fs::read_to_string(&history).expect("history saved");
     assert!(saved.contains("2 AS answer;"), "{saved}");
     assert!(!saved.contains("never run"), "{saved}");
+    Ok(())
+}
+
+/// Nine million join probes: long enough for the bar in a debug build.
+fn slow_query(dir: &std::path::Path) -> String {
+    format!(
+        "SELECT count(*) AS n FROM '{}' AS a, generate_series(1, 3000) AS b \
+         WHERE a.id + b.value < 0;",
+        dir.display()
+    )
+}
+
+#[test]
+fn progress_bar_on_a_terminal_only() -> Result<(), rexpect::error::Error> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    gen_data(dir.path(), 3000, 2).expect("data");
+    let mut command = sqlfeed();
+    command
+        .env("TERM", "xterm")
+        .env("SQLFEED_PROGRESS_DELAY_MS", "0")
+        .args(["-c", &slow_query(dir.path())]);
+    let mut p = spawn_command(command, Some(60_000))?;
+    p.exp_regex(r"[0-2]/2 files, [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B, [0-9]+ rows")?;
+    p.exp_string("| 0 ")?;
+    p.exp_eof()?;
+
+    // Piped stderr: no bar, whatever the delay.
+    let (ok, _, err) = run(sqlfeed()
+        .env("SQLFEED_PROGRESS_DELAY_MS", "0")
+        .args(["-c", &slow_query(dir.path())]));
+    assert!(ok, "{err}");
+    assert!(!err.contains("files,"), "{err}");
     Ok(())
 }

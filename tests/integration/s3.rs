@@ -40,6 +40,11 @@ fn moto_binary() -> Option<String> {
 
 /// Starts moto, or returns `None` (skip) when it is absent and not required.
 fn start_moto(test: &str) -> Option<Moto> {
+    start_moto_with_env(test, &[])
+}
+
+/// [`start_moto`] with extra environment for the server.
+fn start_moto_with_env(test: &str, env: &[(&str, &str)]) -> Option<Moto> {
     let required = std::env::var("SQLFEED_TEST_S3").is_ok_and(|v| v == "require");
     let Some(binary) = moto_binary() else {
         assert!(
@@ -55,6 +60,7 @@ fn start_moto(test: &str) -> Option<Moto> {
         .port();
     let child = Command::new(binary)
         .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -199,4 +205,29 @@ async fn s3_globs_hive_partitions_summarize_and_errors() -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[test]
+fn wrong_credentials_fail_fast_naming_the_url() {
+    // moto checks credentials after the first request (the bucket creation).
+    let Some(moto) = start_moto_with_env(
+        "wrong_credentials_fail_fast_naming_the_url",
+        &[("INITIAL_NO_AUTH_ACTION_COUNT", "1")],
+    ) else {
+        return;
+    };
+    create_bucket(&moto.endpoint, "secure");
+    let start = Instant::now();
+    let (ok, out, err) = run(s3_sqlfeed(&moto)
+        .env("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG")
+        .args(["-c", "SELECT * FROM 's3://secure/train/*.parquet'"]));
+    assert!(!ok);
+    assert!(out.is_empty(), "{out}");
+    assert!(err.contains("s3://secure/train/*.parquet"), "{err}");
+    assert!(
+        err.contains("403") && err.contains("check the credentials"),
+        "{err}"
+    );
+    assert!(!err.contains("secret-never-printed"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(30));
 }
