@@ -7,7 +7,7 @@
 //!
 //! | family    | feature   | functions                          |
 //! |-----------|-----------|------------------------------------|
-//! | numeric   | `numeric` | `standardize`, `min_max_scale`     |
+//! | numeric   | `numeric` | `standardize`, `min_max_scale`, `clip`, `log1p`, `bucketize`, `one_hot`, `hash_bucket` |
 
 #[cfg(feature = "numeric")]
 pub mod numeric;

@@ -1,232 +1,156 @@
-//! Numeric feature transforms: `standardize`, `min_max_scale`.
+//! Numeric feature transforms.
 //!
-//! Float32 and float64 inputs keep their type; integers are computed as
-//! float64. The parameters may be literals or columns (so that constants
-//! fitted in the same query, `WITH s AS (SELECT avg(x) m, stddev(x) sd …)`,
-//! can be passed in). Nulls propagate. Division follows IEEE 754: a zero
-//! scale gives ±inf (or NaN for 0/0) rather than an error, exactly as the
-//! same arithmetic in SQL or NumPy would, so that one degenerate column does
-//! not abort a pipeline; NaN and ±inf inputs pass through the arithmetic.
+//! | function | returns |
+//! |---|---|
+//! | `standardize(x, mean, std)` | `(x - mean) / std` |
+//! | `min_max_scale(x, min, max)` | `(x - min) / (max - min)` |
+//! | `clip(x, lo, hi)` | `x` limited to `[lo, hi]` |
+//! | `log1p(x)` | `ln(1 + x)`, accurate near 0 |
+//! | `bucketize(x, [b0, b1, …])` | int32: how many boundaries are `<= x` |
+//! | `one_hot(i, n)` | fixed-size list of `n` float32, 1.0 at `i` |
+//! | `hash_bucket(value, n [, seed])` | int64 in `[0, n)`, stable everywhere |
+//!
+//! # Types
+//! Float32 and float64 inputs keep their type; other numbers are computed as
+//! float64. Parameters may be literals or columns (e.g. constants fitted in
+//! the same query: `WITH s AS (SELECT avg(x) m, stddev(x) sd FROM t) SELECT
+//! standardize(x, s.m, s.sd) FROM t, s`). Nulls propagate.
+//!
+//! # NaN and infinities
+//! Arithmetic follows IEEE 754, as the same expression in SQL or NumPy would:
+//! a zero scale gives ±inf (NaN for 0/0), `log1p(-1)` is -inf and `log1p(x)`
+//! for `x < -1` is NaN, ±inf pass through. `clip` keeps NaN as NaN (it is not
+//! in any interval) and clips ±inf to the bounds. `bucketize` puts NaN after
+//! every boundary (index = number of boundaries), like `numpy.digitize`.
 
-use std::sync::Arc;
+mod affine;
+mod elementwise;
+mod encode;
 
-use datafusion::arrow::array::{ArrayRef, Datum};
-use datafusion::arrow::compute::kernels::numeric::{div, sub};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
-};
+use datafusion::logical_expr::ScalarUDF;
 
 use crate::FunctionInfo;
-
-/// Which affine transform a [`AffineFunc`] computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Affine {
-    /// `(x - mean) / std`
-    Standardize,
-    /// `(x - min) / (max - min)`
-    MinMaxScale,
-}
-
-/// `standardize(x, mean, std)` and `min_max_scale(x, min, max)`.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct AffineFunc {
-    kind: Affine,
-    signature: Signature,
-}
-
-impl AffineFunc {
-    fn new(kind: Affine) -> Self {
-        Self {
-            kind,
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
-
-    fn syntax(&self) -> &'static str {
-        match self.kind {
-            Affine::Standardize => "standardize(x, mean, std)",
-            Affine::MinMaxScale => "min_max_scale(x, min, max)",
-        }
-    }
-}
 
 /// The registered functions of this family.
 pub fn functions() -> Vec<ScalarUDF> {
     vec![
-        ScalarUDF::from(AffineFunc::new(Affine::Standardize)),
-        ScalarUDF::from(AffineFunc::new(Affine::MinMaxScale)),
+        ScalarUDF::from(affine::AffineFunc::new(affine::Affine::Standardize)),
+        ScalarUDF::from(affine::AffineFunc::new(affine::Affine::MinMaxScale)),
+        ScalarUDF::from(elementwise::ClipFunc::new()),
+        ScalarUDF::from(elementwise::Log1pFunc::new()),
+        ScalarUDF::from(encode::BucketizeFunc::new()),
+        ScalarUDF::from(encode::OneHotFunc::new()),
+        ScalarUDF::from(encode::HashBucketFunc::new()),
     ]
 }
 
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
+    let info = |name, syntax, description| FunctionInfo {
+        name,
+        family: "numeric",
+        syntax,
+        description,
+    };
     vec![
-        FunctionInfo {
-            name: "standardize",
-            family: "numeric",
-            syntax: "standardize(x, mean, std)",
-            description: "(x - mean) / std; float32 stays float32, other numbers become float64",
-        },
-        FunctionInfo {
-            name: "min_max_scale",
-            family: "numeric",
-            syntax: "min_max_scale(x, min, max)",
-            description: "(x - min) / (max - min); float32 stays float32, other numbers become float64",
-        },
+        info(
+            "standardize",
+            "standardize(x, mean, std)",
+            "(x - mean) / std",
+        ),
+        info(
+            "min_max_scale",
+            "min_max_scale(x, min, max)",
+            "(x - min) / (max - min)",
+        ),
+        info(
+            "clip",
+            "clip(x, lo, hi)",
+            "x limited to [lo, hi]; NaN stays NaN",
+        ),
+        info("log1p", "log1p(x)", "ln(1 + x), accurate for small x"),
+        info(
+            "bucketize",
+            "bucketize(x, [b0, b1, ...])",
+            "int32 count of sorted boundaries <= x (NaN: all of them)",
+        ),
+        info(
+            "one_hot",
+            "one_hot(i, n)",
+            "fixed-size list of n float32 with 1.0 at index i",
+        ),
+        info(
+            "hash_bucket",
+            "hash_bucket(value, n [, seed])",
+            "int64 xxh3_64(value bytes, seed) mod n; stable across runs and machines",
+        ),
     ]
 }
 
-impl ScalarUDFImpl for AffineFunc {
-    fn name(&self) -> &str {
-        match self.kind {
-            Affine::Standardize => "standardize",
-            Affine::MinMaxScale => "min_max_scale",
-        }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if arg_types.len() != 3 {
-            return Err(DataFusionError::Plan(format!(
-                "{} takes 3 arguments, got {}; signature: {}",
-                self.name(),
-                arg_types.len(),
-                self.syntax()
-            )));
-        }
-        let target = match &arg_types[0] {
-            DataType::Float32 => DataType::Float32,
-            DataType::Null => DataType::Float64,
-            t if t.is_numeric() => DataType::Float64,
-            other => {
-                return Err(DataFusionError::Plan(format!(
-                    "{}: x must be a number, got {other}; signature: {}",
-                    self.name(),
-                    self.syntax()
-                )));
-            }
-        };
-        for (position, t) in arg_types.iter().enumerate().skip(1) {
-            if !(t.is_numeric() || *t == DataType::Null) {
-                return Err(DataFusionError::Plan(format!(
-                    "{}: argument {} must be a number, got {t}; signature: {}",
-                    self.name(),
-                    position + 1,
-                    self.syntax()
-                )));
-            }
-        }
-        Ok(vec![target; 3])
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        Ok(arg_types.first().cloned().unwrap_or(DataType::Float64))
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let [x, a, b] = args.args.as_slice() else {
-            return Err(DataFusionError::Internal(format!(
-                "{} called with {} arguments after coercion",
-                self.name(),
-                args.args.len()
-            )));
-        };
-        let all_scalar = [x, a, b]
-            .iter()
-            .all(|v| matches!(v, ColumnarValue::Scalar(_)));
-        let (x, a, b) = (datum(x)?, datum(a)?, datum(b)?);
-        let result: ArrayRef = match self.kind {
-            Affine::Standardize => div(&sub(x.as_ref(), a.as_ref())?, b.as_ref())?,
-            Affine::MinMaxScale => {
-                let range = sub(b.as_ref(), a.as_ref())?;
-                div(&sub(x.as_ref(), a.as_ref())?, &range)?
-            }
-        };
-        if all_scalar {
-            Ok(ColumnarValue::Scalar(
-                datafusion::common::ScalarValue::try_from_array(&result, 0)?,
-            ))
-        } else {
-            Ok(ColumnarValue::Array(result))
-        }
+/// The float type a numeric argument is computed in: float32 stays float32,
+/// every other number (and NULL) becomes float64.
+fn float_type(
+    function: &str,
+    syntax: &str,
+    position: usize,
+    t: &DataType,
+) -> Result<DataType> {
+    match t {
+        DataType::Float32 => Ok(DataType::Float32),
+        DataType::Null => Ok(DataType::Float64),
+        t if t.is_numeric() => Ok(DataType::Float64),
+        other => Err(DataFusionError::Plan(format!(
+            "{function}: argument {} must be a number, got {other}; signature: {syntax}",
+            position + 1
+        ))),
     }
 }
 
-/// A columnar value as an arrow [`Datum`] (scalars stay scalars, no expansion).
-fn datum(value: &ColumnarValue) -> Result<Arc<dyn Datum>> {
-    Ok(match value {
-        ColumnarValue::Array(array) => Arc::new(Arc::clone(array)),
-        ColumnarValue::Scalar(scalar) => Arc::new(scalar.to_scalar()?),
-    })
+/// Checks the argument count at plan time.
+fn check_arity(
+    function: &str,
+    syntax: &str,
+    got: usize,
+    allowed: &[usize],
+) -> Result<()> {
+    if allowed.contains(&got) {
+        Ok(())
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "{function} takes {} arguments, got {got}; signature: {syntax}",
+            allowed
+                .iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )))
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::{Array, Float32Array, Float64Array};
+pub(crate) mod test_util {
+    use datafusion::arrow::array::ArrayRef;
+    use datafusion::error::Result;
     use datafusion::prelude::SessionContext;
+    use std::sync::Arc;
 
-    async fn query(sql: &str) -> Result<ArrayRef> {
+    /// First column of `sql`'s result with every function registered.
+    pub async fn query(sql: &str) -> Result<ArrayRef> {
         let ctx = SessionContext::new();
         crate::register_all(&ctx)?;
         let batches = ctx.sql(sql).await?.collect().await?;
-        Ok(Arc::clone(batches[0].column(0)))
+        let batch =
+            datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+        Ok(Arc::clone(batch.column(0)))
     }
 
-    #[tokio::test]
-    async fn standardize_keeps_float32_and_propagates_nulls() -> Result<()> {
-        let out = query(
-            "SELECT standardize(x, 1.0, 2.0) FROM \
-             (VALUES (arrow_cast(3.0, 'Float32')), (arrow_cast(NULL, 'Float32')), \
-             (arrow_cast(-1.0, 'Float32'))) AS t(x)",
-        )
-        .await?;
-        let out = out
-            .as_any()
-            .downcast_ref::<Float32Array>()
-            .expect("float32 out");
-        assert_eq!(out.value(0), 1.0);
-        assert!(out.is_null(1));
-        assert_eq!(out.value(2), -1.0);
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn min_max_scale_of_integers_is_float64() -> Result<()> {
-        let out = query("SELECT min_max_scale(x, 0, 10) FROM (VALUES (5), (10)) AS t(x)")
-            .await?;
-        let out = out
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .expect("float64 out");
-        assert_eq!(out.values().as_ref(), &[0.5, 1.0]);
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn zero_scale_follows_ieee() -> Result<()> {
-        let out =
-            query("SELECT standardize(x, 0.0, 0.0) FROM (VALUES (1.0), (0.0)) AS t(x)")
-                .await?;
-        let out = out
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .expect("float64 out");
-        assert!(out.value(0).is_infinite());
-        assert!(out.value(1).is_nan());
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn wrong_types_and_arity_are_plan_errors() {
-        for sql in ["SELECT standardize('a', 1, 2)", "SELECT standardize(1, 2)"] {
-            let err = query(sql).await.expect_err(sql).to_string();
-            assert!(err.contains("standardize(x, mean, std)"), "{sql}: {err}");
+    /// The error text of `sql`.
+    pub async fn query_error(sql: &str) -> String {
+        match query(sql).await {
+            Ok(array) => panic!("{sql} returned {array:?}"),
+            Err(e) => e.to_string(),
         }
     }
 }
