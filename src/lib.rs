@@ -7,17 +7,19 @@
 //! | module      | what it holds                                                  |
 //! |-------------|----------------------------------------------------------------|
 //! | [`session`] | the DataFusion context: memory budget, spill, object stores, UDFs |
-//! | [`sql`]     | our dialect on DataFusion's parser: `SUMMARIZE`, `SAMPLE`, …   |
+//! | [`sql`]     | our dialect on DataFusion's parser: `SUMMARIZE`, `SAMPLE`, `SHUFFLE`, … |
+//! | [`shuffle`] | the seeded global shuffle and the local shuffle buffer          |
 //! | [`datagen`]     | the deterministic synthetic training set of `sqlfeed gen`      |
 //! | [`cli`]     | the `sqlfeed` command line and REPL                            |
 //!
-//! The shuffle, feed, device, cache and cluster parts arrive with their issues.
+//! The feed, device, cache and cluster parts arrive with their issues.
 
 #![deny(clippy::clone_on_ref_ptr)]
 
 pub mod cli;
 pub mod datagen;
 pub mod session;
+pub mod shuffle;
 pub mod sql;
 
 pub use session::{Session, SessionBuilder};

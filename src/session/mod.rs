@@ -134,9 +134,24 @@ impl SessionBuilder {
             .with_object_store_registry(registry)
             .build_arc()?;
 
+        let partitions = self.target_partitions.unwrap_or_else(num_cores);
         let mut config = SessionConfig::new()
             .with_information_schema(true)
-            .with_target_partitions(self.target_partitions.unwrap_or_else(num_cores));
+            .with_target_partitions(partitions);
+        // Each sorting partition sets this much aside for merging its spill
+        // files (DataFusion's default: 10 MB). Under a small budget the
+        // reservations alone would exceed it, so scale them to the budget.
+        config.options_mut().execution.sort_spill_reservation_bytes =
+            (memory_limit / (8 * partitions)).clamp(64 << 10, 10 << 20);
+        // Read strings and blobs as Utf8/Binary, not the view types: a view
+        // array's batches share data buffers, and DataFusion's accounting then
+        // counts a shared buffer once per batch, so sorts and shuffles under
+        // a tight budget fail where they should spill.
+        config
+            .options_mut()
+            .execution
+            .parquet
+            .schema_force_view_types = false;
         if let Some(rows) = self.batch_size {
             config = config.with_batch_size(rows);
         }
@@ -144,6 +159,7 @@ impl SessionBuilder {
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
+            .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner))
             .build();
         let (state, factory) = url_table::install(state);
         let ctx = SessionContext::new_with_state(state);

@@ -23,8 +23,8 @@ use datafusion::functions_nested::expr_fn::cardinality;
 use datafusion::logical_expr::{Expr, ScalarUDF, cast};
 use datafusion::prelude::{SessionContext, ident, lit};
 
-use super::TableTarget;
 use super::functions::{ByteLengthFunc, RowKeyFunc};
+use super::{TableTarget, fresh_seed};
 
 async fn select_all(ctx: &SessionContext, target: &TableTarget) -> Result<DataFrame> {
     ctx.sql(&format!("SELECT * FROM {}", target.from_clause()))
@@ -302,12 +302,4 @@ pub(super) async fn sample(
         ))
     })?;
     df.sort(vec![key.sort(true, false)])?.limit(0, Some(rows))
-}
-
-fn fresh_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes())
 }

@@ -6,6 +6,8 @@
 //! | `SUMMARIZE <table>`                | per-column profile: counts, nulls, distinct, min/max, mean, stddev, quartiles |
 //! | `SAMPLE <table> <n> [SEED <s>]`    | `n` uniform random rows, the same for the same seed and data |
 //! | `DESCRIBE <table>`                 | column names, types and nullability            |
+//! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]) |
+//! | `<query> LOCAL SHUFFLE BUFFER n [SEED s]` | a streaming shuffle buffer per partition |
 //!
 //! `<table>` is a table name, a quoted path or URL as in `FROM`
 //! (`'data/*.parquet'`, `'s3://bucket/x/'`), or a parenthesised query.
@@ -14,19 +16,27 @@
 //! Our keywords are not sqlparser keywords, so the parser peeks at the first
 //! token of each statement: ours are parsed here with sqlparser's primitives,
 //! everything else goes to DataFusion's [`DFParser`] on the same token stream,
-//! so error positions refer to the whole input (the pattern of datafusion-cli
+//! so error positions refer to the whole input. A trailing `SHUFFLE` clause
+//! is found at the token level too: after `FROM t` sqlparser would take it
+//! for a table alias (the pattern of datafusion-cli
 //! and DataFusion's `sql_ops/dialect.rs` example).
 
 mod explore;
 mod functions;
+mod shuffle_clause;
 
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
-use datafusion::sql::parser::{DFParser, DFParserBuilder, Statement as DFStatement};
+use datafusion::sql::parser::{
+    DFParser, DFParserBuilder, ParserInput, Statement as DFStatement,
+};
 use datafusion::sql::sqlparser::ast::{ObjectName, Query};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
-use datafusion::sql::sqlparser::tokenizer::Token;
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+
+use crate::shuffle::ShuffleSpec;
+pub use shuffle_clause::ExplainOptions;
 
 pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos, row_key_hash};
 
@@ -39,6 +49,15 @@ pub enum Statement {
     Describe(TableTarget),
     /// `SUMMARIZE <table>`.
     Summarize(TableTarget),
+    /// `[EXPLAIN [ANALYZE] [VERBOSE]] <query> SHUFFLE …` or `… LOCAL SHUFFLE …`.
+    Shuffle {
+        /// The query whose rows are shuffled.
+        query: Box<DFStatement>,
+        /// How.
+        spec: ShuffleSpec,
+        /// Set when the statement is an EXPLAIN of the shuffled query.
+        explain: Option<ExplainOptions>,
+    },
     /// `SAMPLE <table> <rows> [SEED <seed>]`.
     Sample {
         /// What to sample from.
@@ -75,27 +94,92 @@ impl TableTarget {
 /// Parses `sql` into statements; errors carry the parser's position.
 pub fn parse(sql: &str) -> Result<Vec<Statement>> {
     let dialect = GenericDialect {};
-    let mut parser = DFParserBuilder::new(sql).with_dialect(&dialect).build()?;
+    let tokens = Tokenizer::new(&dialect, sql)
+        .tokenize_with_location()
+        .map_err(|e| parse_error(e.to_string()))?;
     let mut statements = Vec::new();
-    let mut expecting_delimiter = false;
-    loop {
-        while parser.parser.consume_token(&Token::SemiColon) {
-            expecting_delimiter = false;
+    for tokens in split_statements(tokens) {
+        if tokens.iter().all(|t| is_blank(&t.token)) {
+            continue;
         }
-        let next = parser.parser.peek_token();
-        if next.token == Token::EOF {
-            break;
-        }
-        if expecting_delimiter {
-            return Err(parse_error(format!(
-                "expected ';' between statements, found {next} at Line: {}, Column: {}",
-                next.span.start.line, next.span.start.column
-            )));
-        }
-        statements.push(parse_one(&mut parser).map_err(|e| with_end_position(e, sql))?);
-        expecting_delimiter = true;
+        let statement = match shuffle_clause::split(&tokens)? {
+            Some(split) => plan_shuffled(&dialect, split)?,
+            None => {
+                let mut parser = DFParserBuilder::new(ParserInput::Tokens(tokens))
+                    .with_dialect(&dialect)
+                    .build()?;
+                let statement =
+                    parse_one(&mut parser).map_err(|e| with_end_position(e, sql))?;
+                expect_end(&parser)?;
+                statement
+            }
+        };
+        statements.push(statement);
     }
     Ok(statements)
+}
+
+fn is_blank(token: &Token) -> bool {
+    matches!(token, Token::Whitespace(_) | Token::EOF)
+}
+
+/// Splits tokens at `;` outside parentheses.
+fn split_statements(tokens: Vec<TokenWithSpan>) -> Vec<Vec<TokenWithSpan>> {
+    let mut statements = vec![Vec::new()];
+    let mut depth = 0i32;
+    for token in tokens {
+        match token.token {
+            Token::LParen => depth += 1,
+            Token::RParen => depth -= 1,
+            Token::SemiColon if depth <= 0 => {
+                statements.push(Vec::new());
+                continue;
+            }
+            _ => {}
+        }
+        if let Some(current) = statements.last_mut() {
+            current.push(token);
+        }
+    }
+    statements
+}
+
+fn expect_end(parser: &DFParser<'_>) -> Result<()> {
+    let next = parser.parser.peek_token();
+    if next.token == Token::EOF {
+        Ok(())
+    } else {
+        Err(parse_error(format!(
+            "expected ';' between statements, found {next} at Line: {}, Column: {}",
+            next.span.start.line, next.span.start.column
+        )))
+    }
+}
+
+/// Parses the query part of a statement with a `SHUFFLE` clause.
+fn plan_shuffled(
+    dialect: &GenericDialect,
+    split: shuffle_clause::Split,
+) -> Result<Statement> {
+    let mut parser = DFParserBuilder::new(ParserInput::Tokens(split.query))
+        .with_dialect(dialect)
+        .build()?;
+    let query = parser.parse_statement()?;
+    expect_end(&parser)?;
+    let is_query = matches!(
+        &query,
+        DFStatement::Statement(s) if matches!(**s, datafusion::sql::sqlparser::ast::Statement::Query(_))
+    );
+    if !is_query {
+        return Err(parse_error(format!(
+            "SHUFFLE ends a query (SELECT, WITH or VALUES), not {query}"
+        )));
+    }
+    Ok(Statement::Shuffle {
+        query: Box::new(query),
+        spec: split.spec,
+        explain: split.explain,
+    })
 }
 
 fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
@@ -193,6 +277,15 @@ fn parse_target(parser: &mut DFParser<'_>) -> Result<TableTarget> {
     }
 }
 
+/// A seed for `SAMPLE` or `SHUFFLE` without `SEED`: different on every run.
+pub(crate) fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    xxhash_rust::xxh3::xxh3_64(&nanos.to_le_bytes())
+}
+
 fn parse_error(message: String) -> DataFusionError {
     DataFusionError::SQL(
         Box::new(datafusion::sql::sqlparser::parser::ParserError::ParserError(message)),
@@ -220,6 +313,19 @@ pub(crate) async fn plan_statement(
             ctx.execute_logical_plan(plan).await
         }
         Statement::Describe(target) => explore::describe(ctx, &target).await,
+        Statement::Shuffle {
+            query,
+            spec,
+            explain,
+        } => {
+            let state = ctx.state();
+            let plan = state.statement_to_plan(*query).await?;
+            let df = crate::shuffle::shuffle(DataFrame::new(state, plan), spec)?;
+            match explain {
+                Some(e) => df.explain(e.verbose, e.analyze),
+                None => Ok(df),
+            }
+        }
         Statement::Summarize(target) => explore::summarize(ctx, &target).await,
         Statement::Sample { target, rows, seed } => {
             explore::sample(ctx, &target, rows, seed).await

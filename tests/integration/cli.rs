@@ -57,7 +57,7 @@ fn script_file_with_statements_and_commands() -> Result<()> {
     assert!(ok, "{err}");
     assert!(out.contains("public,train,BASE TABLE"), "{out}");
     assert!(out.contains("column_name,data_type,is_nullable"), "{out}");
-    assert!(out.contains("caption,Utf8View"), "{out}");
+    assert!(out.contains("caption,Utf8,"), "{out}");
     Ok(())
 }
 

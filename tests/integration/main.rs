@@ -15,3 +15,4 @@ mod common;
 mod local_sql;
 mod repl;
 mod s3;
+mod shuffle;

@@ -1,0 +1,209 @@
+//! [`ShuffleExec`]: the root of a global shuffle's operators.
+//!
+//! ```text
+//!  ShuffleExec: seed, epoch, batch_rows      ◄── runs its subtree with
+//!    ProjectionExec (drop key)                   batch_size = batch_rows
+//!      SortPreservingMergeExec (key)
+//!        SortExec (key, per partition, spills)
+//!          ShuffleKeyExec (seed, epoch)
+//!            <input>
+//! ```
+//!
+//! # Why a batch size of its own
+//! The external sort's merge phase holds one batch per sorted run and the
+//! final merge one batch per partition, all outside what can spill. With
+//! DataFusion's default 8192-row batches of wide rows (token lists, image
+//! bytes) that fixed cost alone can exceed a small memory budget, and a
+//! shuffle of a dataset 4× the budget then fails instead of spilling.
+//! `ShuffleExec` therefore runs its subtree with batches sized so that those
+//! merge buffers take a bounded share of the budget ([`shuffle_batch_rows`]).
+//!
+//! # Error handling, ordering, memory
+//! Errors pass through. The output is one partition in shuffle order. All
+//! memory is reserved by the operators below, from the session's pool.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
+};
+
+/// Smallest batch a shuffle uses, whatever the budget.
+const MIN_BATCH_ROWS: usize = 64;
+
+/// Rough in-memory bytes of one row of `schema`, for sizing batches:
+/// fixed-width columns by width, variable-width ones by a typical size.
+fn estimated_row_bytes(schema: &Schema) -> usize {
+    fn width(t: &DataType) -> usize {
+        match t {
+            t if t.is_primitive() => t.primitive_width().unwrap_or(8),
+            DataType::Boolean | DataType::Null => 1,
+            DataType::FixedSizeBinary(n) => *n as usize,
+            DataType::FixedSizeList(f, n) => width(f.data_type()) * (*n).max(0) as usize,
+            DataType::List(f) | DataType::LargeList(f) => 16 * width(f.data_type()) + 8,
+            DataType::Struct(fields) => fields.iter().map(|f| width(f.data_type())).sum(),
+            _ => 64,
+        }
+    }
+    schema
+        .fields()
+        .iter()
+        .map(|f| width(f.data_type()))
+        .sum::<usize>()
+        + 8
+}
+
+/// Rows per batch for a shuffle of rows like `schema` when `partitions`
+/// sorts share `memory_limit`: a batch is kept to 1/64 of a partition's
+/// share, and never above the session's batch size.
+pub fn shuffle_batch_rows(
+    schema: &Schema,
+    memory_limit: usize,
+    partitions: usize,
+    session_batch_size: usize,
+) -> usize {
+    let share = memory_limit / partitions.max(1) / 64;
+    (share / estimated_row_bytes(schema))
+        .clamp(MIN_BATCH_ROWS, session_batch_size.max(MIN_BATCH_ROWS))
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct ShuffleExec {
+    /// The key → sort → merge → projection subtree.
+    input: Arc<dyn ExecutionPlan>,
+    /// The seed.
+    seed: u64,
+    /// The epoch.
+    epoch: u64,
+    /// Batch size the subtree runs with.
+    batch_rows: usize,
+}
+
+impl ShuffleExec {
+    /// Wraps a planned shuffle subtree.
+    pub fn new(
+        input: Arc<dyn ExecutionPlan>,
+        seed: u64,
+        epoch: u64,
+        batch_rows: usize,
+    ) -> Self {
+        Self {
+            input,
+            seed,
+            epoch,
+            batch_rows: batch_rows.max(1),
+        }
+    }
+}
+
+impl DisplayAs for ShuffleExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "ShuffleExec: seed={}, epoch={}, batch_rows={}",
+            self.seed, self.epoch, self.batch_rows
+        )
+    }
+}
+
+impl ExecutionPlan for ShuffleExec {
+    fn name(&self) -> &str {
+        "ShuffleExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    // The merged stream is the shuffle order: the optimizer must neither
+    // split it (round-robin repartitioning) nor expect more partitions.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::SinglePartition]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [child] = children.as_slice() else {
+            return Err(DataFusionError::Internal(format!(
+                "ShuffleExec takes one child, got {}",
+                children.len()
+            )));
+        };
+        Ok(Arc::new(Self::new(
+            Arc::clone(child),
+            self.seed,
+            self.epoch,
+            self.batch_rows,
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let config = context
+            .session_config()
+            .clone()
+            .with_batch_size(self.batch_rows);
+        let context = TaskContext::new(
+            context.task_id(),
+            context.session_id(),
+            config,
+            context.scalar_functions().clone(),
+            context.higher_order_functions().clone(),
+            context.aggregate_functions().clone(),
+            context.window_functions().clone(),
+            context.runtime_env(),
+        );
+        self.input.execute(partition, Arc::new(context))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Field;
+
+    #[test]
+    fn batches_shrink_with_the_budget_and_wide_rows() {
+        let narrow = Schema::new(vec![Field::new("x", DataType::Int64, false)]);
+        let wide = Schema::new(vec![Field::new_list(
+            "tokens",
+            Field::new_list_field(DataType::Int32, true),
+            false,
+        )]);
+        assert_eq!(shuffle_batch_rows(&narrow, 1 << 30, 2, 8192), 8192);
+        let small = shuffle_batch_rows(&wide, 20 << 20, 2, 8192);
+        assert!((MIN_BATCH_ROWS..8192).contains(&small), "{small}");
+        assert!(shuffle_batch_rows(&wide, 1 << 20, 8, 8192) == MIN_BATCH_ROWS);
+    }
+}

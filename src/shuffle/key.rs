@@ -1,0 +1,215 @@
+//! [`ShuffleKeyExec`]: appends the shuffle key of every row.
+//!
+//! ```text
+//!  batch [c0, c1, …]  ──►  batch [c0, c1, …, __sqlfeed_shuffle_key: UInt64]
+//! ```
+//!
+//! Stateless and streaming: one output batch per input batch, same
+//! partitioning, no memory held between batches. The key depends only on the
+//! row's values and the seed (see the [module docs](super)), so it is the
+//! same whichever partition or batch a row arrives in.
+//!
+//! # Error handling
+//! Errors of the input and of the row encoding are passed on in the stream.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use futures::StreamExt;
+
+use crate::sql::row_key_hash;
+
+/// Name of the key column between [`ShuffleKeyExec`] and the sort.
+pub const SHUFFLE_KEY_COLUMN: &str = "__sqlfeed_shuffle_key";
+
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The hash seed of `(seed, epoch)`: SplitMix64 of `seed ^ SplitMix64(epoch)`,
+/// so neighbouring seeds and epochs give unrelated permutations.
+pub fn shuffle_seed(seed: u64, epoch: u64) -> u64 {
+    splitmix64(seed ^ splitmix64(epoch))
+}
+
+/// Appends [`SHUFFLE_KEY_COLUMN`]; see the module docs.
+#[derive(Debug)]
+pub struct ShuffleKeyExec {
+    /// Rows to key.
+    input: Arc<dyn ExecutionPlan>,
+    /// The seed of the run.
+    seed: u64,
+    /// The epoch.
+    epoch: u64,
+    /// Input schema plus the key column.
+    schema: SchemaRef,
+    /// Cached plan properties.
+    properties: Arc<PlanProperties>,
+    /// Output rows and compute time.
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ShuffleKeyExec {
+    /// Keys the rows of `input` for `(seed, epoch)`.
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, seed: u64, epoch: u64) -> Result<Self> {
+        let input_schema = input.schema();
+        if input_schema.column_with_name(SHUFFLE_KEY_COLUMN).is_some() {
+            return Err(DataFusionError::Plan(format!(
+                "SHUFFLE: the query already has a column named {SHUFFLE_KEY_COLUMN}"
+            )));
+        }
+        let mut fields: Vec<Arc<Field>> = input_schema.fields().iter().cloned().collect();
+        fields.push(Arc::new(Field::new(
+            SHUFFLE_KEY_COLUMN,
+            DataType::UInt64,
+            false,
+        )));
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields,
+            input_schema.metadata().clone(),
+        ));
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            input.output_partitioning().clone(),
+            input.pipeline_behavior(),
+            input.boundedness(),
+        );
+        Ok(Self {
+            input,
+            seed,
+            epoch,
+            schema,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+impl DisplayAs for ShuffleKeyExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+                write!(
+                    f,
+                    "ShuffleKeyExec: seed={}, epoch={}",
+                    self.seed, self.epoch
+                )
+            }
+            DisplayFormatType::TreeRender => {
+                write!(f, "seed={}\nepoch={}", self.seed, self.epoch)
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for ShuffleKeyExec {
+    fn name(&self) -> &str {
+        "ShuffleKeyExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [child] = children.as_slice() else {
+            return Err(DataFusionError::Internal(format!(
+                "ShuffleKeyExec takes one child, got {}",
+                children.len()
+            )));
+        };
+        Ok(Arc::new(Self::try_new(
+            Arc::clone(child),
+            self.seed,
+            self.epoch,
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let schema = Arc::clone(&self.schema);
+        let hash_seed = shuffle_seed(self.seed, self.epoch);
+        let keyed = input.map(move |batch| {
+            let batch = batch?;
+            let timer = baseline.elapsed_compute().timer();
+            let keys = row_key_hash(batch.columns(), hash_seed)?;
+            let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+            columns.push(Arc::new(keys));
+            let out = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+            timer.done();
+            baseline.record_output(out.num_rows());
+            Ok(out)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            keyed,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epochs_and_seeds_give_unrelated_hash_seeds() {
+        let seeds: std::collections::HashSet<u64> = (0..10)
+            .flat_map(|seed| (0..10).map(move |epoch| shuffle_seed(seed, epoch)))
+            .collect();
+        assert_eq!(seeds.len(), 100);
+        assert_ne!(shuffle_seed(1, 0), shuffle_seed(0, 1));
+    }
+}

@@ -1,0 +1,304 @@
+//! [`LocalShuffleExec`]: `LOCAL SHUFFLE BUFFER n [SEED s]`, a streaming
+//! shuffle buffer per partition (tf.data's `shuffle(n)`).
+//!
+//! # Background
+//! A global shuffle is a barrier; many pipelines only need rows decorrelated
+//! within a window. This operator keeps `n` rows per partition and, for each
+//! arriving row, emits a uniformly chosen buffered row and puts the new one in
+//! its place; at the end of input the rest of the buffer is emitted in random
+//! order.
+//!
+//! ```text
+//!  input rows ─► [ buffer of n row slots ] ─► a random slot is emitted and
+//!                      ▲                     refilled by the arriving row
+//!                      └── slots point into held input batches (no copies);
+//!                          batches are compacted when mostly unreferenced
+//! ```
+//!
+//! # Ordering and determinism
+//! Partitioning is kept; there is no output ordering. The output of a
+//! partition is a pure function of (seed, partition index, that partition's
+//! input order), so it is reproducible for the same plan and parallelism, but
+//! unlike `SHUFFLE` it changes with `target_partitions`.
+//!
+//! # Memory
+//! The held batches are reserved from the session's memory pool; a buffer
+//! that cannot fit is an error that says so (nothing to spill: the buffer *is*
+//! the state). At most about `4 × max(n, batch size)` rows are held.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::compute::interleave_record_batch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use futures::StreamExt;
+
+use super::shuffle_seed;
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct LocalShuffleExec {
+    /// Rows to shuffle.
+    input: Arc<dyn ExecutionPlan>,
+    /// Rows held per partition.
+    buffer_rows: usize,
+    /// The seed.
+    seed: u64,
+    /// Cached plan properties.
+    properties: Arc<PlanProperties>,
+    /// Output rows and compute time.
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl LocalShuffleExec {
+    /// A shuffle buffer of `buffer_rows` (at least 1) per partition.
+    pub fn new(input: Arc<dyn ExecutionPlan>, buffer_rows: usize, seed: u64) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(input.schema()),
+            input.output_partitioning().clone(),
+            input.pipeline_behavior(),
+            input.boundedness(),
+        );
+        Self {
+            input,
+            buffer_rows: buffer_rows.max(1),
+            seed,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for LocalShuffleExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "LocalShuffleExec: buffer={}, seed={}",
+            self.buffer_rows, self.seed
+        )
+    }
+}
+
+/// Slot of a buffered row: (index into held batches, row).
+type RowRef = (usize, usize);
+
+/// The per-partition state of the buffer.
+struct ShuffleBuffer {
+    /// Input batches that buffered or pending rows point into.
+    held: Vec<RecordBatch>,
+    /// Rows in `held` (for compaction decisions).
+    held_rows: usize,
+    /// The `n` buffered rows.
+    slots: Vec<RowRef>,
+    /// Rows chosen for output, not yet emitted.
+    pending: Vec<RowRef>,
+    /// Capacity `n`.
+    capacity: usize,
+    /// Output batch size.
+    batch_size: usize,
+    /// SplitMix64 state.
+    rng: u64,
+    /// Memory of `held`.
+    reservation: MemoryReservation,
+}
+
+impl ShuffleBuffer {
+    fn next_below(&mut self, bound: usize) -> usize {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (((z >> 32) * bound as u64) >> 32) as usize
+    }
+
+    fn push(
+        &mut self,
+        batch: RecordBatch,
+        out: &mut VecDeque<RecordBatch>,
+    ) -> Result<()> {
+        self.reservation.try_grow(batch.get_array_memory_size()).map_err(|e| {
+            DataFusionError::ResourcesExhausted(format!(
+                "LOCAL SHUFFLE BUFFER {} does not fit in the memory limit ({e}); use a \
+                 smaller buffer or raise --memory-limit",
+                self.capacity
+            ))
+        })?;
+        let index = self.held.len();
+        self.held_rows += batch.num_rows();
+        for row in 0..batch.num_rows() {
+            if self.slots.len() < self.capacity {
+                self.slots.push((index, row));
+            } else {
+                let slot = self.next_below(self.capacity);
+                self.pending.push(self.slots[slot]);
+                self.slots[slot] = (index, row);
+            }
+        }
+        self.held.push(batch);
+        self.emit_full(out)?;
+        if self.held_rows > 4 * self.capacity.max(self.batch_size) {
+            self.compact()?;
+        }
+        Ok(())
+    }
+
+    fn emit_full(&mut self, out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        while self.pending.len() >= self.batch_size {
+            let rest = self.pending.split_off(self.batch_size);
+            let rows = std::mem::replace(&mut self.pending, rest);
+            out.push_back(self.take(&rows)?);
+        }
+        Ok(())
+    }
+
+    fn take(&self, rows: &[RowRef]) -> Result<RecordBatch> {
+        let held: Vec<&RecordBatch> = self.held.iter().collect();
+        Ok(interleave_record_batch(&held, rows)?)
+    }
+
+    /// Copies the still-referenced rows into one batch and drops the rest.
+    fn compact(&mut self) -> Result<()> {
+        let mut live = self.slots.clone();
+        live.extend_from_slice(&self.pending);
+        let batch = self.take(&live)?;
+        let slots = self.slots.len();
+        self.slots = (0..slots).map(|row| (0, row)).collect();
+        self.pending = (slots..live.len()).map(|row| (0, row)).collect();
+        self.held_rows = batch.num_rows();
+        self.reservation.try_resize(batch.get_array_memory_size())?;
+        self.held = vec![batch];
+        Ok(())
+    }
+
+    /// End of input: the buffer in random order (Fisher–Yates).
+    fn finish(&mut self, out: &mut VecDeque<RecordBatch>) -> Result<()> {
+        for i in (1..self.slots.len()).rev() {
+            let j = self.next_below(i + 1);
+            self.slots.swap(i, j);
+        }
+        let slots = std::mem::take(&mut self.slots);
+        self.pending.extend(slots);
+        self.emit_full(out)?;
+        if !self.pending.is_empty() {
+            let rows = std::mem::take(&mut self.pending);
+            out.push_back(self.take(&rows)?);
+        }
+        self.held.clear();
+        self.reservation.free();
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for LocalShuffleExec {
+    fn name(&self) -> &str {
+        "LocalShuffleExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let [child] = children.as_slice() else {
+            return Err(DataFusionError::Internal(format!(
+                "LocalShuffleExec takes one child, got {}",
+                children.len()
+            )));
+        };
+        Ok(Arc::new(Self::new(
+            Arc::clone(child),
+            self.buffer_rows,
+            self.seed,
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, Arc::clone(&context))?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let reservation = MemoryConsumer::new(format!("LocalShuffleExec[{partition}]"))
+            .register(context.memory_pool());
+        let buffer = ShuffleBuffer {
+            held: Vec::new(),
+            held_rows: 0,
+            slots: Vec::with_capacity(self.buffer_rows.min(1 << 20)),
+            pending: Vec::new(),
+            capacity: self.buffer_rows,
+            batch_size: context.session_config().batch_size().max(1),
+            rng: shuffle_seed(self.seed, partition as u64),
+            reservation,
+        };
+        let state = (
+            input,
+            buffer,
+            VecDeque::<RecordBatch>::new(),
+            false,
+            baseline,
+        );
+        let stream = futures::stream::try_unfold(
+            state,
+            |(mut input, mut buffer, mut ready, mut done, baseline)| async move {
+                loop {
+                    if let Some(batch) = ready.pop_front() {
+                        baseline.record_output(batch.num_rows());
+                        return Ok(Some((batch, (input, buffer, ready, done, baseline))));
+                    }
+                    if done {
+                        return Ok(None);
+                    }
+                    match input.next().await {
+                        Some(batch) => {
+                            let batch = batch?;
+                            let _timer = baseline.elapsed_compute().timer();
+                            buffer.push(batch, &mut ready)?;
+                        }
+                        None => {
+                            let _timer = baseline.elapsed_compute().timer();
+                            buffer.finish(&mut ready)?;
+                            done = true;
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

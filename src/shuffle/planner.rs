@@ -1,0 +1,137 @@
+//! Physical planning of [`ShuffleNode`]s, and sqlfeed's query planner.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::compute::SortOptions;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::QueryPlanner;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_planner::{
+    DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner,
+};
+use datafusion_session::Session;
+
+use super::{
+    LocalShuffleExec, SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKeyExec, ShuffleNode,
+    ShuffleSpec, shuffle_batch_rows,
+};
+use datafusion::execution::memory_pool::MemoryLimit;
+
+/// Turns [`ShuffleNode`] into the operators drawn in the [module docs](super).
+#[derive(Debug, Default)]
+pub struct ShuffleExtensionPlanner;
+
+/// The global shuffle: key, sort per partition, merge, drop the key, all
+/// under a [`ShuffleExec`] whose batch size fits `memory_limit`.
+pub fn plan_global_shuffle(
+    input: Arc<dyn ExecutionPlan>,
+    seed: u64,
+    epoch: u64,
+    memory_limit: usize,
+    session_batch_size: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let partitions = input.properties().partitioning.partition_count();
+    let batch_rows = shuffle_batch_rows(
+        &input.schema(),
+        memory_limit,
+        partitions,
+        session_batch_size,
+    );
+    let columns = input.schema().fields().len();
+    let keyed: Arc<dyn ExecutionPlan> =
+        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);
+    let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
+    let ordering = LexOrdering::new([PhysicalSortExpr::new(key, SortOptions::default())])
+        .ok_or_else(|| DataFusionError::Internal("empty shuffle ordering".into()))?;
+    let sorted: Arc<dyn ExecutionPlan> =
+        Arc::new(SortExec::new(ordering.clone(), keyed).with_preserve_partitioning(true));
+    let merged: Arc<dyn ExecutionPlan> =
+        Arc::new(SortPreservingMergeExec::new(ordering, sorted));
+    let schema = merged.schema();
+    let projection: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
+        .fields()
+        .iter()
+        .take(columns)
+        .enumerate()
+        .map(|(i, f)| {
+            (
+                Arc::new(Column::new(f.name(), i)) as Arc<dyn PhysicalExpr>,
+                f.name().clone(),
+            )
+        })
+        .collect();
+    let projected = Arc::new(ProjectionExec::try_new(projection, merged)?);
+    Ok(Arc::new(ShuffleExec::new(
+        projected, seed, epoch, batch_rows,
+    )))
+}
+
+#[async_trait]
+impl ExtensionPlanner for ShuffleExtensionPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(shuffle) = node.as_any().downcast_ref::<ShuffleNode>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return Err(DataFusionError::Internal(format!(
+                "Shuffle has one input, got {}",
+                physical_inputs.len()
+            )));
+        };
+        let plan = match shuffle.spec() {
+            ShuffleSpec::Global { seed, epoch } => {
+                let memory_limit = match session.runtime_env().memory_pool.memory_limit()
+                {
+                    MemoryLimit::Finite(bytes) => bytes,
+                    _ => usize::MAX / 2,
+                };
+                plan_global_shuffle(
+                    Arc::clone(input),
+                    seed,
+                    epoch,
+                    memory_limit,
+                    session.config().batch_size(),
+                )?
+            }
+            ShuffleSpec::Local { buffer_rows, seed } => {
+                Arc::new(LocalShuffleExec::new(Arc::clone(input), buffer_rows, seed))
+            }
+        };
+        Ok(Some(plan))
+    }
+}
+
+/// DataFusion's planner with sqlfeed's extension planners.
+#[derive(Debug, Default)]
+pub struct SqlfeedQueryPlanner;
+
+#[async_trait]
+impl QueryPlanner for SqlfeedQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(
+            ShuffleExtensionPlanner,
+        )])
+        .create_physical_plan(logical_plan, session)
+        .await
+    }
+}

@@ -1,0 +1,259 @@
+//! SHUFFLE and LOCAL SHUFFLE: permutation, determinism, uniformity, memory.
+
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::Int64Type;
+use datafusion::error::Result;
+use sqlfeed::Session;
+use sqlfeed::shuffle::{ShuffleSpec, shuffle};
+
+use crate::common::{arc, collect, gen_data, rows, write_parquet};
+
+fn session(partitions: usize, batch_size: usize) -> Result<Session> {
+    Session::builder()
+        .target_partitions(partitions)
+        .batch_size(batch_size)
+        .memory_limit(256 << 20)
+        .build()
+}
+
+fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+        .collect()
+}
+
+fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn shuffle_is_a_permutation_for_any_input() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1500, 5)?;
+    let s = session(4, 128)?;
+    let data = format!("'{}'", dir.path().display());
+    let cases = [
+        // many files and batches
+        format!("SELECT id, label, caption FROM {data}"),
+        // nulls and duplicate rows
+        format!("SELECT label, weight FROM {data}"),
+        // one row, empty input
+        format!("SELECT id FROM {data} WHERE id = 7"),
+        format!("SELECT id FROM {data} WHERE id < 0"),
+    ];
+    for query in cases {
+        let plain = rows(&collect(&s, &query).await?);
+        let shuffled = rows(&collect(&s, &format!("{query} SHUFFLE SEED 9")).await?);
+        assert_eq!(sorted(&plain), sorted(&shuffled), "{query}");
+        if plain.len() > 10 {
+            assert_ne!(plain, shuffled, "{query} came out unshuffled");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn order_depends_on_seed_epoch_and_data_only() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 2000, 4)?;
+    let query = |seed: u64, epoch: u64| {
+        format!(
+            "SELECT id, caption FROM '{}' WHERE label < 8 SHUFFLE SEED {seed} EPOCH {epoch}",
+            dir.path().display()
+        )
+    };
+    let reference = ids(&collect(&session(1, 8192)?, &query(42, 0)).await?);
+    for (partitions, batch_size) in [(2, 100), (8, 7), (8, 8192), (3, 1000)] {
+        let got = ids(&collect(&session(partitions, batch_size)?, &query(42, 0)).await?);
+        assert_eq!(
+            got, reference,
+            "partitions {partitions}, batch size {batch_size}"
+        );
+    }
+    let epoch1 = ids(&collect(&session(2, 8192)?, &query(42, 1)).await?);
+    let seed43 = ids(&collect(&session(2, 8192)?, &query(43, 0)).await?);
+    assert_ne!(epoch1, reference);
+    assert_ne!(seed43, reference);
+    assert_eq!(sorted(&epoch1), sorted(&reference));
+    Ok(())
+}
+
+/// Positions of 8 rows over 400 seeds: each row lands in each position
+/// ~1/8 of the time. A shuffle that kept partitions apart (each partition's
+/// rows in a block) or favoured the input order fails the chi-square test.
+#[tokio::test]
+async fn positions_are_uniform_across_seeds() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    for part in 0..2 {
+        let values: Int64Array = (part * 4..part * 4 + 4).collect();
+        write_parquet(
+            &dir.path().join(format!("p{part}.parquet")),
+            &crate::common::one_column("v", arc(values)),
+        )?;
+    }
+    let s = session(2, 8192)?;
+    let seeds = 400;
+    let mut counts = [[0u32; 8]; 8];
+    for seed in 0..seeds {
+        let order = ids(&collect(
+            &s,
+            &format!(
+                "SELECT v FROM '{}' SHUFFLE SEED {seed}",
+                dir.path().display()
+            ),
+        )
+        .await?);
+        for (position, value) in order.iter().enumerate() {
+            counts[*value as usize][position] += 1;
+        }
+    }
+    let expected = seeds as f64 / 8.0;
+    let chi2: f64 = counts
+        .iter()
+        .flatten()
+        .map(|&o| (o as f64 - expected).powi(2) / expected)
+        .sum();
+    // 49 degrees of freedom: p = 0.001 at 85.35.
+    assert!(chi2 < 85.35, "chi2 {chi2}, counts {counts:?}");
+    Ok(())
+}
+
+#[tokio::test]
+/// 12k rows of ids, captions and token lists are ~2.3 MB in Arrow: more than
+/// twice the 1 MB budget.
+async fn shuffle_larger_than_memory_spills_and_cleans_up() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 12_000, 4)?;
+    let spill = tempfile::tempdir()?;
+    let s = Session::builder()
+        .memory_limit(1 << 20)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    let query = format!(
+        "SELECT id, caption, tokens FROM '{}' SHUFFLE SEED 5",
+        dir.path().display()
+    );
+    let analyzed = rows(&collect(&s, &format!("EXPLAIN ANALYZE {query}")).await?);
+    let plan = &analyzed[0][1];
+    assert!(plan.contains("ShuffleExec: seed=5, epoch=0"), "{plan}");
+    assert!(plan.contains("ShuffleKeyExec"), "{plan}");
+    let spills: u64 = plan
+        .match_indices("spill_count=")
+        .filter_map(|(at, m)| {
+            plan[at + m.len()..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(spills > 0, "no spill under a 1 MB limit: {plan}");
+    let got = ids(&collect(&s, &query).await?);
+    assert_eq!(sorted(&got), (0..12_000).collect::<Vec<i64>>());
+    let mut leftovers = Vec::new();
+    for entry in walkdir(spill.path()) {
+        leftovers.push(entry);
+    }
+    assert!(leftovers.is_empty(), "spill files left: {leftovers:?}");
+    Ok(())
+}
+
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walkdir(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn rust_api_matches_the_sql_clause() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 300, 2)?;
+    let s = session(2, 8192)?;
+    let query = format!("SELECT id FROM '{}'", dir.path().display());
+    let from_sql = ids(&collect(&s, &format!("{query} SHUFFLE SEED 3 EPOCH 2")).await?);
+    let df = s.sql(&query).await?;
+    let from_api = ids(&shuffle(df, ShuffleSpec::Global { seed: 3, epoch: 2 })?
+        .collect()
+        .await?);
+    assert_eq!(from_sql, from_api);
+    Ok(())
+}
+
+#[tokio::test]
+async fn local_shuffle_buffer_permutes_within_reach() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1000, 1)?;
+    let s = session(1, 64)?;
+    let base = format!("SELECT id FROM '{}'", dir.path().display());
+    let plain = ids(&collect(&s, &base).await?);
+    let local =
+        ids(&collect(&s, &format!("{base} LOCAL SHUFFLE BUFFER 50 SEED 1")).await?);
+    assert_eq!(sorted(&local), sorted(&plain));
+    assert_ne!(local, plain);
+    assert_eq!(
+        local,
+        ids(&collect(&s, &format!("{base} LOCAL SHUFFLE BUFFER 50 SEED 1")).await?)
+    );
+    // A row can only leave the buffer after it entered: output position i
+    // holds a row from the first i + 50 input rows.
+    for (i, id) in local.iter().enumerate() {
+        let input_position = plain.iter().position(|p| p == id).expect("present");
+        assert!(
+            input_position < i + 50,
+            "row {id} at {i} came from {input_position}"
+        );
+    }
+    let identity =
+        ids(&collect(&s, &format!("{base} LOCAL SHUFFLE BUFFER 1 SEED 1")).await?);
+    assert_eq!(identity, plain);
+    Ok(())
+}
+
+#[tokio::test]
+async fn shuffle_clause_parses_where_an_alias_could_be() -> Result<()> {
+    let s = session(2, 8192)?;
+    // After `FROM t` sqlparser alone would read SHUFFLE as an alias.
+    s.sql("CREATE TABLE t AS VALUES (1), (2), (3)")
+        .await?
+        .collect()
+        .await?;
+    let got = collect(&s, "SELECT * FROM t SHUFFLE SEED 1").await?;
+    assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
+    let explained =
+        rows(&collect(&s, "EXPLAIN SELECT * FROM t SHUFFLE SEED 1 EPOCH 4").await?);
+    assert!(
+        explained[0][1].contains("Shuffle: seed=1, epoch=4"),
+        "{explained:?}"
+    );
+    for (bad, expected) in [
+        (
+            "SELECT * FROM t SHUFFLE SEED x",
+            "SEED must be a non-negative integer",
+        ),
+        (
+            "SELECT * FROM t SHUFFLE SEED 1 LIMIT 2",
+            "must end the statement",
+        ),
+        ("SELECT * FROM t LOCAL SHUFFLE SEED 1", "BUFFER <rows>"),
+        ("SELECT * FROM t LOCAL SHUFFLE BUFFER 0", "at least 1 row"),
+        (
+            "CREATE TABLE u AS VALUES (1) SHUFFLE SEED 1",
+            "ends a query",
+        ),
+    ] {
+        let err = s.sql(bad).await.expect_err(bad).to_string();
+        assert!(err.contains(expected), "{bad}: {err}");
+    }
+    Ok(())
+}
