@@ -50,8 +50,9 @@ impl FromStr for OutputFormat {
     }
 }
 
-/// Formats one batch's cells as strings, cut for table display.
-fn cells(batch: &RecordBatch) -> Result<Vec<Vec<String>>> {
+/// Formats one batch's cells as strings, each line cut for table display
+/// when `cut` is set.
+fn cells(batch: &RecordBatch, cut: bool) -> Result<Vec<Vec<String>>> {
     let options = FormatOptions::default().with_null("NULL");
     let formatters = batch
         .columns()
@@ -62,14 +63,21 @@ fn cells(batch: &RecordBatch) -> Result<Vec<Vec<String>>> {
         .map(|row| {
             formatters
                 .iter()
-                .map(|f| shorten(&f.value(row).to_string()))
+                .map(|f| {
+                    let text = f.value(row).to_string();
+                    if cut {
+                        text.lines().map(shorten).collect::<Vec<_>>().join("\n")
+                    } else {
+                        text
+                    }
+                })
                 .collect()
         })
         .collect())
 }
 
 fn shorten(cell: &str) -> String {
-    let cell = cell.replace(['\n', '\r', '\t'], " ");
+    let cell = cell.replace(['\r', '\t'], " ");
     if cell.chars().count() <= MAX_CELL_CHARS {
         cell
     } else {
@@ -115,13 +123,15 @@ fn flatten_for_csv(batch: &RecordBatch) -> Result<RecordBatch> {
     )?)
 }
 
-/// Renders rows as an aligned table with `+---+` borders.
+/// Renders rows as an aligned table with `+---+` borders; a cell with
+/// several lines makes its row that many lines high.
 pub fn render_table(schema: &SchemaRef, rows: &[Vec<String>]) -> String {
     let header: Vec<String> = schema.fields().iter().map(|f| shorten(f.name())).collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+            let widest = cell.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+            *w = (*w).max(widest);
         }
     }
     let border: String = widths
@@ -142,12 +152,26 @@ pub fn render_table(schema: &SchemaRef, rows: &[Vec<String>]) -> String {
     out.push_str(&line(&header));
     out.push_str(&border);
     for row in rows {
-        out.push_str(&line(row));
+        let split: Vec<Vec<&str>> = row.iter().map(|c| c.lines().collect()).collect();
+        let height = split.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        for i in 0..height {
+            let cells: Vec<String> = split
+                .iter()
+                .map(|lines| lines.get(i).copied().unwrap_or_default().to_string())
+                .collect();
+            out.push_str(&line(&cells));
+        }
     }
     if !rows.is_empty() {
         out.push_str(&border);
     }
     out
+}
+
+/// Whether `schema` is the result of `EXPLAIN`, whose plans are shown whole.
+fn is_explain(schema: &SchemaRef) -> bool {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    names == ["plan_type", "plan"]
 }
 
 /// Writes a result as batches arrive; see [`ResultWriter::finish`].
@@ -162,6 +186,8 @@ pub enum ResultWriter<'a, W: Write> {
         rows: Vec<Vec<String>>,
         /// Rows kept at most (`0` = all).
         max_rows: usize,
+        /// Whether long cell lines are cut (not for query plans).
+        cut: bool,
     },
     /// CSV with a header line.
     Csv(Box<datafusion::arrow::csv::Writer<&'a mut W>>),
@@ -181,6 +207,7 @@ impl<'a, W: Write> ResultWriter<'a, W> {
     ) -> Self {
         match format {
             OutputFormat::Table => Self::Table {
+                cut: !is_explain(&schema),
                 out,
                 schema,
                 rows: Vec::new(),
@@ -197,7 +224,12 @@ impl<'a, W: Write> ResultWriter<'a, W> {
     /// Writes (or keeps) one batch.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         match self {
-            Self::Table { rows, max_rows, .. } => {
+            Self::Table {
+                rows,
+                max_rows,
+                cut,
+                ..
+            } => {
                 let room = if *max_rows == 0 {
                     usize::MAX
                 } else {
@@ -205,7 +237,7 @@ impl<'a, W: Write> ResultWriter<'a, W> {
                 };
                 if room > 0 {
                     let take = room.min(batch.num_rows());
-                    rows.extend(cells(&batch.slice(0, take))?);
+                    rows.extend(cells(&batch.slice(0, take), *cut)?);
                 }
                 Ok(())
             }
@@ -310,6 +342,29 @@ mod tests {
         assert!(text.contains("| NULL |"), "{text}");
         assert!(text.contains('…'), "{text}");
         assert!(text.ends_with("2 rows\n"), "{text}");
+        Ok(())
+    }
+
+    #[test]
+    fn explain_plans_are_shown_whole_on_several_lines() -> Result<()> {
+        let plan = format!("ProjectionExec\n  {}", "x".repeat(80));
+        let b = RecordBatch::try_from_iter(vec![
+            (
+                "plan_type",
+                Arc::new(StringArray::from(vec!["physical_plan"])) as ArrayRef,
+            ),
+            ("plan", Arc::new(StringArray::from(vec![plan])) as ArrayRef),
+        ])?;
+        let mut out = Vec::new();
+        let mut w = ResultWriter::new(OutputFormat::Table, &mut out, b.schema(), 0);
+        w.write(&b)?;
+        w.finish(1, None)?;
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains("| physical_plan | ProjectionExec "), "{text}");
+        assert!(
+            text.contains(&format!("|               |   {} |", "x".repeat(80))),
+            "{text}"
+        );
         Ok(())
     }
 
