@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod datagen;
+pub mod rand;
 pub mod session;
 pub mod shuffle;
 pub mod sql;

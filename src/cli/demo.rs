@@ -60,10 +60,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         options.files = 8;
         let summary = datagen::generate(&options)?;
         eprintln!(
-            "generated {} rows in {} files ({:.1} MB) under {} in {:.2}s",
-            summary.rows,
-            summary.files.len(),
-            summary.bytes as f64 / 1e6,
+            "generated {summary} under {} in {:.2}s",
             args.dir.display(),
             start.elapsed().as_secs_f64()
         );

@@ -148,10 +148,7 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
         let start = std::time::Instant::now();
         let summary = datagen::generate(&options)?;
         eprintln!(
-            "wrote {} rows in {} files ({:.1} MB) to {} in {:.2}s",
-            summary.rows,
-            summary.files.len(),
-            summary.bytes as f64 / 1e6,
+            "wrote {summary} to {} in {:.2}s",
             args.out.display(),
             start.elapsed().as_secs_f64()
         );

@@ -39,6 +39,8 @@ use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::PngEncoder;
 use image::{ExtendedColorType, ImageEncoder};
 
+use crate::rand::{SplitMix64, splitmix64};
+
 /// Options of `sqlfeed gen`.
 #[derive(Debug, Clone)]
 pub struct GenOptions {
@@ -82,6 +84,18 @@ pub struct GenSummary {
     pub rows: u64,
     /// Total bytes of the Parquet files.
     pub bytes: u64,
+}
+
+impl std::fmt::Display for GenSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} rows in {} files ({:.1} MB)",
+            self.rows,
+            self.files.len(),
+            self.bytes as f64 / 1e6
+        )
+    }
 }
 
 /// Mean of feature `j`.
@@ -249,7 +263,7 @@ fn make_batch(
     for j in 0..options.features {
         let (mean, std) = (feature_mean(j), feature_std(j));
         let values: Float32Array =
-            (0..n).map(|_| (mean + std * rng.normal()) as f32).collect();
+            (0..n).map(|_| (mean + std * normal(rng)) as f32).collect();
         columns.push(Arc::new(values));
     }
     let weights: Float64Array = (0..n)
@@ -318,7 +332,7 @@ fn draw(
     let size = (s / 3).max(1);
     let cx = size + rng.below((s - 2 * size).max(1) as u64) as i64;
     let cy = size + rng.below((s - 2 * size).max(1) as u64) as i64;
-    let noise_seed = rng.next();
+    let noise_seed = rng.next_u64();
     for y in 0..s {
         for x in 0..s {
             let (dx, dy) = (x - cx, y - cy);
@@ -331,7 +345,7 @@ fn draw(
             };
             let base = if inside { fg } else { bg };
             let shade = ((x + y) * 40 / (2 * s).max(1)) as i32 - 20;
-            let noise = (splitmix(noise_seed ^ (y * s + x) as u64) % 9) as i32 - 4;
+            let noise = (splitmix64(noise_seed ^ (y * s + x) as u64) % 9) as i32 - 4;
             let offset = ((y * s + x) * 3) as usize;
             for c in 0..3 {
                 let v = base[c] as i32 + if inside { noise } else { shade + noise };
@@ -339,6 +353,13 @@ fn draw(
             }
         }
     }
+}
+
+/// Standard normal by Box–Muller (one draw per call keeps the stream simple).
+fn normal(rng: &mut SplitMix64) -> f64 {
+    let u1 = 1.0 - rng.unit();
+    let u2 = rng.unit();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 fn encode_png(pixels: &[u8], side: u32) -> Result<Vec<u8>> {
@@ -383,47 +404,6 @@ fn write_meta(options: &GenOptions) -> Result<()> {
     std::fs::write(&path, meta).map_err(|e| io_error(&path, e))
 }
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// SplitMix64: tiny, fast, and specified, so its streams never change with a
-/// dependency upgrade (unlike `rand`'s `StdRng`).
-struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        Self { state: seed }
-    }
-
-    fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        splitmix(self.state.wrapping_sub(0x9E37_79B9_7F4A_7C15))
-    }
-
-    /// Uniform in `0..bound` (Lemire's multiply-shift; bias < 2^-32 for our bounds).
-    fn below(&mut self, bound: u64) -> u64 {
-        ((self.next() >> 32) * bound) >> 32
-    }
-
-    /// Uniform in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Standard normal (Box–Muller; one draw per call keeps the stream simple).
-    fn normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.unit();
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -447,11 +427,5 @@ mod tests {
         }
         assert_eq!(sa.rows, 300);
         Ok(())
-    }
-
-    #[test]
-    fn below_stays_in_range() {
-        let mut rng = SplitMix64::new(1);
-        assert!((0..10_000).all(|_| rng.below(7) < 7));
     }
 }

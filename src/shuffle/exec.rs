@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::{
@@ -151,14 +151,9 @@ impl ExecutionPlan for ShuffleExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [child] = children.as_slice() else {
-            return Err(DataFusionError::Internal(format!(
-                "ShuffleExec takes one child, got {}",
-                children.len()
-            )));
-        };
+        let child = super::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::new(
-            Arc::clone(child),
+            child,
             self.seed,
             self.epoch,
             self.batch_rows,

@@ -30,17 +30,11 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use crate::rand::splitmix64;
 use crate::sql::row_key_hash;
 
 /// Name of the key column between [`ShuffleKeyExec`] and the sort.
 pub const SHUFFLE_KEY_COLUMN: &str = "__sqlfeed_shuffle_key";
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 /// The hash seed of `(seed, epoch)`: SplitMix64 of `seed ^ SplitMix64(epoch)`,
 /// so neighbouring seeds and epochs give unrelated permutations.
@@ -156,17 +150,8 @@ impl ExecutionPlan for ShuffleKeyExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [child] = children.as_slice() else {
-            return Err(DataFusionError::Internal(format!(
-                "ShuffleKeyExec takes one child, got {}",
-                children.len()
-            )));
-        };
-        Ok(Arc::new(Self::try_new(
-            Arc::clone(child),
-            self.seed,
-            self.epoch,
-        )?))
+        let child = super::single_child(self.name(), &children)?;
+        Ok(Arc::new(Self::try_new(child, self.seed, self.epoch)?))
     }
 
     fn execute(

@@ -47,6 +47,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::shuffle_seed;
+use crate::rand::SplitMix64;
 
 /// See the module docs.
 #[derive(Debug)]
@@ -109,20 +110,15 @@ struct ShuffleBuffer {
     capacity: usize,
     /// Output batch size.
     batch_size: usize,
-    /// SplitMix64 state.
-    rng: u64,
+    /// Chooses the slot to emit.
+    rng: SplitMix64,
     /// Memory of `held`.
     reservation: MemoryReservation,
 }
 
 impl ShuffleBuffer {
     fn next_below(&mut self, bound: usize) -> usize {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (((z >> 32) * bound as u64) >> 32) as usize
+        self.rng.below(bound as u64) as usize
     }
 
     fn push(
@@ -227,17 +223,8 @@ impl ExecutionPlan for LocalShuffleExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let [child] = children.as_slice() else {
-            return Err(DataFusionError::Internal(format!(
-                "LocalShuffleExec takes one child, got {}",
-                children.len()
-            )));
-        };
-        Ok(Arc::new(Self::new(
-            Arc::clone(child),
-            self.buffer_rows,
-            self.seed,
-        )))
+        let child = super::single_child(self.name(), &children)?;
+        Ok(Arc::new(Self::new(child, self.buffer_rows, self.seed)))
     }
 
     fn execute(
@@ -256,7 +243,7 @@ impl ExecutionPlan for LocalShuffleExec {
             pending: Vec::new(),
             capacity: self.buffer_rows,
             batch_size: context.session_config().batch_size().max(1),
-            rng: shuffle_seed(self.seed, partition as u64),
+            rng: SplitMix64::new(shuffle_seed(self.seed, partition as u64)),
             reservation,
         };
         let state = (

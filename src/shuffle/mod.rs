@@ -81,6 +81,20 @@ pub use local::LocalShuffleExec;
 pub use logical::ShuffleNode;
 pub use planner::{ShuffleExtensionPlanner, SqlfeedQueryPlanner};
 
+/// The one child of a single-input operator, or an internal error.
+fn single_child(
+    name: &str,
+    children: &[Arc<dyn datafusion::physical_plan::ExecutionPlan>],
+) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+    match children {
+        [child] => Ok(Arc::clone(child)),
+        _ => Err(datafusion::error::DataFusionError::Internal(format!(
+            "{name} takes one child, got {}",
+            children.len()
+        ))),
+    }
+}
+
 /// What a `SHUFFLE` clause asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
 pub enum ShuffleSpec {

@@ -253,27 +253,12 @@ async fn sorts_larger_than_the_memory_limit_spill_and_finish() -> Result<()> {
     let total: usize = batches.iter().map(|b| b.num_rows()).sum();
     assert_eq!(total, 6000);
     // Spill files are removed when the query ends.
-    let leftovers: Vec<_> = walk(spill.path());
+    let leftovers = crate::common::files_below(spill.path());
     assert!(
         leftovers.is_empty(),
         "spill files left behind: {leftovers:?}"
     );
     Ok(())
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                files.extend(walk(&path));
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use datafusion::error::Result;
 use sqlfeed::Session;
 use sqlfeed::shuffle::{ShuffleSpec, shuffle};
 
-use crate::common::{arc, collect, gen_data, rows, write_parquet};
+use crate::common::{arc, collect, files_below, gen_data, rows, write_parquet};
 
 fn session(partitions: usize, batch_size: usize) -> Result<Session> {
     Session::builder()
@@ -154,25 +154,9 @@ async fn shuffle_larger_than_memory_spills_and_cleans_up() -> Result<()> {
     assert!(spills > 0, "no spill under a 1 MB limit: {plan}");
     let got = ids(&collect(&s, &query).await?);
     assert_eq!(sorted(&got), (0..12_000).collect::<Vec<i64>>());
-    let mut leftovers = Vec::new();
-    for entry in walkdir(spill.path()) {
-        leftovers.push(entry);
-    }
+    let leftovers = files_below(spill.path());
     assert!(leftovers.is_empty(), "spill files left: {leftovers:?}");
     Ok(())
-}
-
-fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(walkdir(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
 }
 
 #[tokio::test]
