@@ -22,20 +22,20 @@ plain="SELECT $columns FROM '$data/*.parquet'"
 shuffled="$plain SHUFFLE SEED 1"
 
 run() { # name sql
-    local out
-    out=$( { /usr/bin/time -f "%e %M" "$bin" --memory-limit "$limit" --format csv -c "$2" \
-        | wc -l; } 2>&1 )
     local lines wall rss
-    lines=$(echo "$out" | head -1)
-    read -r wall rss < <(echo "$out" | tail -1)
+    lines=$(/usr/bin/time -f "%e %M" -o "$timing" "$bin" --memory-limit "$limit" \
+        --format csv -c "$2" | wc -l)
+    read -r wall rss < "$timing"
     printf '%-9s rows=%d wall_s=%s rows_per_s=%.0f peak_rss_mb=%.0f\n' \
-        "$1" "$((lines - 1))" "$wall" "$(echo "($lines - 1) / $wall" | bc -l)" "$(echo "$rss / 1024" | bc -l)"
+        "$1" "$((lines - 1))" "$wall" "$(echo "($lines - 1) / $wall" | bc -l)" \
+        "$(echo "$rss / 1024" | bc -l)"
     echo "$1 $wall" >> "$tmp"
 }
+timing=$(mktemp)
 tmp=$(mktemp)
 for _ in 1 2; do
     run plain "$plain"
     run shuffled "$shuffled"
 done
 awk '{ t[$1] += $2 } END { printf "shuffled/plain throughput: %.2fx\n", t["plain"] / t["shuffled"] }' "$tmp"
-rm -f "$tmp"
+rm -f "$tmp" "$timing"
