@@ -261,6 +261,46 @@ async fn sorts_larger_than_the_memory_limit_spill_and_finish() -> Result<()> {
     Ok(())
 }
 
+/// gen's PNG and JPEG hold the same picture: decoded, they agree closely.
+#[tokio::test]
+async fn generated_png_and_jpeg_decode_to_the_same_picture() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 20, 1)?;
+    let session = session()?;
+    let batches = collect(
+        &session,
+        &format!(
+            "SELECT image_decode(image_png)['pixels'] AS png, \
+                    image_decode(image_jpeg)['pixels'] AS jpeg, \
+                    image_decode(image_png)['height'] AS h FROM '{}'",
+            dir.path().display()
+        ),
+    )
+    .await?;
+    for batch in &batches {
+        let (png, jpeg) = (
+            batch.column(0).as_binary::<i32>(),
+            batch.column(1).as_binary::<i32>(),
+        );
+        for row in 0..batch.num_rows() {
+            let (a, b) = (png.value(row), jpeg.value(row));
+            assert_eq!(a.len(), 8 * 8 * 3);
+            assert_eq!(a.len(), b.len());
+            let mean_error: f64 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| f64::from(x.abs_diff(*y)))
+                .sum::<f64>()
+                / a.len() as f64;
+            assert!(
+                mean_error < 12.0,
+                "row {row}: mean |png - jpeg| = {mean_error}"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn udfs_are_registered_in_the_session() -> Result<()> {
     let session = session()?;

@@ -8,7 +8,10 @@
 //! | family    | feature   | functions                          |
 //! |-----------|-----------|------------------------------------|
 //! | numeric   | `numeric` | `standardize`, `min_max_scale`, `clip`, `log1p`, `bucketize`, `one_hot`, `hash_bucket` |
+//! | image     | `image`   | `image_decode`, `try_image_decode` |
 
+#[cfg(feature = "image")]
+pub mod image;
 #[cfg(feature = "numeric")]
 pub mod numeric;
 
@@ -34,6 +37,8 @@ pub fn scalar_functions() -> Vec<ScalarUDF> {
     let mut udfs = Vec::new();
     #[cfg(feature = "numeric")]
     udfs.extend(numeric::functions());
+    #[cfg(feature = "image")]
+    udfs.extend(image::functions());
     udfs
 }
 
@@ -42,6 +47,8 @@ pub fn functions() -> Vec<FunctionInfo> {
     let mut infos = Vec::new();
     #[cfg(feature = "numeric")]
     infos.extend(numeric::infos());
+    #[cfg(feature = "image")]
+    infos.extend(image::infos());
     infos
 }
 

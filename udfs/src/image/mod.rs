@@ -1,0 +1,323 @@
+//! Image functions: `image_decode(bytes [, mode])` and its `try_` twin.
+//!
+//! # The image value
+//! A decoded image is a struct that the feed turns into a `[H, W, C]` tensor
+//! without copying:
+//!
+//! | field      | type   | content                                   |
+//! |------------|--------|-------------------------------------------|
+//! | `height`   | uint32 | rows                                      |
+//! | `width`    | uint32 | columns                                   |
+//! | `channels` | uint8  | 3 for `rgb`, 4 for `rgba`, 1 for `gray`   |
+//! | `pixels`   | binary | `height * width * channels` bytes, HWC    |
+//!
+//! ```sql
+//! SELECT image_decode(image_png).width, image_decode(image_png, 'gray').channels FROM t;
+//! -- 32, 1
+//! ```
+//!
+//! # Decoding
+//! PNG (8/16-bit, palette, gray, gray+alpha, 1-bit; 16-bit samples are scaled
+//! to 8 bits) and JPEG (baseline, progressive, CMYK) through the `image`
+//! crate, whose JPEG decoder is zune-jpeg. The EXIF orientation of a JPEG is
+//! applied, so pixels come out the way viewers show them.
+//!
+//! # Bad input
+//! A row that cannot be decoded is an error naming the function, the row and
+//! the reason; `try_image_decode` returns NULL for it instead. Before any
+//! pixel memory is allocated, the declared size is checked against
+//! [`DEFAULT_MAX_PIXELS`] (64 megapixels), so a tiny file declaring
+//! 100000×100000 pixels, or a PNG that would inflate to gigabytes, is refused
+//! rather than allocated. A panic inside a decoder is caught and reported as
+//! a decoding error of that row.
+
+use std::io::Cursor;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BinaryBuilder, StructArray, UInt8Builder, UInt32Builder,
+};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, Fields};
+use datafusion::common::ScalarValue;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
+
+use crate::FunctionInfo;
+
+/// Largest image decoded by default: 64 megapixels (8192 × 8192).
+pub const DEFAULT_MAX_PIXELS: u64 = 64 << 20;
+
+const DECODE: &str = "image_decode(bytes [, 'rgb' | 'rgba' | 'gray'])";
+const TRY_DECODE: &str = "try_image_decode(bytes [, 'rgb' | 'rgba' | 'gray'])";
+
+/// The struct type of a decoded image.
+pub fn image_type() -> DataType {
+    DataType::Struct(image_fields())
+}
+
+fn image_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("height", DataType::UInt32, false),
+        Field::new("width", DataType::UInt32, false),
+        Field::new("channels", DataType::UInt8, false),
+        Field::new("pixels", DataType::Binary, false),
+    ])
+}
+
+/// The registered functions of this family.
+pub fn functions() -> Vec<ScalarUDF> {
+    vec![
+        ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS)),
+        ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS)),
+    ]
+}
+
+/// Listings for `\functions`.
+pub fn infos() -> Vec<FunctionInfo> {
+    vec![
+        FunctionInfo {
+            name: "image_decode",
+            family: "image",
+            syntax: DECODE,
+            description: "PNG/JPEG bytes -> struct(height, width, channels, pixels HWC uint8); EXIF orientation applied",
+        },
+        FunctionInfo {
+            name: "try_image_decode",
+            family: "image",
+            syntax: TRY_DECODE,
+            description: "like image_decode, but NULL for bytes that cannot be decoded",
+        },
+    ]
+}
+
+/// Channel layout requested from `image_decode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Rgb,
+    Rgba,
+    Gray,
+}
+
+impl Mode {
+    fn parse(function: &str, value: Option<&ScalarValue>) -> Result<Self> {
+        let text = match value {
+            None => return Ok(Mode::Rgb),
+            Some(
+                ScalarValue::Utf8(Some(s))
+                | ScalarValue::Utf8View(Some(s))
+                | ScalarValue::LargeUtf8(Some(s)),
+            ) => s,
+            Some(other) => {
+                return Err(DataFusionError::Plan(format!(
+                    "{function}: mode must be a constant 'rgb', 'rgba' or 'gray', got {other}"
+                )));
+            }
+        };
+        match text.to_ascii_lowercase().as_str() {
+            "rgb" => Ok(Mode::Rgb),
+            "rgba" => Ok(Mode::Rgba),
+            "gray" | "grey" | "l" => Ok(Mode::Gray),
+            other => Err(DataFusionError::Plan(format!(
+                "{function}: unknown mode '{other}', use 'rgb', 'rgba' or 'gray'"
+            ))),
+        }
+    }
+
+    fn convert(self, image: DynamicImage) -> (u8, Vec<u8>) {
+        match self {
+            Mode::Rgb => (3, image.into_rgb8().into_raw()),
+            Mode::Rgba => (4, image.into_rgba8().into_raw()),
+            Mode::Gray => (1, image.into_luma8().into_raw()),
+        }
+    }
+}
+
+/// Decodes one encoded image; the error says why, for the row message.
+pub fn decode_image(
+    bytes: &[u8],
+    max_pixels: u64,
+) -> std::result::Result<DynamicImage, String> {
+    if bytes.is_empty() {
+        return Err("the value is empty".into());
+    }
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| e.to_string())?;
+    if reader.format().is_none() {
+        return Err("not a PNG or JPEG image (unknown signature)".into());
+    }
+    let mut limits = Limits::default();
+    // Decoders allocate a few buffers of the image size; 4 bytes per pixel
+    // covers RGBA8, 16-bit images hit the pixel check first.
+    limits.max_alloc = Some(max_pixels.saturating_mul(8));
+    let mut reader = reader;
+    reader.limits(limits);
+    let mut decoder = reader.into_decoder().map_err(|e| e.to_string())?;
+    let (width, height) = decoder.dimensions();
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > max_pixels {
+        return Err(format!(
+            "{width}x{height} pixels is more than the limit of {max_pixels} pixels"
+        ));
+    }
+    let orientation = decoder.orientation().map_err(|e| e.to_string())?;
+    let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
+    image.apply_orientation(orientation);
+    Ok(image)
+}
+
+/// `image_decode` and `try_image_decode`; see the module docs.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ImageDecodeFunc {
+    /// NULL instead of an error for undecodable rows.
+    lenient: bool,
+    /// Largest accepted `width * height`.
+    max_pixels: u64,
+    signature: Signature,
+}
+
+impl ImageDecodeFunc {
+    /// `image_decode` (`lenient = false`) or `try_image_decode`.
+    pub fn new(lenient: bool, max_pixels: u64) -> Self {
+        Self {
+            lenient,
+            max_pixels,
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+
+    fn syntax(&self) -> &'static str {
+        if self.lenient { TRY_DECODE } else { DECODE }
+    }
+}
+
+impl ScalarUDFImpl for ImageDecodeFunc {
+    fn name(&self) -> &str {
+        if self.lenient {
+            "try_image_decode"
+        } else {
+            "image_decode"
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let plan_error = |what: String| {
+            DataFusionError::Plan(format!(
+                "{}: {what}; signature: {}",
+                self.name(),
+                self.syntax()
+            ))
+        };
+        if !(1..=2).contains(&arg_types.len()) {
+            return Err(plan_error(format!(
+                "takes 1 or 2 arguments, got {}",
+                arg_types.len()
+            )));
+        }
+        match &arg_types[0] {
+            DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+            | DataType::Null => {}
+            other => {
+                return Err(plan_error(format!("bytes must be binary, got {other}")));
+            }
+        }
+        if let Some(mode) = arg_types.get(1)
+            && !matches!(
+                mode,
+                DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+            )
+        {
+            return Err(plan_error(format!("mode must be a string, got {mode}")));
+        }
+        let mut types = vec![DataType::BinaryView];
+        types.extend(arg_types.get(1).map(|_| DataType::Utf8));
+        Ok(types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(image_type())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let mode = match args.args.get(1) {
+            None => Mode::Rgb,
+            Some(ColumnarValue::Scalar(v)) => Mode::parse(self.name(), Some(v))?,
+            Some(ColumnarValue::Array(_)) => {
+                return Err(DataFusionError::Plan(format!(
+                    "{}: mode must be a constant; signature: {}",
+                    self.name(),
+                    self.syntax()
+                )));
+            }
+        };
+        let bytes = args.args[0].to_array(args.number_rows)?;
+        let bytes = bytes.as_binary_view();
+        let mut heights = UInt32Builder::with_capacity(bytes.len());
+        let mut widths = UInt32Builder::with_capacity(bytes.len());
+        let mut channels = UInt8Builder::with_capacity(bytes.len());
+        let mut pixels = BinaryBuilder::new();
+        let mut valid = Vec::with_capacity(bytes.len());
+        for (row, value) in bytes.iter().enumerate() {
+            let decoded = value.map(|b| {
+                std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    decode_image(b, self.max_pixels)
+                }))
+                .unwrap_or_else(|_| Err("the decoder panicked on this data".into()))
+            });
+            match decoded {
+                Some(Ok(image)) => {
+                    heights.append_value(image.height());
+                    widths.append_value(image.width());
+                    let (c, data) = mode.convert(image);
+                    channels.append_value(c);
+                    pixels.append_value(data);
+                    valid.push(true);
+                }
+                Some(Err(reason)) if !self.lenient => {
+                    let value = value.unwrap_or_default();
+                    let head: String =
+                        value.iter().take(8).map(|b| format!("{b:02x}")).collect();
+                    return Err(DataFusionError::Execution(format!(
+                        "image_decode: cannot decode row {row} ({} bytes starting {head}): \
+                         {reason}. Use try_image_decode to get NULL for such rows",
+                        value.len()
+                    )));
+                }
+                _ => {
+                    heights.append_value(0);
+                    widths.append_value(0);
+                    channels.append_value(0);
+                    pixels.append_value([]);
+                    valid.push(false);
+                }
+            }
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(heights.finish()),
+            Arc::new(widths.finish()),
+            Arc::new(channels.finish()),
+            Arc::new(pixels.finish()),
+        ];
+        let nulls = NullBuffer::from(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        Ok(ColumnarValue::Array(Arc::new(StructArray::try_new(
+            image_fields(),
+            columns,
+            nulls,
+        )?)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

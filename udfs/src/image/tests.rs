@@ -1,0 +1,267 @@
+//! Tests of the image functions with exact expected pixels.
+
+use datafusion::arrow::array::{Array, AsArray, BinaryArray, RecordBatch, StructArray};
+use datafusion::arrow::datatypes::{UInt8Type, UInt32Type};
+use datafusion::error::Result;
+use datafusion::prelude::SessionContext;
+use image::codecs::jpeg::JpegEncoder;
+use image::codecs::png::PngEncoder;
+use image::{ExtendedColorType, ImageEncoder};
+use std::sync::Arc;
+
+use super::*;
+
+/// `image_decode(b, mode)` over a table of blobs, with `udf` registered.
+async fn decode_with(
+    udf: ScalarUDF,
+    blobs: Vec<Option<Vec<u8>>>,
+    mode: &str,
+) -> Result<StructArray> {
+    let ctx = SessionContext::new();
+    ctx.register_udf(udf.clone());
+    let array = BinaryArray::from_iter(blobs);
+    let batch = RecordBatch::try_from_iter(vec![("b", Arc::new(array) as ArrayRef)])?;
+    ctx.register_batch("t", batch)?;
+    let sql = format!("SELECT {}(b, '{mode}') FROM t", udf.name());
+    let batches = ctx.sql(&sql).await?.collect().await?;
+    Ok(batches[0].column(0).as_struct().clone())
+}
+
+async fn decode(blobs: Vec<Option<Vec<u8>>>, mode: &str) -> Result<StructArray> {
+    decode_with(
+        ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS)),
+        blobs,
+        mode,
+    )
+    .await
+}
+
+fn png(width: u32, height: u32, pixels: &[u8], color: ExtendedColorType) -> Vec<u8> {
+    let mut out = Vec::new();
+    PngEncoder::new(&mut out)
+        .write_image(pixels, width, height, color)
+        .expect("valid test image");
+    out
+}
+
+fn fields(image: &StructArray, row: usize) -> (u32, u32, u8, Vec<u8>) {
+    (
+        image.column(0).as_primitive::<UInt32Type>().value(row),
+        image.column(1).as_primitive::<UInt32Type>().value(row),
+        image.column(2).as_primitive::<UInt8Type>().value(row),
+        image.column(3).as_binary::<i32>().value(row).to_vec(),
+    )
+}
+
+#[tokio::test]
+async fn png_rgb8_and_rgb16_decode_pixel_exact() -> Result<()> {
+    // 3 wide, 2 high, HWC.
+    let rgb: Vec<u8> = (0..18).map(|i| (i * 13) as u8).collect();
+    let wide: Vec<u8> = rgb
+        .iter()
+        .flat_map(|v| (u16::from(*v) * 257).to_be_bytes())
+        .collect();
+    let image = decode(
+        vec![
+            Some(png(3, 2, &rgb, ExtendedColorType::Rgb8)),
+            Some(png(3, 2, &wide, ExtendedColorType::Rgb16)),
+            None,
+        ],
+        "rgb",
+    )
+    .await?;
+    assert_eq!(fields(&image, 0), (2, 3, 3, rgb.clone()));
+    assert_eq!(fields(&image, 1), (2, 3, 3, rgb));
+    assert!(image.is_null(2));
+    Ok(())
+}
+
+#[tokio::test]
+async fn modes_convert_channels() -> Result<()> {
+    // Gray pixels stay their value in every mode; alpha becomes 255.
+    let gray_alpha = [10u8, 255, 200, 255];
+    let blob = png(2, 1, &gray_alpha, ExtendedColorType::La8);
+    let rgba = decode(vec![Some(blob.clone())], "rgba").await?;
+    assert_eq!(
+        fields(&rgba, 0),
+        (1, 2, 4, vec![10, 10, 10, 255, 200, 200, 200, 255])
+    );
+    let gray = decode(vec![Some(blob)], "gray").await?;
+    assert_eq!(fields(&gray, 0), (1, 2, 1, vec![10, 200]));
+    Ok(())
+}
+
+#[tokio::test]
+async fn jpeg_decodes_close_to_the_source() -> Result<()> {
+    let (w, h) = (16u32, 8u32);
+    let source: Vec<u8> = (0..w * h).flat_map(|_| [200u8, 40, 90]).collect();
+    let mut jpeg = Vec::new();
+    JpegEncoder::new_with_quality(&mut jpeg, 100)
+        .write_image(&source, w, h, ExtendedColorType::Rgb8)
+        .expect("encodes");
+    let image = decode(vec![Some(jpeg)], "rgb").await?;
+    let (height, width, channels, pixels) = fields(&image, 0);
+    assert_eq!((height, width, channels), (8, 16, 3));
+    let worst = pixels
+        .iter()
+        .zip(&source)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap_or(0);
+    assert!(worst <= 4, "JPEG round trip off by {worst}");
+    Ok(())
+}
+
+/// A JPEG with an APP1 EXIF segment saying orientation 6 (rotate 90° clockwise).
+fn jpeg_with_orientation(width: u32, height: u32, orientation: u16) -> Vec<u8> {
+    let pixels: Vec<u8> = (0..width * height)
+        .flat_map(|i| [(i * 30) as u8, 0, 0])
+        .collect();
+    let mut jpeg = Vec::new();
+    JpegEncoder::new_with_quality(&mut jpeg, 100)
+        .write_image(&pixels, width, height, ExtendedColorType::Rgb8)
+        .expect("encodes");
+    let mut tiff = b"II*\0\x08\0\0\0".to_vec(); // little-endian TIFF, IFD at 8
+    tiff.extend_from_slice(&1u16.to_le_bytes()); // one entry
+    tiff.extend_from_slice(&0x0112u16.to_le_bytes()); // Orientation
+    tiff.extend_from_slice(&3u16.to_le_bytes()); // SHORT
+    tiff.extend_from_slice(&1u32.to_le_bytes()); // count
+    tiff.extend_from_slice(&orientation.to_le_bytes());
+    tiff.extend_from_slice(&[0, 0]); // value padding
+    tiff.extend_from_slice(&0u32.to_le_bytes()); // no next IFD
+    let mut app1 = b"Exif\0\0".to_vec();
+    app1.extend_from_slice(&tiff);
+    let mut out = jpeg[..2].to_vec(); // SOI
+    out.extend_from_slice(&[0xFF, 0xE1]);
+    out.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+    out.extend_from_slice(&app1);
+    out.extend_from_slice(&jpeg[2..]);
+    out
+}
+
+#[tokio::test]
+async fn exif_orientation_is_applied() -> Result<()> {
+    let image = decode(
+        vec![
+            Some(jpeg_with_orientation(4, 2, 6)),
+            Some(jpeg_with_orientation(4, 2, 1)),
+        ],
+        "rgb",
+    )
+    .await?;
+    let (height, width, _, _) = fields(&image, 0);
+    assert_eq!((height, width), (4, 2), "orientation 6 turns 4x2 into 2x4");
+    let (height, width, _, _) = fields(&image, 1);
+    assert_eq!((height, width), (2, 4));
+    Ok(())
+}
+
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A 60-byte PNG whose header declares `width` × `height` RGB pixels,
+/// followed by an empty image-data stream: decoded, it would be 30 GB.
+fn png_declaring(width: u32, height: u32) -> Vec<u8> {
+    let chunk = |kind: &[u8], data: &[u8]| {
+        let mut body = kind.to_vec();
+        body.extend_from_slice(data);
+        let mut out = (data.len() as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&crc32(&body).to_be_bytes());
+        out
+    };
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+    out.extend(chunk(b"IHDR", &ihdr));
+    out.extend(chunk(
+        b"IDAT",
+        &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
+    ));
+    out.extend(chunk(b"IEND", &[]));
+    out
+}
+
+#[tokio::test]
+async fn bad_bytes_name_function_row_and_reason() -> Result<()> {
+    let good = png(1, 1, &[1, 2, 3], ExtendedColorType::Rgb8);
+    let mut jpeg = Vec::new();
+    JpegEncoder::new_with_quality(&mut jpeg, 90)
+        .write_image(&[9u8; 64 * 64 * 3], 64, 64, ExtendedColorType::Rgb8)
+        .expect("encodes");
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"definitely not an image".to_vec(), "unknown signature"),
+        (vec![], "empty"),
+        (
+            png_declaring(100_000, 100_000),
+            "100000x100000 pixels is more than the limit",
+        ),
+        (good[..good.len() / 2].to_vec(), ""),
+        (jpeg[..jpeg.len() / 3].to_vec(), ""),
+    ];
+    for (i, (blob, reason)) in cases.into_iter().enumerate() {
+        let err = decode(vec![Some(good.clone()), Some(blob)], "rgb")
+            .await
+            .expect_err(&format!("case {i} decodes"))
+            .to_string();
+        assert!(
+            err.contains("image_decode: cannot decode row 1"),
+            "case {i}: {err}"
+        );
+        assert!(err.contains(reason), "case {i}: {err}");
+        assert!(err.contains("try_image_decode"), "case {i}: {err}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn try_image_decode_gives_null_and_limits_hold() -> Result<()> {
+    let good = png(1, 1, &[1, 2, 3], ExtendedColorType::Rgb8);
+    let lenient = ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS));
+    let image =
+        decode_with(lenient, vec![Some(b"junk".to_vec()), Some(good)], "rgb").await?;
+    assert!(image.is_null(0));
+    assert_eq!(fields(&image, 1), (1, 1, 3, vec![1, 2, 3]));
+    // A configured limit refuses a 10x10 image before decoding it.
+    let strict = ScalarUDF::from(ImageDecodeFunc::new(false, 99));
+    let blob = png(10, 10, &[0u8; 300], ExtendedColorType::Rgb8);
+    let err = decode_with(strict, vec![Some(blob)], "rgb")
+        .await
+        .expect_err("over limit");
+    assert!(
+        err.to_string()
+            .contains("10x10 pixels is more than the limit of 99"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn wrong_arguments_are_plan_errors() {
+    let ctx = SessionContext::new();
+    crate::register_all(&ctx).expect("registers");
+    for (sql, expected) in [
+        ("SELECT image_decode('text')", "bytes must be binary"),
+        ("SELECT image_decode(X'00', 'cmyk')", "unknown mode 'cmyk'"),
+        ("SELECT image_decode()", "takes 1 or 2 arguments"),
+    ] {
+        let err = match ctx.sql(sql).await {
+            Ok(df) => df.collect().await.expect_err(sql).to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains(expected), "{sql}: {err}");
+    }
+}
