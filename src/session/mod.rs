@@ -55,6 +55,11 @@ pub use object_stores::{IoCounters, ObjectStoreLimits};
 /// Share of physical RAM used as the memory limit when none is given.
 pub const DEFAULT_MEMORY_FRACTION: f64 = 0.5;
 
+/// Spill files merged at once. Merge buffers cannot spill, so an unbounded
+/// fan-in (DataFusion's default) lets a large sort's final merge outgrow the
+/// budget; merging in rounds of at most this many files bounds them.
+const SPILL_MERGE_FAN_IN: usize = 8;
+
 /// Memory limit when physical RAM cannot be read (non-Linux without `/proc`).
 const FALLBACK_MEMORY_LIMIT: usize = 4 << 30;
 
@@ -130,7 +135,11 @@ impl SessionBuilder {
         };
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(pool)
-            .with_disk_manager_builder(DiskManagerBuilder::default().with_mode(disk_mode))
+            .with_disk_manager_builder(
+                DiskManagerBuilder::default()
+                    .with_mode(disk_mode)
+                    .with_max_spill_merge_fan_in(SPILL_MERGE_FAN_IN),
+            )
             .with_object_store_registry(registry)
             .build_arc()?;
 
