@@ -241,3 +241,53 @@ async fn shuffle_clause_parses_where_an_alias_could_be() -> Result<()> {
     }
     Ok(())
 }
+
+/// A shuffle that fails part-way through its input, and one dropped while
+/// its merge reads spill files, leave the spill folder empty.
+#[tokio::test]
+async fn failed_and_cancelled_shuffles_leave_no_spill_files() -> Result<()> {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 12_000, 4)?;
+    let spill = tempfile::tempdir()?;
+    let s = Session::builder()
+        .memory_limit(1 << 20)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    let data = dir.path().display();
+
+    // Rows with id > 11500 sit in the last file: the error comes late.
+    let failing = format!(
+        "SELECT id, caption, tokens, \
+         one_hot(CASE WHEN id > 11500 THEN 7 ELSE 0 END, 3) AS oh FROM '{data}' SHUFFLE SEED 2"
+    );
+    let err = collect(&s, &failing)
+        .await
+        .expect_err("one_hot index out of range");
+    assert!(err.to_string().contains("outside [0, 3)"), "{err}");
+    assert!(files_below(spill.path()).is_empty(), "after a failure");
+
+    let df = s
+        .sql(&format!(
+            "SELECT id, caption, tokens FROM '{data}' SHUFFLE SEED 3"
+        ))
+        .await?;
+    let plan = df.create_physical_plan().await?;
+    let mut stream = s.execute_stream(plan)?;
+    let first = stream.next().await.expect("a first batch")?;
+    assert!(first.num_rows() > 0);
+    let during = files_below(spill.path()).len();
+    drop(stream);
+    // Aborted tasks release their spill files as they unwind.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !files_below(spill.path()).is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        files_below(spill.path()).is_empty(),
+        "after cancel ({during} files during the merge)"
+    );
+    assert!(during > 0, "the merge was expected to read spill files");
+    Ok(())
+}
