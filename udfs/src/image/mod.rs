@@ -1,4 +1,6 @@
-//! Image functions: `image_decode(bytes [, mode])` and its `try_` twin.
+//! Image functions: `image_decode(bytes [, mode])` and its `try_` twin, and
+//! the transforms of [`transform`]: `image_center_crop`, `image_random_flip`,
+//! `image_to_tensor`.
 //!
 //! # The image value
 //! A decoded image is a struct that the feed turns into a `[H, W, C]` tensor
@@ -49,6 +51,8 @@ use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
 
 use crate::FunctionInfo;
 
+pub mod transform;
+
 /// Largest image decoded by default: 64 megapixels (8192 × 8192).
 pub const DEFAULT_MAX_PIXELS: u64 = 64 << 20;
 
@@ -74,6 +78,9 @@ pub fn functions() -> Vec<ScalarUDF> {
     vec![
         ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS)),
         ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS)),
+        ScalarUDF::from(transform::CenterCropFunc::new()),
+        ScalarUDF::from(transform::RandomFlipFunc::new()),
+        ScalarUDF::from(transform::ToTensorFunc::new()),
     ]
 }
 
@@ -91,6 +98,24 @@ pub fn infos() -> Vec<FunctionInfo> {
             family: "image",
             syntax: TRY_DECODE,
             description: "like image_decode, but NULL for bytes that cannot be decoded",
+        },
+        FunctionInfo {
+            name: "image_center_crop",
+            family: "image",
+            syntax: "image_center_crop(image, height, width)",
+            description: "the centred height x width window of a decoded image",
+        },
+        FunctionInfo {
+            name: "image_random_flip",
+            family: "image",
+            syntax: "image_random_flip(image, seed)",
+            description: "left-right mirror with probability 1/2, reproducible per (seed, image)",
+        },
+        FunctionInfo {
+            name: "image_to_tensor",
+            family: "image",
+            syntax: "image_to_tensor(image [, mean, std])",
+            description: "struct(channels, height, width, values float32 CHW = (pixel/255 - mean) / std)",
         },
     ]
 }

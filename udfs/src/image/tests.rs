@@ -265,3 +265,112 @@ async fn wrong_arguments_are_plan_errors() {
         assert!(err.contains(expected), "{sql}: {err}");
     }
 }
+
+/// Runs `expr` (with `b` bound to each blob) over a table of PNG blobs.
+async fn eval(blobs: Vec<Vec<u8>>, expr: &str) -> Result<ArrayRef> {
+    let ctx = SessionContext::new();
+    crate::register_all(&ctx)?;
+    let array = BinaryArray::from_iter_values(blobs);
+    let batch = RecordBatch::try_from_iter(vec![("b", Arc::new(array) as ArrayRef)])?;
+    ctx.register_batch("t", batch)?;
+    let batches = ctx
+        .sql(&format!("SELECT {expr} FROM t"))
+        .await?
+        .collect()
+        .await?;
+    let batch =
+        datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+    Ok(Arc::clone(batch.column(0)))
+}
+
+#[tokio::test]
+async fn center_crop_takes_the_middle_window() -> Result<()> {
+    // 4x4 RGB, every byte its own index.
+    let pixels: Vec<u8> = (0..48).collect();
+    let out = eval(
+        vec![png(4, 4, &pixels, ExtendedColorType::Rgb8)],
+        "image_center_crop(image_decode(b), 2, 2)",
+    )
+    .await?;
+    let expected: Vec<u8> = [(1, 1), (1, 2), (2, 1), (2, 2)]
+        .iter()
+        .flat_map(|(y, x)| (0..3).map(move |c| (y * 12 + x * 3 + c) as u8))
+        .collect();
+    assert_eq!(fields(out.as_struct(), 0), (2, 2, 3, expected));
+    let err = eval(
+        vec![png(1, 1, &[0, 0, 0], ExtendedColorType::Rgb8)],
+        "image_center_crop(image_decode(b), 2, 2)",
+    )
+    .await
+    .expect_err("too small")
+    .to_string();
+    assert!(
+        err.contains("row 0 is 1x1, smaller than the 2x2 crop"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn random_flip_is_reproducible_mirrors_and_varies_by_image() -> Result<()> {
+    let blobs: Vec<Vec<u8>> = (0..64u8)
+        .map(|i| png(3, 1, &[i, 1, 2, 3, 4, 5, 6, 7, 8], ExtendedColorType::Rgb8))
+        .collect();
+    let a = eval(blobs.clone(), "image_random_flip(image_decode(b), 7)").await?;
+    let b = eval(blobs.clone(), "image_random_flip(image_decode(b), 7)").await?;
+    let c = eval(blobs, "image_random_flip(image_decode(b), 8)").await?;
+    assert_eq!(a.as_ref(), b.as_ref(), "same seed, same flips");
+    let mut flipped = 0;
+    for row in 0..64 {
+        let (_, _, _, got) = fields(a.as_struct(), row);
+        let original = vec![row as u8, 1, 2, 3, 4, 5, 6, 7, 8];
+        let mirrored = vec![6, 7, 8, 3, 4, 5, row as u8, 1, 2];
+        assert!(got == original || got == mirrored, "row {row}: {got:?}");
+        flipped += usize::from(got == mirrored);
+    }
+    assert!((16..=48).contains(&flipped), "{flipped} of 64 flipped");
+    assert_ne!(a.as_ref(), c.as_ref(), "another seed, other flips");
+    Ok(())
+}
+
+#[tokio::test]
+async fn to_tensor_is_chw_scaled_and_normalised() -> Result<()> {
+    let blob = png(2, 1, &[0, 51, 102, 255, 204, 153], ExtendedColorType::Rgb8);
+    let values = |out: &ArrayRef| -> Vec<f32> {
+        let tensor = out.as_struct();
+        let list = tensor.column(3).as_list::<i32>().value(0);
+        list.as_primitive::<datafusion::arrow::datatypes::Float32Type>()
+            .values()
+            .to_vec()
+    };
+    let plain = eval(vec![blob.clone()], "image_to_tensor(image_decode(b))").await?;
+    let expected = [0.0, 1.0, 0.2, 0.8, 0.4, 0.6];
+    for (got, want) in values(&plain).iter().zip(expected) {
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    let shape = plain.as_struct();
+    assert_eq!(shape.column(0).as_primitive::<UInt8Type>().value(0), 3);
+    assert_eq!(shape.column(1).as_primitive::<UInt32Type>().value(0), 1);
+    assert_eq!(shape.column(2).as_primitive::<UInt32Type>().value(0), 2);
+    let normalised = eval(
+        vec![blob.clone()],
+        "image_to_tensor(image_decode(b), [0.5, 0.5, 0.0], [0.5, 0.5, 2.0])",
+    )
+    .await?;
+    let want = [-1.0, 1.0, -0.6, 0.6, 0.2, 0.3];
+    for (got, want) in values(&normalised).iter().zip(want) {
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+    let err = eval(
+        vec![blob],
+        "image_to_tensor(image_decode(b), [0.5, 0.5], [1.0])",
+    )
+    .await
+    .expect_err("2 means for 3 channels")
+    .to_string();
+    assert!(
+        err.contains("mean has 2 values but the image in row 0 has 3 channels"),
+        "{err}"
+    );
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! Transforms of decoded images: `image_center_crop`, `image_random_flip`,
+//! `image_to_tensor`. Inputs and outputs of the first two are the image
+//! struct of [`super::image_type`]; NULL images stay NULL.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BinaryBuilder, Float32Builder, ListBuilder, StructArray,
+    UInt8Builder, UInt32Builder,
+};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::datatypes::{DataType, Field, Fields, UInt8Type, UInt32Type};
+use datafusion::common::ScalarValue;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
+};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::{image_fields, image_type};
+
+/// One decoded image borrowed from the struct column.
+struct ImageRef<'a> {
+    height: usize,
+    width: usize,
+    channels: usize,
+    pixels: &'a [u8],
+}
+
+fn image_at(images: &StructArray, row: usize) -> Option<ImageRef<'_>> {
+    if images.is_null(row) {
+        return None;
+    }
+    Some(ImageRef {
+        height: images.column(0).as_primitive::<UInt32Type>().value(row) as usize,
+        width: images.column(1).as_primitive::<UInt32Type>().value(row) as usize,
+        channels: images.column(2).as_primitive::<UInt8Type>().value(row) as usize,
+        pixels: images.column(3).as_binary::<i32>().value(row),
+    })
+}
+
+/// Builds an image struct column row by row.
+struct ImageBuilder {
+    heights: UInt32Builder,
+    widths: UInt32Builder,
+    channels: UInt8Builder,
+    pixels: BinaryBuilder,
+    valid: Vec<bool>,
+}
+
+impl ImageBuilder {
+    fn new() -> Self {
+        Self {
+            heights: UInt32Builder::new(),
+            widths: UInt32Builder::new(),
+            channels: UInt8Builder::new(),
+            pixels: BinaryBuilder::new(),
+            valid: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, image: Option<(usize, usize, usize, &[u8])>) {
+        let (h, w, c, data) = image.unwrap_or((0, 0, 0, &[]));
+        self.heights.append_value(h as u32);
+        self.widths.append_value(w as u32);
+        self.channels.append_value(c as u8);
+        self.pixels.append_value(data);
+        self.valid.push(image.is_some());
+    }
+
+    fn finish(mut self) -> Result<ArrayRef> {
+        let nulls = NullBuffer::from(std::mem::take(&mut self.valid));
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(self.heights.finish()),
+            Arc::new(self.widths.finish()),
+            Arc::new(self.channels.finish()),
+            Arc::new(self.pixels.finish()),
+        ];
+        Ok(Arc::new(StructArray::try_new(
+            image_fields(),
+            columns,
+            nulls,
+        )?))
+    }
+}
+
+fn check_image_arg(function: &str, syntax: &str, t: &DataType) -> Result<()> {
+    if *t == image_type() || *t == DataType::Null {
+        Ok(())
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "{function}: the first argument must be a decoded image (image_decode(...)), \
+             got {t}; signature: {syntax}"
+        )))
+    }
+}
+
+fn constant_u32(
+    function: &str,
+    what: &str,
+    value: Option<&ColumnarValue>,
+) -> Result<u32> {
+    let scalar = match value {
+        Some(ColumnarValue::Scalar(v)) if !v.is_null() => v.cast_to(&DataType::Int64)?,
+        _ => {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: {what} must be a non-null constant"
+            )));
+        }
+    };
+    match scalar {
+        ScalarValue::Int64(Some(v)) if (1..=65_535).contains(&v) => Ok(v as u32),
+        other => Err(DataFusionError::Plan(format!(
+            "{function}: {what} must be in 1..=65535, got {other}"
+        ))),
+    }
+}
+
+const CROP: &str = "image_center_crop(image, height, width)";
+
+/// `image_center_crop(image, h, w)`: the centred `h × w` window; an image
+/// smaller than the window is an error naming the row (resize first).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct CenterCropFunc {
+    signature: Signature,
+}
+
+impl CenterCropFunc {
+    pub(super) fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for CenterCropFunc {
+    fn name(&self) -> &str {
+        "image_center_crop"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        if arg_types.len() != 3 {
+            return Err(DataFusionError::Plan(format!(
+                "image_center_crop takes 3 arguments, got {}; signature: {CROP}",
+                arg_types.len()
+            )));
+        }
+        check_image_arg(self.name(), CROP, &arg_types[0])?;
+        Ok(vec![image_type(), DataType::Int64, DataType::Int64])
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(image_type())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let height = constant_u32(self.name(), "height", args.args.get(1))? as usize;
+        let width = constant_u32(self.name(), "width", args.args.get(2))? as usize;
+        let images = args.args[0].to_array(args.number_rows)?;
+        let images = images.as_struct();
+        let mut out = ImageBuilder::new();
+        let mut cropped = Vec::new();
+        for row in 0..images.len() {
+            let Some(image) = image_at(images, row) else {
+                out.push(None);
+                continue;
+            };
+            if image.height < height || image.width < width {
+                return Err(DataFusionError::Execution(format!(
+                    "image_center_crop: the image in row {row} is {}x{}, smaller than the \
+                     {height}x{width} crop; resize it first",
+                    image.height, image.width
+                )));
+            }
+            let top = (image.height - height) / 2;
+            let left = (image.width - width) / 2;
+            let row_bytes = image.width * image.channels;
+            cropped.clear();
+            for y in top..top + height {
+                let start = y * row_bytes + left * image.channels;
+                cropped.extend_from_slice(
+                    &image.pixels[start..start + width * image.channels],
+                );
+            }
+            out.push(Some((height, width, image.channels, &cropped)));
+        }
+        Ok(ColumnarValue::Array(out.finish()?))
+    }
+}
+
+const FLIP: &str = "image_random_flip(image, seed)";
+
+/// `image_random_flip(image, seed)`: mirrors the image left-right with
+/// probability ½, decided by `xxh3_64_with_seed(pixels, seed)`, so a seed
+/// reproduces the augmentation and different images flip independently.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct RandomFlipFunc {
+    signature: Signature,
+}
+
+impl RandomFlipFunc {
+    pub(super) fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for RandomFlipFunc {
+    fn name(&self) -> &str {
+        "image_random_flip"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        if arg_types.len() != 2 {
+            return Err(DataFusionError::Plan(format!(
+                "image_random_flip takes 2 arguments, got {}; signature: {FLIP}",
+                arg_types.len()
+            )));
+        }
+        check_image_arg(self.name(), FLIP, &arg_types[0])?;
+        Ok(vec![image_type(), DataType::Int64])
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(image_type())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let seed = match args.args.get(1) {
+            Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(seed)))) => *seed as u64,
+            _ => {
+                return Err(DataFusionError::Plan(format!(
+                    "image_random_flip: seed must be a non-null integer constant; signature: {FLIP}"
+                )));
+            }
+        };
+        let images = args.args[0].to_array(args.number_rows)?;
+        let images = images.as_struct();
+        let mut out = ImageBuilder::new();
+        let mut flipped = Vec::new();
+        for row in 0..images.len() {
+            let Some(image) = image_at(images, row) else {
+                out.push(None);
+                continue;
+            };
+            let shape = (image.height, image.width, image.channels);
+            if xxh3_64_with_seed(image.pixels, seed) & 1 == 0 {
+                out.push(Some((shape.0, shape.1, shape.2, image.pixels)));
+                continue;
+            }
+            flipped.clear();
+            for line in image.pixels.chunks_exact(image.width * image.channels) {
+                for pixel in line.chunks_exact(image.channels).rev() {
+                    flipped.extend_from_slice(pixel);
+                }
+            }
+            out.push(Some((shape.0, shape.1, shape.2, &flipped)));
+        }
+        Ok(ColumnarValue::Array(out.finish()?))
+    }
+}
+
+const TO_TENSOR: &str = "image_to_tensor(image [, mean, std])";
+
+/// The struct of `image_to_tensor`: the CHW shape and the float32 values.
+pub fn tensor_type() -> DataType {
+    DataType::Struct(Fields::from(vec![
+        Field::new("channels", DataType::UInt8, false),
+        Field::new("height", DataType::UInt32, false),
+        Field::new("width", DataType::UInt32, false),
+        Field::new(
+            "values",
+            DataType::new_list(DataType::Float32, false),
+            false,
+        ),
+    ]))
+}
+
+/// `image_to_tensor(image [, mean, std])`: float32 values in CHW order,
+/// `pixel / 255`, then `(x - mean[c]) / std[c]` when mean and std are given
+/// (numbers, or lists with one value per channel).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ToTensorFunc {
+    signature: Signature,
+}
+
+impl ToTensorFunc {
+    pub(super) fn new() -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+}
+
+/// Per-channel constants from a number or a list literal.
+fn per_channel(value: Option<&ColumnarValue>, what: &str) -> Result<Vec<f32>> {
+    let Some(ColumnarValue::Scalar(value)) = value else {
+        return Err(DataFusionError::Plan(format!(
+            "image_to_tensor: {what} must be a constant number or list; signature: {TO_TENSOR}"
+        )));
+    };
+    let values = match value {
+        ScalarValue::List(list) => {
+            let list = list.value(0);
+            let list = datafusion::arrow::compute::cast(&list, &DataType::Float32)?;
+            let list = list.as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+            if list.null_count() > 0 {
+                return Err(DataFusionError::Plan(format!(
+                    "image_to_tensor: {what} has NULLs"
+                )));
+            }
+            list.values().to_vec()
+        }
+        other => match other.cast_to(&DataType::Float32)? {
+            ScalarValue::Float32(Some(v)) => vec![v],
+            _ => {
+                return Err(DataFusionError::Plan(format!(
+                    "image_to_tensor: {what} must be a number or a list of numbers"
+                )));
+            }
+        },
+    };
+    if values.is_empty() {
+        return Err(DataFusionError::Plan(format!(
+            "image_to_tensor: {what} is empty"
+        )));
+    }
+    Ok(values)
+}
+
+impl ScalarUDFImpl for ToTensorFunc {
+    fn name(&self) -> &str {
+        "image_to_tensor"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        if !matches!(arg_types.len(), 1 | 3) {
+            return Err(DataFusionError::Plan(format!(
+                "image_to_tensor takes 1 or 3 arguments, got {}; signature: {TO_TENSOR}",
+                arg_types.len()
+            )));
+        }
+        check_image_arg(self.name(), TO_TENSOR, &arg_types[0])?;
+        let mut types = vec![image_type()];
+        types.extend(arg_types[1..].iter().cloned());
+        Ok(types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(tensor_type())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let normalize = if args.args.len() == 3 {
+            Some((
+                per_channel(args.args.get(1), "mean")?,
+                per_channel(args.args.get(2), "std")?,
+            ))
+        } else {
+            None
+        };
+        let images = args.args[0].to_array(args.number_rows)?;
+        let images = images.as_struct();
+        let mut channels = UInt8Builder::new();
+        let mut heights = UInt32Builder::new();
+        let mut widths = UInt32Builder::new();
+        let mut values = ListBuilder::new(Float32Builder::new())
+            .with_field(Field::new_list_field(DataType::Float32, false));
+        let mut valid = Vec::with_capacity(images.len());
+        for row in 0..images.len() {
+            let image = image_at(images, row);
+            let (h, w, c) = image
+                .as_ref()
+                .map_or((0, 0, 0), |i| (i.height, i.width, i.channels));
+            if let (Some(image), Some((mean, std))) = (&image, &normalize) {
+                for (what, list) in [("mean", mean), ("std", std)] {
+                    if list.len() != 1 && list.len() != image.channels {
+                        return Err(DataFusionError::Execution(format!(
+                            "image_to_tensor: {what} has {} values but the image in row {row} \
+                             has {} channels",
+                            list.len(),
+                            image.channels
+                        )));
+                    }
+                }
+            }
+            if let Some(image) = &image {
+                let out = values.values();
+                for channel in 0..c {
+                    let (m, s) = match &normalize {
+                        Some((mean, std)) => (
+                            mean[channel.min(mean.len() - 1)],
+                            std[channel.min(std.len() - 1)],
+                        ),
+                        None => (0.0, 1.0),
+                    };
+                    for pixel in image.pixels.iter().skip(channel).step_by(c) {
+                        out.append_value((f32::from(*pixel) / 255.0 - m) / s);
+                    }
+                }
+            }
+            values.append(true);
+            channels.append_value(c as u8);
+            heights.append_value(h as u32);
+            widths.append_value(w as u32);
+            valid.push(image.is_some());
+        }
+        let DataType::Struct(fields) = tensor_type() else {
+            return Err(DataFusionError::Internal("tensor type is a struct".into()));
+        };
+        let nulls = NullBuffer::from(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(channels.finish()),
+            Arc::new(heights.finish()),
+            Arc::new(widths.finish()),
+            Arc::new(values.finish()),
+        ];
+        Ok(ColumnarValue::Array(Arc::new(StructArray::try_new(
+            fields, columns, nulls,
+        )?)))
+    }
+}
