@@ -1,5 +1,6 @@
 //! Image functions: `image_decode(bytes [, mode])` and its `try_` twin, and
-//! the transforms of [`transform`]: `image_center_crop`, `image_random_flip`,
+//! the transforms of [`transform`]: `image_center_crop`, `image_random_crop`,
+//! `image_random_flip`,
 //! `image_to_tensor`.
 //!
 //! # The image value
@@ -78,7 +79,8 @@ pub fn functions() -> Vec<ScalarUDF> {
     vec![
         ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS)),
         ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS)),
-        ScalarUDF::from(transform::CenterCropFunc::new()),
+        ScalarUDF::from(transform::CropFunc::new(false)),
+        ScalarUDF::from(transform::CropFunc::new(true)),
         ScalarUDF::from(transform::RandomFlipFunc::new()),
         ScalarUDF::from(transform::ToTensorFunc::new()),
     ]
@@ -104,6 +106,12 @@ pub fn infos() -> Vec<FunctionInfo> {
             family: "image",
             syntax: "image_center_crop(image, height, width)",
             description: "the centred height x width window of a decoded image",
+        },
+        FunctionInfo {
+            name: "image_random_crop",
+            family: "image",
+            syntax: "image_random_crop(image, height, width, seed)",
+            description: "a height x width window at an offset reproducible per (seed, image)",
         },
         FunctionInfo {
             name: "image_random_flip",

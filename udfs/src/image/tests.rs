@@ -374,3 +374,37 @@ async fn to_tensor_is_chw_scaled_and_normalised() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn random_crop_is_a_reproducible_window_that_varies_by_image() -> Result<()> {
+    // 8x8 gray images whose pixel value encodes its position (plus an id).
+    let blobs: Vec<Vec<u8>> = (0..32u8)
+        .map(|id| {
+            let mut pixels: Vec<u8> = (0..64).map(|i| i as u8).collect();
+            pixels[0] = 200 + id % 50;
+            png(8, 8, &pixels, ExtendedColorType::L8)
+        })
+        .collect();
+    let expr = "image_random_crop(image_decode(b, 'gray'), 3, 2, 11)";
+    let a = eval(blobs.clone(), expr).await?;
+    assert_eq!(a.as_ref(), eval(blobs, expr).await?.as_ref());
+    let mut offsets = std::collections::HashSet::new();
+    for row in 0..32 {
+        let (h, w, c, pixels) = fields(a.as_struct(), row);
+        assert_eq!((h, w, c), (3, 2, 1));
+        // A real window: consecutive columns, rows 8 apart (ignoring pixel 0).
+        // Window pixel (1, 1) is image pixel (top + 1, left + 1).
+        let (top, left) = ((pixels[3] / 8) as usize - 1, (pixels[3] % 8) as usize - 1);
+        for y in 0..3 {
+            for x in 0..2 {
+                let at = (top + y) * 8 + left + x;
+                if at != 0 {
+                    assert_eq!(pixels[y * 2 + x], at as u8, "row {row}");
+                }
+            }
+        }
+        offsets.insert((top, left));
+    }
+    assert!(offsets.len() > 5, "offsets barely vary: {offsets:?}");
+    Ok(())
+}

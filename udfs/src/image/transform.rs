@@ -117,26 +117,42 @@ fn constant_u32(
     }
 }
 
-const CROP: &str = "image_center_crop(image, height, width)";
-
-/// `image_center_crop(image, h, w)`: the centred `h × w` window; an image
-/// smaller than the window is an error naming the row (resize first).
+/// `image_center_crop(image, h, w)`: the centred `h × w` window.
+/// `image_random_crop(image, h, w, seed)`: a window whose offset is drawn
+/// from `xxh3_64_with_seed(pixels, seed)`, so a seed reproduces the crop and
+/// different images get different windows. An image smaller than the window
+/// is an error naming the row (resize first).
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub struct CenterCropFunc {
+pub struct CropFunc {
+    /// Random offsets (with a seed argument) instead of the centre.
+    random: bool,
     signature: Signature,
 }
 
-impl CenterCropFunc {
-    pub(super) fn new() -> Self {
+impl CropFunc {
+    pub(super) fn new(random: bool) -> Self {
         Self {
+            random,
             signature: Signature::user_defined(Volatility::Immutable),
+        }
+    }
+
+    fn syntax(&self) -> &'static str {
+        if self.random {
+            "image_random_crop(image, height, width, seed)"
+        } else {
+            "image_center_crop(image, height, width)"
         }
     }
 }
 
-impl ScalarUDFImpl for CenterCropFunc {
+impl ScalarUDFImpl for CropFunc {
     fn name(&self) -> &str {
-        "image_center_crop"
+        if self.random {
+            "image_random_crop"
+        } else {
+            "image_center_crop"
+        }
     }
 
     fn signature(&self) -> &Signature {
@@ -144,14 +160,19 @@ impl ScalarUDFImpl for CenterCropFunc {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if arg_types.len() != 3 {
+        let arity = if self.random { 4 } else { 3 };
+        if arg_types.len() != arity {
             return Err(DataFusionError::Plan(format!(
-                "image_center_crop takes 3 arguments, got {}; signature: {CROP}",
-                arg_types.len()
+                "{} takes {arity} arguments, got {}; signature: {}",
+                self.name(),
+                arg_types.len(),
+                self.syntax()
             )));
         }
-        check_image_arg(self.name(), CROP, &arg_types[0])?;
-        Ok(vec![image_type(), DataType::Int64, DataType::Int64])
+        check_image_arg(self.name(), self.syntax(), &arg_types[0])?;
+        let mut types = vec![image_type()];
+        types.extend((1..arity).map(|_| DataType::Int64));
+        Ok(types)
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
@@ -161,6 +182,19 @@ impl ScalarUDFImpl for CenterCropFunc {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let height = constant_u32(self.name(), "height", args.args.get(1))? as usize;
         let width = constant_u32(self.name(), "width", args.args.get(2))? as usize;
+        let seed = match (self.random, args.args.get(3)) {
+            (false, _) => None,
+            (true, Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(seed))))) => {
+                Some(*seed as u64)
+            }
+            (true, _) => {
+                return Err(DataFusionError::Plan(format!(
+                    "{}: seed must be a non-null integer constant; signature: {}",
+                    self.name(),
+                    self.syntax()
+                )));
+            }
+        };
         let images = args.args[0].to_array(args.number_rows)?;
         let images = images.as_struct();
         let mut out = ImageBuilder::new();
@@ -172,13 +206,24 @@ impl ScalarUDFImpl for CenterCropFunc {
             };
             if image.height < height || image.width < width {
                 return Err(DataFusionError::Execution(format!(
-                    "image_center_crop: the image in row {row} is {}x{}, smaller than the \
+                    "{}: the image in row {row} is {}x{}, smaller than the \
                      {height}x{width} crop; resize it first",
-                    image.height, image.width
+                    self.name(),
+                    image.height,
+                    image.width
                 )));
             }
-            let top = (image.height - height) / 2;
-            let left = (image.width - width) / 2;
+            let (spare_y, spare_x) = (image.height - height, image.width - width);
+            let (top, left) = match seed {
+                None => (spare_y / 2, spare_x / 2),
+                Some(seed) => {
+                    let draw = xxh3_64_with_seed(image.pixels, seed);
+                    (
+                        ((draw >> 32) % (spare_y as u64 + 1)) as usize,
+                        ((draw & 0xFFFF_FFFF) % (spare_x as u64 + 1)) as usize,
+                    )
+                }
+            };
             let row_bytes = image.width * image.channels;
             cropped.clear();
             for y in top..top + height {
