@@ -1,5 +1,5 @@
 //! Image functions: `image_decode(bytes [, mode])` and its `try_` twin, and
-//! the transforms of [`transform`]: `image_center_crop`, `image_random_crop`,
+//! the transforms of [`transform`]: `image_resize`, `image_center_crop`, `image_random_crop`,
 //! `image_random_flip`,
 //! `image_to_tensor`.
 //!
@@ -79,6 +79,7 @@ pub fn functions() -> Vec<ScalarUDF> {
     vec![
         ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS)),
         ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS)),
+        ScalarUDF::from(transform::ResizeFunc::new()),
         ScalarUDF::from(transform::CropFunc::new(false)),
         ScalarUDF::from(transform::CropFunc::new(true)),
         ScalarUDF::from(transform::RandomFlipFunc::new()),
@@ -100,6 +101,12 @@ pub fn infos() -> Vec<FunctionInfo> {
             family: "image",
             syntax: TRY_DECODE,
             description: "like image_decode, but NULL for bytes that cannot be decoded",
+        },
+        FunctionInfo {
+            name: "image_resize",
+            family: "image",
+            syntax: "image_resize(image, height, width [, filter])",
+            description: "SIMD resize (bilinear default; nearest, bicubic, lanczos3), antialiased",
         },
         FunctionInfo {
             name: "image_center_crop",

@@ -408,3 +408,49 @@ async fn random_crop_is_a_reproducible_window_that_varies_by_image() -> Result<(
     assert!(offsets.len() > 5, "offsets barely vary: {offsets:?}");
     Ok(())
 }
+
+#[tokio::test]
+async fn resize_keeps_flat_colours_and_nearest_picks_pixels() -> Result<()> {
+    let flat = png(7, 5, &[10u8, 120, 240].repeat(35), ExtendedColorType::Rgb8);
+    for filter in ["bilinear", "nearest", "bicubic", "lanczos3"] {
+        let out = eval(
+            vec![flat.clone()],
+            &format!("image_resize(image_decode(b), 3, 4, '{filter}')"),
+        )
+        .await?;
+        assert_eq!(
+            fields(out.as_struct(), 0),
+            (3, 4, 3, [10u8, 120, 240].repeat(12)),
+            "{filter}"
+        );
+        let up = eval(
+            vec![flat.clone()],
+            &format!("image_resize(image_decode(b), 10, 14, '{filter}')"),
+        )
+        .await?;
+        assert_eq!(
+            fields(up.as_struct(), 0),
+            (10, 14, 3, [10u8, 120, 240].repeat(140)),
+            "{filter}"
+        );
+    }
+    // 4x4 gray with distinct values, nearest to 2x2: one source pixel per output pixel.
+    let gray: Vec<u8> = (0..16).map(|i| i * 10).collect();
+    let out = eval(
+        vec![png(4, 4, &gray, ExtendedColorType::L8)],
+        "image_resize(image_decode(b, 'gray'), 2, 2, 'nearest')",
+    )
+    .await?;
+    let (h, w, c, pixels) = fields(out.as_struct(), 0);
+    assert_eq!((h, w, c), (2, 2, 1));
+    assert!(pixels.iter().all(|p| gray.contains(p)), "{pixels:?}");
+    assert!(pixels.windows(2).all(|p| p[0] < p[1]), "{pixels:?}");
+    let err = eval(vec![flat], "image_resize(image_decode(b), 0, 4)")
+        .await
+        .expect_err("zero height");
+    assert!(
+        err.to_string().contains("height must be in 1..=65535"),
+        "{err}"
+    );
+    Ok(())
+}
