@@ -23,7 +23,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, UInt64Array};
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::compute::kernels::length::length;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::ScalarValue;
@@ -175,45 +177,13 @@ impl ScalarUDFImpl for ByteLengthFunc {
             ));
         };
         let array = value.to_array(args.number_rows)?;
-        let lengths: UInt64Array = match array.data_type() {
-            DataType::Binary => array
-                .as_binary::<i32>()
-                .iter()
-                .map(|v| v.map(|b| b.len() as u64))
-                .collect(),
-            DataType::LargeBinary => array
-                .as_binary::<i64>()
-                .iter()
-                .map(|v| v.map(|b| b.len() as u64))
-                .collect(),
-            DataType::BinaryView => array
-                .as_binary_view()
-                .iter()
-                .map(|v| v.map(|b| b.len() as u64))
-                .collect(),
-            DataType::FixedSizeBinary(_) => array
-                .as_fixed_size_binary()
-                .iter()
-                .map(|v| v.map(|b| b.len() as u64))
-                .collect(),
-            DataType::Utf8 => array
-                .as_string::<i32>()
-                .iter()
-                .map(|v| v.map(|s| s.len() as u64))
-                .collect(),
-            DataType::LargeUtf8 => array
-                .as_string::<i64>()
-                .iter()
-                .map(|v| v.map(|s| s.len() as u64))
-                .collect(),
-            DataType::Utf8View => array
-                .as_string_view()
-                .iter()
-                .map(|v| v.map(|s| s.len() as u64))
-                .collect(),
-            _ => UInt64Array::new_null(array.len()),
+        // arrow's `length` counts bytes for strings and binaries (Int32 or
+        // Int64 by offset width); NULL-typed input stays NULL.
+        let lengths: ArrayRef = match array.data_type() {
+            DataType::Null => Arc::new(UInt64Array::new_null(array.len())),
+            _ => cast(&length(&array)?, &DataType::UInt64)?,
         };
-        Ok(ColumnarValue::Array(Arc::new(lengths)))
+        Ok(ColumnarValue::Array(lengths))
     }
 }
 

@@ -16,6 +16,20 @@ fn session(partitions: usize, batch_size: usize) -> Result<Session> {
         .build()
 }
 
+/// 12k generated rows (~2.3 MB of ids, captions and token lists in Arrow)
+/// and a 2-partition session with a 1 MB budget spilling into its own folder.
+fn spilling_fixture() -> Result<(tempfile::TempDir, tempfile::TempDir, Session)> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 12_000, 4)?;
+    let spill = tempfile::tempdir()?;
+    let session = Session::builder()
+        .memory_limit(1 << 20)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    Ok((dir, spill, session))
+}
+
 fn ids(batches: &[RecordBatch]) -> Vec<i64> {
     batches
         .iter()
@@ -125,14 +139,7 @@ async fn positions_are_uniform_across_seeds() -> Result<()> {
 /// 12k rows of ids, captions and token lists are ~2.3 MB in Arrow: more than
 /// twice the 1 MB budget (scripts/bench-shuffle.sh measures 4.9x at scale).
 async fn shuffle_larger_than_memory_spills_and_cleans_up() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 12_000, 4)?;
-    let spill = tempfile::tempdir()?;
-    let s = Session::builder()
-        .memory_limit(1 << 20)
-        .target_partitions(2)
-        .spill_dir(spill.path())
-        .build()?;
+    let (dir, spill, s) = spilling_fixture()?;
     let query = format!(
         "SELECT id, caption, tokens FROM '{}' SHUFFLE SEED 5",
         dir.path().display()
@@ -247,14 +254,7 @@ async fn shuffle_clause_parses_where_an_alias_could_be() -> Result<()> {
 #[tokio::test]
 async fn failed_and_cancelled_shuffles_leave_no_spill_files() -> Result<()> {
     use futures::StreamExt;
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 12_000, 4)?;
-    let spill = tempfile::tempdir()?;
-    let s = Session::builder()
-        .memory_limit(1 << 20)
-        .target_partitions(2)
-        .spill_dir(spill.path())
-        .build()?;
+    let (dir, spill, s) = spilling_fixture()?;
     let data = dir.path().display();
 
     // Rows with id > 11500 sit in the last file: the error comes late.
