@@ -9,15 +9,19 @@
 //! | [`session`] | the DataFusion context: memory budget, spill, object stores, UDFs |
 //! | [`sql`]     | our dialect on DataFusion's parser: `SUMMARIZE`, `SAMPLE`, `SHUFFLE`, … |
 //! | [`shuffle`] | the seeded global shuffle and the local shuffle buffer          |
-//! | [`datagen`]     | the deterministic synthetic training set of `sqlfeed gen`      |
+//! | [`feed`]    | training feeds: exact batches, shards, epochs, resume, prefetch |
+//! | [`device`]  | tensors, the slot ring, CPU and CUDA backends, DLPack (all `unsafe`) |
+//! | [`datagen`] | the deterministic synthetic training set of `sqlfeed gen`      |
 //! | [`cli`]     | the `sqlfeed` command line and REPL                            |
 //!
-//! The feed, device, cache and cluster parts arrive with their issues.
+//! The cache and cluster parts arrive with their issues.
 
 #![deny(clippy::clone_on_ref_ptr)]
 
 pub mod cli;
 pub mod datagen;
+pub mod device;
+pub mod feed;
 pub mod rand;
 pub mod session;
 pub mod shuffle;

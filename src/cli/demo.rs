@@ -1,16 +1,19 @@
 //! `sqlfeed demo`: the README's main job on the embedded engine.
 //!
-//! Generates a small training set if it is missing, then runs a preprocessing
-//! query over it — normalisation constants fitted and applied in one SQL
-//! statement, image and token statistics per class — and prints the result
-//! and the scan throughput.
+//! Generates a small training set if it is missing, explores it with one
+//! query (normalisation constants fitted and applied in one SQL statement,
+//! image and token statistics per class), then runs the training feed: two
+//! globally shuffled epochs of exact batches of tensors (standardised
+//! features, decoded and resized images, padded tokens with their mask), on
+//! the GPU when one is usable, and prints the feed's throughput.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 
 use super::exec::Executor;
+use super::feed::FeedArgs;
 use crate::datagen::{self, GenOptions};
 
 /// Options of `sqlfeed demo`.
@@ -43,6 +46,25 @@ pub fn demo_sql(dir: &Path) -> String {
          WHERE weight IS NOT NULL\n\
          GROUP BY label\n\
          ORDER BY label;"
+    )
+}
+
+/// The feed's query over the files in `dir`: every column becomes a tensor.
+pub fn demo_feed_sql(dir: &Path) -> String {
+    let files = format!("{}/*.parquet", dir.display()).replace('\'', "''");
+    format!(
+        "WITH stats AS (\n\
+         \x20   SELECT avg(f0) AS m0, stddev(f0) AS s0, avg(f1) AS m1, stddev(f1) AS s1,\n\
+         \x20          avg(f2) AS m2, stddev(f2) AS s2, avg(f3) AS m3, stddev(f3) AS s3\n\
+         \x20   FROM '{files}'\n\
+         )\n\
+         SELECT arrow_cast(make_array(standardize(f0, m0, s0), standardize(f1, m1, s1),\n\
+         \x20                            standardize(f2, m2, s2), standardize(f3, m3, s3)),\n\
+         \x20                 'FixedSizeList(4, Float32)') AS x,\n\
+         \x20      label AS y,\n\
+         \x20      image_to_tensor(image_resize(image_decode(image_jpeg), 24, 24)) AS image,\n\
+         \x20      tokens\n\
+         FROM '{files}' CROSS JOIN stats"
     )
 }
 
@@ -80,5 +102,32 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         2.0 * args.rows as f64 / elapsed.max(1e-9),
         read as f64 / 1e6
     );
+
+    let feed = FeedArgs {
+        sql: demo_feed_sql(&args.dir),
+        batch_size: 256,
+        drop_last: true,
+        prefetch: 8,
+        device: "auto".into(),
+        epochs: 2,
+        shuffle_seed: Some(42),
+        shard: None,
+        resume: None,
+        step_ms: 0.0,
+        tensors: vec![],
+        max_batches: None,
+        digest: false,
+        explain_analyze: false,
+        result_json: false,
+    };
+    println!(
+        "\ntraining feed, 2 epochs, SHUFFLE SEED 42, batches of 256:\n{}\n",
+        feed.sql
+    );
+    let session = exec.session.clone();
+    tokio::task::spawn_blocking(move || super::feed::run(&session, &feed))
+        .await
+        .map_err(|e| DataFusionError::Internal(format!("the feed loop panicked: {e}")))?
+        .map_err(|e| DataFusionError::External(e.into()))?;
     Ok(())
 }

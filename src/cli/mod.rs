@@ -6,6 +6,7 @@
 mod command;
 mod demo;
 mod exec;
+mod feed;
 mod print;
 mod progress;
 mod repl;
@@ -66,6 +67,7 @@ const EXAMPLES: &str = "Examples:
   sqlfeed -c \"SUMMARIZE 'data/*.parquet'\"
   sqlfeed -c \"SAMPLE 'data/*.parquet' 5 SEED 42\" --format csv
   sqlfeed -c \"SELECT label, count(*) FROM 's3://bucket/train/*.parquet' GROUP BY label\"
+  sqlfeed feed \"SELECT f0 AS x, label AS y FROM 'data/*.parquet'\" --shuffle-seed 42 --epochs 2
   sqlfeed                       # interactive shell";
 
 /// Subcommands.
@@ -73,8 +75,12 @@ const EXAMPLES: &str = "Examples:
 pub enum SubCommand {
     /// Write a deterministic synthetic training set as Parquet.
     Gen(GenArgs),
-    /// Generate a small data set if missing and run a preprocessing query on it.
+    /// Generate a small data set if missing and feed it to a simulated
+    /// training loop as shuffled tensor batches.
     Demo(demo::DemoArgs),
+    /// Run a training feed (SQL → exact, shuffled, sharded tensor batches)
+    /// against a simulated training step and report throughput.
+    Feed(Box<feed::FeedArgs>),
 }
 
 /// Options of `sqlfeed gen`.
@@ -164,6 +170,16 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(n) = cli.target_partitions {
         builder = builder.target_partitions(n);
+    }
+    if let Some(SubCommand::Feed(args)) = &cli.command {
+        feed::check(args)?;
+        let session = builder.build()?;
+        // The feed runs on its own runtime and the loop blocks: leave ours.
+        let args = args.clone();
+        tokio::task::spawn_blocking(move || feed::run(&session, &args))
+            .await
+            .context("the feed loop panicked")??;
+        return Ok(ExitCode::SUCCESS);
     }
     let interactive =
         cli.commands.is_empty() && cli.files.is_empty() && cli.command.is_none();

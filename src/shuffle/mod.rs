@@ -86,7 +86,7 @@ pub use logical::ShuffleNode;
 pub use planner::{ShuffleExtensionPlanner, SqlfeedQueryPlanner};
 
 /// The one child of a single-input operator, or an internal error.
-fn single_child(
+pub(crate) fn single_child(
     name: &str,
     children: &[Arc<dyn datafusion::physical_plan::ExecutionPlan>],
 ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {

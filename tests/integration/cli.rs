@@ -156,6 +156,9 @@ fn demo_generates_data_and_prints_one_row_per_label() -> Result<()> {
     assert!(err.contains("generated 2000 rows"), "{err}");
     assert!(out.contains("10 rows in"), "{out}");
     assert!(out.contains("preprocessed 2000 rows"), "{out}");
+    // Then the training feed: 2 epochs of ⌊2000 / 256⌋ = 7 exact batches.
+    assert!(err.contains("feed on cpu: x float32, y int64, image float32, tokens int64, tokens_mask bool"), "{err}");
+    assert!(err.contains("14 batches, 3584 rows"), "{err}");
     // Second run reuses the data.
     let (ok, _, err) = run(sqlfeed()
         .args(["demo", "--rows", "2000", "--dir"])

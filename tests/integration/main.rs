@@ -4,6 +4,8 @@
 //!   SUMMARIZE and SAMPLE against hand-computed values, the memory limit.
 //! * `bad_input`: every bad input of the foundation issue names what is wrong.
 //! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
+//! * `feed`: training feeds: exact batches, shards, resume across processes,
+//!   tensor values, cancellation, bad input.
 //! * `repl`: the interactive shell through a pseudo-terminal.
 //! * `s3`: object-store queries against a real S3-compatible server (moto) on
 //!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
@@ -12,6 +14,7 @@
 mod bad_input;
 mod cli;
 mod common;
+mod feed;
 mod local_sql;
 mod repl;
 mod s3;

@@ -1,0 +1,251 @@
+//! `sqlfeed feed`: runs a training feed against a simulated training step and
+//! reports throughput, time to first batch and starvation.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::Session;
+use crate::device::Device;
+use crate::feed::{ColumnSpec, Feed, FeedReport};
+
+/// Options of `sqlfeed feed`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FeedArgs {
+    /// The feed's query (sqlfeed SQL); every column becomes a tensor.
+    pub sql: String,
+    /// Rows per batch.
+    #[arg(long, default_value_t = 256)]
+    pub batch_size: usize,
+    /// Drop the last partial batch.
+    #[arg(long)]
+    pub drop_last: bool,
+    /// Batches prepared ahead of the training step.
+    #[arg(long, default_value_t = 8)]
+    pub prefetch: usize,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Number of epochs.
+    #[arg(long, default_value_t = 1)]
+    pub epochs: u64,
+    /// Globally shuffle every epoch with this seed.
+    #[arg(long, value_name = "SEED")]
+    pub shuffle_seed: Option<u64>,
+    /// This process's data-parallel shard, as RANK/WORLD (e.g. 0/8).
+    #[arg(long, value_name = "RANK/WORLD")]
+    pub shard: Option<String>,
+    /// Resume at EPOCH:STEP of a checkpoint.
+    #[arg(long, value_name = "EPOCH:STEP")]
+    pub resume: Option<String>,
+    /// Simulated training step: sleep this long after each batch.
+    #[arg(long, default_value_t = 0.0, value_name = "MS")]
+    pub step_ms: f64,
+    /// How a column becomes a tensor: NAME:dtype=float32,shape=3x32x32,
+    /// scale=1/255,offset=0,pad_to=128,pad_value=0,fill_null=0. Repeatable.
+    #[arg(long = "tensor", value_name = "SPEC")]
+    pub tensors: Vec<String>,
+    /// Stop after this many batches.
+    #[arg(long, value_name = "N")]
+    pub max_batches: Option<u64>,
+    /// Print one line per batch: epoch, step, rows and a hash of every
+    /// tensor's bytes (to compare runs, ranks and resumes).
+    #[arg(long)]
+    pub digest: bool,
+    /// Print each epoch's plan with its metrics.
+    #[arg(long)]
+    pub explain_analyze: bool,
+    /// End with `RESULT {json}` (the line ../shared/bench/peers.py reads).
+    #[arg(long)]
+    pub result_json: bool,
+}
+
+fn parse_pair(text: &str, separator: char, what: &str) -> anyhow::Result<(u64, u64)> {
+    let parsed = text
+        .split_once(separator)
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
+    parsed.with_context(|| {
+        format!("{what} '{text}' should look like A{separator}B, e.g. 1{separator}8")
+    })
+}
+
+/// Runs the feed and prints its report.
+pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
+    let device: Device = args.device.parse()?;
+    let mut builder = Feed::builder(session, args.sql.clone())
+        .batch_size(args.batch_size)
+        .drop_last(args.drop_last)
+        .prefetch(args.prefetch)
+        .epochs(args.epochs)
+        .device(device);
+    if let Some(seed) = args.shuffle_seed {
+        builder = builder.shuffle(seed);
+    }
+    if let Some(shard) = &args.shard {
+        let (rank, world) = parse_pair(shard, '/', "--shard")?;
+        builder = builder.shard(rank as usize, world as usize);
+    }
+    if let Some(resume) = &args.resume {
+        let (epoch, step) = parse_pair(resume, ':', "--resume")?;
+        builder = builder.resume_at(epoch, step);
+    }
+    for spec in &args.tensors {
+        let (name, spec) = ColumnSpec::parse_named(spec)?;
+        builder = builder.column(name, spec);
+    }
+    let mut feed = builder.build()?;
+    let tensors: Vec<String> = feed
+        .tensors()
+        .iter()
+        .map(|t| format!("{} {}", t.name, t.dtype))
+        .collect();
+    eprintln!("feed on {}: {}", feed.device(), tensors.join(", "));
+
+    let progress = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(200));
+        bar
+    });
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let step = Duration::from_secs_f64(args.step_ms.max(0.0) / 1e3);
+    let mut delivered = 0u64;
+    let mut last_progress = Instant::now();
+    while args.max_batches.is_none_or(|max| delivered < max) {
+        let Some(batch) = feed.next() else { break };
+        let batch = batch?;
+        if args.digest {
+            let mut hash = Xxh3::new();
+            for tensor in batch.tensors() {
+                hash.update(tensor.name().as_bytes());
+                for dim in tensor.shape() {
+                    hash.update(&(*dim as u64).to_le_bytes());
+                }
+                hash.update(&tensor.to_host_bytes()?);
+            }
+            writeln!(
+                out,
+                "batch epoch={} step={} rows={} digest={:016x}",
+                batch.epoch(),
+                batch.step(),
+                batch.rows(),
+                hash.digest()
+            )?;
+        }
+        if !step.is_zero() {
+            std::thread::sleep(step);
+        }
+        drop(batch);
+        delivered += 1;
+        if let Some(bar) = &progress
+            && last_progress.elapsed() > Duration::from_millis(200)
+        {
+            last_progress = Instant::now();
+            let report = feed.report();
+            bar.set_message(format!(
+                "{} batches, {} rows, {:.0} rows/s, waited {:.1}%",
+                report.batches,
+                report.rows,
+                report.rows_per_s(),
+                100.0 * report.wait_frac()
+            ));
+        }
+    }
+    let report = feed.report();
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    if args.explain_analyze {
+        for (epoch, plan) in feed.epoch_plans() {
+            writeln!(out, "epoch {epoch}:\n{plan}")?;
+        }
+    }
+    if delivered == 0 && args.max_batches != Some(0) {
+        eprintln!(
+            "the feed produced no batches (empty result, or fewer rows than one batch with --drop-last)"
+        );
+    }
+    print_report(&report, args.step_ms);
+    if args.result_json {
+        writeln!(out, "RESULT {}", result_json(&report, args.step_ms))?;
+    }
+    out.flush()?;
+    drop(feed);
+    Ok(())
+}
+
+fn print_report(report: &FeedReport, step_ms: f64) {
+    eprintln!(
+        "{} batches, {} rows in {:.2}s: {:.0} rows/s, {:.1} batches/s, {:.1} MB/s of tensors",
+        report.batches,
+        report.rows,
+        report.wall_s,
+        report.rows_per_s(),
+        report.batches_per_s(),
+        report.bytes_per_s() / 1e6
+    );
+    let mut line = format!(
+        "first batch after {:.3}s; consumer waited {:.1}% of the time",
+        report.ttfb_s.unwrap_or(f64::NAN),
+        100.0 * report.wait_frac()
+    );
+    if step_ms > 0.0 {
+        line.push_str(&format!(" (step {step_ms} ms)"));
+    }
+    if report.h2d_s > 0.0 {
+        line.push_str(&format!(
+            "; H2D {:.3}s ({:.1} GB/s)",
+            report.h2d_s,
+            report.bytes as f64 / report.h2d_s / 1e9
+        ));
+    }
+    if let Some(padding) = report.padding_frac {
+        line.push_str(&format!("; padding {:.1}%", 100.0 * padding));
+    }
+    eprintln!("{line}");
+}
+
+fn result_json(report: &FeedReport, step_ms: f64) -> String {
+    let number = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.6}")
+        } else {
+            "null".into()
+        }
+    };
+    let mut json = format!(
+        "{{\"rows\": {}, \"batches\": {}, \"wall_s\": {}, \"ttfb_s\": {}, \"wait_frac\": {}, \
+         \"out_bytes\": {}, \"h2d_s\": {}, \"convert_s\": {}",
+        report.rows,
+        report.batches,
+        number(report.wall_s),
+        report.ttfb_s.map_or("null".into(), number),
+        number(report.wait_frac()),
+        report.bytes,
+        number(report.h2d_s),
+        number(report.convert_s),
+    );
+    if step_ms > 0.0 {
+        json.push_str(&format!(", \"step_ms\": {}", number(step_ms)));
+    }
+    if let Some(padding) = report.padding_frac {
+        json.push_str(&format!(", \"padding_frac\": {}", number(padding)));
+    }
+    json.push('}');
+    json
+}
+
+/// Rejects options that only make sense together.
+pub fn check(args: &FeedArgs) -> anyhow::Result<()> {
+    if args.step_ms.is_nan() || args.step_ms < 0.0 {
+        bail!("--step-ms must be a non-negative number of milliseconds");
+    }
+    Ok(())
+}

@@ -1,0 +1,378 @@
+//! The CUDA backend: pinned staging buffers, a dedicated copy stream, and
+//! per-slot events, on cudarc with the driver loaded at run time.
+//!
+//! ```text
+//!  converter ─► pinned host buffer ──cuMemcpyHtoDAsync (copy stream)──► device buffer
+//!                                    start event ... done event
+//!  consumer: done.synchronize() (its own batch only) ─► tensors usable
+//!  release:  `released` recorded on the legacy default stream; the next
+//!            upload into the slot waits for it (torch's kernels that were
+//!            queued on that stream before the release finish first)
+//! ```
+//!
+//! # Errors
+//! cudarc 0.19 panics when the driver library cannot be loaded, so
+//! [`driver_present`] probes for it first and every entry point that could
+//! load it runs under `catch_unwind` as a backstop (this is why the release
+//! profile must never set `panic = "abort"`).
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DriverError,
+    PinnedHostSlice, result, sys,
+};
+use datafusion::error::{DataFusionError, Result};
+
+use super::host::HostBuffer;
+
+/// Whether the CUDA driver library (`libcuda.so` / `nvcuda.dll`) can be loaded.
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to dlopen the library by name and
+    // drops the handle; loading libcuda runs no code of ours.
+    std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+/// The number of CUDA devices, or an error saying why there are none usable.
+pub(crate) fn device_count() -> Result<usize> {
+    if !driver_present() {
+        return Err(no_driver());
+    }
+    let count = guarded("counting CUDA devices", CudaContext::device_count)?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
+fn no_driver() -> DataFusionError {
+    DataFusionError::Plan(
+        "CUDA was requested but no CUDA driver (libcuda.so) could be loaded on this \
+         machine; install the NVIDIA driver, or use --device cpu (or auto)"
+            .into(),
+    )
+}
+
+/// Runs a cudarc call that may panic (missing symbols) or fail.
+fn guarded<T>(
+    what: &str,
+    call: impl FnOnce() -> std::result::Result<T, DriverError>,
+) -> Result<T> {
+    match std::panic::catch_unwind(AssertUnwindSafe(call)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(driver_error(what, err)),
+        Err(_) => Err(DataFusionError::Execution(format!(
+            "the CUDA driver panicked while {what}; is the driver installed and \
+             compatible with CUDA 12.8?"
+        ))),
+    }
+}
+
+fn driver_error(what: &str, err: DriverError) -> DataFusionError {
+    DataFusionError::Execution(format!("CUDA error while {what}: {err:?}"))
+}
+
+/// A context on one GPU plus the stream all uploads go through.
+pub(crate) struct CudaBackend {
+    /// The primary context of the device.
+    ctx: Arc<CudaContext>,
+    /// Host-to-device copies (non-blocking with respect to other streams).
+    copy_stream: Arc<CudaStream>,
+    /// The legacy default stream, on which releases are recorded.
+    legacy_stream: Arc<CudaStream>,
+    /// The device ordinal.
+    ordinal: usize,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend(cuda:{})", self.ordinal)
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, or says why it cannot.
+    pub(crate) fn try_new(ordinal: usize) -> Result<Self> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(DataFusionError::Plan(format!(
+                "device cuda:{ordinal} requested, but this machine has {count} CUDA \
+                 device(s); use cuda:0..{} or --device cpu",
+                count.saturating_sub(1)
+            )));
+        }
+        let ctx = guarded("creating a CUDA context", || CudaContext::new(ordinal))?;
+        // SAFETY: we order every access to our buffers with our own per-slot
+        // events (see the module docs), so cudarc's automatic tracking is not
+        // needed; it would add a wait per buffer per copy.
+        unsafe { ctx.disable_event_tracking() };
+        let copy_stream = guarded("creating the copy stream", || ctx.new_stream())?;
+        let legacy_stream = ctx.default_stream();
+        Ok(Self {
+            ctx,
+            copy_stream,
+            legacy_stream,
+            ordinal,
+        })
+    }
+
+    /// The device ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// Page-locked host memory of at least `bytes`, zeroed.
+    pub(crate) fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuffer> {
+        let len = bytes.max(1).div_ceil(super::host::PAGE) * super::host::PAGE;
+        // SAFETY: the allocation is uninitialised; we zero it below before any
+        // reference to its bytes is made. Flags 0: cacheable (the converter
+        // also reads what it wrote when padding), not write-combined.
+        let mut slice = guarded("allocating pinned host memory", || unsafe {
+            self.ctx.alloc_pinned_with_flags::<u8>(len, 0)
+        })?;
+        let ptr = slice
+            .as_mut_ptr()
+            .map_err(|e| driver_error("mapping pinned host memory", e))?;
+        // SAFETY: `ptr` is valid for `len` bytes (just allocated, non-null and
+        // aligned, as cudarc asserts) and nothing else refers to it yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(PinnedBuffer { slice, ptr, len })
+    }
+
+    /// Device memory of at least `bytes`.
+    pub(crate) fn alloc_device(&self, bytes: usize) -> Result<DeviceBuffer> {
+        let mut slice = guarded("allocating device memory", || {
+            self.copy_stream.alloc_zeros::<u8>(bytes.max(1))
+        })?;
+        let ptr = {
+            let (ptr, _sync) = slice.device_ptr_mut(&self.copy_stream);
+            ptr
+        };
+        Ok(DeviceBuffer {
+            ptr,
+            capacity: bytes.max(1),
+            _slice: slice,
+        })
+    }
+
+    /// Events for a new slot (timing enabled for the H2D metric).
+    pub(crate) fn new_slot_sync(&self) -> Result<SlotSync> {
+        let event = || {
+            guarded("creating a CUDA event", || {
+                self.ctx
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            })
+        };
+        Ok(SlotSync {
+            start: event()?,
+            done: event()?,
+            released: event()?,
+            uploaded: AtomicBool::new(false),
+            release_recorded: AtomicBool::new(false),
+        })
+    }
+
+    /// Queues the copies of one batch and records its events.
+    pub(crate) fn upload<'a>(
+        &self,
+        copies: impl Iterator<Item = (&'a HostBuffer, &'a mut DeviceBuffer, usize)>,
+        sync: &SlotSync,
+    ) -> Result<()> {
+        if sync.release_recorded.swap(false, Ordering::AcqRel) {
+            self.copy_stream
+                .wait(&sync.released)
+                .map_err(|e| driver_error("waiting for the slot's release", e))?;
+        }
+        sync.start
+            .record(&self.copy_stream)
+            .map_err(|e| driver_error("recording the copy start", e))?;
+        for (host, device, bytes) in copies {
+            if bytes > device.capacity || bytes > host.capacity() {
+                return Err(DataFusionError::Internal(format!(
+                    "copy of {bytes} bytes exceeds its buffers ({} host, {} device)",
+                    host.capacity(),
+                    device.capacity
+                )));
+            }
+            let source = &host.as_slice()[..bytes];
+            // SAFETY: `device.ptr` is a live allocation of `device.capacity >=
+            // bytes` bytes; `source` is pinned memory owned by the slot, which
+            // is neither written (`Slot::prepare` waits for `done` first) nor
+            // freed (the slot owns it and waits on drop) before the copy ends.
+            unsafe {
+                result::memcpy_htod_async(
+                    device.ptr,
+                    source,
+                    self.copy_stream.cu_stream(),
+                )
+            }
+            .map_err(|e| driver_error("queuing a host-to-device copy", e))?;
+        }
+        sync.done
+            .record(&self.copy_stream)
+            .map_err(|e| driver_error("recording the copy end", e))?;
+        sync.uploaded.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Blocks until the slot's last upload is complete; returns the copy
+    /// engine's time for it.
+    pub(crate) fn wait_upload(&self, sync: &SlotSync) -> Result<Duration> {
+        if !sync.uploaded.load(Ordering::Acquire) {
+            return Ok(Duration::ZERO);
+        }
+        sync.done
+            .synchronize()
+            .map_err(|e| driver_error("waiting for a host-to-device copy", e))?;
+        let ms = sync
+            .start
+            .elapsed_ms(&sync.done)
+            .map_err(|e| driver_error("timing a host-to-device copy", e))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    /// Records that the consumer released the slot (see the module docs).
+    pub(crate) fn record_release(&self, sync: &SlotSync) {
+        // A failure here (a dying context) resurfaces at the next CUDA call.
+        self.ctx
+            .record_err(sync.released.record(&self.legacy_stream));
+        sync.release_recorded.store(true, Ordering::Release);
+    }
+
+    /// Copies `bytes` of `device` back to the host (blocking).
+    pub(crate) fn download(
+        &self,
+        device: &DeviceBuffer,
+        bytes: usize,
+    ) -> Result<Vec<u8>> {
+        let bytes = bytes.min(device.capacity);
+        let view = device._slice.slice(..bytes);
+        guarded("copying a tensor to the host", || {
+            self.copy_stream.clone_dtoh(&view)
+        })
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Copies may still read pinned buffers freed right after us.
+        self.ctx.record_err(self.copy_stream.synchronize());
+    }
+}
+
+/// Page-locked host memory.
+pub(crate) struct PinnedBuffer {
+    /// Owns the allocation (freed on drop after its event syncs).
+    slice: PinnedHostSlice<u8>,
+    /// Start of the allocation.
+    ptr: *mut u8,
+    /// Bytes, all initialised (zeroed at allocation).
+    len: usize,
+}
+
+// SAFETY: like `Vec<u8>`: the buffer is owned exclusively, reads need `&self`
+// and writes `&mut self`; cudarc's `PinnedHostSlice` is itself Send + Sync.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: see `Send`.
+unsafe impl Sync for PinnedBuffer {}
+
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PinnedBuffer({} bytes, {} elements)",
+            self.len,
+            self.slice.len()
+        )
+    }
+}
+
+impl PinnedBuffer {
+    pub(crate) fn capacity(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Device memory of one tensor of a slot.
+pub(crate) struct DeviceBuffer {
+    /// The raw device address.
+    ptr: sys::CUdeviceptr,
+    /// Bytes allocated.
+    capacity: usize,
+    /// Owns the allocation.
+    _slice: CudaSlice<u8>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "DeviceBuffer({} bytes at {:#x})",
+            self.capacity, self.ptr
+        )
+    }
+}
+
+impl DeviceBuffer {
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+/// The events of one slot.
+pub(crate) struct SlotSync {
+    /// Recorded before the batch's copies.
+    start: CudaEvent,
+    /// Recorded after them: the consumer waits for this one only.
+    done: CudaEvent,
+    /// Recorded on the legacy default stream when the consumer releases.
+    released: CudaEvent,
+    /// Whether `start`/`done` have been recorded.
+    uploaded: AtomicBool,
+    /// Whether `released` holds a release the next upload must wait for.
+    release_recorded: AtomicBool,
+}
+
+impl std::fmt::Debug for SlotSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SlotSync")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a driver (CI, most laptops) asking for a GPU is an error that
+    /// says so, never a panic; with one, the context opens.
+    #[test]
+    fn missing_driver_is_an_error_not_a_panic() {
+        match CudaBackend::try_new(0) {
+            Ok(backend) => assert_eq!(backend.ordinal(), 0),
+            Err(err) => {
+                let msg = err.to_string();
+                assert!(
+                    msg.contains("CUDA") && msg.contains("--device cpu"),
+                    "unexpected error: {msg}"
+                );
+            }
+        }
+        if !driver_present() {
+            assert!(device_count().is_err());
+        }
+    }
+}

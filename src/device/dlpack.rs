@@ -1,0 +1,218 @@
+//! DLPack export: hands a tensor to another framework (`torch.from_dlpack`,
+//! JAX, CuPy) without a copy.
+//!
+//! The structs mirror `dlpack.h` (v0.8, the ABI `torch.from_dlpack` accepts
+//! as a `DLManagedTensor` capsule). The export owns its shape and strides
+//! arrays and a keep-alive handle; the consumer calls `deleter` exactly once
+//! when done, which frees both and releases the slot back to the feed.
+
+use std::any::Any;
+use std::ffi::c_void;
+
+use super::Device;
+use super::dtype::DType;
+
+/// `DLDeviceType::kDLCPU`.
+pub const DL_CPU: i32 = 1;
+/// `DLDeviceType::kDLCUDA`.
+pub const DL_CUDA: i32 = 2;
+
+/// `DLDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLDevice {
+    /// `kDLCPU` = 1, `kDLCUDA` = 2.
+    pub device_type: i32,
+    /// The device ordinal (0 for the CPU).
+    pub device_id: i32,
+}
+
+/// `DLDataType`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLDataType {
+    /// `kDLInt` = 0, `kDLUInt` = 1, `kDLFloat` = 2, `kDLBfloat` = 4, `kDLBool` = 6.
+    pub code: u8,
+    /// Bits per element.
+    pub bits: u8,
+    /// Vector lanes (always 1 here).
+    pub lanes: u16,
+}
+
+/// `DLTensor`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLTensor {
+    /// Host or device address of the data.
+    pub data: *mut c_void,
+    /// Where `data` lives.
+    pub device: DLDevice,
+    /// Number of dimensions.
+    pub ndim: i32,
+    /// Element type.
+    pub dtype: DLDataType,
+    /// `ndim` sizes.
+    pub shape: *mut i64,
+    /// `ndim` strides in elements.
+    pub strides: *mut i64,
+    /// Offset of the first element from `data`, in bytes.
+    pub byte_offset: u64,
+}
+
+/// `DLManagedTensor`: a tensor plus the means to release it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensor {
+    /// The tensor.
+    pub dl_tensor: DLTensor,
+    /// Our export context (shape, strides, keep-alive).
+    pub manager_ctx: *mut c_void,
+    /// Frees the export; call exactly once.
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
+}
+
+/// What an export owns until its deleter runs.
+struct ExportContext {
+    /// Backing store of `dl_tensor.shape`.
+    shape: Vec<i64>,
+    /// Backing store of `dl_tensor.strides`.
+    strides: Vec<i64>,
+    /// Keeps the tensor's memory alive (the slot lease).
+    _keep_alive: Box<dyn Any + Send>,
+}
+
+/// The DLPack type of `dtype`.
+pub(crate) fn dl_dtype(dtype: DType) -> DLDataType {
+    let (code, bits) = match dtype {
+        DType::Float32 => (2, 32),
+        DType::Float16 => (2, 16),
+        DType::BFloat16 => (4, 16),
+        DType::Int64 => (0, 64),
+        DType::Int32 => (0, 32),
+        DType::UInt8 => (1, 8),
+        DType::Bool => (6, 8),
+    };
+    DLDataType {
+        code,
+        bits,
+        lanes: 1,
+    }
+}
+
+/// Builds a heap-allocated `DLManagedTensor` describing `data`.
+pub(crate) fn export(
+    data: *mut c_void,
+    device: Device,
+    dtype: DType,
+    shape: &[usize],
+    strides: &[usize],
+    keep_alive: Box<dyn Any + Send>,
+) -> *mut DLManagedTensor {
+    let mut context = Box::new(ExportContext {
+        shape: shape.iter().map(|&d| d as i64).collect(),
+        strides: strides.iter().map(|&s| s as i64).collect(),
+        _keep_alive: keep_alive,
+    });
+    let device = match device {
+        Device::Cpu => DLDevice {
+            device_type: DL_CPU,
+            device_id: 0,
+        },
+        Device::Cuda(ordinal) => DLDevice {
+            device_type: DL_CUDA,
+            device_id: ordinal as i32,
+        },
+    };
+    let dl_tensor = DLTensor {
+        data,
+        device,
+        ndim: shape.len() as i32,
+        dtype: dl_dtype(dtype),
+        shape: context.shape.as_mut_ptr(),
+        strides: context.strides.as_mut_ptr(),
+        byte_offset: 0,
+    };
+    Box::into_raw(Box::new(DLManagedTensor {
+        dl_tensor,
+        manager_ctx: Box::into_raw(context).cast(),
+        deleter: Some(delete_export),
+    }))
+}
+
+/// The `deleter` of our exports.
+///
+/// # Safety
+/// `managed` must come from [`export`] and be passed here exactly once.
+unsafe extern "C" fn delete_export(managed: *mut DLManagedTensor) {
+    if managed.is_null() {
+        return;
+    }
+    // SAFETY: `managed` was created by `Box::into_raw` in `export` and the
+    // caller passes it once (the DLPack contract), so we own it again.
+    let managed = unsafe { Box::from_raw(managed) };
+    if !managed.manager_ctx.is_null() {
+        // SAFETY: `manager_ctx` was created by `Box::into_raw` of an
+        // `ExportContext` in `export` and is only freed here.
+        drop(unsafe { Box::from_raw(managed.manager_ctx.cast::<ExportContext>()) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn export_describes_the_tensor_and_the_deleter_releases_it() {
+        let released = Arc::new(AtomicBool::new(false));
+        let mut data = [0f32; 6];
+        let managed = export(
+            data.as_mut_ptr().cast(),
+            Device::Cuda(3),
+            DType::BFloat16,
+            &[2, 3],
+            &[3, 1],
+            Box::new(SetOnDrop(Arc::clone(&released))),
+        );
+        // SAFETY: `managed` is a live export we have not deleted yet.
+        let tensor = unsafe { &(*managed).dl_tensor };
+        assert_eq!(tensor.data, data.as_mut_ptr().cast());
+        assert_eq!(
+            tensor.device,
+            DLDevice {
+                device_type: DL_CUDA,
+                device_id: 3
+            }
+        );
+        assert_eq!(
+            tensor.dtype,
+            DLDataType {
+                code: 4,
+                bits: 16,
+                lanes: 1
+            }
+        );
+        assert_eq!(tensor.ndim, 2);
+        // SAFETY: shape and strides point at `ndim` i64s owned by the export.
+        let (shape, strides) = unsafe {
+            (
+                std::slice::from_raw_parts(tensor.shape, 2),
+                std::slice::from_raw_parts(tensor.strides, 2),
+            )
+        };
+        assert_eq!((shape, strides), (&[2i64, 3][..], &[3i64, 1][..]));
+        assert!(!released.load(Ordering::SeqCst));
+        // SAFETY: the deleter of an export, called once.
+        unsafe { ((*managed).deleter.expect("deleter"))(managed) };
+        assert!(released.load(Ordering::SeqCst));
+    }
+}

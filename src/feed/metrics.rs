@@ -1,0 +1,127 @@
+//! Feed metrics: what the producer and the consumer did, shared as atomics
+//! so that reading them never blocks the feed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Live counters of one feed.
+#[derive(Debug)]
+pub(crate) struct FeedMetrics {
+    /// When the feed was built (the wall clock starts here, like the peers').
+    pub(crate) started: Instant,
+    /// Batches handed to the consumer.
+    pub(crate) batches: AtomicU64,
+    /// Rows (samples) handed to the consumer.
+    pub(crate) rows: AtomicU64,
+    /// Tensor bytes handed to the consumer.
+    pub(crate) bytes: AtomicU64,
+    /// Nanoseconds the consumer spent waiting inside `next()`.
+    pub(crate) wait_ns: AtomicU64,
+    /// Nanoseconds of host-to-device copies (CUDA copy-engine time).
+    pub(crate) h2d_ns: AtomicU64,
+    /// Nanoseconds the producer spent converting rows into tensors.
+    pub(crate) convert_ns: AtomicU64,
+    /// Nanoseconds the producer waited for a free slot (consumer is slower).
+    pub(crate) stall_ns: AtomicU64,
+    /// Padding elements in padded tensors.
+    pub(crate) padding: AtomicU64,
+    /// All elements of padded tensors.
+    pub(crate) padded_total: AtomicU64,
+    /// Nanoseconds from build to the first batch (`u64::MAX` = none yet).
+    pub(crate) first_batch_ns: AtomicU64,
+}
+
+impl FeedMetrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            batches: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            wait_ns: AtomicU64::new(0),
+            h2d_ns: AtomicU64::new(0),
+            convert_ns: AtomicU64::new(0),
+            stall_ns: AtomicU64::new(0),
+            padding: AtomicU64::new(0),
+            padded_total: AtomicU64::new(0),
+            first_batch_ns: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    pub(crate) fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_time(counter: &AtomicU64, elapsed: Duration) {
+        counter.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// A consistent-enough snapshot.
+    pub(crate) fn report(&self) -> FeedReport {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let secs = |ns: u64| ns as f64 / 1e9;
+        let first = get(&self.first_batch_ns);
+        FeedReport {
+            wall_s: self.started.elapsed().as_secs_f64(),
+            batches: get(&self.batches),
+            rows: get(&self.rows),
+            bytes: get(&self.bytes),
+            wait_s: secs(get(&self.wait_ns)),
+            h2d_s: secs(get(&self.h2d_ns)),
+            convert_s: secs(get(&self.convert_ns)),
+            stall_s: secs(get(&self.stall_ns)),
+            ttfb_s: (first != u64::MAX).then(|| secs(first)),
+            padding_frac: {
+                let total = get(&self.padded_total);
+                (total > 0).then(|| get(&self.padding) as f64 / total as f64)
+            },
+        }
+    }
+}
+
+/// A snapshot of a feed's metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FeedReport {
+    /// Seconds since the feed was built.
+    pub wall_s: f64,
+    /// Batches delivered.
+    pub batches: u64,
+    /// Rows (samples) delivered.
+    pub rows: u64,
+    /// Tensor bytes delivered.
+    pub bytes: u64,
+    /// Seconds the consumer waited for data (starvation).
+    pub wait_s: f64,
+    /// Seconds of host-to-device copies (0 on the CPU).
+    pub h2d_s: f64,
+    /// Seconds the producer spent writing tensors.
+    pub convert_s: f64,
+    /// Seconds the producer waited for the consumer to release a slot.
+    pub stall_s: f64,
+    /// Seconds from build to the first batch.
+    pub ttfb_s: Option<f64>,
+    /// Share of padded tensors' elements that are padding.
+    pub padding_frac: Option<f64>,
+}
+
+impl FeedReport {
+    /// Batches per second of wall time.
+    pub fn batches_per_s(&self) -> f64 {
+        self.batches as f64 / self.wall_s.max(1e-9)
+    }
+
+    /// Samples per second of wall time.
+    pub fn rows_per_s(&self) -> f64 {
+        self.rows as f64 / self.wall_s.max(1e-9)
+    }
+
+    /// Tensor bytes per second of wall time.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes as f64 / self.wall_s.max(1e-9)
+    }
+
+    /// Share of wall time the consumer waited for data.
+    pub fn wait_frac(&self) -> f64 {
+        self.wait_s / self.wall_s.max(1e-9)
+    }
+}

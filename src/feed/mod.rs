@@ -1,0 +1,564 @@
+//! Training feeds: a query's rows as exact, sharded, prefetched tensor
+//! batches, epoch after epoch, resumable from `(epoch, step)` alone.
+//!
+//! ```no_run
+//! # fn main() -> datafusion::error::Result<()> {
+//! use sqlfeed::device::Device;
+//! use sqlfeed::feed::Feed;
+//! let session = sqlfeed::Session::try_new()?;
+//! let feed = Feed::builder(&session, "SELECT standardize(f0, 0.1, 2.0) AS x, label AS y FROM 'data/*.parquet'")
+//!     .shuffle(42)                 // epoch e is the global shuffle (42, e)
+//!     .batch_size(256)
+//!     .drop_last(true)
+//!     .prefetch(8)                 // batches ready ahead, on the device
+//!     .shard(0, 1)                 // (rank, world size)
+//!     .epochs(3)
+//!     .resume_at(0, 0)             // (epoch, step) of a checkpoint
+//!     .device(Device::auto())      // cuda:0 when usable, else the CPU
+//!     .build()?;
+//! for batch in feed {
+//!     let batch = batch?;
+//!     let x = batch.tensor("x")?;  // float32 [256], on the feed's device
+//!     # let _ = x;
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Semantics
+//! - **Order**: epoch `e` reads the query's rows in the global shuffle order
+//!   of `(seed, e)` ([`crate::shuffle`]), or without `shuffle` in the
+//!   query's deterministic order (see [`DeviceSinkExec`]).
+//! - **Batches and shards**: consecutive chunks of `batch_size × world` rows
+//!   are the global steps; rank `r` gets the `r`-th `batch_size` rows of
+//!   each. Shards are disjoint, every rank gets the same number of batches,
+//!   and the last partial chunk is dropped (`drop_last`) or padded with the
+//!   epoch's first rows and split evenly (see `batcher.rs`).
+//! - **Resume**: `resume_at(e, k)` yields exactly what an uninterrupted run
+//!   yields from epoch `e` step `k` on, because every batch is a pure
+//!   function of `(query, data, seed, epoch, step, rank, world, batch size)`.
+//! - **Cancellation**: dropping the feed stops the query, its tasks and its
+//!   threads before `drop` returns; tensors still held keep their slot alive
+//!   until they are dropped.
+//!
+//! # Threads
+//! Each feed runs its query on its own Tokio runtime (one worker per core,
+//! threads named `sqlfeed-<id>`), so the training loop may be synchronous
+//! and the feed never competes with an application's runtime for workers.
+
+mod batcher;
+mod columns;
+mod convert;
+mod metrics;
+mod sink;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak, mpsc};
+use std::time::{Duration, Instant};
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+
+pub use columns::ColumnSpec;
+pub use metrics::FeedReport;
+pub use sink::DeviceSinkExec;
+
+use self::columns::TensorColumn;
+use self::metrics::FeedMetrics;
+use self::sink::{Batching, FeedEvent, SinkTarget};
+use crate::Session;
+use crate::device::{Backend, DType, Device, SlotPool, TensorBatch};
+use crate::session::catch_panic;
+use crate::shuffle::{ShuffleSpec, shuffle};
+
+/// Numbers feeds (and their threads) within a process.
+static NEXT_FEED_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Options of a [`Feed`]; see the module docs.
+#[derive(Debug, Clone)]
+pub struct FeedBuilder {
+    session: Session,
+    sql: String,
+    shuffle_seed: Option<u64>,
+    batch_size: usize,
+    drop_last: bool,
+    prefetch: usize,
+    rank: usize,
+    world: usize,
+    epochs: u64,
+    resume: (u64, u64),
+    device: Option<Device>,
+    columns: Vec<(String, ColumnSpec)>,
+}
+
+impl FeedBuilder {
+    /// Globally shuffles every epoch: epoch `e` uses `(seed, e)`.
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.shuffle_seed = Some(seed);
+        self
+    }
+
+    /// Rows per batch (default 256).
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = rows;
+        self
+    }
+
+    /// Drop the last partial batch (default false).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Batches prepared ahead of the consumer (default 4).
+    pub fn prefetch(mut self, batches: usize) -> Self {
+        self.prefetch = batches;
+        self
+    }
+
+    /// This process is `rank` of `world` data-parallel ranks.
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        self.rank = rank;
+        self.world = world;
+        self
+    }
+
+    /// Number of epochs (default 1).
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.epochs = epochs;
+        self
+    }
+
+    /// Starts at `step` of `epoch`, as an uninterrupted run would be there.
+    pub fn resume_at(mut self, epoch: u64, step: u64) -> Self {
+        self.resume = (epoch, step);
+        self
+    }
+
+    /// Where tensors go (default [`Device::auto`]).
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// How column `name` becomes a tensor (dtype, shape, scale, padding, …).
+    pub fn column(mut self, name: impl Into<String>, spec: ColumnSpec) -> Self {
+        self.columns.push((name.into(), spec));
+        self
+    }
+
+    /// Checks the options, opens the device, plans the query, checks that
+    /// every column can become a tensor and starts producing batches.
+    pub fn build(self) -> Result<Feed> {
+        self.validate()?;
+        let device = self.device.unwrap_or_else(Device::auto);
+        let backend = Backend::try_new(device)?;
+        let id = NEXT_FEED_ID.fetch_add(1, Ordering::Relaxed);
+        let thread_name = format!("sqlfeed-{id}");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .thread_name(thread_name.clone())
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                DataFusionError::ResourcesExhausted(format!(
+                    "cannot start feed threads: {e}"
+                ))
+            })?;
+        let metrics = Arc::new(FeedMetrics::new());
+        let pool = Arc::new(tokio::sync::Mutex::new(SlotPool::new(
+            backend,
+            self.prefetch + 1,
+        )));
+        let (events_tx, events) = mpsc::channel();
+        let (init_tx, init_rx) = mpsc::channel();
+        let producer = Producer {
+            options: self,
+            pool: Arc::clone(&pool),
+            metrics: Arc::clone(&metrics),
+        };
+        let task = runtime.spawn(producer.run(events_tx, init_tx));
+        let mut feed = Feed {
+            id,
+            thread_name,
+            events: Some(events),
+            runtime: Some(runtime),
+            task: Some(task),
+            metrics,
+            pool: Arc::downgrade(&pool),
+            device,
+            tensors: vec![],
+            epoch_plans: vec![],
+            finished: false,
+        };
+        drop(pool);
+        // Planning errors (bad SQL, missing files, untensorable columns) are
+        // build errors; the feed's own Drop cleans up on that path.
+        match init_rx.recv() {
+            Ok(Ok(tensors)) => feed.tensors = tensors,
+            Ok(Err(err)) => return Err(err),
+            Err(_) => {
+                return Err(DataFusionError::Internal(
+                    "the feed stopped while planning its query".into(),
+                ));
+            }
+        }
+        Ok(feed)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let plan_error = |msg: String| Err(DataFusionError::Plan(msg));
+        if self.batch_size == 0 {
+            return plan_error("batch_size must be at least 1".into());
+        }
+        if self.world == 0 || self.rank >= self.world {
+            return plan_error(format!(
+                "shard {}/{}: the rank must be below the world size (ranks are 0..{})",
+                self.rank,
+                self.world,
+                self.world.saturating_sub(1)
+            ));
+        }
+        if self.epochs == 0 {
+            return plan_error("epochs must be at least 1".into());
+        }
+        if self.resume.0 >= self.epochs {
+            return plan_error(format!(
+                "cannot resume at epoch {}: the feed has epochs 0..{}",
+                self.resume.0,
+                self.epochs - 1
+            ));
+        }
+        if self.prefetch == 0 {
+            return plan_error("prefetch must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Name, dtype and whether it is a mask, of each tensor of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// The tensor's name.
+    pub name: String,
+    /// Its element type.
+    pub dtype: DType,
+}
+
+/// A running feed: an iterator of tensor batches. See the module docs.
+pub struct Feed {
+    /// Process-unique number.
+    id: u64,
+    /// Name of this feed's runtime threads.
+    thread_name: String,
+    /// Batches and events from the producer (`None` once dropped).
+    events: Option<mpsc::Receiver<FeedEvent>>,
+    /// The feed's own runtime.
+    runtime: Option<tokio::runtime::Runtime>,
+    /// The producer task.
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// Counters.
+    metrics: Arc<FeedMetrics>,
+    /// The slot ring, to check it is gone after drop.
+    pool: Weak<tokio::sync::Mutex<SlotPool>>,
+    /// Where tensors live.
+    device: Device,
+    /// The tensors of each batch.
+    tensors: Vec<TensorInfo>,
+    /// `(epoch, plan with metrics)` of finished epochs.
+    epoch_plans: Vec<(u64, String)>,
+    /// No more batches will come.
+    finished: bool,
+}
+
+impl std::fmt::Debug for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Feed")
+            .field("id", &self.id)
+            .field("device", &self.device)
+            .field("tensors", &self.tensors)
+            .finish()
+    }
+}
+
+impl Feed {
+    /// Starts describing a feed of `sql` (sqlfeed SQL) on `session`.
+    pub fn builder(session: &Session, sql: impl Into<String>) -> FeedBuilder {
+        FeedBuilder {
+            session: session.clone(),
+            sql: sql.into(),
+            shuffle_seed: None,
+            batch_size: 256,
+            drop_last: false,
+            prefetch: 4,
+            rank: 0,
+            world: 1,
+            epochs: 1,
+            resume: (0, 0),
+            device: None,
+            columns: vec![],
+        }
+    }
+
+    /// Where the tensors live.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The tensors every batch has, in order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The metrics so far.
+    pub fn report(&self) -> FeedReport {
+        self.metrics.report()
+    }
+
+    /// The physical plan of each finished epoch with its metrics (the feed's
+    /// `EXPLAIN ANALYZE`).
+    pub fn epoch_plans(&self) -> &[(u64, String)] {
+        &self.epoch_plans
+    }
+
+    /// A handle that outlives the feed, to check that dropping it released
+    /// everything.
+    pub fn probe(&self) -> FeedProbe {
+        FeedProbe {
+            pool: Weak::clone(&self.pool),
+            thread_name: self.thread_name.clone(),
+        }
+    }
+
+    fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
+        if self.finished {
+            return None;
+        }
+        let events = self.events.as_ref()?;
+        let waiting = Instant::now();
+        loop {
+            match events.recv() {
+                Ok(FeedEvent::Batch(batch)) => {
+                    let h2d = match batch.wait_ready() {
+                        Ok(h2d) => h2d,
+                        Err(err) => {
+                            self.finished = true;
+                            return Some(Err(err));
+                        }
+                    };
+                    let metrics = &self.metrics;
+                    FeedMetrics::add_time(&metrics.wait_ns, waiting.elapsed());
+                    FeedMetrics::add_time(&metrics.h2d_ns, h2d.unwrap_or(Duration::ZERO));
+                    FeedMetrics::add(&metrics.batches, 1);
+                    FeedMetrics::add(&metrics.rows, batch.rows() as u64);
+                    FeedMetrics::add(&metrics.bytes, batch.nbytes() as u64);
+                    let since_build = metrics.started.elapsed().as_nanos() as u64;
+                    let _ = metrics.first_batch_ns.compare_exchange(
+                        u64::MAX,
+                        since_build,
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                    );
+                    return Some(Ok(batch));
+                }
+                Ok(FeedEvent::EpochEnd { epoch, plan }) => {
+                    self.epoch_plans.push((epoch, plan))
+                }
+                Ok(FeedEvent::Error(err)) => {
+                    self.finished = true;
+                    FeedMetrics::add_time(&self.metrics.wait_ns, waiting.elapsed());
+                    return Some(Err(err));
+                }
+                Ok(FeedEvent::Done) | Err(_) => {
+                    self.finished = true;
+                    FeedMetrics::add_time(&self.metrics.wait_ns, waiting.elapsed());
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for Feed {
+    type Item = Result<TensorBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch()
+    }
+}
+
+impl Drop for Feed {
+    fn drop(&mut self) {
+        self.finished = true;
+        // First the channel: batches not yet taken return their slots and the
+        // producer's next hand-off fails.
+        self.events = None;
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        if let Some(runtime) = self.runtime.take() {
+            // Waiting for the threads is not allowed inside another runtime;
+            // there they finish in the background.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                runtime.shutdown_background();
+            } else {
+                runtime.shutdown_timeout(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// Checks, after a feed is dropped, that nothing of it is left.
+#[derive(Debug, Clone)]
+pub struct FeedProbe {
+    pool: Weak<tokio::sync::Mutex<SlotPool>>,
+    thread_name: String,
+}
+
+impl FeedProbe {
+    /// Whether the slot ring (and so every buffer not held by a live tensor)
+    /// has been freed.
+    pub fn ring_released(&self) -> bool {
+        self.pool.strong_count() == 0
+    }
+
+    /// Threads of the feed still running (Linux; 0 elsewhere).
+    pub fn threads_alive(&self) -> usize {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return 0;
+        };
+        tasks
+            .filter_map(|task| task.ok())
+            .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == self.thread_name)
+            .count()
+    }
+}
+
+/// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.
+struct Producer {
+    options: FeedBuilder,
+    pool: Arc<tokio::sync::Mutex<SlotPool>>,
+    metrics: Arc<FeedMetrics>,
+}
+
+impl Producer {
+    async fn run(
+        self,
+        events: mpsc::Sender<FeedEvent>,
+        init: mpsc::Sender<Result<Vec<TensorInfo>>>,
+    ) {
+        let mut init = Some(init);
+        let result = catch_panic(self.run_epochs(events.clone(), &mut init)).await;
+        match (result, init.take()) {
+            (Err(err), Some(init)) => {
+                let _ = init.send(Err(err));
+            }
+            (Err(err), None) => {
+                let _ = events.send(FeedEvent::Error(err));
+            }
+            (Ok(()), _) => {
+                let _ = events.send(FeedEvent::Done);
+            }
+        }
+    }
+
+    async fn run_epochs(
+        &self,
+        events: mpsc::Sender<FeedEvent>,
+        init: &mut Option<mpsc::Sender<Result<Vec<TensorInfo>>>>,
+    ) -> Result<()> {
+        let options = &self.options;
+        let (first_epoch, first_step) = options.resume;
+        let first_plan = self.plan_epoch(first_epoch).await?;
+        let columns = columns::resolve(&first_plan.0.schema(), &options.columns)?;
+        if let Some(init) = init.take() {
+            let _ = init.send(Ok(tensor_infos(&columns)));
+        }
+        let target = Arc::new(SinkTarget {
+            pool: Arc::clone(&self.pool),
+            ready: events.clone(),
+            columns,
+            batching: Batching {
+                batch_rows: options.batch_size,
+                rank: options.rank,
+                world: options.world,
+                drop_last: options.drop_last,
+            },
+            metrics: Arc::clone(&self.metrics),
+        });
+        let mut plan = Some(first_plan);
+        for epoch in first_epoch..options.epochs {
+            let (input, task_ctx) = match plan.take() {
+                Some(plan) => plan,
+                None => self.plan_epoch(epoch).await?,
+            };
+            let skip = if epoch == first_epoch { first_step } else { 0 };
+            let sink: Arc<dyn ExecutionPlan> =
+                Arc::new(DeviceSinkExec::new(input, Arc::clone(&target), epoch, skip));
+            catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
+            let rendered = DisplayableExecutionPlan::with_metrics(sink.as_ref())
+                .indent(true)
+                .to_string();
+            let _ = events.send(FeedEvent::EpochEnd {
+                epoch,
+                plan: rendered,
+            });
+        }
+        Ok(())
+    }
+
+    /// The physical plan of one epoch's query and the context to run it in.
+    async fn plan_epoch(
+        &self,
+        epoch: u64,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+        let options = &self.options;
+        let mut df = options.session.sql(&options.sql).await?;
+        if let Some(seed) = options.shuffle_seed {
+            df = shuffle(df, ShuffleSpec::Global { seed, epoch })?;
+        }
+        let (state, plan) = df.into_parts();
+        let mut config = state.config().clone();
+        // Round-robin repartitioning hands batches to whichever partition
+        // asks first: a timing-dependent order that would break resume and
+        // shard disjointness of unshuffled feeds.
+        config
+            .options_mut()
+            .optimizer
+            .enable_round_robin_repartition = false;
+        // Likewise idle partitions stealing files from their siblings: then
+        // which rows a partition reads depends on timing. A global shuffle
+        // orders rows by content, so it keeps the faster stealing scan.
+        if options.shuffle_seed.is_none() {
+            config
+                .options_mut()
+                .execution
+                .enable_file_stream_work_stealing = false;
+        }
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        let plan = catch_panic(state.create_physical_plan(&plan)).await?;
+        Ok((plan, Arc::new(TaskContext::from(&state))))
+    }
+}
+
+fn tensor_infos(columns: &[TensorColumn]) -> Vec<TensorInfo> {
+    let mut infos = vec![];
+    for column in columns {
+        infos.push(TensorInfo {
+            name: column.name.to_string(),
+            dtype: column.dtype,
+        });
+        if let Some(mask) = &column.mask_name {
+            infos.push(TensorInfo {
+                name: mask.to_string(),
+                dtype: DType::Bool,
+            });
+        }
+    }
+    infos
+}

@@ -1,0 +1,421 @@
+//! [`DeviceSinkExec`]: the terminal operator of a feed. It cuts the query's
+//! rows into this rank's exact batches, writes them as tensors into a free
+//! slot of the ring, starts their upload to the device and hands them to the
+//! consumer, running ahead of it by up to `prefetch` batches.
+//!
+//! # Data flow
+//! ```text
+//!  input partitions p0 … pN-1 (each buffered by its own task)
+//!        │ round-robin by record batch, in partition order (deterministic)
+//!        ▼            (a SHUFFLE plan has one partition: the global order)
+//!  ShardBatcher: chunks of B×W rows → this rank's B rows (see batcher.rs)
+//!        │ zero-copy slices
+//!        ▼
+//!  wait for a free slot ──► convert: rows → tensors in the slot's host
+//!  (consumer slower:         buffers (dtype, scale, padding, masks)
+//!   "stall_time")               │
+//!                               ▼
+//!                    upload (CUDA: async H2D + event; CPU: nothing)
+//!                               │
+//!                               ▼
+//!                    ready channel ──► Feed::next() in the training loop
+//! ```
+//!
+//! # Output
+//! One row per epoch: `steps` (global steps the epoch had), `batches` and
+//! `rows` delivered to this rank. The tensors go to the ring, not the
+//! output.
+//!
+//! # Ordering
+//! Deterministic for a fixed plan: a one-partition input (a global
+//! `SHUFFLE`, an `ORDER BY`) is read in order; several partitions are
+//! interleaved one record batch at a time in partition order, which depends
+//! only on each partition's own (deterministic) batch sequence, never on
+//! timing. Round-robin repartitioning, which is timing dependent, is turned
+//! off for feeds.
+//!
+//! # Memory
+//! At most one chunk (`B × W` rows of record batches, by reference) plus two
+//! buffered record batches per partition, plus the slot ring.
+//!
+//! # Cancellation
+//! If the consumer goes away (the feed is dropped), the next hand-off fails
+//! and the stream ends with an error, dropping the input streams and with
+//! them every task of the query.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::common::spawn_buffered;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use futures::StreamExt;
+
+use super::batcher::ShardBatcher;
+use super::columns::TensorColumn;
+use super::convert::{BatchRows, fill_slot};
+use super::metrics::FeedMetrics;
+use crate::device::{BatchMeta, SlotPool, TensorBatch};
+
+/// What the producer sends to [`super::Feed`].
+pub(crate) enum FeedEvent {
+    /// A batch, ready once its upload completes.
+    Batch(TensorBatch),
+    /// An epoch finished; the plan rendered with its metrics.
+    EpochEnd {
+        /// The epoch.
+        epoch: u64,
+        /// `EXPLAIN ANALYZE`-style plan of the epoch.
+        plan: String,
+    },
+    /// The feed failed.
+    Error(DataFusionError),
+    /// Every epoch is done.
+    Done,
+}
+
+/// The sending side of the ready channel.
+pub(crate) type ReadySender = mpsc::Sender<FeedEvent>;
+
+/// How rows become batches (fixed for a feed).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Batching {
+    /// Rows per batch (`B`).
+    pub(crate) batch_rows: usize,
+    /// This rank.
+    pub(crate) rank: usize,
+    /// Number of ranks (`W`).
+    pub(crate) world: usize,
+    /// Drop the last partial chunk.
+    pub(crate) drop_last: bool,
+}
+
+/// What every epoch's sink writes into, shared with the feed.
+pub(crate) struct SinkTarget {
+    /// The slot ring (locked by the one running sink).
+    pub(crate) pool: Arc<tokio::sync::Mutex<SlotPool>>,
+    /// To the consumer.
+    pub(crate) ready: ReadySender,
+    /// The tensor of each column.
+    pub(crate) columns: Vec<TensorColumn>,
+    /// Batch layout.
+    pub(crate) batching: Batching,
+    /// Feed-level counters.
+    pub(crate) metrics: Arc<FeedMetrics>,
+}
+
+impl fmt::Debug for SinkTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SinkTarget")
+            .field("batching", &self.batching)
+            .field("columns", &self.columns.len())
+            .finish()
+    }
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct DeviceSinkExec {
+    /// The feed's query.
+    input: Arc<dyn ExecutionPlan>,
+    /// Ring, channel, columns.
+    target: Arc<SinkTarget>,
+    /// The epoch this sink runs.
+    epoch: u64,
+    /// Steps to skip (resume).
+    skip_steps: u64,
+    /// Cached plan properties.
+    properties: Arc<PlanProperties>,
+    /// Batches, rows, bytes, convert and stall time.
+    metrics: ExecutionPlanMetricsSet,
+}
+
+fn summary_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("steps", DataType::UInt64, false),
+        Field::new("batches", DataType::UInt64, false),
+        Field::new("rows", DataType::UInt64, false),
+    ]))
+}
+
+impl DeviceSinkExec {
+    pub(crate) fn new(
+        input: Arc<dyn ExecutionPlan>,
+        target: Arc<SinkTarget>,
+        epoch: u64,
+        skip_steps: u64,
+    ) -> Self {
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(summary_schema()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        Self {
+            input,
+            target,
+            epoch,
+            skip_steps,
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for DeviceSinkExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let b = &self.target.batching;
+        write!(
+            f,
+            "DeviceSinkExec: device={}, batch_size={}, shard={}/{}, drop_last={}, epoch={}",
+            self.target
+                .pool
+                .try_lock()
+                .map(|p| p.backend().device().to_string())
+                .unwrap_or_else(|_| "busy".into()),
+            b.batch_rows,
+            b.rank,
+            b.world,
+            b.drop_last,
+            self.epoch
+        )?;
+        if self.skip_steps > 0 {
+            write!(f, ", resume_step={}", self.skip_steps)?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for DeviceSinkExec {
+    fn name(&self) -> &str {
+        "DeviceSinkExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    // Partitions are consumed in a fixed interleave; splitting them further
+    // (round-robin) would make the order depend on timing.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let child = crate::shuffle::single_child(self.name(), &children)?;
+        Ok(Arc::new(Self::new(
+            child,
+            Arc::clone(&self.target),
+            self.epoch,
+            self.skip_steps,
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "DeviceSinkExec has one partition, asked for {partition}"
+            )));
+        }
+        let metrics = SinkMetrics::new(&self.metrics);
+        let run = SinkRun {
+            input: Arc::clone(&self.input),
+            target: Arc::clone(&self.target),
+            epoch: self.epoch,
+            skip_steps: self.skip_steps,
+            metrics,
+        };
+        let stream = futures::stream::once(run.run(context));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            summary_schema(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// Operator metrics shown by `EXPLAIN ANALYZE`-style plans.
+struct SinkMetrics {
+    batches: Count,
+    rows: Count,
+    bytes: Count,
+    padding_elems: Count,
+    convert_time: Time,
+    stall_time: Time,
+}
+
+impl SinkMetrics {
+    fn new(set: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            batches: MetricBuilder::new(set).counter("batches", 0),
+            rows: MetricBuilder::new(set).output_rows(0),
+            bytes: MetricBuilder::new(set).counter("tensor_bytes", 0),
+            padding_elems: MetricBuilder::new(set).counter("padding_elems", 0),
+            convert_time: MetricBuilder::new(set).subset_time("convert_time", 0),
+            stall_time: MetricBuilder::new(set).subset_time("stall_time", 0),
+        }
+    }
+}
+
+/// One execution of the sink.
+struct SinkRun {
+    input: Arc<dyn ExecutionPlan>,
+    target: Arc<SinkTarget>,
+    epoch: u64,
+    skip_steps: u64,
+    metrics: SinkMetrics,
+}
+
+impl SinkRun {
+    async fn run(self, context: Arc<TaskContext>) -> Result<RecordBatch> {
+        let mut input = ordered_input(&self.input, context)?;
+        let b = self.target.batching;
+        let mut batcher = ShardBatcher::new(
+            b.batch_rows,
+            b.rank,
+            b.world,
+            b.drop_last,
+            self.epoch,
+            self.skip_steps,
+        );
+        let mut pool = self.target.pool.lock().await;
+        let mut ready = Vec::new();
+        let (mut batches, mut rows) = (0u64, 0u64);
+        while let Some(batch) = input.next().await {
+            batcher.push(batch?, &mut ready);
+            for batch_rows in ready.drain(..) {
+                rows += batch_rows.rows as u64;
+                self.deliver(&mut pool, batch_rows).await?;
+                batches += 1;
+            }
+        }
+        batcher.finish(&mut ready);
+        for batch_rows in ready.drain(..) {
+            rows += batch_rows.rows as u64;
+            self.deliver(&mut pool, batch_rows).await?;
+            batches += 1;
+        }
+        let steps = batcher.steps();
+        if self.skip_steps > 0 && self.skip_steps >= steps && steps > 0 {
+            return Err(DataFusionError::Plan(format!(
+                "cannot resume at epoch {} step {}: the epoch has only {steps} steps \
+                 (0..{}) on this rank",
+                self.epoch,
+                self.skip_steps,
+                steps - 1
+            )));
+        }
+        let column = |v: u64| Arc::new(UInt64Array::from(vec![v])) as _;
+        Ok(RecordBatch::try_new(
+            summary_schema(),
+            vec![column(steps), column(batches), column(rows)],
+        )?)
+    }
+
+    /// Converts one batch into a free slot and hands it over.
+    async fn deliver(&self, pool: &mut SlotPool, rows: BatchRows) -> Result<()> {
+        let stall = self.metrics.stall_time.timer();
+        let stall_start = Instant::now();
+        let mut slot = pool.acquire().await?;
+        FeedMetrics::add_time(&self.target.metrics.stall_ns, stall_start.elapsed());
+        stall.done();
+
+        let convert = self.metrics.convert_time.timer();
+        let convert_start = Instant::now();
+        let stats = fill_slot(&self.target.columns, &rows, pool.backend(), &mut slot)?;
+        pool.backend().upload(&mut slot)?;
+        FeedMetrics::add_time(&self.target.metrics.convert_ns, convert_start.elapsed());
+        convert.done();
+
+        let meta = BatchMeta {
+            epoch: rows.epoch,
+            step: rows.step,
+            rows: rows.rows,
+        };
+        let batch = pool.lease(slot, meta);
+        self.metrics.batches.add(1);
+        self.metrics.rows.add(rows.rows);
+        self.metrics.bytes.add(batch.nbytes());
+        self.metrics.padding_elems.add(stats.padding as usize);
+        let feed = &self.target.metrics;
+        FeedMetrics::add(&feed.padding, stats.padding);
+        FeedMetrics::add(&feed.padded_total, stats.total);
+        self.target
+            .ready
+            .send(FeedEvent::Batch(batch))
+            .map_err(|_| DataFusionError::Execution("the feed was dropped".into()))
+    }
+}
+
+/// The input's rows in a deterministic order: see "Ordering" above.
+fn ordered_input(
+    input: &Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let partitions = input.output_partitioning().partition_count();
+    if partitions == 1 {
+        return input.execute(0, context);
+    }
+    let streams = (0..partitions)
+        .map(|p| {
+            Ok(Some(spawn_buffered(
+                input.execute(p, Arc::clone(&context))?,
+                2,
+            )))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let schema = input.schema();
+    let state = (streams, 0usize);
+    let stream = futures::stream::unfold(state, |(mut streams, mut next)| async move {
+        loop {
+            if streams.iter().all(Option::is_none) {
+                return None;
+            }
+            let index = next % streams.len();
+            next = index + 1;
+            let Some(stream) = streams[index].as_mut() else {
+                continue;
+            };
+            match stream.next().await {
+                Some(item) => return Some((item, (streams, next))),
+                None => streams[index] = None,
+            }
+        }
+    });
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+}

@@ -1,0 +1,598 @@
+//! Training feeds: exact batches, DDP shards, resume, tensor values,
+//! cancellation and bad input, on the CPU backend (the CUDA backend runs the
+//! same code path through `scripts/gpu-check.sh`).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, BinaryArray, FixedSizeListArray, Float32Array, Int32Array,
+    Int64Array, ListArray, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{Float32Type, Int32Type};
+use datafusion::error::Result;
+use sqlfeed::Session;
+use sqlfeed::device::{DType, Device};
+use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder};
+
+use crate::common::{arc, gen_data, run, sqlfeed, write_parquet};
+
+fn session(partitions: usize, batch_size: usize) -> Result<Session> {
+    Session::builder()
+        .target_partitions(partitions)
+        .batch_size(batch_size)
+        .memory_limit(256 << 20)
+        .build()
+}
+
+/// `ids` of every batch of a feed of `SELECT id …`, as (epoch, step, ids).
+fn id_batches(builder: FeedBuilder) -> Result<Vec<(u64, u64, Vec<i64>)>> {
+    let mut out = vec![];
+    for batch in builder.device(Device::Cpu).build()? {
+        let batch = batch?;
+        let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
+        assert_eq!(batch.tensor("id")?.shape(), &[batch.rows()]);
+        out.push((batch.epoch(), batch.step(), ids));
+    }
+    Ok(out)
+}
+
+/// 1000 ids in 5 Parquet files of 200 rows each.
+fn id_files(dir: &Path) -> Result<String> {
+    for file in 0..5 {
+        let ids = Int64Array::from_iter_values(file * 200..(file + 1) * 200);
+        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
+        write_parquet(&dir.join(format!("part-{file}.parquet")), &batch)?;
+    }
+    Ok(format!("{}/*.parquet", dir.display()))
+}
+
+#[test]
+fn exact_batches_across_record_batch_and_file_boundaries() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let files = id_files(dir.path())?;
+    // Record batches of 7 rows, 5 files, 2 partitions: no batch boundary
+    // lines up with a batch of 64.
+    let session = session(2, 7)?;
+    let sql = format!("SELECT id FROM '{files}'");
+    let keep = id_batches(Feed::builder(&session, &sql).batch_size(64))?;
+    let sizes: Vec<usize> = keep.iter().map(|(_, _, ids)| ids.len()).collect();
+    assert_eq!(sizes.len(), 16);
+    assert!(sizes[..15].iter().all(|&n| n == 64), "{sizes:?}");
+    assert_eq!(sizes[15], 1000 - 15 * 64, "the last partial batch");
+    let mut all: Vec<i64> = keep.iter().flat_map(|(_, _, ids)| ids.clone()).collect();
+    all.sort();
+    assert_eq!(all, (0..1000).collect::<Vec<_>>());
+    let steps: Vec<u64> = keep.iter().map(|(_, step, _)| *step).collect();
+    assert_eq!(steps, (0..16).collect::<Vec<_>>());
+
+    let dropped =
+        id_batches(Feed::builder(&session, &sql).batch_size(64).drop_last(true))?;
+    assert_eq!(dropped.len(), 15);
+    assert_eq!(
+        dropped,
+        keep[..15].to_vec(),
+        "drop_last only drops the tail"
+    );
+
+    // The unshuffled order is deterministic: the same run twice is equal.
+    assert_eq!(
+        id_batches(Feed::builder(&session, &sql).batch_size(64))?,
+        keep
+    );
+    Ok(())
+}
+
+#[test]
+fn shards_are_disjoint_cover_the_epoch_and_have_equal_batch_counts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let files = id_files(dir.path())?;
+    let session = session(2, 50)?;
+    let sql = format!("SELECT id FROM '{files}'");
+    for world in [1usize, 2, 3, 5, 8] {
+        for drop_last in [true, false] {
+            let shards = (0..world)
+                .map(|rank| {
+                    id_batches(
+                        Feed::builder(&session, &sql)
+                            .shuffle(7)
+                            .batch_size(48)
+                            .drop_last(drop_last)
+                            .shard(rank, world),
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let counts: Vec<usize> = shards.iter().map(Vec::len).collect();
+            assert!(
+                counts.iter().all(|&c| c == counts[0]),
+                "world {world}: {counts:?}"
+            );
+            let rows: Vec<i64> = shards
+                .iter()
+                .flatten()
+                .flat_map(|(_, _, ids)| ids.clone())
+                .collect();
+            let distinct: HashSet<i64> = rows.iter().copied().collect();
+            let chunk = 48 * world;
+            if drop_last {
+                assert_eq!(rows.len(), distinct.len(), "disjoint (world {world})");
+                assert_eq!(rows.len(), 1000 / chunk * chunk);
+                // Every rank's batch has exactly 48 rows.
+                assert!(shards.iter().flatten().all(|(_, _, ids)| ids.len() == 48));
+            } else {
+                assert_eq!(distinct.len(), 1000, "covered (world {world})");
+                assert!(rows.len() - 1000 < world, "at most W-1 repeats");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn shuffled_feed_is_the_same_for_any_partitioning_and_differs_per_epoch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let files = id_files(dir.path())?;
+    let sql = format!("SELECT id FROM '{files}'");
+    let run = |partitions: usize, batch: usize| {
+        id_batches(
+            Feed::builder(&session(partitions, batch)?, &sql)
+                .shuffle(42)
+                .batch_size(100)
+                .epochs(2),
+        )
+    };
+    let reference = run(1, 1000)?;
+    assert_eq!(reference.len(), 20);
+    assert_eq!(run(2, 7)?, reference);
+    assert_eq!(run(8, 64)?, reference);
+    let epoch0: Vec<i64> = reference[..10].iter().flat_map(|b| b.2.clone()).collect();
+    let epoch1: Vec<i64> = reference[10..].iter().flat_map(|b| b.2.clone()).collect();
+    assert_ne!(epoch0, epoch1);
+    assert_ne!(epoch0, (0..1000).collect::<Vec<_>>());
+    Ok(())
+}
+
+#[test]
+fn resume_in_a_new_process_equals_the_uninterrupted_run_byte_for_byte() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1500, 3)?;
+    let sql = format!(
+        "SELECT id, f0 * 2 AS x, tokens, image_to_tensor(image_decode(image_png)) AS img \
+         FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let feed = |extra: &[&str]| {
+        let (ok, out, err) = run(sqlfeed()
+            .args([
+                "--target-partitions",
+                "2",
+                "feed",
+                &sql,
+                "--batch-size",
+                "64",
+            ])
+            .args([
+                "--shuffle-seed",
+                "9",
+                "--epochs",
+                "3",
+                "--device",
+                "cpu",
+                "--digest",
+            ])
+            .args(extra));
+        assert!(ok, "{err}");
+        out.lines()
+            .filter(|l| l.starts_with("batch "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let full = feed(&[]);
+    assert_eq!(full.len(), 3 * 1500usize.div_ceil(64));
+    let at = full
+        .iter()
+        .position(|l| l.starts_with("batch epoch=1 step=5 "))
+        .expect("epoch 1 step 5 exists");
+    assert_eq!(feed(&["--resume", "1:5"]), full[at..].to_vec());
+    // A sharded resume resumes the shard.
+    let rank1 = feed(&["--shard", "1/2"]);
+    let at = rank1
+        .iter()
+        .position(|l| l.starts_with("batch epoch=2 step=3 "))
+        .expect("epoch 2 step 3 exists");
+    assert_eq!(
+        feed(&["--shard", "1/2", "--resume", "2:3"]),
+        rank1[at..].to_vec()
+    );
+    Ok(())
+}
+
+#[test]
+fn tensors_hold_the_columns_values() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let list = |rows: Vec<Option<Vec<i32>>>| -> ArrayRef {
+        arc(ListArray::from_iter_primitive::<Int32Type, _, _>(
+            rows.into_iter()
+                .map(|r| r.map(|v| v.into_iter().map(Some).collect::<Vec<_>>())),
+        ))
+    };
+    let fixed = FixedSizeListArray::from_iter_primitive::<Float32Type, _, _>(
+        (0..3).map(|i| Some(vec![Some(i as f32), Some(-(i as f32))])),
+        2,
+    );
+    let batch = RecordBatch::try_from_iter(vec![
+        ("y", arc(Int32Array::from(vec![3, 1, 2]))),
+        ("x", arc(Float32Array::from(vec![0.5, 1.5, -2.0]))),
+        ("v", arc(fixed)),
+        (
+            "tokens",
+            list(vec![Some(vec![7, 8, 9]), Some(vec![]), Some(vec![5])]),
+        ),
+        (
+            "pixels",
+            arc(BinaryArray::from_vec(vec![
+                &[0u8, 255, 51, 102],
+                &[255, 0, 0, 0],
+                &[1, 2, 3, 4],
+            ])),
+        ),
+    ])?;
+    write_parquet(&dir.path().join("t.parquet"), &batch)?;
+    let session = session(1, 8192)?;
+    let sql = format!(
+        "SELECT y, x, v, tokens, pixels, tokens AS ids FROM '{}/t.parquet'",
+        dir.path().display()
+    );
+    let mut feed = Feed::builder(&session, &sql)
+        .batch_size(3)
+        .device(Device::Cpu)
+        .column(
+            "pixels",
+            ColumnSpec::new()
+                .dtype(DType::Float32)
+                .shape([2, 2])
+                .scale(1.0 / 255.0),
+        )
+        .column(
+            "ids",
+            ColumnSpec::new()
+                .dtype(DType::Int32)
+                .pad_to(2)
+                .pad_value(-1.0),
+        )
+        .column("x", ColumnSpec::new().dtype(DType::BFloat16))
+        .build()?;
+    let names: Vec<String> = feed.tensors().iter().map(|t| t.name.clone()).collect();
+    assert_eq!(
+        names,
+        [
+            "y",
+            "x",
+            "v",
+            "tokens",
+            "tokens_mask",
+            "pixels",
+            "ids",
+            "ids_mask"
+        ]
+    );
+    let batch = feed.next().expect("one batch")?;
+    assert!(feed.next().is_none());
+    assert_eq!(batch.tensor("y")?.as_slice::<i64>()?, &[3, 1, 2]);
+    let x: Vec<f32> = batch
+        .tensor("x")?
+        .as_slice::<sqlfeed::device::bf16>()?
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    assert_eq!(x, [0.5, 1.5, -2.0]);
+    let v = batch.tensor("v")?;
+    assert_eq!((v.shape(), v.strides()), (&[3, 2][..], vec![2, 1]));
+    assert_eq!(v.as_slice::<f32>()?, &[0., -0., 1., -1., 2., -2.]);
+    let tokens = batch.tensor("tokens")?;
+    assert_eq!(tokens.shape(), &[3, 3], "padded to the longest row");
+    assert_eq!(tokens.as_slice::<i64>()?, &[7, 8, 9, 0, 0, 0, 5, 0, 0]);
+    assert_eq!(
+        batch.tensor("tokens_mask")?.as_slice::<u8>()?,
+        &[1, 1, 1, 0, 0, 0, 1, 0, 0]
+    );
+    let pixels = batch.tensor("pixels")?;
+    assert_eq!(pixels.shape(), &[3, 2, 2]);
+    let expected: Vec<f32> = [0u8, 255, 51, 102, 255, 0, 0, 0, 1, 2, 3, 4]
+        .iter()
+        .map(|&p| p as f32 * (1.0f64 / 255.0) as f32)
+        .collect();
+    assert_eq!(pixels.as_slice::<f32>()?, expected.as_slice());
+    let ids = batch.tensor("ids")?;
+    assert_eq!((ids.dtype(), ids.shape()), (DType::Int32, &[3, 2][..]));
+    assert_eq!(
+        ids.as_slice::<i32>()?,
+        &[7, 8, -1, -1, 5, -1],
+        "truncated and padded"
+    );
+    assert_eq!(
+        batch.tensor("ids_mask")?.as_slice::<u8>()?,
+        &[1, 1, 0, 0, 1, 0]
+    );
+    let err = batch.tensor("nope").unwrap_err().to_string();
+    assert!(err.contains("tokens_mask"), "{err}");
+    let report = feed.report();
+    assert_eq!((report.batches, report.rows), (1, 3));
+    let padding = report.padding_frac.expect("padded tensors");
+    assert!((padding - 8.0 / 15.0).abs() < 1e-9, "{padding}");
+    Ok(())
+}
+
+#[test]
+fn decoded_images_become_nhwc_and_image_tensors_nchw() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 20, 1)?;
+    let session = session(1, 8192)?;
+    let sql = format!(
+        "SELECT image_decode(image_png) AS hwc, image_to_tensor(image_decode(image_png)) AS chw, \
+         image_decode(image_png) AS raw FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let pixels_sql = format!(
+        "SELECT image_decode(image_png)['pixels'] AS p FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let expected = tokio::runtime::Runtime::new()?
+        .block_on(crate::common::collect(&session, &pixels_sql))?;
+    let mut feed = Feed::builder(&session, &sql)
+        .batch_size(20)
+        .device(Device::Cpu)
+        .build()?;
+    let batch = feed.next().expect("a batch")?;
+    let hwc = batch.tensor("hwc")?;
+    assert_eq!(
+        (hwc.dtype(), hwc.shape()),
+        (DType::UInt8, &[20, 8, 8, 3][..])
+    );
+    let pixels: Vec<u8> = expected
+        .iter()
+        .flat_map(|b| {
+            let binary = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<BinaryArray>()
+                .expect("binary");
+            (0..binary.len())
+                .flat_map(|i| binary.value(i).to_vec())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(hwc.as_slice::<u8>()?, pixels.as_slice());
+    let chw = batch.tensor("chw")?;
+    assert_eq!(
+        (chw.dtype(), chw.shape()),
+        (DType::Float32, &[20, 3, 8, 8][..])
+    );
+    // CHW of row 0: channel c, pixel (y, x) = HWC[(y * 8 + x) * 3 + c] / 255.
+    let values = chw.as_slice::<f32>()?;
+    for (c, y, x) in [(0, 0, 0), (1, 3, 5), (2, 7, 7)] {
+        let want = pixels[(y * 8 + x) * 3 + c] as f32 / 255.0;
+        assert!((values[c * 64 + y * 8 + x] - want).abs() < 1e-6);
+    }
+    Ok(())
+}
+
+#[test]
+fn dlpack_export_describes_the_tensor_and_keeps_its_slot() -> Result<()> {
+    let session = session(1, 8192)?;
+    let mut feed =
+        Feed::builder(&session, "SELECT value AS v FROM generate_series(1, 12)")
+            .batch_size(4)
+            .prefetch(1)
+            .device(Device::Cpu)
+            .build()?;
+    let batch = feed.next().expect("batch")?;
+    let tensor = batch.tensor("v")?;
+    let managed = tensor.to_dlpack();
+    // SAFETY: `managed` is a live export; fields are read before the deleter.
+    let dl = unsafe { &(*managed).dl_tensor };
+    assert_eq!((dl.device.device_type, dl.device.device_id), (1, 0));
+    assert_eq!((dl.dtype.code, dl.dtype.bits, dl.dtype.lanes), (0, 64, 1));
+    assert_eq!(dl.ndim, 1);
+    assert_eq!(dl.data, tensor.data_ptr());
+    // SAFETY: the export owns `ndim` shape and stride values.
+    assert_eq!(unsafe { (*dl.shape, *dl.strides) }, (4, 1));
+    // SAFETY: reading 4 i64 the export points at, while it is alive.
+    let values = unsafe { std::slice::from_raw_parts(dl.data.cast::<i64>(), 4) };
+    assert_eq!(values, &[1, 2, 3, 4]);
+    drop(batch);
+    // With prefetch 1 there are 2 slots: the export still holds one, so the
+    // producer can fill only the other; the feed keeps going regardless.
+    let second = feed.next().expect("second batch")?;
+    assert_eq!(second.tensor("v")?.as_slice::<i64>()?, &[5, 6, 7, 8]);
+    drop(second);
+    // SAFETY: the deleter of our export, called once.
+    unsafe { ((*managed).deleter.expect("a deleter"))(managed) };
+    let third = feed.next().expect("third batch")?;
+    assert_eq!(third.tensor("v")?.as_slice::<i64>()?, &[9, 10, 11, 12]);
+    Ok(())
+}
+
+#[test]
+fn dropping_a_feed_mid_epoch_stops_everything() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 20_000, 4)?;
+    let session = session(2, 512)?;
+    let sql = format!(
+        "SELECT id, tokens, image_to_tensor(image_decode(image_png)) AS img FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let mut feed = Feed::builder(&session, &sql)
+        .shuffle(1)
+        .batch_size(32)
+        .epochs(5)
+        .device(Device::Cpu)
+        .build()?;
+    let probe = feed.probe();
+    assert!(probe.threads_alive() > 0 || !Path::new("/proc/self/task").exists());
+    let held = feed.next().expect("first batch")?;
+    let _second = feed.next().expect("second batch")?;
+    drop(feed);
+    assert_eq!(probe.threads_alive(), 0, "feed threads left behind");
+    assert_eq!(session.context().runtime_env().memory_pool.reserved(), 0);
+    // A batch still held keeps its memory (and only it) alive, and stays valid.
+    assert_eq!(held.tensor("id")?.shape(), &[32]);
+    drop(held);
+    drop(_second);
+    assert!(probe.ring_released(), "slot ring left behind");
+    Ok(())
+}
+
+#[test]
+fn columns_that_cannot_be_tensors_are_build_errors() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 10, 1)?;
+    let files = format!("'{}/*.parquet'", dir.path().display());
+    let session = session(1, 8192)?;
+    for (sql, needles) in [
+        (
+            format!("SELECT id, caption FROM {files}"),
+            vec!["column 'caption'", "Utf8", "tokenize"],
+        ),
+        (
+            format!("SELECT make_array(tokens, tokens) AS nested FROM {files}"),
+            vec!["column 'nested'", "List(List", "only lists of numbers"],
+        ),
+        (
+            format!("SELECT id FROM {files} WHERE nope > 1"),
+            vec!["nope"],
+        ),
+    ] {
+        let err = Feed::builder(&session, &sql)
+            .device(Device::Cpu)
+            .build()
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(needles.iter().all(|n| msg.contains(n)), "{sql}: {msg}");
+    }
+    let err = Feed::builder(&session, "SELECT 1 AS a")
+        .shard(2, 2)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("shard 2/2"), "{err}");
+    let err = Feed::builder(&session, "SELECT 1 AS a")
+        .epochs(2)
+        .resume_at(2, 0)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("epoch 2"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn bad_values_name_the_column_and_row() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "w",
+            arc(Float32Array::from(vec![Some(1.0), None, Some(3.0)])),
+        ),
+        ("big", arc(Int64Array::from(vec![1, 2, 300]))),
+        ("name", arc(StringArray::from(vec!["a", "b", "c"]))),
+    ])?;
+    write_parquet(&dir.path().join("t.parquet"), &batch)?;
+    let file = format!("'{}/t.parquet'", dir.path().display());
+    let session = session(1, 8192)?;
+    let first_error = |builder: FeedBuilder| -> String {
+        match builder.device(Device::Cpu).build() {
+            Err(err) => err.to_string(),
+            Ok(feed) => feed
+                .filter_map(|b| b.err())
+                .map(|e| e.to_string())
+                .next()
+                .unwrap_or_default(),
+        }
+    };
+    let err = first_error(
+        Feed::builder(&session, format!("SELECT w FROM {file}")).batch_size(3),
+    );
+    assert!(
+        err.contains("column 'w', row 1") && err.contains("fill_null"),
+        "{err}"
+    );
+    let mut filled = Feed::builder(&session, format!("SELECT w FROM {file}"))
+        .batch_size(3)
+        .device(Device::Cpu)
+        .column("w", ColumnSpec::new().fill_null(-1.0))
+        .build()?;
+    assert_eq!(
+        filled
+            .next()
+            .expect("batch")?
+            .tensor("w")?
+            .as_slice::<f32>()?,
+        &[1., -1., 3.]
+    );
+    let err = first_error(
+        Feed::builder(&session, format!("SELECT big FROM {file}"))
+            .batch_size(3)
+            .column("big", ColumnSpec::new().dtype(DType::UInt8)),
+    );
+    assert!(
+        err.contains("column 'big', row 2") && err.contains("300"),
+        "{err}"
+    );
+    let err = first_error(
+        Feed::builder(&session, format!("SELECT make_array(big) AS l FROM {file}"))
+            .batch_size(3)
+            .column("l", ColumnSpec::new().shape([2])),
+    );
+    assert!(
+        err.contains("column 'l', row 0") && err.contains("1 values"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn cuda_without_a_gpu_is_a_clear_error() -> Result<()> {
+    let session = session(1, 8192)?;
+    let result = Feed::builder(&session, "SELECT 1 AS a")
+        .device(Device::Cuda(0))
+        .build();
+    match result {
+        // On a machine with a GPU, the same feed runs there.
+        Ok(feed) => assert_eq!(feed.device(), Device::Cuda(0)),
+        Err(err) => {
+            let msg = err.to_string();
+            assert!(
+                msg.contains("CUDA") && msg.contains("--device cpu"),
+                "{msg}"
+            );
+        }
+    }
+    assert!(matches!(Device::auto(), Device::Cpu | Device::Cuda(0)));
+    Ok(())
+}
+
+#[test]
+fn epoch_plans_carry_the_sink_metrics() -> Result<()> {
+    let session = session(2, 8192)?;
+    let mut feed =
+        Feed::builder(&session, "SELECT value AS v FROM generate_series(1, 100)")
+            .batch_size(10)
+            .shuffle(3)
+            .device(Device::Cpu)
+            .build()?;
+    let batches = feed.by_ref().count();
+    assert_eq!(batches, 10);
+    let (epoch, plan) = &feed.epoch_plans()[0];
+    assert_eq!(*epoch, 0);
+    assert!(
+        plan.contains("DeviceSinkExec: device=cpu, batch_size=10"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("batches=10") && plan.contains("output_rows=100"),
+        "{plan}"
+    );
+    assert!(plan.contains("ShuffleExec: seed=3, epoch=0"), "{plan}");
+    Ok(())
+}
