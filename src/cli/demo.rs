@@ -106,6 +106,8 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
     let feed = FeedArgs {
         sql: demo_feed_sql(&args.dir),
         batch_size: 256,
+        batch_tokens: None,
+        bucket_by_length: None,
         drop_last: true,
         prefetch: 8,
         device: "auto".into(),

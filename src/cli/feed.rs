@@ -20,6 +20,13 @@ pub struct FeedArgs {
     /// Rows per batch.
     #[arg(long, default_value_t = 256)]
     pub batch_size: usize,
+    /// Pack variable-size batches of at most this many padded tokens
+    /// (instead of --batch-size rows).
+    #[arg(long, value_name = "TOKENS")]
+    pub batch_tokens: Option<usize>,
+    /// Sort windows of this many steps by length to cut padding.
+    #[arg(long, value_name = "STEPS")]
+    pub bucket_by_length: Option<usize>,
     /// Drop the last partial batch.
     #[arg(long)]
     pub drop_last: bool,
@@ -83,6 +90,12 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         .device(device);
     if let Some(seed) = args.shuffle_seed {
         builder = builder.shuffle(seed);
+    }
+    if let Some(tokens) = args.batch_tokens {
+        builder = builder.batch_tokens(tokens);
+    }
+    if let Some(window) = args.bucket_by_length {
+        builder = builder.bucket_by_length(window);
     }
     if let Some(shard) = &args.shard {
         let (rank, world) = parse_pair(shard, '/', "--shard")?;

@@ -81,6 +81,24 @@ pub enum SubCommand {
     /// Run a training feed (SQL → exact, shuffled, sharded tensor batches)
     /// against a simulated training step and report throughput.
     Feed(Box<feed::FeedArgs>),
+    /// Measure raw pinned host-to-device copy bandwidth, the yardstick of a
+    /// feed's H2D rate (needs a CUDA device).
+    H2dBench(H2dArgs),
+}
+
+/// Options of `sqlfeed h2d-bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct H2dArgs {
+    /// The CUDA device.
+    #[arg(long, default_value = "cuda:0")]
+    pub device: String,
+    /// Bytes of each copy of one round, comma-separated (default: the
+    /// tensors of one W2 batch: x [256,32] f32, y [256] i64, img [256,3,32,32] f32).
+    #[arg(long, value_delimiter = ',', default_value = "32768,2048,3145728")]
+    pub sizes: Vec<usize>,
+    /// Rounds.
+    #[arg(long, default_value_t = 500)]
+    pub iters: usize,
 }
 
 /// Options of `sqlfeed gen`.
@@ -170,6 +188,18 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(n) = cli.target_partitions {
         builder = builder.target_partitions(n);
+    }
+    if let Some(SubCommand::H2dBench(args)) = &cli.command {
+        let device: crate::device::Device = args.device.parse()?;
+        let rate = crate::device::raw_h2d_bytes_per_s(device, &args.sizes, args.iters)?;
+        eprintln!(
+            "raw pinned cuMemcpyHtoDAsync on {device}: {:.2} GB/s ({} rounds of {:?} bytes)",
+            rate / 1e9,
+            args.iters,
+            args.sizes
+        );
+        println!("RESULT {{\"h2d_bytes_per_s\": {rate:.0}}}");
+        return Ok(ExitCode::SUCCESS);
     }
     if let Some(SubCommand::Feed(args)) = &cli.command {
         feed::check(args)?;

@@ -253,6 +253,38 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The yardstick for the feed's copies: `iters` rounds of one pinned
+    /// `cuMemcpyHtoDAsync` per size in `sizes` on the copy stream, with
+    /// nothing else going on; returns the wall time of all rounds.
+    pub(crate) fn raw_h2d(&self, sizes: &[usize], iters: usize) -> Result<Duration> {
+        let mut pairs = sizes
+            .iter()
+            .map(|&bytes| {
+                Ok((
+                    HostBuffer::Pinned(self.alloc_pinned(bytes)?),
+                    self.alloc_device(bytes)?,
+                    bytes,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let sync = self.new_slot_sync()?;
+        let round = |pairs: &mut Vec<(HostBuffer, DeviceBuffer, usize)>| {
+            self.upload(pairs.iter_mut().map(|(h, d, b)| (&*h, d, *b)), &sync)
+        };
+        round(&mut pairs)?;
+        self.wait_upload(&sync)?;
+        let start = std::time::Instant::now();
+        for _ in 0..iters {
+            round(&mut pairs)?;
+        }
+        self.copy_stream
+            .synchronize()
+            .map_err(|e| driver_error("waiting for the copies", e))?;
+        Ok(start.elapsed())
+    }
+}
+
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Copies may still read pinned buffers freed right after us.

@@ -128,6 +128,23 @@ pub fn cuda_device_count() -> usize {
     }
 }
 
+/// Bytes per second of raw pinned host-to-device copies on `device`:
+/// `iters` rounds of one `cuMemcpyHtoDAsync` per entry of `sizes` (the sizes
+/// of one batch's tensors). The yardstick for the feed's H2D rate.
+pub fn raw_h2d_bytes_per_s(device: Device, sizes: &[usize], iters: usize) -> Result<f64> {
+    match Backend::try_new(device)? {
+        Backend::Cpu => Err(DataFusionError::Plan(
+            "the H2D benchmark needs a CUDA device (--device cuda:N)".into(),
+        )),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda(cuda) => {
+            let elapsed = cuda.raw_h2d(sizes, iters)?;
+            let bytes = sizes.iter().sum::<usize>() * iters;
+            Ok(bytes as f64 / elapsed.as_secs_f64().max(1e-9))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

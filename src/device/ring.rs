@@ -604,6 +604,50 @@ mod tests {
         Ok(())
     }
 
+    /// The CUDA path end to end where a GPU exists (the GPU check runs this
+    /// test binary); elsewhere opening the device is the clear error tested
+    /// in `cuda.rs`.
+    #[tokio::test]
+    async fn cuda_upload_round_trips_when_a_gpu_is_present() -> Result<()> {
+        let Ok(backend) = Backend::try_new(Device::Cuda(0)) else {
+            return Ok(());
+        };
+        let mut pool = SlotPool::new(backend, 2);
+        for round in 0..3u8 {
+            let mut slot = pool.acquire().await?;
+            slot.prepare(
+                pool.backend(),
+                vec![
+                    layout("a", DType::UInt8, &[1000 + round as usize]),
+                    layout("b", DType::Int64, &[7]),
+                ],
+            )?;
+            for (i, byte) in slot.host_mut(0)?.iter_mut().enumerate() {
+                *byte = (i as u8).wrapping_mul(31).wrapping_add(round);
+            }
+            slot.host_mut(1)?.fill(round);
+            pool.backend().upload(&mut slot)?;
+            let batch = pool.lease(
+                slot,
+                BatchMeta {
+                    epoch: 0,
+                    step: round as u64,
+                    rows: 1,
+                },
+            );
+            batch.wait_ready()?;
+            let a = batch.tensor("a")?;
+            assert!(a.as_bytes().is_err(), "device tensors are not host slices");
+            assert!(!a.data_ptr().is_null());
+            let expected: Vec<u8> = (0..1000 + round as usize)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(round))
+                .collect();
+            assert_eq!(a.to_host_bytes()?, expected);
+            assert_eq!(batch.tensor("b")?.to_host_bytes()?, vec![round; 56]);
+        }
+        Ok(())
+    }
+
     #[tokio::test]
     async fn buffers_are_reused_and_grown() -> Result<()> {
         let mut pool = SlotPool::new(Backend::Cpu, 1);

@@ -278,3 +278,374 @@ mod tests {
         assert_eq!(resumed, all[3..].to_vec());
     }
 }
+
+/// Packs rows into variable-size batches of at most `budget` padded tokens.
+///
+/// # Definition
+/// Over the feed's row stream, a batch grows row by row while
+/// `rows × longest row` (the padded size) stays within the budget; a row
+/// that does not fit closes the batch and starts the next one (a single
+/// row longer than the budget is a batch of its own). Global batch `k` goes
+/// to rank `k mod W` as its step `⌊k / W⌋`; only complete steps (all `W`
+/// ranks have a batch) are emitted, so every rank gets the same number of
+/// batches. The last, budget-incomplete batch is dropped with `drop_last`.
+#[derive(Debug)]
+pub(crate) struct TokenBatcher {
+    /// Padded tokens per batch.
+    budget: usize,
+    /// Index of the variable-length column that is measured.
+    column: usize,
+    /// Fixed padded length (`pad_to`), if any.
+    pad_to: Option<usize>,
+    rank: usize,
+    world: usize,
+    drop_last: bool,
+    skip_steps: u64,
+    epoch: u64,
+    /// Pieces of the batch being packed.
+    current: Vec<RecordBatch>,
+    /// Rows in `current`.
+    current_rows: usize,
+    /// Longest row in `current`.
+    current_longest: usize,
+    /// Global batches closed so far.
+    closed: u64,
+    /// This rank's batch of the step being completed.
+    own: Option<BatchRows>,
+}
+
+impl TokenBatcher {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        budget: usize,
+        column: usize,
+        pad_to: Option<usize>,
+        rank: usize,
+        world: usize,
+        drop_last: bool,
+        epoch: u64,
+        skip_steps: u64,
+    ) -> Self {
+        Self {
+            budget: budget.max(1),
+            column,
+            pad_to,
+            rank,
+            world: world.max(1),
+            drop_last,
+            skip_steps,
+            epoch,
+            current: vec![],
+            current_rows: 0,
+            current_longest: 0,
+            closed: 0,
+            own: None,
+        }
+    }
+
+    /// Complete steps so far.
+    pub(crate) fn steps(&self) -> u64 {
+        self.closed / self.world as u64
+    }
+
+    fn close(&mut self, out: &mut Vec<BatchRows>) {
+        if self.current_rows == 0 {
+            return;
+        }
+        let index = self.closed;
+        let step = index / self.world as u64;
+        let pieces = std::mem::take(&mut self.current);
+        if index % self.world as u64 == self.rank as u64 {
+            self.own = Some(BatchRows {
+                pieces,
+                rows: self.current_rows,
+                epoch: self.epoch,
+                step,
+            });
+        }
+        self.current_rows = 0;
+        self.current_longest = 0;
+        self.closed += 1;
+        if self.closed.is_multiple_of(self.world as u64)
+            && let Some(own) = self.own.take()
+            && own.step >= self.skip_steps
+        {
+            out.push(own);
+        }
+    }
+
+    pub(crate) fn push(&mut self, batch: RecordBatch, out: &mut Vec<BatchRows>) {
+        let array = std::sync::Arc::clone(batch.column(self.column));
+        let mut run_start = 0;
+        for row in 0..batch.num_rows() {
+            let len = match self.pad_to {
+                Some(len) => len,
+                None => super::convert::value_len(&array, row),
+            };
+            let longest = self.current_longest.max(len);
+            let rows = self.current_rows + (row - run_start) + 1;
+            if rows > 1 && rows * longest > self.budget {
+                if row > run_start {
+                    self.current.push(batch.slice(run_start, row - run_start));
+                    self.current_rows += row - run_start;
+                }
+                run_start = row;
+                self.close(out);
+                self.current_longest = len;
+            } else {
+                self.current_longest = longest;
+            }
+        }
+        if batch.num_rows() > run_start {
+            self.current
+                .push(batch.slice(run_start, batch.num_rows() - run_start));
+            self.current_rows += batch.num_rows() - run_start;
+        }
+    }
+
+    pub(crate) fn finish(&mut self, out: &mut Vec<BatchRows>) {
+        if self.drop_last {
+            self.current.clear();
+            self.current_rows = 0;
+        } else {
+            self.close(out);
+        }
+    }
+}
+
+/// Length bucketing: sorts each window of rows by the length of a
+/// variable-length column, cuts it into chunks of `B × W` rows (one global
+/// step each), and emits the full chunks in a seeded random order (the
+/// window's partial tail, its longest rows, last). Batches then hold rows of
+/// similar length, which cuts padding, while the order of batches stays
+/// random and a pure function of (seed, epoch, data).
+#[derive(Debug)]
+pub(crate) struct LengthBucketer {
+    /// Rows per window (a multiple of `chunk_rows`).
+    window_rows: usize,
+    /// `B × W`.
+    chunk_rows: usize,
+    /// Index of the measured column.
+    column: usize,
+    /// Seed of this epoch's chunk order.
+    seed: u64,
+    /// Buffered rows.
+    buffer: Vec<RecordBatch>,
+    /// Rows in `buffer`.
+    rows: usize,
+    /// Windows emitted so far.
+    windows: u64,
+}
+
+impl LengthBucketer {
+    pub(crate) fn new(
+        window_chunks: usize,
+        chunk_rows: usize,
+        column: usize,
+        seed: u64,
+        epoch: u64,
+    ) -> Self {
+        Self {
+            window_rows: window_chunks.max(1) * chunk_rows.max(1),
+            chunk_rows: chunk_rows.max(1),
+            column,
+            seed: crate::rand::splitmix64(
+                seed ^ crate::rand::splitmix64(epoch ^ 0xb0c4e7),
+            ),
+            buffer: vec![],
+            rows: 0,
+            windows: 0,
+        }
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        batch: RecordBatch,
+        out: &mut Vec<RecordBatch>,
+    ) -> datafusion::error::Result<()> {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (self.window_rows - self.rows).min(batch.num_rows() - offset);
+            self.buffer.push(batch.slice(offset, take));
+            self.rows += take;
+            offset += take;
+            if self.rows == self.window_rows {
+                self.flush(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn finish(
+        &mut self,
+        out: &mut Vec<RecordBatch>,
+    ) -> datafusion::error::Result<()> {
+        self.flush(out)
+    }
+
+    fn flush(&mut self, out: &mut Vec<RecordBatch>) -> datafusion::error::Result<()> {
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let mut order: Vec<(usize, usize, usize)> = Vec::with_capacity(self.rows);
+        for (index, batch) in self.buffer.iter().enumerate() {
+            let array = batch.column(self.column);
+            for row in 0..batch.num_rows() {
+                order.push((super::convert::value_len(array, row), index, row));
+            }
+        }
+        // Stable: equal lengths keep their (already shuffled) order.
+        order.sort_by_key(|&(len, _, _)| len);
+        let indices: Vec<(usize, usize)> =
+            order.iter().map(|&(_, b, r)| (b, r)).collect();
+        let batches: Vec<&RecordBatch> = self.buffer.iter().collect();
+        let sorted =
+            datafusion::arrow::compute::interleave_record_batch(&batches, &indices)?;
+        let full = self.rows / self.chunk_rows;
+        let mut chunks: Vec<usize> = (0..full).collect();
+        let mut rng = crate::rand::SplitMix64::new(
+            self.seed ^ crate::rand::splitmix64(self.windows),
+        );
+        for i in (1..chunks.len()).rev() {
+            chunks.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        for chunk in chunks {
+            out.push(sorted.slice(chunk * self.chunk_rows, self.chunk_rows));
+        }
+        if full * self.chunk_rows < self.rows {
+            out.push(
+                sorted.slice(full * self.chunk_rows, self.rows - full * self.chunk_rows),
+            );
+        }
+        self.buffer.clear();
+        self.rows = 0;
+        self.windows += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod token_tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Array, AsArray, ListArray};
+    use datafusion::arrow::datatypes::Int32Type;
+
+    use super::*;
+
+    /// Rows whose list length is `lengths[i]` and whose first value is `i`.
+    fn rows(lengths: &[usize]) -> RecordBatch {
+        let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+            lengths
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| Some(vec![Some(i as i32); n])),
+        );
+        RecordBatch::try_from_iter(vec![("t", Arc::new(list) as _)]).unwrap()
+    }
+
+    fn firsts(batch: &BatchRows) -> Vec<(i32, usize)> {
+        batch
+            .pieces
+            .iter()
+            .flat_map(|p| {
+                let list = p.column(0).as_list::<i32>().clone();
+                (0..list.len())
+                    .map(|i| {
+                        let v = list.value(i);
+                        let v = v.as_primitive::<Int32Type>();
+                        (v.value(0), v.len())
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn token_budget_packs_rows_and_ranks_get_equal_counts() {
+        let lengths = [3, 3, 3, 8, 1, 1, 1, 1, 20, 2, 2];
+        let mut batcher = TokenBatcher::new(10, 0, None, 0, 1, false, 0, 0);
+        let mut out = vec![];
+        batcher.push(rows(&lengths[..5]), &mut out);
+        batcher.push(rows(&lengths[5..]).slice(0, 6), &mut out);
+        batcher.finish(&mut out);
+        let sizes: Vec<usize> = out.iter().map(|b| b.rows).collect();
+        // [3,3,3] = 9 tokens; [8,1] = 16 > 10 so [8]; [1,1,1,1,1]... the
+        // longest row sets the padded size.
+        for batch in &out {
+            let longest = firsts(batch).iter().map(|&(_, n)| n).max().unwrap_or(0);
+            assert!(batch.rows == 1 || batch.rows * longest <= 10, "{sizes:?}");
+        }
+        assert_eq!(sizes.iter().sum::<usize>(), lengths.len());
+        // Two ranks: equal counts, disjoint.
+        let run = |rank| {
+            let mut b = TokenBatcher::new(10, 0, None, rank, 2, false, 0, 0);
+            let mut out = vec![];
+            b.push(rows(&lengths), &mut out);
+            b.finish(&mut out);
+            out
+        };
+        let (a, b) = (run(0), run(1));
+        assert_eq!(a.len(), b.len());
+        assert_eq!(a.len(), sizes.len() / 2);
+    }
+
+    #[test]
+    fn bucketing_groups_similar_lengths_and_keeps_every_row()
+    -> datafusion::error::Result<()> {
+        let lengths: Vec<usize> = (0..64).map(|i| (i * 37) % 50 + 1).collect();
+        let mut bucketer = LengthBucketer::new(4, 8, 0, 42, 0);
+        let mut out = vec![];
+        bucketer.push(rows(&lengths), &mut out)?;
+        bucketer.finish(&mut out)?;
+        assert_eq!(out.len(), 8);
+        let mut seen = vec![];
+        let mut spans = 0;
+        for chunk in &out {
+            let list = chunk.column(0).as_list::<i32>();
+            let lens: Vec<usize> = (0..list.len()).map(|i| list.value(i).len()).collect();
+            spans += lens.iter().max().unwrap() - lens.iter().min().unwrap();
+            seen.extend(
+                (0..list.len())
+                    .map(|i| list.value(i).as_primitive::<Int32Type>().value(0)),
+            );
+        }
+        seen.sort();
+        assert_eq!(seen, (0..64).collect::<Vec<_>>());
+        // Sorted windows: each chunk spans a small range of lengths.
+        assert!(spans < 8 * 20, "{spans}");
+        Ok(())
+    }
+}
+
+/// The batcher a feed uses.
+#[derive(Debug)]
+pub(crate) enum Batcher {
+    /// Fixed batch size.
+    Rows(ShardBatcher),
+    /// Token budget.
+    Tokens(TokenBatcher),
+}
+
+impl Batcher {
+    pub(crate) fn push(&mut self, batch: RecordBatch, out: &mut Vec<BatchRows>) {
+        match self {
+            Batcher::Rows(b) => b.push(batch, out),
+            Batcher::Tokens(b) => b.push(batch, out),
+        }
+    }
+
+    pub(crate) fn finish(&mut self, out: &mut Vec<BatchRows>) {
+        match self {
+            Batcher::Rows(b) => b.finish(out),
+            Batcher::Tokens(b) => b.finish(out),
+        }
+    }
+
+    pub(crate) fn steps(&self) -> u64 {
+        match self {
+            Batcher::Rows(b) => b.steps(),
+            Batcher::Tokens(b) => b.steps(),
+        }
+    }
+}

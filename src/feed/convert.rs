@@ -175,7 +175,7 @@ fn image_dims(
 }
 
 /// Number of values in row `row` of a variable-length column (0 for NULL).
-fn value_len(array: &ArrayRef, row: usize) -> usize {
+pub(crate) fn value_len(array: &ArrayRef, row: usize) -> usize {
     if array.is_null(row) {
         return 0;
     }

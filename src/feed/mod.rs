@@ -91,6 +91,8 @@ pub struct FeedBuilder {
     resume: (u64, u64),
     device: Option<Device>,
     columns: Vec<(String, ColumnSpec)>,
+    token_budget: Option<usize>,
+    bucket_window: Option<usize>,
 }
 
 impl FeedBuilder {
@@ -103,6 +105,23 @@ impl FeedBuilder {
     /// Rows per batch (default 256).
     pub fn batch_size(mut self, rows: usize) -> Self {
         self.batch_size = rows;
+        self
+    }
+
+    /// Variable batch sizes: pack rows until the padded batch (rows × the
+    /// longest row of the query's one variable-length column) would exceed
+    /// `tokens`. Replaces `batch_size` for cutting batches; see the module
+    /// docs of `batcher.rs` for the exact rule and how ranks stay equal.
+    pub fn batch_tokens(mut self, tokens: usize) -> Self {
+        self.token_budget = Some(tokens);
+        self
+    }
+
+    /// Length bucketing to cut padding: sort windows of `window_steps`
+    /// global steps by the length of the variable-length column and emit
+    /// their batches in a seeded random order (fixed batch sizes only).
+    pub fn bucket_by_length(mut self, window_steps: usize) -> Self {
+        self.bucket_window = Some(window_steps);
         self
     }
 
@@ -234,6 +253,21 @@ impl FeedBuilder {
         if self.prefetch == 0 {
             return plan_error("prefetch must be at least 1".into());
         }
+        if self.token_budget == Some(0) {
+            return plan_error("batch_tokens must be at least 1".into());
+        }
+        if self.token_budget.is_some() && self.bucket_window.is_some() {
+            return plan_error(
+                "bucket_by_length works with batch_size; with batch_tokens the packing \
+                 already adapts batch sizes to lengths"
+                    .into(),
+            );
+        }
+        if self.bucket_window == Some(0) {
+            return plan_error(
+                "bucket_by_length needs a window of at least 1 step".into(),
+            );
+        }
         Ok(())
     }
 }
@@ -299,6 +333,8 @@ impl Feed {
             resume: (0, 0),
             device: None,
             columns: vec![],
+            token_budget: None,
+            bucket_window: None,
         }
     }
 
@@ -474,6 +510,12 @@ impl Producer {
         let (first_epoch, first_step) = options.resume;
         let first_plan = self.plan_epoch(first_epoch).await?;
         let columns = columns::resolve(&first_plan.0.schema(), &options.columns)?;
+        let length_column =
+            if options.token_budget.is_some() || options.bucket_window.is_some() {
+                Some(length_column(&columns)?)
+            } else {
+                None
+            };
         if let Some(init) = init.take() {
             let _ = init.send(Ok(tensor_infos(&columns)));
         }
@@ -486,6 +528,10 @@ impl Producer {
                 rank: options.rank,
                 world: options.world,
                 drop_last: options.drop_last,
+                token_budget: options.token_budget,
+                bucket_window: options.bucket_window,
+                length_column,
+                seed: options.shuffle_seed.unwrap_or(0),
             },
             metrics: Arc::clone(&self.metrics),
         });
@@ -543,6 +589,38 @@ impl Producer {
             .build();
         let plan = catch_panic(state.create_physical_plan(&plan)).await?;
         Ok((plan, Arc::new(TaskContext::from(&state))))
+    }
+}
+
+/// The one padded column that token budgets and bucketing measure.
+fn length_column(columns: &[TensorColumn]) -> Result<(usize, Option<usize>)> {
+    let padded: Vec<&TensorColumn> =
+        columns.iter().filter(|c| c.mask_name.is_some()).collect();
+    match padded.as_slice() {
+        [column] => Ok((
+            column.index,
+            match column.padding {
+                columns::Padding::To(len) => Some(len),
+                _ => None,
+            },
+        )),
+        _ => Err(DataFusionError::Plan(format!(
+            "batch_tokens and bucket_by_length measure the query's variable-length \
+             (padded) column, so it needs exactly one; it has {}{}",
+            padded.len(),
+            if padded.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ": {}",
+                    padded
+                        .iter()
+                        .map(|c| c.name.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        ))),
     }
 }
 

@@ -65,7 +65,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::batcher::ShardBatcher;
+use super::batcher::{Batcher, LengthBucketer, ShardBatcher, TokenBatcher};
 use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
@@ -102,6 +102,15 @@ pub(crate) struct Batching {
     pub(crate) world: usize,
     /// Drop the last partial chunk.
     pub(crate) drop_last: bool,
+    /// Pack batches to a token budget instead of a row count.
+    pub(crate) token_budget: Option<usize>,
+    /// Length bucketing: window in global steps.
+    pub(crate) bucket_window: Option<usize>,
+    /// The measured variable-length column (index, `pad_to`), for token
+    /// budgets and bucketing.
+    pub(crate) length_column: Option<(usize, Option<usize>)>,
+    /// Seed of the bucketed chunk order.
+    pub(crate) seed: u64,
 }
 
 /// What every epoch's sink writes into, shared with the feed.
@@ -179,20 +188,26 @@ impl DeviceSinkExec {
 impl DisplayAs for DeviceSinkExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let b = &self.target.batching;
+        let batch = match b.token_budget {
+            Some(tokens) => format!("batch_tokens={tokens}"),
+            None => format!("batch_size={}", b.batch_rows),
+        };
         write!(
             f,
-            "DeviceSinkExec: device={}, batch_size={}, shard={}/{}, drop_last={}, epoch={}",
+            "DeviceSinkExec: device={}, {batch}, shard={}/{}, drop_last={}, epoch={}",
             self.target
                 .pool
                 .try_lock()
                 .map(|p| p.backend().device().to_string())
                 .unwrap_or_else(|_| "busy".into()),
-            b.batch_rows,
             b.rank,
             b.world,
             b.drop_last,
             self.epoch
         )?;
+        if let Some(window) = b.bucket_window {
+            write!(f, ", bucket_by_length={window}")?;
+        }
         if self.skip_steps > 0 {
             write!(f, ", resume_step={}", self.skip_steps)?;
         }
@@ -305,19 +320,58 @@ impl SinkRun {
     async fn run(self, context: Arc<TaskContext>) -> Result<RecordBatch> {
         let mut input = ordered_input(&self.input, context)?;
         let b = self.target.batching;
-        let mut batcher = ShardBatcher::new(
-            b.batch_rows,
-            b.rank,
-            b.world,
-            b.drop_last,
-            self.epoch,
-            self.skip_steps,
-        );
+        let (epoch, skip) = (self.epoch, self.skip_steps);
+        let length_column = b.length_column.map_or(0, |(index, _)| index);
+        let mut batcher = match b.token_budget {
+            Some(budget) => Batcher::Tokens(TokenBatcher::new(
+                budget,
+                length_column,
+                b.length_column.and_then(|(_, pad_to)| pad_to),
+                b.rank,
+                b.world,
+                b.drop_last,
+                epoch,
+                skip,
+            )),
+            None => Batcher::Rows(ShardBatcher::new(
+                b.batch_rows,
+                b.rank,
+                b.world,
+                b.drop_last,
+                epoch,
+                skip,
+            )),
+        };
+        let mut bucketer = b.bucket_window.map(|window| {
+            LengthBucketer::new(
+                window,
+                b.batch_rows * b.world,
+                length_column,
+                b.seed,
+                epoch,
+            )
+        });
         let mut pool = self.target.pool.lock().await;
         let mut ready = Vec::new();
+        let mut staged = Vec::new();
         let (mut batches, mut rows) = (0u64, 0u64);
-        while let Some(batch) = input.next().await {
-            batcher.push(batch?, &mut ready);
+        let mut input_done = false;
+        while !input_done {
+            match input.next().await {
+                Some(batch) => match &mut bucketer {
+                    Some(bucketer) => bucketer.push(batch?, &mut staged)?,
+                    None => staged.push(batch?),
+                },
+                None => {
+                    input_done = true;
+                    if let Some(bucketer) = &mut bucketer {
+                        bucketer.finish(&mut staged)?;
+                    }
+                }
+            }
+            for batch in staged.drain(..) {
+                batcher.push(batch, &mut ready);
+            }
             for batch_rows in ready.drain(..) {
                 rows += batch_rows.rows as u64;
                 self.deliver(&mut pool, batch_rows).await?;

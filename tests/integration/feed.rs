@@ -596,3 +596,93 @@ fn epoch_plans_carry_the_sink_metrics() -> Result<()> {
     assert!(plan.contains("ShuffleExec: seed=3, epoch=0"), "{plan}");
     Ok(())
 }
+
+/// (rows, padded length) of each batch, the ids fed, the padding fraction.
+type FedTokens = (Vec<(usize, usize)>, Vec<i64>, f64);
+
+#[test]
+fn token_budgets_pack_batches_and_bucketing_cuts_padding() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 3000, 3)?;
+    let session = session(2, 8192)?;
+    let sql = format!(
+        "SELECT id, tokens FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let collect = |builder: FeedBuilder| -> Result<FedTokens> {
+        let mut feed = builder.device(Device::Cpu).build()?;
+        let mut shapes = vec![];
+        let mut ids = vec![];
+        for batch in feed.by_ref() {
+            let batch = batch?;
+            let tokens = batch.tensor("tokens")?;
+            shapes.push((tokens.shape()[0], tokens.shape()[1]));
+            ids.extend_from_slice(batch.tensor("id")?.as_slice::<i64>()?);
+        }
+        Ok((shapes, ids, feed.report().padding_frac.unwrap_or(0.0)))
+    };
+    let (shapes, mut ids, _) =
+        collect(Feed::builder(&session, &sql).shuffle(3).batch_tokens(4096))?;
+    assert!(
+        shapes
+            .iter()
+            .all(|&(rows, len)| rows == 1 || rows * len <= 4096),
+        "{shapes:?}"
+    );
+    assert!(
+        shapes.iter().map(|s| s.0).collect::<HashSet<_>>().len() > 1,
+        "sizes vary"
+    );
+    ids.sort();
+    assert_eq!(ids, (0..3000).collect::<Vec<_>>());
+    let ranks: Vec<_> = (0..3)
+        .map(|rank| {
+            collect(
+                Feed::builder(&session, &sql)
+                    .shuffle(3)
+                    .batch_tokens(4096)
+                    .shard(rank, 3),
+            )
+        })
+        .collect::<Result<_>>()?;
+    assert!(
+        ranks.iter().all(|r| r.0.len() == ranks[0].0.len()),
+        "equal batch counts"
+    );
+    let all: Vec<i64> = ranks.iter().flat_map(|r| r.1.clone()).collect();
+    assert_eq!(
+        all.len(),
+        all.iter().collect::<HashSet<_>>().len(),
+        "disjoint"
+    );
+
+    let (plain, mut plain_ids, plain_padding) =
+        collect(Feed::builder(&session, &sql).shuffle(3).batch_size(32))?;
+    let (bucketed, mut bucketed_ids, bucketed_padding) = collect(
+        Feed::builder(&session, &sql)
+            .shuffle(3)
+            .batch_size(32)
+            .bucket_by_length(16),
+    )?;
+    assert_eq!(plain.len(), bucketed.len());
+    plain_ids.sort();
+    bucketed_ids.sort();
+    assert_eq!(plain_ids, bucketed_ids, "bucketing reorders, never drops");
+    assert!(
+        bucketed_padding < plain_padding / 2.0,
+        "padding {bucketed_padding} with buckets vs {plain_padding}"
+    );
+    let err = Feed::builder(
+        &session,
+        format!("SELECT id FROM '{}/*.parquet'", dir.path().display()),
+    )
+    .batch_tokens(100)
+    .build()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("exactly one") && err.contains("has 0"),
+        "{err}"
+    );
+    Ok(())
+}

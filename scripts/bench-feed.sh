@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The feed benchmarks of ../shared/bench (W2 tensor feed, W4 dynamic padding,
+# W5 starvation) for sqlfeed and its peers, side by side in one run, A B A B.
+#
+#   scripts/bench-feed.sh [DATA=/tmp/bench-data/big] [REPEAT=2]
+#
+# Needs the peer venv and data of ../shared/bench/README.md and a release
+# build (cargo build --release). Appends to target/bench-feed.jsonl and prints
+# the harness's table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data=${1:-/tmp/bench-data/big}
+repeat=${2:-2}
+py=${PEERS_PY:-/tmp/peers-venv/bin/python}
+bench=$(cd ../shared/bench 2>/dev/null && pwd || echo /work/shared/bench)
+bin=$PWD/target/release/sqlfeed
+out=$PWD/target/bench-feed.jsonl
+
+# x = (f - mean) / std with the generator's constants, as the peers do.
+x_sql=$("$py" - "$data" <<'PY'
+import json, sys
+meta = json.load(open(f"{sys.argv[1]}/_meta.json"))
+terms = [f"standardize(f{j}, {m!r}, {s!r})" for j, (m, s) in enumerate(zip(meta["feature_mean"], meta["feature_std"]))]
+print(f"arrow_cast(make_array({', '.join(terms)}), 'FixedSizeList({len(terms)}, Float32)')")
+PY
+)
+w2_sql="SELECT $x_sql AS x, label AS y, image AS img FROM '$data/*.parquet'"
+w2_args=(feed "$w2_sql" --batch-size 256 --drop-last --prefetch 8 --device cpu --result-json
+         --tensor img:dtype=float32,shape=3x32x32,scale=1/255)
+w4_args=(feed "SELECT tokens AS input_ids FROM '$data/*.parquet'" --batch-size 256 --drop-last
+         --prefetch 8 --device cpu --result-json)
+
+external() { # name workload args...
+  local name=$1 workload=$2; shift 2
+  (cd "$bench" && "$py" peers.py external --name "$name" --workload "$workload" --data "$data" --out "$out" -- "$@")
+}
+peer() { # workload peer [step_ms]
+  (cd "$bench" && "$py" peers.py one --workload "$1" --peer "$2" --data "$data" ${3:+--step-ms "$3"}) \
+    | sed -n 's/^RESULT //p'
+}
+
+for rep in $(seq "$repeat"); do
+  echo "== round $rep"
+  external sqlfeed W2 "$bin" "${w2_args[@]}"
+  external datafusion_scan W2 "$py" "$PWD/scripts/bench/df_scan.py" "$data"
+  external pyarrow W2 "$py" "$bench/peers.py" one --workload W2 --peer pyarrow --data "$data"
+  external sqlfeed W4 "$bin" "${w4_args[@]}"
+  external pyarrow W4 "$py" "$bench/peers.py" one --workload W4 --peer pyarrow --data "$data"
+done
+# W5: the step is 1.1x sqlfeed's own per-batch production time in W2.
+step_ms=$("$py" - "$out" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"sqlfeed"' in l and '"W2"' in l]
+r = rows[-1]
+print(round(1.1 * 1000 * r["wall_s"] / (r["rows"] / 256), 3))
+PY
+)
+echo "== W5, step ${step_ms} ms"
+external sqlfeed W5 "$bin" "${w2_args[@]}" --step-ms "$step_ms"
+external pyarrow_thread W5 "$py" "$bench/peers.py" one --workload W5 --peer pyarrow_thread --data "$data" --step-ms "$step_ms"
+(cd "$bench" && "$py" report.py "$out")
