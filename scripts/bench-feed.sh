@@ -21,7 +21,7 @@ x_sql=$("$py" - "$data" <<'PY'
 import json, sys
 meta = json.load(open(f"{sys.argv[1]}/_meta.json"))
 terms = [f"standardize(f{j}, {m!r}, {s!r})" for j, (m, s) in enumerate(zip(meta["feature_mean"], meta["feature_std"]))]
-print(f"arrow_cast(make_array({', '.join(terms)}), 'FixedSizeList({len(terms)}, Float32)')")
+print(f"feature_vector({', '.join(terms)})")
 PY
 )
 w2_sql="SELECT $x_sql AS x, label AS y, image AS img FROM '$data/*.parquet'"
@@ -33,10 +33,6 @@ w4_args=(feed "SELECT tokens AS input_ids FROM '$data/*.parquet'" --batch-size 2
 external() { # name workload args...
   local name=$1 workload=$2; shift 2
   (cd "$bench" && "$py" peers.py external --name "$name" --workload "$workload" --data "$data" --out "$out" -- "$@")
-}
-peer() { # workload peer [step_ms]
-  (cd "$bench" && "$py" peers.py one --workload "$1" --peer "$2" --data "$data" ${3:+--step-ms "$3"}) \
-    | sed -n 's/^RESULT //p'
 }
 
 for rep in $(seq "$repeat"); do

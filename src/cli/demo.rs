@@ -58,9 +58,8 @@ pub fn demo_feed_sql(dir: &Path) -> String {
          \x20          avg(f2) AS m2, stddev(f2) AS s2, avg(f3) AS m3, stddev(f3) AS s3\n\
          \x20   FROM '{files}'\n\
          )\n\
-         SELECT arrow_cast(make_array(standardize(f0, m0, s0), standardize(f1, m1, s1),\n\
-         \x20                            standardize(f2, m2, s2), standardize(f3, m3, s3)),\n\
-         \x20                 'FixedSizeList(4, Float32)') AS x,\n\
+         SELECT feature_vector(standardize(f0, m0, s0), standardize(f1, m1, s1),\n\
+         \x20                     standardize(f2, m2, s2), standardize(f3, m3, s3)) AS x,\n\
          \x20      label AS y,\n\
          \x20      image_to_tensor(image_resize(image_decode(image_jpeg), 24, 24)) AS image,\n\
          \x20      tokens\n\

@@ -31,7 +31,7 @@ pub struct FeedArgs {
     #[arg(long)]
     pub drop_last: bool,
     /// Batches prepared ahead of the training step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     pub prefetch: usize,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
@@ -205,9 +205,10 @@ fn print_report(report: &FeedReport, step_ms: f64) {
         report.bytes_per_s() / 1e6
     );
     let mut line = format!(
-        "first batch after {:.3}s; consumer waited {:.1}% of the time",
+        "first batch after {:.3}s; consumer waited {:.1}% of the time ({:.1}% after the first batch)",
         report.ttfb_s.unwrap_or(f64::NAN),
-        100.0 * report.wait_frac()
+        100.0 * report.wait_frac(),
+        100.0 * report.wait_frac_steady()
     );
     if step_ms > 0.0 {
         line.push_str(&format!(" (step {step_ms} ms)"));
@@ -235,12 +236,13 @@ fn result_json(report: &FeedReport, step_ms: f64) -> String {
     };
     let mut json = format!(
         "{{\"rows\": {}, \"batches\": {}, \"wall_s\": {}, \"ttfb_s\": {}, \"wait_frac\": {}, \
-         \"out_bytes\": {}, \"h2d_s\": {}, \"convert_s\": {}",
+         \"wait_frac_steady\": {}, \"out_bytes\": {}, \"h2d_s\": {}, \"convert_s\": {}",
         report.rows,
         report.batches,
         number(report.wall_s),
         report.ttfb_s.map_or("null".into(), number),
         number(report.wait_frac()),
+        number(report.wait_frac_steady()),
         report.bytes,
         number(report.h2d_s),
         number(report.convert_s),

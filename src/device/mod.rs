@@ -38,6 +38,7 @@ mod dlpack;
 mod dtype;
 mod host;
 mod ring;
+mod simd;
 
 use std::fmt;
 use std::str::FromStr;
@@ -49,6 +50,7 @@ pub(crate) use dtype::cast_slice_mut;
 pub use dtype::{DType, Element, bf16, f16};
 pub(crate) use ring::{Backend, Slot, SlotPool, TensorLayout};
 pub use ring::{BatchMeta, Tensor, TensorBatch};
+pub(crate) use simd::u8_to_f32_affine;
 
 /// Where a feed's tensors live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -15,7 +15,7 @@ use datafusion::error::{DataFusionError, Result};
 
 use super::columns::{Padding, Source, TensorColumn};
 use crate::device::TensorLayout;
-use crate::device::{Backend, DType, Slot, bf16, cast_slice_mut, f16};
+use crate::device::{Backend, DType, Slot, bf16, cast_slice_mut, f16, u8_to_f32_affine};
 
 /// The rows of one output batch: consecutive slices of record batches.
 #[derive(Debug)]
@@ -427,6 +427,12 @@ impl ColumnWriter<'_> {
 
     /// Converts raw bytes (uint8 values).
     fn convert_bytes(&self, bytes: &[u8], out: &mut [u8], row: usize) -> Result<()> {
+        if self.column.dtype == DType::Float32 {
+            // Pixels to float32: the hot path, vectorised in `device`.
+            let (scale, offset) = self.column.affine.unwrap_or((1.0, 0.0));
+            u8_to_f32_affine(bytes, cast_slice_mut::<f32>(out)?, scale, offset);
+            return Ok(());
+        }
         write_native(bytes, out, self.column.dtype, self.column.affine).map_err(
             |(_, value)| {
                 self.error(
@@ -456,6 +462,13 @@ impl ColumnWriter<'_> {
             }};
         }
         let result = match values.data_type() {
+            DataType::UInt8 if dtype == DType::Float32 => {
+                let array: &PrimitiveArray<UInt8Type> = values.as_primitive();
+                let (scale, offset) = affine.unwrap_or((1.0, 0.0));
+                let src = &array.values()[start..start + len];
+                u8_to_f32_affine(src, cast_slice_mut::<f32>(out)?, scale, offset);
+                Ok(())
+            }
             DataType::UInt8 => primitive!(UInt8Type),
             DataType::UInt16 => primitive!(UInt16Type),
             DataType::UInt32 => primitive!(UInt32Type),

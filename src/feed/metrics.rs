@@ -17,6 +17,8 @@ pub(crate) struct FeedMetrics {
     pub(crate) bytes: AtomicU64,
     /// Nanoseconds the consumer spent waiting inside `next()`.
     pub(crate) wait_ns: AtomicU64,
+    /// Nanoseconds of that waiting spent on the first batch.
+    pub(crate) first_wait_ns: AtomicU64,
     /// Nanoseconds of host-to-device copies (CUDA copy-engine time).
     pub(crate) h2d_ns: AtomicU64,
     /// Nanoseconds the producer spent converting rows into tensors.
@@ -39,6 +41,7 @@ impl FeedMetrics {
             rows: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             wait_ns: AtomicU64::new(0),
+            first_wait_ns: AtomicU64::new(0),
             h2d_ns: AtomicU64::new(0),
             convert_ns: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
@@ -67,6 +70,7 @@ impl FeedMetrics {
             rows: get(&self.rows),
             bytes: get(&self.bytes),
             wait_s: secs(get(&self.wait_ns)),
+            first_wait_s: secs(get(&self.first_wait_ns)),
             h2d_s: secs(get(&self.h2d_ns)),
             convert_s: secs(get(&self.convert_ns)),
             stall_s: secs(get(&self.stall_ns)),
@@ -92,6 +96,8 @@ pub struct FeedReport {
     pub bytes: u64,
     /// Seconds the consumer waited for data (starvation).
     pub wait_s: f64,
+    /// Of which waiting for the first batch (query start-up).
+    pub first_wait_s: f64,
     /// Seconds of host-to-device copies (0 on the CPU).
     pub h2d_s: f64,
     /// Seconds the producer spent writing tensors.
@@ -123,5 +129,11 @@ impl FeedReport {
     /// Share of wall time the consumer waited for data.
     pub fn wait_frac(&self) -> f64 {
         self.wait_s / self.wall_s.max(1e-9)
+    }
+
+    /// The same after the first batch: starvation in steady state.
+    pub fn wait_frac_steady(&self) -> f64 {
+        let after_first = self.wall_s - self.ttfb_s.unwrap_or(0.0);
+        (self.wait_s - self.first_wait_s).max(0.0) / after_first.max(1e-9)
     }
 }

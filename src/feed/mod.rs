@@ -177,7 +177,13 @@ impl FeedBuilder {
         let id = NEXT_FEED_ID.fetch_add(1, Ordering::Relaxed);
         let thread_name = format!("sqlfeed-{id}");
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(std::thread::available_parallelism().map_or(2, |n| n.get()))
+            // One worker per core for the query's partitions, plus one so that
+            // the sink is never queued behind a partition decoding a whole
+            // record batch in one poll (tens of ms): a wake-up that waits
+            // for that drains the prefetch ring and starves the consumer.
+            .worker_threads(
+                std::thread::available_parallelism().map_or(2, |n| n.get()) + 1,
+            )
             .thread_name(thread_name.clone())
             .enable_all()
             .build()
@@ -385,7 +391,11 @@ impl Feed {
                         }
                     };
                     let metrics = &self.metrics;
-                    FeedMetrics::add_time(&metrics.wait_ns, waiting.elapsed());
+                    let waited = waiting.elapsed();
+                    FeedMetrics::add_time(&metrics.wait_ns, waited);
+                    if metrics.batches.load(Ordering::Relaxed) == 0 {
+                        FeedMetrics::add_time(&metrics.first_wait_ns, waited);
+                    }
                     FeedMetrics::add_time(&metrics.h2d_ns, h2d.unwrap_or(Duration::ZERO));
                     FeedMetrics::add(&metrics.batches, 1);
                     FeedMetrics::add(&metrics.rows, batch.rows() as u64);

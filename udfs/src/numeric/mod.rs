@@ -9,6 +9,7 @@
 //! | `bucketize(x, [b0, b1, …])` | int32: how many boundaries are `<= x` |
 //! | `one_hot(i, n)` | fixed-size list of `n` float32, 1.0 at `i` |
 //! | `hash_bucket(value, n [, seed])` | int64 in `[0, n)`, stable everywhere |
+//! | `feature_vector(x1, …, xn)` | fixed-size list of `n` float32: the row's features as one vector |
 //!
 //! # Types
 //! Float32 and float64 inputs keep their type; other numbers are computed as
@@ -26,6 +27,7 @@
 mod affine;
 mod elementwise;
 mod encode;
+mod vector;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
@@ -43,6 +45,7 @@ pub fn functions() -> Vec<ScalarUDF> {
         ScalarUDF::from(encode::BucketizeFunc::new()),
         ScalarUDF::from(encode::OneHotFunc::new()),
         ScalarUDF::from(encode::HashBucketFunc::new()),
+        ScalarUDF::from(vector::FeatureVectorFunc::new()),
     ]
 }
 
@@ -85,6 +88,11 @@ pub fn infos() -> Vec<FunctionInfo> {
             "hash_bucket",
             "hash_bucket(value, n [, seed])",
             "int64 xxh3_64(value bytes, seed) mod n; stable across runs and machines",
+        ),
+        info(
+            "feature_vector",
+            "feature_vector(x1, x2, ..., xn)",
+            "fixed-size list of n float32 (one [n] tensor per row in a feed)",
         ),
     ]
 }
