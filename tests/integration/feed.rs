@@ -686,3 +686,47 @@ fn token_budgets_pack_batches_and_bucketing_cuts_padding() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn tokenized_captions_feed_as_padded_ids_with_masks() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 300, 2)?;
+    let tokenizer = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
+    );
+    let sql = format!(
+        "SELECT tokenize(caption, '{tokenizer}', 8) AS ids FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let session = session(2, 8192)?;
+    let mut rows = 0;
+    for batch in Feed::builder(&session, &sql)
+        .batch_size(64)
+        .device(Device::Cpu)
+        .build()?
+    {
+        let batch = batch?;
+        let ids = batch.tensor("ids")?;
+        let (b, len) = (ids.shape()[0], ids.shape()[1]);
+        assert!(len <= 8, "max_len truncates: {len}");
+        let (ids, mask) = (
+            ids.as_slice::<i64>()?,
+            batch.tensor("ids_mask")?.as_slice::<u8>()?,
+        );
+        for row in 0..b {
+            let ids = &ids[row * len..(row + 1) * len];
+            let mask = &mask[row * len..(row + 1) * len];
+            let n = mask.iter().filter(|&&m| m == 1).count();
+            // [CLS] caption … [SEP], then padding.
+            assert_eq!(ids[0], 101, "{ids:?}");
+            assert_eq!(ids[n - 1], 102, "{ids:?}");
+            assert!(
+                ids[n..].iter().all(|&id| id == 0) && mask[..n].iter().all(|&m| m == 1)
+            );
+        }
+        rows += b;
+    }
+    assert_eq!(rows, 300);
+    Ok(())
+}

@@ -8,12 +8,15 @@
 //! | family    | feature   | functions                          |
 //! |-----------|-----------|------------------------------------|
 //! | numeric   | `numeric` | `standardize`, `min_max_scale`, `clip`, `log1p`, `bucketize`, `one_hot`, `hash_bucket` |
-//! | image     | `image`   | `image_decode`, `try_image_decode` |
+//! | image     | `image`   | `image_decode`, `try_image_decode`, `image_resize`, `image_center_crop`, `image_random_crop`, `image_random_flip`, `image_to_tensor` |
+//! | text      | `text`    | `tokenize`, `tokenize_pair`, `attention_mask`, `pad`, `truncate` |
 
 #[cfg(feature = "image")]
 pub mod image;
 #[cfg(feature = "numeric")]
 pub mod numeric;
+#[cfg(feature = "text")]
+pub mod text;
 
 use datafusion::error::Result;
 use datafusion::logical_expr::ScalarUDF;
@@ -39,6 +42,8 @@ pub fn scalar_functions() -> Vec<ScalarUDF> {
     udfs.extend(numeric::functions());
     #[cfg(feature = "image")]
     udfs.extend(image::functions());
+    #[cfg(feature = "text")]
+    udfs.extend(text::functions());
     udfs
 }
 
@@ -49,6 +54,8 @@ pub fn functions() -> Vec<FunctionInfo> {
     infos.extend(numeric::infos());
     #[cfg(feature = "image")]
     infos.extend(image::infos());
+    #[cfg(feature = "text")]
+    infos.extend(text::infos());
     infos
 }
 

@@ -1,0 +1,141 @@
+//! Text: Hugging Face tokenizers and the list helpers around them.
+//!
+//! | function | returns |
+//! |---|---|
+//! | `tokenize(text, tokenizer [, max_len])` | list<int32>: the ids of `text`, special tokens included, truncated to `max_len` |
+//! | `tokenize_pair(a, b, tokenizer [, max_len])` | list<int32>: the ids of the pair (`[CLS] a [SEP] b [SEP]` for BERT-like tokenizers) |
+//! | `attention_mask(ids [, len])` | list<int8>: 1 per id; with `len`, padded with 0 (or cut) to exactly `len` |
+//! | `pad(list, len, value)` | the list, followed by `value` up to `len` elements (longer lists are unchanged) |
+//! | `truncate(list, len)` | the first `len` elements |
+//!
+//! `tokenizer` is the path of a `tokenizer.json` (the file `save_pretrained`
+//! writes). It must be a constant: it is loaded when the query is planned,
+//! so a missing or invalid file is a plan-time error naming the path, and it
+//! is loaded once per session and `max_len` and then cached. The file's own
+//! padding is ignored (lists stay variable-length; the feed pads per batch)
+//! and its truncation applies unless `max_len` is given.
+//!
+//! ```sql
+//! SELECT tokenize('hello world', 'tokenizer.json', 16) AS ids;
+//! -- [101, 7592, 2088, 102]  (with bert-base-uncased's tokenizer.json)
+//! SELECT pad(truncate(ids, 8), 8, 0), attention_mask(ids, 8) FROM t;
+//! ```
+
+mod lists;
+mod tokenize;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::ScalarUDF;
+
+use crate::FunctionInfo;
+
+/// The registered functions of this family.
+pub fn functions() -> Vec<ScalarUDF> {
+    vec![
+        ScalarUDF::from(tokenize::TokenizeFunc::new(false)),
+        ScalarUDF::from(tokenize::TokenizeFunc::new(true)),
+        ScalarUDF::from(lists::AttentionMaskFunc::new()),
+        ScalarUDF::from(lists::ShapeFunc::pad()),
+        ScalarUDF::from(lists::ShapeFunc::truncate()),
+    ]
+}
+
+/// Listings for `\functions`.
+pub fn infos() -> Vec<FunctionInfo> {
+    let info = |name, syntax, description| FunctionInfo {
+        name,
+        family: "text",
+        syntax,
+        description,
+    };
+    vec![
+        info(
+            "tokenize",
+            "tokenize(text, tokenizer_json [, max_len])",
+            "list<int32> token ids (Hugging Face tokenizers; special tokens included)",
+        ),
+        info(
+            "tokenize_pair",
+            "tokenize_pair(a, b, tokenizer_json [, max_len])",
+            "list<int32> token ids of a sentence pair",
+        ),
+        info(
+            "attention_mask",
+            "attention_mask(ids [, len])",
+            "list<int8>: 1 per id, padded with 0 to len",
+        ),
+        info(
+            "pad",
+            "pad(list, len, value)",
+            "the list followed by value up to len elements",
+        ),
+        info(
+            "truncate",
+            "truncate(list, len)",
+            "the first len elements of the list",
+        ),
+    ]
+}
+
+/// Checks the argument count at plan time.
+fn check_arity(
+    function: &str,
+    syntax: &str,
+    got: usize,
+    allowed: &[usize],
+) -> Result<()> {
+    if allowed.contains(&got) {
+        return Ok(());
+    }
+    Err(DataFusionError::Plan(format!(
+        "{function} takes {} arguments, got {got}; signature: {syntax}",
+        allowed
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    )))
+}
+
+/// An integer argument's type, or a plan error naming it.
+fn integer_arg(
+    function: &str,
+    syntax: &str,
+    position: usize,
+    t: &DataType,
+) -> Result<DataType> {
+    if t.is_integer() || *t == DataType::Null {
+        Ok(DataType::Int64)
+    } else {
+        Err(DataFusionError::Plan(format!(
+            "{function}: argument {} must be an integer, got {t}; signature: {syntax}",
+            position + 1
+        )))
+    }
+}
+
+/// A list argument's type, or a plan error naming it.
+fn list_arg(
+    function: &str,
+    syntax: &str,
+    position: usize,
+    t: &DataType,
+) -> Result<DataType> {
+    match t {
+        DataType::List(child)
+        | DataType::LargeList(child)
+        | DataType::FixedSizeList(child, _)
+            if child.data_type().is_numeric() || *child.data_type() == DataType::Null =>
+        {
+            Ok(DataType::new_list(child.data_type().clone(), true))
+        }
+        other => Err(DataFusionError::Plan(format!(
+            "{function}: argument {} must be a list of numbers, got {other}; signature: {syntax}",
+            position + 1
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,275 @@
+//! `tokenize` and `tokenize_pair` on the Hugging Face `tokenizers` crate.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array, AsArray, Int32Builder, ListBuilder};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::common::ScalarValue;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
+    Volatility,
+};
+use tokenizers::{Tokenizer, TruncationParams};
+
+const TOKENIZE: &str = "tokenize(text, tokenizer_json [, max_len])";
+const TOKENIZE_PAIR: &str = "tokenize_pair(a, b, tokenizer_json [, max_len])";
+
+/// Loaded tokenizers by (path, max_len).
+type Cache = Mutex<HashMap<(String, Option<usize>), Arc<Tokenizer>>>;
+
+/// `tokenize` (one text) or `tokenize_pair` (two); see the module docs.
+#[derive(Debug)]
+pub struct TokenizeFunc {
+    signature: Signature,
+    /// `tokenize_pair`.
+    pair: bool,
+    /// This session's loaded tokenizers.
+    cache: Arc<Cache>,
+}
+
+// The cache is state, not identity: two instances are the same function.
+impl PartialEq for TokenizeFunc {
+    fn eq(&self, other: &Self) -> bool {
+        self.pair == other.pair && self.signature == other.signature
+    }
+}
+impl Eq for TokenizeFunc {}
+impl Hash for TokenizeFunc {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.pair.hash(state);
+        self.signature.hash(state);
+    }
+}
+
+impl TokenizeFunc {
+    pub(super) fn new(pair: bool) -> Self {
+        Self {
+            signature: Signature::user_defined(Volatility::Immutable),
+            pair,
+            cache: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    fn syntax(&self) -> &'static str {
+        if self.pair { TOKENIZE_PAIR } else { TOKENIZE }
+    }
+
+    /// Number of text arguments before the tokenizer path.
+    fn texts(&self) -> usize {
+        if self.pair { 2 } else { 1 }
+    }
+
+    /// The tokenizer at `path` truncating at `max_len`, loaded once.
+    fn tokenizer(&self, path: &str, max_len: Option<usize>) -> Result<Arc<Tokenizer>> {
+        let key = (path.to_string(), max_len);
+        let mut cache = self.cache.lock().map_err(|_| {
+            DataFusionError::Internal(format!(
+                "{}: tokenizer cache poisoned",
+                self.name()
+            ))
+        })?;
+        if let Some(tokenizer) = cache.get(&key) {
+            return Ok(Arc::clone(tokenizer));
+        }
+        let mut tokenizer = load(self.name(), path)?;
+        // Lists stay variable-length: the feed (or pad()) pads per batch, so
+        // a tokenizer.json's own padding (often Fixed(128)) is dropped. Its
+        // truncation is kept unless max_len replaces it.
+        tokenizer.with_padding(None);
+        if let Some(max_length) = max_len {
+            tokenizer
+                .with_truncation(Some(TruncationParams {
+                    max_length,
+                    ..Default::default()
+                }))
+                .map_err(|e| {
+                    DataFusionError::Plan(format!(
+                        "{}: cannot truncate to {max_length} with '{path}': {e}",
+                        self.name()
+                    ))
+                })?;
+        }
+        let tokenizer = Arc::new(tokenizer);
+        cache.insert(key, Arc::clone(&tokenizer));
+        Ok(tokenizer)
+    }
+
+    /// The constant path and max_len among `scalars` (plan or run time).
+    fn constants(
+        &self,
+        scalars: &[Option<&ScalarValue>],
+    ) -> Result<(String, Option<usize>)> {
+        let n = self.texts();
+        let path = match scalars.get(n).copied().flatten() {
+            Some(
+                ScalarValue::Utf8(Some(p))
+                | ScalarValue::LargeUtf8(Some(p))
+                | ScalarValue::Utf8View(Some(p)),
+            ) => p.clone(),
+            _ => {
+                return Err(DataFusionError::Plan(format!(
+                    "{}: the tokenizer must be a constant path of a tokenizer.json; \
+                     signature: {}",
+                    self.name(),
+                    self.syntax()
+                )));
+            }
+        };
+        let max_len = match scalars.get(n + 1) {
+            None => None,
+            Some(Some(value)) if !value.is_null() => {
+                match value.cast_to(&DataType::Int64)? {
+                    ScalarValue::Int64(Some(v)) if v > 0 => Some(v as usize),
+                    other => {
+                        return Err(DataFusionError::Plan(format!(
+                            "{}: max_len must be a positive integer, got {other}",
+                            self.name()
+                        )));
+                    }
+                }
+            }
+            _ => {
+                return Err(DataFusionError::Plan(format!(
+                    "{}: max_len must be a constant; signature: {}",
+                    self.name(),
+                    self.syntax()
+                )));
+            }
+        };
+        Ok((path, max_len))
+    }
+}
+
+/// Reads `path` as a Hugging Face `tokenizer.json`.
+fn load(function: &str, path: &str) -> Result<Tokenizer> {
+    if !std::path::Path::new(path).is_file() {
+        return Err(DataFusionError::Plan(format!(
+            "{function}: tokenizer file '{path}' does not exist; pass the path of a \
+             Hugging Face tokenizer.json (object-store URLs are not supported yet: copy \
+             the file locally)"
+        )));
+    }
+    // The tokenizers crate panics on some malformed files: catch it here.
+    let loaded = std::panic::catch_unwind(|| Tokenizer::from_file(path));
+    match loaded {
+        Ok(Ok(tokenizer)) => Ok(tokenizer),
+        Ok(Err(e)) => Err(DataFusionError::Plan(format!(
+            "{function}: '{path}' is not a valid tokenizer.json: {e}"
+        ))),
+        Err(_) => Err(DataFusionError::Plan(format!(
+            "{function}: loading '{path}' crashed the tokenizers library; is it a \
+             tokenizer.json?"
+        ))),
+    }
+}
+
+impl ScalarUDFImpl for TokenizeFunc {
+    fn name(&self) -> &str {
+        if self.pair {
+            "tokenize_pair"
+        } else {
+            "tokenize"
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        let n = self.texts();
+        super::check_arity(self.name(), self.syntax(), arg_types.len(), &[n + 1, n + 2])?;
+        let mut types = Vec::with_capacity(arg_types.len());
+        for (position, t) in arg_types.iter().enumerate() {
+            let coerced = match position {
+                p if p <= n => match t {
+                    DataType::Utf8
+                    | DataType::LargeUtf8
+                    | DataType::Utf8View
+                    | DataType::Null => DataType::Utf8,
+                    other => {
+                        return Err(DataFusionError::Plan(format!(
+                            "{}: argument {} must be a string, got {other}; signature: {}",
+                            self.name(),
+                            position + 1,
+                            self.syntax()
+                        )));
+                    }
+                },
+                _ => super::integer_arg(self.name(), self.syntax(), position, t)?,
+            };
+            types.push(coerced);
+        }
+        Ok(types)
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::new_list(DataType::Int32, false))
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        // Load at plan time: a wrong path fails before any row is read.
+        let (path, max_len) = self.constants(args.scalar_arguments)?;
+        self.tokenizer(&path, max_len)?;
+        let nullable = args.arg_fields[..self.texts()]
+            .iter()
+            .any(|f| f.is_nullable());
+        Ok(Arc::new(Field::new(
+            self.name(),
+            DataType::new_list(DataType::Int32, false),
+            nullable,
+        )))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let scalars: Vec<Option<&ScalarValue>> = args
+            .args
+            .iter()
+            .map(|a| match a {
+                ColumnarValue::Scalar(s) => Some(s),
+                ColumnarValue::Array(_) => None,
+            })
+            .collect();
+        let (path, max_len) = self.constants(&scalars)?;
+        let tokenizer = self.tokenizer(&path, max_len)?;
+        let rows = args.number_rows;
+        let texts = args.args[..self.texts()]
+            .iter()
+            .map(|a| a.to_array(rows))
+            .collect::<Result<Vec<_>>>()?;
+        let texts: Vec<_> = texts.iter().map(|t| t.as_string::<i32>()).collect();
+        let mut out = ListBuilder::with_capacity(Int32Builder::new(), rows)
+            .with_field(Field::new_list_field(DataType::Int32, false));
+        for row in 0..rows {
+            if texts.iter().any(|t| t.is_null(row)) {
+                out.append_null();
+                continue;
+            }
+            let encoded = if self.pair {
+                tokenizer.encode((texts[0].value(row), texts[1].value(row)), true)
+            } else {
+                tokenizer.encode(texts[0].value(row), true)
+            }
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "{} failed on row {row}: {e}",
+                    self.name()
+                ))
+            })?;
+            for &id in encoded.get_ids() {
+                let id = i32::try_from(id).map_err(|_| {
+                    DataFusionError::Execution(format!(
+                        "{}: token id {id} in row {row} does not fit int32",
+                        self.name()
+                    ))
+                })?;
+                out.values().append_value(id);
+            }
+            out.append(true);
+        }
+        Ok(ColumnarValue::Array(Arc::new(out.finish())))
+    }
+}
