@@ -454,3 +454,142 @@ async fn resize_keeps_flat_colours_and_nearest_picks_pixels() -> Result<()> {
     );
     Ok(())
 }
+
+/// A PNG with a palette (`bits` per index) or 1-bit grayscale, via the `png`
+/// crate: `image` cannot write these.
+fn png_raw(
+    width: u32,
+    height: u32,
+    color: png::ColorType,
+    bits: png::BitDepth,
+    palette: Option<&[u8]>,
+    data: &[u8],
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut out, width, height);
+        encoder.set_color(color);
+        encoder.set_depth(bits);
+        if let Some(palette) = palette {
+            encoder.set_palette(palette.to_vec());
+        }
+        let mut writer = encoder.write_header().expect("png header");
+        writer.write_image_data(data).expect("png data");
+    }
+    out
+}
+
+#[tokio::test]
+async fn palette_one_bit_and_gray_alpha_pngs_decode_pixel_exact() -> Result<()> {
+    // 3×2, 2-bit indices into red, green, blue, white.
+    let palette = [255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255];
+    let indexed = png_raw(
+        3,
+        2,
+        png::ColorType::Indexed,
+        png::BitDepth::Two,
+        Some(&palette),
+        &[0b0001_1000, 0b1110_0100],
+    );
+    // 10×1 1-bit gray: 1011001110.
+    let bits = png_raw(
+        10,
+        1,
+        png::ColorType::Grayscale,
+        png::BitDepth::One,
+        None,
+        &[0b1011_0011, 0b1000_0000],
+    );
+    let gray_alpha = png(2, 1, &[10, 200, 250, 0], ExtendedColorType::La8);
+
+    let image = decode(vec![Some(indexed)], "rgb").await?;
+    let expected = [
+        255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255, 0, 0, 255, 0, 255, 0,
+    ];
+    assert_eq!(fields(&image, 0), (2, 3, 3, expected.to_vec()));
+
+    let image = decode(vec![Some(bits.clone())], "gray").await?;
+    let gray = [255, 0, 255, 255, 0, 0, 255, 255, 255, 0];
+    assert_eq!(fields(&image, 0), (1, 10, 1, gray.to_vec()));
+    let image = decode(vec![Some(bits)], "rgb").await?;
+    let rgb: Vec<u8> = gray.iter().flat_map(|&g| [g, g, g]).collect();
+    assert_eq!(fields(&image, 0), (1, 10, 3, rgb));
+
+    let image = decode(vec![Some(gray_alpha)], "rgba").await?;
+    assert_eq!(
+        fields(&image, 0),
+        (1, 2, 4, vec![10, 10, 10, 200, 250, 250, 250, 0])
+    );
+    Ok(())
+}
+
+fn worst_error(pixels: &[u8], expected: &[u8]) -> u8 {
+    pixels
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn cmyk_and_progressive_jpegs_decode_to_the_right_colours() -> Result<()> {
+    use jpeg_encoder::{ColorType, Encoder};
+    // Left half cyan (C=255), right half white (no ink), 16×8.
+    let (w, h) = (16u16, 8u16);
+    let cmyk: Vec<u8> = (0..w as usize * h as usize)
+        .flat_map(|i| {
+            if i % (w as usize) < 8 {
+                [255u8, 0, 0, 0]
+            } else {
+                [0, 0, 0, 0]
+            }
+        })
+        .collect();
+    let mut jpeg = Vec::new();
+    Encoder::new(&mut jpeg, 100)
+        .encode(&cmyk, w, h, ColorType::Cmyk)
+        .expect("cmyk jpeg");
+    let image = decode(vec![Some(jpeg)], "rgb").await?;
+    let (height, width, channels, pixels) = fields(&image, 0);
+    assert_eq!((height, width, channels), (8, 16, 3));
+    let expected: Vec<u8> = (0..w as usize * h as usize)
+        .flat_map(|i| {
+            if i % (w as usize) < 8 {
+                [0u8, 255, 255]
+            } else {
+                [255, 255, 255]
+            }
+        })
+        .collect();
+    // Away from the edge between the halves (JPEG blurs it).
+    let inner = |v: &[u8]| -> Vec<u8> {
+        v.chunks(3)
+            .enumerate()
+            .filter(|(i, _)| !(5..11).contains(&(i % 16)))
+            .flat_map(|(_, p)| p.to_vec())
+            .collect()
+    };
+    let worst = worst_error(&inner(&pixels), &inner(&expected));
+    assert!(
+        worst <= 12,
+        "CMYK colours off by {worst}: {:?}",
+        &pixels[..6]
+    );
+
+    let source: Vec<u8> = (0..32usize * 16)
+        .flat_map(|i| [(i * 7 % 256) as u8 / 2 + 60, 90, 160])
+        .collect();
+    let mut progressive = Vec::new();
+    let mut encoder = Encoder::new(&mut progressive, 100);
+    encoder.set_progressive(true);
+    encoder
+        .encode(&source, 32, 16, ColorType::Rgb)
+        .expect("progressive jpeg");
+    let image = decode(vec![Some(progressive)], "rgb").await?;
+    let (height, width, _, pixels) = fields(&image, 0);
+    assert_eq!((height, width), (16, 32));
+    let worst = worst_error(&pixels, &source);
+    assert!(worst <= 16, "progressive JPEG off by {worst}");
+    Ok(())
+}
