@@ -14,6 +14,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryReservation;
 use tokio::sync::mpsc;
 
 use super::Device;
@@ -61,6 +62,8 @@ pub(crate) struct Slot {
     buffers: Vec<SlotBuffer>,
     /// The tensors of the current batch.
     layouts: Vec<TensorLayout>,
+    /// Host bytes of this slot already reserved from the memory pool.
+    reserved: usize,
     /// CUDA events of this slot.
     #[cfg(feature = "cuda")]
     sync: Option<super::cuda::SlotSync>,
@@ -95,6 +98,11 @@ impl Slot {
         }
         self.layouts = layouts;
         Ok(())
+    }
+
+    /// Host bytes held by this slot's buffers.
+    fn host_capacity(&self) -> usize {
+        self.buffers.iter().map(|b| b.host.capacity()).sum()
     }
 
     /// The host bytes of tensor `index` of the current batch.
@@ -233,6 +241,11 @@ pub(crate) struct SlotPool {
     returns: mpsc::UnboundedSender<Slot>,
     /// The device of every slot.
     backend: Backend,
+    /// The ring's host memory, reserved from the session's memory pool so
+    /// that one budget covers the feed too.
+    reservation: Option<MemoryReservation>,
+    /// Number of slots.
+    slots: usize,
 }
 
 impl SlotPool {
@@ -243,6 +256,7 @@ impl SlotPool {
             let slot = Slot {
                 buffers: vec![],
                 layouts: vec![],
+                reserved: 0,
                 #[cfg(feature = "cuda")]
                 sync: None,
             };
@@ -253,7 +267,38 @@ impl SlotPool {
             free,
             returns,
             backend,
+            reservation: None,
+            slots: slots.max(1),
         }
+    }
+
+    /// Accounts the ring's host memory in `reservation`.
+    pub(crate) fn with_reservation(mut self, reservation: MemoryReservation) -> Self {
+        self.reservation = Some(reservation);
+        self
+    }
+
+    /// Reserves what `slot`'s buffers grew to since last time; fails when
+    /// the ring does not fit the memory budget.
+    pub(crate) fn account(&mut self, slot: &mut Slot) -> Result<()> {
+        let capacity = slot.host_capacity();
+        let Some(reservation) = &mut self.reservation else {
+            return Ok(());
+        };
+        if capacity > slot.reserved {
+            reservation.try_grow(capacity - slot.reserved).map_err(|e| {
+                DataFusionError::ResourcesExhausted(format!(
+                    "the feed's prefetch ring of {} slots needs about {} MB of host memory \
+                     ({} MB per batch), more than the memory limit leaves ({e}); lower \
+                     prefetch or the batch size, or raise --memory-limit",
+                    self.slots,
+                    self.slots * capacity / 1_000_000,
+                    capacity / 1_000_000
+                ))
+            })?;
+            slot.reserved = capacity;
+        }
+        Ok(())
     }
 
     /// The backend of this pool.

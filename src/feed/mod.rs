@@ -57,6 +57,7 @@ use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
@@ -193,10 +194,11 @@ impl FeedBuilder {
                 ))
             })?;
         let metrics = Arc::new(FeedMetrics::new());
-        let pool = Arc::new(tokio::sync::Mutex::new(SlotPool::new(
-            backend,
-            self.prefetch + 1,
-        )));
+        let ring_memory = MemoryConsumer::new(format!("feed {id} prefetch ring"))
+            .register(&self.session.context().runtime_env().memory_pool);
+        let pool =
+            SlotPool::new(backend, self.prefetch + 1).with_reservation(ring_memory);
+        let pool = Arc::new(tokio::sync::Mutex::new(pool));
         let (events_tx, events) = mpsc::channel();
         let (init_tx, init_rx) = mpsc::channel();
         let producer = Producer {

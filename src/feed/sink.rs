@@ -412,6 +412,7 @@ impl SinkRun {
         let convert = self.metrics.convert_time.timer();
         let convert_start = Instant::now();
         let stats = fill_slot(&self.target.columns, &rows, pool.backend(), &mut slot)?;
+        pool.account(&mut slot)?;
         pool.backend().upload(&mut slot)?;
         FeedMetrics::add_time(&self.target.metrics.convert_ns, convert_start.elapsed());
         convert.done();

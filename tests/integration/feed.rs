@@ -730,3 +730,36 @@ fn tokenized_captions_feed_as_padded_ids_with_masks() -> Result<()> {
     assert_eq!(rows, 300);
     Ok(())
 }
+
+#[test]
+fn the_prefetch_ring_counts_against_the_memory_limit() -> Result<()> {
+    let session = Session::builder()
+        .memory_limit(4 << 20)
+        .target_partitions(1)
+        .build()?;
+    // 16 KiB per row, 8 MiB per batch: one slot alone exceeds the 4 MiB budget.
+    let sql = "SELECT one_hot(value % 10, 4096) AS v FROM generate_series(1, 2000)";
+    let mut feed = Feed::builder(&session, sql)
+        .batch_size(512)
+        .device(Device::Cpu)
+        .build()?;
+    let err = feed
+        .next()
+        .expect("an error, not silence")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("prefetch ring") && err.contains("--memory-limit"),
+        "{err}"
+    );
+    drop(feed);
+    assert_eq!(session.context().runtime_env().memory_pool.reserved(), 0);
+    // Small batches fit.
+    let fits = Feed::builder(&session, sql)
+        .batch_size(16)
+        .prefetch(2)
+        .device(Device::Cpu)
+        .build()?;
+    assert_eq!(fits.count(), 125);
+    Ok(())
+}
