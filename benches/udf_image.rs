@@ -1,6 +1,6 @@
 //! What the SQL function layer costs: JPEG decode + resize of 8,192 images
 //! through `image_resize(image_decode(b), 24, 24)` versus a plain loop over
-//! the same library calls (`decode_image`, RGB8 conversion,
+//! the same library calls (`decode_image`, `into_rgb8`,
 //! fast_image_resize bilinear), and the same query on 1 vs 2 partitions.
 //!
 //! ```sh
