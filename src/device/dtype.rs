@@ -121,10 +121,10 @@ unsafe impl Element for bf16 {
     const DTYPES: &'static [DType] = &[DType::BFloat16];
 }
 
-/// Views `bytes` as elements. `bytes` must be aligned for `T` (slot buffers
-/// are page-aligned and every tensor starts a buffer) and a whole number of
-/// elements long.
-pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Result<&mut [T]> {
+/// The number of `T` in `bytes`, which must be aligned for `T` (slot
+/// buffers are page-aligned and every tensor starts a buffer) and a whole
+/// number of elements long.
+fn element_count<T: Element>(bytes: &[u8]) -> Result<usize> {
     let size = std::mem::size_of::<T>();
     if !bytes.len().is_multiple_of(size)
         || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
@@ -136,32 +136,24 @@ pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Result<&mut [T]> {
             std::any::type_name::<T>()
         )));
     }
-    // SAFETY: the pointer is aligned for T and the length is a multiple of
-    // size_of::<T>() (both checked above); T is plain old data (`Element`), so
-    // every byte pattern is a valid T; the new slice borrows `bytes` mutably,
-    // so no alias can exist.
-    Ok(unsafe {
-        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size)
-    })
+    Ok(bytes.len() / size)
 }
 
-/// Views `bytes` as elements; see [`cast_slice_mut`].
+/// Views `bytes` as elements; see [`element_count`] for the requirements.
+pub(crate) fn cast_slice_mut<T: Element>(bytes: &mut [u8]) -> Result<&mut [T]> {
+    let len = element_count::<T>(bytes)?;
+    // SAFETY: the pointer is aligned for T and holds exactly `len` elements
+    // (checked by `element_count`); T is plain old data (`Element`), so
+    // every byte pattern is a valid T; the new slice borrows `bytes`
+    // mutably, so no alias can exist.
+    Ok(unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), len) })
+}
+
+/// Views `bytes` as elements; see [`element_count`] for the requirements.
 pub(crate) fn cast_slice<T: Element>(bytes: &[u8]) -> Result<&[T]> {
-    let size = std::mem::size_of::<T>();
-    if !bytes.len().is_multiple_of(size)
-        || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
-    {
-        return Err(DataFusionError::Internal(format!(
-            "tensor buffer of {} bytes at {:p} is not a whole, aligned [{}]",
-            bytes.len(),
-            bytes.as_ptr(),
-            std::any::type_name::<T>()
-        )));
-    }
+    let len = element_count::<T>(bytes)?;
     // SAFETY: as in `cast_slice_mut`, with a shared borrow of `bytes`.
-    Ok(unsafe {
-        std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size)
-    })
+    Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), len) })
 }
 
 #[cfg(test)]

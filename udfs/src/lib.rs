@@ -59,6 +59,28 @@ pub fn functions() -> Vec<FunctionInfo> {
     infos
 }
 
+/// Checks a function's argument count at plan time; the error names the
+/// function and its signature.
+#[allow(dead_code)] // unused when every family is disabled
+pub(crate) fn check_arity(
+    function: &str,
+    syntax: &str,
+    got: usize,
+    allowed: &[usize],
+) -> Result<()> {
+    if allowed.contains(&got) {
+        return Ok(());
+    }
+    Err(datafusion::error::DataFusionError::Plan(format!(
+        "{function} takes {} arguments, got {got}; signature: {syntax}",
+        allowed
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    )))
+}
+
 /// Registers every enabled function on `ctx`.
 pub fn register_all(ctx: &SessionContext) -> Result<()> {
     for udf in scalar_functions() {

@@ -116,26 +116,7 @@ fn float_type(
     }
 }
 
-/// Checks the argument count at plan time.
-fn check_arity(
-    function: &str,
-    syntax: &str,
-    got: usize,
-    allowed: &[usize],
-) -> Result<()> {
-    if allowed.contains(&got) {
-        Ok(())
-    } else {
-        Err(DataFusionError::Plan(format!(
-            "{function} takes {} arguments, got {got}; signature: {syntax}",
-            allowed
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(" or ")
-        )))
-    }
-}
+use crate::check_arity;
 
 #[cfg(test)]
 pub(crate) mod test_util {

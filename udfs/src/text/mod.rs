@@ -78,25 +78,7 @@ pub fn infos() -> Vec<FunctionInfo> {
     ]
 }
 
-/// Checks the argument count at plan time.
-fn check_arity(
-    function: &str,
-    syntax: &str,
-    got: usize,
-    allowed: &[usize],
-) -> Result<()> {
-    if allowed.contains(&got) {
-        return Ok(());
-    }
-    Err(DataFusionError::Plan(format!(
-        "{function} takes {} arguments, got {got}; signature: {syntax}",
-        allowed
-            .iter()
-            .map(|n| n.to_string())
-            .collect::<Vec<_>>()
-            .join(" or ")
-    )))
-}
+use crate::check_arity;
 
 /// An integer argument's type, or a plan error naming it.
 fn integer_arg(
