@@ -110,9 +110,9 @@ fn sample_shape(column: &TensorColumn, rows: &BatchRows) -> Result<(Vec<usize>, 
             let mut row_in_batch = 0;
             for piece in &rows.pieces {
                 let image = piece.column(column.index).as_struct();
-                for row in 0..image.len() {
+                let shapes = image_dims(column, image)?;
+                for (row, &dims) in shapes.iter().enumerate() {
                     if image.is_valid(row) {
-                        let dims = image_dims(column, image, row)?;
                         match found {
                             None => found = Some(dims),
                             Some(first) if first != dims => {
@@ -153,25 +153,35 @@ fn sample_shape(column: &TensorColumn, rows: &BatchRows) -> Result<(Vec<usize>, 
     }
 }
 
-/// `[H, W, C]` for `image_decode` structs, `[C, H, W]` for `image_to_tensor`.
-fn image_dims(
-    column: &TensorColumn,
-    image: &StructArray,
-    row: usize,
-) -> Result<[usize; 3]> {
-    let dim = |name: &str| -> Result<usize> {
+/// The per-row shapes of a piece of an image column: `[H, W, C]` for
+/// `image_decode` structs, `[C, H, W]` for `image_to_tensor`. The three
+/// dimension columns are cast once per piece, not per row.
+fn image_dims(column: &TensorColumn, image: &StructArray) -> Result<Vec<[usize; 3]>> {
+    let dim = |name: &str| -> Result<ArrayRef> {
         let array = image.column_by_name(name).ok_or_else(|| {
             DataFusionError::Internal(format!("image struct without '{name}'"))
         })?;
-        let value =
-            datafusion::arrow::compute::cast(&array.slice(row, 1), &DataType::UInt64)?;
-        Ok(value.as_primitive::<UInt64Type>().value(0) as usize)
+        Ok(datafusion::arrow::compute::cast(array, &DataType::UInt64)?)
     };
     let (h, w, c) = (dim("height")?, dim("width")?, dim("channels")?);
-    Ok(match column.source {
-        Source::ImageTensor => [c, h, w],
-        _ => [h, w, c],
-    })
+    let (h, w, c) = (
+        h.as_primitive::<UInt64Type>(),
+        w.as_primitive::<UInt64Type>(),
+        c.as_primitive::<UInt64Type>(),
+    );
+    Ok((0..image.len())
+        .map(|row| {
+            let (h, w, c) = (
+                h.value(row) as usize,
+                w.value(row) as usize,
+                c.value(row) as usize,
+            );
+            match column.source {
+                Source::ImageTensor => [c, h, w],
+                _ => [h, w, c],
+            }
+        })
+        .collect())
 }
 
 /// Number of values in row `row` of a variable-length column (0 for NULL).

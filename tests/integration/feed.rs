@@ -763,3 +763,29 @@ fn the_prefetch_ring_counts_against_the_memory_limit() -> Result<()> {
     assert_eq!(fits.count(), 125);
     Ok(())
 }
+
+#[test]
+fn images_of_different_shapes_in_one_batch_name_the_row_and_the_fix() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 10, 1)?;
+    let files = format!("'{}/*.parquet'", dir.path().display());
+    let sql = format!(
+        "SELECT image_decode(image_png) AS img FROM {files} WHERE id < 3 \
+         UNION ALL SELECT image_resize(image_decode(image_png), 4, 4) FROM {files} WHERE id < 3"
+    );
+    let session = session(1, 8192)?;
+    let mut feed = Feed::builder(&session, sql)
+        .batch_size(6)
+        .device(Device::Cpu)
+        .build()?;
+    let err = feed.next().expect("an error").unwrap_err().to_string();
+    assert!(
+        err.contains("column 'img'") && err.contains("image_resize"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[4, 4, 3]") && err.contains("[8, 8, 3]"),
+        "{err}"
+    );
+    Ok(())
+}
