@@ -50,6 +50,10 @@ pub struct Cli {
     /// Where spill files go (default: the OS temp directory).
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<PathBuf>,
+    /// Largest image image_decode accepts, in pixels (default 67108864 =
+    /// 8192x8192); larger headers are refused before any allocation.
+    #[arg(long, value_name = "PIXELS")]
+    pub max_image_pixels: Option<u64>,
     /// Parallelism (default: number of cores).
     #[arg(long, value_name = "N")]
     pub target_partitions: Option<usize>,
@@ -188,6 +192,9 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(n) = cli.target_partitions {
         builder = builder.target_partitions(n);
+    }
+    if let Some(pixels) = cli.max_image_pixels {
+        builder = builder.max_image_pixels(pixels);
     }
     if let Some(SubCommand::H2dBench(args)) = &cli.command {
         let device: crate::device::Device = args.device.parse()?;

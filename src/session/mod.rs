@@ -76,6 +76,8 @@ pub struct SessionBuilder {
     batch_size: Option<usize>,
     /// Timeouts and retries for network object stores.
     object_store_limits: ObjectStoreLimits,
+    /// Settings of the preprocessing functions (image pixel limit, …).
+    udf_options: sqlfeed_udfs::UdfOptions,
 }
 
 impl SessionBuilder {
@@ -100,6 +102,13 @@ impl SessionBuilder {
     /// Rows per record batch inside the engine.
     pub fn batch_size(mut self, rows: usize) -> Self {
         self.batch_size = Some(rows.max(1));
+        self
+    }
+
+    /// Largest image `image_decode` accepts, in pixels (default 64M): a
+    /// header declaring more is refused before any allocation.
+    pub fn max_image_pixels(mut self, pixels: u64) -> Self {
+        self.udf_options.max_image_pixels = pixels;
         self
     }
 
@@ -176,7 +185,7 @@ impl SessionBuilder {
         factory
             .other_formats_session_store()
             .with_state(ctx.state_weak_ref());
-        sqlfeed_udfs::register_all(&ctx)?;
+        sqlfeed_udfs::register_all_with(&ctx, &self.udf_options)?;
         sql::register_internal_functions(&ctx);
         Ok(Session {
             ctx,

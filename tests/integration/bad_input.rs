@@ -148,3 +148,39 @@ fn unreachable_object_store_fails_fast_naming_the_url() {
     assert!(err.contains("s3://no-bucket/train/*.parquet"), "{err}");
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
+
+#[tokio::test]
+async fn the_image_pixel_limit_is_a_session_setting() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    crate::common::gen_data(dir.path(), 5, 1)?; // 8x8 images
+    let files = format!("'{}/*.parquet'", dir.path().display());
+    let strict = sqlfeed::Session::builder().max_image_pixels(50).build()?;
+    let err = strict
+        .collect(
+            strict
+                .sql(&format!("SELECT image_decode(image_png) FROM {files}"))
+                .await?,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("8x8 pixels is more than the limit of 50 pixels"),
+        "{err}"
+    );
+    let sql = format!("SELECT count(try_image_decode(image_png)) AS n FROM {files}");
+    let strict_count = crate::common::collect(&strict, &sql).await?;
+    assert_eq!(
+        crate::common::rows(&strict_count),
+        vec![vec!["0".to_string()]]
+    );
+    let default_count = crate::common::collect(&crate::common::session()?, &sql).await?;
+    assert_eq!(
+        crate::common::rows(&default_count),
+        vec![vec!["5".to_string()]]
+    );
+    // The same from the command line.
+    let out = crate::common::csv_with(&["--max-image-pixels", "50"], &sql);
+    assert_eq!(out.trim(), "n\n0");
+    Ok(())
+}

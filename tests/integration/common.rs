@@ -64,8 +64,14 @@ pub fn run(command: &mut Command) -> (bool, String, String) {
 /// Runs `sqlfeed -c sql --format csv` and returns stdout, panicking with
 /// stderr on failure.
 pub fn csv(sql: &str) -> String {
-    let (ok, out, err) = run(sqlfeed().args(["--format", "csv", "-c", sql]));
-    assert!(ok, "sqlfeed -c {sql:?} failed: {err}");
+    csv_with(&[], sql)
+}
+
+/// [`csv`] with extra options before `-c`.
+pub fn csv_with(options: &[&str], sql: &str) -> String {
+    let (ok, out, err) =
+        run(sqlfeed().args(options).args(["--format", "csv", "-c", sql]));
+    assert!(ok, "sqlfeed {options:?} -c {sql:?} failed: {err}");
     out
 }
 

@@ -35,13 +35,38 @@ pub struct FunctionInfo {
     pub description: &'static str,
 }
 
-/// Every enabled scalar function of this crate.
+/// Settings of the functions that have any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdfOptions {
+    /// Largest image `image_decode` accepts, in pixels (`width × height`);
+    /// larger headers are refused before any allocation.
+    pub max_image_pixels: u64,
+}
+
+impl Default for UdfOptions {
+    fn default() -> Self {
+        Self {
+            #[cfg(feature = "image")]
+            max_image_pixels: image::DEFAULT_MAX_PIXELS,
+            #[cfg(not(feature = "image"))]
+            max_image_pixels: 64 << 20,
+        }
+    }
+}
+
+/// Every enabled scalar function of this crate, with default options.
 pub fn scalar_functions() -> Vec<ScalarUDF> {
+    scalar_functions_with(&UdfOptions::default())
+}
+
+/// Every enabled scalar function of this crate, configured by `options`.
+pub fn scalar_functions_with(options: &UdfOptions) -> Vec<ScalarUDF> {
+    let _ = options;
     let mut udfs = Vec::new();
     #[cfg(feature = "numeric")]
     udfs.extend(numeric::functions());
     #[cfg(feature = "image")]
-    udfs.extend(image::functions());
+    udfs.extend(image::functions_with(options.max_image_pixels));
     #[cfg(feature = "text")]
     udfs.extend(text::functions());
     udfs
@@ -83,7 +108,12 @@ pub(crate) fn check_arity(
 
 /// Registers every enabled function on `ctx`.
 pub fn register_all(ctx: &SessionContext) -> Result<()> {
-    for udf in scalar_functions() {
+    register_all_with(ctx, &UdfOptions::default())
+}
+
+/// Registers every enabled function on `ctx`, configured by `options`.
+pub fn register_all_with(ctx: &SessionContext, options: &UdfOptions) -> Result<()> {
+    for udf in scalar_functions_with(options) {
         ctx.register_udf(udf);
     }
     Ok(())

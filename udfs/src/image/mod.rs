@@ -76,9 +76,15 @@ fn image_fields() -> Fields {
 
 /// The registered functions of this family.
 pub fn functions() -> Vec<ScalarUDF> {
+    functions_with(DEFAULT_MAX_PIXELS)
+}
+
+/// The functions of this family, decoding images of at most `max_pixels`
+/// (`width × height`, checked from the header before any allocation).
+pub fn functions_with(max_pixels: u64) -> Vec<ScalarUDF> {
     vec![
-        ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS)),
-        ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS)),
+        ScalarUDF::from(ImageDecodeFunc::new(false, max_pixels)),
+        ScalarUDF::from(ImageDecodeFunc::new(true, max_pixels)),
         ScalarUDF::from(transform::ResizeFunc::new()),
         ScalarUDF::from(transform::CropFunc::new(false)),
         ScalarUDF::from(transform::CropFunc::new(true)),
