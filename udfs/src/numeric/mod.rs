@@ -33,7 +33,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::ScalarUDF;
 
-use crate::FunctionInfo;
+use crate::{FunctionInfo, check_arity};
 
 /// The registered functions of this family.
 pub fn functions() -> Vec<ScalarUDF> {
@@ -115,8 +115,6 @@ fn float_type(
         ))),
     }
 }
-
-use crate::check_arity;
 
 #[cfg(test)]
 pub(crate) mod test_util {

@@ -28,7 +28,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::ScalarUDF;
 
-use crate::FunctionInfo;
+use crate::{FunctionInfo, check_arity};
 
 /// The registered functions of this family.
 pub fn functions() -> Vec<ScalarUDF> {
@@ -77,8 +77,6 @@ pub fn infos() -> Vec<FunctionInfo> {
         ),
     ]
 }
-
-use crate::check_arity;
 
 /// An integer argument's type, or a plan error naming it.
 fn integer_arg(
