@@ -149,7 +149,7 @@ impl SessionBuilder {
                     .with_mode(disk_mode)
                     .with_max_spill_merge_fan_in(SPILL_MERGE_FAN_IN),
             )
-            .with_object_store_registry(registry)
+            .with_object_store_registry(Arc::clone(&registry) as _)
             .build_arc()?;
 
         let partitions = self.target_partitions.unwrap_or_else(num_cores);
@@ -185,7 +185,13 @@ impl SessionBuilder {
         factory
             .other_formats_session_store()
             .with_state(ctx.state_weak_ref());
-        sqlfeed_udfs::register_all_with(&ctx, &self.udf_options)?;
+        let udf_options = sqlfeed_udfs::UdfOptions {
+            asset_reader: Some(Arc::new(object_stores::ObjectStoreAssetReader::new(
+                Arc::clone(&registry),
+            ))),
+            ..self.udf_options
+        };
+        sqlfeed_udfs::register_all_with(&ctx, &udf_options)?;
         sql::register_internal_functions(&ctx);
         Ok(Session {
             ctx,

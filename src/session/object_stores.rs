@@ -292,6 +292,78 @@ impl ObjectStoreRegistry for LazyObjectStoreRegistry {
     }
 }
 
+/// Largest asset (a `tokenizer.json`) read through [`ObjectStoreAssetReader`].
+const MAX_ASSET_BYTES: u64 = 512 << 20;
+
+/// Reads the files functions load at plan time (tokenizers) from this
+/// session's object stores, so they use the same credentials, timeouts and
+/// retries as the query's tables.
+///
+/// Functions plan synchronously, possibly on a worker of the caller's Tokio
+/// runtime, where blocking on that runtime would deadlock: the read runs on a
+/// short-lived thread with its own current-thread runtime. It happens once
+/// per file and session (the functions cache what they load).
+#[derive(Debug)]
+pub struct ObjectStoreAssetReader {
+    registry: Arc<LazyObjectStoreRegistry>,
+}
+
+impl ObjectStoreAssetReader {
+    /// A reader over the stores of `registry`.
+    pub fn new(registry: Arc<LazyObjectStoreRegistry>) -> Self {
+        Self { registry }
+    }
+
+    async fn read_async(&self, url: &Url, location: &str) -> Result<Vec<u8>> {
+        let store = self.registry.get_store(url)?;
+        let path = Path::from_url_path(url.path()).map_err(|e| {
+            DataFusionError::Plan(format!("'{location}' is not a valid object path: {e}"))
+        })?;
+        let fetched =
+            store
+                .get_opts(&path, GetOptions::default())
+                .await
+                .map_err(|e| {
+                    DataFusionError::Execution(format!("reading '{location}': {e}"))
+                })?;
+        if fetched.meta.size > MAX_ASSET_BYTES {
+            return Err(DataFusionError::ResourcesExhausted(format!(
+                "'{location}' is {} bytes; assets larger than {MAX_ASSET_BYTES} bytes \
+                 are refused",
+                fetched.meta.size
+            )));
+        }
+        let bytes = fetched.bytes().await.map_err(|e| {
+            DataFusionError::Execution(format!("reading '{location}': {e}"))
+        })?;
+        Ok(bytes.to_vec())
+    }
+}
+
+impl sqlfeed_udfs::AssetReader for ObjectStoreAssetReader {
+    fn read(&self, location: &str) -> Result<Vec<u8>> {
+        let url = Url::parse(location).map_err(|e| {
+            DataFusionError::Plan(format!("'{location}' is not a valid URL: {e}"))
+        })?;
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| {
+                        DataFusionError::Execution(format!(
+                            "cannot start a runtime to read '{location}': {e}"
+                        ))
+                    })?;
+                runtime.block_on(self.read_async(&url, location))
+            });
+            reader.join().map_err(|_| {
+                DataFusionError::Internal(format!("reading '{location}' panicked"))
+            })?
+        })
+    }
+}
+
 /// Forwards to `inner`, counting the bytes that reads return.
 #[derive(Debug)]
 struct CountingObjectStore {

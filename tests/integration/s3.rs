@@ -231,3 +231,45 @@ fn wrong_credentials_fail_fast_naming_the_url() {
     assert!(!err.contains("secret-never-printed"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(30));
 }
+
+#[tokio::test]
+async fn tokenizers_load_from_s3_urls() -> Result<()> {
+    let Some(moto) = start_moto("tokenizers_load_from_s3_urls") else {
+        return Ok(());
+    };
+    create_bucket(&moto.endpoint, "models");
+    let s3 = store(&moto.endpoint, "models");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json");
+    s3.put(
+        &ObjectPath::from("minilm/tokenizer.json"),
+        PutPayload::from(std::fs::read(fixture)?),
+    )
+    .await
+    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+
+    let query = |sql: &str| run(s3_sqlfeed(&moto).args(["--format", "csv", "-c", sql]));
+    // The reference ids of bert-base-uncased's vocabulary (see udfs tests).
+    let (ok, out, err) = query(
+        "SELECT tokenize('hello world', 's3://models/minilm/tokenizer.json') AS ids \
+         FROM (VALUES (1), (2)) v(x)",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "ids\n\"[101, 7592, 2088, 102]\"\n\"[101, 7592, 2088, 102]\"\n"
+    );
+
+    let (ok, _, err) =
+        query("SELECT tokenize('hello', 's3://models/minilm/missing.json') AS ids");
+    assert!(!ok);
+    assert!(
+        err.contains("cannot read tokenizer 's3://models/minilm/missing.json'"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("secret-never-printed"),
+        "a secret leaked: {err}"
+    );
+    Ok(())
+}

@@ -18,6 +18,9 @@ pub mod numeric;
 #[cfg(feature = "text")]
 pub mod text;
 
+use std::fmt;
+use std::sync::Arc;
+
 use datafusion::error::Result;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
@@ -35,12 +38,42 @@ pub struct FunctionInfo {
     pub description: &'static str,
 }
 
+/// Reads the files functions load at plan time (a `tokenizer.json`) when
+/// they are named by URL (`s3://…`, `gs://…`, `az://…`, `https://…`).
+///
+/// This crate knows no object stores: the host (sqlfeed's session) supplies a
+/// reader backed by its own, so the same credentials and limits apply as for
+/// the tables of the query. Without one, only local paths work.
+pub trait AssetReader: Send + Sync + fmt::Debug {
+    /// The whole file at `url`. Called at plan time from synchronous code,
+    /// possibly on an async runtime's worker thread. Errors name the URL.
+    fn read(&self, url: &str) -> Result<Vec<u8>>;
+}
+
+/// Whether `location` names an object-store URL rather than a local path.
+/// `file://` URLs count as local.
+#[allow(dead_code)] // unused when the text family is disabled
+pub(crate) fn is_remote_url(location: &str) -> bool {
+    match location.split_once("://") {
+        Some((scheme, _)) => {
+            scheme != "file"
+                && !scheme.is_empty()
+                && scheme.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'
+                })
+        }
+        None => false,
+    }
+}
+
 /// Settings of the functions that have any.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct UdfOptions {
     /// Largest image `image_decode` accepts, in pixels (`width × height`);
     /// larger headers are refused before any allocation.
     pub max_image_pixels: u64,
+    /// Reads tokenizer files named by URL; `None` = local paths only.
+    pub asset_reader: Option<Arc<dyn AssetReader>>,
 }
 
 impl Default for UdfOptions {
@@ -50,6 +83,7 @@ impl Default for UdfOptions {
             max_image_pixels: image::DEFAULT_MAX_PIXELS,
             #[cfg(not(feature = "image"))]
             max_image_pixels: 64 << 20,
+            asset_reader: None,
         }
     }
 }
@@ -68,7 +102,7 @@ pub fn scalar_functions_with(options: &UdfOptions) -> Vec<ScalarUDF> {
     #[cfg(feature = "image")]
     udfs.extend(image::functions_with(options.max_image_pixels));
     #[cfg(feature = "text")]
-    udfs.extend(text::functions());
+    udfs.extend(text::functions_with(options.asset_reader.clone()));
     udfs
 }
 

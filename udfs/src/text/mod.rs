@@ -8,9 +8,10 @@
 //! | `pad(list, len, value)` | the list, followed by `value` up to `len` elements (longer lists are unchanged) |
 //! | `truncate(list, len)` | the first `len` elements |
 //!
-//! `tokenizer` is the path of a `tokenizer.json` (the file `save_pretrained`
-//! writes). It must be a constant: it is loaded when the query is planned,
-//! so a missing or invalid file is a plan-time error naming the path, and it
+//! `tokenizer` is the path or URL (`s3://`, `gs://`, `az://`, `https://`, read
+//! through the session's object stores) of a `tokenizer.json` (the file
+//! `save_pretrained` writes). It must be a constant: it is loaded when the query is planned,
+//! so a missing or invalid file is a plan-time error naming the location, and it
 //! is loaded once per session and `max_len` and then cached. The file's own
 //! padding is ignored (lists stay variable-length; the feed pads per batch)
 //! and its truncation applies unless `max_len` is given.
@@ -28,13 +29,21 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::ScalarUDF;
 
-use crate::{FunctionInfo, check_arity};
+use std::sync::Arc;
 
-/// The registered functions of this family.
+use crate::{AssetReader, FunctionInfo, check_arity};
+
+/// The registered functions of this family; tokenizers load from local paths.
 pub fn functions() -> Vec<ScalarUDF> {
+    functions_with(None)
+}
+
+/// The registered functions of this family; tokenizers named by URL are read
+/// through `assets`.
+pub fn functions_with(assets: Option<Arc<dyn AssetReader>>) -> Vec<ScalarUDF> {
     vec![
-        ScalarUDF::from(tokenize::TokenizeFunc::new(false)),
-        ScalarUDF::from(tokenize::TokenizeFunc::new(true)),
+        ScalarUDF::from(tokenize::TokenizeFunc::new(false, assets.clone())),
+        ScalarUDF::from(tokenize::TokenizeFunc::new(true, assets)),
         ScalarUDF::from(lists::AttentionMaskFunc::new()),
         ScalarUDF::from(lists::ShapeFunc::pad()),
         ScalarUDF::from(lists::ShapeFunc::truncate()),

@@ -188,3 +188,58 @@ async fn masks_padding_and_truncation() -> Result<()> {
     assert!(err.contains("must be a list of numbers"), "{err}");
     Ok(())
 }
+
+/// Serves tokenizer files from memory by URL, like a session's object stores.
+#[derive(Debug)]
+struct MemoryAssets;
+
+impl crate::AssetReader for MemoryAssets {
+    fn read(&self, url: &str) -> Result<Vec<u8>> {
+        match url {
+            "s3://models/tokenizer.json" => Ok(TOKENIZER_JSON.as_bytes().to_vec()),
+            other => Err(datafusion::error::DataFusionError::Execution(format!(
+                "object at {other} not found"
+            ))),
+        }
+    }
+}
+
+async fn query_with_assets(sql: &str) -> Result<Vec<Option<Vec<i32>>>> {
+    let ctx = datafusion::prelude::SessionContext::new();
+    let options = crate::UdfOptions {
+        asset_reader: Some(std::sync::Arc::new(MemoryAssets)),
+        ..Default::default()
+    };
+    crate::register_all_with(&ctx, &options)?;
+    let batches = ctx.sql(sql).await?.collect().await?;
+    Ok(i32_lists(batches[0].column(0)))
+}
+
+#[tokio::test]
+async fn tokenizers_load_from_urls_through_the_asset_reader() -> Result<()> {
+    let ids = query_with_assets(
+        "SELECT tokenize('Hello world', 's3://models/tokenizer.json', 3)",
+    )
+    .await?;
+    assert_eq!(ids, vec![Some(vec![1, 3, 2])]);
+
+    // file:// is a local path, not an object store.
+    let (_dir, path) = tokenizer_file();
+    let ids = query(&format!("SELECT tokenize('good morning', 'file://{path}')")).await?;
+    assert_eq!(i32_lists(&ids), vec![Some(vec![1, 5, 6, 2])]);
+
+    // A missing object is a plan-time error naming the URL and the cause.
+    let err = query_with_assets("SELECT tokenize('a', 's3://models/missing.json')")
+        .await
+        .expect_err("missing object")
+        .to_string();
+    assert!(
+        err.contains("cannot read tokenizer 's3://models/missing.json'")
+            && err.contains("not found"),
+        "{err}"
+    );
+    // Without a reader (a bare SessionContext), URLs are refused clearly.
+    let err = query_error("SELECT tokenize('a', 's3://models/tokenizer.json')").await;
+    assert!(err.contains("no object stores for URLs"), "{err}");
+    Ok(())
+}

@@ -14,6 +14,8 @@ use datafusion::logical_expr::{
 };
 use tokenizers::{Tokenizer, TruncationParams};
 
+use crate::AssetReader;
+
 const TOKENIZE: &str = "tokenize(text, tokenizer_json [, max_len])";
 const TOKENIZE_PAIR: &str = "tokenize_pair(a, b, tokenizer_json [, max_len])";
 
@@ -28,6 +30,8 @@ pub struct TokenizeFunc {
     pair: bool,
     /// This session's loaded tokenizers.
     cache: Arc<Cache>,
+    /// Reads tokenizers named by URL; `None` = local paths only.
+    assets: Option<Arc<dyn AssetReader>>,
 }
 
 // The cache is state, not identity: two instances are the same function.
@@ -45,11 +49,12 @@ impl Hash for TokenizeFunc {
 }
 
 impl TokenizeFunc {
-    pub(super) fn new(pair: bool) -> Self {
+    pub(super) fn new(pair: bool, assets: Option<Arc<dyn AssetReader>>) -> Self {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
             pair,
             cache: Arc::new(Mutex::new(HashMap::new())),
+            assets,
         }
     }
 
@@ -74,7 +79,7 @@ impl TokenizeFunc {
         if let Some(tokenizer) = cache.get(&key) {
             return Ok(Arc::clone(tokenizer));
         }
-        let mut tokenizer = load(self.name(), path)?;
+        let mut tokenizer = load(self.name(), path, self.assets.as_deref())?;
         // Lists stay variable-length: the feed (or pad()) pads per batch, so
         // a tokenizer.json's own padding (often Fixed(128)) is dropped. Its
         // truncation is kept unless max_len replaces it.
@@ -143,24 +148,48 @@ impl TokenizeFunc {
     }
 }
 
-/// Reads `path` as a Hugging Face `tokenizer.json`.
-fn load(function: &str, path: &str) -> Result<Tokenizer> {
-    if !std::path::Path::new(path).is_file() {
-        return Err(DataFusionError::Plan(format!(
-            "{function}: tokenizer file '{path}' does not exist; pass the path of a \
-             Hugging Face tokenizer.json (object-store URLs are not supported yet: copy \
-             the file locally)"
-        )));
-    }
+/// Reads the Hugging Face `tokenizer.json` at `location`: a local path, a
+/// `file://` URL, or an object-store URL read through `assets`.
+fn load(
+    function: &str,
+    location: &str,
+    assets: Option<&dyn AssetReader>,
+) -> Result<Tokenizer> {
+    let bytes = if crate::is_remote_url(location) {
+        let Some(assets) = assets else {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: cannot read tokenizer '{location}': this context has no \
+                 object stores for URLs (use a sqlfeed Session, or a local path)"
+            )));
+        };
+        assets.read(location).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "{function}: cannot read tokenizer '{location}': {e}"
+            ))
+        })?
+    } else {
+        let path = location.strip_prefix("file://").unwrap_or(location);
+        if !std::path::Path::new(path).is_file() {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: tokenizer file '{location}' does not exist; pass the path \
+                 or URL of a Hugging Face tokenizer.json"
+            )));
+        }
+        std::fs::read(path).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "{function}: cannot read tokenizer file '{location}': {e}"
+            ))
+        })?
+    };
     // The tokenizers crate panics on some malformed files: catch it here.
-    let loaded = std::panic::catch_unwind(|| Tokenizer::from_file(path));
+    let loaded = std::panic::catch_unwind(|| Tokenizer::from_bytes(&bytes));
     match loaded {
         Ok(Ok(tokenizer)) => Ok(tokenizer),
         Ok(Err(e)) => Err(DataFusionError::Plan(format!(
-            "{function}: '{path}' is not a valid tokenizer.json: {e}"
+            "{function}: '{location}' is not a valid tokenizer.json: {e}"
         ))),
         Err(_) => Err(DataFusionError::Plan(format!(
-            "{function}: loading '{path}' crashed the tokenizers library; is it a \
+            "{function}: loading '{location}' crashed the tokenizers library; is it a \
              tokenizer.json?"
         ))),
     }
@@ -248,10 +277,12 @@ impl ScalarUDFImpl for TokenizeFunc {
                 out.append_null();
                 continue;
             }
+            // encode_fast: the ids without character offsets, which nothing
+            // here uses (5–10% less time per row).
             let encoded = if self.pair {
-                tokenizer.encode((texts[0].value(row), texts[1].value(row)), true)
+                tokenizer.encode_fast((texts[0].value(row), texts[1].value(row)), true)
             } else {
-                tokenizer.encode(texts[0].value(row), true)
+                tokenizer.encode_fast(texts[0].value(row), true)
             }
             .map_err(|e| {
                 DataFusionError::Execution(format!(
