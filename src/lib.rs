@@ -18,6 +18,7 @@
 
 #![deny(clippy::clone_on_ref_ptr)]
 
+pub mod cache;
 pub mod cli;
 pub mod datagen;
 pub mod device;

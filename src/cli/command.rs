@@ -21,6 +21,8 @@ pub enum Command {
     Timing(Option<bool>),
     /// `\format <fmt>`: output format of results.
     Format(OutputFormat),
+    /// `\cache`: entries of the epoch cache.
+    Cache,
 }
 
 /// `(syntax, description)` of every command, for `\help`.
@@ -40,6 +42,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "show the elapsed time of each statement",
     ),
     ("\\format table|csv|json|ndjson", "output format"),
+    (
+        "\\cache",
+        "entries of the epoch cache: key, rows, bytes, last use, query",
+    ),
     ("\\help, \\?", "this help"),
     ("\\q", "quit (Ctrl-D too)"),
 ];
@@ -59,6 +65,19 @@ pub const STATEMENTS: &[(&str, &str)] = &[
         "SAMPLE <table> <n> [SEED <s>]",
         "n uniform random rows, reproducible with a seed",
     ),
+    (
+        "<query> SHUFFLE [SEED s] [EPOCH e]",
+        "the rows in a seeded global random order",
+    ),
+    (
+        "CACHE TABLE <name> AS <query>",
+        "materialise once (memory, then disk); reused by later runs",
+    ),
+    (
+        "UNCACHE TABLE [IF EXISTS] <name>",
+        "drop a cached table (the disk entry stays for reuse)",
+    ),
+    ("CLEAR CACHE", "remove every entry of the cache directory"),
     (
         "EXPLAIN [ANALYZE] <query>",
         "the plan, with metrics after ANALYZE",
@@ -88,6 +107,7 @@ impl FromStr for Command {
                 other => Err(format!("\\timing takes on or off, got '{other}'")),
             },
             ("\\format", Some(f)) => f.parse().map(Self::Format),
+            ("\\cache", None) => Ok(Self::Cache),
             ("\\format", None) => Err("\\format takes table, csv, json or ndjson".into()),
             (name, _) => Err(format!("unknown command '{name}'; \\? lists the commands")),
         }
@@ -103,6 +123,7 @@ mod tests {
         assert_eq!("\\q".parse(), Ok(Command::Quit));
         assert_eq!("\\d".parse(), Ok(Command::ListTables));
         assert_eq!("\\dt;".parse(), Ok(Command::ListTables));
+        assert_eq!("\\cache".parse(), Ok(Command::Cache));
         assert_eq!(
             "\\d 'x.parquet'".parse(),
             Ok(Command::Describe("'x.parquet'".into()))

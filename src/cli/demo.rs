@@ -113,6 +113,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         epochs: 2,
         shuffle_seed: Some(42),
         shard: None,
+        cache: false,
         resume: None,
         step_ms: 0.0,
         tensors: vec![],

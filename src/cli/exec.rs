@@ -4,7 +4,7 @@ use std::io::{BufWriter, Write};
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::{RecordBatch, StringArray};
+use datafusion::arrow::array::{RecordBatch, StringArray, UInt64Array};
 use datafusion::error::{DataFusionError, Result};
 use futures::StreamExt;
 
@@ -98,6 +98,7 @@ impl Executor {
                 self.print_text(&format!("timing is {state}\n"))?;
             }
             Command::Format(format) => self.format = format,
+            Command::Cache => self.print_cache()?,
         }
         Ok(Flow::Continue)
     }
@@ -167,11 +168,76 @@ impl Executor {
         out.flush().map_err(DataFusionError::IoError)
     }
 
+    fn print_cache(&self) -> Result<()> {
+        let store = self.session.cache();
+        let entries = store.entries();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let text = |values: Vec<String>| Arc::new(StringArray::from(values)) as _;
+        let numbers = |values: Vec<u64>| Arc::new(UInt64Array::from(values)) as _;
+        let batch = RecordBatch::try_from_iter(vec![
+            ("key", text(entries.iter().map(|e| e.key.clone()).collect())),
+            ("rows", numbers(entries.iter().map(|e| e.rows).collect())),
+            (
+                "disk_bytes",
+                numbers(entries.iter().map(|e| e.disk_bytes).collect()),
+            ),
+            (
+                "memory_bytes",
+                numbers(entries.iter().map(|e| e.memory_bytes as u64).collect()),
+            ),
+            (
+                "last_used",
+                text(
+                    entries
+                        .iter()
+                        .map(|e| format_age(now.saturating_sub(e.last_used_unix)))
+                        .collect(),
+                ),
+            ),
+            (
+                "shared",
+                text(
+                    entries
+                        .iter()
+                        .map(|e| if e.persistent { "yes" } else { "session" }.to_string())
+                        .collect(),
+                ),
+            ),
+            (
+                "query",
+                text(entries.iter().map(|e| e.query.clone()).collect()),
+            ),
+        ])?;
+        let total: u64 = entries.iter().map(|e| e.disk_bytes).sum();
+        self.print_text(&format!(
+            "cache directory {} ({total} of {} bytes used)\n",
+            store.options().dir.display(),
+            store.options().max_bytes
+        ))?;
+        let mut out = BufWriter::new(std::io::stdout());
+        let mut writer = ResultWriter::new(self.format, &mut out, batch.schema(), 0);
+        writer.write(&batch)?;
+        writer.finish(batch.num_rows() as u64, None)?;
+        out.flush().map_err(DataFusionError::IoError)
+    }
+
     fn print_text(&self, text: &str) -> Result<()> {
         let mut out = std::io::stdout();
         out.write_all(text.as_bytes())
             .and_then(|_| out.flush())
             .map_err(DataFusionError::IoError)
+    }
+}
+
+/// `90` → `1m 30s ago`.
+fn format_age(seconds: u64) -> String {
+    match seconds {
+        0..60 => format!("{seconds}s ago"),
+        60..3600 => format!("{}m {}s ago", seconds / 60, seconds % 60),
+        3600..86400 => format!("{}h {}m ago", seconds / 3600, seconds % 3600 / 60),
+        _ => format!("{}d ago", seconds / 86400),
     }
 }
 

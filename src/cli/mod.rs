@@ -50,6 +50,15 @@ pub struct Cli {
     /// Where spill files go (default: the OS temp directory).
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<PathBuf>,
+    /// Directory of the epoch cache (CACHE TABLE, feed --cache), shared by
+    /// every run that uses it (default: $SQLFEED_CACHE_DIR, else
+    /// $XDG_CACHE_HOME/sqlfeed, else ~/.cache/sqlfeed).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Size limit of the cache directory, e.g. 50G; least recently used
+    /// entries beyond it are removed (default 20G).
+    #[arg(long, value_parser = parse_byte_size, value_name = "SIZE")]
+    pub cache_max_size: Option<usize>,
     /// Largest image image_decode accepts, in pixels (default 67108864 =
     /// 8192x8192); larger headers are refused before any allocation.
     #[arg(long, value_name = "PIXELS")]
@@ -196,6 +205,12 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(pixels) = cli.max_image_pixels {
         builder = builder.max_image_pixels(pixels);
     }
+    if let Some(dir) = &cli.cache_dir {
+        builder = builder.cache_dir(dir);
+    }
+    if let Some(bytes) = cli.cache_max_size {
+        builder = builder.cache_max_bytes(bytes as u64);
+    }
     if let Some(SubCommand::H2dBench(args)) = &cli.command {
         let device: crate::device::Device = args.device.parse()?;
         let rate = crate::device::raw_h2d_bytes_per_s(device, &args.sizes, args.iters)?;
@@ -249,4 +264,14 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A byte size like `50G` or `512M` (no percentages: they mean RAM).
+fn parse_byte_size(text: &str) -> std::result::Result<usize, String> {
+    if text.trim().ends_with('%') {
+        return Err(format!(
+            "invalid size '{text}': give bytes with K, M, G or T, e.g. 50G"
+        ));
+    }
+    parse_memory_size(text).map_err(|e| e.replace("memory size", "size"))
 }

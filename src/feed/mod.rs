@@ -70,9 +70,11 @@ use self::columns::TensorColumn;
 use self::metrics::FeedMetrics;
 use self::sink::{Batching, FeedEvent, SinkTarget};
 use crate::Session;
+use crate::cache::CachedTable;
 use crate::device::{Backend, DType, Device, SlotPool, TensorBatch};
 use crate::session::catch_panic;
 use crate::shuffle::{ShuffleSpec, shuffle};
+use datafusion::catalog::TableProvider;
 
 /// Numbers feeds (and their threads) within a process.
 static NEXT_FEED_ID: AtomicU64 = AtomicU64::new(0);
@@ -94,9 +96,20 @@ pub struct FeedBuilder {
     columns: Vec<(String, ColumnSpec)>,
     token_budget: Option<usize>,
     bucket_window: Option<usize>,
+    cache: bool,
 }
 
 impl FeedBuilder {
+    /// Materialises the query's result once in the session's epoch cache
+    /// ([`crate::cache`]) before the first epoch; every epoch then reads the
+    /// cache, so decoding and preprocessing run once, while the shuffle still
+    /// draws a fresh order per (seed, epoch). A later run of the same query
+    /// over the same files reuses the entry from disk.
+    pub fn cache(mut self, cache: bool) -> Self {
+        self.cache = cache;
+        self
+    }
+
     /// Globally shuffles every epoch: epoch `e` uses `(seed, e)`.
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle_seed = Some(seed);
@@ -205,6 +218,7 @@ impl FeedBuilder {
             options: self,
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),
+            cached: tokio::sync::OnceCell::new(),
         };
         let task = runtime.spawn(producer.run(events_tx, init_tx));
         let mut feed = Feed {
@@ -218,6 +232,7 @@ impl FeedBuilder {
             device,
             tensors: vec![],
             epoch_plans: vec![],
+            epoch_seconds: vec![],
             finished: false,
         };
         drop(pool);
@@ -311,6 +326,8 @@ pub struct Feed {
     tensors: Vec<TensorInfo>,
     /// `(epoch, plan with metrics)` of finished epochs.
     epoch_plans: Vec<(u64, String)>,
+    /// Seconds each finished epoch took, as (epoch, seconds).
+    epoch_seconds: Vec<(u64, f64)>,
     /// No more batches will come.
     finished: bool,
 }
@@ -343,6 +360,7 @@ impl Feed {
             columns: vec![],
             token_budget: None,
             bucket_window: None,
+            cache: false,
         }
     }
 
@@ -359,6 +377,12 @@ impl Feed {
     /// The metrics so far.
     pub fn report(&self) -> FeedReport {
         self.metrics.report()
+    }
+
+    /// Seconds each finished epoch took, as (epoch, seconds): from planning
+    /// to the last batch produced (the first includes filling the cache).
+    pub fn epoch_seconds(&self) -> &[(u64, f64)] {
+        &self.epoch_seconds
     }
 
     /// The physical plan of each finished epoch with its metrics (the feed's
@@ -411,8 +435,13 @@ impl Feed {
                     );
                     return Some(Ok(batch));
                 }
-                Ok(FeedEvent::EpochEnd { epoch, plan }) => {
-                    self.epoch_plans.push((epoch, plan))
+                Ok(FeedEvent::EpochEnd {
+                    epoch,
+                    plan,
+                    seconds,
+                }) => {
+                    self.epoch_plans.push((epoch, plan));
+                    self.epoch_seconds.push((epoch, seconds));
                 }
                 Ok(FeedEvent::Error(err)) => {
                     self.finished = true;
@@ -490,6 +519,8 @@ struct Producer {
     options: FeedBuilder,
     pool: Arc<tokio::sync::Mutex<SlotPool>>,
     metrics: Arc<FeedMetrics>,
+    /// The cached result every epoch reads (with `cache(true)`).
+    cached: tokio::sync::OnceCell<Arc<CachedTable>>,
 }
 
 impl Producer {
@@ -520,6 +551,7 @@ impl Producer {
     ) -> Result<()> {
         let options = &self.options;
         let (first_epoch, first_step) = options.resume;
+        let mut epoch_start = Instant::now();
         let first_plan = self.plan_epoch(first_epoch).await?;
         let columns = columns::resolve(&first_plan.0.schema(), &options.columns)?;
         let length_column =
@@ -563,7 +595,9 @@ impl Producer {
             let _ = events.send(FeedEvent::EpochEnd {
                 epoch,
                 plan: rendered,
+                seconds: epoch_start.elapsed().as_secs_f64(),
             });
+            epoch_start = Instant::now();
         }
         Ok(())
     }
@@ -574,7 +608,26 @@ impl Producer {
         epoch: u64,
     ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
         let options = &self.options;
-        let mut df = options.session.sql(&options.sql).await?;
+        let mut df = if options.cache {
+            let table = self
+                .cached
+                .get_or_try_init(|| async {
+                    let (state, plan) =
+                        options.session.sql(&options.sql).await?.into_parts();
+                    options
+                        .session
+                        .cache()
+                        .get_or_create(&state, plan, &options.sql, "")
+                        .await
+                })
+                .await?;
+            options
+                .session
+                .context()
+                .read_table(Arc::clone(table) as Arc<dyn TableProvider>)?
+        } else {
+            options.session.sql(&options.sql).await?
+        };
         if let Some(seed) = options.shuffle_seed {
             df = shuffle(df, ShuffleSpec::Global { seed, epoch })?;
         }

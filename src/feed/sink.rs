@@ -81,6 +81,9 @@ pub(crate) enum FeedEvent {
         epoch: u64,
         /// `EXPLAIN ANALYZE`-style plan of the epoch.
         plan: String,
+        /// Seconds from the start of the epoch's planning to its last batch
+        /// (the first epoch includes filling the cache).
+        seconds: f64,
     },
     /// The feed failed.
     Error(DataFusionError),

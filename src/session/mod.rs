@@ -40,6 +40,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -49,6 +50,7 @@ use datafusion::physical_plan::RecordBatchStream;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::{FutureExt, Stream};
 
+use crate::cache::{CacheOptions, CacheStore};
 use crate::sql::{self, Statement};
 pub use object_stores::{IoCounters, ObjectStoreLimits};
 
@@ -78,6 +80,8 @@ pub struct SessionBuilder {
     object_store_limits: ObjectStoreLimits,
     /// Settings of the preprocessing functions (image pixel limit, …).
     udf_options: sqlfeed_udfs::UdfOptions,
+    /// Where and how much `CACHE TABLE` and cached feeds keep.
+    cache: CacheOptions,
 }
 
 impl SessionBuilder {
@@ -109,6 +113,19 @@ impl SessionBuilder {
     /// header declaring more is refused before any allocation.
     pub fn max_image_pixels(mut self, pixels: u64) -> Self {
         self.udf_options.max_image_pixels = pixels;
+        self
+    }
+
+    /// Directory of the epoch cache (default: [`crate::cache::default_cache_dir`]).
+    pub fn cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache.dir = dir.into();
+        self
+    }
+
+    /// Size limit of the cache directory; least recently used entries beyond
+    /// it are removed.
+    pub fn cache_max_bytes(mut self, bytes: u64) -> Self {
+        self.cache.max_bytes = bytes;
         self
     }
 
@@ -150,10 +167,17 @@ impl SessionBuilder {
                     .with_max_spill_merge_fan_in(SPILL_MERGE_FAN_IN),
             )
             .with_object_store_registry(Arc::clone(&registry) as _)
+            // No listing cache: a file added or rewritten between two queries
+            // of a session must be seen (and must change a cache key).
+            .with_cache_manager(
+                CacheManagerConfig::default().with_list_files_cache_limit(0),
+            )
             .build_arc()?;
 
         let partitions = self.target_partitions.unwrap_or_else(num_cores);
+        let cache = Arc::new(CacheStore::new(self.cache.clone()));
         let mut config = SessionConfig::new()
+            .with_extension(Arc::clone(&cache))
             .with_information_schema(true)
             .with_target_partitions(partitions);
         // Each sorting partition sets this much aside for merging its spill
@@ -195,6 +219,7 @@ impl SessionBuilder {
         sql::register_internal_functions(&ctx);
         Ok(Session {
             ctx,
+            cache,
             io,
             memory_limit,
             spill_dir: self.spill_dir,
@@ -208,6 +233,8 @@ impl SessionBuilder {
 pub struct Session {
     /// The DataFusion context everything runs in.
     ctx: SessionContext,
+    /// The epoch cache.
+    cache: Arc<CacheStore>,
     /// Bytes read through this session's object stores.
     io: Arc<IoCounters>,
     /// The memory budget in bytes.
@@ -250,6 +277,11 @@ impl Session {
     /// Counters of bytes read from object stores (local files included).
     pub fn io_counters(&self) -> &IoCounters {
         &self.io
+    }
+
+    /// The epoch cache of this session.
+    pub fn cache(&self) -> &Arc<CacheStore> {
+        &self.cache
     }
 
     /// The same counters, shared.

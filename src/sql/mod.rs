@@ -8,6 +8,9 @@
 //! | `DESCRIBE <table>`                 | column names, types and nullability            |
 //! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]) |
 //! | `<query> LOCAL SHUFFLE BUFFER n [SEED s]` | a streaming shuffle buffer per partition |
+//! | `CACHE TABLE name AS <query>`      | materialise once into the epoch cache (see [`crate::cache`]) |
+//! | `UNCACHE TABLE [IF EXISTS] name`   | drop a cached table (its disk entry stays for reuse) |
+//! | `CLEAR CACHE`                      | remove every entry of the cache directory      |
 //!
 //! `<table>` is a table name, a quoted path or URL as in `FROM`
 //! (`'data/*.parquet'`, `'s3://bucket/x/'`), or a parenthesised query.
@@ -21,6 +24,7 @@
 //! for a table alias (the pattern of datafusion-cli
 //! and DataFusion's `sql_ops/dialect.rs` example).
 
+mod cache_statements;
 mod explore;
 mod functions;
 mod shuffle_clause;
@@ -67,6 +71,22 @@ pub enum Statement {
         /// Seed of the sample; `None` draws a fresh one.
         seed: Option<u64>,
     },
+    /// `CACHE TABLE name AS <query>`.
+    CacheTable {
+        /// The table name the result is registered under.
+        name: ObjectName,
+        /// The query.
+        query: Box<DFStatement>,
+    },
+    /// `UNCACHE TABLE [IF EXISTS] name`.
+    UncacheTable {
+        /// The cached table.
+        name: ObjectName,
+        /// No error when there is no such table.
+        if_exists: bool,
+    },
+    /// `CLEAR CACHE`.
+    ClearCache,
 }
 
 /// The `<table>` of our statements.
@@ -209,6 +229,42 @@ fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
             };
             Ok(Statement::Sample { target, rows, seed })
         }
+        "CACHE" => {
+            parser.parser.next_token();
+            expect_word(parser, "TABLE", "CACHE TABLE <name> AS <query>")?;
+            let name = parser.parser.parse_object_name(false).map_err(|e| {
+                parse_error(format!("CACHE TABLE <name> AS <query>: {e}"))
+            })?;
+            expect_word(parser, "AS", "CACHE TABLE <name> AS <query>")?;
+            let query = parser.parser.parse_query().map_err(|e| {
+                parse_error(format!("CACHE TABLE <name> AS <query>: {e}"))
+            })?;
+            let query = DFStatement::Statement(Box::new(
+                datafusion::sql::sqlparser::ast::Statement::Query(query),
+            ));
+            Ok(Statement::CacheTable {
+                name,
+                query: Box::new(query),
+            })
+        }
+        "UNCACHE" => {
+            parser.parser.next_token();
+            expect_word(parser, "TABLE", "UNCACHE TABLE [IF EXISTS] <name>")?;
+            let if_exists = next_word_is(parser, "IF");
+            if if_exists {
+                parser.parser.next_token();
+                expect_word(parser, "EXISTS", "UNCACHE TABLE [IF EXISTS] <name>")?;
+            }
+            let name = parser.parser.parse_object_name(false).map_err(|e| {
+                parse_error(format!("UNCACHE TABLE [IF EXISTS] <name>: {e}"))
+            })?;
+            Ok(Statement::UncacheTable { name, if_exists })
+        }
+        "CLEAR" => {
+            parser.parser.next_token();
+            expect_word(parser, "CACHE", "CLEAR CACHE")?;
+            Ok(Statement::ClearCache)
+        }
         "DESCRIBE" | "DESC" => {
             let after = parser.parser.peek_nth_token(1);
             if matches!(after.token, Token::SingleQuotedString(_) | Token::LParen) {
@@ -238,6 +294,19 @@ fn with_end_position(error: DataFusionError, sql: &str) -> DataFusionError {
         "{} at the end of the input (Line: {line}, Column: {column}): the statement is incomplete",
         message.trim_start_matches("SQL error: ")
     ))
+}
+
+/// Consumes `word` or fails naming the statement's syntax.
+fn expect_word(parser: &mut DFParser<'_>, word: &str, syntax: &str) -> Result<()> {
+    if next_word_is(parser, word) {
+        parser.parser.next_token();
+        return Ok(());
+    }
+    let found = parser.parser.peek_token();
+    Err(parse_error(format!(
+        "{syntax}: expected {word}, found {found} at Line: {}, Column: {}",
+        found.span.start.line, found.span.start.column
+    )))
 }
 
 fn next_word_is(parser: &DFParser<'_>, word: &str) -> bool {
@@ -330,6 +399,13 @@ pub(crate) async fn plan_statement(
         Statement::Sample { target, rows, seed } => {
             explore::sample(ctx, &target, rows, seed).await
         }
+        Statement::CacheTable { name, query } => {
+            cache_statements::cache_table(ctx, &name, *query).await
+        }
+        Statement::UncacheTable { name, if_exists } => {
+            cache_statements::uncache_table(ctx, &name, if_exists).await
+        }
+        Statement::ClearCache => cache_statements::clear_cache(ctx),
     }
 }
 
@@ -369,6 +445,44 @@ mod tests {
             Statement::Describe(TableTarget::Path(_))
         ));
         assert!(matches!(statements[5], Statement::DataFusion(_)));
+        Ok(())
+    }
+
+    #[test]
+    fn parses_the_cache_statements() -> Result<()> {
+        let statements = parse(
+            "CACHE TABLE feats AS SELECT a, b FROM 'x.parquet' WHERE a > 1; \
+             UNCACHE TABLE IF EXISTS feats; uncache table feats; CLEAR CACHE",
+        )?;
+        assert!(matches!(
+            &statements[0],
+            Statement::CacheTable { name, query }
+                if name.to_string() == "feats" && query.to_string().contains("WHERE a > 1")
+        ));
+        assert!(matches!(
+            &statements[1],
+            Statement::UncacheTable {
+                if_exists: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            &statements[2],
+            Statement::UncacheTable {
+                if_exists: false,
+                ..
+            }
+        ));
+        assert!(matches!(statements[3], Statement::ClearCache));
+        for (sql, expected) in [
+            ("CACHE feats AS SELECT 1", "expected TABLE"),
+            ("CACHE TABLE feats SELECT 1", "expected AS"),
+            ("CACHE TABLE feats AS", "CACHE TABLE <name> AS <query>"),
+            ("CLEAR", "CLEAR CACHE: expected CACHE"),
+        ] {
+            let err = parse(sql).expect_err(sql).to_string();
+            assert!(err.contains(expected), "{sql}: {err}");
+        }
         Ok(())
     }
 

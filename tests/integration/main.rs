@@ -3,6 +3,8 @@
 //! * `local_sql`: queries over local Parquet (globs, folders, hive partitions),
 //!   SUMMARIZE and SAMPLE against hand-computed values, the memory limit.
 //! * `bad_input`: every bad input of the foundation issue names what is wrong.
+//! * `cache`: CACHE TABLE, reuse across sessions and processes, invalidation,
+//!   damaged entries, the LRU limit, cached feeds.
 //! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
 //! * `feed`: training feeds: exact batches, shards, resume across processes,
 //!   tensor values, cancellation, bad input.
@@ -12,6 +14,7 @@
 //!   `SQLFEED_TEST_S3=require` (as in `.ci/run`).
 
 mod bad_input;
+mod cache;
 mod cli;
 mod common;
 mod feed;

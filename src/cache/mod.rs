@@ -1,0 +1,766 @@
+//! The epoch cache: a query's result materialised once, memory first and on
+//! disk always, and reused by later queries, by every epoch of a feed and by
+//! later runs.
+//!
+//! ```text
+//!  CACHE TABLE t AS <query>            Feed::builder(…).cache(true)
+//!              │                                  │
+//!              ▼                                  ▼
+//!   key = hash(plan, input files)  ── see [`key`] ─────────────────────────
+//!              │
+//!   entries/<key>/ valid? ──yes──▶ open, verify checksums ─────┐
+//!              │ no (or damaged: warn, remove)                 │
+//!              ▼                                               │
+//!   run the query, partitions in parallel; each batch is       │
+//!   written to tmp/<key>…/part-p.arrow and, while the cache's  │
+//!   memory share lasts, also kept in memory                    │
+//!              │ manifest.json last, then rename into entries/ │
+//!              ▼                                               ▼
+//!        CachedTable (TableProvider) ── CacheScanExec: memory prefix, then pread
+//! ```
+//!
+//! # Memory
+//! Cached batches kept in memory are reserved from the session's one memory
+//! pool, and all cached tables of a session together keep at most
+//! [`CacheOptions::memory_fraction`] of the memory limit (default half), so
+//! queries over the cache (a feed's shuffle) keep the rest. Everything beyond
+//! is read back from the part files, which are plain uncompressed Arrow IPC:
+//! reading them is a `pread` per batch, no decoding of images or text again.
+//!
+//! # Persistence and invalidation
+//! Entries whose data is a pure function of files (see [`key`]) are shared
+//! across runs and processes through `<cache dir>/entries/<key>`: a changed
+//! query or input file has another key, so stale data is never found. The
+//! others live in a per-session folder removed with the session. A size limit
+//! ([`CacheOptions::max_bytes`]) removes the least recently used entries
+//! after each write; an entry's last use is its manifest's mtime.
+//!
+//! # Failure
+//! A damaged entry (checksum mismatch, missing part, unreadable manifest) is
+//! reported as a warning naming the file, removed and recomputed: never
+//! served. Two processes filling the same entry both compute it; the first
+//! to rename its folder into place wins and the other uses the winner's.
+//! A failed or cancelled fill removes its temporary folder.
+
+mod entry;
+mod exec;
+pub mod key;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use futures::StreamExt;
+
+pub use entry::{Manifest, PartManifest};
+pub use exec::{CacheScanExec, CachedTable, Origin};
+pub use key::{CacheKey, InputFile};
+
+use entry::{OpenError, PartWriter};
+use exec::CachedPart;
+
+/// Default size limit of a cache directory.
+pub const DEFAULT_MAX_BYTES: u64 = 20 << 30;
+
+/// Where and how much a session caches.
+#[derive(Debug, Clone)]
+pub struct CacheOptions {
+    /// The cache directory (entries are shared by every session using it).
+    pub dir: PathBuf,
+    /// Size limit of `dir/entries`: least recently used entries beyond it are
+    /// removed after each write.
+    pub max_bytes: u64,
+    /// Share of the session's memory limit that cached batches may hold.
+    pub memory_fraction: f64,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self {
+            dir: default_cache_dir(),
+            max_bytes: DEFAULT_MAX_BYTES,
+            memory_fraction: 0.5,
+        }
+    }
+}
+
+/// `$SQLFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/sqlfeed`, else
+/// `~/.cache/sqlfeed`, else `<temp dir>/sqlfeed-cache`.
+pub fn default_cache_dir() -> PathBuf {
+    let from_env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = from_env("SQLFEED_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = from_env("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("sqlfeed");
+    }
+    if let Some(home) = from_env("HOME") {
+        return PathBuf::from(home).join(".cache").join("sqlfeed");
+    }
+    std::env::temp_dir().join("sqlfeed-cache")
+}
+
+/// One entry as `\cache` lists it.
+#[derive(Debug, Clone)]
+pub struct EntryInfo {
+    /// The key.
+    pub key: String,
+    /// The query that produced it.
+    pub query: String,
+    /// Rows.
+    pub rows: u64,
+    /// Bytes on disk.
+    pub disk_bytes: u64,
+    /// Bytes this session holds in memory for it.
+    pub memory_bytes: usize,
+    /// Seconds since the epoch of the last use.
+    pub last_used_unix: u64,
+    /// Shared across runs (`false`: this session only).
+    pub persistent: bool,
+}
+
+/// The cache of one session; see the module docs. Creates nothing on disk
+/// until the first entry is written.
+pub struct CacheStore {
+    options: CacheOptions,
+    /// Bytes all cached tables of this session hold in memory.
+    memory_used: Arc<AtomicUsize>,
+    /// Open tables by key, so a session shares one copy.
+    open: Mutex<HashMap<String, Weak<CachedTable>>>,
+    /// This session's folder for session-only entries (created on demand,
+    /// removed on drop).
+    session_dir: Mutex<Option<tempfile::TempDir>>,
+    /// Whether leftovers of crashed processes were removed.
+    swept: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for CacheStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStore")
+            .field("options", &self.options)
+            .field("memory_used", &self.memory_used.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl CacheStore {
+    /// A store over `options.dir`.
+    pub fn new(options: CacheOptions) -> Self {
+        Self {
+            options,
+            memory_used: Arc::new(AtomicUsize::new(0)),
+            open: Mutex::new(HashMap::new()),
+            session_dir: Mutex::new(None),
+            swept: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &CacheOptions {
+        &self.options
+    }
+
+    fn entries_dir(&self) -> PathBuf {
+        self.options.dir.join("entries")
+    }
+
+    fn tmp_dir(&self) -> PathBuf {
+        self.options.dir.join("tmp")
+    }
+
+    /// The cached result of `plan` (a logical plan of `state`), computed now
+    /// or reused; `query` is the text shown in listings.
+    pub async fn get_or_create(
+        &self,
+        state: &SessionState,
+        plan: LogicalPlan,
+        query: &str,
+        salt: &str,
+    ) -> Result<Arc<CachedTable>> {
+        let state = deterministic_state(state);
+        let plan = state.optimize(&plan)?;
+        let physical = state.create_physical_plan(&plan).await?;
+        let key = key::compute(&plan, &physical, salt)?;
+
+        if let Some(table) = self.open_table(&key.hex) {
+            return Ok(table);
+        }
+        let memory_limit = match state.runtime_env().memory_pool.memory_limit() {
+            datafusion::execution::memory_pool::MemoryLimit::Finite(bytes) => bytes,
+            _ => usize::MAX / 2,
+        };
+        let memory_cap = (memory_limit as f64 * self.options.memory_fraction) as usize;
+        let reservation = MemoryConsumer::new(format!("cache {}", &key.hex[..12]))
+            .register(&state.runtime_env().memory_pool);
+
+        if key.persistent {
+            let dir = self.entries_dir().join(&key.hex);
+            match entry::open(&dir, &key.hex) {
+                Ok(opened) => {
+                    touch(&dir);
+                    let table =
+                        self.table_from_disk(key, query, opened, dir, reservation);
+                    return Ok(self.remember(table));
+                }
+                Err(OpenError::Missing) => {}
+                Err(OpenError::Damaged(why)) => {
+                    log::warn!(
+                        "cache entry {} is damaged and is recomputed: {why}",
+                        dir.display()
+                    );
+                    self.remove_entry_dir(&dir);
+                }
+            }
+        }
+        let started = Instant::now();
+        let table = self
+            .compute(&state, physical, key, query, reservation, memory_cap)
+            .await?;
+        log::info!(
+            "cached {} rows ({} bytes) in {:.2} s",
+            table.rows(),
+            table.disk_bytes(),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(self.remember(table))
+    }
+
+    fn open_table(&self, key: &str) -> Option<Arc<CachedTable>> {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(key).and_then(Weak::upgrade)
+    }
+
+    fn remember(&self, table: CachedTable) -> Arc<CachedTable> {
+        let table = Arc::new(table);
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|_, t| t.strong_count() > 0);
+        open.insert(table.key.hex.clone(), Arc::downgrade(&table));
+        table
+    }
+
+    /// The callback that returns a table's memory share to this store.
+    fn release_hook(&self) -> Box<dyn Fn(usize) + Send + Sync> {
+        let used = Arc::clone(&self.memory_used);
+        Box::new(move |bytes| {
+            used.fetch_sub(bytes, Ordering::Relaxed);
+        })
+    }
+
+    fn table_from_disk(
+        &self,
+        key: CacheKey,
+        query: &str,
+        opened: entry::OpenedEntry,
+        dir: PathBuf,
+        reservation: MemoryReservation,
+    ) -> CachedTable {
+        let parts = opened
+            .manifest
+            .parts
+            .iter()
+            .zip(opened.parts)
+            .map(|(part, file)| CachedPart {
+                in_memory: vec![],
+                file,
+                path: dir.join(&part.file),
+                rows: part.rows,
+            })
+            .collect();
+        CachedTable {
+            disk_bytes: opened.manifest.bytes(),
+            query: if opened.manifest.query.is_empty() {
+                query.to_string()
+            } else {
+                opened.manifest.query
+            },
+            key,
+            schema: opened.schema,
+            parts: Arc::new(parts),
+            memory: reservation,
+            origin: Origin::Disk,
+            dir,
+            on_drop: Some(self.release_hook()),
+            remove_on_drop: false,
+        }
+    }
+
+    /// Runs `physical` and writes its partitions as a new entry.
+    async fn compute(
+        &self,
+        state: &SessionState,
+        physical: Arc<dyn ExecutionPlan>,
+        key: CacheKey,
+        query: &str,
+        reservation: MemoryReservation,
+        memory_cap: usize,
+    ) -> Result<CachedTable> {
+        let final_dir = if key.persistent {
+            self.entries_dir().join(&key.hex)
+        } else {
+            self.session_folder()?.join(&key.hex)
+        };
+        create_dir(&self.tmp_dir())?;
+        self.sweep_once();
+        let work = tempfile::Builder::new()
+            .prefix(&format!("{}-{}-", std::process::id(), key.hex))
+            .tempdir_in(self.tmp_dir())
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "cannot create a folder in the cache directory '{}': {e}",
+                    self.tmp_dir().display()
+                ))
+            })?;
+        let task_ctx = Arc::new(TaskContext::from(state));
+        let schema = physical.schema();
+        let partitions = physical.output_partitioning().partition_count();
+        let memory = Arc::new(MemoryShare {
+            reservation: Mutex::new(reservation),
+            used: Arc::clone(&self.memory_used),
+            cap: memory_cap,
+        });
+        // At least as many parts as the session's target partitions, so that
+        // scans of the cache need no round-robin repartitioning (which
+        // buffers, and under memory pressure spills, whatever the scan
+        // reads ahead). Input partition p writes parts p, p+P, p+2P, … in
+        // turn, batch by batch: deterministic, unlike a round-robin exchange.
+        let parts = partitions.max(state.config().target_partitions()).max(1);
+        let inputs = partitions.max(1);
+        // One task per input partition so that they decode in parallel.
+        let mut tasks = Vec::with_capacity(inputs);
+        for partition in 0..partitions {
+            let physical = Arc::clone(&physical);
+            let task_ctx = Arc::clone(&task_ctx);
+            let dir = work.path().to_path_buf();
+            let schema = Arc::clone(&schema);
+            let memory = Arc::clone(&memory);
+            let owned: Vec<usize> = (partition..parts).step_by(inputs).collect();
+            tasks.push(SpawnedTask::spawn(async move {
+                let mut stream = physical.execute(partition, task_ctx)?;
+                let mut writers = owned
+                    .iter()
+                    .map(|&part| {
+                        Ok((
+                            part,
+                            PartWriter::create(&dir, part, &schema)?,
+                            Vec::new(),
+                            true,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let mut next = 0;
+                while let Some(batch) = stream.next().await {
+                    let batch = batch?;
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    let (_, writer, kept, keeping) = &mut writers[next];
+                    next = (next + 1) % owned.len();
+                    writer.write(&batch)?;
+                    // Only a prefix of each part stays in memory: the scan
+                    // reads memory first, then the file from there.
+                    if *keeping {
+                        *keeping = memory.try_keep(batch.get_array_memory_size());
+                        if *keeping {
+                            kept.push(batch);
+                        }
+                    }
+                }
+                writers
+                    .into_iter()
+                    .map(|(part, writer, kept, _)| Ok((part, writer.finish()?, kept)))
+                    .collect::<Result<Vec<_>>>()
+            }));
+        }
+        if partitions == 0 {
+            // A plan without partitions still gets its (empty) part.
+            let writer = PartWriter::create(work.path(), 0, &schema)?;
+            tasks.push(SpawnedTask::spawn(async move {
+                Ok(vec![(0, writer.finish()?, Vec::new())])
+            }));
+        }
+        let mut written = Vec::with_capacity(parts);
+        for task in tasks {
+            written.extend(task.join().await.map_err(|e| {
+                DataFusionError::Execution(format!("a cache writer task failed: {e}"))
+            })??);
+        }
+        written.sort_by_key(|(part, _, _)| *part);
+        let (manifests, mut kept): (Vec<_>, Vec<_>) =
+            written.into_iter().map(|(_, m, k)| (m, k)).unzip();
+        let manifest = Manifest {
+            format: key::FORMAT,
+            key: key.hex.clone(),
+            query: query.to_string(),
+            created_unix: unix_now(),
+            inputs: key.inputs.clone(),
+            parts: manifests,
+        };
+        entry::write_manifest(work.path(), &manifest)?;
+        let dir = self.commit(work, &final_dir, &key)?;
+        // Open what is now in place: ours, or the entry another process
+        // committed first (then our in-memory batches are the same data,
+        // but its files are what the scans read).
+        let opened = entry::open(&dir, &key.hex).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cache entry '{}' cannot be opened right after writing it: {e:?}",
+                dir.display()
+            ))
+        })?;
+        let disk_bytes = opened.manifest.bytes();
+        let memory = Arc::into_inner(memory).ok_or_else(|| {
+            DataFusionError::Internal(
+                "cache writer tasks still hold the memory share".into(),
+            )
+        })?;
+        let reservation = memory
+            .reservation
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
+        // Keep our in-memory batches only if the files in place are ours
+        // byte for byte (another process may have won with other partitions).
+        let same_files = opened.manifest.parts.len() == manifest.parts.len()
+            && opened
+                .manifest
+                .parts
+                .iter()
+                .zip(&manifest.parts)
+                .all(|(a, b)| a.checksum == b.checksum && a.rows == b.rows);
+        if !same_files {
+            kept = vec![Vec::new(); opened.parts.len()];
+            self.memory_used
+                .fetch_sub(reservation.size(), Ordering::Relaxed);
+            reservation.free();
+        }
+        let parts = opened
+            .manifest
+            .parts
+            .iter()
+            .zip(opened.parts)
+            .zip(kept)
+            .map(|((part, file), in_memory)| CachedPart {
+                in_memory,
+                file,
+                path: dir.join(&part.file),
+                rows: part.rows,
+            })
+            .collect();
+        let key_persistent = key.persistent;
+        let table = CachedTable {
+            key,
+            query: query.to_string(),
+            schema: opened.schema,
+            parts: Arc::new(parts),
+            memory: reservation,
+            origin: Origin::Computed,
+            disk_bytes,
+            dir,
+            on_drop: Some(self.release_hook()),
+            remove_on_drop: !key_persistent,
+        };
+        if table.key.persistent {
+            self.evict(Some(&table.key.hex));
+        }
+        Ok(table)
+    }
+
+    /// Moves the finished `work` folder to `target`; returns where the
+    /// entry now is.
+    fn commit(
+        &self,
+        work: tempfile::TempDir,
+        target: &Path,
+        key: &CacheKey,
+    ) -> Result<PathBuf> {
+        if let Some(parent) = target.parent() {
+            create_dir(parent)?;
+        }
+        let work_path = work.keep();
+        match std::fs::rename(&work_path, target) {
+            Ok(()) => Ok(target.to_path_buf()),
+            Err(_) if target.join(entry::MANIFEST).exists() => {
+                // Another process committed the same key first.
+                let _ = std::fs::remove_dir_all(&work_path);
+                log::info!("cache entry {} was written by another process", key.hex);
+                Ok(target.to_path_buf())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&work_path);
+                Err(DataFusionError::Execution(format!(
+                    "cannot move the cache entry into '{}': {e}",
+                    target.display()
+                )))
+            }
+        }
+    }
+
+    /// Removes what crashed processes left in `tmp/` and `sessions/`: folders
+    /// whose name starts with the id of a process that no longer runs.
+    fn sweep_once(&self) {
+        if self.swept.swap(true, Ordering::Relaxed) || !Path::new("/proc/self").exists() {
+            return;
+        }
+        for folder in [self.tmp_dir(), self.options.dir.join("sessions")] {
+            let Ok(read) = std::fs::read_dir(&folder) else {
+                continue;
+            };
+            for item in read.flatten() {
+                let name = item.file_name().to_string_lossy().into_owned();
+                let name = name.strip_prefix("removed-").unwrap_or(&name);
+                let pid: String = name.chars().take_while(char::is_ascii_digit).collect();
+                if !pid.is_empty() && !Path::new("/proc").join(&pid).exists() {
+                    log::info!(
+                        "removing {}, left by process {pid}",
+                        item.path().display()
+                    );
+                    let _ = std::fs::remove_dir_all(item.path());
+                }
+            }
+        }
+    }
+
+    /// This session's folder for session-only entries.
+    fn session_folder(&self) -> Result<PathBuf> {
+        let mut folder = self.session_dir.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dir) = folder.as_ref() {
+            return Ok(dir.path().to_path_buf());
+        }
+        let parent = self.options.dir.join("sessions");
+        create_dir(&parent)?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{}-", std::process::id()))
+            .tempdir_in(&parent)
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "cannot create a session folder in '{}': {e}",
+                    parent.display()
+                ))
+            })?;
+        let path = dir.path().to_path_buf();
+        *folder = Some(dir);
+        Ok(path)
+    }
+
+    /// Removes an entry: renamed out of `entries/` first, so no reader ever
+    /// sees half of it.
+    fn remove_entry_dir(&self, dir: &Path) -> u64 {
+        let bytes = dir_bytes(dir);
+        let trash = self.tmp_dir().join(format!(
+            "removed-{}-{}",
+            std::process::id(),
+            unix_now_ns()
+        ));
+        let removed =
+            create_dir(&self.tmp_dir()).is_ok() && std::fs::rename(dir, &trash).is_ok();
+        let target = if removed { trash.as_path() } else { dir };
+        match std::fs::remove_dir_all(target) {
+            Ok(()) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => {
+                log::warn!("cannot remove cache entry {}: {e}", dir.display());
+                0
+            }
+        }
+    }
+
+    /// Entries on disk (shared ones and this session's).
+    pub fn entries(&self) -> Vec<EntryInfo> {
+        let mut infos = Vec::new();
+        let mut folders = vec![self.entries_dir()];
+        if let Some(dir) = self
+            .session_dir
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            folders.push(dir.path().to_path_buf());
+        }
+        for (index, folder) in folders.iter().enumerate() {
+            let Ok(read) = std::fs::read_dir(folder) else {
+                continue;
+            };
+            for item in read.flatten() {
+                let dir = item.path();
+                let manifest_path = dir.join(entry::MANIFEST);
+                let Ok(text) = std::fs::read(&manifest_path) else {
+                    continue;
+                };
+                let Ok(manifest) = serde_json::from_slice::<Manifest>(&text) else {
+                    continue;
+                };
+                let memory_bytes = self
+                    .open_table(&manifest.key)
+                    .map_or(0, |t| t.memory_bytes());
+                infos.push(EntryInfo {
+                    rows: manifest.rows(),
+                    disk_bytes: manifest.bytes(),
+                    memory_bytes,
+                    last_used_unix: modified_unix(&manifest_path),
+                    persistent: index == 0,
+                    key: manifest.key,
+                    query: manifest.query,
+                });
+            }
+        }
+        infos.sort_by_key(|e| std::cmp::Reverse(e.last_used_unix));
+        infos
+    }
+
+    /// Removes every shared entry; returns (entries, bytes) removed. Tables
+    /// already open keep reading their (now unlinked) files until dropped.
+    pub fn clear(&self) -> (usize, u64) {
+        let mut removed = (0, 0);
+        if let Ok(read) = std::fs::read_dir(self.entries_dir()) {
+            for item in read.flatten() {
+                removed.0 += 1;
+                removed.1 += self.remove_entry_dir(&item.path());
+            }
+        }
+        removed
+    }
+
+    /// Removes least recently used shared entries until they fit
+    /// `max_bytes`, sparing `keep`.
+    fn evict(&self, keep: Option<&str>) {
+        let Ok(read) = std::fs::read_dir(self.entries_dir()) else {
+            return;
+        };
+        let mut entries: Vec<(u64, u64, PathBuf)> = read
+            .flatten()
+            .map(|item| {
+                let dir = item.path();
+                (
+                    modified_unix_ns(&dir.join(entry::MANIFEST)),
+                    dir_bytes(&dir),
+                    dir,
+                )
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        entries.sort();
+        for (_, bytes, dir) in entries {
+            if total <= self.options.max_bytes {
+                break;
+            }
+            if keep.is_some_and(|k| dir.file_name().is_some_and(|n| n == k)) {
+                continue;
+            }
+            log::info!("cache over its size limit: removing {}", dir.display());
+            self.remove_entry_dir(&dir);
+            total = total.saturating_sub(bytes);
+        }
+        if total > self.options.max_bytes {
+            log::warn!(
+                "the cache holds {total} bytes, over its limit of {} bytes: the newest \
+                 entry alone is larger; raise --cache-max-size",
+                self.options.max_bytes
+            );
+        }
+    }
+}
+
+/// The memory share of one fill: a reservation in the session's pool, capped
+/// together with the session's other cached tables.
+struct MemoryShare {
+    reservation: Mutex<MemoryReservation>,
+    used: Arc<AtomicUsize>,
+    cap: usize,
+}
+
+impl MemoryShare {
+    /// Reserves `bytes` if both the cache's cap and the pool allow it.
+    fn try_keep(&self, bytes: usize) -> bool {
+        let previous = self.used.fetch_add(bytes, Ordering::Relaxed);
+        if previous + bytes > self.cap {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        let reservation = self.reservation.lock().unwrap_or_else(|p| p.into_inner());
+        if reservation.try_grow(bytes).is_err() {
+            self.used.fetch_sub(bytes, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+}
+
+/// `state` with the partition contents made independent of timing: no
+/// round-robin repartitioning and no file work stealing. A cached result is
+/// then the same however often it is computed, which unshuffled feeds and
+/// the shards of ranks reading one entry rely on.
+pub(crate) fn deterministic_state(state: &SessionState) -> SessionState {
+    let mut config = state.config().clone();
+    config
+        .options_mut()
+        .optimizer
+        .enable_round_robin_repartition = false;
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
+    SessionStateBuilder::new_from_existing(state.clone())
+        .with_config(config)
+        .build()
+}
+
+fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        DataFusionError::Execution(format!(
+            "cannot create cache directory '{}': {e}. Set --cache-dir \
+             (SessionBuilder::cache_dir) to a writable folder",
+            dir.display()
+        ))
+    })
+}
+
+/// Marks an entry as used now (its manifest's mtime).
+fn touch(dir: &Path) {
+    if let Ok(file) = std::fs::File::options()
+        .append(true)
+        .open(dir.join(entry::MANIFEST))
+    {
+        let _ = file.set_modified(SystemTime::now());
+    }
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|read| {
+            read.flatten()
+                .filter_map(|item| item.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn modified_unix_ns(path: &Path) -> u64 {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn modified_unix(path: &Path) -> u64 {
+    modified_unix_ns(path) / 1_000_000_000
+}
+
+fn unix_now() -> u64 {
+    unix_now_ns() / 1_000_000_000
+}
+
+fn unix_now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}

@@ -1,0 +1,456 @@
+//! The epoch cache: CACHE TABLE / UNCACHE TABLE / CLEAR CACHE, reuse across
+//! sessions and processes, invalidation, damage, the LRU limit, and cached
+//! feeds.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray, UInt64Array};
+use datafusion::datasource::MemTable;
+use datafusion::error::Result;
+use sqlfeed::Session;
+use sqlfeed::device::Device;
+use sqlfeed::feed::Feed;
+
+use crate::common::{arc, collect, gen_data, rows, run, sqlfeed, write_parquet};
+
+fn session(cache_dir: &Path) -> Result<Session> {
+    Session::builder()
+        .memory_limit(256 << 20)
+        .target_partitions(2)
+        .cache_dir(cache_dir)
+        .build()
+}
+
+/// The one-row result of a CACHE TABLE statement, by column name.
+struct Cached {
+    rows: u64,
+    source: String,
+    key: String,
+    memory_bytes: u64,
+}
+
+async fn cache_table(session: &Session, sql: &str) -> Result<Cached> {
+    let batches = collect(session, sql).await?;
+    let batch = &batches[0];
+    let text = |name: &str| {
+        batch
+            .column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+            .map(|a| a.value(0).to_string())
+            .unwrap_or_default()
+    };
+    let number = |name: &str| {
+        batch
+            .column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+            .map_or(u64::MAX, |a| a.value(0))
+    };
+    Ok(Cached {
+        rows: number("rows"),
+        source: text("source"),
+        key: text("key"),
+        memory_bytes: number("memory_bytes"),
+    })
+}
+
+fn entry_dirs(cache_dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(cache_dir.join("entries"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+const QUERY: &str = "SELECT id, f0 * 2 AS g, label FROM '{data}' WHERE id % 3 <> 0";
+
+fn query(data: &Path) -> String {
+    QUERY.replace("{data}", &format!("{}/*.parquet", data.display()))
+}
+
+#[tokio::test]
+async fn cached_results_equal_the_query_and_are_reused_by_later_sessions() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 3000, 3)?;
+    let query = query(&data);
+
+    let first = session(&cache)?;
+    let cached = cache_table(&first, &format!("CACHE TABLE t AS {query}")).await?;
+    assert_eq!(cached.rows, 2000);
+    assert_eq!(cached.source, "computed");
+    assert!(cached.memory_bytes > 0, "a small result stays in memory");
+    let expected =
+        rows(&collect(&first, &format!("SELECT * FROM ({query}) ORDER BY id")).await?);
+    let from_cache = rows(&collect(&first, "SELECT * FROM t ORDER BY id").await?);
+    assert_eq!(from_cache, expected);
+    // The plan reads the cache, not the Parquet files.
+    let plan =
+        rows(&collect(&first, "EXPLAIN SELECT sum(g) FROM t WHERE label = 1").await?);
+    let plan = format!("{plan:?}");
+    assert!(
+        plan.contains("CacheScanExec") && !plan.contains("parquet"),
+        "{plan}"
+    );
+    assert_eq!(entry_dirs(&cache).len(), 1);
+
+    // Another session (as another run would) finds the entry on disk.
+    let second = session(&cache)?;
+    let reused = cache_table(&second, &format!("CACHE TABLE again AS {query}")).await?;
+    assert_eq!(reused.source, "reused from disk");
+    assert_eq!(reused.key, cached.key);
+    let from_disk = rows(&collect(&second, "SELECT * FROM again ORDER BY id").await?);
+    assert_eq!(from_disk, expected);
+
+    // UNCACHE drops the table, not the entry; IF EXISTS tolerates absence.
+    collect(&second, "UNCACHE TABLE again").await?;
+    assert!(collect(&second, "SELECT * FROM again").await.is_err());
+    let err = collect(&second, "UNCACHE TABLE again")
+        .await
+        .expect_err("gone");
+    assert!(err.to_string().contains("no cached table 'again'"), "{err}");
+    collect(&second, "UNCACHE TABLE IF EXISTS again").await?;
+    assert_eq!(entry_dirs(&cache).len(), 1);
+    // A table that is not cached is refused by both statements.
+    collect(&second, "CREATE TABLE plain AS SELECT 1 AS x").await?;
+    let err = collect(&second, "UNCACHE TABLE plain")
+        .await
+        .expect_err("not cached");
+    assert!(
+        err.to_string().contains("'plain' is not a cached table"),
+        "{err}"
+    );
+    let err = collect(&second, "CACHE TABLE plain AS SELECT 2")
+        .await
+        .expect_err("name taken");
+    assert!(err.to_string().contains("already exists"), "{err}");
+
+    // CLEAR CACHE empties the directory; the first session's open table
+    // keeps reading its (unlinked) files.
+    collect(&second, "CLEAR CACHE").await?;
+    assert!(entry_dirs(&cache).is_empty());
+    let still = rows(&collect(&first, "SELECT * FROM t ORDER BY id").await?);
+    assert_eq!(still, expected);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_changed_input_file_or_query_is_a_miss() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    let files = gen_data(&data, 3000, 3)?;
+    let query = query(&data);
+    let session = session(&cache)?;
+    let original = cache_table(&session, &format!("CACHE TABLE t AS {query}")).await?;
+
+    // The same query over a rewritten file: a new key and the new data,
+    // in the same session too.
+    let ids = Int64Array::from_iter_values(10_000..10_010);
+    let f0 = datafusion::arrow::array::Float32Array::from_iter_values(
+        (0..10).map(|i| i as f32),
+    );
+    let label = datafusion::arrow::array::Int32Array::from_iter_values(0..10);
+    let batch = RecordBatch::try_from_iter(vec![
+        ("id", arc(ids)),
+        ("f0", arc(f0)),
+        ("label", arc(label)),
+    ])?;
+    write_parquet(&files[0], &batch)?;
+    let changed = cache_table(&session, &format!("CACHE TABLE t AS {query}")).await?;
+    assert_eq!(changed.source, "computed");
+    assert_ne!(changed.key, original.key);
+    let expected =
+        rows(&collect(&session, &format!("SELECT count(*) FROM ({query})")).await?);
+    assert_eq!(
+        rows(&collect(&session, "SELECT count(*) FROM t").await?),
+        expected
+    );
+    assert_eq!(changed.rows.to_string(), expected[0][0]);
+
+    // A different query over the same files: a new key too.
+    let other = cache_table(
+        &session,
+        &format!("CACHE TABLE u AS {}", query.replace("<> 0", "= 0")),
+    )
+    .await?;
+    assert_eq!(other.source, "computed");
+    assert_ne!(other.key, changed.key);
+    Ok(())
+}
+
+#[tokio::test]
+async fn damaged_or_missing_cache_files_are_recomputed_never_served() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 3000, 3)?;
+    let query = query(&data);
+    let expected = {
+        let session = session(&cache)?;
+        cache_table(&session, &format!("CACHE TABLE t AS {query}")).await?;
+        rows(&collect(&session, "SELECT * FROM t ORDER BY id").await?)
+    };
+    let entry = entry_dirs(&cache).remove(0);
+
+    // One flipped byte in a part file.
+    let part = entry.join("part-00000.arrow");
+    let mut bytes = std::fs::read(&part)?;
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&part, bytes)?;
+    let session_b = session(&cache)?;
+    let again = cache_table(&session_b, &format!("CACHE TABLE t AS {query}")).await?;
+    assert_eq!(again.source, "computed", "a damaged entry is not reused");
+    assert_eq!(
+        rows(&collect(&session_b, "SELECT * FROM t ORDER BY id").await?),
+        expected
+    );
+
+    // A missing part file, then a missing manifest.
+    for victim in ["part-00001.arrow", "manifest.json"] {
+        std::fs::remove_file(entry_dirs(&cache)[0].join(victim))?;
+        let session_c = session(&cache)?;
+        let again = cache_table(&session_c, &format!("CACHE TABLE t AS {query}")).await?;
+        assert_eq!(again.source, "computed", "after removing {victim}");
+        assert_eq!(
+            rows(&collect(&session_c, "SELECT * FROM t ORDER BY id").await?),
+            expected
+        );
+    }
+
+    // Through the binary: the recomputation is announced on stderr.
+    let part = entry_dirs(&cache)[0].join("part-00000.arrow");
+    let mut bytes = std::fs::read(&part)?;
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x80;
+    std::fs::write(&part, bytes)?;
+    let (ok, out, err) = run(sqlfeed().args([
+        "--cache-dir",
+        &cache.display().to_string(),
+        "--target-partitions",
+        "2",
+        "--format",
+        "csv",
+        "-c",
+        &format!("CACHE TABLE t AS {query}; SELECT count(*) AS n FROM t"),
+    ]));
+    assert!(ok, "{err}");
+    assert!(out.ends_with("n\n2000\n"), "{out}");
+    assert!(
+        err.contains("is damaged and is recomputed") && err.contains("part-00000.arrow"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn tables_in_memory_and_volatile_queries_are_cached_for_the_session_only()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cache = dir.path().join("cache");
+    let session = session(&cache)?;
+    let batch = RecordBatch::try_from_iter(vec![(
+        "x",
+        arc(Int64Array::from_iter_values(0..100)),
+    )])?;
+    session.context().register_table(
+        "mem",
+        Arc::new(MemTable::try_new(batch.schema(), vec![vec![batch]])?),
+    )?;
+    let cached =
+        cache_table(&session, "CACHE TABLE m AS SELECT x * 2 AS y FROM mem").await?;
+    assert!(cached.key.starts_with('s'), "{}", cached.key);
+    let random = cache_table(&session, "CACHE TABLE r AS SELECT random() AS v").await?;
+    assert!(random.key.starts_with('s'), "{}", random.key);
+    assert!(
+        entry_dirs(&cache).is_empty(),
+        "nothing shared with other runs"
+    );
+    let entries = session.cache().entries();
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().all(|e| !e.persistent));
+    // The random value is frozen for the session.
+    let first = rows(&collect(&session, "SELECT v FROM r").await?);
+    assert_eq!(rows(&collect(&session, "SELECT v FROM r").await?), first);
+    // Uncaching removes a session-only entry's files.
+    collect(&session, "UNCACHE TABLE m").await?;
+    collect(&session, "UNCACHE TABLE r").await?;
+    assert!(session.cache().entries().is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_size_limit_removes_the_least_recently_used_entries() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 3000, 3)?;
+    let files = format!("{}/*.parquet", data.display());
+    let entry_bytes = {
+        let probe = session(&dir.path().join("probe"))?;
+        cache_table(
+            &probe,
+            &format!("CACHE TABLE p AS SELECT * FROM '{files}' WHERE id < 1000"),
+        )
+        .await?;
+        probe.cache().entries()[0].disk_bytes
+    };
+    // Room for two entries of about that size, not three.
+    let session = Session::builder()
+        .target_partitions(2)
+        .cache_dir(&cache)
+        .cache_max_bytes(entry_bytes * 5 / 2)
+        .build()?;
+    let mut keys = vec![];
+    for bound in [1000, 1001, 1002] {
+        let cached = cache_table(
+            &session,
+            &format!(
+                "CACHE TABLE t{bound} AS SELECT * FROM '{files}' WHERE id < {bound}"
+            ),
+        )
+        .await?;
+        keys.push(cached.key);
+        // Distinct modification times for the LRU order.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left: Vec<String> = entry_dirs(&cache)
+        .iter()
+        .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    let mut expected = vec![keys[1].clone(), keys[2].clone()];
+    expected.sort();
+    assert_eq!(left, expected, "the oldest entry went");
+    // The evicted table's open handle still reads.
+    assert_eq!(
+        rows(&collect(&session, "SELECT count(*) FROM t1000").await?),
+        vec![vec!["1000".to_string()]]
+    );
+    Ok(())
+}
+
+#[test]
+fn concurrent_processes_fill_one_entry_without_corrupting_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 20_000, 4)?;
+    let sql = format!(
+        "CACHE TABLE t AS {}; SELECT count(*) AS n, sum(id) AS s FROM t",
+        query(&data)
+    );
+    let spawn = || {
+        sqlfeed()
+            .args([
+                "--cache-dir",
+                &cache.display().to_string(),
+                "--format",
+                "csv",
+                "-c",
+                &sql,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("sqlfeed starts")
+    };
+    let children: Vec<_> = (0..3).map(|_| spawn()).collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("sqlfeed ends"))
+        .collect();
+    let mut results = vec![];
+    for output in &outputs {
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        results.push(stdout.lines().last().unwrap_or_default().to_string());
+    }
+    assert!(results.iter().all(|r| r == &results[0]), "{results:?}");
+    assert_eq!(entry_dirs(&cache).len(), 1);
+    assert!(
+        std::fs::read_dir(cache.join("tmp"))?.next().is_none(),
+        "no temporary folders left"
+    );
+    // The entry left behind is whole: the next process reuses it.
+    let (ok, out, err) = run(sqlfeed().args([
+        "--cache-dir",
+        &cache.display().to_string(),
+        "--format",
+        "csv",
+        "-c",
+        &sql.replace("; SELECT count(*) AS n, sum(id) AS s FROM t", ""),
+    ]));
+    assert!(ok, "{err}");
+    assert!(out.contains("reused from disk"), "{out}");
+    Ok(())
+}
+
+/// Every batch of a feed as (epoch, step, ids).
+type IdBatches = Vec<(u64, u64, Vec<i64>)>;
+
+/// The ids of every batch of a feed, and each epoch's plan.
+fn feed_ids(
+    session: &Session,
+    sql: &str,
+    cache: bool,
+) -> Result<(IdBatches, Vec<String>)> {
+    let mut feed = Feed::builder(session, sql)
+        .shuffle(7)
+        .batch_size(100)
+        .epochs(3)
+        .cache(cache)
+        .device(Device::Cpu)
+        .build()?;
+    let mut out = vec![];
+    for batch in feed.by_ref() {
+        let batch = batch?;
+        out.push((
+            batch.epoch(),
+            batch.step(),
+            batch.tensor("id")?.as_slice::<i64>()?.to_vec(),
+        ));
+    }
+    let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+    Ok((out, plans))
+}
+
+#[test]
+fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 3000, 3)?;
+    let sql = query(&data).replace("SELECT id, f0 * 2 AS g, label", "SELECT id, label");
+    let session = session(&cache)?;
+    let (plain, _) = feed_ids(&session, &sql, false)?;
+    let (cached, plans) = feed_ids(&session, &sql, true)?;
+    assert_eq!(cached, plain, "the cache changes nothing a consumer sees");
+    assert_ne!(plain[0].2, plain[20].2, "epochs differ");
+    // Every epoch read the cache, none the Parquet files.
+    assert_eq!(plans.len(), 3);
+    for plan in &plans {
+        assert!(
+            plan.contains("CacheScanExec") && !plan.contains("parquet"),
+            "{plan}"
+        );
+    }
+    // Another feed (another run) reuses the entry from disk.
+    let later = Session::builder()
+        .memory_limit(256 << 20)
+        .target_partitions(2)
+        .cache_dir(&cache)
+        .build()?;
+    let (reused, _) = feed_ids(&later, &sql, true)?;
+    assert_eq!(reused, plain);
+    assert_eq!(entry_dirs(&cache).len(), 1);
+    Ok(())
+}
