@@ -10,9 +10,10 @@
 //! The optimized logical plan says what is computed (projections, filters,
 //! function calls with their constant arguments such as a tokenizer path or a
 //! resize size); the input files say on what. A changed query or a rewritten,
-//! added or removed file changes the key. The salt carries the session
-//! settings that change results without showing in the plan (the image pixel
-//! limit).
+//! added or removed file changes the key. The salt is for session settings
+//! that would change results without showing in the plan; none does today
+//! (the image pixel limit only decides which images fail, and a failed query
+//! caches nothing).
 //!
 //! # Persistence
 //! Only data that is a pure function of files can be reused by another run. A
