@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The feed benchmarks of ../shared/bench (W2 tensor feed, W4 dynamic padding,
-# W5 starvation) for sqlfeed and its peers, side by side in one run, A B A B.
+# The feed benchmarks of ../shared/bench (W2 tensor feed, W3 global shuffle
+# then feed, W4 dynamic padding, W5 starvation) for sqlfeed and its peers,
+# side by side in one run, A B A B.
 #
-#   scripts/bench-feed.sh [DATA=/tmp/bench-data/big] [REPEAT=2]
+#   scripts/bench-feed.sh [DATA=/tmp/bench-data/big] [REPEAT=2] [WORKLOADS=W2,W4,W5]
+#   scripts/bench-feed.sh /tmp/bench-data/small 2 W3     # as in BASELINES.md
 #
 # Needs the peer venv and data of ../shared/bench/README.md and a release
 # build (cargo build --release). Appends to target/bench-feed.jsonl and prints
@@ -11,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${1:-/tmp/bench-data/big}
 repeat=${2:-2}
+workloads=${3:-W2,W4,W5}
+has() { [[ ",$workloads," == *",$1,"* ]]; }
 py=${PEERS_PY:-/tmp/peers-venv/bin/python}
 bench=$(cd ../shared/bench 2>/dev/null && pwd || echo /work/shared/bench)
 bin=$PWD/target/release/sqlfeed
@@ -37,12 +41,26 @@ external() { # name workload args...
 
 for rep in $(seq "$repeat"); do
   echo "== round $rep"
-  external sqlfeed W2 "$bin" "${w2_args[@]}"
-  external datafusion_scan W2 "$py" "$PWD/scripts/bench/df_scan.py" "$data"
-  external pyarrow W2 "$py" "$bench/peers.py" one --workload W2 --peer pyarrow --data "$data"
-  external sqlfeed W4 "$bin" "${w4_args[@]}"
-  external pyarrow W4 "$py" "$bench/peers.py" one --workload W4 --peer pyarrow --data "$data"
+  if has W2; then
+    external sqlfeed W2 "$bin" "${w2_args[@]}"
+    external datafusion_scan W2 "$py" "$PWD/scripts/bench/df_scan.py" "$data"
+    external pyarrow W2 "$py" "$bench/peers.py" one --workload W2 --peer pyarrow --data "$data"
+  fi
+  if has W3; then
+    # The W2 feed, globally shuffled every epoch (one epoch here).
+    external sqlfeed W3 "$bin" "${w2_args[@]}" --shuffle-seed 42
+    external duckdb_order_hash W3 "$py" "$bench/peers.py" one --workload W3 --peer duckdb_order_hash --data "$data"
+    external numpy_perm W3 "$py" "$bench/peers.py" one --workload W3 --peer numpy_perm --data "$data"
+  fi
+  if has W4; then
+    external sqlfeed W4 "$bin" "${w4_args[@]}"
+    external pyarrow W4 "$py" "$bench/peers.py" one --workload W4 --peer pyarrow --data "$data"
+  fi
 done
+if ! has W5; then
+  (cd "$bench" && "$py" report.py "$out")
+  exit 0
+fi
 # W5: the step is 1.1x sqlfeed's own per-batch production time in W2.
 step_ms=$("$py" - "$out" <<'PY'
 import json, sys

@@ -38,7 +38,11 @@ use datafusion::physical_plan::{
 const MIN_BATCH_ROWS: usize = 64;
 
 /// Rough in-memory bytes of one row of `schema`, for sizing batches:
-/// fixed-width columns by width, variable-width ones by a typical size.
+/// fixed-width columns by width, variable-width ones by a generous typical
+/// size. Overestimating only makes batches smaller under a small budget;
+/// underestimating made the external sort's merge hold batches of wide rows
+/// (kilobyte strings, image blobs) larger than the whole budget, and a
+/// shuffle that should have spilled failed (tests/memory_bounds.rs).
 fn estimated_row_bytes(schema: &Schema) -> usize {
     fn width(t: &DataType) -> usize {
         match t {
@@ -46,8 +50,15 @@ fn estimated_row_bytes(schema: &Schema) -> usize {
             DataType::Boolean | DataType::Null => 1,
             DataType::FixedSizeBinary(n) => *n as usize,
             DataType::FixedSizeList(f, n) => width(f.data_type()) * (*n).max(0) as usize,
-            DataType::List(f) | DataType::LargeList(f) => 16 * width(f.data_type()) + 8,
+            DataType::List(f) | DataType::LargeList(f) | DataType::ListView(f) => {
+                256 * width(f.data_type()) + 8
+            }
             DataType::Struct(fields) => fields.iter().map(|f| width(f.data_type())).sum(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => 1024 + 8,
+            // Blobs are usually encoded images or audio.
+            DataType::Binary | DataType::LargeBinary | DataType::BinaryView => {
+                (16 << 10) + 8
+            }
             _ => 64,
         }
     }

@@ -15,10 +15,12 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::metrics::{
@@ -40,6 +42,39 @@ pub const SHUFFLE_KEY_COLUMN: &str = "__sqlfeed_shuffle_key";
 /// so neighbouring seeds and epochs give unrelated permutations.
 pub fn shuffle_seed(seed: u64, epoch: u64) -> u64 {
     splitmix64(seed ^ splitmix64(epoch))
+}
+
+/// Largest batch handed to the sort: 1/64 of a partition's share of the
+/// memory limit (at least 256 KiB). The external sort must hold a whole
+/// batch to accept it; one batch of wide rows (strings of kilobytes built
+/// with doubling capacity) can otherwise exceed the whole share.
+fn max_batch_bytes(context: &TaskContext, partitions: usize) -> usize {
+    match context.memory_pool().memory_limit() {
+        MemoryLimit::Finite(limit) => (limit / partitions.max(1) / 64).max(256 << 10),
+        _ => usize::MAX,
+    }
+}
+
+/// `batch` as one or more compact batches of at most about `max_bytes` each.
+/// Slices would share (and be charged for) the whole buffers, so chunks are
+/// copied.
+fn split_to_fit(batch: &RecordBatch, max_bytes: usize) -> Result<Vec<RecordBatch>> {
+    let bytes = batch.get_array_memory_size();
+    let rows = batch.num_rows();
+    if bytes <= max_bytes || rows <= 1 {
+        return Ok(vec![batch.clone()]);
+    }
+    let chunks = bytes.div_ceil(max_bytes).min(rows);
+    let chunk_rows = rows.div_ceil(chunks);
+    (0..rows)
+        .step_by(chunk_rows)
+        .map(|start| {
+            let len = chunk_rows.min(rows - start);
+            let indices =
+                UInt32Array::from_iter_values(start as u32..(start + len) as u32);
+            Ok(take_record_batch(batch, &indices)?)
+        })
+        .collect()
 }
 
 /// Appends [`SHUFFLE_KEY_COLUMN`]; see the module docs.
@@ -159,20 +194,32 @@ impl ExecutionPlan for ShuffleKeyExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let max_batch_bytes =
+            max_batch_bytes(&context, self.input.output_partitioning().partition_count());
         let input = self.input.execute(partition, context)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let hash_seed = shuffle_seed(self.seed, self.epoch);
-        let keyed = input.map(move |batch| {
-            let batch = batch?;
-            let timer = baseline.elapsed_compute().timer();
-            let keys = row_key_hash(batch.columns(), hash_seed)?;
-            let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-            columns.push(Arc::new(keys));
-            let out = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-            timer.done();
-            baseline.record_output(out.num_rows());
-            Ok(out)
+        let keyed = input.flat_map(move |batch| {
+            let keyed = batch.and_then(|batch| {
+                let timer = baseline.elapsed_compute().timer();
+                let chunks = split_to_fit(&batch, max_batch_bytes)?;
+                let mut out = Vec::with_capacity(chunks.len());
+                for chunk in chunks {
+                    let keys = row_key_hash(chunk.columns(), hash_seed)?;
+                    let mut columns: Vec<ArrayRef> = chunk.columns().to_vec();
+                    columns.push(Arc::new(keys));
+                    let keyed = RecordBatch::try_new(Arc::clone(&schema), columns)?;
+                    baseline.record_output(keyed.num_rows());
+                    out.push(Ok(keyed));
+                }
+                timer.done();
+                Ok(out)
+            });
+            futures::stream::iter(match keyed {
+                Ok(batches) => batches,
+                Err(e) => vec![Err(e)],
+            })
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),

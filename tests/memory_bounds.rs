@@ -1,6 +1,8 @@
-//! A cache three times the memory limit stays within the memory limit plus
-//! the batches in flight. Its own test binary, so that the process's peak
-//! RSS (`VmHWM`) belongs to this test alone.
+//! Work several times the memory limit stays within the limit plus the
+//! batches in flight: a cache and a global shuffle. Its own test binary, so
+//! that the process's peak RSS (`VmHWM`) belongs to these tests alone; they
+//! take turns and reset the peak before measuring. The binary uses the
+//! allocator of the `sqlfeed` binary.
 
 use datafusion::arrow::array::{Int64Array, UInt64Array};
 use datafusion::error::Result;
@@ -8,6 +10,15 @@ use sqlfeed::Session;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// One measurement at a time: the peak is per process.
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Resets this process's peak RSS to its current RSS (Linux ≥ 4.0), so the
+/// next `VmHWM` reads the peak from now on.
+fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
 
 /// `VmHWM` or `VmRSS` of this process in bytes (Linux).
 fn status_bytes(field: &str) -> Option<u64> {
@@ -19,6 +30,7 @@ fn status_bytes(field: &str) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_three_times_the_memory_limit_keeps_peak_rss_bounded() -> Result<()> {
+    let _turn = TURN.lock().await;
     const LIMIT: usize = 48 << 20;
     const BATCH_ROWS: usize = 2048;
     const ROW_BYTES: usize = 2048;
@@ -108,5 +120,85 @@ async fn a_cache_three_times_the_memory_limit_keeps_peak_rss_bounded() -> Result
          {grown_filling} bytes filling it, {grown} bytes after reading it back (bound {bound})"
     );
     assert!(grown <= bound, "RSS grew by {grown} bytes, over {bound}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap (issue 4): completes since ShuffleKeyExec splits wide batches, but peak \
+            RSS reaches ~2x the data: DataFusion's sort keeps runs in a non-spillable merge \
+            reservation and not every copy is accounted. Run with --ignored."]
+async fn a_shuffle_four_times_the_memory_limit_spills_within_bounded_rss() -> Result<()> {
+    let _turn = TURN.lock().await;
+    use futures::StreamExt;
+    const LIMIT: usize = 32 << 20;
+    const ROW_BYTES: usize = 2048;
+    const ROWS: i64 = 64_000;
+    let spill = tempfile::tempdir()?;
+    let session = Session::builder()
+        .memory_limit(LIMIT)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    let query = format!(
+        "SELECT value AS id, repeat(chr(65 + CAST(value % 26 AS INT)), {ROW_BYTES}) AS pad \
+         FROM generate_series(1, {ROWS}) SHUFFLE SEED 3"
+    );
+    // Warm up on a small shuffle.
+    session
+        .collect(
+            session
+                .sql("SELECT value FROM generate_series(1, 1000) SHUFFLE SEED 1")
+                .await?,
+        )
+        .await?;
+    let (Some(before), true) = (status_bytes("VmRSS:"), reset_peak()) else {
+        eprintln!("skipped: no /proc/self/status or clear_refs on this system");
+        return Ok(());
+    };
+    // Stream it: collecting would hold the whole output by design.
+    let plan = session.sql(&query).await?.create_physical_plan().await?;
+    let mut stream = session.execute_stream(plan)?;
+    let (mut rows, mut id_sum, mut previous, mut ascending) = (0i64, 0i64, 0i64, 0i64);
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("id is int64");
+        for id in ids.values() {
+            rows += 1;
+            id_sum += id;
+            ascending += i64::from(*id > previous);
+            previous = *id;
+        }
+    }
+    drop(stream);
+    assert_eq!(rows, ROWS);
+    assert_eq!(id_sum, ROWS * (ROWS + 1) / 2);
+    assert!(
+        ascending < ROWS * 6 / 10,
+        "not shuffled: {ascending} of {ROWS} steps ascend"
+    );
+    let grown = status_bytes("VmHWM:")
+        .unwrap_or(u64::MAX)
+        .saturating_sub(before);
+    let data = ROWS as u64 * ROW_BYTES as u64;
+    // Stated overhead: the merge phase's one batch per sorted run and
+    // partition (ShuffleExec sizes them to 1/64 of a partition's share) and
+    // the scan's batches in flight, plus the allocator's slack.
+    let bound = LIMIT as u64 + (48 << 20);
+    eprintln!(
+        "shuffle of {data} bytes under a {LIMIT}-byte limit: peak RSS grew by {grown} \
+         bytes (bound {bound})"
+    );
+    assert!(data > 4 * LIMIT as u64);
+    assert!(grown <= bound, "RSS grew by {grown} bytes, over {bound}");
+    let left: Vec<_> = std::fs::read_dir(spill.path())?.flatten().collect();
+    let files: Vec<_> = left
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+        .collect();
+    assert!(files.is_empty(), "spill files left: {files:?}");
     Ok(())
 }
