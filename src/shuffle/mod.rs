@@ -10,19 +10,20 @@
 //! `ORDER BY random()` has no seed and its order depends on the plan; Ray
 //! Data's `random_shuffle` holds everything in memory and its order changes
 //! with the cluster. sqlfeed orders rows by a **shuffle key**, a pure
-//! function of `(seed, epoch, row)`, and sorts by it with DataFusion's
-//! external sort, so the order is the same on any number of partitions or
-//! batch sizes and the memory is bounded by the session's budget.
+//! function of `(seed, epoch, row)`, and orders by it, so the order is the
+//! same on any number of partitions or batch sizes and the memory is bounded
+//! by the session's budget.
 //!
 //! # Definition of the order
-//! `key(row) = xxh3_64_with_seed(row_bytes(row), mix(seed, epoch))` where
-//! `row_bytes` is the row's canonical encoding in arrow's row format (every
-//! column of the query, in order) and `mix` is SplitMix64 of
-//! `seed ^ SplitMix64(epoch)`. Rows are emitted by ascending key. Two rows
-//! with equal keys are byte-identical (barring a 2^-64 hash collision), so
-//! ties cannot make the output differ. Caveat: identical rows share a key and
-//! so come out next to each other; a row identity from the scan (file, row
-//! offset) to break such ties is future work.
+//! `key(row) = row_key(row, mix(seed, epoch))`, where `row_key` folds every
+//! column of the query, in order, into an xxh3 hash (defined in
+//! `crate::sql::functions`: value bytes straight from Arrow, arrow's row format
+//! for the remaining types) and `mix` is SplitMix64 of `seed ^
+//! SplitMix64(epoch)`. Rows are emitted by ascending key. Two rows with equal
+//! keys are byte-identical (barring a 2^-64 hash collision), so ties cannot
+//! make the output differ. Caveat: identical rows share a key and so come out
+//! next to each other; a row identity from the scan (file, row offset) to
+//! break such ties is future work.
 //!
 //! # Data flow
 //! ```text
@@ -31,31 +32,28 @@
 //!    p0        p1       …   pN-1
 //!    │         │            │
 //!    ▼         ▼            ▼
-//!  ShuffleKeyExec: append __sqlfeed_shuffle_key = key(seed, epoch, row)
-//!    │         │            │
-//!    ▼         ▼            ▼
-//!  SortExec by key, per partition (memory pool; spills sorted Arrow IPC runs)
-//!    │         │            │
+//!  ShuffleKeyExec: append __sqlfeed_shuffle_key = key(seed, epoch, row);
+//!    │         │            │   split batches wider than 1/64 of a share
 //!    └────┬────┴─────┬──────┘
 //!         ▼          ▼
-//!  SortPreservingMergeExec by key ──► one stream in global key order
-//!         │
-//!         ▼
-//!  ProjectionExec: drop the key column
+//!  PermuteExec: hold batches, sort a (key, batch, row) index, gather output
+//!         │     in key order; beyond the budget, sorted runs on disk merged
+//!         ▼     by DataFusion's streaming merge; drops the key
+//!  one stream in global key order
 //! ```
-//! On Ballista the same plan cuts into stages at the merge: per-partition
-//! sorts run on the executors, the merge on the final stage.
+//! [`plan_sorted_shuffle`] gives the same order with DataFusion's per-partition
+//! `SortExec` and `SortPreservingMergeExec` in place of [`PermuteExec`]: the
+//! shape Ballista cuts into stages (sorts on the executors, the merge on the
+//! final stage). A test checks that both plans give the same order.
 //!
 //! # Memory and spilling
-//! The sorts reserve memory from the session's pool (`--memory-limit`); when
-//! a reservation fails they spill sorted runs to the spill directory and
-//! merge them, and the spill files are deleted when the query ends, fails or
-//! is cancelled. The key adds 8 bytes per row. Merge buffers cannot spill, so
-//! the session merges at most 8 spill files at a time and [`ShuffleExec`]
-//! sizes batches to the budget. Measured (`scripts/bench-shuffle.sh`, 2M rows,
-//! ≈470 MB in Arrow): with `--memory-limit 96M` the shuffle completes with a
-//! peak RSS of 231–244 MB, the plain scan alone peaking at ~120 MB.
-//!
+//! [`PermuteExec`] reserves the held batches plus 16 bytes of index per row
+//! from the session's pool (`--memory-limit`); when a batch does not fit it
+//! writes what it holds as a key-sorted run through DataFusion's spill
+//! manager, and the runs are deleted when the query ends, fails or is
+//! cancelled. The key adds 8 bytes per row. In memory the rows are copied
+//! once, when gathered into output batches.
+
 //! # Streaming
 //! A global shuffle is a barrier: the first row can only be emitted after the
 //! last input row has been keyed (any row may have the smallest key), so time
@@ -71,6 +69,7 @@ mod exec;
 mod key;
 mod local;
 mod logical;
+mod permute;
 mod planner;
 
 use std::sync::Arc;
@@ -83,7 +82,11 @@ pub use exec::{ShuffleExec, shuffle_batch_rows};
 pub use key::{SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed};
 pub use local::LocalShuffleExec;
 pub use logical::ShuffleNode;
-pub use planner::{ShuffleExtensionPlanner, SqlfeedQueryPlanner};
+pub use permute::PermuteExec;
+pub use planner::{
+    ShuffleExtensionPlanner, SqlfeedQueryPlanner, plan_global_shuffle,
+    plan_sorted_shuffle,
+};
 
 /// The one child of a single-input operator, or an internal error.
 pub(crate) fn single_child(

@@ -20,8 +20,8 @@ use datafusion::physical_planner::{
 use datafusion_session::Session;
 
 use super::{
-    LocalShuffleExec, SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKeyExec, ShuffleNode,
-    ShuffleSpec, shuffle_batch_rows,
+    LocalShuffleExec, PermuteExec, SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKeyExec,
+    ShuffleNode, ShuffleSpec, shuffle_batch_rows,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 
@@ -29,9 +29,37 @@ use datafusion::execution::memory_pool::MemoryLimit;
 #[derive(Debug, Default)]
 pub struct ShuffleExtensionPlanner;
 
-/// The global shuffle: key, sort per partition, merge, drop the key, all
-/// under a [`ShuffleExec`] whose batch size fits `memory_limit`.
+/// The global shuffle on one machine: key, then [`PermuteExec`] (index sort
+/// and gather, spilling sorted runs), under a [`ShuffleExec`] whose batch
+/// size fits `memory_limit`.
 pub fn plan_global_shuffle(
+    input: Arc<dyn ExecutionPlan>,
+    seed: u64,
+    epoch: u64,
+    memory_limit: usize,
+    session_batch_size: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let partitions = input.properties().partitioning.partition_count();
+    let batch_rows = shuffle_batch_rows(
+        &input.schema(),
+        memory_limit,
+        partitions,
+        session_batch_size,
+    );
+    let keyed: Arc<dyn ExecutionPlan> =
+        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);
+    let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
+    Ok(Arc::new(ShuffleExec::new(
+        permuted, seed, epoch, batch_rows,
+    )))
+}
+
+/// The same order as [`plan_global_shuffle`] with stage-shaped operators:
+/// key, sort per partition, order-preserving merge, drop the key. This is
+/// the plan distributed execution cuts into stages (per-partition sorts on
+/// executors, the merge on the final stage); on one machine it peaks at
+/// about twice the data, so embedded queries use [`PermuteExec`].
+pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
     seed: u64,
     epoch: u64,

@@ -291,3 +291,41 @@ async fn failed_and_cancelled_shuffles_leave_no_spill_files() -> Result<()> {
     assert!(during > 0, "the merge was expected to read spill files");
     Ok(())
 }
+
+/// The stage-shaped plan (per-partition sort + merge, what a cluster runs)
+/// and the embedded one (`PermuteExec`) give the same order, in memory and
+/// spilling.
+#[tokio::test]
+async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
+    let (dir, _spill, spilling) = spilling_fixture()?;
+    let roomy = session(3, 100)?;
+    let sql = format!("SELECT id, caption, tokens FROM '{}'", dir.path().display());
+    for (s, limit) in [(&spilling, 1 << 20), (&roomy, 256 << 20)] {
+        let input = s.sql(&sql).await?.create_physical_plan().await?;
+        let batch_rows = s.context().state().config().batch_size();
+        let permuted = sqlfeed::shuffle::plan_global_shuffle(
+            std::sync::Arc::clone(&input),
+            11,
+            2,
+            limit,
+            batch_rows,
+        )?;
+        let mut sorted =
+            sqlfeed::shuffle::plan_sorted_shuffle(input, 11, 2, limit, batch_rows)?;
+        // As DataFusion plans any query (the optimizer is part of planning).
+        let state = s.context().state();
+        for rule in state.physical_optimizers() {
+            sorted = rule.optimize(sorted, state.config().options())?;
+        }
+        let task = s.context().task_ctx();
+        let a = ids(&datafusion::physical_plan::collect(
+            permuted,
+            std::sync::Arc::clone(&task),
+        )
+        .await?);
+        let b = ids(&datafusion::physical_plan::collect(sorted, task).await?);
+        assert_eq!(a.len(), 12_000);
+        assert_eq!(a, b, "limit {limit}");
+    }
+    Ok(())
+}
