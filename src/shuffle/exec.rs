@@ -42,7 +42,7 @@ const MIN_BATCH_ROWS: usize = 64;
 /// size. Overestimating only makes batches smaller under a small budget;
 /// underestimating made the external sort's merge hold batches of wide rows
 /// (kilobyte strings, image blobs) larger than the whole budget, and a
-/// shuffle that should have spilled failed (tests/memory_bounds.rs).
+/// shuffle that should have spilled failed (tests/memory_shuffle.rs).
 fn estimated_row_bytes(schema: &Schema) -> usize {
     fn width(t: &DataType) -> usize {
         match t {

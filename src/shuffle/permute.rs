@@ -276,19 +276,25 @@ impl Permuter {
         drop(arrivals);
         let key_column = self.key_column;
         let output = if self.runs.is_empty() {
+            // Gathered from batches whose key column is already dropped.
             self.gather_in_memory(baseline)
         } else {
-            self.merge_runs(baseline, merge_reservation)
+            self.merge_runs(baseline, merge_reservation).map(|merged| {
+                merged
+                    .map(move |batch| {
+                        let columns: Vec<usize> = (0..key_column).collect();
+                        Ok(batch?.project(&columns)?)
+                    })
+                    .boxed()
+            })
         };
         match output {
             Ok(stream) => stream
                 .map(move |batch| {
                     let batch = batch?;
-                    let columns: Vec<usize> = (0..key_column).collect();
-                    let projected = batch.project(&columns)?;
                     Ok(RecordBatch::try_new(
                         Arc::clone(&schema),
-                        projected.columns().to_vec(),
+                        batch.columns().to_vec(),
                     )?)
                 })
                 .boxed(),
@@ -313,31 +319,47 @@ impl Permuter {
             self.spill()?;
             self.reservation.try_grow(bytes)?;
         }
-        let batch_index = u32::try_from(self.held.len()).map_err(|_| {
-            DataFusionError::ResourcesExhausted(
+        if self.held.len() >= u32::MAX as usize {
+            return Err(DataFusionError::ResourcesExhausted(
                 "SHUFFLE: more than 4 billion batches held in memory".into(),
-            )
-        })?;
-        let keys = batch
+            ));
+        }
+        if batch
             .column(self.key_column)
             .as_primitive_opt::<UInt64Type>()
-            .ok_or_else(|| {
-                DataFusionError::Internal(format!("{SHUFFLE_KEY_COLUMN} is not UInt64"))
-            })?;
-        self.index.extend(
-            keys.values()
-                .iter()
-                .enumerate()
-                .map(|(row, &key)| (key, batch_index, row as u32)),
-        );
+            .is_none()
+        {
+            return Err(DataFusionError::Internal(format!(
+                "{SHUFFLE_KEY_COLUMN} is not UInt64"
+            )));
+        }
         self.held.push(batch);
         Ok(())
     }
 
-    /// Sorts the index by key. Equal keys (identical rows) fall back to
-    /// arrival order, which cannot be seen in the output.
-    fn sort_index(&mut self) {
-        self.index.sort_unstable();
+    /// Builds the index of everything held, sorted by key. It is built once,
+    /// at its exact size, from the held key columns (growing it batch by
+    /// batch would briefly need three times its size when it reallocates).
+    /// Equal keys (identical rows) fall back to arrival order, which cannot
+    /// be seen in the output.
+    fn build_index(&mut self) {
+        let rows = self.held.iter().map(|b| b.num_rows()).sum();
+        let mut index = Vec::with_capacity(rows);
+        for (batch_index, batch) in self.held.iter().enumerate() {
+            if let Some(keys) = batch
+                .column(self.key_column)
+                .as_primitive_opt::<UInt64Type>()
+            {
+                index.extend(
+                    keys.values()
+                        .iter()
+                        .enumerate()
+                        .map(|(row, &key)| (key, batch_index as u32, row as u32)),
+                );
+            }
+        }
+        index.sort_unstable();
+        self.index = index;
     }
 
     /// Gathers held rows in index order, `batch_rows` at a time.
@@ -354,7 +376,7 @@ impl Permuter {
 
     /// Writes everything held as one sorted run and frees it.
     fn spill(&mut self) -> Result<()> {
-        self.sort_index();
+        self.build_index();
         let mut file = self
             .spill_manager
             .create_in_progress_file("PermuteExec run")?;
@@ -383,7 +405,12 @@ impl Permuter {
     ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         {
             let _timer = baseline.elapsed_compute().timer();
-            self.sort_index();
+            self.build_index();
+            // The keys are in the index now: drop their column (8 B/row).
+            let columns: Vec<usize> = (0..self.key_column).collect();
+            for batch in &mut self.held {
+                *batch = batch.project(&columns)?;
+            }
         }
         let chunks = self.index.len().div_ceil(self.batch_rows);
         let this = Arc::new(self);
