@@ -5,6 +5,7 @@
 //! * `bad_input`: every bad input of the foundation issue names what is wrong.
 //! * `cache`: CACHE TABLE, reuse across sessions and processes, invalidation,
 //!   damaged entries, the LRU limit, cached feeds.
+//! * `examples`: every example and every `examples/sql` script on small data.
 //! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
 //! * `feed`: training feeds: exact batches, shards, resume across processes,
 //!   tensor values, cancellation, bad input.
@@ -17,6 +18,7 @@ mod bad_input;
 mod cache;
 mod cli;
 mod common;
+mod examples;
 mod feed;
 mod local_sql;
 mod repl;
