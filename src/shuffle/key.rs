@@ -24,7 +24,7 @@ use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet,
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -210,8 +210,7 @@ impl ExecutionPlan for ShuffleKeyExec {
                     let mut columns: Vec<ArrayRef> = chunk.columns().to_vec();
                     columns.push(Arc::new(keys));
                     let keyed = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-                    baseline.record_output(keyed.num_rows());
-                    out.push(Ok(keyed));
+                    out.push(Ok(keyed.record_output(&baseline)));
                 }
                 timer.done();
                 Ok(out)

@@ -38,7 +38,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet,
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -258,7 +258,7 @@ impl ExecutionPlan for LocalShuffleExec {
             |(mut input, mut buffer, mut ready, mut done, baseline)| async move {
                 loop {
                     if let Some(batch) = ready.pop_front() {
-                        baseline.record_output(batch.num_rows());
+                        let batch = batch.record_output(&baseline);
                         return Ok(Some((batch, (input, buffer, ready, done, baseline))));
                     }
                     if done {

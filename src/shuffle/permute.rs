@@ -60,7 +60,7 @@ use datafusion::physical_expr::{
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, SpillMetrics,
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput, SpillMetrics,
 };
 use datafusion::physical_plan::sorts::streaming_merge::{
     SortedSpillFile, StreamingMergeBuilder,
@@ -425,8 +425,7 @@ impl Permuter {
                     .map(|&(_, batch, row)| (batch as usize, row as usize))
                     .collect();
                 let batch = interleave_record_batch(&held, &indices)?;
-                baseline.record_output(batch.num_rows());
-                Ok(batch)
+                Ok(batch.record_output(&baseline))
             })
             .boxed())
     }
