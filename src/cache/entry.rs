@@ -214,8 +214,23 @@ pub(crate) struct OpenedEntry {
     pub(crate) parts: Vec<Arc<File>>,
 }
 
-/// Opens the entry in `dir` and checks every part against its checksum.
-pub(crate) fn open(dir: &Path, key: &str) -> std::result::Result<OpenedEntry, OpenError> {
+/// How much of an entry [`open`] checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// Read every part and compare its checksum: entries written by another
+    /// run or process.
+    Checksums,
+    /// Compare sizes only: the entry this process has just written and
+    /// hashed while writing it.
+    Sizes,
+}
+
+/// Opens the entry in `dir` and checks its parts as `verify` says.
+pub(crate) fn open(
+    dir: &Path,
+    key: &str,
+    verify: Verify,
+) -> std::result::Result<OpenedEntry, OpenError> {
     let manifest_path = dir.join(MANIFEST);
     let text = match std::fs::read(&manifest_path) {
         Ok(text) => text,
@@ -256,8 +271,11 @@ pub(crate) fn open(dir: &Path, key: &str) -> std::result::Result<OpenedEntry, Op
         let path = dir.join(&part.file);
         let file = File::open(&path)
             .map_err(|e| damaged(format!("cannot open '{}': {e}", path.display())))?;
-        let (bytes, checksum) = checksum_file(&file)
-            .map_err(|e| damaged(format!("cannot read '{}': {e}", path.display())))?;
+        let (bytes, checksum) = match verify {
+            Verify::Checksums => checksum_file(&file),
+            Verify::Sizes => file.metadata().map(|m| (m.len(), part.checksum.clone())),
+        }
+        .map_err(|e| damaged(format!("cannot read '{}': {e}", path.display())))?;
         if bytes != part.bytes || checksum != part.checksum {
             return Err(damaged(format!(
                 "'{}' does not match its checksum ({bytes} bytes, xxh3 {checksum}; \
@@ -387,7 +405,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let manifest = write_entry(dir.path())?;
         assert_eq!(manifest.rows(), 30);
-        let opened = open(dir.path(), "k")
+        let opened = open(dir.path(), "k", Verify::Checksums)
             .map_err(|e| DataFusionError::Internal(format!("should open: {e:?}")))?;
         assert_eq!(opened.schema, batch(0, 1).schema());
         let reader = FileReader::try_new(
@@ -409,7 +427,7 @@ mod tests {
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0x40;
         std::fs::write(&part, bytes)?;
-        match open(dir.path(), "k") {
+        match open(dir.path(), "k", Verify::Checksums) {
             Err(OpenError::Damaged(msg)) => {
                 assert!(
                     msg.contains("part-00001.arrow") && msg.contains("checksum"),
@@ -418,16 +436,25 @@ mod tests {
             }
             other => panic!("expected damage, got {other:?}"),
         }
+        // Sizes only (for the entry a process just wrote) skips the hash but
+        // still catches a truncated part.
+        assert!(open(dir.path(), "k", Verify::Sizes).is_ok());
+        let bytes = std::fs::read(&part)?;
+        std::fs::write(&part, &bytes[..bytes.len() - 1])?;
+        assert!(matches!(
+            open(dir.path(), "k", Verify::Sizes),
+            Err(OpenError::Damaged(m)) if m.contains("checksum")
+        ));
         // A missing part, a wrong key, no entry at all.
         std::fs::remove_file(&part)?;
         assert!(
-            matches!(open(dir.path(), "k"), Err(OpenError::Damaged(m)) if m.contains("cannot open"))
+            matches!(open(dir.path(), "k", Verify::Checksums), Err(OpenError::Damaged(m)) if m.contains("cannot open"))
         );
         assert!(
-            matches!(open(dir.path(), "other"), Err(OpenError::Damaged(m)) if m.contains("expected format"))
+            matches!(open(dir.path(), "other", Verify::Checksums), Err(OpenError::Damaged(m)) if m.contains("expected format"))
         );
         assert!(matches!(
-            open(&dir.path().join("nothing"), "k"),
+            open(&dir.path().join("nothing"), "k", Verify::Checksums),
             Err(OpenError::Missing)
         ));
         Ok(())

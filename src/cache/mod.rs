@@ -66,7 +66,7 @@ pub use entry::{Manifest, PartManifest};
 pub use exec::{CacheScanExec, CachedTable, Origin};
 pub use key::{CacheKey, InputFile};
 
-use entry::{OpenError, PartWriter};
+use entry::{OpenError, PartWriter, Verify};
 use exec::CachedPart;
 
 /// Default size limit of a cache directory.
@@ -205,7 +205,7 @@ impl CacheStore {
 
         if key.persistent {
             let dir = self.entries_dir().join(&key.hex);
-            match entry::open(&dir, &key.hex) {
+            match entry::open(&dir, &key.hex, Verify::Checksums) {
                 Ok(opened) => {
                     touch(&dir);
                     let table =
@@ -264,18 +264,7 @@ impl CacheStore {
         dir: PathBuf,
         reservation: MemoryReservation,
     ) -> CachedTable {
-        let parts = opened
-            .manifest
-            .parts
-            .iter()
-            .zip(opened.parts)
-            .map(|(part, file)| CachedPart {
-                in_memory: vec![],
-                file,
-                path: dir.join(&part.file),
-                rows: part.rows,
-            })
-            .collect();
+        let parts = cached_parts(&opened.manifest, opened.parts, &dir, Vec::new());
         CachedTable {
             disk_bytes: opened.manifest.bytes(),
             query: if opened.manifest.query.is_empty() {
@@ -406,11 +395,17 @@ impl CacheStore {
             parts: manifests,
         };
         entry::write_manifest(work.path(), &manifest)?;
-        let dir = self.commit(work, &final_dir, &key)?;
-        // Open what is now in place: ours, or the entry another process
-        // committed first (then our in-memory batches are the same data,
-        // but its files are what the scans read).
-        let opened = entry::open(&dir, &key.hex).map_err(|e| {
+        let (dir, ours) = self.commit(work, &final_dir, &key)?;
+        // Open what is now in place: ours (hashed while written, so sizes
+        // suffice), or the entry another process committed first (then
+        // verified like any entry from elsewhere; our in-memory batches are
+        // the same data, but its files are what the scans read).
+        let verify = if ours {
+            Verify::Sizes
+        } else {
+            Verify::Checksums
+        };
+        let opened = entry::open(&dir, &key.hex, verify).map_err(|e| {
             DataFusionError::Execution(format!(
                 "cache entry '{}' cannot be opened right after writing it: {e:?}",
                 dir.display()
@@ -436,24 +431,12 @@ impl CacheStore {
                 .zip(&manifest.parts)
                 .all(|(a, b)| a.checksum == b.checksum && a.rows == b.rows);
         if !same_files {
-            kept = vec![Vec::new(); opened.parts.len()];
+            kept = Vec::new();
             self.memory_used
                 .fetch_sub(reservation.size(), Ordering::Relaxed);
             reservation.free();
         }
-        let parts = opened
-            .manifest
-            .parts
-            .iter()
-            .zip(opened.parts)
-            .zip(kept)
-            .map(|((part, file), in_memory)| CachedPart {
-                in_memory,
-                file,
-                path: dir.join(&part.file),
-                rows: part.rows,
-            })
-            .collect();
+        let parts = cached_parts(&opened.manifest, opened.parts, &dir, kept);
         let key_persistent = key.persistent;
         let table = CachedTable {
             key,
@@ -474,24 +457,24 @@ impl CacheStore {
     }
 
     /// Moves the finished `work` folder to `target`; returns where the
-    /// entry now is.
+    /// entry now is and whether it is ours (else another process committed
+    /// the same key first).
     fn commit(
         &self,
         work: tempfile::TempDir,
         target: &Path,
         key: &CacheKey,
-    ) -> Result<PathBuf> {
+    ) -> Result<(PathBuf, bool)> {
         if let Some(parent) = target.parent() {
             create_dir(parent)?;
         }
         let work_path = work.keep();
         match std::fs::rename(&work_path, target) {
-            Ok(()) => Ok(target.to_path_buf()),
+            Ok(()) => Ok((target.to_path_buf(), true)),
             Err(_) if target.join(entry::MANIFEST).exists() => {
-                // Another process committed the same key first.
                 let _ = std::fs::remove_dir_all(&work_path);
                 log::info!("cache entry {} was written by another process", key.hex);
-                Ok(target.to_path_buf())
+                Ok((target.to_path_buf(), false))
             }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&work_path);
@@ -666,6 +649,28 @@ impl CacheStore {
             );
         }
     }
+}
+
+/// The parts of an opened entry in `dir`, each with the in-memory prefix of
+/// its batches from `kept` (missing = none).
+fn cached_parts(
+    manifest: &Manifest,
+    files: Vec<Arc<std::fs::File>>,
+    dir: &Path,
+    kept: Vec<Vec<datafusion::arrow::array::RecordBatch>>,
+) -> Vec<CachedPart> {
+    let mut kept = kept.into_iter();
+    manifest
+        .parts
+        .iter()
+        .zip(files)
+        .map(|(part, file)| CachedPart {
+            in_memory: kept.next().unwrap_or_default(),
+            file,
+            path: dir.join(&part.file),
+            rows: part.rows,
+        })
+        .collect()
 }
 
 /// The memory share of one fill: a reservation in the session's pool, capped
