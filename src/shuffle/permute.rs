@@ -364,14 +364,19 @@ impl Permuter {
 
     /// Gathers held rows in index order, `batch_rows` at a time.
     fn gathered(&self) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
+        (0..self.index.len().div_ceil(self.batch_rows)).map(|chunk| self.gather(chunk))
+    }
+
+    /// Output batch number `chunk`: the held rows of that slice of the index.
+    fn gather(&self, chunk: usize) -> Result<RecordBatch> {
+        let start = chunk * self.batch_rows;
+        let end = (start + self.batch_rows).min(self.index.len());
         let held: Vec<&RecordBatch> = self.held.iter().collect();
-        self.index.chunks(self.batch_rows).map(move |chunk| {
-            let indices: Vec<(usize, usize)> = chunk
-                .iter()
-                .map(|&(_, batch, row)| (batch as usize, row as usize))
-                .collect();
-            Ok(interleave_record_batch(&held, &indices)?)
-        })
+        let indices: Vec<(usize, usize)> = self.index[start..end]
+            .iter()
+            .map(|&(_, batch, row)| (batch as usize, row as usize))
+            .collect();
+        Ok(interleave_record_batch(&held, &indices)?)
     }
 
     /// Writes everything held as one sorted run and frees it.
@@ -417,15 +422,7 @@ impl Permuter {
         Ok(futures::stream::iter(0..chunks)
             .map(move |chunk| {
                 let _timer = baseline.elapsed_compute().timer();
-                let start = chunk * this.batch_rows;
-                let end = (start + this.batch_rows).min(this.index.len());
-                let held: Vec<&RecordBatch> = this.held.iter().collect();
-                let indices: Vec<(usize, usize)> = this.index[start..end]
-                    .iter()
-                    .map(|&(_, batch, row)| (batch as usize, row as usize))
-                    .collect();
-                let batch = interleave_record_batch(&held, &indices)?;
-                Ok(batch.record_output(&baseline))
+                Ok(this.gather(chunk)?.record_output(&baseline))
             })
             .boxed())
     }

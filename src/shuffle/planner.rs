@@ -29,6 +29,20 @@ use datafusion::execution::memory_pool::MemoryLimit;
 #[derive(Debug, Default)]
 pub struct ShuffleExtensionPlanner;
 
+/// Rows per batch for a shuffle of `input` (see [`shuffle_batch_rows`]).
+fn batch_rows_for(
+    input: &Arc<dyn ExecutionPlan>,
+    memory_limit: usize,
+    session_batch_size: usize,
+) -> usize {
+    shuffle_batch_rows(
+        &input.schema(),
+        memory_limit,
+        input.properties().partitioning.partition_count(),
+        session_batch_size,
+    )
+}
+
 /// The global shuffle on one machine: key, then [`PermuteExec`] (index sort
 /// and gather, spilling sorted runs), under a [`ShuffleExec`] whose batch
 /// size fits `memory_limit`.
@@ -39,13 +53,7 @@ pub fn plan_global_shuffle(
     memory_limit: usize,
     session_batch_size: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let partitions = input.properties().partitioning.partition_count();
-    let batch_rows = shuffle_batch_rows(
-        &input.schema(),
-        memory_limit,
-        partitions,
-        session_batch_size,
-    );
+    let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
@@ -66,13 +74,7 @@ pub fn plan_sorted_shuffle(
     memory_limit: usize,
     session_batch_size: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let partitions = input.properties().partitioning.partition_count();
-    let batch_rows = shuffle_batch_rows(
-        &input.schema(),
-        memory_limit,
-        partitions,
-        session_batch_size,
-    );
+    let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
     let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);

@@ -97,6 +97,24 @@ fn chain(key: u64, tag: u64) -> u64 {
     key.rotate_left(23) ^ tag
 }
 
+/// Feeds each row's value bytes of a string or binary column with offsets
+/// of type `O` (`i32` or `i64`) to `fold`, `None` for nulls.
+fn fold_offset_values<O: datafusion::arrow::array::OffsetSizeTrait>(
+    column: &dyn datafusion::arrow::array::Array,
+    data: &datafusion::arrow::array::ArrayData,
+    fold: &mut impl FnMut(usize, Option<&[u8]>),
+) {
+    let offsets = data.buffers()[0].typed_data::<O>();
+    let values = data.buffers()[1].as_slice();
+    for row in 0..column.len() {
+        let at = data.offset() + row;
+        let bytes = column
+            .is_valid(row)
+            .then(|| &values[offsets[at].as_usize()..offsets[at + 1].as_usize()]);
+        fold(row, bytes);
+    }
+}
+
 /// Folds each row's bytes of `column` into `keys`; `false` when the type has
 /// no byte view here (then the caller uses the row format).
 fn hash_column_into(
@@ -114,27 +132,11 @@ fn hash_column_into(
     let data_type = column.data_type();
     match data_type {
         DataType::Utf8 | DataType::Binary => {
-            let offsets = data.buffers()[0].typed_data::<i32>();
-            let values = data.buffers()[1].as_slice();
-            for row in 0..column.len() {
-                let at = data.offset() + row;
-                let bytes = column
-                    .is_valid(row)
-                    .then(|| &values[offsets[at] as usize..offsets[at + 1] as usize]);
-                fold(row, bytes);
-            }
+            fold_offset_values::<i32>(column, &data, &mut fold);
             true
         }
         DataType::LargeUtf8 | DataType::LargeBinary => {
-            let offsets = data.buffers()[0].typed_data::<i64>();
-            let values = data.buffers()[1].as_slice();
-            for row in 0..column.len() {
-                let at = data.offset() + row;
-                let bytes = column
-                    .is_valid(row)
-                    .then(|| &values[offsets[at] as usize..offsets[at + 1] as usize]);
-                fold(row, bytes);
-            }
+            fold_offset_values::<i64>(column, &data, &mut fold);
             true
         }
         DataType::Utf8View => {
