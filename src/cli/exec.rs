@@ -160,12 +160,7 @@ impl Executor {
                 )) as _,
             ),
         ])?;
-        let mut out = BufWriter::new(std::io::stdout());
-        let mut writer =
-            ResultWriter::new(OutputFormat::Table, &mut out, batch.schema(), 0);
-        writer.write(&batch)?;
-        writer.finish(batch.num_rows() as u64, None)?;
-        out.flush().map_err(DataFusionError::IoError)
+        print_batch(&batch, OutputFormat::Table)
     }
 
     fn print_cache(&self) -> Result<()> {
@@ -216,11 +211,7 @@ impl Executor {
             store.options().dir.display(),
             store.options().max_bytes
         ))?;
-        let mut out = BufWriter::new(std::io::stdout());
-        let mut writer = ResultWriter::new(self.format, &mut out, batch.schema(), 0);
-        writer.write(&batch)?;
-        writer.finish(batch.num_rows() as u64, None)?;
-        out.flush().map_err(DataFusionError::IoError)
+        print_batch(&batch, self.format)
     }
 
     fn print_text(&self, text: &str) -> Result<()> {
@@ -229,6 +220,15 @@ impl Executor {
             .and_then(|_| out.flush())
             .map_err(DataFusionError::IoError)
     }
+}
+
+/// Writes one result batch, all rows, to stdout in `format`.
+fn print_batch(batch: &RecordBatch, format: OutputFormat) -> Result<()> {
+    let mut out = BufWriter::new(std::io::stdout());
+    let mut writer = ResultWriter::new(format, &mut out, batch.schema(), 0);
+    writer.write(batch)?;
+    writer.finish(batch.num_rows() as u64, None)?;
+    out.flush().map_err(DataFusionError::IoError)
 }
 
 /// `90` → `1m 30s ago`.
