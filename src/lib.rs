@@ -1,8 +1,8 @@
 //! sqlfeed: a training input pipeline written as SQL over Parquet.
 //!
 //! An ML engineer writes the pipeline as SQL (`SELECT … FROM 'data/*.parquet'`)
-//! plus Rust UDFs; sqlfeed runs it on embedded DataFusion (or, later, an Apache
-//! Ballista cluster) and streams the result into training.
+//! plus Rust UDFs; sqlfeed runs it on embedded DataFusion or an Apache Ballista
+//! cluster and streams the result into training.
 //!
 //! | module      | what it holds                                                  |
 //! |-------------|----------------------------------------------------------------|
@@ -12,14 +12,16 @@
 //! | [`feed`]    | training feeds: exact batches, shards, epochs, resume, prefetch |
 //! | [`device`]  | tensors, the slot ring, CPU and CUDA backends, DLPack (all `unsafe`) |
 //! | [`datagen`] | the deterministic synthetic training set of `sqlfeed gen`      |
+//! | [`cache`]   | the epoch cache: `CACHE TABLE`, cached feeds                   |
+//! | [`cluster`] | Ballista scheduler, executor, codecs and the cluster client     |
 //! | [`cli`]     | the `sqlfeed` command line and REPL                            |
-//!
-//! The cache and cluster parts arrive with their issues.
 
 #![deny(clippy::clone_on_ref_ptr)]
 
 pub mod cache;
 pub mod cli;
+#[cfg(feature = "ballista")]
+pub mod cluster;
 pub mod datagen;
 pub mod device;
 pub mod feed;

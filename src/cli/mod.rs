@@ -73,6 +73,11 @@ pub struct Cli {
     /// Print the elapsed time after each table result (always on in the REPL).
     #[arg(long)]
     pub timing: bool,
+    /// Run queries and feeds on the Ballista cluster whose scheduler is at
+    /// this address (df://host:port) instead of the embedded engine.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "df://HOST:PORT", env = "SQLFEED_CLUSTER")]
+    pub cluster: Option<String>,
 }
 
 const EXAMPLES: &str = "Examples:
@@ -81,6 +86,8 @@ const EXAMPLES: &str = "Examples:
   sqlfeed -c \"SAMPLE 'data/*.parquet' 5 SEED 42\" --format csv
   sqlfeed -c \"SELECT label, count(*) FROM 's3://bucket/train/*.parquet' GROUP BY label\"
   sqlfeed feed \"SELECT f0 AS x, label AS y FROM 'data/*.parquet'\" --shuffle-seed 42 --epochs 2
+  sqlfeed scheduler --bind 127.0.0.1:50050 & sqlfeed executor --scheduler 127.0.0.1:50050 &
+  sqlfeed --cluster df://127.0.0.1:50050 -c \"SELECT count(*) FROM 'data/*.parquet'\"
   sqlfeed                       # interactive shell";
 
 /// Subcommands.
@@ -97,6 +104,66 @@ pub enum SubCommand {
     /// Measure raw pinned host-to-device copy bandwidth, the yardstick of a
     /// feed's H2D rate (needs a CUDA device).
     H2dBench(H2dArgs),
+    /// Run a Ballista scheduler with sqlfeed's functions and operators.
+    #[cfg(feature = "ballista")]
+    Scheduler(SchedulerArgs),
+    /// Run a Ballista executor with sqlfeed's functions and operators.
+    #[cfg(feature = "ballista")]
+    Executor(ExecutorArgs),
+}
+
+/// Options of `sqlfeed scheduler`.
+#[cfg(feature = "ballista")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct SchedulerArgs {
+    /// Address to listen on; port 0 picks a free port (printed at start).
+    #[arg(long, default_value = "127.0.0.1:50050")]
+    pub bind: std::net::SocketAddr,
+    /// Allow binding to an address other than loopback (the scheduler has no
+    /// authentication: anyone who reaches the port can run queries).
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Host name executors and clients use for this scheduler (default: the
+    /// bind address).
+    #[arg(long, value_name = "HOST")]
+    pub external_host: Option<String>,
+    /// Seconds without a heartbeat after which an executor counts as lost
+    /// and its tasks run elsewhere.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS")]
+    pub executor_timeout: u64,
+}
+
+/// Options of `sqlfeed executor`.
+#[cfg(feature = "ballista")]
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExecutorArgs {
+    /// The scheduler to register with (HOST:PORT or df://HOST:PORT).
+    #[arg(long, default_value = "127.0.0.1:50050")]
+    pub scheduler: String,
+    /// Address to serve shuffle files on (Arrow Flight); port 0 picks a
+    /// free port.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: std::net::SocketAddr,
+    /// gRPC port of the executor (0 picks a free port).
+    #[arg(long, default_value_t = 0, value_name = "PORT")]
+    pub grpc_port: u16,
+    /// Allow binding to an address other than loopback.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Host name others fetch this executor's shuffle files from (default:
+    /// the bind address).
+    #[arg(long, value_name = "HOST")]
+    pub external_host: Option<String>,
+    /// Tasks run at once (default: the number of cores).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub concurrent_tasks: usize,
+    /// Folder for shuffle files and spills (default: a temporary folder
+    /// removed at exit).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Seconds between heartbeats to the scheduler.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    pub heartbeat_interval: u64,
 }
 
 /// Options of `sqlfeed h2d-bench`.
@@ -211,6 +278,18 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(bytes) = cli.cache_max_size {
         builder = builder.cache_max_bytes(bytes as u64);
     }
+    #[cfg(feature = "ballista")]
+    match &cli.command {
+        Some(SubCommand::Scheduler(args)) => return run_scheduler(builder, args).await,
+        Some(SubCommand::Executor(args)) => {
+            return run_executor(builder, args, cli.memory_limit).await;
+        }
+        _ => {}
+    }
+    #[cfg(feature = "ballista")]
+    if let Some(url) = &cli.cluster {
+        builder = builder.cluster(url);
+    }
     if let Some(SubCommand::H2dBench(args)) = &cli.command {
         let device: crate::device::Device = args.device.parse()?;
         let rate = crate::device::raw_h2d_bytes_per_s(device, &args.sizes, args.iters)?;
@@ -263,6 +342,71 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
             break;
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a non-loopback address unless `allowed` (`--allow-remote`).
+#[cfg(feature = "ballista")]
+fn check_bind(
+    what: &str,
+    address: std::net::IpAddr,
+    allowed: bool,
+) -> anyhow::Result<()> {
+    if address.is_loopback() || allowed {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "the {what} would listen on {address}, which other machines can reach, and \
+         Ballista has no authentication; pass --allow-remote to do it anyway, on a \
+         trusted network"
+    )
+}
+
+#[cfg(feature = "ballista")]
+async fn run_scheduler(
+    builder: crate::SessionBuilder,
+    args: &SchedulerArgs,
+) -> anyhow::Result<ExitCode> {
+    check_bind("scheduler", args.bind.ip(), args.allow_remote)?;
+    let options = crate::cluster::SchedulerOptions {
+        bind: args.bind,
+        external_host: args.external_host.clone(),
+        executor_timeout_seconds: args.executor_timeout,
+    };
+    crate::cluster::run_scheduler(builder, options, |address| {
+        // Scripts and tests read the port from this line.
+        println!(
+            "sqlfeed scheduler listening on df://{address} (start executors with \
+             `sqlfeed executor --scheduler {address}`)"
+        );
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(feature = "ballista")]
+async fn run_executor(
+    builder: crate::SessionBuilder,
+    args: &ExecutorArgs,
+    memory_limit: Option<usize>,
+) -> anyhow::Result<ExitCode> {
+    check_bind("executor", args.bind.ip(), args.allow_remote)?;
+    let scheduler = crate::cluster::SchedulerAddress::parse(&args.scheduler)?;
+    let mut options = crate::cluster::ExecutorOptions::new(scheduler.clone());
+    options.bind_host = args.bind.ip().to_string();
+    options.flight_port = args.bind.port();
+    options.grpc_port = args.grpc_port;
+    options.external_host = args.external_host.clone();
+    options.concurrent_tasks = args.concurrent_tasks;
+    options.work_dir = args.work_dir.clone();
+    options.heartbeat_seconds = args.heartbeat_interval;
+    options.memory_limit = memory_limit;
+    crate::cluster::run_executor(builder, options, |flight| {
+        println!("sqlfeed executor serving {flight}, registering with {scheduler}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    })
+    .await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -43,8 +43,9 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool, TrackConsumersPool};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::ScalarUDF;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::RecordBatchStream;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -82,6 +83,9 @@ pub struct SessionBuilder {
     udf_options: sqlfeed_udfs::UdfOptions,
     /// Where and how much `CACHE TABLE` and cached feeds keep.
     cache: CacheOptions,
+    /// `df://host:port` of a Ballista scheduler; `None` = embedded engine.
+    #[cfg(feature = "ballista")]
+    cluster: Option<String>,
 }
 
 impl SessionBuilder {
@@ -135,8 +139,62 @@ impl SessionBuilder {
         self
     }
 
-    /// Builds the session; fails only if the spill directory cannot be used.
+    /// Runs queries on the Ballista cluster whose scheduler is at `url`
+    /// (`df://host:port`) instead of the embedded engine; see
+    /// [`crate::cluster`]. `build` checks that the scheduler answers.
+    #[cfg(feature = "ballista")]
+    pub fn cluster(mut self, url: impl Into<String>) -> Self {
+        self.cluster = Some(url.into());
+        self
+    }
+
+    /// Builds the session; fails if the spill directory cannot be used or,
+    /// for a cluster session, the scheduler cannot be reached.
     pub fn build(self) -> Result<Session> {
+        let engine = self.engine()?;
+        let cache = Arc::new(CacheStore::new(self.cache.clone()));
+        let config = self
+            .engine_config(engine.memory_limit)
+            .with_extension(Arc::clone(&cache));
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(Arc::clone(&engine.runtime))
+            .with_default_features()
+            .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner::embedded()))
+            .build();
+        let (state, factory) = url_table::install(state);
+        #[cfg(feature = "ballista")]
+        let (state, cluster) = match &self.cluster {
+            Some(url) => {
+                let (state, address) =
+                    crate::cluster::client_state(state, url, self.functions(&engine))?;
+                (state, Some(address))
+            }
+            None => (state, None),
+        };
+        let ctx = SessionContext::new_with_state(state);
+        factory.session_store().with_state(ctx.state_weak_ref());
+        factory
+            .other_formats_session_store()
+            .with_state(ctx.state_weak_ref());
+        // After the Ballista upgrade, which resets the function list.
+        for udf in self.functions(&engine) {
+            ctx.register_udf(udf.as_ref().clone());
+        }
+        Ok(Session {
+            ctx,
+            cache,
+            io: engine.io,
+            memory_limit: engine.memory_limit,
+            spill_dir: self.spill_dir,
+            #[cfg(feature = "ballista")]
+            cluster,
+        })
+    }
+
+    /// The memory pool, spill files and object stores of a session; a
+    /// cluster's scheduler and executors build theirs the same way.
+    pub(crate) fn engine(&self) -> Result<Engine> {
         let memory_limit = self.memory_limit.unwrap_or_else(default_memory_limit);
         let io = Arc::new(IoCounters::default());
         let registry = Arc::new(object_stores::LazyObjectStoreRegistry::new(
@@ -173,11 +231,18 @@ impl SessionBuilder {
                 CacheManagerConfig::default().with_list_files_cache_limit(0),
             )
             .build_arc()?;
+        Ok(Engine {
+            runtime,
+            registry,
+            io,
+            memory_limit,
+        })
+    }
 
+    /// sqlfeed's settings of DataFusion for a session under `memory_limit`.
+    pub(crate) fn engine_config(&self, memory_limit: usize) -> SessionConfig {
         let partitions = self.target_partitions.unwrap_or_else(num_cores);
-        let cache = Arc::new(CacheStore::new(self.cache.clone()));
         let mut config = SessionConfig::new()
-            .with_extension(Arc::clone(&cache))
             .with_information_schema(true)
             .with_target_partitions(partitions);
         // Each sorting partition sets this much aside for merging its spill
@@ -197,34 +262,36 @@ impl SessionBuilder {
         if let Some(rows) = self.batch_size {
             config = config.with_batch_size(rows);
         }
-        let state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_runtime_env(runtime)
-            .with_default_features()
-            .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner))
-            .build();
-        let (state, factory) = url_table::install(state);
-        let ctx = SessionContext::new_with_state(state);
-        factory.session_store().with_state(ctx.state_weak_ref());
-        factory
-            .other_formats_session_store()
-            .with_state(ctx.state_weak_ref());
+        config
+    }
+
+    /// sqlfeed's functions (`sqlfeed-udfs` and the internal ones), reading
+    /// tokenizer files through `engine`'s object stores.
+    pub(crate) fn functions(&self, engine: &Engine) -> Vec<Arc<ScalarUDF>> {
         let udf_options = sqlfeed_udfs::UdfOptions {
             asset_reader: Some(Arc::new(object_stores::ObjectStoreAssetReader::new(
-                Arc::clone(&registry),
+                Arc::clone(&engine.registry),
             ))),
-            ..self.udf_options
+            ..self.udf_options.clone()
         };
-        sqlfeed_udfs::register_all_with(&ctx, &udf_options)?;
-        sql::register_internal_functions(&ctx);
-        Ok(Session {
-            ctx,
-            cache,
-            io,
-            memory_limit,
-            spill_dir: self.spill_dir,
-        })
+        sqlfeed_udfs::scalar_functions_with(&udf_options)
+            .into_iter()
+            .chain(sql::internal_functions())
+            .map(Arc::new)
+            .collect()
     }
+}
+
+/// What [`SessionBuilder::engine`] builds.
+pub(crate) struct Engine {
+    /// Memory pool, disk manager, object stores.
+    pub(crate) runtime: Arc<RuntimeEnv>,
+    /// The object stores, for functions that read files.
+    pub(crate) registry: Arc<object_stores::LazyObjectStoreRegistry>,
+    /// Bytes read through the object stores.
+    pub(crate) io: Arc<IoCounters>,
+    /// The memory budget in bytes.
+    pub(crate) memory_limit: usize,
 }
 
 /// A DataFusion context with sqlfeed's tables, functions and limits; see the
@@ -241,6 +308,9 @@ pub struct Session {
     memory_limit: usize,
     /// Where spill files go (`None` = OS temp directory).
     spill_dir: Option<PathBuf>,
+    /// The scheduler this session's queries run on (`None` = embedded).
+    #[cfg(feature = "ballista")]
+    cluster: Option<crate::cluster::SchedulerAddress>,
 }
 
 impl std::fmt::Debug for Session {
@@ -272,6 +342,12 @@ impl Session {
     /// The memory budget in bytes.
     pub fn memory_limit(&self) -> usize {
         self.memory_limit
+    }
+
+    /// The scheduler this session runs on, or `None` for the embedded engine.
+    #[cfg(feature = "ballista")]
+    pub fn cluster(&self) -> Option<&crate::cluster::SchedulerAddress> {
+        self.cluster.as_ref()
     }
 
     /// Counters of bytes read from object stores (local files included).

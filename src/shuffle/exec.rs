@@ -112,6 +112,21 @@ impl ShuffleExec {
             batch_rows: batch_rows.max(1),
         }
     }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Rows per batch of the subtree.
+    pub fn batch_rows(&self) -> usize {
+        self.batch_rows
+    }
 }
 
 impl DisplayAs for ShuffleExec {

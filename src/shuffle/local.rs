@@ -81,6 +81,16 @@ impl LocalShuffleExec {
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
+
+    /// Rows held per partition.
+    pub fn buffer_rows(&self) -> usize {
+        self.buffer_rows
+    }
+
+    /// The seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
 }
 
 impl DisplayAs for LocalShuffleExec {

@@ -103,7 +103,17 @@ pub(crate) fn single_child(
 }
 
 /// What a `SHUFFLE` clause asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub enum ShuffleSpec {
     /// `SHUFFLE [SEED s] [EPOCH e]`: a global permutation.
     Global {

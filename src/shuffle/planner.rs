@@ -26,8 +26,27 @@ use super::{
 use datafusion::execution::memory_pool::MemoryLimit;
 
 /// Turns [`ShuffleNode`] into the operators drawn in the [module docs](super).
-#[derive(Debug, Default)]
-pub struct ShuffleExtensionPlanner;
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ShuffleExtensionPlanner {
+    /// Plan global shuffles with [`plan_sorted_shuffle`], whose sorts and
+    /// merge a distributed engine runs as separate stages, instead of the
+    /// single-machine [`PermuteExec`].
+    stage_shaped: bool,
+}
+
+impl ShuffleExtensionPlanner {
+    /// The planner of the embedded engine ([`PermuteExec`]).
+    pub fn embedded() -> Self {
+        Self {
+            stage_shaped: false,
+        }
+    }
+
+    /// The planner of a Ballista scheduler ([`plan_sorted_shuffle`]).
+    pub fn stage_shaped() -> Self {
+        Self { stage_shaped: true }
+    }
+}
 
 /// Rows per batch for a shuffle of `input` (see [`shuffle_batch_rows`]).
 fn batch_rows_for(
@@ -131,7 +150,12 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     MemoryLimit::Finite(bytes) => bytes,
                     _ => usize::MAX / 2,
                 };
-                plan_global_shuffle(
+                let plan = if self.stage_shaped {
+                    plan_sorted_shuffle
+                } else {
+                    plan_global_shuffle
+                };
+                plan(
                     Arc::clone(input),
                     seed,
                     epoch,
@@ -149,7 +173,25 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
 
 /// DataFusion's planner with sqlfeed's extension planners.
 #[derive(Debug, Default)]
-pub struct SqlfeedQueryPlanner;
+pub struct SqlfeedQueryPlanner {
+    shuffle: ShuffleExtensionPlanner,
+}
+
+impl SqlfeedQueryPlanner {
+    /// The planner of the embedded engine.
+    pub fn embedded() -> Self {
+        Self {
+            shuffle: ShuffleExtensionPlanner::embedded(),
+        }
+    }
+
+    /// The planner of a Ballista scheduler: stage-shaped shuffles.
+    pub fn stage_shaped() -> Self {
+        Self {
+            shuffle: ShuffleExtensionPlanner::stage_shaped(),
+        }
+    }
+}
 
 #[async_trait]
 impl QueryPlanner for SqlfeedQueryPlanner {
@@ -158,10 +200,8 @@ impl QueryPlanner for SqlfeedQueryPlanner {
         logical_plan: &LogicalPlan,
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(
-            ShuffleExtensionPlanner,
-        )])
-        .create_physical_plan(logical_plan, session)
-        .await
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(self.shuffle)])
+            .create_physical_plan(logical_plan, session)
+            .await
     }
 }

@@ -362,12 +362,12 @@ fn parse_error(message: String) -> DataFusionError {
     )
 }
 
-/// Registers the functions sqlfeed's own statements plan with.
-pub(crate) fn register_internal_functions(ctx: &SessionContext) {
-    ctx.register_udf(datafusion::logical_expr::ScalarUDF::from(RowKeyFunc::new()));
-    ctx.register_udf(datafusion::logical_expr::ScalarUDF::from(
-        ByteLengthFunc::new(),
-    ));
+/// The functions sqlfeed's own statements plan with (`SAMPLE`, `SHUFFLE`).
+pub(crate) fn internal_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
+    vec![
+        datafusion::logical_expr::ScalarUDF::from(RowKeyFunc::new()),
+        datafusion::logical_expr::ScalarUDF::from(ByteLengthFunc::new()),
+    ]
 }
 
 /// Plans one statement into a DataFrame.

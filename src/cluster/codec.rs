@@ -1,0 +1,364 @@
+//! Codecs that carry sqlfeed's plan nodes and functions across the wire.
+//!
+//! Ballista sends logical plans from the client to the scheduler and
+//! physical plans from the scheduler to executors as protobuf; nodes and
+//! functions DataFusion does not know travel as opaque bytes produced by an
+//! extension codec. [`SqlfeedLogicalCodec`] and [`SqlfeedPhysicalCodec`]
+//! recognise sqlfeed's own nodes and pass everything else to Ballista's
+//! codecs, which they wrap:
+//!
+//! ```text
+//!  client                       scheduler                      executor
+//!  ShuffleNode ──logical──►     ShuffleNode ─plan─► stages ──physical──►
+//!  tokenize()    codec          ShuffleKeyExec, SortExec,     ShuffleKeyExec,
+//!                               ShuffleExec, tokenize()       ShuffleExec, tokenize()
+//! ```
+//!
+//! # Wire format
+//! Our payloads start with [`MAGIC`] followed by a JSON [`WireNode`]; a
+//! payload without the prefix belongs to the wrapped codec. Functions are
+//! encoded by name (plus the prefix): the receiving process resolves the
+//! name against its own registry of sqlfeed functions, so a function's
+//! process-local state (loaded tokenizers, the object stores it reads
+//! tokenizer files from) is built where it runs.
+//!
+//! # Not encodable
+//! `CACHE TABLE` results live on the machine that cached them; a cluster
+//! plan reading one fails at encoding with an error naming the table.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ballista_core::serde::{
+    BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec,
+};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
+use datafusion::common::TableReference;
+use datafusion::datasource::file_format::FileFormatFactory;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{Extension, LogicalPlan, ScalarUDF};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::logical_plan::LogicalExtensionCodec;
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalProtoConverterExtension,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::cache::CachedTable;
+use crate::shuffle::{
+    LocalShuffleExec, PermuteExec, ShuffleExec, ShuffleKeyExec, ShuffleNode, ShuffleSpec,
+};
+
+/// Prefix of every payload this module writes.
+pub const MAGIC: &[u8] = b"sqlfeed\x01";
+
+/// What a sqlfeed payload holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WireNode {
+    /// [`ShuffleNode`].
+    Shuffle(ShuffleSpec),
+    /// [`ShuffleKeyExec`].
+    ShuffleKey {
+        /// The seed.
+        seed: u64,
+        /// The epoch.
+        epoch: u64,
+    },
+    /// [`ShuffleExec`].
+    ShuffleRoot {
+        /// The seed.
+        seed: u64,
+        /// The epoch.
+        epoch: u64,
+        /// Batch size of its subtree.
+        batch_rows: usize,
+    },
+    /// [`LocalShuffleExec`].
+    LocalShuffle {
+        /// Rows held per partition.
+        buffer_rows: usize,
+        /// The seed.
+        seed: u64,
+    },
+    /// [`PermuteExec`].
+    Permute,
+    /// A sqlfeed function, resolved by name where it is decoded.
+    Function,
+}
+
+fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
+    buf.extend_from_slice(MAGIC);
+    serde_json::to_writer(buf, node)
+        .map_err(|e| DataFusionError::Internal(format!("cannot encode {node:?}: {e}")))
+}
+
+/// The sqlfeed node in `buf`, or `None` when the bytes are not ours.
+fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
+    let Some(payload) = buf.strip_prefix(MAGIC) else {
+        return Ok(None);
+    };
+    serde_json::from_slice(payload).map(Some).map_err(|e| {
+        DataFusionError::Internal(format!(
+            "cannot decode a sqlfeed plan node ({e}); are client, scheduler and \
+             executors the same sqlfeed version ({})?",
+            env!("CARGO_PKG_VERSION")
+        ))
+    })
+}
+
+/// sqlfeed's functions by name, as this process builds them.
+#[derive(Debug, Clone, Default)]
+pub struct FunctionRegistry {
+    functions: HashMap<String, Arc<ScalarUDF>>,
+}
+
+impl FunctionRegistry {
+    /// A registry of `functions`.
+    pub fn new(functions: impl IntoIterator<Item = Arc<ScalarUDF>>) -> Self {
+        Self {
+            functions: functions
+                .into_iter()
+                .map(|f| (f.name().to_string(), f))
+                .collect(),
+        }
+    }
+
+    fn encode(&self, udf: &ScalarUDF, buf: &mut Vec<u8>) -> Result<bool> {
+        if !self.functions.contains_key(udf.name()) {
+            return Ok(false);
+        }
+        encode(&WireNode::Function, buf)?;
+        Ok(true)
+    }
+
+    fn decode(&self, name: &str, buf: &[u8]) -> Result<Option<Arc<ScalarUDF>>> {
+        match decode(buf)? {
+            Some(WireNode::Function) => match self.functions.get(name) {
+                Some(udf) => Ok(Some(Arc::clone(udf))),
+                None => Err(DataFusionError::Plan(format!(
+                    "function '{name}' is not a sqlfeed function of this process \
+                     (sqlfeed {}); are client, scheduler and executors built with \
+                     the same features?",
+                    env!("CARGO_PKG_VERSION")
+                ))),
+            },
+            Some(other) => Err(DataFusionError::Internal(format!(
+                "expected a function payload for '{name}', got {other:?}"
+            ))),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Logical codec: [`ShuffleNode`] and sqlfeed functions, the rest to Ballista.
+#[derive(Debug)]
+pub struct SqlfeedLogicalCodec {
+    functions: FunctionRegistry,
+    inner: BallistaLogicalExtensionCodec,
+}
+
+impl SqlfeedLogicalCodec {
+    /// A codec resolving functions against `functions`.
+    pub fn new(functions: FunctionRegistry) -> Self {
+        Self {
+            functions,
+            inner: BallistaLogicalExtensionCodec::default(),
+        }
+    }
+}
+
+impl LogicalExtensionCodec for SqlfeedLogicalCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[LogicalPlan],
+        ctx: &TaskContext,
+    ) -> Result<Extension> {
+        match decode(buf)? {
+            Some(WireNode::Shuffle(spec)) => {
+                let [input] = inputs else {
+                    return Err(DataFusionError::Internal(format!(
+                        "Shuffle has one input, got {}",
+                        inputs.len()
+                    )));
+                };
+                Ok(Extension {
+                    node: Arc::new(ShuffleNode::try_new(input.clone(), spec)?),
+                })
+            }
+            Some(other) => Err(DataFusionError::Internal(format!(
+                "{other:?} is not a logical plan node"
+            ))),
+            None => self.inner.try_decode(buf, inputs, ctx),
+        }
+    }
+
+    fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
+        match node.node.as_any().downcast_ref::<ShuffleNode>() {
+            Some(shuffle) => encode(&WireNode::Shuffle(shuffle.spec()), buf),
+            None => self.inner.try_encode(node, buf),
+        }
+    }
+
+    fn try_decode_table_provider(
+        &self,
+        buf: &[u8],
+        table_ref: &TableReference,
+        schema: SchemaRef,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn TableProvider>> {
+        self.inner
+            .try_decode_table_provider(buf, table_ref, schema, ctx)
+    }
+
+    fn try_encode_table_provider(
+        &self,
+        table_ref: &TableReference,
+        node: Arc<dyn TableProvider>,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        if node.as_ref().is::<CachedTable>() {
+            return Err(DataFusionError::Plan(format!(
+                "table '{table_ref}' is a CACHE TABLE result, which lives on this machine \
+                 and cannot be read by a cluster; query its source instead, or run \
+                 without --cluster"
+            )));
+        }
+        self.inner.try_encode_table_provider(table_ref, node, buf)
+    }
+
+    fn try_decode_file_format(
+        &self,
+        buf: &[u8],
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn FileFormatFactory>> {
+        self.inner.try_decode_file_format(buf, ctx)
+    }
+
+    fn try_encode_file_format(
+        &self,
+        buf: &mut Vec<u8>,
+        node: Arc<dyn FileFormatFactory>,
+    ) -> Result<()> {
+        self.inner.try_encode_file_format(buf, node)
+    }
+
+    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
+        match self.functions.decode(name, buf)? {
+            Some(udf) => Ok(udf),
+            None => self.inner.try_decode_udf(name, buf),
+        }
+    }
+
+    fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
+        if self.functions.encode(node, buf)? {
+            return Ok(());
+        }
+        self.inner.try_encode_udf(node, buf)
+    }
+}
+
+/// Physical codec: the shuffle operators and sqlfeed functions, the rest to
+/// Ballista.
+#[derive(Debug)]
+pub struct SqlfeedPhysicalCodec {
+    functions: FunctionRegistry,
+    inner: BallistaPhysicalExtensionCodec,
+}
+
+impl SqlfeedPhysicalCodec {
+    /// A codec resolving functions against `functions`.
+    pub fn new(functions: FunctionRegistry) -> Self {
+        Self {
+            functions,
+            inner: BallistaPhysicalExtensionCodec::default(),
+        }
+    }
+}
+
+impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(node) = decode(buf)? else {
+            return self.inner.try_decode(buf, inputs, ctx, proto_converter);
+        };
+        let [input] = inputs else {
+            return Err(DataFusionError::Internal(format!(
+                "{node:?} has one input, got {}",
+                inputs.len()
+            )));
+        };
+        let input = Arc::clone(input);
+        Ok(match node {
+            WireNode::ShuffleKey { seed, epoch } => {
+                Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?)
+            }
+            WireNode::ShuffleRoot {
+                seed,
+                epoch,
+                batch_rows,
+            } => Arc::new(ShuffleExec::new(input, seed, epoch, batch_rows)),
+            WireNode::LocalShuffle { buffer_rows, seed } => {
+                Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
+            }
+            WireNode::Permute => Arc::new(PermuteExec::try_new(input)?),
+            other @ (WireNode::Shuffle(_) | WireNode::Function) => {
+                return Err(DataFusionError::Internal(format!(
+                    "{other:?} is not a physical plan node"
+                )));
+            }
+        })
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let plan = node.as_ref();
+        let wire = if let Some(key) = plan.downcast_ref::<ShuffleKeyExec>() {
+            WireNode::ShuffleKey {
+                seed: key.seed(),
+                epoch: key.epoch(),
+            }
+        } else if let Some(root) = plan.downcast_ref::<ShuffleExec>() {
+            WireNode::ShuffleRoot {
+                seed: root.seed(),
+                epoch: root.epoch(),
+                batch_rows: root.batch_rows(),
+            }
+        } else if let Some(local) = plan.downcast_ref::<LocalShuffleExec>() {
+            WireNode::LocalShuffle {
+                buffer_rows: local.buffer_rows(),
+                seed: local.seed(),
+            }
+        } else if plan.is::<PermuteExec>() {
+            WireNode::Permute
+        } else {
+            return self.inner.try_encode(node, buf, proto_converter);
+        };
+        encode(&wire, buf)
+    }
+
+    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
+        match self.functions.decode(name, buf)? {
+            Some(udf) => Ok(udf),
+            None => self.inner.try_decode_udf(name, buf),
+        }
+    }
+
+    fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
+        if self.functions.encode(node, buf)? {
+            return Ok(());
+        }
+        self.inner.try_encode_udf(node, buf)
+    }
+}

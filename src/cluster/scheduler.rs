@@ -1,0 +1,135 @@
+//! `sqlfeed scheduler`: Ballista's scheduler with sqlfeed registered.
+//!
+//! The scheduler receives logical plans from clients, plans them with a
+//! session state built like an embedded session's (object stores, functions)
+//! but with the stage-shaped shuffle planner, cuts them into stages and
+//! hands tasks to executors.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ballista_core::extension::SessionConfigExt;
+use ballista_scheduler::cluster::BallistaCluster;
+use ballista_scheduler::config::SchedulerConfig;
+use ballista_scheduler::scheduler_process::{
+    create_scheduler, start_grpc_service_with_listener,
+};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
+use datafusion::execution::registry::FunctionRegistry as _;
+use datafusion::prelude::SessionConfig;
+use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
+
+use super::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, with_codecs};
+use crate::SessionBuilder;
+use crate::shuffle::SqlfeedQueryPlanner;
+
+/// Options of `sqlfeed scheduler`.
+#[derive(Debug, Clone)]
+pub struct SchedulerOptions {
+    /// Address to listen on; port 0 picks a free one.
+    pub bind: SocketAddr,
+    /// Host name executors and clients use to reach this scheduler (default:
+    /// the bind host).
+    pub external_host: Option<String>,
+    /// Seconds without a heartbeat after which an executor counts as lost
+    /// and its tasks are re-run elsewhere.
+    pub executor_timeout_seconds: u64,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], super::DEFAULT_SCHEDULER_PORT)),
+            external_host: None,
+            executor_timeout_seconds: 20,
+        }
+    }
+}
+
+/// Runs a scheduler until the process ends; `on_ready` receives the bound
+/// address once clients and executors can connect.
+pub async fn run_scheduler(
+    session: SessionBuilder,
+    options: SchedulerOptions,
+    on_ready: impl FnOnce(SocketAddr),
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(options.bind)
+        .await
+        .map_err(|e| {
+            DataFusionError::Execution(format!(
+                "the scheduler cannot listen on {}: {e}",
+                options.bind
+            ))
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| DataFusionError::Execution(format!("no local address: {e}")))?;
+
+    let engine = session.engine()?;
+    let functions = FunctionRegistry::new(session.functions(&engine));
+    let udfs = session.functions(&engine);
+    let runtime = Arc::clone(&engine.runtime);
+    let planning_session = session.clone();
+    let state_functions = functions.clone();
+    let session_builder =
+        Arc::new(move |config: SessionConfig| -> Result<SessionState> {
+            let config = with_codecs(config, &state_functions);
+            let mut state = SessionStateBuilder::new()
+                .with_config(config)
+                .with_runtime_env(Arc::clone(&runtime))
+                .with_default_features()
+                .with_query_planner(Arc::new(SqlfeedQueryPlanner::stage_shaped()))
+                .build();
+            for udf in &udfs {
+                state.register_udf(Arc::clone(udf))?;
+            }
+            Ok(state)
+        });
+    let memory_limit = engine.memory_limit;
+    let config_functions = functions.clone();
+    let config_producer = Arc::new(move || {
+        with_codecs(
+            planning_session
+                .engine_config(memory_limit)
+                .upgrade_for_ballista(),
+            &config_functions,
+        )
+    });
+    let timeout = options.executor_timeout_seconds.max(1);
+    let config = SchedulerConfig {
+        bind_host: bound.ip().to_string(),
+        bind_port: bound.port(),
+        external_host: options
+            .external_host
+            .clone()
+            .unwrap_or_else(|| bound.ip().to_string()),
+        executor_timeout_seconds: timeout,
+        // Check for lost executors several times per timeout.
+        expire_dead_executor_interval_seconds: (timeout / 4).max(1),
+        no_executors_grace_period_seconds: timeout,
+        override_session_builder: Some(session_builder),
+        override_config_producer: Some(config_producer),
+        override_logical_codec: Some(Arc::new(SqlfeedLogicalCodec::new(
+            functions.clone(),
+        ))),
+        override_physical_codec: Some(Arc::new(SqlfeedPhysicalCodec::new(functions))),
+        ..SchedulerConfig::default()
+    };
+    let cluster = BallistaCluster::new_from_config(&config)
+        .await
+        .map_err(|e| {
+            DataFusionError::Execution(format!("cannot start the scheduler: {e}"))
+        })?;
+    let scheduler =
+        create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, Arc::new(config))
+            .await
+            .map_err(|e| {
+                DataFusionError::Execution(format!("cannot start the scheduler: {e}"))
+            })?;
+    on_ready(bound);
+    start_grpc_service_with_listener(listener, scheduler)
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("the scheduler stopped: {e}")))
+}
