@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use ballista_core::extension::SessionConfigExt;
+use ballista_core::config::TaskSchedulingPolicy;
 use ballista_core::registry::BallistaFunctionRegistry;
 use ballista_executor::executor_process::{
     ExecutorProcessConfig, start_executor_process,
@@ -134,10 +134,7 @@ pub async fn run_executor(
     let memory_limit = engine.memory_limit;
     let config_functions = functions.clone();
     let config_producer = Arc::new(move || {
-        with_codecs(
-            session.engine_config(memory_limit).upgrade_for_ballista(),
-            &config_functions,
-        )
+        with_codecs(session.engine_config(memory_limit), &config_functions)
     });
     let advertised = options
         .external_host
@@ -152,6 +149,8 @@ pub async fn run_executor(
         scheduler_port: options.scheduler.port,
         scheduler_connect_timeout_seconds: options.connect_timeout_seconds.max(1),
         vcores: options.concurrent_tasks,
+        // The scheduler's policy (see scheduler.rs).
+        task_scheduling_policy: TaskSchedulingPolicy::PullStaged,
         work_dir: Some(work_dir_text),
         print_thread_info: false,
         executor_heartbeat_interval_seconds: options.heartbeat_seconds.max(1),

@@ -41,6 +41,7 @@
 mod codec;
 mod executor;
 mod scheduler;
+mod watch;
 
 use std::fmt;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -56,6 +57,7 @@ use datafusion::logical_expr::ScalarUDF;
 pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, WireNode};
 pub use executor::{ExecutorOptions, run_executor};
 pub use scheduler::{SchedulerOptions, run_scheduler};
+pub use watch::JobWatchExec;
 
 /// Port of a scheduler when the URL gives none (Ballista's default).
 pub const DEFAULT_SCHEDULER_PORT: u16 = 50050;
@@ -180,12 +182,32 @@ pub(crate) fn client_state(
     Ok((state, address))
 }
 
-/// `config` with sqlfeed's codecs for Ballista.
+/// `plan` guarded by a [`JobWatchExec`] when `session` runs on a cluster.
+pub(crate) fn watched(
+    session: &crate::Session,
+    plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
+    match session.cluster() {
+        Some(scheduler) => Arc::new(JobWatchExec::new(plan, scheduler.clone())),
+        None => plan,
+    }
+}
+
+/// `config` with Ballista's settings as sqlfeed uses them, and sqlfeed's
+/// codecs.
+///
+/// Ballista's adaptive planner is off: in Ballista 55 a job whose executor
+/// is lost while a stage runs stays "Running" for ever under it (the lost
+/// stage is rolled back but never resubmitted), while the static planner
+/// re-runs the lost tasks and map stages on the remaining executors
+/// (`tests/integration/cluster.rs` kills an executor mid-job).
 pub(crate) fn with_codecs(
     config: datafusion::prelude::SessionConfig,
     functions: &FunctionRegistry,
 ) -> datafusion::prelude::SessionConfig {
     config
+        .upgrade_for_ballista()
+        .with_ballista_adaptive_query_planner(false)
         .with_ballista_logical_extension_codec(Arc::new(SqlfeedLogicalCodec::new(
             functions.clone(),
         )))

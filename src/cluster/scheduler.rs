@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use ballista_core::extension::SessionConfigExt;
+use ballista_core::config::TaskSchedulingPolicy;
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::{
@@ -91,9 +91,7 @@ pub async fn run_scheduler(
     let config_functions = functions.clone();
     let config_producer = Arc::new(move || {
         with_codecs(
-            planning_session
-                .engine_config(memory_limit)
-                .upgrade_for_ballista(),
+            planning_session.engine_config(memory_limit),
             &config_functions,
         )
     });
@@ -109,6 +107,14 @@ pub async fn run_scheduler(
         // Check for lost executors several times per timeout.
         expire_dead_executor_interval_seconds: (timeout / 4).max(1),
         no_executors_grace_period_seconds: timeout,
+        // Pull: executors ask for work when they have a free slot. Under
+        // push scheduling (Ballista's default), killing an executor while a
+        // stage ran left the survivor's slot taken by a task whose result was
+        // ignored, and every later job waited for ever; under pull, lost
+        // tasks could be recomputed twice, which the client's guard
+        // (watch.rs) prevents from reaching results. Executors must use the
+        // same policy.
+        scheduling_policy: TaskSchedulingPolicy::PullStaged,
         override_session_builder: Some(session_builder),
         override_config_producer: Some(config_producer),
         override_logical_codec: Some(Arc::new(SqlfeedLogicalCodec::new(

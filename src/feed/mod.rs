@@ -653,6 +653,8 @@ impl Producer {
             .with_config(config)
             .build();
         let plan = catch_panic(state.create_physical_plan(&plan)).await?;
+        #[cfg(feature = "ballista")]
+        let plan = crate::cluster::watched(&options.session, plan);
         Ok((plan, Arc::new(TaskContext::from(&state))))
     }
 }

@@ -386,6 +386,12 @@ impl Session {
     /// Runs `df` and collects its batches, turning a panic inside the engine
     /// or a dependency into an error.
     pub async fn collect(&self, df: DataFrame) -> Result<Vec<RecordBatch>> {
+        #[cfg(feature = "ballista")]
+        if self.cluster.is_some() {
+            let plan = catch_panic(df.create_physical_plan()).await?;
+            let stream = self.execute_stream(plan)?;
+            return catch_panic(datafusion::physical_plan::common::collect(stream)).await;
+        }
         catch_panic(df.collect()).await
     }
 
@@ -395,6 +401,8 @@ impl Session {
         &self,
         plan: Arc<dyn ExecutionPlan>,
     ) -> Result<SendableRecordBatchStream> {
+        #[cfg(feature = "ballista")]
+        let plan = crate::cluster::watched(self, plan);
         let task_ctx = self.ctx.task_ctx();
         let stream = std::panic::catch_unwind(AssertUnwindSafe(|| {
             datafusion::physical_plan::execute_stream(plan, task_ctx)

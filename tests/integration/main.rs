@@ -6,6 +6,8 @@
 //! * `cache`: CACHE TABLE, reuse across sessions and processes, invalidation,
 //!   damaged entries, the LRU limit, cached feeds.
 //! * `examples`: every example and every `examples/sql` script on small data.
+//! * `cluster`: a real Ballista cluster (scheduler + executors as processes):
+//!   results, SHUFFLE order and errors equal the embedded engine's; faults.
 //! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
 //! * `feed`: training feeds: exact batches, shards, resume across processes,
 //!   tensor values, cancellation, bad input.
@@ -17,6 +19,7 @@
 mod bad_input;
 mod cache;
 mod cli;
+mod cluster;
 mod common;
 mod examples;
 mod feed;

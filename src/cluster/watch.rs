@@ -1,0 +1,324 @@
+//! [`JobWatchExec`]: a client-side guard that turns a lost executor into a
+//! prompt, clear error instead of a hang or a wrong result.
+//!
+//! ```text
+//!  client                                     scheduler (REST, same port)
+//!  JobWatchExec ── polls every second ──────► /api/executors
+//!    │  an executor seen during the job disappears (missed heartbeats)
+//!    │    → cancel the job (gRPC CancelJob), fail with an error naming it
+//!    ▼
+//!  DistributedQueryExec (Ballista's client: submit, poll, fetch)
+//! ```
+//!
+//! # Why not let Ballista recover
+//! Ballista 55 re-runs a lost executor's tasks, but killing an executor
+//! while a stage runs (tests/integration/cluster.rs) showed three outcomes
+//! depending on configuration and timing: the job completed correctly;
+//! under push scheduling it stayed "Running" for ever (the rolled-back
+//! stage's remaining task update is ignored and the stage never resumes),
+//! and so did every later job on the surviving executor; under pull
+//! scheduling (which sqlfeed uses) it completed with **duplicated rows**
+//! (117M instead of 81M joined pairs). sqlfeed cannot tell the good outcome
+//! from the others while the job runs, so it cancels and reports. Every
+//! sqlfeed result is a pure function of the query and the data, so running
+//! the query again (a feed resumes at its `(epoch, step)`) gives the same
+//! rows. The guard needs the loss to be noticed before the job ends: the
+//! scheduler's `--executor-timeout` bounds that window.
+//!
+//! # Ordering, memory
+//! Batches pass through unchanged; the guard holds no data.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ballista_core::execution_plans::DistributedQueryExec;
+use ballista_core::serde::protobuf::CancelJobParams;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
+};
+use datafusion_proto::protobuf::LogicalPlanNode;
+use futures::{FutureExt, Stream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::SchedulerAddress;
+
+/// How often the guard asks the scheduler for its executors.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Limit of one REST request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct JobWatchExec {
+    input: Arc<dyn ExecutionPlan>,
+    scheduler: SchedulerAddress,
+}
+
+impl JobWatchExec {
+    /// Guards `input` (a client plan, usually Ballista's `DistributedQueryExec`).
+    pub fn new(input: Arc<dyn ExecutionPlan>, scheduler: SchedulerAddress) -> Self {
+        Self { input, scheduler }
+    }
+}
+
+impl DisplayAs for JobWatchExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "JobWatchExec: scheduler={}", self.scheduler)
+    }
+}
+
+impl ExecutionPlan for JobWatchExec {
+    fn name(&self) -> &str {
+        "JobWatchExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let child = crate::shuffle::single_child(self.name(), &children)?;
+        Ok(Arc::new(Self::new(child, self.scheduler.clone())))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let inner = self.input.execute(partition, context)?;
+        let job = find_job(&self.input);
+        let lost = Arc::new(AtomicBool::new(false));
+        let alarm = watch(self.scheduler.clone(), job, Arc::clone(&lost)).boxed();
+        Ok(Box::pin(WatchedStream {
+            schema: inner.schema(),
+            inner,
+            alarm,
+            lost,
+            done: false,
+        }))
+    }
+}
+
+/// Reads the job id of the plan's Ballista client node once it is known.
+type JobId = Box<dyn Fn() -> Option<String> + Send>;
+
+fn find_job(plan: &Arc<dyn ExecutionPlan>) -> JobId {
+    match find_client(plan) {
+        Some(query) => Box::new(move || query.job_id().map(|id| id.to_string())),
+        None => Box::new(|| None),
+    }
+}
+
+/// The first Ballista client node in `plan`.
+fn find_client(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Option<DistributedQueryExec<LogicalPlanNode>> {
+    if let Some(query) = plan
+        .as_ref()
+        .downcast_ref::<DistributedQueryExec<LogicalPlanNode>>()
+    {
+        return Some(query.clone());
+    }
+    plan.children().into_iter().find_map(find_client)
+}
+
+struct WatchedStream {
+    schema: SchemaRef,
+    inner: SendableRecordBatchStream,
+    alarm: futures::future::BoxFuture<'static, DataFusionError>,
+    /// Set by the alarm once it has seen a lost executor.
+    lost: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl Stream for WatchedStream {
+    type Item = Result<RecordBatch>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(error) = self.alarm.poll_unpin(cx) {
+            self.done = true;
+            return Poll::Ready(Some(Err(error)));
+        }
+        if self.lost.load(Ordering::Acquire) {
+            // Cancelling; the alarm wakes us with the error.
+            return Poll::Pending;
+        }
+        let next = self.inner.as_mut().poll_next(cx);
+        if matches!(next, Poll::Ready(None)) {
+            self.done = true;
+        }
+        next
+    }
+}
+
+impl RecordBatchStream for WatchedStream {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+}
+
+/// Resolves with the error to report once an executor known to the job is
+/// lost; never resolves otherwise.
+async fn watch(
+    scheduler: SchedulerAddress,
+    job: JobId,
+    lost: Arc<AtomicBool>,
+) -> DataFusionError {
+    let mut known: Option<BTreeMap<String, String>> = None;
+    loop {
+        tokio::time::sleep(POLL_INTERVAL).await;
+        // A scheduler that does not answer is Ballista's client's to report.
+        let current = match executors(&scheduler).await {
+            Ok(current) => current,
+            Err(e) => {
+                log::debug!("job watch: {e}");
+                continue;
+            }
+        };
+        log::debug!("job watch: executors {current:?}");
+        let Some(known) = known.as_mut() else {
+            known = Some(current);
+            continue;
+        };
+        if let Some((id, address)) =
+            known.iter().find(|(id, _)| !current.contains_key(*id))
+        {
+            // From here on the stream stops reading Ballista's client, which
+            // would otherwise report the job as "Cancelled" without saying
+            // why; the job is cancelled before the error is returned, so a
+            // process that exits on it leaves no job behind.
+            lost.store(true, Ordering::Release);
+            let job_id = job();
+            if let Some(job_id) = &job_id {
+                cancel(&scheduler, job_id).await;
+            }
+            return DataFusionError::Execution(format!(
+                "executor {id} at {address} was lost while job {} ran on {scheduler}; \
+                 the job was cancelled rather than recovered (Ballista 55's recovery of \
+                 a running stage can stall or duplicate rows). Results are a pure \
+                 function of the query and the data: run it again",
+                job_id.as_deref().unwrap_or("(not yet submitted)")
+            ));
+        }
+        known.extend(current);
+    }
+}
+
+/// Executors registered with the scheduler: id → host:port.
+async fn executors(scheduler: &SchedulerAddress) -> Result<BTreeMap<String, String>> {
+    let body = rest_get(scheduler, "/api/executors").await?;
+    let list: Vec<serde_json::Value> = serde_json::from_str(&body)
+        .map_err(|e| DataFusionError::Execution(format!("bad executor list: {e}")))?;
+    Ok(list
+        .iter()
+        .filter_map(|executor| {
+            let id = executor.get("id")?.as_str()?.to_string();
+            let host = executor.get("host").and_then(|h| h.as_str()).unwrap_or("?");
+            let port = executor.get("port").and_then(|p| p.as_u64()).unwrap_or(0);
+            Some((id, format!("{host}:{port}")))
+        })
+        .collect())
+}
+
+/// The body of `GET path` on the scheduler's REST API (HTTP/1.1, one
+/// request per connection).
+pub(crate) async fn rest_get(scheduler: &SchedulerAddress, path: &str) -> Result<String> {
+    let failed = |e: String| {
+        DataFusionError::Execution(format!("GET {path} on {scheduler} failed: {e}"))
+    };
+    let request = async {
+        let mut stream =
+            tokio::net::TcpStream::connect((scheduler.host.as_str(), scheduler.port))
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\n\
+             Connection: close\r\n\r\n",
+            scheduler.host
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let mut response = Vec::new();
+        stream
+            .read_to_end(&mut response)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok::<_, DataFusionError>(response)
+    };
+    let response = tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .map_err(|_| failed(format!("no answer within {REQUEST_TIMEOUT:?}")))??;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| failed("malformed HTTP response".into()))?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(failed(head.lines().next().unwrap_or("").to_string()));
+    }
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Err(failed("chunked responses are not supported".into()));
+    }
+    Ok(body.to_string())
+}
+
+/// Asks the scheduler to cancel `job_id`; failures are logged (the job then
+/// ends by itself when its tasks fail).
+async fn cancel(scheduler: &SchedulerAddress, job_id: &str) {
+    let cancelled = async {
+        let mut client = SchedulerGrpcClient::connect(scheduler.grpc_url()).await?;
+        client
+            .cancel_job(CancelJobParams {
+                job_id: job_id.to_string(),
+            })
+            .await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, cancelled).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => log::warn!("cannot cancel job {job_id} on {scheduler}: {e}"),
+        Err(_) => log::warn!("cancelling job {job_id} on {scheduler} timed out"),
+    }
+}

@@ -1,0 +1,456 @@
+//! A real Ballista cluster: one `sqlfeed scheduler` and `sqlfeed executor`
+//! processes on 127.0.0.1 with free ports, started and stopped by each test.
+//!
+//! Results on the cluster must equal the embedded engine's, byte for byte in
+//! CSV (including the SHUFFLE order, with one executor and with two), and
+//! errors must read the same.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use datafusion::error::Result;
+
+use crate::common::{gen_data, run, sqlfeed};
+
+/// Processes of one test cluster; killed on drop.
+pub struct Cluster {
+    scheduler: Child,
+    executors: Vec<Child>,
+    port: u16,
+    /// Extra arguments of every executor.
+    executor_args: Vec<String>,
+}
+
+impl Cluster {
+    /// A scheduler and `executors` executors, each running one task at a
+    /// time (so that work spreads over both), all registered.
+    pub fn start(executors: usize) -> Self {
+        Self::start_with(executors, &["--concurrent-tasks", "1"], &[])
+    }
+
+    /// [`Cluster::start`] with extra executor and scheduler arguments.
+    pub fn start_with(
+        executors: usize,
+        executor_args: &[&str],
+        scheduler_args: &[&str],
+    ) -> Self {
+        let mut scheduler = sqlfeed()
+            .args(["scheduler", "--bind", "127.0.0.1:0"])
+            .args(scheduler_args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the scheduler starts");
+        let stdout = scheduler.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the scheduler prints its address");
+        let port: u16 = line
+            .split("df://127.0.0.1:")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no port in the scheduler's first line: {line:?}"));
+        let mut cluster = Self {
+            scheduler,
+            executors: vec![],
+            port,
+            executor_args: executor_args.iter().map(|s| s.to_string()).collect(),
+        };
+        for _ in 0..executors {
+            cluster.add_executor();
+        }
+        cluster.wait_for_executors(executors);
+        cluster
+    }
+
+    /// `df://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("df://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts one more executor (not waiting for it to register).
+    pub fn add_executor(&mut self) {
+        let executor = sqlfeed()
+            .args([
+                "executor",
+                "--scheduler",
+                &format!("127.0.0.1:{}", self.port),
+            ])
+            .args(["--heartbeat-interval", "1"])
+            .args(&self.executor_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("an executor starts");
+        self.executors.push(executor);
+    }
+
+    /// Kills executor `i` at once (SIGKILL: no goodbye to the scheduler).
+    pub fn kill_executor(&mut self, i: usize) {
+        let _ = self.executors[i].kill();
+        let _ = self.executors[i].wait();
+    }
+
+    /// GET `path` of the scheduler's REST API.
+    pub fn rest(&self, path: &str) -> String {
+        let mut stream =
+            TcpStream::connect(("127.0.0.1", self.port)).expect("the scheduler accepts");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout set");
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .expect("request sent");
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_default()
+    }
+
+    /// Waits until `n` executors are registered.
+    pub fn wait_for_executors(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let body = self.rest("/api/executors");
+            let registered = body.matches("\"host\"").count();
+            if registered == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{registered} of {n} executors registered after 60 s: {body}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs `sql` on the cluster; returns (success, stdout, stderr). A
+    /// query still running after 120 s fails the test.
+    pub fn csv(&self, sql: &str) -> (bool, String, String) {
+        run_bounded(
+            sqlfeed()
+                .args(["--cluster", &self.url(), "--target-partitions", "4"])
+                .args(["--format", "csv", "-c", sql]),
+            Duration::from_secs(120),
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for executor in &mut self.executors {
+            let _ = executor.kill();
+            let _ = executor.wait();
+        }
+        let _ = self.scheduler.kill();
+        let _ = self.scheduler.wait();
+    }
+}
+
+/// Runs `command`, failing the test if it has not ended after `bound`;
+/// returns (success, stdout, stderr). Output is read while it runs.
+fn run_bounded(
+    command: &mut std::process::Command,
+    bound: Duration,
+) -> (bool, String, String) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sqlfeed starts");
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waitable") {
+            break status;
+        }
+        if start.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{command:?} hung for {bound:?}; stderr: {}",
+                err.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.success(),
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    )
+}
+
+/// `sql` on the embedded engine, as CSV.
+fn embedded(sql: &str) -> String {
+    let (ok, out, err) =
+        run(sqlfeed().args(["--target-partitions", "4", "--format", "csv", "-c", sql]));
+    assert!(ok, "embedded {sql:?} failed: {err}");
+    out
+}
+
+/// Writes the test data: 3,000 generated rows in 4 files, and a
+/// hive-partitioned copy in month=1 / month=2.
+fn data(dir: &Path) -> Result<()> {
+    gen_data(&dir.join("flat"), 3000, 4)?;
+    gen_data(&dir.join("hive/month=1"), 700, 1)?;
+    gen_data(&dir.join("hive/month=2"), 500, 2)?;
+    Ok(())
+}
+
+const TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
+);
+
+#[test]
+fn cluster_results_equal_embedded_results() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let flat = format!("'{}/flat/*.parquet'", dir.path().display());
+    let hive = format!("'{}/hive/'", dir.path().display());
+    let queries = [
+        // Numeric, text and image functions, run on the executors.
+        format!(
+            "SELECT id, standardize(f0, 0.5, 2.0) AS z, hash_bucket(caption, 100) AS b, \
+             one_hot(label, 10) AS l, tokenize(caption, '{TOKENIZER}', 16) AS t \
+             FROM {flat} WHERE id % 7 = 0 ORDER BY id"
+        ),
+        format!(
+            "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 2, 2)) AS px \
+             FROM {flat} WHERE id < 40 ORDER BY id"
+        ),
+        // A join and aggregates (exchanges between stages).
+        format!(
+            "SELECT a.label, count(*) AS n, sum(b.id) AS s, min(b.caption) AS c \
+             FROM {flat} a JOIN {flat} b ON a.id = b.id + 1 GROUP BY a.label ORDER BY a.label"
+        ),
+        // Hive partition columns from folder names.
+        format!(
+            "SELECT month, count(*) AS n, sum(id) AS s FROM {hive} GROUP BY month ORDER BY month"
+        ),
+        // The global shuffle: the whole order must match.
+        format!("SELECT id, label, caption FROM {flat} SHUFFLE SEED 42"),
+        format!("SELECT id FROM {hive} WHERE label < 5 SHUFFLE SEED 7 EPOCH 3"),
+    ];
+    let cluster = Cluster::start(2);
+    for sql in &queries {
+        let expected = embedded(sql);
+        let (ok, got, err) = cluster.csv(sql);
+        assert!(ok, "cluster {sql:?} failed: {err}");
+        assert!(expected.lines().count() > 2, "{sql}: {expected}");
+        assert_eq!(got, expected, "cluster and embedded differ for {sql}");
+    }
+    Ok(())
+}
+
+#[test]
+fn shuffle_order_is_the_same_on_one_and_two_executors() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let sql = format!(
+        "SELECT id, f1 FROM '{}/flat/*.parquet' SHUFFLE SEED 5",
+        dir.path().display()
+    );
+    let mut cluster = Cluster::start(1);
+    let (ok, one, err) = cluster.csv(&sql);
+    assert!(ok, "{err}");
+    cluster.add_executor();
+    cluster.wait_for_executors(2);
+    let (ok, two, err) = cluster.csv(&sql);
+    assert!(ok, "{err}");
+    assert_eq!(one.lines().count(), 3001);
+    assert_eq!(one, two, "1 and 2 executors give different orders");
+    assert_eq!(
+        one,
+        embedded(&sql),
+        "the cluster's order is not the embedded one"
+    );
+    // A different seed is a different order (the test can fail).
+    let (_, other, _) = cluster.csv(&sql.replace("SEED 5", "SEED 6"));
+    assert_ne!(one, other);
+    Ok(())
+}
+
+#[test]
+fn bad_input_on_the_cluster_reads_like_embedded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let corrupt = dir.path().join("corrupt.parquet");
+    std::fs::write(&corrupt, b"PAR1 this is not a parquet file PAR1")?;
+    let flat = format!("'{}/flat/*.parquet'", dir.path().display());
+    let cluster = Cluster::start(1);
+    let cases = [
+        // Footer checked while planning: the file is named.
+        (
+            format!("SELECT * FROM '{}'", corrupt.display()),
+            "corrupt.parquet",
+        ),
+        // SQL errors.
+        (format!("SELECT nosuch FROM {flat}"), "nosuch"),
+        ("SELEC 1".to_string(), "SELEC"),
+        // A function failing on an executor: its message reaches the client.
+        (
+            format!("SELECT image_decode(caption::bytea) FROM {flat}"),
+            "image_decode: cannot decode row",
+        ),
+        (
+            format!("SELECT tokenize(caption, '/no/such/tokenizer.json') FROM {flat}"),
+            "/no/such/tokenizer.json",
+        ),
+    ];
+    for (sql, needle) in &cases {
+        let (ok, _, err) = cluster.csv(sql);
+        assert!(!ok, "{sql} should fail on the cluster");
+        assert!(
+            err.contains(needle),
+            "cluster error for {sql} lacks {needle:?}: {err}"
+        );
+        let (ok, _, embedded_err) = run(sqlfeed().args(["-c", sql]));
+        assert!(!ok && embedded_err.contains(needle), "{embedded_err}");
+    }
+    // The executor survived every failure and still runs queries.
+    let (ok, out, err) = cluster.csv(&format!("SELECT count(*) AS n FROM {flat}"));
+    assert!(ok && out.contains("3000"), "{out} {err}");
+    Ok(())
+}
+
+#[test]
+fn an_unreachable_scheduler_is_named_within_seconds() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let start = Instant::now();
+    let (ok, _, err) = run(sqlfeed().args([
+        "--cluster",
+        &format!("df://127.0.0.1:{port}"),
+        "-c",
+        "SELECT 1",
+    ]));
+    assert!(!ok);
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(err.contains(&format!("df://127.0.0.1:{port}")), "{err}");
+    assert!(err.contains("cannot reach the sqlfeed scheduler"), "{err}");
+    // A malformed address is refused before connecting.
+    let (ok, _, err) = run(sqlfeed().args(["--cluster", "http://x", "-c", "SELECT 1"]));
+    assert!(!ok && err.contains("df://host:port"), "{err}");
+}
+
+#[test]
+fn binding_beyond_loopback_needs_a_flag() {
+    let (ok, _, err) = run(sqlfeed().args(["scheduler", "--bind", "0.0.0.0:0"]));
+    assert!(!ok);
+    assert!(err.contains("--allow-remote"), "{err}");
+    let (ok, _, err) = run(sqlfeed().args(["executor", "--bind", "0.0.0.0:0"]));
+    assert!(!ok && err.contains("--allow-remote"), "{err}");
+}
+
+#[test]
+fn an_executor_killed_mid_job_ends_the_job_promptly_and_clearly() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 10_000, 4)?;
+    // 81M joined pairs: seconds of work on every executor.
+    let side = format!(
+        "(SELECT id FROM '{}/*.parquet' WHERE id < 9000)",
+        dir.path().display()
+    );
+    let sql = format!(
+        "SELECT count(*) AS n, sum(a.id * b.id % 7) AS s FROM {side} a CROSS JOIN {side} b"
+    );
+    let mut per_residue = [0u64; 7];
+    for id in 0..9000u64 {
+        per_residue[(id % 7) as usize] += 1;
+    }
+    let mut expected_sum = 0u64;
+    for (r1, n1) in per_residue.iter().enumerate() {
+        for (r2, n2) in per_residue.iter().enumerate() {
+            expected_sum += n1 * n2 * ((r1 * r2 % 7) as u64);
+        }
+    }
+
+    let mut cluster = Cluster::start_with(
+        2,
+        &["--concurrent-tasks", "1"],
+        &["--executor-timeout", "3"],
+    );
+    let url = cluster.url();
+    let client = std::thread::spawn(move || {
+        let start = Instant::now();
+        let outcome = run_bounded(
+            sqlfeed()
+                .args(["--cluster", &url, "--target-partitions", "4"])
+                .args(["--format", "csv", "-c", &sql]),
+            // Bounded: the job must end, either way, well within this.
+            Duration::from_secs(150),
+        );
+        (outcome, start.elapsed())
+    });
+    // Kill an executor once the job runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cluster.rest("/api/jobs").contains("\"status\":\"Running\"") {
+        assert!(Instant::now() < deadline, "the job never started");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.kill_executor(1);
+    let killed_at = Instant::now();
+    let ((success, out, err), _) = client.join().expect("the client thread ends");
+    eprintln!(
+        "kill test: {} {:.1}s after the kill",
+        if success { "completed" } else { "cancelled" },
+        killed_at.elapsed().as_secs_f64()
+    );
+    if success {
+        // Finished before the loss was noticed: the rows must be right.
+        assert_eq!(out, format!("n,s\n81000000,{expected_sum}\n"));
+    } else {
+        // sqlfeed's guard noticed the lost executor (3 s of missed
+        // heartbeats), cancelled the job and named the executor.
+        assert!(err.contains("was lost while job"), "{err}");
+        assert!(err.contains("run it again"), "{err}");
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            killed_at.elapsed()
+        );
+    }
+    // The job is over on the scheduler too: cancelled, failed or completed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.rest("/api/jobs").contains("\"status\":\"Running\"") {
+        assert!(
+            Instant::now() < deadline,
+            "the job still runs: {}",
+            cluster.rest("/api/jobs")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The survivor still runs queries.
+    let (ok, out, err) = cluster.csv(&format!("SELECT count(*) AS n FROM {side} t"));
+    assert!(ok && out == "n\n9000\n", "{out} {err}");
+    Ok(())
+}
