@@ -114,6 +114,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         shuffle_seed: Some(42),
         shard: None,
         cache: false,
+        run_id: None,
         resume: None,
         step_ms: 0.0,
         tensors: vec![],

@@ -50,6 +50,11 @@ pub struct FeedArgs {
     /// the shuffle still differs per epoch. Later runs reuse the entry.
     #[arg(long)]
     pub cache: bool,
+    /// With --cluster: the name the ranks of one training run share, so that
+    /// each epoch runs as one cluster job that every rank reads its shard of
+    /// (default: $SQLFEED_RUN_ID, else $TORCHELASTIC_RUN_ID, else empty).
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
     /// Resume at EPOCH:STEP of a checkpoint.
     #[arg(long, value_name = "EPOCH:STEP")]
     pub resume: Option<String>,
@@ -93,6 +98,13 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         .prefetch(args.prefetch)
         .epochs(args.epochs)
         .cache(args.cache)
+        .run_id(
+            args.run_id
+                .clone()
+                .or_else(|| std::env::var("SQLFEED_RUN_ID").ok())
+                .or_else(|| std::env::var("TORCHELASTIC_RUN_ID").ok())
+                .unwrap_or_default(),
+        )
         .device(device);
     if let Some(seed) = args.shuffle_seed {
         builder = builder.shuffle(seed);

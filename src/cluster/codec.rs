@@ -84,6 +84,7 @@ pub enum WireNode {
     },
     /// [`PermuteExec`].
     Permute,
+
     /// A sqlfeed function, resolved by name where it is decoded.
     Function,
 }
@@ -100,7 +101,7 @@ fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
         return Ok(None);
     };
     serde_json::from_slice(payload).map(Some).map_err(|e| {
-        DataFusionError::Internal(format!(
+        DataFusionError::Plan(format!(
             "cannot decode a sqlfeed plan node ({e}); are client, scheduler and \
              executors the same sqlfeed version ({})?",
             env!("CARGO_PKG_VERSION")
@@ -188,6 +189,7 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
                     node: Arc::new(ShuffleNode::try_new(input.clone(), spec)?),
                 })
             }
+
             Some(other) => Err(DataFusionError::Internal(format!(
                 "{other:?} is not a logical plan node"
             ))),
@@ -196,10 +198,11 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
     }
 
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
-        match node.node.as_any().downcast_ref::<ShuffleNode>() {
-            Some(shuffle) => encode(&WireNode::Shuffle(shuffle.spec()), buf),
-            None => self.inner.try_encode(node, buf),
+        let any = node.node.as_any();
+        if let Some(shuffle) = any.downcast_ref::<ShuffleNode>() {
+            return encode(&WireNode::Shuffle(shuffle.spec()), buf);
         }
+        self.inner.try_encode(node, buf)
     }
 
     fn try_decode_table_provider(
@@ -309,6 +312,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
             }
             WireNode::Permute => Arc::new(PermuteExec::try_new(input)?),
+
             other @ (WireNode::Shuffle(_) | WireNode::Function) => {
                 return Err(DataFusionError::Internal(format!(
                     "{other:?} is not a physical plan node"

@@ -41,6 +41,7 @@
 mod codec;
 mod executor;
 mod scheduler;
+mod shared_job;
 mod watch;
 
 use std::fmt;
@@ -57,6 +58,7 @@ use datafusion::logical_expr::ScalarUDF;
 pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, WireNode};
 pub use executor::{ExecutorOptions, run_executor};
 pub use scheduler::{SchedulerOptions, run_scheduler};
+pub use shared_job::SharedJobExec;
 pub use watch::JobWatchExec;
 
 /// Port of a scheduler when the URL gives none (Ballista's default).

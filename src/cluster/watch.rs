@@ -135,10 +135,18 @@ impl ExecutionPlan for JobWatchExec {
 type JobId = Box<dyn Fn() -> Option<String> + Send>;
 
 fn find_job(plan: &Arc<dyn ExecutionPlan>) -> JobId {
-    match find_client(plan) {
-        Some(query) => Box::new(move || query.job_id().map(|id| id.to_string())),
-        None => Box::new(|| None),
+    if let Some(query) = find_client(plan) {
+        return Box::new(move || query.job_id().map(|id| id.to_string()));
     }
+    if plan.as_ref().is::<super::SharedJobExec>() {
+        let plan = Arc::clone(plan);
+        return Box::new(move || {
+            plan.as_ref()
+                .downcast_ref::<super::SharedJobExec>()
+                .and_then(|shard| shard.job_id())
+        });
+    }
+    Box::new(|| None)
 }
 
 /// The first Ballista client node in `plan`.
@@ -213,7 +221,6 @@ async fn watch(
                 continue;
             }
         };
-        log::debug!("job watch: executors {current:?}");
         let Some(known) = known.as_mut() else {
             known = Some(current);
             continue;

@@ -97,6 +97,8 @@ pub struct FeedBuilder {
     token_budget: Option<usize>,
     bucket_window: Option<usize>,
     cache: bool,
+    /// Names a training run so that its ranks share one cluster job per epoch.
+    run_id: String,
 }
 
 impl FeedBuilder {
@@ -107,6 +109,17 @@ impl FeedBuilder {
     /// over the same files reuses the entry from disk.
     pub fn cache(mut self, cache: bool) -> Self {
         self.cache = cache;
+        self
+    }
+
+    /// On a cluster session ([`crate::SessionBuilder::cluster`]), the name
+    /// the ranks of one training run share: each epoch runs as one cluster
+    /// job that rank 0 submits and every rank reads its own output
+    /// partition of (see [`crate::cluster::ClusterShardExec`]). Runs with
+    /// the same query, seed, world and batch size but different ids get
+    /// separate jobs. Default: empty.
+    pub fn run_id(mut self, id: impl Into<String>) -> Self {
+        self.run_id = id.into();
         self
     }
 
@@ -276,6 +289,16 @@ impl FeedBuilder {
         if self.prefetch == 0 {
             return plan_error("prefetch must be at least 1".into());
         }
+        #[cfg(feature = "ballista")]
+        if self.cache
+            && let Some(scheduler) = self.session.cluster()
+        {
+            return plan_error(format!(
+                "the epoch cache lives on this machine and cannot feed a cluster job \
+                 ({scheduler}); drop --cache (the cluster recomputes each epoch) or run \
+                 without --cluster"
+            ));
+        }
         if self.token_budget == Some(0) {
             return plan_error("batch_tokens must be at least 1".into());
         }
@@ -361,6 +384,7 @@ impl Feed {
             token_budget: None,
             bucket_window: None,
             cache: false,
+            run_id: String::new(),
         }
     }
 
@@ -602,6 +626,46 @@ impl Producer {
         Ok(())
     }
 
+    /// Whether the epoch runs as one cluster job shared by all ranks (every
+    /// feed of a cluster session, see [`crate::cluster::SharedJobExec`]):
+    /// its result partitions are read in partition order, so an unshuffled
+    /// feed's order is as deterministic as on the embedded engine.
+    #[cfg(feature = "ballista")]
+    fn shared_cluster_job(&self) -> bool {
+        self.options.session.cluster().is_some()
+    }
+
+    /// The epoch's query as the one cluster job all ranks of the run read.
+    #[cfg(feature = "ballista")]
+    fn plan_cluster_epoch(
+        &self,
+        df: datafusion::dataframe::DataFrame,
+        scheduler: crate::cluster::SchedulerAddress,
+        epoch: u64,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+        let options = &self.options;
+        let (state, plan) = df.into_parts();
+        let plan = state.optimize(&plan)?;
+        let run = xxhash_rust::xxh3::xxh3_64(
+            format!(
+                "{}\0{:?}\0{}",
+                options.sql, options.shuffle_seed, options.run_id
+            )
+            .as_bytes(),
+        );
+        let job_name = format!("sqlfeed-feed-{run:016x}-e{epoch}");
+        let job: Arc<dyn ExecutionPlan> =
+            Arc::new(crate::cluster::SharedJobExec::try_new(
+                &state,
+                &plan,
+                scheduler,
+                job_name,
+                options.rank,
+            )?);
+        let job = crate::cluster::watched(&options.session, job);
+        Ok((job, Arc::new(TaskContext::from(&state))))
+    }
+
     /// The physical plan of one epoch's query and the context to run it in.
     async fn plan_epoch(
         &self,
@@ -630,6 +694,12 @@ impl Producer {
         };
         if let Some(seed) = options.shuffle_seed {
             df = shuffle(df, ShuffleSpec::Global { seed, epoch })?;
+        }
+        #[cfg(feature = "ballista")]
+        if self.shared_cluster_job()
+            && let Some(scheduler) = options.session.cluster()
+        {
+            return self.plan_cluster_epoch(df, scheduler.clone(), epoch);
         }
         let (state, plan) = df.into_parts();
         let mut config = state.config().clone();

@@ -454,3 +454,93 @@ fn an_executor_killed_mid_job_ends_the_job_promptly_and_clearly() -> Result<()> 
     assert!(ok && out == "n\n9000\n", "{out} {err}");
     Ok(())
 }
+
+/// `sqlfeed feed … --digest` lines (one per batch) of one rank.
+fn feed_digests(cluster: Option<&str>, data: &Path, args: &[&str]) -> Vec<String> {
+    let sql = format!(
+        "SELECT id, standardize(f0, 0.5, 2.0) AS x, label AS y FROM '{}/flat/*.parquet'",
+        data.display()
+    );
+    let mut command = sqlfeed();
+    if let Some(url) = cluster {
+        command.args(["--cluster", url, "--target-partitions", "4"]);
+    } else {
+        command.args(["--target-partitions", "4"]);
+    }
+    command
+        .args([
+            "feed",
+            &sql,
+            "--batch-size",
+            "64",
+            "--epochs",
+            "2",
+            "--device",
+            "cpu",
+        ])
+        .args(["--digest", "--run-id", "cluster-test"])
+        .args(args);
+    let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
+    assert!(ok, "feed {args:?} failed: {err}");
+    out.lines()
+        .filter(|l| l.starts_with("batch "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    for shuffle in [&["--shuffle-seed", "42"][..], &[]] {
+        // Three ranks as three processes at once, like a training job.
+        let ranks: Vec<_> = (0..3)
+            .map(|rank| {
+                let url = url.clone();
+                let data = dir.path().to_path_buf();
+                let mut args: Vec<String> =
+                    shuffle.iter().map(|s| s.to_string()).collect();
+                args.extend(["--shard".to_string(), format!("{rank}/3")]);
+                std::thread::spawn(move || {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    feed_digests(Some(&url), &data, &args)
+                })
+            })
+            .collect();
+        let ranks: Vec<Vec<String>> = ranks
+            .into_iter()
+            .map(|r| r.join().expect("rank thread"))
+            .collect();
+        for (rank, cluster_batches) in ranks.iter().enumerate() {
+            let mut args: Vec<&str> = shuffle.to_vec();
+            let shard = format!("{rank}/3");
+            args.extend(["--shard", &shard]);
+            let embedded = feed_digests(None, dir.path(), &args);
+            // 3000 rows, 3 × 64 per step: 16 batches per epoch and rank.
+            assert_eq!(embedded.len(), 2 * 16);
+            assert_eq!(cluster_batches, &embedded, "rank {rank} ({shuffle:?})");
+        }
+    }
+    // One job per epoch served all three ranks.
+    let jobs = cluster.rest("/api/jobs");
+    assert_eq!(
+        jobs.matches("\"job_name\":\"sqlfeed-feed-").count(),
+        2 * 2,
+        "{jobs}"
+    );
+    // A rank resumes on the cluster exactly where the embedded rank would.
+    let full = feed_digests(
+        None,
+        dir.path(),
+        &["--shuffle-seed", "42", "--shard", "1/3"],
+    );
+    let resumed = feed_digests(
+        Some(&url),
+        dir.path(),
+        &["--shuffle-seed", "42", "--shard", "1/3", "--resume", "1:5"],
+    );
+    assert_eq!(resumed, full[16 + 5..].to_vec());
+    Ok(())
+}

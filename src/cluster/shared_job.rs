@@ -1,0 +1,423 @@
+//! [`SharedJobExec`]: one cluster job per feed epoch, `W` consumers.
+//!
+//! ```text
+//!  rank 0 ──submit "sqlfeed-feed-<hash>-e<epoch>"──► scheduler ──► stages
+//!  rank r ──find the job by that name (REST /api/jobs)──┘            │
+//!    │                                                               ▼
+//!    └── wait until it succeeds, stream its result ◄────────── executors
+//!        (the global shuffle order); keep this rank's batches
+//! ```
+//!
+//! The scan, the functions, the keying and the sorted runs of `SHUFFLE` run
+//! once per epoch on the cluster, whatever the number of ranks; each rank
+//! then streams the merged result (its final stage's one partition) from the
+//! executor holding it and cuts its own shard with the embedded feed's
+//! batcher, so a cluster rank's batches are exactly an embedded rank's.
+//! The cost: every rank receives the whole epoch over the network, `W`
+//! times the bytes of its shard (docs/scaling.md says when that matters and
+//! what would remove it).
+//!
+//! The job name is a hash of what decides the rows (query, seed, epoch) and
+//! the run id, so every rank of a
+//! training run derives it alone: rank 0 submits, the others join. A rank
+//! that finds an older job of the same name (a restarted run) reads it: it
+//! holds the same rows, and if its files are gone the rank waits for a newer
+//! one.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ballista_core::client::BallistaClient;
+use ballista_core::extension::SessionConfigExt;
+use ballista_core::serde::protobuf::execute_query_params::Query;
+use ballista_core::serde::protobuf::execute_query_result;
+use ballista_core::serde::protobuf::job_status::Status;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::serde::protobuf::{
+    ExecuteQueryParams, GetJobStatusParams, KeyValuePair, PartitionLocation,
+};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::SessionState;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+};
+use datafusion_proto::logical_plan::AsLogicalPlan;
+use datafusion_proto::protobuf::LogicalPlanNode;
+use futures::{StreamExt, TryStreamExt};
+
+use super::SchedulerAddress;
+use super::watch::rest_get;
+
+/// How long a rank other than 0 waits for rank 0's job to appear.
+const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// See the module docs.
+pub struct SharedJobExec {
+    scheduler: SchedulerAddress,
+    /// The encoded logical plan.
+    plan: Arc<Vec<u8>>,
+    settings: Vec<KeyValuePair>,
+    session_id: String,
+    job_name: String,
+    rank: usize,
+    max_message_size: usize,
+    /// The job this rank reads, once known (for the lost-executor guard).
+    job_id: Arc<Mutex<Option<String>>>,
+    properties: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for SharedJobExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedJobExec")
+            .field("scheduler", &self.scheduler)
+            .field("job_name", &self.job_name)
+            .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+impl SharedJobExec {
+    /// Reads the result of the job named `job_name` running `plan`, which
+    /// rank 0 submits and the other ranks join.
+    pub fn try_new(
+        state: &SessionState,
+        plan: &LogicalPlan,
+        scheduler: SchedulerAddress,
+        job_name: String,
+        rank: usize,
+    ) -> Result<Self> {
+        let config = state.config().clone().with_ballista_job_name(&job_name);
+        let codec = config.ballista_logical_extension_codec();
+        let node = LogicalPlanNode::try_from_logical_plan(plan, codec.as_ref())?;
+        let mut buf = vec![];
+        node.try_encode(&mut buf)?;
+        let settings = config
+            .options()
+            .entries()
+            .into_iter()
+            .filter_map(|entry| {
+                entry.value.map(|value| KeyValuePair {
+                    key: entry.key,
+                    value: Some(value),
+                })
+            })
+            .collect();
+        let schema: SchemaRef = Arc::clone(plan.schema().inner());
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            scheduler,
+            plan: Arc::new(buf),
+            settings,
+            session_id: state.session_id().to_string(),
+            job_name,
+            rank,
+            max_message_size: config.ballista_grpc_client_max_message_size(),
+            job_id: Arc::new(Mutex::new(None)),
+            properties: Arc::new(properties),
+        })
+    }
+
+    /// The job this rank reads, once known.
+    pub fn job_id(&self) -> Option<String> {
+        self.job_id.lock().ok().and_then(|id| id.clone())
+    }
+}
+
+impl DisplayAs for SharedJobExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "SharedJobExec: job={}, rank={}, scheduler={}",
+            self.job_name, self.rank, self.scheduler
+        )
+    }
+}
+
+impl ExecutionPlan for SharedJobExec {
+    fn name(&self) -> &str {
+        "SharedJobExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "SharedJobExec has one partition, asked for {partition}"
+            )));
+        }
+        let job = JobRequest {
+            scheduler: self.scheduler.clone(),
+            plan: Arc::clone(&self.plan),
+            settings: self.settings.clone(),
+            session_id: self.session_id.clone(),
+            job_name: self.job_name.clone(),
+            rank: self.rank,
+            max_message_size: self.max_message_size,
+            job_id: Arc::clone(&self.job_id),
+            schema: self.schema(),
+        };
+        let stream = futures::stream::once(job.run()).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+}
+
+/// What one rank's epoch needs from the cluster.
+struct JobRequest {
+    scheduler: SchedulerAddress,
+    plan: Arc<Vec<u8>>,
+    settings: Vec<KeyValuePair>,
+    session_id: String,
+    job_name: String,
+    rank: usize,
+    max_message_size: usize,
+    job_id: Arc<Mutex<Option<String>>>,
+    schema: SchemaRef,
+}
+
+impl JobRequest {
+    fn error(&self, what: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!(
+            "rank {} of feed job '{}' on {}: {what}",
+            self.rank, self.job_name, self.scheduler
+        ))
+    }
+
+    async fn client(&self) -> Result<SchedulerGrpcClient<tonic::transport::Channel>> {
+        Ok(SchedulerGrpcClient::connect(self.scheduler.grpc_url())
+            .await
+            .map_err(|e| self.error(format!("cannot connect: {e}")))?
+            .max_decoding_message_size(self.max_message_size)
+            .max_encoding_message_size(self.max_message_size))
+    }
+
+    async fn run(self) -> Result<SendableRecordBatchStream> {
+        if self.rank == 0 {
+            let job_id = self.submit().await?;
+            self.remember(&job_id);
+            let locations = self.wait(&job_id).await?;
+            return self.fetch(locations).await;
+        }
+        // Other ranks join rank 0's job; a stale job of the same name whose
+        // files are gone is skipped.
+        let deadline = Instant::now() + JOIN_TIMEOUT;
+        let mut tried = HashSet::new();
+        loop {
+            if let Some(job_id) = self.find(&tried).await? {
+                self.remember(&job_id);
+                let attempt = async {
+                    let locations = self.wait(&job_id).await?;
+                    self.fetch(locations).await
+                };
+                match attempt.await {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => {
+                        log::warn!(
+                            "{}",
+                            self.error(format!("job {job_id}: {e}; looking for another"))
+                        );
+                        tried.insert(job_id);
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(self.error(format!(
+                    "no usable job of this name appeared within {JOIN_TIMEOUT:?}; is rank 0 \
+                     running the same query with the same seed and run id?"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn remember(&self, job_id: &str) {
+        if let Ok(mut slot) = self.job_id.lock() {
+            *slot = Some(job_id.to_string());
+        }
+    }
+
+    async fn submit(&self) -> Result<String> {
+        let params = ExecuteQueryParams {
+            session_id: self.session_id.clone(),
+            settings: self.settings.clone(),
+            operation_id: format!("{}-{}", self.job_name, std::process::id()),
+            query: Some(Query::LogicalPlan(self.plan.as_ref().clone())),
+        };
+        let mut request = tonic::Request::new(params);
+        ballista_core::version::insert_version_header(request.metadata_mut());
+        let result = self
+            .client()
+            .await?
+            .execute_query(request)
+            .await
+            .map_err(|e| self.error(format!("cannot submit: {}", e.message())))?
+            .into_inner();
+        match result.result {
+            Some(execute_query_result::Result::Success(success)) => Ok(success.job_id),
+            Some(execute_query_result::Result::Failure(failure)) => {
+                Err(self.error(format!("the scheduler refused the job: {failure:?}")))
+            }
+            None => Err(self.error("the scheduler sent an empty answer")),
+        }
+    }
+
+    /// The newest job named like ours that has not failed and was not tried.
+    async fn find(&self, tried: &HashSet<String>) -> Result<Option<String>> {
+        let body = match rest_get(&self.scheduler, "/api/jobs").await {
+            Ok(body) => body,
+            Err(e) => {
+                log::debug!("{e}");
+                return Ok(None);
+            }
+        };
+        let jobs: Vec<serde_json::Value> = serde_json::from_str(&body)
+            .map_err(|e| self.error(format!("unreadable job list: {e}")))?;
+        Ok(jobs
+            .iter()
+            .filter(|job| {
+                job.get("job_name").and_then(|n| n.as_str()) == Some(&self.job_name)
+            })
+            .filter(|job| job.get("status").and_then(|s| s.as_str()) != Some("Failed"))
+            .filter_map(|job| {
+                let id = job.get("job_id")?.as_str()?.to_string();
+                let start = job.get("start_time").and_then(|t| t.as_u64()).unwrap_or(0);
+                (!tried.contains(&id)).then_some((start, id))
+            })
+            .max()
+            .map(|(_, id)| id))
+    }
+
+    /// Polls the job until it succeeds; its final stage's partitions.
+    async fn wait(&self, job_id: &str) -> Result<Vec<PartitionLocation>> {
+        let mut client = self.client().await?;
+        loop {
+            let status = client
+                .get_job_status(GetJobStatusParams {
+                    job_id: job_id.to_string(),
+                })
+                .await
+                .map_err(|e| self.error(format!("job {job_id}: {}", e.message())))?
+                .into_inner()
+                .status
+                .and_then(|s| s.status);
+            match status {
+                Some(Status::Successful(done)) => return Ok(done.partition_location),
+                Some(Status::Failed(failed)) => {
+                    return Err(
+                        self.error(format!("job {job_id} failed: {}", failed.error))
+                    );
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Streams the job's result partitions, in partition order, from the
+    /// executors holding them.
+    async fn fetch(
+        &self,
+        mut locations: Vec<PartitionLocation>,
+    ) -> Result<SendableRecordBatchStream> {
+        locations.sort_by_key(|l| {
+            (
+                l.partition_id.as_ref().map(|p| p.partition_id),
+                l.map_partition_id,
+            )
+        });
+        let mut streams = Vec::with_capacity(locations.len());
+        for location in locations {
+            streams.push(self.fetch_one(location).await?);
+        }
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            futures::stream::iter(streams).flatten(),
+        )))
+    }
+
+    async fn fetch_one(
+        &self,
+        location: PartitionLocation,
+    ) -> Result<SendableRecordBatchStream> {
+        let layout = location.layout();
+        let executor = location
+            .executor_meta
+            .ok_or_else(|| self.error("a result partition without an executor"))?;
+        let partition_id = location
+            .partition_id
+            .ok_or_else(|| self.error("a result partition without an id"))?;
+        let mut client = BallistaClient::try_new(
+            &executor.host,
+            executor.port as u16,
+            self.max_message_size,
+            false,
+            None,
+            3,
+            500,
+            0,
+            0,
+        )
+        .await
+        .map_err(|e| {
+            self.error(format!(
+                "cannot reach executor {}:{}: {e}",
+                executor.host, executor.port
+            ))
+        })?;
+        client
+            .fetch_partition(
+                &executor.id,
+                &partition_id.into(),
+                location.file_id,
+                layout,
+                true,
+            )
+            .await
+            .map_err(|e| {
+                self.error(format!(
+                    "cannot fetch a result partition from {}:{}: {e}",
+                    executor.host, executor.port
+                ))
+            })
+    }
+}
