@@ -1,12 +1,12 @@
 //! [`ShuffleExec`]: the root of a global shuffle's operators.
 //!
 //! ```text
-//!  ShuffleExec: seed, epoch, batch_rows      ◄── runs its subtree with
-//!    ProjectionExec (drop key)                   batch_size = batch_rows
-//!      SortPreservingMergeExec (key)
-//!        SortExec (key, per partition, spills)
-//!          ShuffleKeyExec (seed, epoch)
-//!            <input>
+//!  ProjectionExec (drop key)                   (stage-shaped plan; on one
+//!    ShuffleExec: seed, epoch, batch_rows  ◄──  machine PermuteExec takes the
+//!      SortPreservingMergeExec (key)            merge's place and drops the
+//!        SortExec (key, per partition)          key itself)
+//!          ShuffleKeyExec (seed, epoch)     ShuffleExec runs its subtree with
+//!            <input>                        batch_size = batch_rows
 //! ```
 //!
 //! # Why a batch size of its own
@@ -25,11 +25,15 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{
+    LexOrdering, OrderingRequirements, PhysicalExpr, PhysicalSortExpr,
+};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
 };
@@ -171,6 +175,25 @@ impl ExecutionPlan for ShuffleExec {
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
         vec![Distribution::SinglePartition]
+    }
+
+    /// Over a merge of sorted runs (the stage-shaped plan, whose input still
+    /// carries the key column) the key order is what this operator exists
+    /// for: requiring it keeps the optimizer from swapping the merge for an
+    /// unordered coalesce. Over [`super::PermuteExec`] the key is gone and
+    /// the order is the operator's own.
+    fn required_input_ordering(&self) -> Vec<Option<OrderingRequirements>> {
+        let schema = self.input.schema();
+        let key = schema
+            .fields()
+            .iter()
+            .position(|f| f.name() == super::SHUFFLE_KEY_COLUMN);
+        vec![key.and_then(|index| {
+            let key: Arc<dyn PhysicalExpr> =
+                Arc::new(Column::new(super::SHUFFLE_KEY_COLUMN, index));
+            LexOrdering::new([PhysicalSortExpr::new(key, SortOptions::default())])
+                .map(OrderingRequirements::from)
+        })]
     }
 
     fn with_new_children(

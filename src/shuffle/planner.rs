@@ -82,7 +82,8 @@ pub fn plan_global_shuffle(
 }
 
 /// The same order as [`plan_global_shuffle`] with stage-shaped operators:
-/// key, sort per partition, order-preserving merge, drop the key. This is
+/// key, sort per partition, order-preserving merge (under [`ShuffleExec`]),
+/// drop the key. This is
 /// the plan distributed execution cuts into stages (per-partition sorts on
 /// executors, the merge on the final stage); on one machine it peaks at
 /// about twice the data, so embedded queries use [`PermuteExec`].
@@ -104,7 +105,13 @@ pub fn plan_sorted_shuffle(
         Arc::new(SortExec::new(ordering.clone(), keyed).with_preserve_partitioning(true));
     let merged: Arc<dyn ExecutionPlan> =
         Arc::new(SortPreservingMergeExec::new(ordering, sorted));
-    let schema = merged.schema();
+    // ShuffleExec sits right on the merge and requires the key order of its
+    // input, so no optimizer pass may replace the merge with an unordered
+    // coalesce when nothing above asks for an order (the key is dropped
+    // above it, where no ordering on it can be stated).
+    let shuffled: Arc<dyn ExecutionPlan> =
+        Arc::new(ShuffleExec::new(merged, seed, epoch, batch_rows));
+    let schema = shuffled.schema();
     let projection: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
         .fields()
         .iter()
@@ -117,10 +124,7 @@ pub fn plan_sorted_shuffle(
             )
         })
         .collect();
-    let projected = Arc::new(ProjectionExec::try_new(projection, merged)?);
-    Ok(Arc::new(ShuffleExec::new(
-        projected, seed, epoch, batch_rows,
-    )))
+    Ok(Arc::new(ProjectionExec::try_new(projection, shuffled)?))
 }
 
 #[async_trait]

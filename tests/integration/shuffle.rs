@@ -310,8 +310,14 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
             limit,
             batch_rows,
         )?;
-        let mut sorted =
-            sqlfeed::shuffle::plan_sorted_shuffle(input, 11, 2, limit, batch_rows)?;
+        // Under an operator that asks for no order (as a cluster's final
+        // stage or a feed's sink may be), the optimizer must keep the merge.
+        let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+            std::sync::Arc::new(
+                datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, 11, 2, limit, batch_rows)?,
+                ),
+            );
         // As DataFusion plans any query (the optimizer is part of planning).
         let state = s.context().state();
         for rule in state.physical_optimizers() {
