@@ -74,7 +74,8 @@ pub struct Cli {
     #[arg(long)]
     pub timing: bool,
     /// Run queries and feeds on the Ballista cluster whose scheduler is at
-    /// this address (df://host:port) instead of the embedded engine.
+    /// this address (df://host:port) instead of the embedded engine;
+    /// `standalone` starts a scheduler and an executor in this process.
     #[cfg(feature = "ballista")]
     #[arg(long, value_name = "df://HOST:PORT", env = "SQLFEED_CLUSTER")]
     pub cluster: Option<String>,
@@ -101,6 +102,9 @@ pub enum SubCommand {
     /// Run a training feed (SQL → exact, shuffled, sharded tensor batches)
     /// against a simulated training step and report throughput.
     Feed(Box<feed::FeedArgs>),
+    /// Run a query and stream its whole result without printing it: a scan
+    /// benchmark (rows/s, Arrow bytes, time to first batch).
+    Scan(ScanArgs),
     /// Measure raw pinned host-to-device copy bandwidth, the yardstick of a
     /// feed's H2D rate (needs a CUDA device).
     H2dBench(H2dArgs),
@@ -166,6 +170,16 @@ pub struct ExecutorArgs {
     pub heartbeat_interval: u64,
 }
 
+/// Options of `sqlfeed scan`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScanArgs {
+    /// The query (sqlfeed SQL).
+    pub sql: String,
+    /// End with `RESULT {json}` (the line ../shared/bench/peers.py reads).
+    #[arg(long)]
+    pub result_json: bool,
+}
+
 /// Options of `sqlfeed h2d-bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct H2dArgs {
@@ -215,7 +229,15 @@ pub fn main() -> ExitCode {
     // errors; keep the default hook's backtrace text out of the user's way.
     std::panic::set_hook(Box::new(|info| log::debug!("caught panic: {info}")));
     let cli = Cli::parse();
-    match run(cli) {
+    // A panic that escapes the engine's own catching is still reported.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli)))
+        .unwrap_or_else(|panic| {
+            Err(anyhow::anyhow!(
+                "sqlfeed panicked: {}. This is a bug; please report it",
+                crate::session::panic_message(&panic)
+            ))
+        });
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             if let Some(df) = e.downcast_ref::<datafusion::error::DataFusionError>()
@@ -300,6 +322,11 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
             args.sizes
         );
         println!("RESULT {{\"h2d_bytes_per_s\": {rate:.0}}}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(SubCommand::Scan(args)) = &cli.command {
+        let session = builder.build()?;
+        scan(&session, args).await?;
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(SubCommand::Feed(args)) = &cli.command {
@@ -408,6 +435,64 @@ async fn run_executor(
     })
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sqlfeed scan`: streams the result, reading every buffer once (one byte
+/// per cache line, as the peers of ../shared/bench do), and reports.
+async fn scan(session: &Session, args: &ScanArgs) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let start = std::time::Instant::now();
+    let df = session.sql(&args.sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let mut stream = session.execute_stream(plan)?;
+    let (mut rows, mut bytes, mut checksum) = (0u64, 0u64, 0u64);
+    let mut first_batch = None;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        first_batch.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        rows += batch.num_rows() as u64;
+        for column in batch.columns() {
+            let (touched, sum) = touch(&column.to_data());
+            bytes += touched;
+            checksum = checksum.wrapping_add(sum);
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    eprintln!(
+        "scanned {rows} rows, {:.1} MB of Arrow buffers in {wall:.2}s: {:.0} rows/s \
+         (checksum {checksum:x})",
+        bytes as f64 / 1e6,
+        rows as f64 / wall.max(1e-9)
+    );
+    if args.result_json {
+        println!(
+            "RESULT {{\"rows\": {rows}, \"wall_s\": {wall:.6}, \"ttfb_s\": {}, \"out_bytes\": {bytes}}}",
+            first_batch.map_or("null".to_string(), |s| format!("{s:.6}"))
+        );
+    }
+    Ok(())
+}
+
+/// Bytes of `data`'s buffers (children included) and a sum of one byte per
+/// 64, so that the scan cannot skip materialising them.
+fn touch(data: &datafusion::arrow::array::ArrayData) -> (u64, u64) {
+    let mut bytes = 0u64;
+    let mut sum = 0u64;
+    for buffer in data.buffers() {
+        bytes += buffer.len() as u64;
+        sum += buffer
+            .as_slice()
+            .iter()
+            .step_by(64)
+            .map(|b| *b as u64)
+            .sum::<u64>();
+    }
+    for child in data.child_data() {
+        let (b, s) = touch(child);
+        bytes += b;
+        sum = sum.wrapping_add(s);
+    }
+    (bytes, sum)
 }
 
 /// A byte size like `50G` or `512M` (no percentages: they mean RAM).

@@ -366,3 +366,83 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         self.inner.try_encode_udf(node, buf)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::prelude::SessionContext;
+
+    fn registry() -> FunctionRegistry {
+        FunctionRegistry::new(sqlfeed_udfs::scalar_functions().into_iter().map(Arc::new))
+    }
+
+    #[test]
+    fn shuffle_nodes_and_functions_round_trip() -> Result<()> {
+        let ctx = SessionContext::new();
+        let task = ctx.task_ctx();
+        let logical = SqlfeedLogicalCodec::new(registry());
+        let input = LogicalPlan::EmptyRelation(EmptyRelation {
+            produce_one_row: true,
+            schema: Arc::new(datafusion::common::DFSchema::empty()),
+        });
+        let spec = ShuffleSpec::Global { seed: 7, epoch: 3 };
+        let node = Extension {
+            node: Arc::new(ShuffleNode::try_new(input.clone(), spec)?),
+        };
+        let mut buf = vec![];
+        logical.try_encode(&node, &mut buf)?;
+        assert!(buf.starts_with(MAGIC));
+        let decoded = logical.try_decode(&buf, &[input], &task)?;
+        let shuffle = decoded
+            .node
+            .as_any()
+            .downcast_ref::<ShuffleNode>()
+            .expect("a ShuffleNode");
+        assert_eq!(shuffle.spec(), spec);
+
+        let physical = SqlfeedPhysicalCodec::new(registry());
+        let converter = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
+        let empty: Arc<dyn ExecutionPlan> = Arc::new(EmptyExec::new(Arc::new(
+            datafusion::arrow::datatypes::Schema::empty(),
+        )));
+        let root: Arc<dyn ExecutionPlan> =
+            Arc::new(ShuffleExec::new(Arc::clone(&empty), 7, 3, 512));
+        let mut buf = vec![];
+        physical.try_encode(Arc::clone(&root), &mut buf, &converter)?;
+        let back = physical.try_decode(&buf, &[empty], &task, &converter)?;
+        let back = back
+            .as_ref()
+            .downcast_ref::<ShuffleExec>()
+            .expect("a ShuffleExec");
+        assert_eq!((back.seed(), back.epoch(), back.batch_rows()), (7, 3, 512));
+
+        // Functions travel by name and resolve in the receiving registry.
+        let udf = registry().functions["standardize"].as_ref().clone();
+        let mut buf = vec![];
+        physical.try_encode_udf(&udf, &mut buf)?;
+        assert_eq!(
+            physical.try_decode_udf("standardize", &buf)?.name(),
+            "standardize"
+        );
+        let err = SqlfeedPhysicalCodec::new(FunctionRegistry::default())
+            .try_decode_udf("standardize", &buf)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'standardize' is not a sqlfeed function"),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn payloads_of_another_version_are_named() {
+        let mut buf = MAGIC.to_vec();
+        buf.extend_from_slice(br#"{"Teleport":{}}"#);
+        let err = decode(&buf).unwrap_err().to_string();
+        assert!(err.contains("same sqlfeed version"), "{err}");
+        assert!(decode(b"\x0a\x02hi").expect("not ours").is_none());
+    }
+}

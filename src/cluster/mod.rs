@@ -42,6 +42,7 @@ mod codec;
 mod executor;
 mod scheduler;
 mod shared_job;
+mod standalone;
 mod watch;
 
 use std::fmt;
@@ -59,7 +60,8 @@ pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, Wir
 pub use executor::{ExecutorOptions, run_executor};
 pub use scheduler::{SchedulerOptions, run_scheduler};
 pub use shared_job::SharedJobExec;
-pub use watch::JobWatchExec;
+pub use standalone::Standalone;
+pub use watch::{JobWatchExec, executors};
 
 /// Port of a scheduler when the URL gives none (Ballista's default).
 pub const DEFAULT_SCHEDULER_PORT: u16 = 50050;

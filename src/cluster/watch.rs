@@ -189,11 +189,16 @@ impl Stream for WatchedStream {
             // Cancelling; the alarm wakes us with the error.
             return Poll::Pending;
         }
-        let next = self.inner.as_mut().poll_next(cx);
-        if matches!(next, Poll::Ready(None)) {
-            self.done = true;
+        match self.inner.as_mut().poll_next(cx) {
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(error))) => {
+                Poll::Ready(Some(Err(tidy_job_error(error))))
+            }
+            other => other,
         }
-        next
     }
 }
 
@@ -201,6 +206,29 @@ impl RecordBatchStream for WatchedStream {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }
+}
+
+/// Ballista reports a task's error as the debug text of nested error values
+/// (`Job 1 failed: … DataFusionError(Shared(External(DataFusionError(
+/// Execution("image_decode: cannot decode row 0 …")))))`); this keeps the job
+/// and the innermost message, which is what the embedded engine would say.
+fn tidy_job_error(error: DataFusionError) -> DataFusionError {
+    let text = error.to_string();
+    let Some(job) = text
+        .find("Job ")
+        .and_then(|at| text[at..].find(" failed").map(|end| &text[at..at + end]))
+    else {
+        return error;
+    };
+    let Some(open) = text.rfind("(\"") else {
+        return error;
+    };
+    let inner = &text[open + 2..];
+    let Some(close) = inner.rfind("\")") else {
+        return error;
+    };
+    let message = inner[..close].replace("\\\"", "\"").replace("\\n", "\n");
+    DataFusionError::Execution(format!("{job} failed on the cluster: {message}"))
 }
 
 /// Resolves with the error to report once an executor known to the job is
@@ -249,8 +277,9 @@ async fn watch(
     }
 }
 
-/// Executors registered with the scheduler: id → host:port.
-async fn executors(scheduler: &SchedulerAddress) -> Result<BTreeMap<String, String>> {
+/// Executors registered with the scheduler at `scheduler`: id → host:port
+/// of their Flight service (from the scheduler's REST API).
+pub async fn executors(scheduler: &SchedulerAddress) -> Result<BTreeMap<String, String>> {
     let body = rest_get(scheduler, "/api/executors").await?;
     let list: Vec<serde_json::Value> = serde_json::from_str(&body)
         .map_err(|e| DataFusionError::Execution(format!("bad executor list: {e}")))?;
@@ -327,5 +356,34 @@ async fn cancel(scheduler: &SchedulerAddress, job_id: &str) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => log::warn!("cannot cancel job {job_id} on {scheduler}: {e}"),
         Err(_) => log::warn!("cancelling job {job_id} on {scheduler} timed out"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_errors_keep_the_job_and_the_innermost_message() {
+        let raw = DataFusionError::Execution(
+            "Job 038HCQE74Y000 failed: Job failed due to stage 1 failed: Task failed due to \
+             runtime execution error: DataFusionError(Shared(External(DataFusionError(Execution(\
+             \"image_decode: cannot decode row 0 (10 bytes starting 6e6f74): not a PNG or JPEG \
+             image. Use try_image_decode to get NULL for such rows\")))))"
+                .into(),
+        );
+        let tidy = tidy_job_error(raw).to_string();
+        assert_eq!(
+            tidy,
+            "Execution error: Job 038HCQE74Y000 failed on the cluster: image_decode: cannot \
+             decode row 0 (10 bytes starting 6e6f74): not a PNG or JPEG image. Use \
+             try_image_decode to get NULL for such rows"
+        );
+        // Other errors pass unchanged.
+        let plain = DataFusionError::Plan("no such column".into());
+        assert_eq!(
+            tidy_job_error(plain).to_string(),
+            "Error during planning: no such column"
+        );
     }
 }

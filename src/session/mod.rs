@@ -142,6 +142,7 @@ impl SessionBuilder {
     /// Runs queries on the Ballista cluster whose scheduler is at `url`
     /// (`df://host:port`) instead of the embedded engine; see
     /// [`crate::cluster`]. `build` checks that the scheduler answers.
+    /// `"standalone"` starts a scheduler and an executor in this process.
     #[cfg(feature = "ballista")]
     pub fn cluster(mut self, url: impl Into<String>) -> Self {
         self.cluster = Some(url.into());
@@ -164,13 +165,22 @@ impl SessionBuilder {
             .build();
         let (state, factory) = url_table::install(state);
         #[cfg(feature = "ballista")]
-        let (state, cluster) = match &self.cluster {
+        let (state, cluster, standalone) = match self.cluster.as_deref() {
+            Some("standalone") => {
+                let mut embedded = self.clone();
+                embedded.cluster = None;
+                let standalone = crate::cluster::Standalone::start(&embedded, 0)?;
+                let url = standalone.address().to_string();
+                let (state, address) =
+                    crate::cluster::client_state(state, &url, self.functions(&engine))?;
+                (state, Some(address), Some(standalone))
+            }
             Some(url) => {
                 let (state, address) =
                     crate::cluster::client_state(state, url, self.functions(&engine))?;
-                (state, Some(address))
+                (state, Some(address), None)
             }
-            None => (state, None),
+            None => (state, None, None),
         };
         let ctx = SessionContext::new_with_state(state);
         factory.session_store().with_state(ctx.state_weak_ref());
@@ -189,6 +199,8 @@ impl SessionBuilder {
             spill_dir: self.spill_dir,
             #[cfg(feature = "ballista")]
             cluster,
+            #[cfg(feature = "ballista")]
+            _standalone: standalone,
         })
     }
 
@@ -311,6 +323,9 @@ pub struct Session {
     /// The scheduler this session's queries run on (`None` = embedded).
     #[cfg(feature = "ballista")]
     cluster: Option<crate::cluster::SchedulerAddress>,
+    /// The in-process cluster of `cluster("standalone")`, kept alive.
+    #[cfg(feature = "ballista")]
+    _standalone: Option<Arc<crate::cluster::Standalone>>,
 }
 
 impl std::fmt::Debug for Session {

@@ -544,3 +544,31 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
     assert_eq!(resumed, full[16 + 5..].to_vec());
     Ok(())
 }
+
+#[test]
+fn standalone_mode_runs_a_cluster_in_process() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1500, 3)?;
+    let sql = format!(
+        "SELECT id, hash_bucket(caption, 10) AS b FROM '{}/*.parquet' SHUFFLE SEED 3",
+        dir.path().display()
+    );
+    let (ok, out, err) = run_bounded(
+        sqlfeed().args(["--cluster", "standalone", "--format", "csv", "-c", &sql]),
+        Duration::from_secs(120),
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1501);
+    assert_eq!(out, embedded(&sql));
+    // EXPLAIN shows the stages the scheduler cut.
+    let (ok, out, err) = run_bounded(
+        sqlfeed().args(["--cluster", "standalone", "-c", &format!("EXPLAIN {sql}")]),
+        Duration::from_secs(120),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("distributed_plan") && out.contains("ShuffleWriterExec"),
+        "{out}"
+    );
+    Ok(())
+}

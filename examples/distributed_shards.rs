@@ -1,0 +1,204 @@
+//! Scenario 5: distributed training shards. Four ranks, each its own
+//! process (as torchrun starts them), consume their own shard of every
+//! shuffled epoch: disjoint rows, the same number of batches on every rank.
+//! With `--local-cluster` the same four ranks are served by a Ballista
+//! cluster this example starts in-process (a scheduler and two executors on
+//! 127.0.0.1): each epoch runs once as a cluster job that all ranks read,
+//! and every rank gets exactly the batches it gets on the embedded engine.
+//!
+//! ```sh
+//! cargo run --release --example distributed_shards -- [--data …] [--rows N]
+//! cargo run --release --example distributed_shards -- --local-cluster
+//! cargo run --release --example distributed_shards -- --cluster df://host:50050
+//! ```
+
+// Examples report on stdout.
+#![allow(clippy::print_stdout)]
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+
+use datafusion::error::{DataFusionError, Result};
+use sqlfeed::Session;
+use sqlfeed::device::Device;
+use sqlfeed::feed::Feed;
+
+const WORLD: usize = 4;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(rank) = common::flag(&args, "--rank") {
+        return run_rank(&args, &rank);
+    }
+    let data = common::data(&args)?;
+    // Keeps an in-process cluster alive until the ranks are done.
+    let mut local_cluster = None;
+    let cluster = match (
+        common::flag(&args, "--cluster"),
+        args.iter().any(|a| a == "--local-cluster"),
+    ) {
+        (Some(url), _) => Some(url),
+        (None, true) => {
+            let (runtime, url) = start_local_cluster()?;
+            local_cluster = Some(runtime);
+            Some(url)
+        }
+        (None, false) => None,
+    };
+    println!(
+        "{WORLD} ranks on {}",
+        cluster.as_deref().unwrap_or("the embedded engine")
+    );
+    // One process per rank, all at once.
+    let exe = std::env::current_exe()?;
+    let children = (0..WORLD)
+        .map(|rank| {
+            let mut command = Command::new(&exe);
+            command.args(["--rank", &rank.to_string(), "--data", &data]);
+            if let Some(url) = &cluster {
+                command.args(["--cluster", url]);
+            }
+            command.output()
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    drop(local_cluster);
+    let mut shards = vec![];
+    for (rank, output) in children.iter().enumerate() {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        if !output.status.success() {
+            return Err(DataFusionError::Execution(format!(
+                "rank {rank} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        // Each rank prints "rank R: B batches, ids …".
+        let ids: Vec<i64> = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix("ids "))
+            .map(|ids| {
+                ids.split_whitespace()
+                    .filter_map(|i| i.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        print!(
+            "{}",
+            stdout
+                .lines()
+                .next()
+                .map(|l| format!("{l}\n"))
+                .unwrap_or_default()
+        );
+        shards.push(ids);
+    }
+    let all: Vec<i64> = shards.iter().flatten().copied().collect();
+    let distinct: HashSet<i64> = all.iter().copied().collect();
+    println!(
+        "{} rows over {WORLD} ranks, {} distinct: shards are {}",
+        all.len(),
+        distinct.len(),
+        if all.len() == distinct.len() {
+            "disjoint"
+        } else {
+            "NOT disjoint"
+        }
+    );
+    Ok(())
+}
+
+/// One rank: its shard of one shuffled epoch, batch counts and row ids.
+fn run_rank(args: &[String], rank: &str) -> Result<()> {
+    let rank: usize = rank
+        .parse()
+        .map_err(|_| DataFusionError::Plan(format!("bad rank '{rank}'")))?;
+    let data = common::data(args)?;
+    let mut builder = Session::builder();
+    if let Some(url) = common::flag(args, "--cluster") {
+        builder = builder.cluster(url);
+    }
+    let session = builder.build()?;
+    let feed = Feed::builder(
+        &session,
+        format!("SELECT id, f0 AS x, label AS y FROM '{data}'"),
+    )
+    .shuffle(42)
+    .batch_size(64)
+    .drop_last(true)
+    .shard(rank, WORLD)
+    .run_id("distributed_shards example")
+    .device(Device::Cpu)
+    .build()?;
+    let mut batches = 0;
+    let mut ids = vec![];
+    for batch in feed {
+        let batch = batch?;
+        ids.extend_from_slice(batch.tensor("id")?.as_slice::<i64>()?);
+        batches += 1;
+    }
+    let first: Vec<String> = ids.iter().take(4).map(i64::to_string).collect();
+    println!(
+        "rank {rank}: {batches} batches of 64, first ids {}",
+        first.join(" ")
+    );
+    let all: Vec<String> = ids.iter().map(i64::to_string).collect();
+    println!("ids {}", all.join(" "));
+    Ok(())
+}
+
+/// A scheduler and two executors on 127.0.0.1 (free ports) on a runtime of
+/// their own; dropping the runtime stops them.
+fn start_local_cluster() -> Result<(tokio::runtime::Runtime, String)> {
+    use sqlfeed::cluster::{ExecutorOptions, SchedulerAddress, SchedulerOptions};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let options = SchedulerOptions {
+        bind: "127.0.0.1:0"
+            .parse()
+            .map_err(|e| DataFusionError::Plan(format!("{e}")))?,
+        ..SchedulerOptions::default()
+    };
+    runtime.spawn(async move {
+        let started =
+            sqlfeed::cluster::run_scheduler(Session::builder(), options, |address| {
+                let _ = ready_tx.send(address);
+            })
+            .await;
+        if let Err(e) = started {
+            eprintln!("scheduler: {e}");
+        }
+    });
+    let address = ready_rx
+        .recv()
+        .map_err(|_| DataFusionError::Execution("the scheduler did not start".into()))?;
+    let scheduler = SchedulerAddress::parse(&address.to_string())?;
+    for _ in 0..2 {
+        let mut options = ExecutorOptions::new(scheduler.clone());
+        options.concurrent_tasks = 2;
+        runtime.spawn(async move {
+            if let Err(e) =
+                sqlfeed::cluster::run_executor(Session::builder(), options, |_| {}).await
+            {
+                eprintln!("executor: {e}");
+            }
+        });
+    }
+    // Both executors registered before the ranks start.
+    let url = scheduler.to_string();
+    for _ in 0..100 {
+        let registered = runtime
+            .block_on(sqlfeed::cluster::executors(&scheduler))
+            .map_or(0, |executors| executors.len());
+        if registered == 2 {
+            return Ok((runtime, url));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Err(DataFusionError::Execution(
+        "the executors did not register".into(),
+    ))
+}
