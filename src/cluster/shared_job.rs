@@ -17,6 +17,18 @@
 //! times the bytes of its shard (docs/scaling.md says when that matters and
 //! what would remove it).
 //!
+//! # Why not one output partition per rank
+//! Dealing the merged order into `W` partitions on the executors, so that a
+//! rank fetches only its own, was built and tried against Ballista 55:
+//! - with the deal in the final stage, Ballista runs that stage (it merges)
+//!   as a single task for all `W` partitions and reports its outputs with the
+//!   same partition and map ids, so a client cannot tell them apart;
+//! - an exchange inserted below the deal to give it a stage of its own (a
+//!   single-partition hash repartition, or a coalesce) is removed by the
+//!   physical optimizer as redundant before Ballista cuts stages.
+//! Either a Ballista change or submitting a physical plan that keeps the
+//! exchange would make it work.
+//!
 //! The job name is a hash of what decides the rows (query, seed, epoch) and
 //! the run id, so every rank of a
 //! training run derives it alone: rank 0 submits, the others join. A rank
