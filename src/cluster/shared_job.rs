@@ -26,6 +26,7 @@
 //! - an exchange inserted below the deal to give it a stage of its own (a
 //!   single-partition hash repartition, or a coalesce) is removed by the
 //!   physical optimizer as redundant before Ballista cuts stages.
+//!
 //! Either a Ballista change or submitting a physical plan that keeps the
 //! exchange would make it work.
 //!

@@ -30,6 +30,42 @@ fn run_example(name: &str, args: &[&str]) -> String {
     out
 }
 
+/// Scenario 5: 4 rank processes, embedded and on an in-process cluster.
+#[cfg(feature = "ballista")]
+fn distributed_shards(data: &str) {
+    // 2000 rows, 4 ranks × 64 rows per step, drop_last: 7 batches each.
+    let embedded = run_example("distributed_shards", &["--data", data]);
+    assert!(
+        embedded.contains("4 ranks on the embedded engine"),
+        "{embedded}"
+    );
+    for rank in 0..4 {
+        assert!(
+            embedded.contains(&format!("rank {rank}: 7 batches of 64")),
+            "{embedded}"
+        );
+    }
+    assert!(
+        embedded.contains("1792 rows over 4 ranks, 1792 distinct: shards are disjoint"),
+        "{embedded}"
+    );
+    let clustered =
+        run_example("distributed_shards", &["--data", data, "--local-cluster"]);
+    assert!(
+        clustered.contains("4 ranks on df://127.0.0.1:"),
+        "{clustered}"
+    );
+    // The cluster serves each rank exactly its embedded shard.
+    let rank_lines = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with("rank "))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(rank_lines(&clustered), rank_lines(&embedded));
+    assert!(clustered.contains("shards are disjoint"), "{clustered}");
+}
+
 #[test]
 fn examples_run_and_report_what_they_promise() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -53,37 +89,8 @@ fn examples_run_and_report_what_they_promise() -> Result<()> {
     assert!(out.contains("7 steps of 1.0 ms"), "{out}");
     assert!(out.contains("the loop waited"), "{out}");
 
-    // 2000 rows, 4 ranks × 64 rows per step, drop_last: 7 batches each.
-    let embedded = run_example("distributed_shards", &["--data", &data]);
-    assert!(
-        embedded.contains("4 ranks on the embedded engine"),
-        "{embedded}"
-    );
-    for rank in 0..4 {
-        assert!(
-            embedded.contains(&format!("rank {rank}: 7 batches of 64")),
-            "{embedded}"
-        );
-    }
-    assert!(
-        embedded.contains("1792 rows over 4 ranks, 1792 distinct: shards are disjoint"),
-        "{embedded}"
-    );
-    let clustered =
-        run_example("distributed_shards", &["--data", &data, "--local-cluster"]);
-    assert!(
-        clustered.contains("4 ranks on df://127.0.0.1:"),
-        "{clustered}"
-    );
-    // The cluster serves each rank exactly its embedded shard.
-    let rank_lines = |out: &str| -> Vec<String> {
-        out.lines()
-            .filter(|l| l.starts_with("rank "))
-            .map(str::to_string)
-            .collect()
-    };
-    assert_eq!(rank_lines(&clustered), rank_lines(&embedded));
-    assert!(clustered.contains("shards are disjoint"), "{clustered}");
+    #[cfg(feature = "ballista")]
+    distributed_shards(&data);
 
     let out = run_example("global_shuffle", &["--data", &data, "--memory-limit", "1M"]);
     let firsts: Vec<&str> = out.lines().filter(|l| l.starts_with("first ids")).collect();

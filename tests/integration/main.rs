@@ -19,6 +19,7 @@
 mod bad_input;
 mod cache;
 mod cli;
+#[cfg(feature = "ballista")]
 mod cluster;
 mod common;
 mod examples;
