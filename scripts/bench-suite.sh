@@ -9,8 +9,9 @@
 #
 #   scripts/bench-suite.sh [PLAN=quick|full] [ROUNDS=2]
 #
-# quick: 200k rows (W1-W5) with a 60 s cap per case, about 40 minutes on 2
-# cores; full: W1/W2/W4/W5 on 2M rows and W3 on 200k, as in BASELINES.md.
+# quick: 200k rows (W1-W5) with a 60 s cap per case, about 5 minutes for 2
+# rounds on 2 cores once the peers are installed; full: W1/W2/W4/W5 on 2M
+# rows and W3 on 200k, as in BASELINES.md.
 # Installs the peers itself into target/bench-venv (torch's default wheel is
 # large, ~2.7 GB) unless PEERS_VENV names a ready one; data goes to
 # target/bench-data. Needs a release build (cargo build --release). Not part of
