@@ -42,8 +42,11 @@ fn main() -> Result<()> {
     ) {
         (Some(url), _) => Some(url),
         (None, true) => {
-            let (runtime, url) = start_local_cluster()?;
-            local_cluster = Some(runtime);
+            // A scheduler and two executors on 127.0.0.1 (free ports), on
+            // threads of this process until it is dropped.
+            let cluster = sqlfeed::cluster::Standalone::start(&Session::builder(), 2, 2)?;
+            let url = cluster.address().to_string();
+            local_cluster = Some(cluster);
             Some(url)
         }
         (None, false) => None,
@@ -146,59 +149,4 @@ fn run_rank(args: &[String], rank: &str) -> Result<()> {
     let all: Vec<String> = ids.iter().map(i64::to_string).collect();
     println!("ids {}", all.join(" "));
     Ok(())
-}
-
-/// A scheduler and two executors on 127.0.0.1 (free ports) on a runtime of
-/// their own; dropping the runtime stops them.
-fn start_local_cluster() -> Result<(tokio::runtime::Runtime, String)> {
-    use sqlfeed::cluster::{ExecutorOptions, SchedulerAddress, SchedulerOptions};
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let options = SchedulerOptions {
-        bind: "127.0.0.1:0"
-            .parse()
-            .map_err(|e| DataFusionError::Plan(format!("{e}")))?,
-        ..SchedulerOptions::default()
-    };
-    runtime.spawn(async move {
-        let started =
-            sqlfeed::cluster::run_scheduler(Session::builder(), options, |address| {
-                let _ = ready_tx.send(address);
-            })
-            .await;
-        if let Err(e) = started {
-            eprintln!("scheduler: {e}");
-        }
-    });
-    let address = ready_rx
-        .recv()
-        .map_err(|_| DataFusionError::Execution("the scheduler did not start".into()))?;
-    let scheduler = SchedulerAddress::parse(&address.to_string())?;
-    for _ in 0..2 {
-        let mut options = ExecutorOptions::new(scheduler.clone());
-        options.concurrent_tasks = 2;
-        runtime.spawn(async move {
-            if let Err(e) =
-                sqlfeed::cluster::run_executor(Session::builder(), options, |_| {}).await
-            {
-                eprintln!("executor: {e}");
-            }
-        });
-    }
-    // Both executors registered before the ranks start.
-    let url = scheduler.to_string();
-    for _ in 0..100 {
-        let registered = runtime
-            .block_on(sqlfeed::cluster::executors(&scheduler))
-            .map_or(0, |executors| executors.len());
-        if registered == 2 {
-            return Ok((runtime, url));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    Err(DataFusionError::Execution(
-        "the executors did not register".into(),
-    ))
 }

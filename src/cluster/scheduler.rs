@@ -68,8 +68,8 @@ pub async fn run_scheduler(
         .map_err(|e| DataFusionError::Execution(format!("no local address: {e}")))?;
 
     let engine = session.engine()?;
-    let functions = FunctionRegistry::new(session.functions(&engine));
     let udfs = session.functions(&engine);
+    let functions = FunctionRegistry::new(udfs.clone());
     let runtime = Arc::clone(&engine.runtime);
     let planning_session = session.clone();
     let state_functions = functions.clone();

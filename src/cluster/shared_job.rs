@@ -75,25 +75,17 @@ const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// See the module docs.
 pub struct SharedJobExec {
-    scheduler: SchedulerAddress,
-    /// The encoded logical plan.
-    plan: Arc<Vec<u8>>,
-    settings: Vec<KeyValuePair>,
-    session_id: String,
-    job_name: String,
-    rank: usize,
-    max_message_size: usize,
-    /// The job this rank reads, once known (for the lost-executor guard).
-    job_id: Arc<Mutex<Option<String>>>,
+    /// What each execution asks of the cluster.
+    request: Arc<JobRequest>,
     properties: Arc<PlanProperties>,
 }
 
 impl fmt::Debug for SharedJobExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SharedJobExec")
-            .field("scheduler", &self.scheduler)
-            .field("job_name", &self.job_name)
-            .field("rank", &self.rank)
+            .field("scheduler", &self.request.scheduler)
+            .field("job_name", &self.request.job_name)
+            .field("rank", &self.request.rank)
             .finish()
     }
 }
@@ -126,27 +118,31 @@ impl SharedJobExec {
             .collect();
         let schema: SchemaRef = Arc::clone(plan.schema().inner());
         let properties = PlanProperties::new(
-            EquivalenceProperties::new(schema),
+            EquivalenceProperties::new(Arc::clone(&schema)),
             Partitioning::UnknownPartitioning(1),
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
-        Ok(Self {
+        let request = JobRequest {
             scheduler,
-            plan: Arc::new(buf),
+            plan: buf,
             settings,
             session_id: state.session_id().to_string(),
             job_name,
             rank,
             max_message_size: config.ballista_grpc_client_max_message_size(),
-            job_id: Arc::new(Mutex::new(None)),
+            job_id: Mutex::new(None),
+            schema,
+        };
+        Ok(Self {
+            request: Arc::new(request),
             properties: Arc::new(properties),
         })
     }
 
     /// The job this rank reads, once known.
     pub fn job_id(&self) -> Option<String> {
-        self.job_id.lock().ok().and_then(|id| id.clone())
+        self.request.job_id.lock().ok().and_then(|id| id.clone())
     }
 }
 
@@ -155,7 +151,7 @@ impl DisplayAs for SharedJobExec {
         write!(
             f,
             "SharedJobExec: job={}, rank={}, scheduler={}",
-            self.job_name, self.rank, self.scheduler
+            self.request.job_name, self.request.rank, self.request.scheduler
         )
     }
 }
@@ -197,18 +193,8 @@ impl ExecutionPlan for SharedJobExec {
                 "SharedJobExec has one partition, asked for {partition}"
             )));
         }
-        let job = JobRequest {
-            scheduler: self.scheduler.clone(),
-            plan: Arc::clone(&self.plan),
-            settings: self.settings.clone(),
-            session_id: self.session_id.clone(),
-            job_name: self.job_name.clone(),
-            rank: self.rank,
-            max_message_size: self.max_message_size,
-            job_id: Arc::clone(&self.job_id),
-            schema: self.schema(),
-        };
-        let stream = futures::stream::once(job.run()).try_flatten();
+        let job = Arc::clone(&self.request);
+        let stream = futures::stream::once(async move { job.run().await }).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             stream,
@@ -219,13 +205,15 @@ impl ExecutionPlan for SharedJobExec {
 /// What one rank's epoch needs from the cluster.
 struct JobRequest {
     scheduler: SchedulerAddress,
-    plan: Arc<Vec<u8>>,
+    /// The encoded logical plan.
+    plan: Vec<u8>,
     settings: Vec<KeyValuePair>,
     session_id: String,
     job_name: String,
     rank: usize,
     max_message_size: usize,
-    job_id: Arc<Mutex<Option<String>>>,
+    /// The job this rank reads, once known (for the lost-executor guard).
+    job_id: Mutex<Option<String>>,
     schema: SchemaRef,
 }
 
@@ -245,7 +233,7 @@ impl JobRequest {
             .max_encoding_message_size(self.max_message_size))
     }
 
-    async fn run(self) -> Result<SendableRecordBatchStream> {
+    async fn run(&self) -> Result<SendableRecordBatchStream> {
         if self.rank == 0 {
             let job_id = self.submit().await?;
             self.remember(&job_id);
@@ -295,7 +283,7 @@ impl JobRequest {
             session_id: self.session_id.clone(),
             settings: self.settings.clone(),
             operation_id: format!("{}-{}", self.job_name, std::process::id()),
-            query: Some(Query::LogicalPlan(self.plan.as_ref().clone())),
+            query: Some(Query::LogicalPlan(self.plan.clone())),
         };
         let mut request = tonic::Request::new(params);
         ballista_core::version::insert_version_header(request.metadata_mut());

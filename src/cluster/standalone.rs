@@ -1,4 +1,4 @@
-//! `--cluster standalone`: a scheduler and one executor in this process, on
+//! `--cluster standalone`: a scheduler and executors in this process, on
 //! loopback with free ports, for trying cluster execution (and testing it)
 //! without starting anything. Queries still cross the wire: plans are
 //! encoded, stages cut, shuffle files written and fetched over Arrow Flight.
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use datafusion::error::{DataFusionError, Result};
 
 use super::{
-    ExecutorOptions, SchedulerAddress, SchedulerOptions, executors, run_executor,
-    run_scheduler,
+    ExecutorOptions, SchedulerAddress, SchedulerOptions, executors as registered,
+    run_executor, run_scheduler,
 };
 use crate::SessionBuilder;
 
@@ -29,10 +29,15 @@ impl std::fmt::Debug for Standalone {
 }
 
 impl Standalone {
-    /// Starts a scheduler and an executor running `tasks` tasks at once
-    /// (0 = one per core), built like sessions of `session`, and waits until
-    /// the executor has registered.
-    pub fn start(session: &SessionBuilder, tasks: usize) -> Result<Arc<Self>> {
+    /// Starts a scheduler and `executors` executors, each running `tasks`
+    /// tasks at once (0 = one per core), built like sessions of `session`,
+    /// and waits until all have registered.
+    pub fn start(
+        session: &SessionBuilder,
+        executors: usize,
+        tasks: usize,
+    ) -> Result<Arc<Self>> {
+        let wanted = executors.max(1);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .thread_name("sqlfeed-standalone")
             .enable_all()
@@ -69,14 +74,16 @@ impl Standalone {
             host: bound.ip().to_string(),
             port: bound.port(),
         };
-        let mut options = ExecutorOptions::new(address.clone());
-        options.concurrent_tasks = tasks;
-        let executor_session = session.clone();
-        runtime.spawn(async move {
-            if let Err(e) = run_executor(executor_session, options, |_| {}).await {
-                log::error!("standalone executor: {e}");
-            }
-        });
+        for _ in 0..wanted {
+            let mut options = ExecutorOptions::new(address.clone());
+            options.concurrent_tasks = tasks;
+            let executor_session = session.clone();
+            runtime.spawn(async move {
+                if let Err(e) = run_executor(executor_session, options, |_| {}).await {
+                    log::error!("standalone executor: {e}");
+                }
+            });
+        }
         // Wait on this runtime's threads: `start` may itself run inside an
         // async runtime, where blocking on a future is not allowed.
         let (registered_tx, registered_rx) = std::sync::mpsc::channel();
@@ -84,7 +91,10 @@ impl Standalone {
         runtime.spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
-                if executors(&scheduler).await.is_ok_and(|e| !e.is_empty()) {
+                if registered(&scheduler)
+                    .await
+                    .is_ok_and(|e| e.len() >= wanted)
+                {
                     let _ = registered_tx.send(true);
                     return;
                 }
@@ -97,7 +107,7 @@ impl Standalone {
         });
         if !registered_rx.recv().unwrap_or(false) {
             return Err(DataFusionError::Execution(format!(
-                "the standalone executor did not register with {address} within 30 s"
+                "the standalone executors did not register with {address} within 30 s"
             )));
         }
         Ok(Arc::new(Self {

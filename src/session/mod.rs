@@ -164,20 +164,21 @@ impl SessionBuilder {
             .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner::embedded()))
             .build();
         let (state, factory) = url_table::install(state);
+        let functions = self.functions(&engine);
         #[cfg(feature = "ballista")]
         let (state, cluster, standalone) = match self.cluster.as_deref() {
             Some("standalone") => {
                 let mut embedded = self.clone();
                 embedded.cluster = None;
-                let standalone = crate::cluster::Standalone::start(&embedded, 0)?;
+                let standalone = crate::cluster::Standalone::start(&embedded, 1, 0)?;
                 let url = standalone.address().to_string();
                 let (state, address) =
-                    crate::cluster::client_state(state, &url, self.functions(&engine))?;
+                    crate::cluster::client_state(state, &url, functions.clone())?;
                 (state, Some(address), Some(standalone))
             }
             Some(url) => {
                 let (state, address) =
-                    crate::cluster::client_state(state, url, self.functions(&engine))?;
+                    crate::cluster::client_state(state, url, functions.clone())?;
                 (state, Some(address), None)
             }
             None => (state, None, None),
@@ -188,7 +189,7 @@ impl SessionBuilder {
             .other_formats_session_store()
             .with_state(ctx.state_weak_ref());
         // After the Ballista upgrade, which resets the function list.
-        for udf in self.functions(&engine) {
+        for udf in &functions {
             ctx.register_udf(udf.as_ref().clone());
         }
         Ok(Session {
