@@ -238,7 +238,12 @@ async fn watch(
     job: JobId,
     lost: Arc<AtomicBool>,
 ) -> DataFusionError {
-    let mut known: Option<BTreeMap<String, String>> = None;
+    // Executors listed in two consecutive polls. Right after another
+    // executor's loss the scheduler may list it once more before dropping
+    // it (seen in CI): counting such a one-time entry would fail a healthy
+    // query.
+    let mut known: BTreeMap<String, String> = BTreeMap::new();
+    let mut previous: Option<BTreeMap<String, String>> = None;
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
         // A scheduler that does not answer is Ballista's client's to report.
@@ -248,10 +253,6 @@ async fn watch(
                 log::debug!("job watch: {e}");
                 continue;
             }
-        };
-        let Some(known) = known.as_mut() else {
-            known = Some(current);
-            continue;
         };
         if let Some((id, address)) =
             known.iter().find(|(id, _)| !current.contains_key(*id))
@@ -273,7 +274,15 @@ async fn watch(
                 job_id.as_deref().unwrap_or("(not yet submitted)")
             ));
         }
-        known.extend(current);
+        if let Some(previous) = &previous {
+            known.extend(
+                current
+                    .iter()
+                    .filter(|(id, _)| previous.contains_key(*id))
+                    .map(|(id, address)| (id.clone(), address.clone())),
+            );
+        }
+        previous = Some(current);
     }
 }
 
