@@ -19,6 +19,10 @@
 //! Files are read with positioned reads (`pread`) on handles opened once, so
 //! scans of one part never share a file offset, and an entry removed by
 //! another process stays readable by this one until it closes it.
+//!
+//! All file work runs on Tokio's blocking pool ([`blocking`], [`PartWriters`]),
+//! never on the async workers: a slow or full disk then delays the fill that
+//! waits for it, not the workers decoding the other partitions.
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
@@ -30,10 +34,12 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
+use tokio::sync::mpsc;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::key::{FORMAT, InputFile};
+use super::key::{AssetFile, FORMAT, InputFile};
 
 /// The manifest file of an entry.
 pub(crate) const MANIFEST: &str = "manifest.json";
@@ -41,7 +47,7 @@ pub(crate) const MANIFEST: &str = "manifest.json";
 /// What `manifest.json` holds.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Manifest {
-    /// On-disk format version ([`FORMAT`]).
+    /// On-disk format version (`key::FORMAT`).
     pub format: u32,
     /// The entry's key.
     pub key: String,
@@ -51,6 +57,13 @@ pub struct Manifest {
     pub created_unix: u64,
     /// The files the query read.
     pub inputs: Vec<InputFile>,
+    /// The files its functions read (tokenizers), with content hashes.
+    /// Absent in manifests written before assets were keyed.
+    #[serde(default)]
+    pub assets: Vec<AssetFile>,
+    /// The build id of the sqlfeed that wrote it (see `key::BUILD_ID`).
+    #[serde(default)]
+    pub build: String,
     /// One per output partition, in order.
     pub parts: Vec<PartManifest>,
 }
@@ -159,6 +172,113 @@ impl PartWriter {
             checksum: format!("{:016x}", hasher.digest()),
         })
     }
+}
+
+/// Batches queued per [`PartWriters`] beyond the one being written: enough
+/// to keep the decoder busy while a batch is written, little memory.
+const WRITE_AHEAD: usize = 2;
+
+/// What a fill task sends its writer thread.
+enum ToWriter {
+    /// Append the batch to the part at this position of the writer's list.
+    Batch(usize, RecordBatch),
+    /// All batches were sent: write footers, sync, report.
+    Finish,
+}
+
+/// The part files one input partition of a fill writes, written in order on
+/// a thread of the blocking pool that the fill task feeds through a channel
+/// of [`WRITE_AHEAD`] batches.
+///
+/// Dropping it without [`finish`](Self::finish) (the fill failed or was
+/// cancelled) closes the channel; the thread then stops without writing
+/// footers or syncing, and the fill's work folder is removed with the files.
+pub(crate) struct PartWriters {
+    sender: mpsc::Sender<ToWriter>,
+    /// `None` once joined.
+    task: Option<SpawnedTask<Result<Vec<PartManifest>>>>,
+}
+
+impl PartWriters {
+    /// Starts writing the parts numbered `parts` of batches of `schema`
+    /// into `dir`.
+    pub(crate) fn spawn(dir: PathBuf, parts: Vec<usize>, schema: SchemaRef) -> Self {
+        let (sender, mut receiver) = mpsc::channel(WRITE_AHEAD);
+        let task = SpawnedTask::spawn_blocking(move || {
+            let mut writers = parts
+                .iter()
+                .map(|&part| PartWriter::create(&dir, part, &schema))
+                .collect::<Result<Vec<_>>>()?;
+            loop {
+                match receiver.blocking_recv() {
+                    Some(ToWriter::Batch(slot, batch)) => {
+                        let writer = writers.get_mut(slot).ok_or_else(|| {
+                            DataFusionError::Internal(format!(
+                                "cache part writer has no part at position {slot}"
+                            ))
+                        })?;
+                        writer.write(&batch)?;
+                    }
+                    Some(ToWriter::Finish) => break,
+                    None => {
+                        return Err(DataFusionError::Execution(format!(
+                            "writing cache files into '{}' was cancelled",
+                            dir.display()
+                        )));
+                    }
+                }
+            }
+            writers.into_iter().map(PartWriter::finish).collect()
+        });
+        Self {
+            sender,
+            task: Some(task),
+        }
+    }
+
+    /// Queues `batch` for the part at position `slot` of this writer's
+    /// parts; waits while the writer is [`WRITE_AHEAD`] batches behind.
+    pub(crate) async fn write(&mut self, slot: usize, batch: RecordBatch) -> Result<()> {
+        if self.sender.send(ToWriter::Batch(slot, batch)).await.is_ok() {
+            return Ok(());
+        }
+        // The thread stopped early: its result says why.
+        match self.join().await {
+            Err(e) => Err(e),
+            Ok(_) => Err(DataFusionError::Internal(
+                "cache part writer ended before it was finished".into(),
+            )),
+        }
+    }
+
+    /// Finishes every part (footer, flush, sync); their manifests in the
+    /// order of the parts passed to [`spawn`](Self::spawn).
+    pub(crate) async fn finish(mut self) -> Result<Vec<PartManifest>> {
+        // A failed send means the thread already stopped; join reports why.
+        let _ = self.sender.send(ToWriter::Finish).await;
+        self.join().await
+    }
+
+    async fn join(&mut self) -> Result<Vec<PartManifest>> {
+        let task = self.task.take().ok_or_else(|| {
+            DataFusionError::Internal("cache part writer joined twice".into())
+        })?;
+        task.join().await.map_err(|e| {
+            DataFusionError::Execution(format!("a cache writer thread failed: {e}"))
+        })?
+    }
+}
+
+/// Runs `work` (file I/O) on Tokio's blocking pool and waits for it; `what`
+/// names the work if the thread fails.
+pub(crate) async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    SpawnedTask::spawn_blocking(work)
+        .join()
+        .await
+        .map_err(|e| DataFusionError::Execution(format!("{what} failed: {e}")))?
 }
 
 fn write_error(path: &Path, e: std::io::Error) -> DataFusionError {
@@ -359,11 +479,11 @@ impl Seek for PositionedReader {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests_support {
     use super::*;
     use datafusion::arrow::array::{Int64Array, StringArray};
 
-    fn batch(from: i64, rows: i64) -> RecordBatch {
+    pub(super) fn batch(from: i64, rows: i64) -> RecordBatch {
         RecordBatch::try_from_iter(vec![
             (
                 "id",
@@ -378,6 +498,12 @@ mod tests {
         ])
         .expect("batch")
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tests_support::batch;
+    use super::*;
 
     fn write_entry(dir: &Path) -> Result<Manifest> {
         let schema = batch(0, 1).schema();
@@ -394,6 +520,8 @@ mod tests {
             query: "SELECT 1".into(),
             created_unix: 0,
             inputs: vec![],
+            assets: vec![],
+            build: String::new(),
             parts,
         };
         write_manifest(dir, &manifest)?;
@@ -457,6 +585,67 @@ mod tests {
             open(&dir.path().join("nothing"), "k", Verify::Checksums),
             Err(OpenError::Missing)
         ));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod writer_tests {
+    use super::tests_support::batch;
+    use super::*;
+
+    #[tokio::test]
+    async fn part_writers_keep_batch_order_and_checksums() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let schema = batch(0, 1).schema();
+        // Parts 3 and 5, batches alternating between them as a fill does.
+        let mut writers =
+            PartWriters::spawn(dir.path().to_path_buf(), vec![3, 5], schema);
+        for i in 0..6 {
+            writers.write(i % 2, batch(i as i64 * 10, 10)).await?;
+        }
+        let manifests = writers.finish().await?;
+        assert_eq!(
+            manifests
+                .iter()
+                .map(|m| m.file.as_str())
+                .collect::<Vec<_>>(),
+            vec![part_file(3).as_str(), part_file(5).as_str()]
+        );
+        for (manifest, first) in manifests.iter().zip([0i64, 10]) {
+            let file = File::open(dir.path().join(&manifest.file))?;
+            assert_eq!(
+                checksum_file(&file)?,
+                (manifest.bytes, manifest.checksum.clone())
+            );
+            let reader =
+                FileReader::try_new(PositionedReader::new(Arc::new(file)), None)?;
+            let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+            let expected: Vec<_> = (0..3).map(|k| batch(first + k * 20, 10)).collect();
+            assert_eq!(batches, expected);
+            assert_eq!(manifest.rows, 30);
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_failing_part_writer_reports_the_path() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let missing = dir.path().join("gone");
+        let mut writers = PartWriters::spawn(missing, vec![0], batch(0, 1).schema());
+        // Creating the file fails on the thread; the next call says why.
+        let mut result = Ok(());
+        for i in 0..4 {
+            result = writers.write(0, batch(i, 1)).await;
+            if result.is_err() {
+                break;
+            }
+        }
+        let err = match result {
+            Err(e) => e,
+            Ok(()) => writers.finish().await.expect_err("the folder is missing"),
+        };
+        assert!(err.to_string().contains("gone"), "{err}");
         Ok(())
     }
 }

@@ -2,18 +2,38 @@
 //! the same query over the same files finds it, and anything else misses.
 //!
 //! # Definition
-//! `key = xxh3-128(FORMAT, sqlfeed version, salt, optimized logical plan
-//! (indented, with schemas), every input file as (store URL, path, size,
-//! modification time, ETag) sorted by location, and the keys of cached tables
-//! read)`, written as 32 hex digits.
+//! `key = xxh3-128` of, in this order, each field prefixed with its length:
+//!
+//! 1. `FORMAT`, the on-disk format version;
+//! 2. the sqlfeed version (`CARGO_PKG_VERSION`);
+//! 3. the build id ([`BUILD_ID`]: xxh3-128 of `src/**/*.rs`,
+//!    `udfs/src/**/*.rs` and `Cargo.lock`, computed by `build.rs`);
+//! 4. the salt;
+//! 5. the optimized logical plan (indented, with schemas);
+//! 6. every input file as (store URL and path, size, modification time,
+//!    ETag), sorted by location;
+//! 7. every asset a function of the plan reads (a `tokenize` call's
+//!    `tokenizer.json`) as (location, xxh3-128 of its content), sorted by
+//!    location;
+//! 8. the keys of the cached tables read;
+//!
+//! written as 32 hex digits.
 //!
 //! The optimized logical plan says what is computed (projections, filters,
 //! function calls with their constant arguments such as a tokenizer path or a
 //! resize size); the input files say on what. A changed query or a rewritten,
-//! added or removed file changes the key. The salt is for session settings
-//! that would change results without showing in the plan; none does today
-//! (the image pixel limit only decides which images fail, and a failed query
-//! caches nothing).
+//! added or removed file changes the key. The plan names an asset but not its
+//! content, so the content is hashed too, read through the function's own
+//! reader (local paths and object-store URLs alike), and the function is
+//! pinned to exactly that content (see [`sqlfeed_udfs::ReadsAssets`]): a
+//! rewritten `tokenizer.json` is a miss and computes with the new file. An
+//! asset that cannot be read fails the key with the function's own error:
+//! the query could not be planned in a new session either, and a key without
+//! the content could only be wrong. The build id makes a rebuilt sqlfeed
+//! whose code changed miss entries of the old code under the same version.
+//! The salt is for session settings that would change results without
+//! showing in the plan; none does today (the image pixel limit only decides
+//! which images fail, and a failed query caches nothing).
 //!
 //! # Persistence
 //! Only data that is a pure function of files can be reused by another run. A
@@ -22,6 +42,7 @@
 //! it is cached for this session and never written where another run could
 //! find it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
@@ -30,8 +51,8 @@ use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::source_as_provider;
-use datafusion::error::Result;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -40,6 +61,10 @@ use super::exec::CachedTable;
 /// Version of the on-disk format; part of every key, so a format change
 /// makes old entries unreachable (and the LRU limit removes them).
 pub(crate) const FORMAT: u32 = 1;
+
+/// This build's id: xxh3-128 of the source of both crates and `Cargo.lock`
+/// (see `build.rs`).
+pub const BUILD_ID: &str = env!("SQLFEED_BUILD_ID");
 
 /// One file a cached query read.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -54,6 +79,17 @@ pub struct InputFile {
     pub e_tag: Option<String>,
 }
 
+/// One file a function of a cached query read (a `tokenizer.json`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AssetFile {
+    /// The path or URL as the query names it.
+    pub location: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// xxh3-128 of the content, 32 hex digits.
+    pub xxh3: String,
+}
+
 /// The key of a query's result; see the module docs.
 #[derive(Debug, Clone)]
 pub struct CacheKey {
@@ -65,17 +101,36 @@ pub struct CacheKey {
     pub session_only_reason: Option<String>,
     /// The files read.
     pub inputs: Vec<InputFile>,
+    /// The files functions read, with their content hashes.
+    pub assets: Vec<AssetFile>,
+    /// The build id of the sqlfeed that computed the key ([`BUILD_ID`]).
+    pub build: String,
 }
 
-/// The key of the query planned as `logical` (optimized) and `physical`.
+/// The key of the query planned as `logical` (optimized) and `physical`,
+/// whose functions read `assets` (from [`pin_assets`]).
 pub(crate) fn compute(
     logical: &LogicalPlan,
     physical: &Arc<dyn ExecutionPlan>,
     salt: &str,
+    assets: Vec<AssetFile>,
+) -> Result<CacheKey> {
+    compute_for_build(logical, physical, salt, assets, BUILD_ID)
+}
+
+/// [`compute`] as the build `build` computes it.
+fn compute_for_build(
+    logical: &LogicalPlan,
+    physical: &Arc<dyn ExecutionPlan>,
+    salt: &str,
+    mut assets: Vec<AssetFile>,
+    build: &str,
 ) -> Result<CacheKey> {
     let mut inputs = input_files(physical)?;
     inputs.sort_by(|a, b| a.location.cmp(&b.location));
     inputs.dedup();
+    assets.sort_by(|a, b| a.location.cmp(&b.location));
+    assets.dedup_by(|a, b| a.location == b.location);
     let (session_only_reason, cached_keys) = sources(logical)?;
 
     let mut hasher = Xxh3::new();
@@ -85,6 +140,7 @@ pub(crate) fn compute(
     };
     field(&FORMAT.to_le_bytes());
     field(env!("CARGO_PKG_VERSION").as_bytes());
+    field(build.as_bytes());
     field(salt.as_bytes());
     field(logical.display_indent_schema().to_string().as_bytes());
     for input in &inputs {
@@ -92,6 +148,10 @@ pub(crate) fn compute(
         field(&input.size.to_le_bytes());
         field(&input.modified_ns.to_le_bytes());
         field(input.e_tag.as_deref().unwrap_or("").as_bytes());
+    }
+    for asset in &assets {
+        field(asset.location.as_bytes());
+        field(asset.xxh3.as_bytes());
     }
     for key in &cached_keys {
         field(key.as_bytes());
@@ -106,7 +166,99 @@ pub(crate) fn compute(
         persistent: session_only_reason.is_none(),
         session_only_reason,
         inputs,
+        assets,
+        build: build.to_string(),
     })
+}
+
+/// A call of a function that reads a file: the function and the location.
+#[derive(Debug, Clone)]
+pub(crate) struct AssetCall {
+    function: Arc<ScalarUDF>,
+    location: String,
+}
+
+/// Calls are the same when they read the same location through the same
+/// function (each function holds what it loaded).
+impl PartialEq for AssetCall {
+    fn eq(&self, other: &Self) -> bool {
+        self.function.name() == other.function.name() && self.location == other.location
+    }
+}
+
+/// Every call in `plan` (subqueries included) of a function that reads a
+/// file named by an argument ([`sqlfeed_udfs::reads_assets`]), once per
+/// (function, location). Reads nothing.
+pub(crate) fn asset_calls(plan: &LogicalPlan) -> Result<Vec<AssetCall>> {
+    let mut calls: BTreeMap<(String, String), AssetCall> = BTreeMap::new();
+    plan.apply_with_subqueries(|node| {
+        for expr in node.expressions() {
+            expr.apply(|e| {
+                if let Expr::ScalarFunction(call) = e
+                    && let Some(reader) = sqlfeed_udfs::reads_assets(&call.func)
+                {
+                    for position in reader.asset_arguments(call.args.len()) {
+                        let location =
+                            literal_location(&call.func, &call.args, position)?;
+                        calls
+                            .entry((call.func.name().to_string(), location.clone()))
+                            .or_insert_with(|| AssetCall {
+                                function: Arc::clone(&call.func),
+                                location,
+                            });
+                    }
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(calls.into_values().collect())
+}
+
+/// The constant string argument `position` of a call of `function`.
+fn literal_location(
+    function: &ScalarUDF,
+    args: &[Expr],
+    position: usize,
+) -> Result<String> {
+    use datafusion::common::ScalarValue;
+    match args.get(position) {
+        Some(Expr::Literal(
+            ScalarValue::Utf8(Some(location))
+            | ScalarValue::LargeUtf8(Some(location))
+            | ScalarValue::Utf8View(Some(location)),
+            _,
+        )) => Ok(location.clone()),
+        other => Err(DataFusionError::Plan(format!(
+            "{}: argument {} must be a constant path or URL of a file, got {}",
+            function.name(),
+            position + 1,
+            other.map_or_else(|| "nothing".to_string(), |e| e.to_string())
+        ))),
+    }
+}
+
+/// Reads every asset of `calls` now and pins its function to that content
+/// (see the module docs). Blocking: run it off the async workers.
+pub(crate) fn pin_assets(calls: Vec<AssetCall>) -> Result<Vec<AssetFile>> {
+    calls
+        .into_iter()
+        .map(|call| {
+            let reader = sqlfeed_udfs::reads_assets(&call.function).ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "{} no longer reads assets",
+                    call.function.name()
+                ))
+            })?;
+            let pinned = reader.pin_asset(&call.location)?;
+            Ok(AssetFile {
+                location: call.location,
+                size: pinned.bytes,
+                xxh3: format!("{:032x}", pinned.xxh3),
+            })
+        })
+        .collect()
 }
 
 /// The files every file scan of `plan` reads.
@@ -172,4 +324,39 @@ fn sources(plan: &LogicalPlan) -> Result<(Option<String>, Vec<String>)> {
 
 fn is_file_table(provider: &dyn TableProvider) -> bool {
     provider.is::<ListingTable>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::SessionContext;
+
+    #[tokio::test]
+    async fn the_key_changes_with_the_build_and_with_asset_content() -> Result<()> {
+        let ctx = SessionContext::new();
+        let frame = ctx.sql("SELECT 1 AS x").await?;
+        let logical = frame.logical_plan().clone();
+        let physical = frame.create_physical_plan().await?;
+        let key = |build: &str, assets: Vec<AssetFile>| {
+            compute_for_build(&logical, &physical, "", assets, build)
+        };
+        let asset = |xxh3: &str| AssetFile {
+            location: "/models/tokenizer.json".into(),
+            size: 10,
+            xxh3: xxh3.into(),
+        };
+        let base = key("build-a", vec![])?;
+        assert_eq!(base.hex, key("build-a", vec![])?.hex, "deterministic");
+        assert_eq!(base.build, "build-a");
+        assert_ne!(base.hex, key("build-b", vec![])?.hex);
+        let with_asset = key("build-a", vec![asset("01")])?;
+        assert_ne!(with_asset.hex, base.hex);
+        assert_ne!(with_asset.hex, key("build-a", vec![asset("02")])?.hex);
+        assert_eq!(with_asset.assets, vec![asset("01")]);
+        // The real build id is 32 hex digits and is what `compute` uses.
+        assert_eq!(BUILD_ID.len(), 32);
+        assert!(BUILD_ID.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(compute(&logical, &physical, "", vec![])?.build, BUILD_ID);
+        Ok(())
+    }
 }

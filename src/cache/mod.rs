@@ -6,7 +6,7 @@
 //!  CACHE TABLE t AS <query>            Feed::builder(…).cache(true)
 //!              │                                  │
 //!              ▼                                  ▼
-//!   key = hash(plan, input files)  ── see [`key`] ─────────────────────────
+//!   key = hash(build, plan, input files, assets)  ── see [`key`] ──────────
 //!              │
 //!   entries/<key>/ valid? ──yes──▶ open, verify checksums ─────┐
 //!              │ no (or damaged: warn, remove)                 │
@@ -30,7 +30,8 @@
 //! # Persistence and invalidation
 //! Entries whose data is a pure function of files (see [`key`]) are shared
 //! across runs and processes through `<cache dir>/entries/<key>`: a changed
-//! query or input file has another key, so stale data is never found. The
+//! query, input file, file a function reads (a `tokenizer.json`) or sqlfeed
+//! build has another key, so stale data is never found. The
 //! others live in a per-session folder removed with the session. A size limit
 //! ([`CacheOptions::max_bytes`]) removes the least recently used entries
 //! after each write; an entry's last use is its manifest's mtime.
@@ -41,6 +42,11 @@
 //! served. Two processes filling the same entry both compute it; the first
 //! to rename its folder into place wins and the other uses the winner's.
 //! A failed or cancelled fill removes its temporary folder.
+//!
+//! # Blocking I/O
+//! Reading assets for the key, opening and verifying entries, writing parts
+//! and manifests and evicting run on Tokio's blocking pool (see `entry.rs`),
+//! so a slow disk never stalls the async workers that decode partitions.
 
 mod entry;
 mod exec;
@@ -52,6 +58,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
@@ -64,9 +71,9 @@ use futures::StreamExt;
 
 pub use entry::{Manifest, PartManifest};
 pub use exec::{CacheScanExec, CachedTable, Origin};
-pub use key::{CacheKey, InputFile};
+pub use key::{AssetFile, BUILD_ID, CacheKey, InputFile};
 
-use entry::{OpenError, PartWriter, Verify};
+use entry::{OpenError, PartWriters, Verify, blocking};
 use exec::CachedPart;
 
 /// Default size limit of a cache directory.
@@ -127,6 +134,8 @@ pub struct EntryInfo {
     pub last_used_unix: u64,
     /// Shared across runs (`false`: this session only).
     pub persistent: bool,
+    /// The files its functions read (tokenizers), with content hashes.
+    pub assets: Vec<AssetFile>,
 }
 
 /// The cache of one session; see the module docs. Creates nothing on disk
@@ -188,9 +197,15 @@ impl CacheStore {
         salt: &str,
     ) -> Result<Arc<CachedTable>> {
         let state = deterministic_state(state);
+        // Pinned before optimizing: the optimizer folds calls on constants
+        // with whatever tokenizer the function holds, which must be the
+        // current file's.
+        let (calls, assets) = pin_assets(&plan, Vec::new(), Vec::new()).await?;
         let plan = state.optimize(&plan)?;
         let physical = state.create_physical_plan(&plan).await?;
-        let key = key::compute(&plan, &physical, salt)?;
+        // Calls inside views appear only once the optimizer inlined them.
+        let (_, assets) = pin_assets(&plan, calls, assets).await?;
+        let key = key::compute(&plan, &physical, salt, assets)?;
 
         if let Some(table) = self.open_table(&key.hex) {
             return Ok(table);
@@ -205,9 +220,17 @@ impl CacheStore {
 
         if key.persistent {
             let dir = self.entries_dir().join(&key.hex);
-            match entry::open(&dir, &key.hex, Verify::Checksums) {
+            let (at, hex) = (dir.clone(), key.hex.clone());
+            let opened = blocking("opening a cache entry", move || {
+                let opened = entry::open(&at, &hex, Verify::Checksums);
+                if opened.is_ok() {
+                    touch(&at);
+                }
+                Ok(opened)
+            })
+            .await?;
+            match opened {
                 Ok(opened) => {
-                    touch(&dir);
                     let table =
                         self.table_from_disk(key, query, opened, dir, reservation);
                     return Ok(self.remember(table));
@@ -218,7 +241,11 @@ impl CacheStore {
                         "cache entry {} is damaged and is recomputed: {why}",
                         dir.display()
                     );
-                    self.remove_entry_dir(&dir);
+                    let tmp = self.tmp_dir();
+                    blocking("removing a damaged cache entry", move || {
+                        Ok(remove_entry_dir(&tmp, &dir))
+                    })
+                    .await?;
                 }
             }
         }
@@ -325,7 +352,8 @@ impl CacheStore {
         let parts = partitions.max(state.config().target_partitions()).max(1);
         let inputs = partitions.max(1);
         // One task per input partition so that they decode in parallel.
-        let mut tasks = Vec::with_capacity(inputs);
+        let mut tasks: Vec<SpawnedTask<Result<WrittenParts>>> =
+            Vec::with_capacity(inputs);
         for partition in 0..partitions {
             let physical = Arc::clone(&physical);
             let task_ctx = Arc::clone(&task_ctx);
@@ -335,46 +363,46 @@ impl CacheStore {
             let owned: Vec<usize> = (partition..parts).step_by(inputs).collect();
             tasks.push(SpawnedTask::spawn(async move {
                 let mut stream = physical.execute(partition, task_ctx)?;
-                let mut writers = owned
-                    .iter()
-                    .map(|&part| {
-                        Ok((
-                            part,
-                            PartWriter::create(&dir, part, &schema)?,
-                            Vec::new(),
-                            true,
-                        ))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                // The files are written on a blocking thread; this task only
+                // decodes, routes and keeps the in-memory prefixes.
+                let mut writers = PartWriters::spawn(dir, owned.clone(), schema);
+                // Per part: the batches kept in memory, and whether more may
+                // be (only a prefix of each part stays in memory: the scan
+                // reads memory first, then the file from there).
+                let mut kept: Vec<(Vec<RecordBatch>, bool)> =
+                    vec![(Vec::new(), true); owned.len()];
                 let mut next = 0;
                 while let Some(batch) = stream.next().await {
                     let batch = batch?;
                     if batch.num_rows() == 0 {
                         continue;
                     }
-                    let (_, writer, kept, keeping) = &mut writers[next];
+                    let slot = next;
                     next = (next + 1) % owned.len();
-                    writer.write(&batch)?;
-                    // Only a prefix of each part stays in memory: the scan
-                    // reads memory first, then the file from there.
+                    let (prefix, keeping) = &mut kept[slot];
                     if *keeping {
                         *keeping = memory.try_keep(batch.get_array_memory_size());
                         if *keeping {
-                            kept.push(batch);
+                            prefix.push(batch.clone());
                         }
                     }
+                    writers.write(slot, batch).await?;
                 }
-                writers
+                let manifests = writers.finish().await?;
+                Ok(owned
                     .into_iter()
-                    .map(|(part, writer, kept, _)| Ok((part, writer.finish()?, kept)))
-                    .collect::<Result<Vec<_>>>()
+                    .zip(manifests)
+                    .zip(kept)
+                    .map(|((part, manifest), (prefix, _))| (part, manifest, prefix))
+                    .collect::<Vec<_>>())
             }));
         }
         if partitions == 0 {
             // A plan without partitions still gets its (empty) part.
-            let writer = PartWriter::create(work.path(), 0, &schema)?;
+            let writers = PartWriters::spawn(work.path().to_path_buf(), vec![0], schema);
             tasks.push(SpawnedTask::spawn(async move {
-                Ok(vec![(0, writer.finish()?, Vec::new())])
+                let manifests = writers.finish().await?;
+                Ok(manifests.into_iter().map(|m| (0, m, Vec::new())).collect())
             }));
         }
         let mut written = Vec::with_capacity(parts);
@@ -392,9 +420,15 @@ impl CacheStore {
             query: query.to_string(),
             created_unix: unix_now(),
             inputs: key.inputs.clone(),
+            assets: key.assets.clone(),
+            build: key.build.clone(),
             parts: manifests,
         };
-        entry::write_manifest(work.path(), &manifest)?;
+        let (at, written) = (work.path().to_path_buf(), manifest.clone());
+        blocking("writing a cache manifest", move || {
+            entry::write_manifest(&at, &written)
+        })
+        .await?;
         let (dir, ours) = self.commit(work, &final_dir, &key)?;
         // Open what is now in place: ours (hashed while written, so sizes
         // suffice), or the entry another process committed first (then
@@ -405,12 +439,16 @@ impl CacheStore {
         } else {
             Verify::Checksums
         };
-        let opened = entry::open(&dir, &key.hex, verify).map_err(|e| {
-            DataFusionError::Execution(format!(
-                "cache entry '{}' cannot be opened right after writing it: {e:?}",
-                dir.display()
-            ))
-        })?;
+        let (at, hex) = (dir.clone(), key.hex.clone());
+        let opened = blocking("opening a cache entry", move || {
+            entry::open(&at, &hex, verify).map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "cache entry '{}' cannot be opened right after writing it: {e:?}",
+                    at.display()
+                ))
+            })
+        })
+        .await?;
         let disk_bytes = opened.manifest.bytes();
         let memory = Arc::into_inner(memory).ok_or_else(|| {
             DataFusionError::Internal(
@@ -451,7 +489,13 @@ impl CacheStore {
             remove_on_drop: !key_persistent,
         };
         if table.key.persistent {
-            self.evict(Some(&table.key.hex));
+            let (entries, tmp) = (self.entries_dir(), self.tmp_dir());
+            let (max_bytes, keep) = (self.options.max_bytes, table.key.hex.clone());
+            blocking("evicting cache entries", move || {
+                evict(&entries, &tmp, max_bytes, Some(&keep));
+                Ok(())
+            })
+            .await?;
         }
         Ok(table)
     }
@@ -533,28 +577,6 @@ impl CacheStore {
         Ok(path)
     }
 
-    /// Removes an entry: renamed out of `entries/` first, so no reader ever
-    /// sees half of it.
-    fn remove_entry_dir(&self, dir: &Path) -> u64 {
-        let bytes = dir_bytes(dir);
-        let trash = self.tmp_dir().join(format!(
-            "removed-{}-{}",
-            std::process::id(),
-            unix_now_ns()
-        ));
-        let removed =
-            create_dir(&self.tmp_dir()).is_ok() && std::fs::rename(dir, &trash).is_ok();
-        let target = if removed { trash.as_path() } else { dir };
-        match std::fs::remove_dir_all(target) {
-            Ok(()) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => {
-                log::warn!("cannot remove cache entry {}: {e}", dir.display());
-                0
-            }
-        }
-    }
-
     /// Entries on disk (shared ones and this session's).
     pub fn entries(&self) -> Vec<EntryInfo> {
         let mut infos = Vec::new();
@@ -591,6 +613,7 @@ impl CacheStore {
                     persistent: index == 0,
                     key: manifest.key,
                     query: manifest.query,
+                    assets: manifest.assets,
                 });
             }
         }
@@ -605,51 +628,16 @@ impl CacheStore {
         if let Ok(read) = std::fs::read_dir(self.entries_dir()) {
             for item in read.flatten() {
                 removed.0 += 1;
-                removed.1 += self.remove_entry_dir(&item.path());
+                removed.1 += remove_entry_dir(&self.tmp_dir(), &item.path());
             }
         }
         removed
     }
-
-    /// Removes least recently used shared entries until they fit
-    /// `max_bytes`, sparing `keep`.
-    fn evict(&self, keep: Option<&str>) {
-        let Ok(read) = std::fs::read_dir(self.entries_dir()) else {
-            return;
-        };
-        let mut entries: Vec<(u64, u64, PathBuf)> = read
-            .flatten()
-            .map(|item| {
-                let dir = item.path();
-                (
-                    modified_unix_ns(&dir.join(entry::MANIFEST)),
-                    dir_bytes(&dir),
-                    dir,
-                )
-            })
-            .collect();
-        let mut total: u64 = entries.iter().map(|e| e.1).sum();
-        entries.sort();
-        for (_, bytes, dir) in entries {
-            if total <= self.options.max_bytes {
-                break;
-            }
-            if keep.is_some_and(|k| dir.file_name().is_some_and(|n| n == k)) {
-                continue;
-            }
-            log::info!("cache over its size limit: removing {}", dir.display());
-            self.remove_entry_dir(&dir);
-            total = total.saturating_sub(bytes);
-        }
-        if total > self.options.max_bytes {
-            log::warn!(
-                "the cache holds {total} bytes, over its limit of {} bytes: the newest \
-                 entry alone is larger; raise --cache-max-size",
-                self.options.max_bytes
-            );
-        }
-    }
 }
+
+/// What a fill task wrote: per part its number, manifest and in-memory
+/// prefix.
+type WrittenParts = Vec<(usize, PartManifest, Vec<RecordBatch>)>;
 
 /// The parts of an opened entry in `dir`, each with the in-memory prefix of
 /// its batches from `kept` (missing = none).
@@ -657,7 +645,7 @@ fn cached_parts(
     manifest: &Manifest,
     files: Vec<Arc<std::fs::File>>,
     dir: &Path,
-    kept: Vec<Vec<datafusion::arrow::array::RecordBatch>>,
+    kept: Vec<Vec<RecordBatch>>,
 ) -> Vec<CachedPart> {
     let mut kept = kept.into_iter();
     manifest
@@ -715,6 +703,86 @@ pub(crate) fn deterministic_state(state: &SessionState) -> SessionState {
     SessionStateBuilder::new_from_existing(state.clone())
         .with_config(config)
         .build()
+}
+
+/// Removes an entry: renamed out of `entries/` into `tmp` first, so no
+/// reader ever sees half of it. Returns the bytes freed.
+fn remove_entry_dir(tmp: &Path, dir: &Path) -> u64 {
+    let bytes = dir_bytes(dir);
+    let trash = tmp.join(format!("removed-{}-{}", std::process::id(), unix_now_ns()));
+    let removed = create_dir(tmp).is_ok() && std::fs::rename(dir, &trash).is_ok();
+    let target = if removed { trash.as_path() } else { dir };
+    match std::fs::remove_dir_all(target) {
+        Ok(()) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(e) => {
+            log::warn!("cannot remove cache entry {}: {e}", dir.display());
+            0
+        }
+    }
+}
+
+/// Removes the least recently used entries of `entries` (into `tmp`) until
+/// they fit `max_bytes`, sparing `keep`.
+fn evict(entries_dir: &Path, tmp: &Path, max_bytes: u64, keep: Option<&str>) {
+    let Ok(read) = std::fs::read_dir(entries_dir) else {
+        return;
+    };
+    let mut entries: Vec<(u64, u64, PathBuf)> = read
+        .flatten()
+        .map(|item| {
+            let dir = item.path();
+            (
+                modified_unix_ns(&dir.join(entry::MANIFEST)),
+                dir_bytes(&dir),
+                dir,
+            )
+        })
+        .collect();
+    let mut total: u64 = entries.iter().map(|e| e.1).sum();
+    entries.sort();
+    for (_, bytes, dir) in entries {
+        if total <= max_bytes {
+            break;
+        }
+        if keep.is_some_and(|k| dir.file_name().is_some_and(|n| n == k)) {
+            continue;
+        }
+        log::info!("cache over its size limit: removing {}", dir.display());
+        remove_entry_dir(tmp, &dir);
+        total = total.saturating_sub(bytes);
+    }
+    if total > max_bytes {
+        log::warn!(
+            "the cache holds {total} bytes, over its limit of {max_bytes} bytes: the \
+             newest entry alone is larger; raise --cache-max-size"
+        );
+    }
+}
+
+/// `pinned` (the assets read for `calls`) plus those of `plan`'s calls not
+/// among `calls`, read and pinned now on the blocking pool (see
+/// [`key`]); returns all calls and assets.
+async fn pin_assets(
+    plan: &LogicalPlan,
+    mut calls: Vec<key::AssetCall>,
+    mut pinned: Vec<AssetFile>,
+) -> Result<(Vec<key::AssetCall>, Vec<AssetFile>)> {
+    let new: Vec<_> = key::asset_calls(plan)?
+        .into_iter()
+        .filter(|call| !calls.contains(call))
+        .collect();
+    if new.is_empty() {
+        return Ok((calls, pinned));
+    }
+    calls.extend(new.iter().cloned());
+    pinned.extend(
+        blocking("reading the files the query's functions read", move || {
+            key::pin_assets(new)
+        })
+        .await?,
+    );
+    Ok((calls, pinned))
 }
 
 fn create_dir(dir: &Path) -> Result<()> {

@@ -29,7 +29,14 @@ use crate::session::{Session, parse_memory_size};
 /// SQL over Parquet into training batches; with no arguments, an interactive
 /// SQL shell.
 #[derive(Debug, Parser)]
-#[command(name = "sqlfeed", version, about, after_help = EXAMPLES)]
+// The build id tells builds of one version apart (it is part of every cache
+// key, see `cache::key`).
+#[command(
+    name = "sqlfeed",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (build ", env!("SQLFEED_BUILD_ID"), ")"),
+    about,
+    after_help = EXAMPLES
+)]
 pub struct Cli {
     /// What to run; nothing starts the REPL.
     #[command(subcommand)]

@@ -454,3 +454,97 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
     assert_eq!(entry_dirs(&cache).len(), 1);
     Ok(())
 }
+
+/// The published all-MiniLM-L6-v2 tokenizer of the UDF crate's tests.
+const MINILM_TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
+);
+
+/// `MINILM_TOKENIZER` with the ids of two words of every caption swapped:
+/// the same kind of file, other tokens.
+fn swapped_vocabulary() -> Result<Vec<u8>> {
+    let text = std::fs::read(MINILM_TOKENIZER)?;
+    let mut json: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+    let vocab = json["model"]["vocab"]
+        .as_object_mut()
+        .expect("a WordPiece vocabulary");
+    let (on, background) = (vocab["on"].clone(), vocab["background"].clone());
+    vocab.insert("on".into(), background);
+    vocab.insert("background".into(), on);
+    serde_json::to_vec(&json)
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+}
+
+/// The manifest of the shared entry `key` under `cache`, as JSON.
+fn only_manifest(cache: &Path, key: &str) -> Result<serde_json::Value> {
+    let text = std::fs::read(cache.join("entries").join(key).join("manifest.json"))?;
+    serde_json::from_slice(&text)
+        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+}
+
+#[tokio::test]
+async fn a_rewritten_tokenizer_file_is_a_miss_and_gives_the_new_tokens() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 300, 2)?;
+    let tokenizer = dir.path().join("model").join("tokenizer.json");
+    std::fs::create_dir_all(dir.path().join("model"))?;
+    std::fs::copy(MINILM_TOKENIZER, &tokenizer)?;
+    let query = format!(
+        "SELECT id, tokenize(caption, '{}', 16) AS ids FROM '{}/*.parquet'",
+        tokenizer.display(),
+        data.display()
+    );
+    let ordered = "SELECT * FROM t ORDER BY id";
+
+    let first = session(&cache)?;
+    let cached = cache_table(&first, &format!("CACHE TABLE t AS {query}")).await?;
+    assert_eq!(cached.source, "computed");
+    let old_tokens = rows(&collect(&first, ordered).await?);
+    // The manifest records the tokenizer's content hash and the build.
+    let manifest = only_manifest(&cache, &cached.key)?;
+    let assets = manifest["assets"].as_array().expect("assets listed");
+    assert_eq!(assets.len(), 1, "{manifest}");
+    assert_eq!(assets[0]["location"], tokenizer.display().to_string());
+    assert_eq!(assets[0]["xxh3"].as_str().map(str::len), Some(32));
+    assert_eq!(manifest["build"], sqlfeed::cache::BUILD_ID);
+
+    // Run again (another session, as another run): a hit.
+    let second = session(&cache)?;
+    let again = cache_table(&second, &format!("CACHE TABLE t AS {query}")).await?;
+    assert_eq!(again.source, "reused from disk");
+    assert_eq!(again.key, cached.key);
+
+    // The same path, another vocabulary: a miss with the new tokens, also
+    // in the session that still holds the old tokenizer.
+    std::fs::write(&tokenizer, swapped_vocabulary()?)?;
+    let changed = cache_table(&first, &format!("CACHE TABLE t2 AS {query}")).await?;
+    assert_eq!(changed.source, "computed");
+    assert_ne!(changed.key, cached.key);
+    let new_tokens = rows(&collect(&first, "SELECT * FROM t2 ORDER BY id").await?);
+    assert_ne!(new_tokens, old_tokens, "the vocabulary change shows");
+    let fresh = session(&dir.path().join("other-cache"))?;
+    let expected = rows(&collect(&fresh, &format!("{query} ORDER BY id")).await?);
+    assert_eq!(new_tokens, expected);
+    // And a later run finds the new entry, not the old one.
+    let third = session(&cache)?;
+    let reused = cache_table(&third, &format!("CACHE TABLE t AS {query}")).await?;
+    assert_eq!(reused.source, "reused from disk");
+    assert_eq!(reused.key, changed.key);
+    assert_eq!(rows(&collect(&third, ordered).await?), expected);
+
+    // A tokenizer that is gone fails the query with the function's error.
+    std::fs::remove_file(&tokenizer)?;
+    let err = collect(&first, &format!("CACHE TABLE t3 AS {query}"))
+        .await
+        .expect_err("missing tokenizer");
+    assert!(
+        err.to_string().contains("does not exist")
+            && err.to_string().contains(&tokenizer.display().to_string()),
+        "{err}"
+    );
+    Ok(())
+}

@@ -50,6 +50,49 @@ pub trait AssetReader: Send + Sync + fmt::Debug {
     fn read(&self, url: &str) -> Result<Vec<u8>>;
 }
 
+/// The content of a file a function reads, as the function now uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AssetFingerprint {
+    /// xxh3-128 of the file's bytes.
+    pub xxh3: u128,
+    /// Size of the file in bytes.
+    pub bytes: u64,
+}
+
+/// A function that reads files named by its arguments (`tokenize` reads a
+/// `tokenizer.json`).
+///
+/// The location is part of the call, so a plan that names it stays the same
+/// when the file is rewritten: whoever keys results on plans (sqlfeed's
+/// result cache) must also key them on the files' contents, and must know
+/// that the function uses exactly the content it keyed. [`pin_asset`] gives
+/// both.
+///
+/// [`pin_asset`]: ReadsAssets::pin_asset
+pub trait ReadsAssets {
+    /// Positions (0-based) of the arguments that name a file, for a call
+    /// with `arg_count` arguments. They must be constant strings.
+    fn asset_arguments(&self, arg_count: usize) -> Vec<usize>;
+
+    /// Reads the file at `location` now (a local path or a URL, through the
+    /// same reader the function uses) and returns its fingerprint. From then
+    /// on the function computes with that content: a file that changed since
+    /// the function loaded it is loaded again. Errors are the ones the
+    /// function itself gives for an unreadable or invalid file.
+    fn pin_asset(&self, location: &str) -> Result<AssetFingerprint>;
+}
+
+/// `udf` as a [`ReadsAssets`], when it is a function of this crate that
+/// reads files; `None` for every other function.
+pub fn reads_assets(udf: &ScalarUDF) -> Option<&dyn ReadsAssets> {
+    let _ = udf;
+    #[cfg(feature = "text")]
+    if let Some(reader) = text::reads_assets(udf) {
+        return Some(reader);
+    }
+    None
+}
+
 /// Whether `location` names an object-store URL rather than a local path.
 /// `file://` URLs count as local.
 #[allow(dead_code)] // unused when the text family is disabled

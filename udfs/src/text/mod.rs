@@ -50,6 +50,14 @@ pub fn functions_with(assets: Option<Arc<dyn AssetReader>>) -> Vec<ScalarUDF> {
     ]
 }
 
+/// `udf` as a [`ReadsAssets`](crate::ReadsAssets) if it is `tokenize` or
+/// `tokenize_pair` (the functions of this family that read files).
+pub(crate) fn reads_assets(udf: &ScalarUDF) -> Option<&dyn crate::ReadsAssets> {
+    udf.inner()
+        .downcast_ref::<tokenize::TokenizeFunc>()
+        .map(|f| f as &dyn crate::ReadsAssets)
+}
+
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
     let info = |name, syntax, description| FunctionInfo {

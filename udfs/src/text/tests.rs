@@ -243,3 +243,62 @@ async fn tokenizers_load_from_urls_through_the_asset_reader() -> Result<()> {
     assert!(err.contains("no object stores for URLs"), "{err}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_pinned_tokenizer_is_reloaded_when_its_file_changes() -> Result<()> {
+    use datafusion::execution::FunctionRegistry;
+    use datafusion::prelude::SessionContext;
+    let (_dir, path) = tokenizer_file();
+    let ctx = SessionContext::new();
+    crate::register_all(&ctx)?;
+    let ids = |ctx: SessionContext, path: String| async move {
+        let batches = ctx
+            .sql(&format!(
+                "SELECT tokenize(t, '{path}') FROM (VALUES ('hello world')) v(t)"
+            ))
+            .await?
+            .collect()
+            .await?;
+        Ok::<_, datafusion::error::DataFusionError>(i32_lists(batches[0].column(0)))
+    };
+    assert_eq!(
+        ids(ctx.clone(), path.clone()).await?,
+        vec![Some(vec![1, 3, 4, 2])]
+    );
+    let udf = ctx.udf("tokenize")?;
+    let reader = crate::reads_assets(&udf).expect("tokenize reads assets");
+    assert_eq!(reader.asset_arguments(2), vec![1]);
+    let pinned = reader.pin_asset(&path)?;
+    assert_eq!(
+        pinned.xxh3,
+        xxhash_rust::xxh3::xxh3_128(TOKENIZER_JSON.as_bytes())
+    );
+    assert_eq!(pinned.bytes, TOKENIZER_JSON.len() as u64);
+
+    // The same path, another vocabulary: the session still uses what it
+    // loaded until the file is pinned again, then the new content.
+    let changed = TOKENIZER_JSON.replace(r#""hello": 3"#, r#""hello": 7"#);
+    std::fs::write(&path, &changed)?;
+    assert_eq!(
+        ids(ctx.clone(), path.clone()).await?,
+        vec![Some(vec![1, 3, 4, 2])]
+    );
+    let repinned = reader.pin_asset(&path)?;
+    assert_eq!(
+        repinned.xxh3,
+        xxhash_rust::xxh3::xxh3_128(changed.as_bytes())
+    );
+    assert_eq!(
+        ids(ctx.clone(), path.clone()).await?,
+        vec![Some(vec![1, 7, 4, 2])]
+    );
+
+    // Functions that read no files are not asset readers; a missing file
+    // gives the function's own error.
+    assert!(crate::reads_assets(ctx.udf("pad")?.as_ref()).is_none());
+    let err = reader
+        .pin_asset("/no/such/tokenizer.json")
+        .expect_err("missing");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    Ok(())
+}

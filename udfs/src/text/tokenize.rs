@@ -1,8 +1,15 @@
 //! `tokenize` and `tokenize_pair` on the Hugging Face `tokenizers` crate.
+//!
+//! A session loads each `tokenizer.json` once and keeps it with the xxh3 of
+//! the bytes it was built from. The result cache asks for that fingerprint
+//! through [`ReadsAssets::pin_asset`], which reloads a file whose content
+//! changed, so that what the cache keys and what the function computes with
+//! are always the same bytes.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::io::Read;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use datafusion::arrow::array::{Array, AsArray, Int32Builder, ListBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
@@ -13,14 +20,32 @@ use datafusion::logical_expr::{
     Volatility,
 };
 use tokenizers::{Tokenizer, TruncationParams};
+use xxhash_rust::xxh3::{Xxh3, xxh3_128};
 
-use crate::AssetReader;
+use crate::{AssetFingerprint, AssetReader, ReadsAssets};
 
 const TOKENIZE: &str = "tokenize(text, tokenizer_json [, max_len])";
 const TOKENIZE_PAIR: &str = "tokenize_pair(a, b, tokenizer_json [, max_len])";
 
-/// Loaded tokenizers by (path, max_len).
-type Cache = Mutex<HashMap<(String, Option<usize>), Arc<Tokenizer>>>;
+/// A `tokenizer.json` as loaded, padding removed.
+#[derive(Debug)]
+struct LoadedFile {
+    /// The bytes it was built from.
+    fingerprint: AssetFingerprint,
+    tokenizer: Tokenizer,
+}
+
+/// The tokenizers a session has loaded.
+#[derive(Debug, Default)]
+struct Loaded {
+    /// By location: the file as last loaded (or pinned).
+    files: HashMap<String, Arc<LoadedFile>>,
+    /// By (location, max_len): derived from `files`, with the fingerprint of
+    /// the file they came from; one whose file was reloaded since is stale.
+    tokenizers: HashMap<(String, Option<usize>), (AssetFingerprint, Arc<Tokenizer>)>,
+}
+
+type Cache = Mutex<Loaded>;
 
 /// `tokenize` (one text) or `tokenize_pair` (two); see the module docs.
 #[derive(Debug)]
@@ -53,7 +78,7 @@ impl TokenizeFunc {
         Self {
             signature: Signature::user_defined(Volatility::Immutable),
             pair,
-            cache: Arc::new(Mutex::new(HashMap::new())),
+            cache: Arc::new(Mutex::new(Loaded::default())),
             assets,
         }
     }
@@ -67,23 +92,39 @@ impl TokenizeFunc {
         if self.pair { 2 } else { 1 }
     }
 
-    /// The tokenizer at `path` truncating at `max_len`, loaded once.
-    fn tokenizer(&self, path: &str, max_len: Option<usize>) -> Result<Arc<Tokenizer>> {
-        let key = (path.to_string(), max_len);
-        let mut cache = self.cache.lock().map_err(|_| {
+    fn lock(&self) -> Result<MutexGuard<'_, Loaded>> {
+        self.cache.lock().map_err(|_| {
             DataFusionError::Internal(format!(
                 "{}: tokenizer cache poisoned",
                 self.name()
             ))
-        })?;
-        if let Some(tokenizer) = cache.get(&key) {
+        })
+    }
+
+    /// The file at `path` as this session loaded it, loaded now if new.
+    fn file(&self, path: &str) -> Result<Arc<LoadedFile>> {
+        if let Some(file) = self.lock()?.files.get(path) {
+            return Ok(Arc::clone(file));
+        }
+        // Read without the lock: other calls need not wait for the disk.
+        let file = Arc::new(load(self.name(), path, self.assets.as_deref())?);
+        let mut loaded = self.lock()?;
+        let file = loaded.files.entry(path.to_string()).or_insert(file);
+        Ok(Arc::clone(file))
+    }
+
+    /// The tokenizer at `path` truncating at `max_len`, loaded once (and
+    /// again after [`ReadsAssets::pin_asset`] found the file changed).
+    fn tokenizer(&self, path: &str, max_len: Option<usize>) -> Result<Arc<Tokenizer>> {
+        let file = self.file(path)?;
+        let key = (path.to_string(), max_len);
+        if let Some((fingerprint, tokenizer)) = self.lock()?.tokenizers.get(&key)
+            && *fingerprint == file.fingerprint
+        {
             return Ok(Arc::clone(tokenizer));
         }
-        let mut tokenizer = load(self.name(), path, self.assets.as_deref())?;
-        // Lists stay variable-length: the feed (or pad()) pads per batch, so
-        // a tokenizer.json's own padding (often Fixed(128)) is dropped. Its
-        // truncation is kept unless max_len replaces it.
-        tokenizer.with_padding(None);
+        let mut tokenizer = file.tokenizer.clone();
+        // The file's truncation is kept unless max_len replaces it.
         if let Some(max_length) = max_len {
             tokenizer
                 .with_truncation(Some(TruncationParams {
@@ -98,7 +139,9 @@ impl TokenizeFunc {
                 })?;
         }
         let tokenizer = Arc::new(tokenizer);
-        cache.insert(key, Arc::clone(&tokenizer));
+        self.lock()?
+            .tokenizers
+            .insert(key, (file.fingerprint, Arc::clone(&tokenizer)));
         Ok(tokenizer)
     }
 
@@ -154,44 +197,135 @@ fn load(
     function: &str,
     location: &str,
     assets: Option<&dyn AssetReader>,
-) -> Result<Tokenizer> {
-    let bytes = if crate::is_remote_url(location) {
-        let Some(assets) = assets else {
-            return Err(DataFusionError::Plan(format!(
-                "{function}: cannot read tokenizer '{location}': this context has no \
-                 object stores for URLs (use a sqlfeed Session, or a local path)"
-            )));
-        };
-        assets.read(location).map_err(|e| {
-            DataFusionError::Plan(format!(
-                "{function}: cannot read tokenizer '{location}': {e}"
-            ))
-        })?
-    } else {
-        let path = location.strip_prefix("file://").unwrap_or(location);
-        if !std::path::Path::new(path).is_file() {
-            return Err(DataFusionError::Plan(format!(
-                "{function}: tokenizer file '{location}' does not exist; pass the path \
-                 or URL of a Hugging Face tokenizer.json"
-            )));
-        }
-        std::fs::read(path).map_err(|e| {
-            DataFusionError::Plan(format!(
-                "{function}: cannot read tokenizer file '{location}': {e}"
-            ))
-        })?
+) -> Result<LoadedFile> {
+    let bytes = read(function, location, assets)?;
+    let fingerprint = AssetFingerprint {
+        xxh3: xxh3_128(&bytes),
+        bytes: bytes.len() as u64,
     };
     // The tokenizers crate panics on some malformed files: catch it here.
     let loaded = std::panic::catch_unwind(|| Tokenizer::from_bytes(&bytes));
-    match loaded {
-        Ok(Ok(tokenizer)) => Ok(tokenizer),
-        Ok(Err(e)) => Err(DataFusionError::Plan(format!(
-            "{function}: '{location}' is not a valid tokenizer.json: {e}"
-        ))),
-        Err(_) => Err(DataFusionError::Plan(format!(
-            "{function}: loading '{location}' crashed the tokenizers library; is it a \
-             tokenizer.json?"
-        ))),
+    let mut tokenizer = match loaded {
+        Ok(Ok(tokenizer)) => tokenizer,
+        Ok(Err(e)) => {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: '{location}' is not a valid tokenizer.json: {e}"
+            )));
+        }
+        Err(_) => {
+            return Err(DataFusionError::Plan(format!(
+                "{function}: loading '{location}' crashed the tokenizers library; is \
+                 it a tokenizer.json?"
+            )));
+        }
+    };
+    // Lists stay variable-length: the feed (or pad()) pads per batch, so a
+    // tokenizer.json's own padding (often Fixed(128)) is dropped.
+    tokenizer.with_padding(None);
+    Ok(LoadedFile {
+        fingerprint,
+        tokenizer,
+    })
+}
+
+/// The fingerprint of the file at `location` as it is now. Local files are
+/// hashed as they stream by, without holding them whole.
+fn fingerprint(
+    function: &str,
+    location: &str,
+    assets: Option<&dyn AssetReader>,
+) -> Result<AssetFingerprint> {
+    let Some(path) = local_path(function, location)? else {
+        let bytes = read(function, location, assets)?;
+        return Ok(AssetFingerprint {
+            xxh3: xxh3_128(&bytes),
+            bytes: bytes.len() as u64,
+        });
+    };
+    let cannot_read = |e: std::io::Error| {
+        DataFusionError::Plan(format!(
+            "{function}: cannot read tokenizer file '{location}': {e}"
+        ))
+    };
+    let mut file = std::fs::File::open(path).map_err(cannot_read)?;
+    let mut hasher = Xxh3::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buffer).map_err(cannot_read)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+        bytes += n as u64;
+    }
+    Ok(AssetFingerprint {
+        xxh3: hasher.digest128(),
+        bytes,
+    })
+}
+
+/// The local path `location` names (`None` for an object-store URL), or an
+/// error if there is no such file.
+fn local_path<'a>(function: &str, location: &'a str) -> Result<Option<&'a str>> {
+    if crate::is_remote_url(location) {
+        return Ok(None);
+    }
+    let path = location.strip_prefix("file://").unwrap_or(location);
+    if !std::path::Path::new(path).is_file() {
+        return Err(DataFusionError::Plan(format!(
+            "{function}: tokenizer file '{location}' does not exist; pass the path \
+             or URL of a Hugging Face tokenizer.json"
+        )));
+    }
+    Ok(Some(path))
+}
+
+/// The bytes of the file at `location` (see [`load`]).
+fn read(
+    function: &str,
+    location: &str,
+    assets: Option<&dyn AssetReader>,
+) -> Result<Vec<u8>> {
+    if let Some(path) = local_path(function, location)? {
+        return std::fs::read(path).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "{function}: cannot read tokenizer file '{location}': {e}"
+            ))
+        });
+    }
+    let Some(assets) = assets else {
+        return Err(DataFusionError::Plan(format!(
+            "{function}: cannot read tokenizer '{location}': this context has no \
+             object stores for URLs (use a sqlfeed Session, or a local path)"
+        )));
+    };
+    assets.read(location).map_err(|e| {
+        DataFusionError::Plan(format!(
+            "{function}: cannot read tokenizer '{location}': {e}"
+        ))
+    })
+}
+
+impl ReadsAssets for TokenizeFunc {
+    fn asset_arguments(&self, _arg_count: usize) -> Vec<usize> {
+        // The tokenizer follows the text arguments.
+        vec![self.texts()]
+    }
+
+    fn pin_asset(&self, location: &str) -> Result<AssetFingerprint> {
+        let now = fingerprint(self.name(), location, self.assets.as_deref())?;
+        if let Some(file) = self.lock()?.files.get(location)
+            && file.fingerprint == now
+        {
+            return Ok(now);
+        }
+        // New or changed: load it, and report the bytes actually loaded (a
+        // file rewritten again in between is keyed by what is used).
+        let file = Arc::new(load(self.name(), location, self.assets.as_deref())?);
+        let fingerprint = file.fingerprint;
+        self.lock()?.files.insert(location.to_string(), file);
+        Ok(fingerprint)
     }
 }
 
