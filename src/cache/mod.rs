@@ -41,7 +41,11 @@
 //! reported as a warning naming the file, removed and recomputed: never
 //! served. Two processes filling the same entry both compute it; the first
 //! to rename its folder into place wins and the other uses the winner's.
-//! A failed or cancelled fill removes its temporary folder.
+//! A failed or cancelled fill removes its temporary folder. Fills and
+//! session folders are locked while in use (see
+//! [`crate::session::liveness`]); a process that finds one whose lock is
+//! free removes it, as its owner was killed. Liveness is never judged by the
+//! process id in the name: in another container that id means nothing.
 //!
 //! # Blocking I/O
 //! Reading assets for the key, opening and verifying entries, writing parts
@@ -73,6 +77,7 @@ pub use entry::{Manifest, PartManifest};
 pub use exec::{CacheScanExec, CachedTable, Origin};
 pub use key::{AssetFile, BUILD_ID, CacheKey, InputFile};
 
+use crate::session::liveness::{self, LiveFolder};
 use entry::{OpenError, PartWriters, Verify, blocking};
 use exec::CachedPart;
 
@@ -147,8 +152,8 @@ pub struct CacheStore {
     /// Open tables by key, so a session shares one copy.
     open: Mutex<HashMap<String, Weak<CachedTable>>>,
     /// This session's folder for session-only entries (created on demand,
-    /// removed on drop).
-    session_dir: Mutex<Option<tempfile::TempDir>>,
+    /// locked while this store lives, removed on drop).
+    session_dir: Mutex<Option<LiveFolder>>,
     /// Whether leftovers of crashed processes were removed.
     swept: std::sync::atomic::AtomicBool,
 }
@@ -327,15 +332,14 @@ impl CacheStore {
         };
         create_dir(&self.tmp_dir())?;
         self.sweep_once();
-        let work = tempfile::Builder::new()
-            .prefix(&format!("{}-{}-", std::process::id(), key.hex))
-            .tempdir_in(self.tmp_dir())
-            .map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "cannot create a folder in the cache directory '{}': {e}",
-                    self.tmp_dir().display()
-                ))
-            })?;
+        let prefix = format!("{}-{}-", std::process::id(), key.hex);
+        let work = LiveFolder::create(&self.tmp_dir(), &prefix).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cannot create a folder in the cache directory '{}': {e}. Set \
+                 --cache-dir (SessionBuilder::cache_dir) to a writable folder",
+                self.tmp_dir().display()
+            ))
+        })?;
         let task_ctx = Arc::new(TaskContext::from(state));
         let schema = physical.schema();
         let partitions = physical.output_partitioning().partition_count();
@@ -505,53 +509,41 @@ impl CacheStore {
     /// the same key first).
     fn commit(
         &self,
-        work: tempfile::TempDir,
+        work: LiveFolder,
         target: &Path,
         key: &CacheKey,
     ) -> Result<(PathBuf, bool)> {
         if let Some(parent) = target.parent() {
             create_dir(parent)?;
         }
-        let work_path = work.keep();
-        match std::fs::rename(&work_path, target) {
-            Ok(()) => Ok((target.to_path_buf(), true)),
+        // Renamed while still locked, so no sweeper takes it half way; a
+        // failed rename leaves `work` in tmp/, removed when it drops.
+        match std::fs::rename(work.path(), target) {
+            Ok(()) => {
+                // Now an entry: nothing left in tmp/ to remove.
+                let _ = work.keep();
+                Ok((target.to_path_buf(), true))
+            }
             Err(_) if target.join(entry::MANIFEST).exists() => {
-                let _ = std::fs::remove_dir_all(&work_path);
                 log::info!("cache entry {} was written by another process", key.hex);
                 Ok((target.to_path_buf(), false))
             }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&work_path);
-                Err(DataFusionError::Execution(format!(
-                    "cannot move the cache entry into '{}': {e}",
-                    target.display()
-                )))
-            }
+            Err(e) => Err(DataFusionError::Execution(format!(
+                "cannot move the cache entry into '{}': {e}",
+                target.display()
+            ))),
         }
     }
 
-    /// Removes what crashed processes left in `tmp/` and `sessions/`: folders
-    /// whose name starts with the id of a process that no longer runs.
+    /// Removes what killed processes left in `tmp/` and `sessions/`: the
+    /// folders whose lock is free (see [`crate::session::liveness`]), and
+    /// `removed-*` trash whose removal was interrupted.
     fn sweep_once(&self) {
-        if self.swept.swap(true, Ordering::Relaxed) || !Path::new("/proc/self").exists() {
+        if self.swept.swap(true, Ordering::Relaxed) {
             return;
         }
         for folder in [self.tmp_dir(), self.options.dir.join("sessions")] {
-            let Ok(read) = std::fs::read_dir(&folder) else {
-                continue;
-            };
-            for item in read.flatten() {
-                let name = item.file_name().to_string_lossy().into_owned();
-                let name = name.strip_prefix("removed-").unwrap_or(&name);
-                let pid: String = name.chars().take_while(char::is_ascii_digit).collect();
-                if !pid.is_empty() && !Path::new("/proc").join(&pid).exists() {
-                    log::info!(
-                        "removing {}, left by process {pid}",
-                        item.path().display()
-                    );
-                    let _ = std::fs::remove_dir_all(item.path());
-                }
-            }
+            liveness::sweep_abandoned(&folder, "");
         }
     }
 
@@ -563,12 +555,11 @@ impl CacheStore {
         }
         let parent = self.options.dir.join("sessions");
         create_dir(&parent)?;
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("{}-", std::process::id()))
-            .tempdir_in(&parent)
+        let dir = LiveFolder::create(&parent, &format!("{}-", std::process::id()))
             .map_err(|e| {
                 DataFusionError::Execution(format!(
-                    "cannot create a session folder in '{}': {e}",
+                    "cannot create a session folder in '{}': {e}. Set --cache-dir \
+                     (SessionBuilder::cache_dir) to a writable folder",
                     parent.display()
                 ))
             })?;

@@ -51,7 +51,8 @@ pub struct Cli {
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     pub format: OutputFormat,
     /// Memory for all operators of a query, e.g. 4G, 512M or 25% (default:
-    /// half of physical RAM). Beyond it, sorts and aggregations spill to disk.
+    /// half of physical RAM, or of the container's cgroup limit if lower).
+    /// Beyond it, sorts and aggregations spill to disk.
     #[arg(long, value_parser = parse_memory_size, value_name = "SIZE")]
     pub memory_limit: Option<usize>,
     /// Where spill files go (default: the OS temp directory).

@@ -4,10 +4,14 @@
 //! SQL through. It owns:
 //!
 //! * one **memory budget** ([`SessionBuilder::memory_limit`], default
-//!   [`DEFAULT_MEMORY_FRACTION`] of physical RAM) enforced by DataFusion's
-//!   `FairSpillPool`, so sorts, joins and aggregates spill instead of failing;
-//! * a **spill directory** (DataFusion's `DiskManager`) whose files are removed
-//!   when the query that wrote them ends, also on error or cancellation;
+//!   [`DEFAULT_MEMORY_FRACTION`] of physical RAM or of the container's cgroup
+//!   limit, whichever is lower) enforced by DataFusion's `FairSpillPool`, so
+//!   sorts, joins and aggregates spill instead of failing;
+//! * a **spill folder** `sqlfeed-spill-<pid>-XXXX` in the spill directory
+//!   (DataFusion's `DiskManager` writes there) whose files are removed when
+//!   the query that wrote them ends, also on error or cancellation; the folder
+//!   is locked while the session lives, so the next session using that spill
+//!   directory removes what a killed process left (see [`liveness`]);
 //! * **object stores resolved from the URL** in the query
 //!   (`FROM 's3://bucket/*.parquet'`), see [`object_stores`];
 //! * **path tables** with checked Parquet footers, see [`url_table`];
@@ -24,13 +28,15 @@
 //! # }
 //! ```
 
+mod cgroup;
+pub(crate) mod liveness;
 pub mod object_stores;
 pub mod url_table;
 
 use std::any::Any;
 use std::num::NonZeroUsize;
 use std::panic::AssertUnwindSafe;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -55,7 +61,8 @@ use crate::cache::{CacheOptions, CacheStore};
 use crate::sql::{self, Statement};
 pub use object_stores::{IoCounters, ObjectStoreLimits};
 
-/// Share of physical RAM used as the memory limit when none is given.
+/// Share of the available memory (physical RAM or the cgroup limit, whichever
+/// is lower) used as the memory limit when none is given.
 pub const DEFAULT_MEMORY_FRACTION: f64 = 0.5;
 
 /// Spill files merged at once. Merge buffers cannot spill, so an unbounded
@@ -63,7 +70,12 @@ pub const DEFAULT_MEMORY_FRACTION: f64 = 0.5;
 /// budget; merging in rounds of at most this many files bounds them.
 const SPILL_MERGE_FAN_IN: usize = 8;
 
-/// Memory limit when physical RAM cannot be read (non-Linux without `/proc`).
+/// Name prefix of session spill folders; the pid after it is for humans only,
+/// liveness is decided by the folder's lock.
+const SPILL_FOLDER_PREFIX: &str = "sqlfeed-spill-";
+
+/// Memory limit when neither physical RAM nor a cgroup limit can be read
+/// (non-Linux without `/proc`).
 const FALLBACK_MEMORY_LIMIT: usize = 4 << 30;
 
 /// Configures and builds a [`Session`].
@@ -73,7 +85,8 @@ pub struct SessionBuilder {
     memory_limit: Option<usize>,
     /// Parallelism of scans and operators; `None` = number of cores.
     target_partitions: Option<usize>,
-    /// Directory for spill files; `None` = the OS temp directory.
+    /// Directory in which the session's spill folder is created; `None` =
+    /// the OS temp directory.
     spill_dir: Option<PathBuf>,
     /// Rows per record batch inside the engine; `None` = DataFusion's default.
     batch_size: Option<usize>,
@@ -101,7 +114,9 @@ impl SessionBuilder {
         self
     }
 
-    /// Directory in which spill files are created (in a per-session subfolder).
+    /// Directory in which spill files are created, in a per-session folder
+    /// `sqlfeed-spill-<pid>-XXXX` that is removed with the session (or, after
+    /// a crash, by the next session using this directory).
     pub fn spill_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.spill_dir = Some(dir.into());
         self
@@ -197,7 +212,7 @@ impl SessionBuilder {
             cache,
             io: engine.io,
             memory_limit: engine.memory_limit,
-            spill_dir: self.spill_dir,
+            spill_folder: engine.spill_folder,
             #[cfg(feature = "ballista")]
             cluster,
             #[cfg(feature = "ballista")]
@@ -218,18 +233,8 @@ impl SessionBuilder {
             FairSpillPool::new(memory_limit),
             NonZeroUsize::new(5).expect("5 is not zero"),
         ));
-        let disk_mode = match &self.spill_dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    DataFusionError::Execution(format!(
-                        "cannot create spill directory '{}': {e}",
-                        dir.display()
-                    ))
-                })?;
-                DiskManagerMode::Directories(vec![dir.clone()])
-            }
-            None => DiskManagerMode::OsTmpDirectory,
-        };
+        let spill_folder = Arc::new(spill_folder(self.spill_dir.as_deref())?);
+        let disk_mode = DiskManagerMode::Directories(vec![spill_folder.path().into()]);
         let runtime = RuntimeEnvBuilder::new()
             .with_memory_pool(pool)
             .with_disk_manager_builder(
@@ -249,6 +254,7 @@ impl SessionBuilder {
             registry,
             io,
             memory_limit,
+            spill_folder,
         })
     }
 
@@ -305,6 +311,9 @@ pub(crate) struct Engine {
     pub(crate) io: Arc<IoCounters>,
     /// The memory budget in bytes.
     pub(crate) memory_limit: usize,
+    /// The locked folder the disk manager spills into. Hold it as long as
+    /// `runtime` is used: dropping it removes the folder and its files.
+    pub(crate) spill_folder: Arc<liveness::LiveFolder>,
 }
 
 /// A DataFusion context with sqlfeed's tables, functions and limits; see the
@@ -319,8 +328,9 @@ pub struct Session {
     io: Arc<IoCounters>,
     /// The memory budget in bytes.
     memory_limit: usize,
-    /// Where spill files go (`None` = OS temp directory).
-    spill_dir: Option<PathBuf>,
+    /// The folder spill files go to, locked and kept while any clone of the
+    /// session lives (removed with the last one).
+    spill_folder: Arc<liveness::LiveFolder>,
     /// The scheduler this session's queries run on (`None` = embedded).
     #[cfg(feature = "ballista")]
     cluster: Option<crate::cluster::SchedulerAddress>,
@@ -334,7 +344,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("session_id", &self.ctx.session_id())
             .field("memory_limit", &self.memory_limit)
-            .field("spill_dir", &self.spill_dir)
+            .field("spill_folder", &self.spill_folder.path())
             .finish()
     }
 }
@@ -358,6 +368,12 @@ impl Session {
     /// The memory budget in bytes.
     pub fn memory_limit(&self) -> usize {
         self.memory_limit
+    }
+
+    /// The folder this session's spill files go to: `sqlfeed-spill-<pid>-XXXX`
+    /// inside the spill directory, removed with the session.
+    pub fn spill_folder(&self) -> &Path {
+        self.spill_folder.path()
     }
 
     /// The scheduler this session runs on, or `None` for the embedded engine.
@@ -428,7 +444,8 @@ impl Session {
     }
 }
 
-/// Parses sizes like `512M`, `4G`, `1.5GiB`, `1048576` or `25%` (of RAM).
+/// Parses sizes like `512M`, `4G`, `1.5GiB`, `1048576` or `25%` (of the
+/// available memory: physical RAM or the cgroup limit, whichever is lower).
 pub fn parse_memory_size(text: &str) -> std::result::Result<usize, String> {
     let text = text.trim();
     if let Some(percent) = text.strip_suffix('%') {
@@ -442,7 +459,7 @@ pub fn parse_memory_size(text: &str) -> std::result::Result<usize, String> {
             ));
         }
         return Ok(
-            (physical_memory().unwrap_or(FALLBACK_MEMORY_LIMIT * 2) as f64 * percent
+            (available_memory().unwrap_or(FALLBACK_MEMORY_LIMIT * 2) as f64 * percent
                 / 100.0) as usize,
         );
     }
@@ -475,11 +492,45 @@ pub fn parse_memory_size(text: &str) -> std::result::Result<usize, String> {
     Ok(bytes as usize)
 }
 
-/// [`DEFAULT_MEMORY_FRACTION`] of physical RAM.
+/// [`DEFAULT_MEMORY_FRACTION`] of the memory this process may use: physical
+/// RAM, or the memory limit of its cgroup (a container's `--memory`, read
+/// from `/sys/fs/cgroup`, v1 or v2) where that is lower. Sized from RAM
+/// alone, a session in a container would never spill and be killed instead.
 pub fn default_memory_limit() -> usize {
-    physical_memory()
+    available_memory()
         .map(|total| (total as f64 * DEFAULT_MEMORY_FRACTION) as usize)
         .unwrap_or(FALLBACK_MEMORY_LIMIT)
+}
+
+/// The lower of physical RAM and this process's cgroup memory limit.
+fn available_memory() -> Option<usize> {
+    let cgroup = cgroup::memory_limit().map(|b| usize::try_from(b).unwrap_or(usize::MAX));
+    match (physical_memory(), cgroup) {
+        (Some(ram), Some(limit)) => Some(ram.min(limit)),
+        (ram, limit) => ram.or(limit),
+    }
+}
+
+/// Creates the session's spill folder in `spill_dir` (else the OS temp
+/// directory), first removing the folders there that killed sessions left.
+fn spill_folder(spill_dir: Option<&Path>) -> Result<liveness::LiveFolder> {
+    let parent = spill_dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    std::fs::create_dir_all(&parent).map_err(|e| {
+        DataFusionError::Execution(format!(
+            "cannot create spill directory '{}': {e}. Set --spill-dir \
+             (SessionBuilder::spill_dir) to a writable folder",
+            parent.display()
+        ))
+    })?;
+    liveness::sweep_abandoned(&parent, SPILL_FOLDER_PREFIX);
+    let prefix = format!("{SPILL_FOLDER_PREFIX}{}-", std::process::id());
+    liveness::LiveFolder::create(&parent, &prefix).map_err(|e| {
+        DataFusionError::Execution(format!(
+            "cannot create a spill folder in '{}': {e}. Set --spill-dir \
+             (SessionBuilder::spill_dir) to a writable folder",
+            parent.display()
+        ))
+    })
 }
 
 /// Total physical memory from `/proc/meminfo`.

@@ -394,6 +394,67 @@ fn concurrent_processes_fill_one_entry_without_corrupting_it() -> Result<()> {
     Ok(())
 }
 
+/// A pid no process can have here (Linux pids stay below 2^22): what a
+/// process in another container, another pid namespace, looks like.
+const FOREIGN_PID: u32 = 999_999_999;
+
+/// A folder `<parent>/<name>` holding one file.
+fn folder_with_file(parent: &Path, name: &str) -> std::io::Result<PathBuf> {
+    let folder = parent.join(name);
+    std::fs::create_dir_all(&folder)?;
+    std::fs::write(folder.join("part-0.arrow"), b"in progress")?;
+    Ok(folder)
+}
+
+#[tokio::test]
+async fn folders_of_live_processes_in_other_pid_namespaces_survive_a_sweep() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 300, 1)?;
+    // Another container's fill and session folder: their names carry a pid
+    // that does not exist in this namespace, but their owner is alive and
+    // holds their locks (here: this test, through its own open files).
+    let tmp = cache.join("tmp");
+    let sessions = cache.join("sessions");
+    let filling = folder_with_file(&tmp, &format!("{FOREIGN_PID}-abc-live"))?;
+    let session_only = folder_with_file(&sessions, &format!("{FOREIGN_PID}-live"))?;
+    let mut owner = Vec::new();
+    for folder in [&filling, &session_only] {
+        let lock = std::fs::File::open(folder)?;
+        lock.try_lock().map_err(std::io::Error::from)?;
+        owner.push(lock);
+    }
+    // What a killed process left: nobody holds the lock.
+    let abandoned = folder_with_file(&tmp, &format!("{FOREIGN_PID}-abc-dead"))?;
+    let abandoned_session = folder_with_file(&sessions, &format!("{FOREIGN_PID}-dead"))?;
+    let trash = folder_with_file(&tmp, &format!("removed-{FOREIGN_PID}-1"))?;
+
+    // The first fill of a session sweeps tmp/ and sessions/.
+    let session = session(&cache)?;
+    cache_table(&session, &format!("CACHE TABLE t AS {}", query(&data))).await?;
+    for live in [&filling, &session_only] {
+        assert!(
+            live.join("part-0.arrow").exists(),
+            "{} was removed",
+            live.display()
+        );
+    }
+    for dead in [&abandoned, &abandoned_session, &trash] {
+        assert!(!dead.exists(), "{} was left", dead.display());
+    }
+    // Once its owner is gone, the next process's sweep takes it.
+    drop(owner);
+    let next = Session::builder()
+        .memory_limit(256 << 20)
+        .cache_dir(&cache)
+        .build()?;
+    cache_table(&next, "CACHE TABLE u AS SELECT 1 AS x").await?;
+    assert!(!filling.exists() && !session_only.exists());
+    Ok(())
+}
+
 /// Every batch of a feed as (epoch, step, ids).
 type IdBatches = Vec<(u64, u64, Vec<i64>)>;
 

@@ -15,6 +15,7 @@
 //! * `s3`: object-store queries against a real S3-compatible server (moto) on
 //!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
 //!   `SQLFEED_TEST_S3=require` (as in `.ci/run`).
+//! * `spill`: what a killed process spilled is removed by the next session.
 
 mod bad_input;
 mod cache;
@@ -28,3 +29,4 @@ mod local_sql;
 mod repl;
 mod s3;
 mod shuffle;
+mod spill;
