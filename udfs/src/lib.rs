@@ -11,6 +11,7 @@
 //! | image     | `image`   | `image_decode`, `try_image_decode`, `image_resize`, `image_center_crop`, `image_random_crop`, `image_random_flip`, `image_to_tensor` |
 //! | text      | `text`    | `tokenize`, `tokenize_pair`, `attention_mask`, `pad`, `truncate` |
 
+pub mod augment;
 #[cfg(feature = "image")]
 pub mod image;
 #[cfg(feature = "numeric")]

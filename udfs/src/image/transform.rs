@@ -119,7 +119,9 @@ fn constant_u32(
 
 /// `image_center_crop(image, h, w)`: the centred `h × w` window.
 /// `image_random_crop(image, h, w, seed)`: a window whose offset is drawn
-/// from `xxh3_64_with_seed(pixels, seed)`, so a seed reproduces the crop and
+/// from `xxh3_64_with_seed(pixels, seed)` (inside a feed the seed is mixed
+/// with the feed's seed and the epoch: see [`crate::augment`]), so a seed
+/// reproduces the crop and
 /// different images get different windows. An image smaller than the window
 /// is an error naming the row (resize first).
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -184,9 +186,9 @@ impl ScalarUDFImpl for CropFunc {
         let width = constant_u32(self.name(), "width", args.args.get(2))? as usize;
         let seed = match (self.random, args.args.get(3)) {
             (false, _) => None,
-            (true, Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(seed))))) => {
-                Some(*seed as u64)
-            }
+            (true, Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(seed))))) => Some(
+                crate::augment::epoch_seed(*seed as u64, &args.config_options),
+            ),
             (true, _) => {
                 return Err(DataFusionError::Plan(format!(
                     "{}: seed must be a non-null integer constant; signature: {}",
@@ -366,7 +368,8 @@ impl ScalarUDFImpl for ResizeFunc {
 const FLIP: &str = "image_random_flip(image, seed)";
 
 /// `image_random_flip(image, seed)`: mirrors the image left-right with
-/// probability ½, decided by `xxh3_64_with_seed(pixels, seed)`, so a seed
+/// probability ½, decided by `xxh3_64_with_seed(pixels, seed)` (per epoch
+/// inside a feed: see [`crate::augment`]), so a seed
 /// reproduces the augmentation and different images flip independently.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct RandomFlipFunc {
@@ -407,7 +410,9 @@ impl ScalarUDFImpl for RandomFlipFunc {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let seed = match args.args.get(1) {
-            Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(seed)))) => *seed as u64,
+            Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(seed)))) => {
+                crate::augment::epoch_seed(*seed as u64, &args.config_options)
+            }
             _ => {
                 return Err(DataFusionError::Plan(format!(
                     "image_random_flip: seed must be a non-null integer constant; signature: {FLIP}"
