@@ -6,7 +6,9 @@
 #   scripts/gpu-check.sh          # there: runs everything, prints a summary, writes $OUT/gpu-check.txt
 #
 # What it measures (numbers go into the closing note):
-#   1. the CUDA unit tests (context, pinned upload, device-to-host round trip);
+#   1. the CUDA unit tests (context, pinned upload, device-to-host round trip,
+#      a slow consumer on its own stream while slots are reused and grown),
+#      with SQLFEED_TEST_CUDA=require so that none can pass by skipping;
 #   2. feed tensors on cuda:0 equal the CPU backend's byte for byte (digests of every batch);
 #   3. the feed's H2D rate (tensor bytes / copy-engine time) against raw pinned
 #      cuMemcpyHtoDAsync of the same sizes (`sqlfeed h2d-bench`), goal >= 0.85x;
@@ -41,9 +43,10 @@ say() { echo "$*" | tee -a "$report"; }
 say "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$report" || true
 
-say "== 1. CUDA unit tests"
-"$work/bin/lib-tests" device:: --test-threads 1 2>&1 | tail -n 15 | tee -a "$report"
-"$work/bin/integration-tests" feed::cuda feed::dlpack feed::tensors feed::dropping 2>&1 | tail -n 8 | tee -a "$report"
+say "== 1. CUDA unit tests (SQLFEED_TEST_CUDA=require: a skip is a failure)"
+export SQLFEED_TEST_CUDA=require
+"$work/bin/lib-tests" device:: --test-threads 1 2>&1 | tail -n 20 | tee -a "$report"
+"$work/bin/integration-tests" feed::cuda feed::dlpack feed::tensors feed::dropping contract:: 2>&1 | tail -n 12 | tee -a "$report"
 
 say "== data"
 "$work/bin/sqlfeed" gen --rows 200000 --files 8 --out "$work/data" 2>&1 | tee -a "$report"

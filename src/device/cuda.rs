@@ -4,11 +4,24 @@
 //! ```text
 //!  converter ─► pinned host buffer ──cuMemcpyHtoDAsync (copy stream)──► device buffer
 //!                                    start event ... done event
-//!  consumer: done.synchronize() (its own batch only) ─► tensors usable
-//!  release:  `released` recorded on the legacy default stream; the next
-//!            upload into the slot waits for it (torch's kernels that were
-//!            queued on that stream before the release finish first)
+//!  consumer: done.synchronize() (its own batch only) ─► tensors usable;
+//!            a named consumer stream also waits for `done` on the device
+//!  release:  `released` recorded on each consumer stream (default: the
+//!            legacy default stream), the copy stream waits for each record
 //! ```
+//!
+//! # Which event guards which buffer
+//! We turn cudarc's per-buffer event tracking off (it cannot see work a
+//! consumer queues after an export) and order everything ourselves:
+//! - **pinned host buffer of a slot**: written by the converter only after
+//!   `done` completed (`Slot::prepare` → [`CudaBackend::wait_upload`]);
+//!   freed only after `done` completed ([`wait_copies_before_free`]).
+//! - **device buffer of a slot**: written by the next upload, replaced when
+//!   it grows and freed when the slot is dropped, all on the copy stream, and
+//!   the copy stream waits for `released` as recorded on every consumer
+//!   stream at the moment the batch was released ([`CudaBackend::release`])
+//!   before the slot can be taken again. So no reuse, growth, end of epoch or
+//!   drop touches memory a consumer's queued kernel may still read.
 //!
 //! # Errors
 //! cudarc 0.19 panics when the driver library cannot be loaded, so
@@ -28,6 +41,13 @@ use cudarc::driver::{
 use datafusion::error::{DataFusionError, Result};
 
 use super::host::HostBuffer;
+use super::stream::ConsumerStream;
+
+/// The driver's handle of `stream`.
+fn raw_stream(stream: ConsumerStream) -> sys::CUstream {
+    // 1 and 2 are the driver's CU_STREAM_LEGACY / CU_STREAM_PER_THREAD.
+    stream.as_raw() as usize as sys::CUstream
+}
 
 /// Whether the CUDA driver library (`libcuda.so` / `nvcuda.dll`) can be loaded.
 pub(crate) fn driver_present() -> bool {
@@ -78,8 +98,6 @@ pub(crate) struct CudaBackend {
     ctx: Arc<CudaContext>,
     /// Host-to-device copies (non-blocking with respect to other streams).
     copy_stream: Arc<CudaStream>,
-    /// The legacy default stream, on which releases are recorded.
-    legacy_stream: Arc<CudaStream>,
     /// The device ordinal.
     ordinal: usize,
 }
@@ -107,11 +125,9 @@ impl CudaBackend {
         // needed; it would add a wait per buffer per copy.
         unsafe { ctx.disable_event_tracking() };
         let copy_stream = guarded("creating the copy stream", || ctx.new_stream())?;
-        let legacy_stream = ctx.default_stream();
         Ok(Self {
             ctx,
             copy_stream,
-            legacy_stream,
             ordinal,
         })
     }
@@ -168,7 +184,6 @@ impl CudaBackend {
             done: event()?,
             released: event()?,
             uploaded: AtomicBool::new(false),
-            release_recorded: AtomicBool::new(false),
         })
     }
 
@@ -178,11 +193,8 @@ impl CudaBackend {
         copies: impl Iterator<Item = (&'a HostBuffer, &'a mut DeviceBuffer, usize)>,
         sync: &SlotSync,
     ) -> Result<()> {
-        if sync.release_recorded.swap(false, Ordering::AcqRel) {
-            self.copy_stream
-                .wait(&sync.released)
-                .map_err(|e| driver_error("waiting for the slot's release", e))?;
-        }
+        // No wait for the release here: `release` made the copy stream wait
+        // for it before the slot could be acquired again.
         sync.start
             .record(&self.copy_stream)
             .map_err(|e| driver_error("recording the copy start", e))?;
@@ -231,12 +243,59 @@ impl CudaBackend {
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 
-    /// Records that the consumer released the slot (see the module docs).
-    pub(crate) fn record_release(&self, sync: &SlotSync) {
-        // A failure here (a dying context) resurfaces at the next CUDA call.
+    /// Makes `stream` wait for the slot's last upload (the exporter's side
+    /// of the DLPack stream handshake).
+    pub(crate) fn order_after_upload(
+        &self,
+        sync: &SlotSync,
+        stream: ConsumerStream,
+    ) -> Result<()> {
+        if !sync.uploaded.load(Ordering::Acquire) {
+            return Ok(());
+        }
         self.ctx
-            .record_err(sync.released.record(&self.legacy_stream));
-        sync.release_recorded.store(true, Ordering::Release);
+            .bind_to_thread()
+            .map_err(|e| driver_error("binding the CUDA context", e))?;
+        // SAFETY: `done` is a live event of this context (owned by `sync`);
+        // `stream` is the legacy/per-thread handle or a live stream of this
+        // context, as `ConsumerStream::from_raw` requires of its caller.
+        unsafe {
+            result::stream::wait_event(
+                raw_stream(stream),
+                sync.done.cu_event(),
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| driver_error("making the consumer's stream wait for a batch", e))
+    }
+
+    /// The consumer released the slot: the copy stream waits for the work
+    /// queued on each of `streams` until now (see the module docs). Never
+    /// fails: if recording fails, it waits for the whole device instead, so
+    /// the slot is safe to reuse either way.
+    pub(crate) fn release(&self, sync: &SlotSync, streams: &[ConsumerStream]) {
+        let ordered = (|| -> std::result::Result<(), DriverError> {
+            self.ctx.bind_to_thread()?;
+            for &stream in streams {
+                // SAFETY: `released` is a live event of this context; the
+                // stream handle is valid until the release (the contract of
+                // `ConsumerStream::from_raw`). Re-recording the event after
+                // `wait` is allowed: a wait uses the record current at the
+                // time of the call.
+                unsafe {
+                    result::event::record(sync.released.cu_event(), raw_stream(stream))
+                }?;
+                self.copy_stream.wait(&sync.released)?;
+            }
+            Ok(())
+        })();
+        if let Err(err) = ordered {
+            log::warn!(
+                "ordering a batch release failed ({err:?}); waiting for the device"
+            );
+            self.ctx.record_err(Err::<(), _>(err));
+            self.ctx.record_err(self.ctx.synchronize());
+        }
     }
 
     /// Copies `bytes` of `device` back to the host (blocking).
@@ -371,17 +430,83 @@ pub(crate) struct SlotSync {
     start: CudaEvent,
     /// Recorded after them: the consumer waits for this one only.
     done: CudaEvent,
-    /// Recorded on the legacy default stream when the consumer releases.
+    /// Recorded on each consumer stream when the consumer releases.
     released: CudaEvent,
     /// Whether `start`/`done` have been recorded.
     uploaded: AtomicBool,
-    /// Whether `released` holds a release the next upload must wait for.
-    release_recorded: AtomicBool,
+}
+
+/// Blocks until the slot's copies are done, before its pinned host memory is
+/// freed (called by `Slot::drop`; errors resurface at the next CUDA call).
+pub(crate) fn wait_copies_before_free(sync: &SlotSync) {
+    if sync.uploaded.load(Ordering::Acquire)
+        && let Err(err) = sync.done.synchronize()
+    {
+        log::warn!("waiting for a slot's copies before freeing it failed: {err:?}");
+    }
 }
 
 impl std::fmt::Debug for SlotSync {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SlotSync")
+    }
+}
+
+/// Test-only consumers: a side stream whose work is slow, like a training
+/// step queued on PyTorch's own stream.
+#[cfg(test)]
+impl CudaBackend {
+    /// A new stream of this context (not the copy stream).
+    pub(crate) fn test_side_stream(&self) -> Result<Arc<CudaStream>> {
+        guarded("creating a side stream", || self.ctx.new_stream())
+    }
+
+    /// Queues `ms` milliseconds of nothing on `stream` (a host function that
+    /// sleeps), so work queued after it runs late.
+    pub(crate) fn test_delay(&self, stream: &CudaStream, ms: usize) -> Result<()> {
+        unsafe extern "C" fn sleep_ms(ms: *mut std::ffi::c_void) {
+            std::thread::sleep(Duration::from_millis(ms as usize as u64));
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_error("binding the CUDA context", e))?;
+        // SAFETY: `sleep_ms` calls no CUDA function (which host functions
+        // must not) and reads nothing through its argument, which is just a
+        // number smuggled as a pointer; the stream is live.
+        unsafe {
+            sys::cuLaunchHostFunc(
+                stream.cu_stream(),
+                Some(sleep_ms),
+                ms as *mut std::ffi::c_void,
+            )
+        }
+        .result()
+        .map_err(|e| driver_error("queuing a delay", e))
+    }
+
+    /// Queues a copy of `bytes` from device address `source` into `target`
+    /// on `stream`.
+    pub(crate) fn test_copy(
+        &self,
+        target: &DeviceBuffer,
+        source: u64,
+        bytes: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        if bytes > target.capacity {
+            return Err(DataFusionError::Internal("test copy too large".into()));
+        }
+        // `target` was zeroed on the copy stream: write it after that.
+        stream
+            .join(&self.copy_stream)
+            .map_err(|e| driver_error("ordering a test copy", e))?;
+        // SAFETY: `target` holds at least `bytes`; `source` is a tensor's
+        // device address with `bytes` bytes, kept valid by the feed's release
+        // ordering, which is exactly what the calling test checks.
+        unsafe {
+            result::memcpy_dtod_async(target.ptr, source, bytes, stream.cu_stream())
+        }
+        .map_err(|e| driver_error("queuing a device copy", e))
     }
 }
 

@@ -1,10 +1,13 @@
 //! DLPack export: hands a tensor to another framework (`torch.from_dlpack`,
 //! JAX, CuPy) without a copy.
 //!
-//! The structs mirror `dlpack.h` (v0.8, the ABI `torch.from_dlpack` accepts
-//! as a `DLManagedTensor` capsule). The export owns its shape and strides
-//! arrays and a keep-alive handle; the consumer calls `deleter` exactly once
-//! when done, which frees both and releases the slot back to the feed.
+//! The structs mirror `dlpack.h`: the legacy `DLManagedTensor` (v0.8, what
+//! every `from_dlpack` accepts) and the versioned `DLManagedTensorVersioned`
+//! (v1.x, which adds flags: our versioned exports are **read-only** unless
+//! asked otherwise, because the memory belongs to the feed's slot ring). The
+//! export owns its shape and strides arrays and a keep-alive handle; the
+//! consumer calls `deleter` exactly once when done, which frees both and
+//! releases the slot back to the feed.
 
 use std::any::Any;
 use std::ffi::c_void;
@@ -71,6 +74,50 @@ pub struct DLManagedTensor {
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
+/// `DLPackVersion`: the ABI version of a versioned export.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DLPackVersion {
+    /// Major version (1).
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+/// The DLPack version our versioned exports implement.
+pub const DLPACK_VERSION: DLPackVersion = DLPackVersion { major: 1, minor: 0 };
+
+/// `DLPACK_FLAG_BITMASK_READ_ONLY`: the consumer must not write the memory.
+pub const DLPACK_FLAG_READ_ONLY: u64 = 1 << 0;
+
+/// `DLManagedTensorVersioned` (DLPack ≥ 1.0): a tensor, the means to
+/// release it, and flags such as read-only.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensorVersioned {
+    /// The ABI version of this struct.
+    pub version: DLPackVersion,
+    /// Our export context (shape, strides, keep-alive).
+    pub manager_ctx: *mut c_void,
+    /// Frees the export; call exactly once.
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    /// `DLPACK_FLAG_*` bits.
+    pub flags: u64,
+    /// The tensor.
+    pub dl_tensor: DLTensor,
+}
+
+/// Whether a consumer of an export may write into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    /// The default: the memory is the feed's and is reused after release.
+    #[default]
+    ReadOnly,
+    /// Asked for explicitly: writes are visible to every holder of the
+    /// same batch, and are overwritten once the slot is reused.
+    Writable,
+}
+
 /// What an export owns until its deleter runs.
 struct ExportContext {
     /// Backing store of `dl_tensor.shape`.
@@ -99,15 +146,15 @@ pub(crate) fn dl_dtype(dtype: DType) -> DLDataType {
     }
 }
 
-/// Builds a heap-allocated `DLManagedTensor` describing `data`.
-pub(crate) fn export(
+/// The tensor description and the context that owns its arrays.
+fn describe(
     data: *mut c_void,
     device: Device,
     dtype: DType,
     shape: &[usize],
     strides: &[usize],
     keep_alive: Box<dyn Any + Send>,
-) -> *mut DLManagedTensor {
+) -> (Box<ExportContext>, DLTensor) {
     let mut context = Box::new(ExportContext {
         shape: shape.iter().map(|&d| d as i64).collect(),
         strides: strides.iter().map(|&s| s as i64).collect(),
@@ -132,11 +179,67 @@ pub(crate) fn export(
         strides: context.strides.as_mut_ptr(),
         byte_offset: 0,
     };
+    (context, dl_tensor)
+}
+
+/// Builds a heap-allocated `DLManagedTensor` describing `data`.
+pub(crate) fn export(
+    data: *mut c_void,
+    device: Device,
+    dtype: DType,
+    shape: &[usize],
+    strides: &[usize],
+    keep_alive: Box<dyn Any + Send>,
+) -> *mut DLManagedTensor {
+    let (context, dl_tensor) = describe(data, device, dtype, shape, strides, keep_alive);
     Box::into_raw(Box::new(DLManagedTensor {
         dl_tensor,
         manager_ctx: Box::into_raw(context).cast(),
         deleter: Some(delete_export),
     }))
+}
+
+/// Builds a heap-allocated `DLManagedTensorVersioned` describing `data`,
+/// read-only unless `access` is [`Access::Writable`].
+pub(crate) fn export_versioned(
+    data: *mut c_void,
+    device: Device,
+    dtype: DType,
+    shape: &[usize],
+    strides: &[usize],
+    access: Access,
+    keep_alive: Box<dyn Any + Send>,
+) -> *mut DLManagedTensorVersioned {
+    let (context, dl_tensor) = describe(data, device, dtype, shape, strides, keep_alive);
+    Box::into_raw(Box::new(DLManagedTensorVersioned {
+        version: DLPACK_VERSION,
+        manager_ctx: Box::into_raw(context).cast(),
+        deleter: Some(delete_versioned_export),
+        flags: match access {
+            Access::ReadOnly => DLPACK_FLAG_READ_ONLY,
+            Access::Writable => 0,
+        },
+        dl_tensor,
+    }))
+}
+
+/// The `deleter` of our versioned exports.
+///
+/// # Safety
+/// `managed` must come from [`export_versioned`] and be passed here exactly
+/// once.
+unsafe extern "C" fn delete_versioned_export(managed: *mut DLManagedTensorVersioned) {
+    if managed.is_null() {
+        return;
+    }
+    // SAFETY: `managed` was created by `Box::into_raw` in `export_versioned`
+    // and the caller passes it once (the DLPack contract), so we own it again.
+    let managed = unsafe { Box::from_raw(managed) };
+    if !managed.manager_ctx.is_null() {
+        // SAFETY: `manager_ctx` was created by `Box::into_raw` of an
+        // `ExportContext` in `describe` and is only freed here.
+        drop(unsafe { Box::from_raw(managed.manager_ctx.cast::<ExportContext>()) });
+    }
 }
 
 /// The `deleter` of our exports.
@@ -214,5 +317,34 @@ mod tests {
         // SAFETY: the deleter of an export, called once.
         unsafe { ((*managed).deleter.expect("deleter"))(managed) };
         assert!(released.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn versioned_exports_are_read_only_unless_asked() {
+        for (access, flags) in [
+            (Access::ReadOnly, DLPACK_FLAG_READ_ONLY),
+            (Access::Writable, 0),
+        ] {
+            let released = Arc::new(AtomicBool::new(false));
+            let mut data = [0u8; 4];
+            let managed = export_versioned(
+                data.as_mut_ptr().cast(),
+                Device::Cpu,
+                DType::UInt8,
+                &[4],
+                &[1],
+                access,
+                Box::new(SetOnDrop(Arc::clone(&released))),
+            );
+            // SAFETY: `managed` is a live export we have not deleted yet.
+            let export = unsafe { &*managed };
+            assert_eq!(export.version, DLPackVersion { major: 1, minor: 0 });
+            assert_eq!(export.flags, flags);
+            assert_eq!(export.dl_tensor.ndim, 1);
+            assert_eq!(export.dl_tensor.device.device_type, DL_CPU);
+            // SAFETY: the deleter of an export, called once.
+            unsafe { (export.deleter.expect("deleter"))(managed) };
+            assert!(released.load(Ordering::SeqCst));
+        }
     }
 }

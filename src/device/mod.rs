@@ -15,9 +15,11 @@
 //!                                   ▼ then an event recorded for this batch
 //!   ring of `prefetch + 1` slots ──► consumer: `next()` waits for its own
 //!        ▲                           batch's event only, reads tensors
+//!        │                           (more slots are lent while the loop
+//!        │                            holds them all and the budget allows)
 //!        └──── slot returns when the batch and every tensor or DLPack
-//!              export of it has been dropped (CUDA: after the work the
-//!              legacy default stream had queued at that moment)
+//!              export of it has been dropped (CUDA: the copy stream waits
+//!              for the work queued on the consumer's streams until then)
 //! ```
 //!
 //! # Memory
@@ -39,18 +41,23 @@ mod dtype;
 mod host;
 mod ring;
 mod simd;
+mod stream;
 
 use std::fmt;
 use std::str::FromStr;
 
 use datafusion::error::{DataFusionError, Result};
 
-pub use dlpack::{DLDataType, DLDevice, DLManagedTensor, DLTensor};
+pub use dlpack::{
+    Access, DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned,
+    DLPACK_FLAG_READ_ONLY, DLPackVersion, DLTensor,
+};
 pub(crate) use dtype::cast_slice_mut;
 pub use dtype::{DType, Element, bf16, f16};
-pub(crate) use ring::{Backend, Slot, SlotPool, TensorLayout};
+pub(crate) use ring::{Backend, Loans, Slot, SlotPool, TensorLayout};
 pub use ring::{BatchMeta, Tensor, TensorBatch};
 pub(crate) use simd::u8_to_f32_affine;
+pub use stream::ConsumerStream;
 
 /// Where a feed's tensors live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -143,6 +150,31 @@ pub fn raw_h2d_bytes_per_s(device: Device, sizes: &[usize], iters: usize) -> Res
             let elapsed = cuda.raw_h2d(sizes, iters)?;
             let bytes = sizes.iter().sum::<usize>() * iters;
             Ok(bytes as f64 / elapsed.as_secs_f64().max(1e-9))
+        }
+    }
+}
+
+/// The CUDA backend for a test that needs a GPU: `None` with a visible
+/// "SKIPPED" line where there is none, or a failure when
+/// `SQLFEED_TEST_CUDA=require` (what `scripts/gpu-check.sh` sets), so a GPU
+/// run can never pass by skipping.
+#[cfg(test)]
+pub(crate) fn cuda_for_test(test: &str) -> Option<Backend> {
+    let required = std::env::var("SQLFEED_TEST_CUDA").is_ok_and(|v| v == "require");
+    match Backend::try_new(Device::Cuda(0)) {
+        Ok(backend) => Some(backend),
+        Err(err) if required => {
+            panic!("{test}: SQLFEED_TEST_CUDA=require but CUDA is unusable: {err}")
+        }
+        Err(_) => {
+            // Straight to stderr, past the test harness's capture, so that
+            // the skip shows in a passing run too.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: no CUDA device (SQLFEED_TEST_CUDA=require fails instead)"
+            );
+            None
         }
     }
 }

@@ -8,19 +8,24 @@
 //!            SlotLease::drop ◄──── Tensor / TensorBatch / DLPack ◄── consumer
 //! ```
 //! A slot is owned by exactly one side at a time (moved through channels),
-//! so its buffers are never written while a consumer can read them.
+//! so its buffers are never written while a consumer can read them. On CUDA
+//! the hand-back is also ordered on the device: see `stream.rs` for which
+//! event guards which buffer.
 
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use tokio::sync::mpsc;
 
 use super::Device;
-use super::dlpack::{self, DLManagedTensor};
+use super::dlpack::{self, Access, DLManagedTensor, DLManagedTensorVersioned};
 use super::dtype::{DType, Element, cast_slice};
-use super::host::{AlignedBuffer, HostBuffer};
+use super::host::{AlignedBuffer, HostBuffer, PAGE};
+use super::stream::ConsumerStream;
 
 /// Shape and type of one tensor of a batch (always C-contiguous).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,15 +74,54 @@ pub(crate) struct Slot {
     sync: Option<super::cuda::SlotSync>,
 }
 
+/// Bytes a host buffer asked for `bytes` really takes (whole pages).
+fn page_rounded(bytes: usize) -> usize {
+    bytes.max(1).div_ceil(PAGE) * PAGE
+}
+
 impl Slot {
+    /// A slot without buffers (they are allocated on first use).
+    fn empty() -> Self {
+        Slot {
+            buffers: vec![],
+            layouts: vec![],
+            reserved: 0,
+            #[cfg(feature = "cuda")]
+            sync: None,
+        }
+    }
+
+    /// Host bytes this slot's buffers hold after [`Slot::prepare`] for
+    /// `layouts` (the same growth rule), so that they can be reserved first.
+    fn capacity_after(&self, layouts: &[TensorLayout]) -> usize {
+        let kept: usize = self
+            .buffers
+            .iter()
+            .skip(layouts.len())
+            .map(|b| b.host.capacity())
+            .sum();
+        let used: usize = layouts
+            .iter()
+            .enumerate()
+            .map(|(index, layout)| {
+                let bytes = layout.nbytes();
+                match self.buffers.get(index) {
+                    None => page_rounded(bytes),
+                    Some(b) if b.host.capacity() < bytes => {
+                        page_rounded(bytes + bytes / 4)
+                    }
+                    Some(b) => b.host.capacity(),
+                }
+            })
+            .sum();
+        kept + used
+    }
+
     /// Makes room for tensors of `layouts`, reusing buffers that are large
-    /// enough. On CUDA this first waits for the slot's previous upload, whose
-    /// source is the host memory about to be overwritten.
-    pub(crate) fn prepare(
-        &mut self,
-        backend: &Backend,
-        layouts: Vec<TensorLayout>,
-    ) -> Result<()> {
+    /// enough (the memory is reserved by [`SlotPool::prepare`]). On CUDA this
+    /// first waits for the slot's previous upload, whose source is the host
+    /// memory about to be overwritten.
+    fn prepare(&mut self, backend: &Backend, layouts: Vec<TensorLayout>) -> Result<()> {
         #[cfg(feature = "cuda")]
         if let (Backend::Cuda(cuda), Some(sync)) = (backend, &self.sync) {
             cuda.wait_upload(sync)?;
@@ -98,11 +142,6 @@ impl Slot {
         }
         self.layouts = layouts;
         Ok(())
-    }
-
-    /// Host bytes held by this slot's buffers.
-    fn host_capacity(&self) -> usize {
-        self.buffers.iter().map(|b| b.host.capacity()).sum()
     }
 
     /// The host bytes of tensor `index` of the current batch.
@@ -141,6 +180,19 @@ impl Slot {
     #[cfg(test)]
     pub(crate) fn layouts(&self) -> &[TensorLayout] {
         &self.layouts
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // The fields drop after this: the pinned host buffers must not be
+        // freed while a copy may still read them. The device buffers free
+        // on the copy stream, which already waits for the consumer's release
+        // (recorded in `SlotLease::drop`) and follows the copies.
+        if let Some(sync) = &self.sync {
+            super::cuda::wait_copies_before_free(sync);
+        }
     }
 }
 
@@ -213,6 +265,9 @@ impl Backend {
                         .as_ref()
                         .is_some_and(|d| d.capacity() >= bytes);
                     if !fits {
+                        // The old buffer is freed on the copy stream, which
+                        // already waits for the consumer's release of this
+                        // slot (`SlotLease::drop`): never under its kernels.
                         buffer.device = Some(cuda.alloc_device(bytes + bytes / 4)?);
                     }
                 }
@@ -231,8 +286,74 @@ impl Backend {
     }
 }
 
-/// The fixed set of slots and the channel through which released ones come
+/// What the producer and the consumer know about the slots on loan, shared
+/// by the pool, every lease and the feed.
+#[derive(Debug, Default)]
+pub(crate) struct Loans {
+    /// Slots leased as batches and not yet released.
+    leased: AtomicUsize,
+    /// Leased batches handed to the ready channel and not yet taken by the
+    /// consumer (so `leased - queued` are held by the training loop).
+    queued: AtomicUsize,
+    /// Whether the consumer is blocked waiting for the next batch.
+    consumer_waiting: AtomicBool,
+}
+
+impl Loans {
+    /// A batch was put into the ready channel.
+    pub(crate) fn queued(&self) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The consumer took a batch out of the ready channel.
+    pub(crate) fn taken(&self) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The consumer starts or stops waiting for a batch.
+    pub(crate) fn set_consumer_waiting(&self, waiting: bool) {
+        self.consumer_waiting.store(waiting, Ordering::Release);
+    }
+
+    /// Batches the training loop holds (taken and not released).
+    pub(crate) fn held(&self) -> usize {
+        let leased = self.leased.load(Ordering::Acquire);
+        leased.saturating_sub(self.queued.load(Ordering::Acquire))
+    }
+
+    /// True when nothing can move: no batch is queued, the consumer waits
+    /// for one, and (checked by the caller) no slot is free.
+    fn consumer_blocked(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0
+            && self.consumer_waiting.load(Ordering::Acquire)
+    }
+}
+
+/// How often the producer re-checks, while no slot is free and the budget
+/// allows no extra one, whether the consumer is blocked on it.
+const BLOCKED_POLL: Duration = Duration::from_millis(25);
+
+/// Consecutive blocked polls before the feed fails: a consumer in the middle
+/// of releasing a batch is not a deadlock.
+const BLOCKED_POLLS: u32 = 8;
+
+/// The slots of a feed and the channel through which released ones come
 /// back to the producer.
+///
+/// # The batch contract
+/// A batch stays valid as long as its holder keeps it: its slot returns to
+/// the pool only when the batch, its tensors and their DLPack exports are all
+/// gone. The ring starts with `prefetch + 1` slots; when the training loop
+/// holds all of them (gradient accumulation, `collect()`), the pool lends an
+/// extra slot as long as the memory budget has room for one, and gives the
+/// extras back once they are released. When the budget has no room and the
+/// consumer waits for a batch while holding every slot, the feed fails with
+/// an error saying how many batches are held and what they take, within a
+/// second, never a hang.
+///
+/// # Memory
+/// Every slot's host buffers are reserved from the session's pool *before*
+/// they are allocated; device buffers mirror them on CUDA.
 #[derive(Debug)]
 pub(crate) struct SlotPool {
     /// Released (and initially all) slots.
@@ -244,8 +365,12 @@ pub(crate) struct SlotPool {
     /// The ring's host memory, reserved from the session's memory pool so
     /// that one budget covers the feed too.
     reservation: Option<MemoryReservation>,
-    /// Number of slots.
-    slots: usize,
+    /// Slots the ring keeps (`prefetch + 1`).
+    base_slots: usize,
+    /// Slots that exist now (base plus extras lent to a holding consumer).
+    total_slots: usize,
+    /// Loans, shared with leases and the feed.
+    loans: Arc<Loans>,
 }
 
 impl SlotPool {
@@ -253,22 +378,17 @@ impl SlotPool {
     pub(crate) fn new(backend: Backend, slots: usize) -> Self {
         let (returns, free) = mpsc::unbounded_channel();
         for _ in 0..slots.max(1) {
-            let slot = Slot {
-                buffers: vec![],
-                layouts: vec![],
-                reserved: 0,
-                #[cfg(feature = "cuda")]
-                sync: None,
-            };
             // Cannot fail: we hold the receiver.
-            let _ = returns.send(slot);
+            let _ = returns.send(Slot::empty());
         }
         Self {
             free,
             returns,
             backend,
             reservation: None,
-            slots: slots.max(1),
+            base_slots: slots.max(1),
+            total_slots: slots.max(1),
+            loans: Arc::new(Loans::default()),
         }
     }
 
@@ -278,27 +398,41 @@ impl SlotPool {
         self
     }
 
-    /// Reserves what `slot`'s buffers grew to since last time; fails when
-    /// the ring does not fit the memory budget.
-    pub(crate) fn account(&mut self, slot: &mut Slot) -> Result<()> {
-        let capacity = slot.host_capacity();
+    /// The loan counters, for the consumer's side.
+    pub(crate) fn loans(&self) -> Arc<Loans> {
+        Arc::clone(&self.loans)
+    }
+
+    /// Makes room in `slot` for tensors of `layouts`: what its buffers must
+    /// grow by is reserved from the memory pool first, then allocated.
+    pub(crate) fn prepare(
+        &mut self,
+        slot: &mut Slot,
+        layouts: Vec<TensorLayout>,
+    ) -> Result<()> {
+        let needed = slot.capacity_after(&layouts);
+        if needed > slot.reserved {
+            self.reserve(needed - slot.reserved)?;
+            slot.reserved = needed;
+        }
+        slot.prepare(&self.backend, layouts)
+    }
+
+    fn reserve(&mut self, bytes: usize) -> Result<()> {
         let Some(reservation) = &mut self.reservation else {
             return Ok(());
         };
-        if capacity > slot.reserved {
-            reservation.try_grow(capacity - slot.reserved).map_err(|e| {
-                DataFusionError::ResourcesExhausted(format!(
-                    "the feed's prefetch ring of {} slots needs about {} MB of host memory \
-                     ({} MB per batch), more than the memory limit leaves ({e}); lower \
-                     prefetch or the batch size, or raise --memory-limit",
-                    self.slots,
-                    self.slots * capacity / 1_000_000,
-                    capacity / 1_000_000
-                ))
-            })?;
-            slot.reserved = capacity;
-        }
-        Ok(())
+        reservation.try_grow(bytes).map_err(|e| {
+            let total = reservation.size() + bytes;
+            DataFusionError::ResourcesExhausted(format!(
+                "the feed's prefetch ring of {} slots needs about {} MB of host memory \
+                 ({} MB for this batch), more than the memory limit leaves ({e}); lower \
+                 prefetch or the batch size, or raise --memory-limit",
+                self.total_slots,
+                total / 1_000_000,
+                bytes / 1_000_000
+            ))
+        })
     }
 
     /// The backend of this pool.
@@ -306,19 +440,102 @@ impl SlotPool {
         &self.backend
     }
 
-    /// Waits until the consumer has released a slot.
+    /// A slot to fill: a released one, or an extra one while the training
+    /// loop holds every slot and the budget has room (see the type docs).
     pub(crate) async fn acquire(&mut self) -> Result<Slot> {
-        self.free.recv().await.ok_or_else(|| {
-            DataFusionError::Internal("slot pool closed while the feed runs".into())
-        })
+        let mut blocked_polls = 0;
+        loop {
+            if let Ok(slot) = self.free.try_recv() {
+                self.give_back_extras();
+                return Ok(slot);
+            }
+            if let Some(slot) = self.try_lend_extra() {
+                return Ok(slot);
+            }
+            match tokio::time::timeout(BLOCKED_POLL, self.free.recv()).await {
+                Ok(Some(slot)) => {
+                    self.give_back_extras();
+                    return Ok(slot);
+                }
+                Ok(None) => {
+                    return Err(DataFusionError::Internal(
+                        "slot pool closed while the feed runs".into(),
+                    ));
+                }
+                Err(_elapsed) if self.loans.consumer_blocked() => {
+                    blocked_polls += 1;
+                    if blocked_polls >= BLOCKED_POLLS {
+                        return Err(self.held_too_many());
+                    }
+                }
+                Err(_elapsed) => blocked_polls = 0,
+            }
+        }
+    }
+
+    /// An empty extra slot with the largest slot's bytes reserved, when the
+    /// training loop holds every slot (no batch is queued for it) and the
+    /// memory budget has room.
+    fn try_lend_extra(&mut self) -> Option<Slot> {
+        if self.loans.queued.load(Ordering::Acquire) > 0
+            || self.loans.held() < self.total_slots
+        {
+            return None;
+        }
+        let per_slot = self.bytes_per_slot();
+        if let Some(reservation) = &mut self.reservation
+            && reservation.try_grow(per_slot).is_err()
+        {
+            return None;
+        }
+        self.total_slots += 1;
+        let mut slot = Slot::empty();
+        slot.reserved = per_slot;
+        Some(slot)
+    }
+
+    /// Frees released extra slots while more than the base ring exists.
+    fn give_back_extras(&mut self) {
+        while self.total_slots > self.base_slots {
+            let Ok(extra) = self.free.try_recv() else {
+                return;
+            };
+            if let Some(reservation) = &mut self.reservation {
+                reservation.shrink(extra.reserved.min(reservation.size()));
+            }
+            self.total_slots -= 1;
+            drop(extra);
+        }
+    }
+
+    /// Host bytes reserved per slot, on average.
+    fn bytes_per_slot(&self) -> usize {
+        self.reservation
+            .as_ref()
+            .map_or(0, |r| r.size() / self.total_slots.max(1))
+    }
+
+    fn held_too_many(&self) -> DataFusionError {
+        let held = self.loans.held();
+        let per_slot = self.bytes_per_slot();
+        DataFusionError::ResourcesExhausted(format!(
+            "the training loop holds {held} batches of this feed (about {} MB of \
+             tensors) and waits for another, but the memory limit leaves no room for \
+             one more; a held batch stays valid, so keep fewer at once (drop or copy \
+             those you no longer need), lower the batch size, or raise --memory-limit",
+            held * per_slot / 1_000_000
+        ))
     }
 
     /// Wraps a filled, uploaded slot into the batch the consumer receives.
     pub(crate) fn lease(&self, slot: Slot, meta: BatchMeta) -> TensorBatch {
+        self.loans.leased.fetch_add(1, Ordering::AcqRel);
         let lease = Arc::new(SlotLease {
             slot: Some(slot),
             returns: self.returns.clone(),
             backend: self.backend.clone(),
+            streams: Mutex::new(Vec::new()),
+            loans: Arc::clone(&self.loans),
         });
         let device = self.backend.device();
         let tensors = lease
@@ -350,6 +567,11 @@ pub(crate) struct SlotLease {
     returns: mpsc::UnboundedSender<Slot>,
     /// To record the release on CUDA.
     backend: Backend,
+    /// The CUDA streams consumers named for this batch (empty: the legacy
+    /// default stream).
+    streams: Mutex<Vec<ConsumerStream>>,
+    /// Loan counters.
+    loans: Arc<Loans>,
 }
 
 impl SlotLease {
@@ -358,22 +580,51 @@ impl SlotLease {
             .as_ref()
             .expect("a lease holds its slot until dropped")
     }
+
+    /// Notes that a consumer reads this batch on `stream`: the release will
+    /// be ordered after the work queued there (CUDA), and on CUDA `stream`
+    /// waits for the batch's copies now.
+    fn use_on(&self, stream: ConsumerStream) -> Result<()> {
+        {
+            let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            if !streams.contains(&stream) {
+                streams.push(stream);
+            }
+        }
+        match &self.backend {
+            Backend::Cpu => Ok(()),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => match &self.slot().sync {
+                Some(sync) => cuda.order_after_upload(sync, stream),
+                None => Ok(()),
+            },
+        }
+    }
 }
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot.take() {
-            #[cfg(feature = "cuda")]
-            if let (Backend::Cuda(cuda), Some(sync)) = (&self.backend, &slot.sync) {
-                // Work the consumer queued on the legacy default stream (torch's
-                // default) may still read the device buffers: the next upload
-                // into this slot waits for it.
-                cuda.record_release(sync);
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        #[cfg(feature = "cuda")]
+        if let (Backend::Cuda(cuda), Some(sync)) = (&self.backend, &slot.sync) {
+            // Before the slot can be reused, grown or freed: the copy stream,
+            // on which all of those happen, waits for the work the consumer
+            // queued on its streams up to now (see `stream.rs`).
+            let mut streams = std::mem::take(
+                &mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()),
+            );
+            if streams.is_empty() {
+                streams.push(ConsumerStream::LEGACY_DEFAULT);
             }
-            #[cfg(not(feature = "cuda"))]
-            let _ = &self.backend;
-            let _ = self.returns.send(slot);
+            cuda.release(sync, &streams);
         }
+        #[cfg(not(feature = "cuda"))]
+        let _ = &self.backend;
+        self.loans.leased.fetch_sub(1, Ordering::AcqRel);
+        // Fails once the producer is gone: then the slot is freed here.
+        let _ = self.returns.send(slot);
     }
 }
 
@@ -447,6 +698,15 @@ impl TensorBatch {
         self.tensors.iter().map(Tensor::nbytes).sum()
     }
 
+    /// Tells the feed that this batch's tensors are read on the CUDA stream
+    /// `stream` (like `torch.Tensor.record_stream`): their memory is reused
+    /// only after the work queued on `stream` before the batch is released,
+    /// and `stream` waits for the batch's copies. Without any call, the
+    /// legacy default stream is assumed. A no-op on the CPU.
+    pub fn use_on_stream(&self, stream: ConsumerStream) -> Result<()> {
+        self.lease.use_on(stream)
+    }
+
     /// Blocks until the batch's copies to the device are complete and returns
     /// how long the copy engine spent on them (`None` on the CPU).
     pub(crate) fn wait_ready(&self) -> Result<Option<std::time::Duration>> {
@@ -464,7 +724,9 @@ impl TensorBatch {
 /// One tensor of a [`TensorBatch`]: C-contiguous, batch dimension first.
 ///
 /// A tensor keeps its slot on loan: the producer reuses the memory only after
-/// every tensor, batch and DLPack export of that slot is gone.
+/// every tensor, batch and DLPack export of that slot is gone (and, on CUDA,
+/// after the work queued on the consumer's streams before that; see
+/// [`TensorBatch::use_on_stream`]).
 #[derive(Clone)]
 pub struct Tensor {
     /// Position in the slot.
@@ -591,18 +853,48 @@ impl Tensor {
         }
     }
 
-    /// Exports the tensor as a DLPack `DLManagedTensor` (for
-    /// `torch.from_dlpack`, without a copy). The slot stays on loan until the
-    /// consumer calls the export's `deleter`.
-    pub fn to_dlpack(&self) -> *mut DLManagedTensor {
-        dlpack::export(
+    /// Exports the tensor as a legacy DLPack `DLManagedTensor` (for
+    /// `torch.from_dlpack`, without a copy), read on the legacy default
+    /// stream. The slot stays on loan until the consumer calls the export's
+    /// `deleter`. The legacy struct cannot say read-only: prefer
+    /// [`Tensor::to_dlpack_versioned`] where the consumer supports it.
+    pub fn to_dlpack(&self) -> Result<*mut DLManagedTensor> {
+        self.to_dlpack_on(ConsumerStream::LEGACY_DEFAULT)
+    }
+
+    /// [`Tensor::to_dlpack`] for a consumer reading on `stream` (the DLPack
+    /// stream handshake: `stream` waits for the batch's copies, and the
+    /// release is ordered after the work queued on it).
+    pub fn to_dlpack_on(&self, stream: ConsumerStream) -> Result<*mut DLManagedTensor> {
+        self.lease.use_on(stream)?;
+        Ok(dlpack::export(
             self.data_ptr(),
             self.device,
             self.dtype(),
             self.shape(),
             &self.strides(),
             Box::new(Arc::clone(&self.lease)),
-        )
+        ))
+    }
+
+    /// Exports the tensor as a DLPack 1.x `DLManagedTensorVersioned` read on
+    /// `stream`; read-only unless `access` is [`Access::Writable`] (the
+    /// memory is the feed's, reused once every holder has released it).
+    pub fn to_dlpack_versioned(
+        &self,
+        stream: ConsumerStream,
+        access: Access,
+    ) -> Result<*mut DLManagedTensorVersioned> {
+        self.lease.use_on(stream)?;
+        Ok(dlpack::export_versioned(
+            self.data_ptr(),
+            self.device,
+            self.dtype(),
+            self.shape(),
+            &self.strides(),
+            access,
+            Box::new(Arc::clone(&self.lease)),
+        ))
     }
 }
 
@@ -622,7 +914,7 @@ mod tests {
     async fn slots_return_when_every_tensor_is_dropped() -> Result<()> {
         let mut pool = SlotPool::new(Backend::Cpu, 1);
         let mut slot = pool.acquire().await?;
-        slot.prepare(pool.backend(), vec![layout("x", DType::Float32, &[2, 3])])?;
+        pool.prepare(&mut slot, vec![layout("x", DType::Float32, &[2, 3])])?;
         let values = super::super::dtype::cast_slice_mut::<f32>(slot.host_mut(0)?)?;
         values.copy_from_slice(&[1., 2., 3., 4., 5., 6.]);
         let batch = pool.lease(
@@ -640,56 +932,134 @@ mod tests {
         drop(batch);
         // The tensor still holds the slot: the pool has nothing free.
         assert!(pool.free.try_recv().is_err());
+        // A versioned export is read-only and holds the slot too.
+        let export =
+            x.to_dlpack_versioned(ConsumerStream::default(), Access::ReadOnly)?;
+        // SAFETY: a live export of ours.
+        assert_eq!(unsafe { (*export).flags }, dlpack::DLPACK_FLAG_READ_ONLY);
         drop(x);
+        assert!(
+            pool.free.try_recv().is_err(),
+            "the export still holds the slot"
+        );
+        // SAFETY: the export's deleter, called once.
+        unsafe { ((*export).deleter.expect("deleter"))(export) };
         let slot = pool
             .free
             .try_recv()
-            .expect("slot returned after the last tensor");
+            .expect("slot returned after the last tensor and export");
         assert_eq!(slot.layouts()[0].shape, vec![2, 3]);
         Ok(())
     }
 
+    fn meta(step: u64) -> BatchMeta {
+        BatchMeta {
+            epoch: 0,
+            step,
+            rows: 1,
+        }
+    }
+
+    /// The bytes of tensor `a` in round `round`.
+    fn pattern(len: usize, round: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(round))
+            .collect()
+    }
+
     /// The CUDA path end to end where a GPU exists (the GPU check runs this
-    /// test binary); elsewhere opening the device is the clear error tested
-    /// in `cuda.rs`.
+    /// test binary with SQLFEED_TEST_CUDA=require).
     #[tokio::test]
     async fn cuda_upload_round_trips_when_a_gpu_is_present() -> Result<()> {
-        let Ok(backend) = Backend::try_new(Device::Cuda(0)) else {
+        let Some(backend) = super::super::cuda_for_test("cuda_upload_round_trips") else {
             return Ok(());
         };
         let mut pool = SlotPool::new(backend, 2);
         for round in 0..3u8 {
             let mut slot = pool.acquire().await?;
-            slot.prepare(
-                pool.backend(),
+            pool.prepare(
+                &mut slot,
                 vec![
                     layout("a", DType::UInt8, &[1000 + round as usize]),
                     layout("b", DType::Int64, &[7]),
                 ],
             )?;
-            for (i, byte) in slot.host_mut(0)?.iter_mut().enumerate() {
-                *byte = (i as u8).wrapping_mul(31).wrapping_add(round);
-            }
+            slot.host_mut(0)?
+                .copy_from_slice(&pattern(1000 + round as usize, round));
             slot.host_mut(1)?.fill(round);
             pool.backend().upload(&mut slot)?;
-            let batch = pool.lease(
-                slot,
-                BatchMeta {
-                    epoch: 0,
-                    step: round as u64,
-                    rows: 1,
-                },
-            );
+            let batch = pool.lease(slot, meta(round as u64));
             batch.wait_ready()?;
             let a = batch.tensor("a")?;
             assert!(a.as_bytes().is_err(), "device tensors are not host slices");
             assert!(!a.data_ptr().is_null());
-            let expected: Vec<u8> = (0..1000 + round as usize)
-                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(round))
-                .collect();
-            assert_eq!(a.to_host_bytes()?, expected);
+            assert_eq!(a.to_host_bytes()?, pattern(1000 + round as usize, round));
             assert_eq!(batch.tensor("b")?.to_host_bytes()?, vec![round; 56]);
         }
+        Ok(())
+    }
+
+    /// A consumer that reads every batch late on its own stream, after
+    /// dropping it, while the producer reuses the two slots and grows their
+    /// device buffers: every byte it read must be the batch's own.
+    #[cfg(feature = "cuda")]
+    #[tokio::test]
+    async fn a_slow_consumer_stream_never_sees_reused_or_freed_memory() -> Result<()> {
+        let Some(backend) = super::super::cuda_for_test("a_slow_consumer_stream") else {
+            return Ok(());
+        };
+        let Backend::Cuda(cuda) = backend.clone() else {
+            return Err(DataFusionError::Internal("not a CUDA backend".into()));
+        };
+        let side = cuda.test_side_stream()?;
+        // SAFETY: `side` is a live stream of the feed's context and outlives
+        // every batch named for it (it is dropped at the end of the test).
+        let consumer =
+            unsafe { ConsumerStream::from_raw(side.cu_stream() as usize as u64) };
+        let mut pool = SlotPool::new(backend, 2);
+        let mut reads = vec![];
+        for round in 0..10u8 {
+            // Growing tensors: every other round reallocates device buffers.
+            let len = 4096 + round as usize * 300_000;
+            let mut slot = pool.acquire().await?;
+            pool.prepare(&mut slot, vec![layout("a", DType::UInt8, &[len])])?;
+            slot.host_mut(0)?.copy_from_slice(&pattern(len, round));
+            pool.backend().upload(&mut slot)?;
+            let batch = pool.lease(slot, meta(round as u64));
+            batch.use_on_stream(consumer)?;
+            // The "training step": slow, then it reads the tensor.
+            cuda.test_delay(&side, 25)?;
+            let copy = cuda.alloc_device(len)?;
+            cuda.test_copy(&copy, batch.tensor("a")?.data_ptr() as u64, len, &side)?;
+            // Dropped long before the step ran, as PyTorch does.
+            drop(batch);
+            reads.push((copy, len, round));
+        }
+        side.synchronize()
+            .map_err(|e| DataFusionError::Execution(format!("{e:?}")))?;
+        for (copy, len, round) in &reads {
+            assert_eq!(
+                cuda.download(copy, *len)?,
+                pattern(*len, *round),
+                "round {round}: the consumer read memory the feed reused"
+            );
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn extra_slots_are_lent_while_the_loop_holds_every_slot() -> Result<()> {
+        let mut pool = SlotPool::new(Backend::Cpu, 2);
+        let mut held = vec![];
+        for step in 0..5 {
+            let mut slot = pool.acquire().await?;
+            pool.prepare(&mut slot, vec![layout("x", DType::Int64, &[16])])?;
+            held.push(pool.lease(slot, meta(step)));
+        }
+        assert_eq!(pool.total_slots, 5, "three extras lent to the holder");
+        drop(held);
+        let _slot = pool.acquire().await?;
+        assert_eq!(pool.total_slots, 2, "extras given back once released");
         Ok(())
     }
 

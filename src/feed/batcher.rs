@@ -18,6 +18,8 @@
 //!
 //! Resuming at step `k` skips the first `k` chunks without converting them.
 
+use std::collections::VecDeque;
+
 use datafusion::arrow::array::RecordBatch;
 
 use super::convert::BatchRows;
@@ -91,7 +93,9 @@ impl ShardBatcher {
         let want_head = (self.world - 1).saturating_sub(self.head_rows);
         if want_head > 0 {
             let take = want_head.min(rows);
-            self.head.push(batch.slice(0, take));
+            // A copy: a slice would keep the epoch's whole first record
+            // batch alive until the epoch ends, for at most W − 1 rows.
+            self.head.push(compact(&batch.slice(0, take)));
             self.head_rows += take;
         }
         let mut offset = 0;
@@ -115,6 +119,17 @@ impl ShardBatcher {
                 self.step += 1;
             }
         }
+    }
+
+    /// Bytes of input this batcher keeps between calls: the record batches
+    /// its chunk's slices keep alive (a slice keeps its whole batch), and the
+    /// head.
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.chunk
+            .iter()
+            .chain(&self.head)
+            .map(RecordBatch::get_array_memory_size)
+            .sum()
     }
 
     /// Ends the epoch: emits this rank's part of the last partial chunk.
@@ -145,6 +160,16 @@ impl ShardBatcher {
         self.chunk_rows = 0;
         self.step += 1;
     }
+}
+
+/// A copy of `batch` in buffers of its own size.
+fn compact(batch: &RecordBatch) -> RecordBatch {
+    let indices = datafusion::arrow::array::UInt32Array::from_iter_values(
+        0..batch.num_rows() as u32,
+    );
+    // `take` only fails on out-of-range indices, which these are not.
+    datafusion::arrow::compute::take_record_batch(batch, &indices)
+        .unwrap_or_else(|_| batch.clone())
 }
 
 /// Zero-copy slices covering rows `[start, start + len)` of `batches`.
@@ -272,6 +297,23 @@ mod tests {
     }
 
     #[test]
+    fn the_head_is_a_copy_not_the_whole_first_record_batch() {
+        let mut batcher = ShardBatcher::new(100, 0, 2, false, 0, 0);
+        let big = stream(1000, &[1000]).remove(0);
+        let whole = big.get_array_memory_size();
+        let mut out = vec![];
+        batcher.push(big, &mut out);
+        assert_eq!(out.len(), 5);
+        drop(out);
+        // Only the one head row is left, in buffers of its own.
+        assert!(
+            batcher.held_bytes() < whole / 10,
+            "{} of {whole}",
+            batcher.held_bytes()
+        );
+    }
+
+    #[test]
     fn resume_skips_whole_steps() {
         let all = run(50, &[6], 4, 1, 2, false, 0);
         let resumed = run(50, &[6], 4, 1, 2, false, 3);
@@ -315,6 +357,17 @@ pub(crate) struct TokenBatcher {
 }
 
 impl TokenBatcher {
+    /// Bytes of input kept between calls (the pieces of the open batch and
+    /// the step's batches waiting for the other ranks').
+    pub(crate) fn held_bytes(&self) -> usize {
+        let own = self.own.iter().flat_map(|b| &b.pieces);
+        self.current
+            .iter()
+            .chain(own)
+            .map(RecordBatch::get_array_memory_size)
+            .sum()
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         budget: usize,
@@ -419,6 +472,12 @@ impl TokenBatcher {
 /// window's partial tail, its longest rows, last). Batches then hold rows of
 /// similar length, which cuts padding, while the order of batches stays
 /// random and a pure function of (seed, epoch, data).
+///
+/// # Memory
+/// One window of input rows, plus the rest of the input batch that overflowed
+/// it, plus the one chunk being emitted: chunks are gathered from the window
+/// one at a time ([`LengthBucketer::next_chunk`]), never the whole sorted
+/// window at once next to the unsorted one.
 #[derive(Debug)]
 pub(crate) struct LengthBucketer {
     /// Rows per window (a multiple of `chunk_rows`).
@@ -429,10 +488,17 @@ pub(crate) struct LengthBucketer {
     column: usize,
     /// Seed of this epoch's chunk order.
     seed: u64,
-    /// Buffered rows.
+    /// The window's rows.
     buffer: Vec<RecordBatch>,
     /// Rows in `buffer`.
     rows: usize,
+    /// Input not yet in the window (what overflowed it).
+    incoming: VecDeque<RecordBatch>,
+    /// The sorted window's chunks still to emit, in emission order, as
+    /// (batch, row) positions in `buffer`.
+    pending: VecDeque<Vec<(usize, usize)>>,
+    /// The input has ended.
+    finished: bool,
     /// Windows emitted so far.
     windows: u64,
 }
@@ -454,39 +520,72 @@ impl LengthBucketer {
             ),
             buffer: vec![],
             rows: 0,
+            incoming: VecDeque::new(),
+            pending: VecDeque::new(),
+            finished: false,
             windows: 0,
         }
     }
 
-    pub(crate) fn push(
+    /// Adds input rows; take the chunks they complete with `next_chunk`.
+    pub(crate) fn push(&mut self, batch: RecordBatch) {
+        if batch.num_rows() > 0 {
+            self.incoming.push_back(batch);
+        }
+    }
+
+    /// Ends the input: the last, partial window is emitted too.
+    pub(crate) fn finish(&mut self) {
+        self.finished = true;
+    }
+
+    /// Bytes of input this bucketer holds (for the feed's memory budget).
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.buffer
+            .iter()
+            .chain(&self.incoming)
+            .map(RecordBatch::get_array_memory_size)
+            .sum()
+    }
+
+    /// The next chunk in emission order, once its window is complete.
+    pub(crate) fn next_chunk(
         &mut self,
-        batch: RecordBatch,
-        out: &mut Vec<RecordBatch>,
-    ) -> datafusion::error::Result<()> {
-        let mut offset = 0;
-        while offset < batch.num_rows() {
-            let take = (self.window_rows - self.rows).min(batch.num_rows() - offset);
-            self.buffer.push(batch.slice(offset, take));
-            self.rows += take;
-            offset += take;
-            if self.rows == self.window_rows {
-                self.flush(out)?;
+    ) -> datafusion::error::Result<Option<RecordBatch>> {
+        loop {
+            if let Some(indices) = self.pending.pop_front() {
+                let batches: Vec<&RecordBatch> = self.buffer.iter().collect();
+                let chunk = datafusion::arrow::compute::interleave_record_batch(
+                    &batches, &indices,
+                )?;
+                if self.pending.is_empty() {
+                    self.buffer.clear();
+                    self.rows = 0;
+                }
+                return Ok(Some(chunk));
             }
+            while self.rows < self.window_rows
+                && let Some(batch) = self.incoming.pop_front()
+            {
+                let take = (self.window_rows - self.rows).min(batch.num_rows());
+                if take < batch.num_rows() {
+                    self.incoming
+                        .push_front(batch.slice(take, batch.num_rows() - take));
+                }
+                self.buffer.push(batch.slice(0, take));
+                self.rows += take;
+            }
+            let window_ready = self.rows == self.window_rows
+                || (self.finished && self.incoming.is_empty() && self.rows > 0);
+            if !window_ready {
+                return Ok(None);
+            }
+            self.plan_window();
         }
-        Ok(())
     }
 
-    pub(crate) fn finish(
-        &mut self,
-        out: &mut Vec<RecordBatch>,
-    ) -> datafusion::error::Result<()> {
-        self.flush(out)
-    }
-
-    fn flush(&mut self, out: &mut Vec<RecordBatch>) -> datafusion::error::Result<()> {
-        if self.rows == 0 {
-            return Ok(());
-        }
+    /// Sorts the window by length and queues its chunks in a seeded order.
+    fn plan_window(&mut self) {
         let mut order: Vec<(usize, usize, usize)> = Vec::with_capacity(self.rows);
         for (index, batch) in self.buffer.iter().enumerate() {
             let array = batch.column(self.column);
@@ -496,11 +595,7 @@ impl LengthBucketer {
         }
         // Stable: equal lengths keep their (already shuffled) order.
         order.sort_by_key(|&(len, _, _)| len);
-        let indices: Vec<(usize, usize)> =
-            order.iter().map(|&(_, b, r)| (b, r)).collect();
-        let batches: Vec<&RecordBatch> = self.buffer.iter().collect();
-        let sorted =
-            datafusion::arrow::compute::interleave_record_batch(&batches, &indices)?;
+        let sorted: Vec<(usize, usize)> = order.iter().map(|&(_, b, r)| (b, r)).collect();
         let full = self.rows / self.chunk_rows;
         let mut chunks: Vec<usize> = (0..full).collect();
         let mut rng = crate::rand::SplitMix64::new(
@@ -510,17 +605,15 @@ impl LengthBucketer {
             chunks.swap(i, rng.below(i as u64 + 1) as usize);
         }
         for chunk in chunks {
-            out.push(sorted.slice(chunk * self.chunk_rows, self.chunk_rows));
+            let start = chunk * self.chunk_rows;
+            self.pending
+                .push_back(sorted[start..start + self.chunk_rows].to_vec());
         }
         if full * self.chunk_rows < self.rows {
-            out.push(
-                sorted.slice(full * self.chunk_rows, self.rows - full * self.chunk_rows),
-            );
+            self.pending
+                .push_back(sorted[full * self.chunk_rows..].to_vec());
         }
-        self.buffer.clear();
-        self.rows = 0;
         self.windows += 1;
-        Ok(())
     }
 }
 
@@ -596,9 +689,25 @@ mod token_tests {
         let lengths: Vec<usize> = (0..64).map(|i| (i * 37) % 50 + 1).collect();
         let mut bucketer = LengthBucketer::new(4, 8, 0, 42, 0);
         let mut out = vec![];
-        bucketer.push(rows(&lengths), &mut out)?;
-        bucketer.finish(&mut out)?;
+        let all = rows(&lengths);
+        bucketer.push(all.slice(0, 20));
+        bucketer.push(all.slice(20, 30));
+        // One chunk at a time: the window's sorted copy is never whole.
+        while let Some(chunk) = bucketer.next_chunk()? {
+            out.push(chunk);
+        }
+        assert_eq!(out.len(), 4, "the first window of 32 rows");
+        assert!(
+            bucketer.held_bytes() > 0,
+            "18 rows wait for the next window"
+        );
+        bucketer.push(all.slice(50, 14));
+        bucketer.finish();
+        while let Some(chunk) = bucketer.next_chunk()? {
+            out.push(chunk);
+        }
         assert_eq!(out.len(), 8);
+        assert_eq!(bucketer.held_bytes(), 0);
         let mut seen = vec![];
         let mut spans = 0;
         for chunk in &out {
@@ -646,6 +755,14 @@ impl Batcher {
         match self {
             Batcher::Rows(b) => b.steps(),
             Batcher::Tokens(b) => b.steps(),
+        }
+    }
+
+    /// Bytes of input held between calls (for the feed's memory budget).
+    pub(crate) fn held_bytes(&self) -> usize {
+        match self {
+            Batcher::Rows(b) => b.held_bytes(),
+            Batcher::Tokens(b) => b.held_bytes(),
         }
     }
 }

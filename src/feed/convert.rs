@@ -15,7 +15,7 @@ use datafusion::error::{DataFusionError, Result};
 
 use super::columns::{Padding, Source, TensorColumn};
 use crate::device::TensorLayout;
-use crate::device::{Backend, DType, Slot, bf16, cast_slice_mut, f16, u8_to_f32_affine};
+use crate::device::{DType, Slot, SlotPool, bf16, cast_slice_mut, f16, u8_to_f32_affine};
 
 /// The rows of one output batch: consecutive slices of record batches.
 #[derive(Debug)]
@@ -43,7 +43,7 @@ pub(crate) struct PadStats {
 pub(crate) fn fill_slot(
     columns: &[TensorColumn],
     rows: &BatchRows,
-    backend: &Backend,
+    pool: &mut SlotPool,
     slot: &mut Slot,
 ) -> Result<PadStats> {
     let mut layouts = Vec::with_capacity(columns.len() + 1);
@@ -67,7 +67,7 @@ pub(crate) fn fill_slot(
         }
         widths.push(width);
     }
-    slot.prepare(backend, layouts)?;
+    pool.prepare(slot, layouts)?;
     let mut stats = PadStats::default();
     let mut tensor = 0;
     for (column, width) in columns.iter().zip(widths) {

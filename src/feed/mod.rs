@@ -28,7 +28,9 @@
 //! # Semantics
 //! - **Order**: epoch `e` reads the query's rows in the global shuffle order
 //!   of `(seed, e)` ([`crate::shuffle`]), or without `shuffle` in the
-//!   query's deterministic order (see [`DeviceSinkExec`]).
+//!   query's deterministic order, the same on every machine whatever its
+//!   core count (see `order.rs`; plans whose order depends on timing are
+//!   refused with a hint to add `ORDER BY`).
 //! - **Batches and shards**: consecutive chunks of `batch_size × world` rows
 //!   are the global steps; rank `r` gets the `r`-th `batch_size` rows of
 //!   each. Shards are disjoint, every rank gets the same number of batches,
@@ -50,6 +52,7 @@ mod batcher;
 mod columns;
 mod convert;
 mod metrics;
+mod order;
 mod sink;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,6 +67,7 @@ use datafusion::physical_plan::{ExecutionPlan, collect};
 
 pub use columns::ColumnSpec;
 pub use metrics::FeedReport;
+pub use order::DEFAULT_ORDER_LANES;
 pub use sink::DeviceSinkExec;
 
 use self::columns::TensorColumn;
@@ -71,7 +75,7 @@ use self::metrics::FeedMetrics;
 use self::sink::{Batching, FeedEvent, SinkTarget};
 use crate::Session;
 use crate::cache::CachedTable;
-use crate::device::{Backend, DType, Device, SlotPool, TensorBatch};
+use crate::device::{Backend, DType, Device, Loans, SlotPool, TensorBatch};
 use crate::session::catch_panic;
 use crate::shuffle::{ShuffleSpec, shuffle};
 use datafusion::catalog::TableProvider;
@@ -99,6 +103,8 @@ pub struct FeedBuilder {
     cache: bool,
     /// Names a training run so that its ranks share one cluster job per epoch.
     run_id: String,
+    /// Partitions of an unshuffled feed's plan (see `order.rs`).
+    order_lanes: usize,
 }
 
 impl FeedBuilder {
@@ -120,6 +126,16 @@ impl FeedBuilder {
     /// separate jobs. Default: empty.
     pub fn run_id(mut self, id: impl Into<String>) -> Self {
         self.run_id = id.into();
+        self
+    }
+
+    /// Partitions an unshuffled feed's query runs as (default
+    /// [`DEFAULT_ORDER_LANES`], the same on every machine): its batches are
+    /// a function of (query, data, lanes), never of the core count. More
+    /// lanes decode in parallel on more cores, and give another (equally
+    /// deterministic) order. Shuffled feeds ignore it.
+    pub fn order_lanes(mut self, lanes: usize) -> Self {
+        self.order_lanes = lanes;
         self
     }
 
@@ -224,6 +240,7 @@ impl FeedBuilder {
             .register(&self.session.context().runtime_env().memory_pool);
         let pool =
             SlotPool::new(backend, self.prefetch + 1).with_reservation(ring_memory);
+        let loans = pool.loans();
         let pool = Arc::new(tokio::sync::Mutex::new(pool));
         let (events_tx, events) = mpsc::channel();
         let (init_tx, init_rx) = mpsc::channel();
@@ -242,6 +259,7 @@ impl FeedBuilder {
             task: Some(task),
             metrics,
             pool: Arc::downgrade(&pool),
+            loans,
             device,
             tensors: vec![],
             epoch_plans: vec![],
@@ -288,6 +306,9 @@ impl FeedBuilder {
         }
         if self.prefetch == 0 {
             return plan_error("prefetch must be at least 1".into());
+        }
+        if self.order_lanes == 0 {
+            return plan_error("order_lanes must be at least 1".into());
         }
         #[cfg(feature = "ballista")]
         if self.cache
@@ -343,6 +364,8 @@ pub struct Feed {
     metrics: Arc<FeedMetrics>,
     /// The slot ring, to check it is gone after drop.
     pool: Weak<tokio::sync::Mutex<SlotPool>>,
+    /// Batches queued and held, shared with the ring.
+    loans: Arc<Loans>,
     /// Where tensors live.
     device: Device,
     /// The tensors of each batch.
@@ -385,6 +408,7 @@ impl Feed {
             bucket_window: None,
             cache: false,
             run_id: String::new(),
+            order_lanes: DEFAULT_ORDER_LANES,
         }
     }
 
@@ -430,9 +454,23 @@ impl Feed {
         }
         let events = self.events.as_ref()?;
         let waiting = Instant::now();
+        // While we block here, a producer that finds every slot held by us
+        // and no room for another knows the loop cannot go on (see SlotPool).
+        self.loans.set_consumer_waiting(true);
+        let event = events.recv();
+        self.loans.set_consumer_waiting(false);
+        self.handle_event(event, waiting)
+    }
+
+    fn handle_event(
+        &mut self,
+        mut event: std::result::Result<FeedEvent, mpsc::RecvError>,
+        waiting: Instant,
+    ) -> Option<Result<TensorBatch>> {
         loop {
-            match events.recv() {
+            match event {
                 Ok(FeedEvent::Batch(batch)) => {
+                    self.loans.taken();
                     let h2d = match batch.wait_ready() {
                         Ok(h2d) => h2d,
                         Err(err) => {
@@ -466,6 +504,10 @@ impl Feed {
                 }) => {
                     self.epoch_plans.push((epoch, plan));
                     self.epoch_seconds.push((epoch, seconds));
+                    let events = self.events.as_ref()?;
+                    self.loans.set_consumer_waiting(true);
+                    event = events.recv();
+                    self.loans.set_consumer_waiting(false);
                 }
                 Ok(FeedEvent::Error(err)) => {
                     self.finished = true;
@@ -703,6 +745,13 @@ impl Producer {
         }
         let (state, plan) = df.into_parts();
         let mut config = state.config().clone();
+        // Seeded augmentations draw per (feed seed, epoch): see udfs' augment.
+        config.options_mut().extensions.insert(
+            sqlfeed_udfs::augment::AugmentOptions::for_epoch(
+                options.shuffle_seed.unwrap_or(0),
+                epoch,
+            ),
+        );
         // Round-robin repartitioning hands batches to whichever partition
         // asks first: a timing-dependent order that would break resume and
         // shard disjointness of unshuffled feeds.
@@ -714,15 +763,22 @@ impl Producer {
         // which rows a partition reads depends on timing. A global shuffle
         // orders rows by content, so it keeps the faster stealing scan.
         if options.shuffle_seed.is_none() {
-            config
-                .options_mut()
-                .execution
-                .enable_file_stream_work_stealing = false;
+            let execution = &mut config.options_mut().execution;
+            execution.enable_file_stream_work_stealing = false;
+            // Files and row groups go to partitions by a rule that depends
+            // on the partition count: make that count the same everywhere.
+            execution.target_partitions = options.order_lanes;
         }
-        let state = SessionStateBuilder::new_from_existing(state)
+        let mut state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
+        // Functions see the configuration captured here (the epoch above),
+        // not the one from when the SQL was parsed.
+        state.mark_start_execution();
         let plan = catch_panic(state.create_physical_plan(&plan)).await?;
+        if options.shuffle_seed.is_none() {
+            order::check_deterministic_order(&plan)?;
+        }
         #[cfg(feature = "ballista")]
         let plan = crate::cluster::watched(&options.session, plan);
         Ok((plan, Arc::new(TaskContext::from(&state))))

@@ -35,8 +35,12 @@
 //! off for feeds.
 //!
 //! # Memory
-//! At most one chunk (`B × W` rows of record batches, by reference) plus two
-//! buffered record batches per partition, plus the slot ring.
+//! At most one chunk (`B × W` rows of record batches, by reference: a slice
+//! keeps its whole record batch), the first `W − 1` rows (copied), a length
+//! bucketing window, plus two buffered record batches per partition, plus
+//! the slot ring. What the batcher and bucketer hold is reserved from the
+//! session's pool after every record batch, and the ring's buffers before
+//! they are allocated, so one budget covers the feed.
 //!
 //! # Cancellation
 //! If the consumer goes away (the feed is dropped), the next hand-off fails
@@ -52,6 +56,7 @@ use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::common::spawn_buffered;
@@ -321,6 +326,7 @@ struct SinkRun {
 
 impl SinkRun {
     async fn run(self, context: Arc<TaskContext>) -> Result<RecordBatch> {
+        let memory_pool = Arc::clone(context.memory_pool());
         let mut input = ordered_input(&self.input, context)?;
         let b = self.target.batching;
         let (epoch, skip) = (self.epoch, self.skip_steps);
@@ -354,31 +360,48 @@ impl SinkRun {
                 epoch,
             )
         });
+        // What the batcher and the bucketer hold between record batches is
+        // the feed's too: reserved (not spillable, so the operators below
+        // spill to make room) from the session's one pool.
+        let held = MemoryConsumer::new(format!("feed batcher (epoch {epoch})"))
+            .register(&memory_pool);
         let mut pool = self.target.pool.lock().await;
         let mut ready = Vec::new();
-        let mut staged = Vec::new();
         let (mut batches, mut rows) = (0u64, 0u64);
         let mut input_done = false;
         while !input_done {
             match input.next().await {
                 Some(batch) => match &mut bucketer {
-                    Some(bucketer) => bucketer.push(batch?, &mut staged)?,
-                    None => staged.push(batch?),
+                    Some(bucketer) => bucketer.push(batch?),
+                    None => batcher.push(batch?, &mut ready),
                 },
                 None => {
                     input_done = true;
                     if let Some(bucketer) = &mut bucketer {
-                        bucketer.finish(&mut staged)?;
+                        bucketer.finish();
                     }
                 }
             }
-            for batch in staged.drain(..) {
-                batcher.push(batch, &mut ready);
-            }
-            for batch_rows in ready.drain(..) {
-                rows += batch_rows.rows as u64;
-                self.deliver(&mut pool, batch_rows).await?;
-                batches += 1;
+            loop {
+                held.resize(
+                    batcher.held_bytes()
+                        + bucketer.as_ref().map_or(0, LengthBucketer::held_bytes),
+                );
+                for batch_rows in ready.drain(..) {
+                    rows += batch_rows.rows as u64;
+                    self.deliver(&mut pool, batch_rows).await?;
+                    batches += 1;
+                }
+                // Bucketed chunks one at a time, each delivered before the
+                // next is gathered.
+                match bucketer
+                    .as_mut()
+                    .map(LengthBucketer::next_chunk)
+                    .transpose()?
+                {
+                    Some(Some(chunk)) => batcher.push(chunk, &mut ready),
+                    _ => break,
+                }
             }
         }
         batcher.finish(&mut ready);
@@ -414,8 +437,7 @@ impl SinkRun {
 
         let convert = self.metrics.convert_time.timer();
         let convert_start = Instant::now();
-        let stats = fill_slot(&self.target.columns, &rows, pool.backend(), &mut slot)?;
-        pool.account(&mut slot)?;
+        let stats = fill_slot(&self.target.columns, &rows, pool, &mut slot)?;
         pool.backend().upload(&mut slot)?;
         FeedMetrics::add_time(&self.target.metrics.convert_ns, convert_start.elapsed());
         convert.done();
@@ -433,6 +455,9 @@ impl SinkRun {
         let feed = &self.target.metrics;
         FeedMetrics::add(&feed.padding, stats.padding);
         FeedMetrics::add(&feed.padded_total, stats.total);
+        // Counted before the send so that the consumer's `taken` never
+        // runs ahead of it.
+        pool.loans().queued();
         self.target
             .ready
             .send(FeedEvent::Batch(batch))

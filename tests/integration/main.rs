@@ -9,6 +9,8 @@
 //! * `cluster`: a real Ballista cluster (scheduler + executors as processes):
 //!   results, SHUFFLE order and errors equal the embedded engine's; faults.
 //! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
+//! * `contract`: the batch contract: held batches, a machine-independent
+//!   unshuffled order, per-epoch augmentations.
 //! * `feed`: training feeds: exact batches, shards, resume across processes,
 //!   tensor values, cancellation, bad input.
 //! * `repl`: the interactive shell through a pseudo-terminal.
@@ -23,6 +25,7 @@ mod cli;
 #[cfg(feature = "ballista")]
 mod cluster;
 mod common;
+mod contract;
 mod examples;
 mod feed;
 mod local_sql;

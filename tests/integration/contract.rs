@@ -1,0 +1,284 @@
+//! The batch contract (issue 14): batches a training loop holds stay valid and
+//! never deadlock the feed; the unshuffled order does not depend on the
+//! machine; seeded augmentations change per epoch and reproduce on resume.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::error::Result;
+use sqlfeed::Session;
+use sqlfeed::device::{Device, TensorBatch};
+use sqlfeed::feed::{Feed, FeedBuilder};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::common::{arc, gen_data, write_parquet};
+
+/// Runs `work` on its own thread and fails the test instead of hanging when
+/// it takes longer than `limit`.
+fn bounded<T: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(work());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("no answer within {limit:?}: the feed hangs"))
+}
+
+/// 1200 ids in a hive-partitioned folder: 3 `part=` folders × 2 files × 200.
+fn hive_ids(dir: &Path) -> Result<String> {
+    for part in 0..3i64 {
+        let folder = dir.join(format!("part={part}"));
+        std::fs::create_dir_all(&folder)?;
+        for file in 0..2i64 {
+            let start = (part * 2 + file) * 200;
+            let ids = Int64Array::from_iter_values(start..start + 200);
+            let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
+            write_parquet(&folder.join(format!("f{file}.parquet")), &batch)?;
+        }
+    }
+    Ok(dir.display().to_string())
+}
+
+fn ids(batch: &TensorBatch) -> Result<Vec<i64>> {
+    Ok(batch.tensor("id")?.as_slice::<i64>()?.to_vec())
+}
+
+fn feed_ids(builder: FeedBuilder) -> Result<Vec<Vec<i64>>> {
+    builder
+        .device(Device::Cpu)
+        .build()?
+        .map(|batch| ids(&batch?))
+        .collect()
+}
+
+#[test]
+fn a_collected_epoch_keeps_every_batch_valid() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let folder = hive_ids(dir.path())?;
+    let session = Session::builder().memory_limit(256 << 20).build()?;
+    let sql = format!("SELECT id FROM '{folder}'");
+    let expected = feed_ids(Feed::builder(&session, &sql).batch_size(50))?;
+    // prefetch 1 = a ring of 2 slots; the loop holds all 24 batches.
+    let batches: Vec<TensorBatch> = bounded(Duration::from_secs(120), {
+        let (session, sql) = (session.clone(), sql.clone());
+        move || -> Result<Vec<TensorBatch>> {
+            Feed::builder(&session, &sql)
+                .batch_size(50)
+                .prefetch(1)
+                .device(Device::Cpu)
+                .build()?
+                .collect()
+        }
+    })?;
+    assert_eq!(batches.len(), 24);
+    let held: Vec<Vec<i64>> = batches.iter().map(ids).collect::<Result<_>>()?;
+    assert_eq!(held, expected, "held batches still hold their own rows");
+    drop(batches);
+    assert_eq!(session.context().runtime_env().memory_pool.reserved(), 0);
+    Ok(())
+}
+
+#[test]
+fn gradient_accumulation_holds_more_batches_than_prefetch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let folder = hive_ids(dir.path())?;
+    let session = Session::builder().memory_limit(256 << 20).build()?;
+    let sql = format!("SELECT id FROM '{folder}'");
+    let expected = feed_ids(Feed::builder(&session, &sql).batch_size(40))?;
+    let seen = bounded(
+        Duration::from_secs(120),
+        move || -> Result<Vec<Vec<i64>>> {
+            let mut feed = Feed::builder(&session, &sql)
+                .batch_size(40)
+                .prefetch(2)
+                .device(Device::Cpu)
+                .build()?;
+            let mut seen = vec![];
+            // Accumulate 6 batches (twice the ring) before each "optimizer step".
+            loop {
+                let mut window = vec![];
+                for batch in feed.by_ref().take(6) {
+                    window.push(batch?);
+                }
+                if window.is_empty() {
+                    return Ok(seen);
+                }
+                for batch in &window {
+                    seen.push(ids(batch)?);
+                }
+            }
+        },
+    )?;
+    assert_eq!(seen, expected);
+    Ok(())
+}
+
+#[test]
+fn holding_past_the_memory_budget_is_a_prompt_error() -> Result<()> {
+    // 64 KiB per batch against a 2 MiB budget: about 30 can be held.
+    let session = Session::builder()
+        .memory_limit(2 << 20)
+        .target_partitions(1)
+        .build()?;
+    let sql = "SELECT one_hot(value % 10, 128) AS v FROM generate_series(1, 40000)";
+    let started = Instant::now();
+    let outcome = bounded(Duration::from_secs(60), {
+        let session = session.clone();
+        move || -> std::result::Result<usize, String> {
+            let feed = Feed::builder(&session, sql)
+                .batch_size(128)
+                .prefetch(2)
+                .device(Device::Cpu)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut held = vec![];
+            for batch in feed {
+                held.push(batch.map_err(|e| e.to_string())?);
+            }
+            Ok(held.len())
+        }
+    });
+    let elapsed = started.elapsed();
+    let err = outcome.expect_err("holding every batch cannot fit 2 MiB");
+    eprintln!("held past the budget: failed after {elapsed:?}: {err}");
+    assert!(
+        err.contains("holds")
+            && err.contains("batches")
+            && err.contains("--memory-limit"),
+        "{err}"
+    );
+    // Generous for a loaded CI machine: the point is "not a hang".
+    assert!(elapsed < Duration::from_secs(20), "took {elapsed:?}: {err}");
+    assert_eq!(session.context().runtime_env().memory_pool.reserved(), 0);
+    Ok(())
+}
+
+#[test]
+fn unshuffled_batches_do_not_depend_on_target_partitions() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let folder = hive_ids(dir.path())?;
+    let sql = format!("SELECT id FROM '{folder}' WHERE id % 3 <> 1 AND part <> '9'");
+    let mut orders = vec![];
+    for partitions in [1, 2, 3, 8] {
+        let session = Session::builder()
+            .target_partitions(partitions)
+            .batch_size(64)
+            .build()?;
+        orders.push(feed_ids(Feed::builder(&session, &sql).batch_size(32))?);
+    }
+    for (order, partitions) in orders.iter().zip([1, 2, 3, 8]).skip(1) {
+        assert_eq!(order, &orders[0], "target_partitions {partitions} vs 1");
+    }
+    let mut all: Vec<i64> = orders[0].iter().flatten().copied().collect();
+    all.sort();
+    assert_eq!(all, (0..1200).filter(|id| id % 3 != 1).collect::<Vec<_>>());
+    Ok(())
+}
+
+#[test]
+fn a_group_by_feed_needs_an_order_by() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let folder = hive_ids(dir.path())?;
+    let session = Session::builder().target_partitions(4).build()?;
+    let grouped = format!("SELECT min(id) AS id FROM '{folder}' GROUP BY id % 50");
+    let err = Feed::builder(&session, &grouped)
+        .device(Device::Cpu)
+        .build()
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("ORDER BY") && err.contains("--shuffle-seed"),
+        "{err}"
+    );
+    let ordered = feed_ids(
+        Feed::builder(&session, format!("{grouped} ORDER BY id")).batch_size(10),
+    )?;
+    assert_eq!(ordered.concat(), (0..50).collect::<Vec<_>>());
+    // Shuffled, the same query needs no ORDER BY.
+    let shuffled = feed_ids(Feed::builder(&session, &grouped).shuffle(3).batch_size(10))?;
+    assert_eq!(shuffled.concat().len(), 50);
+    Ok(())
+}
+
+/// (epoch, step, xxh3 of the batch's crop bytes, xxh3 of each row's).
+type CropDigest = (u64, u64, u64, Vec<u64>);
+
+/// Every batch's crop digests.
+fn augmented(builder: FeedBuilder) -> Result<Vec<CropDigest>> {
+    builder
+        .device(Device::Cpu)
+        .build()?
+        .map(|batch| {
+            let batch = batch?;
+            let bytes = batch.tensor("crop")?.as_bytes()?;
+            let row = bytes.len() / batch.rows();
+            let rows = bytes.chunks(row).map(xxh3_64).collect();
+            Ok((batch.epoch(), batch.step(), xxh3_64(bytes), rows))
+        })
+        .collect()
+}
+
+#[test]
+fn seeded_augmentations_change_per_epoch_and_reproduce_on_resume() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 64, 1)?;
+    let session = Session::builder().target_partitions(2).build()?;
+    let sql = format!(
+        "SELECT image_random_flip(image_random_crop(image_decode(image_png), 5, 5, 7), 7) \
+         AS crop FROM '{}/*.parquet' ORDER BY id",
+        dir.path().display()
+    );
+    let feed = || Feed::builder(&session, &sql).batch_size(16).epochs(3);
+    let run = augmented(feed())?;
+    assert_eq!(run.len(), 12);
+    let epoch = |e: u64| -> Vec<u64> {
+        run.iter()
+            .filter(|(epoch, _, _, _)| *epoch == e)
+            .flat_map(|(_, _, _, rows)| rows.clone())
+            .collect()
+    };
+    // Most rows get another crop or flip in another epoch (8x8 images, 5x5
+    // crops: 16 offsets × 2 flips, so about 1 in 32 repeats by chance).
+    let changed = |a: u64, b: u64| {
+        epoch(a)
+            .iter()
+            .zip(epoch(b))
+            .filter(|(x, y)| *x != y)
+            .count()
+    };
+    assert!(
+        changed(0, 1) > 48,
+        "epoch 1 changed only {} of 64 rows",
+        changed(0, 1)
+    );
+    assert!(
+        changed(1, 2) > 48,
+        "epoch 2 changed only {} of 64 rows",
+        changed(1, 2)
+    );
+    assert_eq!(
+        augmented(feed())?,
+        run,
+        "the same seed and epochs: the same pixels"
+    );
+    let resumed = augmented(feed().resume_at(1, 2))?;
+    assert_eq!(
+        resumed,
+        run[6..].to_vec(),
+        "resume reproduces the augmentation"
+    );
+    // Another feed seed draws other crops in the same epoch.
+    let other = augmented(Feed::builder(&session, &sql).batch_size(16).shuffle(1))?;
+    let mut other: Vec<u64> = other.into_iter().flat_map(|(_, _, _, r)| r).collect();
+    let mut first = epoch(0);
+    // Compare as multisets of rows: the shuffle reorders them.
+    first.sort_unstable();
+    other.sort_unstable();
+    assert_ne!(first, other, "another feed seed, other augmentations");
+    Ok(())
+}
