@@ -265,6 +265,7 @@ impl FeedBuilder {
             epoch_plans: vec![],
             epoch_seconds: vec![],
             finished: false,
+            waiting_since: None,
         };
         drop(pool);
         // Planning errors (bad SQL, missing files, untensorable columns) are
@@ -376,6 +377,8 @@ pub struct Feed {
     epoch_seconds: Vec<(u64, f64)>,
     /// No more batches will come.
     finished: bool,
+    /// When the consumer started waiting for the batch it waits for.
+    waiting_since: Option<Instant>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -448,26 +451,40 @@ impl Feed {
         }
     }
 
-    fn next_batch(&mut self) -> Option<Result<TensorBatch>> {
-        if self.finished {
-            return None;
-        }
-        let events = self.events.as_ref()?;
-        let waiting = Instant::now();
-        // While we block here, a producer that finds every slot held by us
-        // and no room for another knows the loop cannot go on (see SlotPool).
-        self.loans.set_consumer_waiting(true);
-        let event = events.recv();
-        self.loans.set_consumer_waiting(false);
-        self.handle_event(event, waiting)
+    /// The next batch, waiting at most `timeout` for it: for callers that
+    /// must stay responsive while they wait (a Python loop checking for
+    /// Ctrl-C). Time spent across `Pending` answers counts as one wait.
+    pub fn next_within(&mut self, timeout: Duration) -> NextBatch {
+        self.next_until(Some(Instant::now() + timeout))
     }
 
-    fn handle_event(
-        &mut self,
-        mut event: std::result::Result<FeedEvent, mpsc::RecvError>,
-        waiting: Instant,
-    ) -> Option<Result<TensorBatch>> {
+    fn next_until(&mut self, deadline: Option<Instant>) -> NextBatch {
+        if self.finished {
+            return NextBatch::Finished;
+        }
+        let waiting = *self.waiting_since.get_or_insert_with(Instant::now);
         loop {
+            let Some(events) = self.events.as_ref() else {
+                return NextBatch::Finished;
+            };
+            // While we block here, a producer that finds every slot held by
+            // us and no room for another knows the loop cannot go on (see
+            // SlotPool). It stays set across `Pending` answers: the caller
+            // is still waiting.
+            self.loans.set_consumer_waiting(true);
+            let event = match deadline {
+                None => events
+                    .recv()
+                    .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                Some(deadline) => events
+                    .recv_timeout(deadline.saturating_duration_since(Instant::now())),
+            };
+            if matches!(event, Err(mpsc::RecvTimeoutError::Timeout)) {
+                return NextBatch::Pending;
+            }
+            self.loans.set_consumer_waiting(false);
+            self.waiting_since = None;
+            let waited = waiting.elapsed();
             match event {
                 Ok(FeedEvent::Batch(batch)) => {
                     self.loans.taken();
@@ -475,11 +492,10 @@ impl Feed {
                         Ok(h2d) => h2d,
                         Err(err) => {
                             self.finished = true;
-                            return Some(Err(err));
+                            return NextBatch::Failed(err);
                         }
                     };
                     let metrics = &self.metrics;
-                    let waited = waiting.elapsed();
                     FeedMetrics::add_time(&metrics.wait_ns, waited);
                     if metrics.batches.load(Ordering::Relaxed) == 0 {
                         FeedMetrics::add_time(&metrics.first_wait_ns, waited);
@@ -495,7 +511,7 @@ impl Feed {
                         Ordering::Relaxed,
                         Ordering::Relaxed,
                     );
-                    return Some(Ok(batch));
+                    return NextBatch::Ready(batch);
                 }
                 Ok(FeedEvent::EpochEnd {
                     epoch,
@@ -504,31 +520,46 @@ impl Feed {
                 }) => {
                     self.epoch_plans.push((epoch, plan));
                     self.epoch_seconds.push((epoch, seconds));
-                    let events = self.events.as_ref()?;
-                    self.loans.set_consumer_waiting(true);
-                    event = events.recv();
-                    self.loans.set_consumer_waiting(false);
+                    // Still waiting for a batch, since the same moment.
+                    self.waiting_since = Some(waiting);
                 }
                 Ok(FeedEvent::Error(err)) => {
                     self.finished = true;
-                    FeedMetrics::add_time(&self.metrics.wait_ns, waiting.elapsed());
-                    return Some(Err(err));
+                    FeedMetrics::add_time(&self.metrics.wait_ns, waited);
+                    return NextBatch::Failed(err);
                 }
                 Ok(FeedEvent::Done) | Err(_) => {
                     self.finished = true;
-                    FeedMetrics::add_time(&self.metrics.wait_ns, waiting.elapsed());
-                    return None;
+                    FeedMetrics::add_time(&self.metrics.wait_ns, waited);
+                    return NextBatch::Finished;
                 }
             }
         }
     }
 }
 
+/// What [`Feed::next_within`] found.
+#[derive(Debug)]
+pub enum NextBatch {
+    /// The next batch.
+    Ready(TensorBatch),
+    /// The feed failed; no more batches follow.
+    Failed(DataFusionError),
+    /// Every epoch is done.
+    Finished,
+    /// Nothing yet; ask again.
+    Pending,
+}
+
 impl Iterator for Feed {
     type Item = Result<TensorBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.next_batch()
+        match self.next_until(None) {
+            NextBatch::Ready(batch) => Some(Ok(batch)),
+            NextBatch::Failed(err) => Some(Err(err)),
+            NextBatch::Finished | NextBatch::Pending => None,
+        }
     }
 }
 

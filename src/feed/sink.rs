@@ -411,13 +411,13 @@ impl SinkRun {
             batches += 1;
         }
         let steps = batcher.steps();
-        if self.skip_steps > 0 && self.skip_steps >= steps && steps > 0 {
+        // Resuming exactly at the end of an epoch (a checkpoint taken after
+        // its last batch) yields nothing of it; beyond the end is an error.
+        if self.skip_steps > steps {
             return Err(DataFusionError::Plan(format!(
                 "cannot resume at epoch {} step {}: the epoch has only {steps} steps \
-                 (0..{}) on this rank",
-                self.epoch,
-                self.skip_steps,
-                steps - 1
+                 on this rank (resume at a step from 0 to {steps})",
+                self.epoch, self.skip_steps
             )));
         }
         let column = |v: u64| Arc::new(UInt64Array::from(vec![v])) as _;

@@ -282,3 +282,51 @@ fn seeded_augmentations_change_per_epoch_and_reproduce_on_resume() -> Result<()>
     assert_ne!(first, other, "another feed seed, other augmentations");
     Ok(())
 }
+
+#[test]
+fn a_checkpoint_after_an_epochs_last_batch_resumes_at_the_next_epoch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let folder = hive_ids(dir.path())?;
+    let session = Session::builder().build()?;
+    let sql = format!("SELECT id FROM '{folder}'");
+    let feed = || {
+        Feed::builder(&session, &sql)
+            .batch_size(100)
+            .shuffle(4)
+            .epochs(2)
+    };
+    let all = feed_ids(feed())?;
+    assert_eq!(all.len(), 24);
+    // 12 steps per epoch: (0, 12) is "epoch 0 done".
+    assert_eq!(feed_ids(feed().resume_at(0, 12))?, all[12..].to_vec());
+    let err = feed_ids(feed().resume_at(0, 13)).expect_err("past the epoch's end");
+    assert!(err.to_string().contains("only 12 steps"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn next_within_answers_pending_while_the_first_batch_is_computed() -> Result<()> {
+    use sqlfeed::feed::NextBatch;
+    let session = Session::builder().target_partitions(2).build()?;
+    let mut feed = Feed::builder(
+        &session,
+        "SELECT value AS v FROM generate_series(1, 3000000) ORDER BY value DESC",
+    )
+    .batch_size(4)
+    .device(Device::Cpu)
+    .build()?;
+    let mut pending = 0;
+    let first = loop {
+        match feed.next_within(Duration::from_millis(1)) {
+            NextBatch::Pending => pending += 1,
+            NextBatch::Ready(batch) => break batch,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    };
+    assert!(pending > 0, "a sort of 3M rows takes longer than 1 ms");
+    assert_eq!(
+        first.tensor("v")?.as_slice::<i64>()?,
+        &[3000000, 2999999, 2999998, 2999997]
+    );
+    Ok(())
+}
