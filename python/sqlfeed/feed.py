@@ -1,0 +1,370 @@
+"""Training feeds: exact, sharded, shuffled batches of tensors, resumable.
+
+A :class:`Feed` is iterated once per epoch, like a PyTorch DataLoader::
+
+    feed = session.feed(query, batch_size=256, shuffle=42, shard="auto")
+    for epoch in range(start_epoch, 10):
+        feed.set_epoch(epoch)
+        for batch in feed:              # dict of tensors
+            loss = step(batch["x"], batch["y"])
+        checkpoint(model, feed.state_dict())
+
+Every batch is a pure function of (query, data, seed, epoch, step, rank,
+world, batch size): :meth:`Feed.state_dict` is a handful of numbers, and a
+new process that loads it yields exactly the batches an uninterrupted run
+would have yielded from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sqlfeed import _sqlfeed
+
+if TYPE_CHECKING:
+    from sqlfeed.session import Session
+
+#: What iterating yields per batch.
+FORMATS = ("torch", "numpy", "jax", "dlpack")
+
+#: Keys a column spec may have.
+COLUMN_KEYS = ("dtype", "shape", "scale", "offset", "pad_to", "pad_value", "fill_null")
+
+#: Version of :meth:`Feed.state_dict`'s layout.
+STATE_VERSION = 1
+
+
+def auto_shard() -> tuple[int, int]:
+    """``(rank, world)`` of this process: from ``torch.distributed`` when it is
+    initialised, else from the ``RANK``/``WORLD_SIZE`` variables ``torchrun``
+    sets, else ``(0, 1)``."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None:
+        try:
+            return int(rank), int(world)
+        except ValueError as err:
+            raise _sqlfeed.PlanError(
+                f"shard='auto': RANK={rank!r} and WORLD_SIZE={world!r} must be integers"
+            ) from err
+    return 0, 1
+
+
+def _shard(shard: tuple[int, int] | str | None) -> tuple[int, int]:
+    if shard is None:
+        return 0, 1
+    if shard == "auto":
+        return auto_shard()
+    if isinstance(shard, str):
+        raise _sqlfeed.PlanError(f"shard={shard!r}: expected (rank, world), 'auto' or None")
+    rank, world = shard
+    return int(rank), int(world)
+
+
+def _columns(columns: Mapping[str, Mapping[str, Any]] | None) -> list[tuple]:
+    out = []
+    for name, spec in (columns or {}).items():
+        unknown = set(spec) - set(COLUMN_KEYS)
+        if unknown:
+            raise _sqlfeed.PlanError(
+                f"columns[{name!r}]: unknown keys {sorted(unknown)}; "
+                f"expected some of {list(COLUMN_KEYS)}"
+            )
+        shape = spec.get("shape")
+        out.append(
+            (
+                name,
+                None if spec.get("dtype") is None else str(spec["dtype"]).replace("torch.", ""),
+                None if shape is None else [int(d) for d in shape],
+                spec.get("scale"),
+                spec.get("offset"),
+                spec.get("pad_to"),
+                spec.get("pad_value"),
+                spec.get("fill_null"),
+            )
+        )
+    return out
+
+
+class Feed:
+    """A training feed of one SQL query.
+
+    Args:
+        session: the :class:`sqlfeed.Session` to run on.
+        query: sqlfeed SQL whose columns become tensors.
+        batch_size: rows per batch (per rank).
+        shuffle: a seed for a global shuffle per epoch (epoch ``e`` uses
+            ``(seed, e)``), or None for the query's own (deterministic) order.
+        epochs: epochs per iteration (default 1: one ``for`` loop = one epoch).
+        drop_last: drop the last partial batch; otherwise it is padded with the
+            epoch's first rows so that every rank gets as many batches.
+        prefetch: batches prepared ahead, on the device.
+        shard: ``(rank, world)``, ``"auto"`` (torch.distributed or torchrun's
+            ``RANK``/``WORLD_SIZE``) or None for one process.
+        device: ``"auto"`` (cuda:0 when usable), ``"cpu"`` or ``"cuda:N"``.
+        columns: per column ``{dtype, shape, scale, offset, pad_to, pad_value,
+            fill_null}``.
+        batch_tokens: pack variable-size batches of at most this many padded
+            tokens instead of ``batch_size`` rows.
+        bucket_by_length: sort windows of this many steps by length to cut
+            padding.
+        cache: materialise the query once (the epoch cache); later epochs and
+            runs read preprocessed rows.
+        format: ``"torch"`` (default), ``"numpy"``, ``"jax"`` or ``"dlpack"``
+            (sqlfeed's own tensor objects, for any ``from_dlpack``).
+        order_lanes: partitions of an unshuffled feed (default 8, the same on
+            every machine).
+        run_id: names a training run so that its ranks share one cluster job
+            per epoch (default ``$SQLFEED_RUN_ID`` or ``$TORCHELASTIC_RUN_ID``).
+
+    Batches obey sqlfeed's batch contract: a batch (and every tensor made from
+    it) stays valid as long as you hold it; hold as many as the memory budget
+    allows; past it iteration raises :class:`sqlfeed.ResourcesExhausted`
+    saying how many batches are held.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        query: str,
+        *,
+        batch_size: int = 256,
+        shuffle: int | None = None,
+        epochs: int = 1,
+        drop_last: bool = False,
+        prefetch: int = 4,
+        shard: tuple[int, int] | str | None = None,
+        device: str = "auto",
+        columns: Mapping[str, Mapping[str, Any]] | None = None,
+        batch_tokens: int | None = None,
+        bucket_by_length: int | None = None,
+        cache: bool = False,
+        format: str = "torch",
+        order_lanes: int | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        if format not in FORMATS:
+            raise _sqlfeed.PlanError(f"format={format!r}: expected one of {list(FORMATS)}")
+        if epochs < 1:
+            raise _sqlfeed.PlanError(f"epochs={epochs}: must be at least 1")
+        self._session = session
+        self._query = query
+        self._rank, self._world = _shard(shard)
+        self._format = format
+        self._epochs = int(epochs)
+        if run_id is None:
+            run_id = os.environ.get("SQLFEED_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+        self._options: dict[str, Any] = {
+            "query": query,
+            "batch_size": int(batch_size),
+            "shuffle": None if shuffle is None else int(shuffle),
+            "drop_last": bool(drop_last),
+            "prefetch": int(prefetch),
+            "rank": self._rank,
+            "world": self._world,
+            "device": str(device),
+            "columns": _columns(columns),
+            "batch_tokens": batch_tokens,
+            "bucket_by_length": bucket_by_length,
+            "cache": bool(cache),
+            "order_lanes": order_lanes,
+            "run_id": run_id or "",
+        }
+        # The position of the next batch.
+        self._epoch = 0
+        self._step = 0
+        self._pass: Any = None
+        self._len: int | None = None
+        self._reports: list[dict[str, Any]] = []
+        self._converter = _converter(format)
+
+    # -- iteration ---------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """One pass: ``epochs`` epochs from the current position (the current
+        epoch, or where :meth:`load_state_dict` or :meth:`set_epoch` put it)."""
+        self.close()
+        first, end = self._epoch, self._epoch + self._epochs
+        options = dict(self._options, first_epoch=first, end_epoch=end, first_step=self._step)
+        raw = self._session._inner._start_feed(options)
+        self._pass = raw
+        return self._run(raw, end)
+
+    def _run(self, raw: Any, end: int) -> Iterator[dict[str, Any]]:
+        convert = self._converter
+        try:
+            for batch in raw:
+                self._epoch, self._step = batch.epoch, batch.step + 1
+                yield convert(batch)
+            self._epoch, self._step = end, 0
+        finally:
+            self._reports.append(raw.report())
+            raw.close()
+            if self._pass is raw:
+                self._pass = None
+
+    def close(self) -> None:
+        """Stops a running pass and its threads (held batches stay valid)."""
+        if self._pass is not None:
+            self._pass.close()
+            self._pass = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __len__(self) -> int:
+        """Batches per rank per epoch (runs a ``count(*)`` of the query once)."""
+        if self._options["batch_tokens"] is not None:
+            raise TypeError(
+                "len() of a feed with batch_tokens is not known before the epoch runs: "
+                "batch sizes depend on the rows' lengths"
+            )
+        if self._len is None:
+            query = self._query.strip().rstrip(";")
+            counted = self._session.sql(f"SELECT count(*) AS n FROM ({query})").to_pylist()
+            rows = int(counted[0]["n"])
+            chunk = self._options["batch_size"] * self._world
+            self._len = rows // chunk if self._options["drop_last"] else -(-rows // chunk)
+        return self._len
+
+    # -- position and checkpoints -------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration starts at the beginning of ``epoch`` (like
+        ``DistributedSampler.set_epoch``)."""
+        self.close()
+        self._epoch, self._step = int(epoch), 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the next batch."""
+        return self._epoch
+
+    @property
+    def step(self) -> int:
+        """The step (within :attr:`epoch`) of the next batch."""
+        return self._step
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world(self) -> int:
+        return self._world
+
+    def _fingerprint(self) -> str:
+        return hashlib.sha256(self._query.encode()).hexdigest()[:16]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the feed is, as a small JSON-serialisable dict (the
+        StatefulDataLoader protocol): loading it in a new process resumes with
+        exactly the next batch."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "step": self._step,
+            "seed": self._options["shuffle"],
+            "rank": self._rank,
+            "world": self._world,
+            "batch_size": self._options["batch_size"],
+            "batch_tokens": self._options["batch_tokens"],
+            "drop_last": self._options["drop_last"],
+            "query": self._fingerprint(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues from :meth:`state_dict`'s position. Refuses a state of
+        another query, seed, world size or batch size, whose steps mean other
+        rows."""
+        if state.get("version") != STATE_VERSION:
+            raise _sqlfeed.PlanError(
+                f"feed state version {state.get('version')!r}: this sqlfeed reads "
+                f"version {STATE_VERSION}"
+            )
+        expected = self.state_dict()
+        for key in ("query", "seed", "world", "batch_size", "batch_tokens", "drop_last"):
+            if state.get(key) != expected[key]:
+                raise _sqlfeed.PlanError(
+                    f"the checkpoint's feed has {key}={state.get(key)!r} but this feed has "
+                    f"{key}={expected[key]!r}: its steps are other rows here; resume with "
+                    "the same query and settings, or start the feed anew"
+                )
+        self.close()
+        self._epoch, self._step = int(state["epoch"]), int(state["step"])
+
+    # -- metrics ---------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Metrics of the passes so far: rows/s, the share of time the loop
+        waited for data, H2D seconds, first-batch latency, seconds per epoch."""
+        reports = list(self._reports)
+        if self._pass is not None:
+            reports.append(self._pass.report())
+        reports = [r for r in reports if r]
+        rows = sum(r["rows"] for r in reports)
+        wall = sum(r["wall_s"] for r in reports)
+        wait = sum(r["wait_s"] for r in reports)
+        return {
+            "batches": sum(r["batches"] for r in reports),
+            "rows": rows,
+            "rows_per_s": rows / wall if wall else 0.0,
+            "wait_share": wait / wall if wall else 0.0,
+            "h2d_s": sum(r["h2d_s"] for r in reports),
+            "first_batch_s": [r["ttfb_s"] for r in reports],
+            "epoch_seconds": [e for r in reports for e in r["epoch_seconds"]],
+            "device": reports[-1]["device"] if reports else None,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"sqlfeed.Feed(batch_size={self._options['batch_size']}, "
+            f"shard=({self._rank}, {self._world}), epoch={self._epoch}, step={self._step}, "
+            f"format={self._format!r})"
+        )
+
+
+def _converter(format: str) -> Any:
+    """Batch → dict of framework tensors, through DLPack, without a copy."""
+    if format == "dlpack":
+        return lambda batch: {t.name: t for t in batch.tensors()}
+    if format == "torch":
+        import torch
+
+        def to_torch(batch: Any) -> dict[str, Any]:
+            return {t.name: torch.from_dlpack(t) for t in batch.tensors()}
+
+        return to_torch
+    if format == "numpy":
+        import numpy
+
+        def to_numpy(batch: Any) -> dict[str, Any]:
+            out = {}
+            for t in batch.tensors():
+                if t.device != "cpu":
+                    raise _sqlfeed.PlanError(
+                        f"format='numpy' needs host tensors; '{t.name}' is on {t.device}: "
+                        "use device='cpu' or format='torch'/'jax'"
+                    )
+                out[t.name] = numpy.from_dlpack(t)
+            return out
+
+        return to_numpy
+    import jax.dlpack
+
+    def to_jax(batch: Any) -> dict[str, Any]:
+        return {t.name: jax.dlpack.from_dlpack(t) for t in batch.tensors()}
+
+    return to_jax

@@ -1,0 +1,116 @@
+"""Sessions and SQL results."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from sqlfeed import _sqlfeed
+
+if TYPE_CHECKING:
+    import pyarrow
+
+    from sqlfeed.feed import Feed
+
+
+class Session:
+    """A sqlfeed session: one memory budget, a spill folder, the epoch cache,
+    object stores and sqlfeed's SQL functions.
+
+    Args:
+        memory_limit: bytes, or text such as ``"4G"``, ``"512M"``, ``"25%"``.
+            Default: half of RAM, or of the container's cgroup limit if lower.
+            Sorts, shuffles and joins spill to disk beyond it.
+        target_partitions: parallelism of queries (default: the core count).
+            Feeds' batches never depend on it.
+        cache_dir: the epoch cache's folder (default ``$SQLFEED_CACHE_DIR`` or
+            ``~/.cache/sqlfeed``).
+        cluster: ``"df://host:port"`` of a Ballista scheduler started with
+            ``sqlfeed scheduler``, or ``"standalone"``; None runs embedded.
+        spill_dir: where spill files go (default: the OS temp folder).
+        batch_size: rows per record batch inside the engine (default 8192).
+    """
+
+    def __init__(
+        self,
+        memory_limit: int | str | None = None,
+        target_partitions: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cluster: str | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self._inner = _sqlfeed.Session(
+            memory_limit=memory_limit,
+            target_partitions=target_partitions,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cluster=cluster,
+            spill_dir=None if spill_dir is None else os.fspath(spill_dir),
+            batch_size=batch_size,
+        )
+
+    def sql(self, query: str) -> SqlResult:
+        """Plans one statement of sqlfeed SQL (DataFusion SQL plus ``SHUFFLE``,
+        ``SAMPLE``, ``SUMMARIZE``, ``DESCRIBE '<path>'``, ``CACHE TABLE`` …).
+
+        Nothing runs until the result is read. Raises :class:`sqlfeed.PlanError`
+        for bad SQL, naming what is wrong.
+        """
+        return SqlResult(self._inner.sql(query))
+
+    def feed(self, query: str, **options: Any) -> Feed:
+        """A training feed of ``query``; see :class:`sqlfeed.Feed` for the options."""
+        from sqlfeed.feed import Feed
+
+        return Feed(self, query, **options)
+
+    @property
+    def memory_limit(self) -> int:
+        """The memory budget in bytes."""
+        return self._inner.memory_limit
+
+    @property
+    def spill_folder(self) -> str:
+        """This session's spill folder (removed when the session ends)."""
+        return os.fspath(self._inner.spill_folder)
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
+class SqlResult:
+    """A planned query. Read it with ``pyarrow.table(result)`` (or Polars,
+    DuckDB: anything that takes the Arrow PyCapsule stream interface),
+    :meth:`to_arrow` or :meth:`to_pylist`. Each read runs the query again."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """The Arrow PyCapsule stream protocol: the rows, streamed as they are
+        computed. Errors surface in the consumer as Arrow errors with
+        sqlfeed's message; :meth:`to_arrow` raises sqlfeed's own classes."""
+        return self._inner.__arrow_c_stream__(requested_schema)
+
+    def to_arrow(self) -> pyarrow.Table:
+        """The whole result as a ``pyarrow.Table`` (needs pyarrow)."""
+        import pyarrow
+
+        capsule = self._inner._collect_stream()
+        return pyarrow.RecordBatchReader._import_from_c_capsule(capsule).read_all()
+
+    def to_pylist(self) -> list[dict[str, Any]]:
+        """The rows as a list of dicts (needs pyarrow)."""
+        return self.to_arrow().to_pylist()
+
+    @property
+    def columns(self) -> list[str]:
+        """The result's column names."""
+        return self._inner.columns
+
+    def explain(self) -> str:
+        """The physical plan, as ``EXPLAIN`` prints it."""
+        return self._inner.explain()
+
+    def __repr__(self) -> str:
+        return repr(self._inner)

@@ -1,0 +1,41 @@
+"""A ``torch.utils.data.IterableDataset`` over a feed, for code that insists
+on a DataLoader. The feed already batches, shuffles, shards and prefetches:
+use ``DataLoader(dataset, batch_size=None, num_workers=0)``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch.utils.data
+
+from sqlfeed import _sqlfeed
+from sqlfeed.feed import Feed
+
+
+class FeedDataset(torch.utils.data.IterableDataset):
+    """Wraps a :class:`sqlfeed.Feed`; each iteration is one pass of it."""
+
+    def __init__(self, feed: Feed) -> None:
+        super().__init__()
+        self.feed = feed
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise _sqlfeed.PlanError(
+                "sqlfeed feeds run their own parallel pipeline and cannot be split over "
+                "DataLoader workers: use DataLoader(dataset, batch_size=None, num_workers=0)"
+            )
+        return iter(self.feed)
+
+    def __len__(self) -> int:
+        return len(self.feed)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.feed.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.feed.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.feed.load_state_dict(state)

@@ -1,0 +1,477 @@
+//! `Feed`, `Batch` and `Tensor`: one pass of a training feed, its batches,
+//! and their tensors as DLPack producers.
+//!
+//! ```text
+//!  Feed.__next__ ─► GIL released, wait ≤ 100 ms for the Rust feed's next
+//!        │          batch, GIL back, check Ctrl-C, repeat
+//!        ▼
+//!  Batch {name: Tensor} ─► framework.from_dlpack(tensor) ─► __dlpack__(stream=…)
+//!                           capsule over the slot's memory, no copy
+//! ```
+//! A `Tensor` keeps its batch's slot on loan (the batch contract): the feed
+//! reuses the memory only after every `Tensor` object and every DLPack
+//! capsule or framework tensor made from it is gone.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use datafusion::error::Result;
+use pyo3::exceptions::{PyBufferError, PyStopIteration};
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use sqlfeed::Session;
+use sqlfeed::device::{ConsumerStream, DType, Device, Tensor};
+use sqlfeed::feed::{ColumnSpec, Feed, FeedReport, NextBatch};
+
+use crate::dlpack;
+use crate::errors::{IntoPy, to_py};
+
+/// How long one wait for a batch lasts before Ctrl-C is checked.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// How one column becomes a tensor, as the pure-Python layer passes it:
+/// `(name, dtype, shape, scale, offset, pad_to, pad_value, fill_null)`.
+type ColumnOptions = (
+    String,
+    Option<String>,
+    Option<Vec<usize>>,
+    Option<f64>,
+    Option<f64>,
+    Option<usize>,
+    Option<f64>,
+    Option<f64>,
+);
+
+fn column_spec(options: &ColumnOptions) -> Result<(String, ColumnSpec)> {
+    let (name, dtype, shape, scale, offset, pad_to, pad_value, fill_null) = options;
+    let mut spec = ColumnSpec::new();
+    if let Some(dtype) = dtype {
+        spec = spec.dtype(dtype.parse::<DType>()?);
+    }
+    if let Some(shape) = shape {
+        spec = spec.shape(shape.iter().copied());
+    }
+    if let Some(scale) = scale {
+        spec = spec.scale(*scale);
+    }
+    if let Some(offset) = offset {
+        spec = spec.offset(*offset);
+    }
+    if let Some(len) = pad_to {
+        spec = spec.pad_to(*len);
+    }
+    if let Some(value) = pad_value {
+        spec = spec.pad_value(*value);
+    }
+    if let Some(value) = fill_null {
+        spec = spec.fill_null(*value);
+    }
+    Ok((name.clone(), spec))
+}
+
+/// One pass of a feed, as the pure-Python `sqlfeed.Feed` describes it.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct FeedOptions {
+    query: String,
+    batch_size: usize,
+    shuffle: Option<u64>,
+    /// Epochs `first_epoch..end_epoch` run in this pass.
+    first_epoch: u64,
+    end_epoch: u64,
+    /// Step of `first_epoch` to start at (resume).
+    first_step: u64,
+    drop_last: bool,
+    prefetch: usize,
+    rank: usize,
+    world: usize,
+    device: String,
+    columns: Vec<ColumnOptions>,
+    batch_tokens: Option<usize>,
+    bucket_by_length: Option<usize>,
+    cache: bool,
+    order_lanes: Option<usize>,
+    run_id: String,
+}
+
+impl FeedOptions {
+    /// Starts the pass.
+    pub(crate) fn build(self, session: &Session) -> Result<Feed> {
+        let mut builder = Feed::builder(session, self.query)
+            .batch_size(self.batch_size)
+            .drop_last(self.drop_last)
+            .prefetch(self.prefetch)
+            .shard(self.rank, self.world)
+            .epochs(self.end_epoch)
+            .resume_at(self.first_epoch, self.first_step)
+            .device(self.device.parse::<Device>()?)
+            .cache(self.cache)
+            .run_id(self.run_id);
+        if let Some(seed) = self.shuffle {
+            builder = builder.shuffle(seed);
+        }
+        if let Some(tokens) = self.batch_tokens {
+            builder = builder.batch_tokens(tokens);
+        }
+        if let Some(window) = self.bucket_by_length {
+            builder = builder.bucket_by_length(window);
+        }
+        if let Some(lanes) = self.order_lanes {
+            builder = builder.order_lanes(lanes);
+        }
+        for options in &self.columns {
+            let (name, spec) = column_spec(options)?;
+            builder = builder.column(name, spec);
+        }
+        builder.build()
+    }
+}
+
+/// A running pass of a feed; iterating yields `Batch`es.
+#[pyclass(module = "sqlfeed._sqlfeed", name = "RawFeed", frozen)]
+pub(crate) struct PyFeed {
+    /// `None` once finished, failed or closed.
+    inner: Mutex<Option<Feed>>,
+    /// The metrics as they were when the feed was taken out.
+    last: Mutex<Option<Snapshot>>,
+}
+
+/// A feed's metrics, kept after the feed is gone.
+#[derive(Clone)]
+struct Snapshot {
+    report: FeedReport,
+    epoch_seconds: Vec<(u64, f64)>,
+    device: String,
+}
+
+impl Snapshot {
+    fn of(feed: &Feed) -> Self {
+        Self {
+            report: feed.report(),
+            epoch_seconds: feed.epoch_seconds().to_vec(),
+            device: feed.device().to_string(),
+        }
+    }
+}
+
+impl PyFeed {
+    pub(crate) fn new(feed: Feed) -> Self {
+        Self {
+            inner: Mutex::new(Some(feed)),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Takes the feed out, to drop it without the GIL (dropping waits for
+    /// its threads); its metrics stay readable.
+    fn take(&self) -> Option<Feed> {
+        let feed = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(feed) = &feed {
+            *self.last.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Snapshot::of(feed));
+        }
+        feed
+    }
+}
+
+#[pymethods]
+impl PyFeed {
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<PyBatch> {
+        loop {
+            let polled = py.detach(|| {
+                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_mut() {
+                    Some(feed) => feed.next_within(SIGNAL_CHECK),
+                    None => NextBatch::Finished,
+                }
+            });
+            match polled {
+                NextBatch::Ready(batch) => return Ok(PyBatch::new(batch)),
+                NextBatch::Failed(err) => {
+                    let feed = self.take();
+                    py.detach(|| drop(feed));
+                    return Err(to_py(err));
+                }
+                NextBatch::Finished => {
+                    let feed = self.take();
+                    py.detach(|| drop(feed));
+                    return Err(PyStopIteration::new_err(()));
+                }
+                NextBatch::Pending => {
+                    if let Err(interrupt) = py.check_signals() {
+                        // Ctrl-C: stop the query and its threads now, then
+                        // let the KeyboardInterrupt through.
+                        let feed = self.take();
+                        py.detach(|| drop(feed));
+                        return Err(interrupt);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the query and its threads (held batches stay valid).
+    fn close(&self, py: Python<'_>) {
+        let feed = self.take();
+        py.detach(|| drop(feed));
+    }
+
+    /// Whether the pass still runs.
+    #[getter]
+    fn running(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// The feed's metrics so far, and seconds per finished epoch.
+    fn report(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let snapshot = {
+            let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            match guard.as_ref() {
+                Some(feed) => Some(Snapshot::of(feed)),
+                None => self.last.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            }
+        };
+        let dict = pyo3::types::PyDict::new(py);
+        if let Some(snapshot) = snapshot {
+            let r = snapshot.report;
+            dict.set_item("wall_s", r.wall_s)?;
+            dict.set_item("batches", r.batches)?;
+            dict.set_item("rows", r.rows)?;
+            dict.set_item("bytes", r.bytes)?;
+            dict.set_item("wait_s", r.wait_s)?;
+            dict.set_item("first_wait_s", r.first_wait_s)?;
+            dict.set_item("h2d_s", r.h2d_s)?;
+            dict.set_item("convert_s", r.convert_s)?;
+            dict.set_item("stall_s", r.stall_s)?;
+            dict.set_item("ttfb_s", r.ttfb_s)?;
+            dict.set_item("padding_frac", r.padding_frac)?;
+            dict.set_item("epoch_seconds", snapshot.epoch_seconds)?;
+            dict.set_item("device", snapshot.device)?;
+        }
+        Ok(dict.into_any().unbind())
+    }
+
+    fn __del__(&self, py: Python<'_>) {
+        self.close(py);
+    }
+}
+
+/// One batch: its tensors by name, and where it sits in the feed.
+#[pyclass(module = "sqlfeed._sqlfeed", name = "Batch", frozen)]
+pub(crate) struct PyBatch {
+    /// The epoch.
+    #[pyo3(get)]
+    epoch: u64,
+    /// The step within the epoch on this rank.
+    #[pyo3(get)]
+    step: u64,
+    /// Rows (samples) in the batch.
+    #[pyo3(get)]
+    rows: usize,
+    /// The tensors, in column order (masks after their column).
+    tensors: Vec<Tensor>,
+}
+
+impl PyBatch {
+    fn new(batch: sqlfeed::device::TensorBatch) -> Self {
+        Self {
+            epoch: batch.epoch(),
+            step: batch.step(),
+            rows: batch.rows(),
+            tensors: batch.tensors().to_vec(),
+        }
+    }
+}
+
+#[pymethods]
+impl PyBatch {
+    /// Tensor names in order.
+    fn keys(&self) -> Vec<String> {
+        self.tensors.iter().map(|t| t.name().to_string()).collect()
+    }
+
+    /// The tensors in order.
+    fn tensors(&self) -> Vec<PyTensor> {
+        self.tensors.iter().cloned().map(PyTensor::new).collect()
+    }
+
+    fn __getitem__(&self, name: &str) -> PyResult<PyTensor> {
+        self.tensors
+            .iter()
+            .find(|t| t.name() == name)
+            .cloned()
+            .map(PyTensor::new)
+            .ok_or_else(|| {
+                pyo3::exceptions::PyKeyError::new_err(format!(
+                    "the batch has no tensor '{name}'; it has: {}",
+                    self.keys().join(", ")
+                ))
+            })
+    }
+
+    fn __len__(&self) -> usize {
+        self.tensors.len()
+    }
+
+    fn __repr__(&self) -> String {
+        let tensors: Vec<String> =
+            self.tensors.iter().map(|t| format!("{t:?}")).collect();
+        format!(
+            "sqlfeed.Batch(epoch={}, step={}, rows={}, tensors=[{}])",
+            self.epoch,
+            self.step,
+            self.rows,
+            tensors.join(", ")
+        )
+    }
+}
+
+/// One tensor of a batch: a DLPack producer over the feed's memory.
+#[pyclass(module = "sqlfeed._sqlfeed", name = "Tensor", frozen)]
+pub(crate) struct PyTensor {
+    tensor: Tensor,
+}
+
+impl PyTensor {
+    fn new(tensor: Tensor) -> Self {
+        Self { tensor }
+    }
+}
+
+#[pymethods]
+impl PyTensor {
+    /// The DLPack protocol: a capsule over this tensor's memory, without a
+    /// copy. `stream` is the consumer's CUDA stream (None or 1: the legacy
+    /// default stream, 2: per-thread, -1: no synchronisation wanted,
+    /// other: a `cudaStream_t` of the feed's device that stays alive while
+    /// the result is used); it waits for the batch's copies and the memory
+    /// is reused only after the work queued on it. With `max_version >=
+    /// (1, 0)` the capsule is a read-only DLPack 1.x one.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<i64>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "sqlfeed tensors are exported without a copy; copy after importing \
+                 (e.g. tensor.clone())",
+            ));
+        }
+        let device = self.__dlpack_device__();
+        if let Some(wanted) = dl_device
+            && wanted != device
+        {
+            let wanted_name = match wanted {
+                (1, _) => "cpu".to_string(),
+                (2, ordinal) => format!("cuda:{ordinal}"),
+                (kind, ordinal) => format!("DLPack device type {kind} #{ordinal}"),
+            };
+            return Err(PyBufferError::new_err(format!(
+                "tensor '{}' is on {}, not {wanted_name}: build the feed with \
+                 device='{wanted_name}' (sqlfeed exports without copying)",
+                self.tensor.name(),
+                self.tensor.device()
+            )));
+        }
+        let consumer = consumer_stream(self.tensor.device(), stream)?;
+        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+        dlpack::capsule(py, &self.tensor, consumer, versioned)
+    }
+
+    /// `(device_type, device_id)`: (1, 0) for the CPU, (2, N) for cuda:N.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        match self.tensor.device() {
+            Device::Cpu => (1, 0),
+            Device::Cuda(ordinal) => (2, ordinal as i32),
+        }
+    }
+
+    /// The tensor's name (its column, or `<column>_mask`).
+    #[getter]
+    fn name(&self) -> String {
+        self.tensor.name().to_string()
+    }
+
+    /// The element type (`float32`, `int64`, …).
+    #[getter]
+    fn dtype(&self) -> String {
+        self.tensor.dtype().to_string()
+    }
+
+    /// Dimensions, batch first.
+    #[getter]
+    fn shape(&self) -> Vec<usize> {
+        self.tensor.shape().to_vec()
+    }
+
+    /// `cpu` or `cuda:N`.
+    #[getter]
+    fn device(&self) -> String {
+        self.tensor.device().to_string()
+    }
+
+    /// Address of the first element (host or device pointer).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        self.tensor.data_ptr() as usize
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.tensor.nbytes()
+    }
+
+    /// A copy of the bytes in host memory.
+    fn to_bytes<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let bytes = py.detach(|| self.tensor.to_host_bytes()).py_err()?;
+        Ok(pyo3::types::PyBytes::new(py, &bytes))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("sqlfeed.{:?}", self.tensor)
+    }
+}
+
+/// The consumer stream named by a DLPack `stream` argument.
+fn consumer_stream(device: Device, stream: Option<i64>) -> PyResult<ConsumerStream> {
+    match (device, stream) {
+        (_, None) | (Device::Cpu, Some(-1)) => Ok(ConsumerStream::LEGACY_DEFAULT),
+        (Device::Cpu, Some(other)) => Err(PyBufferError::new_err(format!(
+            "stream={other} for a CPU tensor; the DLPack protocol expects None"
+        ))),
+        // -1: the consumer asks for no synchronisation; its reads are still
+        // ordered after our copies (the feed waited for them) and we order
+        // the release after the legacy default stream.
+        (Device::Cuda(_), Some(-1 | 1)) => Ok(ConsumerStream::LEGACY_DEFAULT),
+        (Device::Cuda(_), Some(2)) => Ok(ConsumerStream::PER_THREAD_DEFAULT),
+        (Device::Cuda(_), Some(0)) => Err(PyBufferError::new_err(
+            "stream=0 is ambiguous in the DLPack protocol; pass 1 for the legacy \
+             default stream or 2 for the per-thread one",
+        )),
+        (Device::Cuda(_), Some(handle)) if handle > 2 => {
+            // SAFETY: the DLPack protocol makes the consumer pass a live
+            // stream of the tensor's device that outlives its use of the
+            // tensor, which is `from_raw`'s contract.
+            Ok(unsafe { ConsumerStream::from_raw(handle as u64) })
+        }
+        (Device::Cuda(_), Some(other)) => Err(PyBufferError::new_err(format!(
+            "stream={other} is not a CUDA stream"
+        ))),
+    }
+}

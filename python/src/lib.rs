@@ -1,0 +1,28 @@
+//! `sqlfeed._sqlfeed`: the Python extension module. A thin layer over the
+//! Rust API (sessions, SQL results as Arrow C streams, feeds whose batches
+//! are DLPack tensors); the ergonomic parts (framework conversion, the
+//! `state_dict` protocol, `shard="auto"`, the DataLoader adapter) are in the
+//! pure-Python package `sqlfeed`.
+
+mod dlpack;
+mod errors;
+mod feed;
+mod result;
+mod session;
+
+use pyo3::prelude::*;
+
+/// The extension module.
+#[pymodule]
+fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(py, m)?;
+    m.add_class::<session::PySession>()?;
+    m.add_class::<result::PySqlResult>()?;
+    m.add_class::<feed::PyFeed>()?;
+    m.add_class::<feed::PyBatch>()?;
+    m.add_class::<feed::PyTensor>()?;
+    m.add_function(wrap_pyfunction!(session::cuda_device_count, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! `Session`: a sqlfeed session (memory budget, spill folder, cache, object
+//! stores, functions) and the runtime its SQL runs on.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use sqlfeed::Session;
+
+use crate::errors::{IntoPy, PlanError};
+use crate::feed::{FeedOptions, PyFeed};
+use crate::result::PySqlResult;
+
+/// A sqlfeed session; see `sqlfeed.Session` for the documented API.
+#[pyclass(module = "sqlfeed._sqlfeed", name = "Session", frozen)]
+pub(crate) struct PySession {
+    /// The Rust session (cheap to clone: shared state).
+    pub(crate) session: Session,
+    /// Runs planning and result streams (feeds have runtimes of their own).
+    pub(crate) runtime: Arc<tokio::runtime::Runtime>,
+}
+
+/// A memory size given as bytes or as text (`"4G"`, `"512M"`, `"25%"`).
+#[derive(FromPyObject)]
+pub(crate) enum MemorySize {
+    /// Bytes.
+    Bytes(usize),
+    /// Text for `parse_memory_size`.
+    Text(String),
+}
+
+#[pymethods]
+impl PySession {
+    #[new]
+    #[pyo3(signature = (
+        memory_limit = None,
+        target_partitions = None,
+        cache_dir = None,
+        cluster = None,
+        spill_dir = None,
+        batch_size = None,
+    ))]
+    fn new(
+        py: Python<'_>,
+        memory_limit: Option<MemorySize>,
+        target_partitions: Option<usize>,
+        cache_dir: Option<std::path::PathBuf>,
+        cluster: Option<String>,
+        spill_dir: Option<std::path::PathBuf>,
+        batch_size: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut builder = Session::builder();
+        if let Some(limit) = memory_limit {
+            let bytes = match limit {
+                MemorySize::Bytes(bytes) => bytes,
+                MemorySize::Text(text) => sqlfeed::session::parse_memory_size(&text)
+                    .map_err(|e| PlanError::new_err(format!("memory_limit: {e}")))?,
+            };
+            builder = builder.memory_limit(bytes);
+        }
+        if let Some(partitions) = target_partitions {
+            builder = builder.target_partitions(partitions);
+        }
+        if let Some(dir) = cache_dir {
+            builder = builder.cache_dir(dir);
+        }
+        if let Some(dir) = spill_dir {
+            builder = builder.spill_dir(dir);
+        }
+        if let Some(rows) = batch_size {
+            builder = builder.batch_size(rows);
+        }
+        if let Some(url) = cluster {
+            builder = builder.cluster(url);
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .thread_name("sqlfeed-session")
+            .enable_all()
+            .build()
+            .map_err(|e| PlanError::new_err(format!("cannot start threads: {e}")))?;
+        let runtime = Arc::new(runtime);
+        // Building a cluster session dials the scheduler: not under the GIL,
+        // and inside the runtime (Ballista's client needs one).
+        let session = py.detach(|| {
+            let _guard = runtime.enter();
+            builder.build()
+        });
+        Ok(Self {
+            session: session.py_err()?,
+            runtime,
+        })
+    }
+
+    /// Plans one statement of sqlfeed SQL; runs nothing until read.
+    fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PySqlResult> {
+        let session = self.session.clone();
+        let df = py.detach(|| self.runtime.block_on(session.sql(query)));
+        Ok(PySqlResult::new(
+            df.py_err()?,
+            self.session.clone(),
+            Arc::clone(&self.runtime),
+        ))
+    }
+
+    /// Starts a feed pass; see `sqlfeed.Feed` (which calls this).
+    fn _start_feed(&self, py: Python<'_>, options: FeedOptions) -> PyResult<PyFeed> {
+        let session = self.session.clone();
+        py.detach(|| options.build(&session))
+            .py_err()
+            .map(PyFeed::new)
+    }
+
+    /// The memory budget in bytes.
+    #[getter]
+    fn memory_limit(&self) -> usize {
+        self.session.memory_limit()
+    }
+
+    /// This session's spill folder (removed when the session ends).
+    #[getter]
+    fn spill_folder(&self) -> std::path::PathBuf {
+        self.session.spill_folder().to_path_buf()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "sqlfeed.Session(memory_limit={}, spill_folder='{}')",
+            self.session.memory_limit(),
+            self.session.spill_folder().display()
+        )
+    }
+}
+
+/// The number of usable CUDA devices (0 without a driver).
+#[pyfunction]
+pub(crate) fn cuda_device_count() -> usize {
+    sqlfeed::device::cuda_device_count()
+}

@@ -1,0 +1,251 @@
+"""Feeds from Python: tensors and their values, zero copy, the batch
+contract, formats, state_dict resume, Ctrl-C, threads."""
+
+from __future__ import annotations
+
+import _thread
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from conftest import require
+
+import sqlfeed
+
+
+def feed_threads() -> int:
+    """Threads of sqlfeed feeds alive in this process (Linux)."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue
+        if name.startswith("sqlfeed-") and name[len("sqlfeed-") :].isdigit():
+            count += 1
+    return count
+
+
+def test_every_column_kind_has_the_dtype_shape_and_values_of_pyarrow(session, gen_data):
+    torch = require("torch", "torch")
+    np = require("numpy", "numpy")
+    require("pyarrow", "arrow")
+    files = f"'{gen_data}/*.parquet'"
+    query = (
+        "SELECT id, label, f0, weight, feature_vector(f0, f1, f2) AS x, "
+        "tokens, image_decode(image_png) AS hwc, "
+        "image_to_tensor(image_decode(image_png)) AS chw "
+        f"FROM {files} WHERE id < 300 ORDER BY id"
+    )
+    feed = session.feed(
+        query,
+        batch_size=64,
+        device="cpu",
+        columns={"weight": {"fill_null": -1.0}, "f0": {"dtype": "bfloat16"}},
+    )
+    batches = list(feed)
+    assert [b["id"].shape[0] for b in batches] == [64, 64, 64, 64, 44]
+    got = {k: torch.cat([b[k] for b in batches]) for k in ("id", "label", "f0", "weight", "x")}
+    table = session.sql(
+        f"SELECT id, label, f0, weight, f1, f2, tokens, image_decode(image_png)['pixels'] AS px "
+        f"FROM {files} WHERE id < 300 ORDER BY id"
+    ).to_arrow()
+    assert got["id"].dtype == torch.int64 and got["id"].tolist() == table["id"].to_pylist()
+    assert got["label"].dtype == torch.int64  # ints become int64
+    assert got["label"].tolist() == table["label"].to_pylist()
+    assert got["f0"].dtype == torch.bfloat16
+    f0 = np.asarray(table["f0"].to_pylist(), dtype=np.float32)
+    assert np.allclose(got["f0"].float().numpy(), f0, rtol=1e-2, atol=1e-2)
+    weights = [-1.0 if w is None else w for w in table["weight"].to_pylist()]
+    assert got["weight"].dtype == torch.float32
+    assert np.allclose(got["weight"].numpy(), np.asarray(weights, dtype=np.float32))
+    x = np.stack([table[c].to_numpy() for c in ("f0", "f1", "f2")], axis=1).astype(np.float32)
+    assert got["x"].shape == (300, 3) and np.allclose(got["x"].numpy(), x)
+    # Padded token lists with their mask.
+    first = batches[0]
+    lengths = [len(t) for t in table["tokens"].to_pylist()[:64]]
+    assert first["tokens"].shape == (64, max(lengths))
+    assert first["tokens_mask"].dtype == torch.bool
+    assert first["tokens_mask"].sum(dim=1).tolist() == lengths
+    row = table["tokens"].to_pylist()[5]
+    assert first["tokens"][5, : len(row)].tolist() == row
+    # Images: uint8 NHWC equal to the decoded pixels; float32 NCHW / 255.
+    hwc = first["hwc"]
+    assert hwc.dtype == torch.uint8 and hwc.dim() == 4 and hwc.shape[0] == 64
+    pixels = np.frombuffer(table["px"][0].as_py(), dtype=np.uint8)
+    assert np.array_equal(hwc[0].reshape(-1).numpy(), pixels)
+    chw = first["chw"]
+    assert chw.dtype == torch.float32 and chw.shape[1] == hwc.shape[3]
+    assert torch.allclose(chw[0], hwc[0].permute(2, 0, 1).float() / 255)
+
+
+def test_tensors_arrive_without_a_copy(session, ids_data):
+    torch = require("torch", "torch")
+    np = require("numpy", "numpy")
+    feed = session.feed(
+        f"SELECT id FROM '{ids_data}/*.parquet'", batch_size=100, device="cpu", format="dlpack"
+    )
+    batch = next(iter(feed))
+    tensor = batch["id"]
+    assert (tensor.dtype, tensor.shape, tensor.device) == ("int64", [100], "cpu")
+    assert tensor.__dlpack_device__() == (1, 0)
+    as_torch = torch.from_dlpack(tensor)
+    assert as_torch.data_ptr() == tensor.data_ptr
+    as_numpy = np.from_dlpack(tensor)
+    assert as_numpy.ctypes.data == tensor.data_ptr
+    assert not as_numpy.flags.writeable, "versioned exports are read-only"
+    with pytest.raises(BufferError):
+        tensor.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="cuda"):
+        tensor.__dlpack__(dl_device=(2, 0))
+    feed.close()
+
+
+def test_holding_every_batch_of_an_epoch_keeps_each_valid(session, ids_data):
+    torch = require("torch", "torch")
+    feed = session.feed(
+        f"SELECT id FROM '{ids_data}/*.parquet'", batch_size=30, prefetch=1, device="cpu"
+    )
+    held = list(feed)  # 34 batches on a ring of 2 slots
+    assert len(held) == 34 == len(feed)
+    ids = torch.cat([b["id"] for b in held]).tolist()
+    assert sorted(ids) == list(range(1000))
+    again = [b["id"].tolist() for b in feed]  # the next epoch, while the first is held
+    assert [b["id"].tolist() for b in held] == again, "unshuffled epochs are equal"
+
+
+def test_formats_numpy_jax_and_dlpack(session, ids_data):
+    np = require("numpy", "numpy")
+    query = f"SELECT id, CAST(id AS FLOAT) / 2 AS half FROM '{ids_data}/*.parquet'"
+    batch = next(iter(session.feed(query, batch_size=8, device="cpu", format="numpy")))
+    assert isinstance(batch["id"], np.ndarray) and batch["id"].dtype == np.int64
+    assert np.allclose(batch["half"], batch["id"] / 2)
+    raw = next(iter(session.feed(query, batch_size=8, device="cpu", format="dlpack")))
+    assert isinstance(raw["id"], sqlfeed._sqlfeed.Tensor)
+    jax = require("jax", "jax")
+    jbatch = next(iter(session.feed(query, batch_size=8, device="cpu", format="jax")))
+    assert isinstance(jbatch["id"], jax.Array)
+    assert jbatch["half"].tolist() == (batch["id"] / 2).tolist()
+    with pytest.raises(sqlfeed.PlanError, match="format"):
+        session.feed(query, format="tensorflow")
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(session, ids_data):
+    query = f"SELECT id FROM '{ids_data}/*.parquet'"
+    if sqlfeed.cuda_device_count() > 0:
+        torch = require("torch", "torch")
+        batch = next(iter(session.feed(query, batch_size=8, device="cuda:0")))
+        assert batch["id"].device == torch.device("cuda", 0)
+        return
+    with pytest.raises(sqlfeed.PlanError, match="--device cpu"):
+        next(iter(session.feed(query, batch_size=8, device="cuda:0")))
+
+
+def test_bad_input_raises_sqlfeed_errors_with_rust_messages(session, gen_data, tmp_path):
+    with pytest.raises(sqlfeed.PlanError, match="caption"):
+        next(iter(session.feed(f"SELECT caption FROM '{gen_data}/*.parquet'", device="cpu")))
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1" + b"\x00" * 64 + b"PAR1")
+    with pytest.raises(sqlfeed.Error, match="bad.parquet"):
+        next(iter(session.feed(f"SELECT * FROM '{bad}'", device="cpu")))
+    with pytest.raises(sqlfeed.PlanError, match="shard"):
+        next(iter(session.feed("SELECT 1 AS a", shard=(2, 2), device="cpu")))
+
+
+def test_set_epoch_and_len_follow_the_sampler_conventions(session, ids_data):
+    torch = require("torch", "torch")
+    feed = session.feed(
+        f"SELECT id FROM '{ids_data}/*.parquet'", batch_size=64, shuffle=5, device="cpu"
+    )
+    assert len(feed) == 16
+    first = [b["id"] for b in feed]
+    assert len(first) == 16 and feed.epoch == 1
+    second = [b["id"] for b in feed]
+    feed.set_epoch(0)
+    again = [b["id"] for b in feed]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    dropped = session.feed(
+        f"SELECT id FROM '{ids_data}/*.parquet'", batch_size=64, drop_last=True, shard=(1, 3)
+    )
+    assert len(dropped) == 1000 // (64 * 3)
+
+
+def test_state_dict_resumes_in_a_new_process_byte_for_byte(session, ids_data, tmp_path):
+    require("torch", "torch")
+    query = f"SELECT id, CAST(id AS DOUBLE) * 0.5 AS x FROM '{ids_data}/*.parquet'"
+    options = dict(batch_size=48, shuffle=11, epochs=2, device="cpu", format="numpy")
+    digests = [(b["id"].tobytes() + b["x"].tobytes()).hex() for b in session.feed(query, **options)]
+    feed = session.feed(query, **options)
+    it = iter(feed)
+    for _ in range(27):  # into the second epoch (21 batches each)
+        next(it)
+    state = json.loads(json.dumps(feed.state_dict()))
+    assert (state["epoch"], state["step"]) == (1, 6)
+    feed.close()
+    script = textwrap.dedent(
+        f"""
+        import json, sys, sqlfeed
+        session = sqlfeed.Session(memory_limit="1G")
+        feed = session.feed({query!r}, **{options!r})
+        feed.load_state_dict(json.loads(sys.argv[1]))
+        for b in feed:
+            print((b["id"].tobytes() + b["x"].tobytes()).hex())
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(state)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    resumed = out.stdout.split()
+    # A pass from (1, 6) runs `epochs` epochs: the rest of epoch 1, then 2.
+    assert resumed[: 21 - 6] == digests[27:]
+    # A state of another seed is refused.
+    other = session.feed(query, **dict(options, shuffle=12))
+    with pytest.raises(sqlfeed.PlanError, match="seed"):
+        other.load_state_dict(state)
+
+
+def test_ctrl_c_stops_the_feed_within_a_second_and_leaves_no_thread(session):
+    # A first batch that takes many seconds: a large sort.
+    feed = session.feed(
+        "SELECT value AS v FROM generate_series(1, 30000000) ORDER BY value DESC",
+        batch_size=8,
+        device="cpu",
+        format="dlpack",
+    )
+    it = iter(feed)
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    stopped = time.monotonic() - started
+    timer.cancel()
+    assert stopped < 0.5 + 1.0, f"took {stopped:.2f} s"
+    deadline = time.monotonic() + 10
+    while feed_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert feed_threads() == 0
+
+
+def test_no_thread_is_left_after_del(session, ids_data):
+    feed = session.feed(f"SELECT id FROM '{ids_data}/*.parquet'", batch_size=10, device="cpu")
+    it = iter(feed)
+    next(it)
+    assert feed_threads() > 0
+    del it, feed
+    gc.collect()
+    assert feed_threads() == 0
