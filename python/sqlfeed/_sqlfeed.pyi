@@ -1,0 +1,104 @@
+"""Type stubs of the extension module ``sqlfeed._sqlfeed`` (Rust, pyo3).
+
+Use the documented wrappers in :mod:`sqlfeed` (``Session``, ``SqlResult``,
+``Feed``); the classes here are what they hold, and what ``format="dlpack"``
+feeds yield (:class:`Tensor`).
+"""
+
+from typing import Any
+
+__version__: str
+
+class Error(Exception):
+    """Base class of sqlfeed's errors; the message is the Rust message."""
+
+class PlanError(Error):
+    """The SQL or an option is wrong (a bad column, a syntax error, an impossible setting)."""
+
+class ExecutionError(Error):
+    """The data could not be processed (a corrupt file, a bad value in a row)."""
+
+class ResourcesExhausted(Error):
+    """The memory budget (memory_limit) does not fit the work, e.g. too many held batches."""
+
+class InternalError(Error):
+    """A bug in sqlfeed; the message says what failed."""
+
+def cuda_device_count() -> int:
+    """The number of usable CUDA devices (0 without a driver)."""
+
+class Session:
+    def __init__(
+        self,
+        memory_limit: int | str | None = None,
+        target_partitions: int | None = None,
+        cache_dir: str | None = None,
+        cluster: str | None = None,
+        spill_dir: str | None = None,
+        batch_size: int | None = None,
+    ) -> None: ...
+    def sql(self, query: str) -> SqlResult: ...
+    def _start_feed(self, options: dict[str, Any]) -> RawFeed: ...
+    @property
+    def memory_limit(self) -> int: ...
+    @property
+    def spill_folder(self) -> str: ...
+
+class SqlResult:
+    def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
+        """An ``arrow_array_stream`` PyCapsule over the rows."""
+    def _collect_stream(self) -> object: ...
+    @property
+    def columns(self) -> list[str]: ...
+    def explain(self) -> str: ...
+
+class RawFeed:
+    """One running pass of a feed: iterating yields :class:`Batch`."""
+
+    def __iter__(self) -> RawFeed: ...
+    def __next__(self) -> Batch: ...
+    def close(self) -> None: ...
+    @property
+    def running(self) -> bool: ...
+    def report(self) -> dict[str, Any]: ...
+
+class Batch:
+    """A batch's tensors by name, and where it sits in the feed."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    def keys(self) -> list[str]: ...
+    def tensors(self) -> list[Tensor]: ...
+    def __getitem__(self, name: str) -> Tensor: ...
+    def __len__(self) -> int: ...
+
+class Tensor:
+    """A DLPack producer over the feed's memory (no copy); pass it to
+    ``torch.from_dlpack``, ``numpy.from_dlpack`` or ``jax.dlpack.from_dlpack``."""
+
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> object: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> list[int]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def data_ptr(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def to_bytes(self) -> bytes: ...
