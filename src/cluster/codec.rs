@@ -10,8 +10,8 @@
 //! ```text
 //!  client                       scheduler                      executor
 //!  ShuffleNode ──logical──►     ShuffleNode ─plan─► stages ──physical──►
-//!  tokenize()    codec          ShuffleKeyExec, SortExec,     ShuffleKeyExec,
-//!                               ShuffleExec, tokenize()       ShuffleExec, tokenize()
+//!  tokenize()    codec          ShuffleKeyExec, PermuteExec,  ShuffleKeyExec,
+//!                               ShuffleExec, tokenize()       PermuteExec, tokenize()
 //! ```
 //!
 //! # Wire format
@@ -48,7 +48,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::CachedTable;
 use crate::shuffle::{
-    LocalShuffleExec, PermuteExec, ShuffleExec, ShuffleKeyExec, ShuffleNode, ShuffleSpec,
+    LocalShuffleExec, PermuteExec, PermuteMode, ShuffleExec, ShuffleKeyExec, ShuffleNode,
+    ShuffleSpec,
 };
 
 /// Prefix of every payload this module writes.
@@ -83,7 +84,11 @@ pub enum WireNode {
         seed: u64,
     },
     /// [`PermuteExec`].
-    Permute,
+    Permute {
+        /// [`PermuteMode::PerPartition`] (the stage-shaped plan) rather than
+        /// [`PermuteMode::Gather`].
+        per_partition: bool,
+    },
 
     /// A sqlfeed function, resolved by name where it is decoded.
     Function,
@@ -311,7 +316,14 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::LocalShuffle { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
             }
-            WireNode::Permute => Arc::new(PermuteExec::try_new(input)?),
+            WireNode::Permute { per_partition } => {
+                let mode = if per_partition {
+                    PermuteMode::PerPartition
+                } else {
+                    PermuteMode::Gather
+                };
+                Arc::new(PermuteExec::try_new_with_mode(input, mode)?)
+            }
 
             other @ (WireNode::Shuffle(_) | WireNode::Function) => {
                 return Err(DataFusionError::Internal(format!(
@@ -344,8 +356,10 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 buffer_rows: local.buffer_rows(),
                 seed: local.seed(),
             }
-        } else if plan.is::<PermuteExec>() {
-            WireNode::Permute
+        } else if let Some(permute) = plan.downcast_ref::<PermuteExec>() {
+            WireNode::Permute {
+                per_partition: permute.mode() == PermuteMode::PerPartition,
+            }
         } else {
             return self.inner.try_encode(node, buf, proto_converter);
         };

@@ -2,11 +2,12 @@
 //!
 //! ```text
 //!  ProjectionExec (drop key)                   (stage-shaped plan; on one
-//!    ShuffleExec: seed, epoch, batch_rows  ◄──  machine PermuteExec takes the
-//!      SortPreservingMergeExec (key)            merge's place and drops the
-//!        SortExec (key, per partition)          key itself)
-//!          ShuffleKeyExec (seed, epoch)     ShuffleExec runs its subtree with
-//!            <input>                        batch_size = batch_rows
+//!    ShuffleExec: seed, epoch, batch_rows  ◄──  machine one PermuteExec over
+//!      SortPreservingMergeExec (key)            all partitions takes the
+//!        PermuteExec (per partition)            merge's place and drops the
+//!          RepartitionExec (hash of key)        key itself)
+//!            ShuffleKeyExec (seed, epoch)   ShuffleExec runs its subtree with
+//!              <input>                      batch_size = batch_rows
 //! ```
 //!
 //! # Why a batch size of its own

@@ -5,9 +5,11 @@
 //! ```
 //!
 //! Stateless and streaming: one output batch per input batch, same
-//! partitioning, no memory held between batches. The key depends only on the
-//! row's values and the seed (see the [module docs](super)), so it is the
-//! same whichever partition or batch a row arrives in.
+//! partitioning, no memory held between batches. The key is the *content*
+//! key: it depends only on the row's values and the seed (see the
+//! [module docs](super)), so it is the same whichever partition or batch a
+//! row arrives in, and the copies of a repeated row share it until
+//! [`super::PermuteExec`] gives each copy its own.
 //!
 //! # Error handling
 //! Errors of the input and of the row encoding are passed on in the stream.

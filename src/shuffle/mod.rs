@@ -15,15 +15,20 @@
 //! by the session's budget.
 //!
 //! # Definition of the order
-//! `key(row) = row_key(row, mix(seed, epoch))`, where `row_key` folds every
-//! column of the query, in order, into an xxh3 hash (defined in
-//! `crate::sql::functions`: value bytes straight from Arrow, arrow's row format
-//! for the remaining types) and `mix` is SplitMix64 of `seed ^
-//! SplitMix64(epoch)`. Rows are emitted by ascending key. Two rows with equal
-//! keys are byte-identical (barring a 2^-64 hash collision), so ties cannot
-//! make the output differ. Caveat: identical rows share a key and so come out
-//! next to each other; a row identity from the scan (file, row offset) to
-//! break such ties is future work.
+//! The content key is `c(row) = row_key(row, mix(seed, epoch))`, where
+//! `row_key` folds every column of the query, in order, into an xxh3 hash
+//! (defined in `crate::sql::functions`: value bytes straight from Arrow,
+//! arrow's row format for the remaining types) and `mix` is SplitMix64 of
+//! `seed ^ SplitMix64(epoch)`. The copies of a row that occurs `n` times are
+//! numbered `k = 0..n` and copy `k` gets the key `c` for `k = 0` and
+//! `xxh3(k, seed = c)` otherwise (see `copies.rs`). Rows are emitted by
+//! ascending key. So the output is a uniform permutation of the rows as a
+//! multiset: copies are spread like independent rows (the 3 copies of each
+//! row of a table repeated 3 times are not adjacent), and a table without
+//! repeated rows is ordered by `c` alone. Copies are identical, so which copy
+//! gets which `k` cannot be seen: the order stays a pure function of (seed,
+//! epoch, data). Two different rows with equal keys (a 2^-64 collision) come
+//! out in arrival order.
 //!
 //! # Data flow
 //! ```text
@@ -32,19 +37,22 @@
 //!    p0        p1       …   pN-1
 //!    │         │            │
 //!    ▼         ▼            ▼
-//!  ShuffleKeyExec: append __sqlfeed_shuffle_key = key(seed, epoch, row);
+//!  ShuffleKeyExec: append __sqlfeed_shuffle_key = c(seed, epoch, row);
 //!    │         │            │   split batches wider than 1/64 of a share
 //!    └────┬────┴─────┬──────┘
 //!         ▼          ▼
-//!  PermuteExec: hold batches, sort a (key, batch, row) index, gather output
-//!         │     in key order; beyond the budget, sorted runs on disk merged
-//!         ▼     by DataFusion's streaming merge; drops the key
+//!  PermuteExec: hold batches, sort a (key, batch, row) index; copies are now
+//!         │     adjacent: number them, re-key, sort again; gather output in
+//!         │     key order; beyond the budget, content-key-sorted runs on
+//!         │     disk, merged to number copies, then merged by final key
+//!         ▼     (DataFusion's streaming merge); drops the key
 //!  one stream in global key order
 //! ```
-//! [`plan_sorted_shuffle`] gives the same order with DataFusion's per-partition
-//! `SortExec` and `SortPreservingMergeExec` in place of [`PermuteExec`]: the
-//! shape Ballista cuts into stages (sorts on the executors, the merge on the
-//! final stage). A test checks that both plans give the same order.
+//! [`plan_sorted_shuffle`] gives the same order in the shape Ballista cuts
+//! into stages: a hash exchange on the content key (all copies of a row meet
+//! in one partition), [`PermuteExec`] per partition keeping the final key,
+//! and DataFusion's `SortPreservingMergeExec` on the final stage. A test
+//! checks that both plans give the same order.
 //!
 //! # Memory and spilling
 //! [`PermuteExec`] reserves the held batches plus 16 bytes of index per row
@@ -65,6 +73,7 @@
 //! One partition, ordered by the (dropped) key. `LOCAL SHUFFLE` keeps the
 //! input partitioning and has no ordering.
 
+mod copies;
 mod exec;
 mod key;
 mod local;
@@ -82,7 +91,7 @@ pub use exec::{ShuffleExec, shuffle_batch_rows};
 pub use key::{SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed};
 pub use local::LocalShuffleExec;
 pub use logical::ShuffleNode;
-pub use permute::PermuteExec;
+pub use permute::{PermuteExec, PermuteMode};
 pub use planner::{
     ShuffleExtensionPlanner, SqlfeedQueryPlanner, plan_global_shuffle,
     plan_sorted_shuffle,

@@ -29,11 +29,30 @@
 //! ([`super::plan_sorted_shuffle`]) stays for distributed execution, where
 //! the per-partition sort and the merge are the stage boundaries.
 //!
+//! # Repeated rows
+//! The input key is a content key, shared by the copies of a row. Once the
+//! index is sorted the copies are adjacent; they are recognised by comparing
+//! values and copy `k` gets [`copy_key`]`(content key, k)`, so that copies
+//! are spread like independent rows, and the index is sorted again (only
+//! when some key changed). With spilled runs, copies may sit in different
+//! runs: the merge of the runs in content-key order numbers them and sorts
+//! the later copies apart, then the first copies are merged with them (see
+//! `merge_runs`). Any numbering of identical rows gives the same output, so
+//! this is as partition-invariant as the content key (see [`super::copies`]).
+//!
 //! # Ordering
 //! Output is in ascending key order, the same order as the sort-based plan.
-//! Rows with equal keys are identical rows (the key hashes the content), so
-//! their relative order cannot be seen. Two different rows with the same
-//! 64-bit key (probability about n²/2⁶⁵) would come out in arrival order.
+//! Rows with equal final keys are copies of one row only by a 64-bit
+//! collision; two different rows with the same content key (probability
+//! about n²/2⁶⁵) come out in arrival order.
+//!
+//! # Modes
+//! [`PermuteMode::Gather`] reads every input partition into one output
+//! partition and drops the key (the embedded plan).
+//! [`PermuteMode::PerPartition`] permutes each partition on its own and keeps
+//! the final key for an order-preserving merge above (the stage-shaped plan,
+//! after a hash exchange on the content key has put all copies of a row in
+//! one partition).
 //!
 //! # Memory and spilling
 //! Held batches and the index are reserved from the session's pool as a
@@ -42,17 +61,23 @@
 //! the reservation is freed; at the end the runs are merged by DataFusion's
 //! streaming merge, which holds one batch per run it merges and merges in
 //! several passes when that does not fit. Spill files are deleted when the
-//! stream is dropped, also on error or cancellation.
+//! stream is dropped, also on error or cancellation. Copies after the first,
+//! found when merging spilled runs, are held and spilled the same way by a
+//! second consumer ("PermuteExec copies"); without repeated rows there are
+//! none, and the runs are read twice (once to look for copies).
 
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::compute::interleave_record_batch;
-use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
+    UInt64Array,
+};
+use datafusion::arrow::compute::{filter_record_batch, interleave, take_record_batch};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{
     EquivalenceProperties, LexOrdering, Partitioning, PhysicalExpr, PhysicalSortExpr,
@@ -76,24 +101,46 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::SHUFFLE_KEY_COLUMN;
+use super::copies::{CopyCounter, copy_key, spread_copies_in_index};
 
 /// Bytes of one index entry.
 const INDEX_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32, u32)>();
+
+/// Which partitions [`PermuteExec`] permutes together; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermuteMode {
+    /// All input partitions into one output partition, without the key.
+    Gather,
+    /// Each input partition on its own, keeping the final key, sorted by it.
+    PerPartition,
+}
 
 /// See the module docs.
 #[derive(Debug)]
 pub struct PermuteExec {
     /// Keyed rows (the key is the last column).
     input: Arc<dyn ExecutionPlan>,
-    /// Output schema: the input's without the key.
+    /// Which partitions are permuted together.
+    mode: PermuteMode,
+    /// Output schema: the input's without the key ([`PermuteMode::Gather`])
+    /// or with the final key ([`PermuteMode::PerPartition`]).
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl PermuteExec {
-    /// Orders the rows of `input` by its last column, [`SHUFFLE_KEY_COLUMN`].
+    /// Orders all rows of `input` by its last column, [`SHUFFLE_KEY_COLUMN`]
+    /// (copies spread), into one partition without the key.
     pub fn try_new(input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Self::try_new_with_mode(input, PermuteMode::Gather)
+    }
+
+    /// Orders the rows of `input` as `mode` says.
+    pub fn try_new_with_mode(
+        input: Arc<dyn ExecutionPlan>,
+        mode: PermuteMode,
+    ) -> Result<Self> {
         let input_schema = input.schema();
         let fields = input_schema.fields();
         if fields.last().map(|f| f.name().as_str()) != Some(SHUFFLE_KEY_COLUMN) {
@@ -101,28 +148,57 @@ impl PermuteExec {
                 "PermuteExec needs {SHUFFLE_KEY_COLUMN} as the last input column"
             )));
         }
-        let schema = Arc::new(Schema::new_with_metadata(
-            fields[..fields.len() - 1].to_vec(),
-            input_schema.metadata().clone(),
-        ));
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        );
+        let properties = match mode {
+            PermuteMode::Gather => {
+                let schema = Arc::new(Schema::new_with_metadata(
+                    fields[..fields.len() - 1].to_vec(),
+                    input_schema.metadata().clone(),
+                ));
+                PlanProperties::new(
+                    EquivalenceProperties::new(schema),
+                    Partitioning::UnknownPartitioning(1),
+                    EmissionType::Final,
+                    Boundedness::Bounded,
+                )
+            }
+            PermuteMode::PerPartition => {
+                let key: Arc<dyn PhysicalExpr> =
+                    Arc::new(Column::new(SHUFFLE_KEY_COLUMN, fields.len() - 1));
+                PlanProperties::new(
+                    EquivalenceProperties::new_with_orderings(
+                        Arc::clone(&input_schema),
+                        [[PhysicalSortExpr::new_default(key)]],
+                    ),
+                    input.output_partitioning().clone(),
+                    EmissionType::Final,
+                    Boundedness::Bounded,
+                )
+            }
+        };
         Ok(Self {
             input,
-            schema,
+            mode,
+            schema: Arc::clone(properties.eq_properties.schema()),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// Which partitions are permuted together.
+    pub fn mode(&self) -> PermuteMode {
+        self.mode
     }
 }
 
 impl DisplayAs for PermuteExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "PermuteExec: key={SHUFFLE_KEY_COLUMN}")
+        match self.mode {
+            PermuteMode::Gather => write!(f, "PermuteExec: key={SHUFFLE_KEY_COLUMN}"),
+            PermuteMode::PerPartition => write!(
+                f,
+                "PermuteExec: key={SHUFFLE_KEY_COLUMN}, preserve_partitioning=true"
+            ),
+        }
     }
 }
 
@@ -161,7 +237,7 @@ impl ExecutionPlan for PermuteExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = super::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(child)?))
+        Ok(Arc::new(Self::try_new_with_mode(child, self.mode)?))
     }
 
     fn execute(
@@ -169,61 +245,86 @@ impl ExecutionPlan for PermuteExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return Err(DataFusionError::Internal(format!(
-                "PermuteExec has one output partition, asked for {partition}"
-            )));
-        }
         let input_schema = self.input.schema();
         let partitions = self.input.output_partitioning().partition_count();
-        // One task per input partition, so that they decode in parallel.
-        let mut builder = RecordBatchReceiverStream::builder(
-            Arc::clone(&input_schema),
-            2 * partitions.max(1),
-        );
-        for input_partition in 0..partitions {
-            let tx = builder.tx();
-            let input = Arc::clone(&self.input);
-            let context = Arc::clone(&context);
-            builder.spawn(async move {
-                let mut stream = input.execute(input_partition, context)?;
-                while let Some(batch) = stream.next().await {
-                    if tx.send(batch).await.is_err() {
-                        break; // the consumer went away
-                    }
+        let arrivals = match self.mode {
+            PermuteMode::Gather if partition == 0 => {
+                // One task per input partition, so that they decode in parallel.
+                let mut builder = RecordBatchReceiverStream::builder(
+                    Arc::clone(&input_schema),
+                    2 * partitions.max(1),
+                );
+                for input_partition in 0..partitions {
+                    let tx = builder.tx();
+                    let input = Arc::clone(&self.input);
+                    let context = Arc::clone(&context);
+                    builder.spawn(async move {
+                        let mut stream = input.execute(input_partition, context)?;
+                        while let Some(batch) = stream.next().await {
+                            if tx.send(batch).await.is_err() {
+                                break; // the consumer went away
+                            }
+                        }
+                        Ok(())
+                    });
                 }
-                Ok(())
-            });
-        }
-        let arrivals = builder.build();
-
-        let reservation = MemoryConsumer::new("PermuteExec")
-            .with_can_spill(true)
-            .register(context.memory_pool());
+                builder.build()
+            }
+            PermuteMode::PerPartition if partition < partitions => {
+                self.input.execute(partition, Arc::clone(&context))?
+            }
+            _ => {
+                return Err(DataFusionError::Internal(format!(
+                    "PermuteExec ({:?}) has no output partition {partition}",
+                    self.mode
+                )));
+            }
+        };
         let spill_manager = SpillManager::new(
             context.runtime_env(),
-            SpillMetrics::new(&self.metrics, 0),
+            SpillMetrics::new(&self.metrics, partition),
             Arc::clone(&input_schema),
         );
-        let permuter = Permuter {
-            held: Vec::new(),
-            index: Vec::new(),
-            runs: Vec::new(),
+        let reservation = MemoryConsumer::new(format!("PermuteExec[{partition}]"))
+            .with_can_spill(true)
+            .register(context.memory_pool());
+        let permuter = Permuter::new(
             reservation,
+            context.memory_pool(),
             spill_manager,
-            batch_rows: context.session_config().batch_size().max(1),
-            key_column: input_schema.fields().len() - 1,
-        };
-        let baseline = BaselineMetrics::new(&self.metrics, 0);
-        let merge_reservation =
-            MemoryConsumer::new("PermuteExec merge").register(context.memory_pool());
+            context.session_config().batch_size().max(1),
+            true,
+        );
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
-        let output = futures::stream::once(async move {
-            permuter
-                .run(arrivals, baseline, merge_reservation, schema)
-                .await
-        })
-        .flatten();
+        let key_column = input_schema.fields().len() - 1;
+        let keep_key = self.mode == PermuteMode::PerPartition;
+        let work = baseline.intermediate();
+        let output =
+            futures::stream::once(async move {
+                match permuter.run(arrivals, work).await {
+                    Ok(stream) => stream,
+                    Err(e) => futures::stream::once(async { Err(e) }).boxed(),
+                }
+            })
+            .flatten()
+            .map(move |batch| {
+                let batch = batch?;
+                let columns = if keep_key {
+                    // The merge above reserves each batch it holds by its size.
+                    compact_views(batch.columns())
+                } else {
+                    batch.columns()[..key_column].to_vec()
+                };
+                let options =
+                    RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                Ok(RecordBatch::try_new_with_options(
+                    Arc::clone(&schema),
+                    columns,
+                    &options,
+                )?
+                .record_output(&baseline))
+            });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             output,
@@ -245,61 +346,63 @@ struct Permuter {
     runs: Vec<SortedSpillFile>,
     /// Held batches and index, in the session's pool.
     reservation: MemoryReservation,
+    /// The pool merges reserve their batches from.
+    pool: Arc<dyn MemoryPool>,
     spill_manager: SpillManager,
     /// Rows per output batch and per spilled batch.
     batch_rows: usize,
-    /// Position of the key column.
+    /// Position of the key column (= the number of content columns).
     key_column: usize,
+    /// The keys are content keys whose copies still need their own keys;
+    /// unset for the sorter of copies, whose keys are final.
+    spread_copies: bool,
 }
 
 impl Permuter {
-    /// Reads all input, then returns the output stream.
+    /// An empty permuter of batches shaped like `spill_manager`'s schema.
+    fn new(
+        reservation: MemoryReservation,
+        pool: &Arc<dyn MemoryPool>,
+        spill_manager: SpillManager,
+        batch_rows: usize,
+        spread_copies: bool,
+    ) -> Self {
+        let key_column = spill_manager.schema().fields().len() - 1;
+        Self {
+            held: Vec::new(),
+            index: Vec::new(),
+            runs: Vec::new(),
+            reservation,
+            pool: Arc::clone(pool),
+            spill_manager,
+            batch_rows,
+            key_column,
+            spread_copies,
+        }
+    }
+
+    /// Reads all input, then returns the output stream (with the key column
+    /// holding every row's final key).
     async fn run(
         mut self,
         mut arrivals: SendableRecordBatchStream,
         baseline: BaselineMetrics,
-        merge_reservation: MemoryReservation,
-        schema: SchemaRef,
-    ) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
-        let collected = async {
-            while let Some(batch) = arrivals.next().await {
-                let batch = batch?;
-                let _timer = baseline.elapsed_compute().timer();
-                self.push(batch)?;
-            }
-            Ok::<_, DataFusionError>(())
-        }
-        .await;
-        if let Err(e) = collected {
-            return futures::stream::once(async { Err(e) }).boxed();
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        while let Some(batch) = arrivals.next().await {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            self.push(batch)?;
         }
         drop(arrivals);
-        let key_column = self.key_column;
-        let output = if self.runs.is_empty() {
-            // Gathered from batches whose key column is already dropped.
+        if self.runs.is_empty() {
             self.gather_in_memory(baseline)
         } else {
-            self.merge_runs(baseline, merge_reservation).map(|merged| {
-                merged
-                    .map(move |batch| {
-                        let columns: Vec<usize> = (0..key_column).collect();
-                        Ok(batch?.project(&columns)?)
-                    })
-                    .boxed()
-            })
-        };
-        match output {
-            Ok(stream) => stream
-                .map(move |batch| {
-                    let batch = batch?;
-                    Ok(RecordBatch::try_new(
-                        Arc::clone(&schema),
-                        batch.columns().to_vec(),
-                    )?)
-                })
-                .boxed(),
-            Err(e) => futures::stream::once(async { Err(e) }).boxed(),
+            self.merge_runs(baseline).await
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.runs.is_empty()
     }
 
     /// Holds `batch`, first spilling what is held if it does not fit.
@@ -340,8 +443,8 @@ impl Permuter {
     /// Builds the index of everything held, sorted by key. It is built once,
     /// at its exact size, from the held key columns (growing it batch by
     /// batch would briefly need three times its size when it reallocates).
-    /// Equal keys (identical rows) fall back to arrival order, which cannot
-    /// be seen in the output.
+    /// Equal keys (copies of one row) fall back to arrival order, which
+    /// cannot be seen in the output.
     fn build_index(&mut self) {
         let rows = self.held.iter().map(|b| b.num_rows()).sum();
         let mut index = Vec::with_capacity(rows);
@@ -362,32 +465,50 @@ impl Permuter {
         self.index = index;
     }
 
-    /// Gathers held rows in index order, `batch_rows` at a time.
-    fn gathered(&self) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
-        (0..self.index.len().div_ceil(self.batch_rows)).map(|chunk| self.gather(chunk))
-    }
-
-    /// Output batch number `chunk`: the held rows of that slice of the index.
-    fn gather(&self, chunk: usize) -> Result<RecordBatch> {
+    /// Output batch number `chunk`: the content columns of that slice of the
+    /// index, plus the index's keys as the key column when `with_key`.
+    fn gather(&self, chunk: usize, with_key: bool) -> Result<RecordBatch> {
         let start = chunk * self.batch_rows;
         let end = (start + self.batch_rows).min(self.index.len());
-        let held: Vec<&RecordBatch> = self.held.iter().collect();
-        let indices: Vec<(usize, usize)> = self.index[start..end]
+        let entries = &self.index[start..end];
+        let indices: Vec<(usize, usize)> = entries
             .iter()
             .map(|&(_, batch, row)| (batch as usize, row as usize))
             .collect();
-        Ok(interleave_record_batch(&held, &indices)?)
+        let mut columns = (0..self.key_column)
+            .map(|column| {
+                let arrays: Vec<&dyn Array> = self
+                    .held
+                    .iter()
+                    .map(|b| b.column(column).as_ref())
+                    .collect();
+                interleave(&arrays, &indices)
+            })
+            .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+        let schema = if with_key {
+            columns.push(Arc::new(UInt64Array::from_iter_values(
+                entries.iter().map(|e| e.0),
+            )));
+            Arc::clone(self.spill_manager.schema())
+        } else {
+            let fields = self.spill_manager.schema().fields();
+            Arc::new(Schema::new(fields[..self.key_column].to_vec()))
+        };
+        let options = RecordBatchOptions::new().with_row_count(Some(entries.len()));
+        Ok(RecordBatch::try_new_with_options(
+            schema, columns, &options,
+        )?)
     }
 
-    /// Writes everything held as one sorted run and frees it.
+    /// Writes everything held as one run sorted by the held keys, and frees it.
     fn spill(&mut self) -> Result<()> {
         self.build_index();
         let mut file = self
             .spill_manager
             .create_in_progress_file("PermuteExec run")?;
         let mut max_batch_bytes = 0;
-        for batch in self.gathered() {
-            let batch = batch?;
+        for chunk in 0..self.index.len().div_ceil(self.batch_rows) {
+            let batch = self.gather(chunk, true)?;
             max_batch_bytes = max_batch_bytes.max(file.append_batch(&batch)?);
         }
         if let Some(file) = file.finish()? {
@@ -402,8 +523,8 @@ impl Permuter {
         Ok(())
     }
 
-    /// Everything fit: sort the index and stream gathered batches; held
-    /// batches are released when the stream ends.
+    /// Everything fit: sort the index, give copies their keys, and stream
+    /// gathered batches; held batches are released when the stream ends.
     fn gather_in_memory(
         mut self,
         baseline: BaselineMetrics,
@@ -411,6 +532,11 @@ impl Permuter {
         {
             let _timer = baseline.elapsed_compute().timer();
             self.build_index();
+            if self.spread_copies
+                && spread_copies_in_index(&self.held, &mut self.index, self.key_column)
+            {
+                self.index.sort_unstable();
+            }
             // The keys are in the index now: drop their column (8 B/row).
             let columns: Vec<usize> = (0..self.key_column).collect();
             for batch in &mut self.held {
@@ -422,35 +548,185 @@ impl Permuter {
         Ok(futures::stream::iter(0..chunks)
             .map(move |chunk| {
                 let _timer = baseline.elapsed_compute().timer();
-                Ok(this.gather(chunk)?.record_output(&baseline))
+                this.gather(chunk, true)
             })
             .boxed())
     }
 
-    /// Some runs are on disk: spill the rest and merge all runs by key.
-    fn merge_runs(
-        mut self,
-        baseline: BaselineMetrics,
-        merge_reservation: MemoryReservation,
-    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
-        if !self.held.is_empty() {
-            self.spill()?;
-        }
+    /// DataFusion's streaming merge by key of `runs` and `streams`, each
+    /// sorted by key, with a merge reservation of its own.
+    fn merge(
+        &self,
+        runs: Vec<SortedSpillFile>,
+        streams: Vec<SendableRecordBatchStream>,
+        metrics: BaselineMetrics,
+    ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(self.spill_manager.schema());
         let key: Arc<dyn PhysicalExpr> =
             Arc::new(Column::new(SHUFFLE_KEY_COLUMN, self.key_column));
         let ordering = LexOrdering::new([PhysicalSortExpr::new_default(key)])
             .ok_or_else(|| DataFusionError::Internal("empty shuffle ordering".into()))?;
-        let runs = std::mem::take(&mut self.runs);
-        let merged = StreamingMergeBuilder::new()
+        StreamingMergeBuilder::new()
             .with_sorted_spill_files(runs)
+            .with_streams(streams)
             .with_spill_manager(self.spill_manager.clone())
             .with_schema(schema)
             .with_expressions(&ordering)
-            .with_metrics(baseline)
+            .with_metrics(metrics)
             .with_batch_size(self.batch_rows)
-            .with_reservation(merge_reservation)
-            .build()?;
-        Ok(merged.boxed())
+            .with_reservation(
+                MemoryConsumer::new("PermuteExec merge").register(&self.pool),
+            )
+            .build()
     }
+
+    /// Some runs are on disk: spill the rest and merge all runs by key.
+    ///
+    /// With content keys, copies of a row can sit in different runs, so the
+    /// merge in content-key order is walked first to number them (pass 1):
+    /// copies after the first go, with their own keys, to a second sorter.
+    /// When there are none the runs are merged once more as they are;
+    /// otherwise the merge of the runs minus those copies (pass 2, whose
+    /// content keys are their final keys) is merged with the sorted copies.
+    /// Without repeated rows this costs one more read of the runs.
+    async fn merge_runs(
+        mut self,
+        baseline: BaselineMetrics,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        if !self.held.is_empty() {
+            self.spill()?;
+        }
+        let runs = std::mem::take(&mut self.runs);
+        if !self.spread_copies {
+            return Ok(self.merge(runs, vec![], baseline)?.boxed());
+        }
+        // Everything is on disk: the copies take over the (empty) reservation,
+        // so that a fair pool does not split the budget with an idle consumer.
+        let reservation = std::mem::replace(
+            &mut self.reservation,
+            MemoryConsumer::new("PermuteExec runs").register(&self.pool),
+        );
+        let mut copies = Permuter::new(
+            reservation,
+            &self.pool,
+            self.spill_manager.clone(),
+            self.batch_rows,
+            false,
+        );
+        let mut counter = CopyCounter::new(self.key_column);
+        let mut merged = self.merge(reopen(&runs), vec![], baseline.intermediate())?;
+        while let Some(batch) = merged.next().await {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            if let Some(later) = later_copies(&mut counter, &batch, self.key_column)? {
+                copies.push(later)?;
+            }
+        }
+        drop(merged);
+        if copies.is_empty() {
+            return Ok(self.merge(runs, vec![], baseline)?.boxed());
+        }
+        let key_column = self.key_column;
+        let mut counter = CopyCounter::new(key_column);
+        let first_copies = self
+            .merge(runs, vec![], baseline.intermediate())?
+            .map(move |batch| first_copies(&mut counter, &batch?, key_column));
+        let first_copies: SendableRecordBatchStream =
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(self.spill_manager.schema()),
+                first_copies,
+            ));
+        let mut streams = vec![first_copies];
+        if copies.runs.is_empty() {
+            let schema = Arc::clone(copies.spill_manager.schema());
+            let in_memory = copies.gather_in_memory(baseline.intermediate())?;
+            streams.push(Box::pin(RecordBatchStreamAdapter::new(schema, in_memory)));
+            Ok(self.merge(vec![], streams, baseline)?.boxed())
+        } else {
+            if !copies.held.is_empty() {
+                copies.spill()?;
+            }
+            let copy_runs = std::mem::take(&mut copies.runs);
+            Ok(self.merge(copy_runs, streams, baseline)?.boxed())
+        }
+    }
+}
+
+/// The runs again, for a second merge; the files stay until the last
+/// reference is dropped.
+fn reopen(runs: &[SortedSpillFile]) -> Vec<SortedSpillFile> {
+    runs.iter()
+        .map(|run| SortedSpillFile {
+            file: Arc::clone(&run.file),
+            max_record_batch_memory: run.max_record_batch_memory,
+        })
+        .collect()
+}
+
+/// The rows of `batch` (in content-key order) that are not the first copy of
+/// their content, with their [`copy_key`]s in the key column.
+fn later_copies(
+    counter: &mut CopyCounter,
+    batch: &RecordBatch,
+    key_column: usize,
+) -> Result<Option<RecordBatch>> {
+    let keys = content_keys(batch, key_column)?;
+    let mut rows = Vec::new();
+    let mut new_keys = Vec::new();
+    for (row, &key) in keys.values().iter().enumerate() {
+        let copy = counter.copy_index(batch, row, key);
+        if copy > 0 {
+            rows.push(row as u32);
+            new_keys.push(copy_key(key, copy));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let taken = take_record_batch(batch, &UInt32Array::from(rows))?;
+    // A taken view array still points into (and would be charged for) the
+    // whole merged batch's buffers.
+    let mut columns = compact_views(&taken.columns()[..key_column]);
+    columns.push(Arc::new(UInt64Array::from(new_keys)));
+    Ok(Some(RecordBatch::try_new(taken.schema(), columns)?))
+}
+
+/// The rows of `batch` (in content-key order) that are the first copy of
+/// their content; their content key is their final key.
+fn first_copies(
+    counter: &mut CopyCounter,
+    batch: &RecordBatch,
+    key_column: usize,
+) -> Result<RecordBatch> {
+    let keys = content_keys(batch, key_column)?;
+    let first: BooleanArray = keys
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(row, &key)| Some(counter.copy_index(batch, row, key) == 0))
+        .collect();
+    Ok(filter_record_batch(batch, &first)?)
+}
+
+/// `columns` with string and binary views copied into buffers of their own.
+/// Taking or interleaving rows of a view array keeps every buffer the rows
+/// came from, and a reservation of the batch pays for all of them.
+fn compact_views(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+    columns
+        .iter()
+        .map(|column| match column.data_type() {
+            DataType::Utf8View => Arc::new(column.as_string_view().gc()) as ArrayRef,
+            DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
+            _ => Arc::clone(column),
+        })
+        .collect()
+}
+
+fn content_keys(batch: &RecordBatch, key_column: usize) -> Result<&UInt64Array> {
+    batch
+        .column(key_column)
+        .as_primitive_opt::<UInt64Type>()
+        .ok_or_else(|| {
+            DataFusionError::Internal(format!("{SHUFFLE_KEY_COLUMN} is not UInt64"))
+        })
 }

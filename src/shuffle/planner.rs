@@ -10,18 +10,18 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use datafusion::physical_planner::{
     DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner,
 };
 use datafusion_session::Session;
 
 use super::{
-    LocalShuffleExec, PermuteExec, SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKeyExec,
-    ShuffleNode, ShuffleSpec, shuffle_batch_rows,
+    LocalShuffleExec, PermuteExec, PermuteMode, SHUFFLE_KEY_COLUMN, ShuffleExec,
+    ShuffleKeyExec, ShuffleNode, ShuffleSpec, shuffle_batch_rows,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 
@@ -82,11 +82,12 @@ pub fn plan_global_shuffle(
 }
 
 /// The same order as [`plan_global_shuffle`] with stage-shaped operators:
-/// key, sort per partition, order-preserving merge (under [`ShuffleExec`]),
-/// drop the key. This is
-/// the plan distributed execution cuts into stages (per-partition sorts on
-/// executors, the merge on the final stage); on one machine it peaks at
-/// about twice the data, so embedded queries use [`PermuteExec`].
+/// key, hash exchange on the content key (every copy of a row lands in one
+/// partition, where its copies can be numbered), [`PermuteExec`] per
+/// partition (copies spread, the final key kept), order-preserving merge by
+/// the final key (under [`ShuffleExec`]), drop the key. This is the plan
+/// distributed execution cuts into stages (the exchange and the
+/// per-partition permutations on executors, the merge on the final stage).
 pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
     seed: u64,
@@ -96,15 +97,25 @@ pub fn plan_sorted_shuffle(
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
+    let partitions = input.properties().partitioning.partition_count().max(1);
     let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
-    let ordering = LexOrdering::new([PhysicalSortExpr::new(key, SortOptions::default())])
-        .ok_or_else(|| DataFusionError::Internal("empty shuffle ordering".into()))?;
-    let sorted: Arc<dyn ExecutionPlan> =
-        Arc::new(SortExec::new(ordering.clone(), keyed).with_preserve_partitioning(true));
+    let ordering = LexOrdering::new([PhysicalSortExpr::new(
+        Arc::clone(&key),
+        SortOptions::default(),
+    )])
+    .ok_or_else(|| DataFusionError::Internal("empty shuffle ordering".into()))?;
+    let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
+        keyed,
+        Partitioning::Hash(vec![key], partitions),
+    )?);
+    let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new_with_mode(
+        exchanged,
+        PermuteMode::PerPartition,
+    )?);
     let merged: Arc<dyn ExecutionPlan> =
-        Arc::new(SortPreservingMergeExec::new(ordering, sorted));
+        Arc::new(SortPreservingMergeExec::new(ordering, permuted));
     // ShuffleExec sits right on the merge and requires the key order of its
     // input, so no optimizer pass may replace the merge with an unordered
     // coalesce when nothing above asks for an order (the key is dropped

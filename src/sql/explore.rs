@@ -23,8 +23,9 @@ use datafusion::functions_nested::expr_fn::cardinality;
 use datafusion::logical_expr::{Expr, ScalarUDF, cast};
 use datafusion::prelude::{SessionContext, ident, lit};
 
-use super::functions::{ByteLengthFunc, RowKeyFunc};
+use super::functions::ByteLengthFunc;
 use super::{TableTarget, fresh_seed};
+use crate::shuffle::{ShuffleSpec, shuffle};
 
 async fn select_all(ctx: &SessionContext, target: &TableTarget) -> Result<DataFrame> {
     ctx.sql(&format!("SELECT * FROM {}", target.from_clause()))
@@ -276,9 +277,17 @@ fn display_scalar(value: &ScalarValue) -> String {
     }
 }
 
-/// `SAMPLE <target> <rows> [SEED <seed>]`: a bottom-k sample by
-/// `sqlfeed_row_key(seed, all columns)`, planned as a TopK sort so that memory
-/// stays bounded by `rows` however large the table is.
+/// `SAMPLE <target> <rows> [SEED <seed>]`: the first `rows` rows of
+/// `SELECT * FROM <target> SHUFFLE SEED <seed> EPOCH 0`.
+///
+/// A prefix of a uniform permutation is a uniform sample without
+/// replacement, and the shuffle gives every copy of a repeated row its own
+/// key (see [`crate::shuffle`]), so repeated rows are sampled as often as a
+/// uniform sample of the rows takes them. (Ordering by a hash of the content
+/// alone, a bottom-k sample, would take all copies of a row or none: a table
+/// repeated 3 times gave 100 distinct rows 3 times instead of ~221.) The
+/// numbering of copies needs every copy of a row in one place, so memory is
+/// the shuffle's: the session's budget, spilling beyond it.
 pub(super) async fn sample(
     ctx: &SessionContext,
     target: &TableTarget,
@@ -293,13 +302,10 @@ pub(super) async fn sample(
         )));
     }
     let seed = seed.unwrap_or_else(fresh_seed);
-    let mut key_args = vec![lit(seed)];
-    key_args.extend(df.schema().fields().iter().map(|f| ident(f.name())));
-    let key = ScalarUDF::from(RowKeyFunc::new()).call(key_args);
     let rows = usize::try_from(rows).map_err(|_| {
         DataFusionError::Plan(format!(
             "SAMPLE: {rows} rows is more than this machine can hold"
         ))
     })?;
-    df.sort(vec![key.sort(true, false)])?.limit(0, Some(rows))
+    shuffle(df, ShuffleSpec::Global { seed, epoch: 0 })?.limit(0, Some(rows))
 }

@@ -7,10 +7,12 @@
 //!
 //! # `sqlfeed_row_key`
 //!
-//! `SAMPLE` orders rows by this key and keeps the smallest `n` (a bottom-k
-//! sample), which is a uniform sample without replacement that is independent
-//! of file order, partitioning and batch sizes: the key depends only on the
-//! row's values and the seed.
+//! The content key of the `SHUFFLE` order (and so of `SAMPLE`, a prefix of
+//! a shuffle): it depends only on the row's values and the seed, so it is
+//! independent of file order, partitioning and batch sizes. Identical rows
+//! share it; the shuffle gives each copy its own key on top of it (see
+//! `crate::shuffle`), so `ORDER BY sqlfeed_row_key(…)` is not a uniform
+//! order of a table with repeated rows.
 //!
 //! # Definition
 //! The key starts as `seed` and folds in each column in order:
@@ -26,8 +28,7 @@
 //! encoded a 12,288-float image tensor element by element, 20× slower).
 //! XXH3 is specified and platform-independent; the row format is stable for a
 //! given arrow version, so a sample is reproducible for the same seed, data and
-//! sqlfeed version. Identical rows share a key, which is harmless for sampling:
-//! whichever copy is taken, the output is the same.
+//! sqlfeed version.
 
 use std::sync::Arc;
 
@@ -293,7 +294,7 @@ pub fn infos() -> Vec<sqlfeed_udfs::FunctionInfo> {
             name: "sqlfeed_row_key",
             family: "sqlfeed",
             syntax: "sqlfeed_row_key(seed, col, ...)",
-            description: "seeded xxh3 hash of the row's content (SAMPLE orders by it)",
+            description: "seeded xxh3 hash of the row's content (the shuffle's content key)",
         },
     ]
 }

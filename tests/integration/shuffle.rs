@@ -335,3 +335,303 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
     }
     Ok(())
 }
+
+// ---- Repeated rows (issue 21): a uniform permutation of the multiset ----
+
+/// The columns `a` and `b` of one file of repeated rows.
+type RepeatedFile = (Vec<Option<i64>>, Vec<Option<String>>);
+
+/// Writes `distinct` contents `(a, b)`, with NULLs in both columns, content
+/// `i` repeated `repeats[i % repeats.len()]` times, over 3 files so that the
+/// copies of a row arrive in different files, batches and partitions.
+fn write_repeated(
+    dir: &std::path::Path,
+    distinct: i64,
+    repeats: &[usize],
+) -> Result<usize> {
+    use datafusion::arrow::array::{ArrayRef, StringArray};
+    let mut files: Vec<RepeatedFile> = vec![Default::default(); 3];
+    let mut total = 0;
+    for i in 0..distinct {
+        let a = (i % 7 != 3).then_some(i);
+        let b = (i % 5 != 1).then(|| format!("row {}", i / 2));
+        for copy in 0..repeats[i as usize % repeats.len()] {
+            let file = &mut files[(i as usize + copy) % 3];
+            file.0.push(a);
+            file.1.push(b.clone());
+            total += 1;
+        }
+    }
+    for (n, (a, b)) in files.into_iter().enumerate() {
+        let batch = RecordBatch::try_from_iter(vec![
+            ("a", std::sync::Arc::new(Int64Array::from(a)) as ArrayRef),
+            ("b", std::sync::Arc::new(StringArray::from(b)) as ArrayRef),
+        ])?;
+        write_parquet(&dir.join(format!("part{n}.parquet")), &batch)?;
+    }
+    Ok(total)
+}
+
+/// Adjacent pairs of identical rows.
+fn adjacent_copies(rows: &[Vec<String>]) -> usize {
+    rows.windows(2).filter(|w| w[0] == w[1]).count()
+}
+
+/// Expected adjacent identical pairs in a uniform permutation of a multiset
+/// with multiplicities `counts`: (N−1) · Σ n(n−1) / (N(N−1)).
+fn expected_adjacent_copies(counts: impl Iterator<Item = usize>) -> f64 {
+    let counts: Vec<usize> = counts.collect();
+    let n: usize = counts.iter().sum();
+    counts.iter().map(|&c| (c * (c - 1)) as f64).sum::<f64>() / n as f64
+}
+
+#[tokio::test]
+async fn issue_21_copies_of_a_row_are_not_shuffled_next_to_each_other() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_repeated(dir.path(), 344, &[1])?;
+    let one = format!("SELECT a, b FROM '{}'", dir.path().display());
+    let table = format!("{one} UNION ALL {one} UNION ALL {one}");
+    let s = session(4, 100)?;
+    let shuffled = rows(&collect(&s, &format!("{table} SHUFFLE SEED 7")).await?);
+    assert_eq!(shuffled.len(), 1032);
+    // A uniform permutation has about 2; hashing content alone gave 692.
+    let adjacent = adjacent_copies(&shuffled);
+    assert!(adjacent <= 10, "{adjacent} adjacent copies");
+    let sample = rows(&collect(&s, &format!("SAMPLE ({table}) 300 SEED 3")).await?);
+    assert_eq!(sample.len(), 300);
+    // A uniform sample holds ~221 distinct rows; content keys gave 100 × 3.
+    let distinct = sorted(&sample)
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>();
+    assert!(
+        (190..=250).contains(&distinct.len()),
+        "{} distinct",
+        distinct.len()
+    );
+    Ok(())
+}
+
+/// Several repeat counts, NULLs included: over many seeds the number of
+/// adjacent copies averages what a uniform permutation gives, and the rows
+/// are the input's multiset.
+#[tokio::test]
+async fn repeated_rows_are_spread_like_a_uniform_permutation() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let repeats = [1, 2, 3, 5];
+    let total = write_repeated(dir.path(), 100, &repeats)?;
+    let expected = expected_adjacent_copies((0..100).map(|i| repeats[i % repeats.len()]));
+    let query = format!("SELECT a, b FROM '{}'", dir.path().display());
+    let s = session(3, 64)?;
+    let plain = sorted(&rows(&collect(&s, &query).await?));
+    let seeds = 40;
+    let mut adjacent = 0;
+    for seed in 0..seeds {
+        let shuffled = rows(&collect(&s, &format!("{query} SHUFFLE SEED {seed}")).await?);
+        assert_eq!(sorted(&shuffled), plain, "seed {seed}");
+        adjacent += adjacent_copies(&shuffled);
+    }
+    let mean = adjacent as f64 / seeds as f64;
+    // Mean of 40 draws of a count with mean ~2.5 and variance ~2.5: well
+    // within ±1.5; content keys alone gave total − distinct = 175.
+    assert_eq!(total, 275);
+    assert!(
+        (mean - expected).abs() < 1.5,
+        "mean {mean}, expected {expected}"
+    );
+    Ok(())
+}
+
+/// Contents with multiplicities 1, 2, 3 and a row of NULLs twice: every
+/// content is at every position as often as its share of the rows says.
+#[tokio::test]
+async fn positions_of_repeated_rows_are_uniform_across_seeds() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let batch = RecordBatch::try_from_iter(vec![(
+        "v",
+        arc(Int64Array::from(vec![
+            Some(0),
+            Some(1),
+            None,
+            Some(2),
+            Some(1),
+            Some(2),
+            None,
+            Some(2),
+        ])),
+    )])?;
+    write_parquet(&dir.path().join("p0.parquet"), &batch.slice(0, 5))?;
+    write_parquet(&dir.path().join("p1.parquet"), &batch.slice(5, 3))?;
+    let multiplicity = [("0", 1.0), ("1", 2.0), ("2", 3.0), ("NULL", 2.0)];
+    let s = session(2, 8192)?;
+    let seeds = 400;
+    let mut counts = [[0u32; 8]; 4];
+    for seed in 0..seeds {
+        let order = rows(
+            &collect(
+                &s,
+                &format!(
+                    "SELECT v FROM '{}' SHUFFLE SEED {seed}",
+                    dir.path().display()
+                ),
+            )
+            .await?,
+        );
+        for (position, row) in order.iter().enumerate() {
+            let content = multiplicity
+                .iter()
+                .position(|(v, _)| *v == row[0])
+                .expect("one of the four contents");
+            counts[content][position] += 1;
+        }
+    }
+    let chi2: f64 = counts
+        .iter()
+        .zip(multiplicity)
+        .flat_map(|(row, (_, n))| {
+            let expected = seeds as f64 * n / 8.0;
+            row.iter()
+                .map(move |&o| (o as f64 - expected).powi(2) / expected)
+        })
+        .sum();
+    // (4 − 1) × (8 − 1) = 21 degrees of freedom: p = 0.001 at 46.80.
+    assert!(chi2 < 46.80, "chi2 {chi2}, counts {counts:?}");
+    Ok(())
+}
+
+/// The order of a table with repeated rows is the same for any
+/// `target_partitions` and batch size, spilling or not, and in the
+/// stage-shaped plan a cluster runs.
+#[tokio::test]
+async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_repeated(dir.path(), 300, &[1, 4, 2, 7])?;
+    let query = format!(
+        "SELECT a, b FROM '{}' SHUFFLE SEED 5 EPOCH 1",
+        dir.path().display()
+    );
+    let reference = rows(&collect(&session(1, 8192)?, &query).await?);
+    for partitions in [2, 4, 8] {
+        for batch_size in [7, 8192] {
+            let got = rows(&collect(&session(partitions, batch_size)?, &query).await?);
+            assert_eq!(
+                got, reference,
+                "{partitions} partitions, batches of {batch_size}"
+            );
+        }
+    }
+    let other_epoch = query.replace("EPOCH 1", "EPOCH 2");
+    assert_ne!(
+        rows(&collect(&session(2, 64)?, &other_epoch).await?),
+        reference
+    );
+
+    // Wide repeated rows (12k rows, 3,000 contents, ~2.6 MB) under a 1 MB
+    // budget: copies land in different spilled runs.
+    let (data, spill, spilling) = spilling_fixture()?;
+    let sql = format!(
+        "SELECT id % 3000 AS g, repeat('x', 200) || CAST(id % 3000 AS VARCHAR) AS w \
+         FROM '{}'",
+        data.path().display()
+    );
+    let roomy = session(3, 100)?;
+    let in_memory = rows(&collect(&roomy, &format!("{sql} SHUFFLE SEED 8")).await?);
+    let spilled = rows(&collect(&spilling, &format!("{sql} SHUFFLE SEED 8")).await?);
+    assert_eq!(in_memory.len(), 12_000);
+    assert_eq!(spilled, in_memory);
+    let adjacent = adjacent_copies(&in_memory);
+    assert!(adjacent < 20, "{adjacent} adjacent copies (uniform: ~3)");
+    let leftovers = files_below(spill.path());
+    assert!(leftovers.is_empty(), "spill files left: {leftovers:?}");
+
+    for (s, limit) in [(&spilling, 1 << 20), (&roomy, 256 << 20)] {
+        let input = s.sql(&sql).await?.create_physical_plan().await?;
+        let batch_rows = s.context().state().config().batch_size();
+        let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+            sqlfeed::shuffle::plan_sorted_shuffle(input, 8, 0, limit, batch_rows)?;
+        let state = s.context().state();
+        for rule in state.physical_optimizers() {
+            staged = rule.optimize(staged, state.config().options())?;
+        }
+        let got = rows(
+            &datafusion::physical_plan::collect(staged, s.context().task_ctx()).await?,
+        );
+        assert_eq!(got, in_memory, "stage-shaped plan, limit {limit}");
+    }
+    Ok(())
+}
+
+/// `SAMPLE` on repeated rows: every row (not every distinct row) has the
+/// same chance to be taken, so a content repeated 4 times is taken about 4
+/// times as often as one that appears once.
+#[tokio::test]
+async fn sample_includes_each_copy_as_often_as_any_row() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // Even contents once, odd contents 4 times: 100 + 400 rows.
+    write_repeated(dir.path(), 200, &[1, 4])?;
+    let s = session(3, 64)?;
+    let seeds = 30;
+    let (mut single, mut repeated) = (0usize, 0usize);
+    for seed in 0..seeds {
+        let sample = rows(
+            &collect(
+                &s,
+                &format!("SAMPLE '{}' 50 SEED {seed}", dir.path().display()),
+            )
+            .await?,
+        );
+        assert_eq!(sample.len(), 50);
+        for row in &sample {
+            // `a` is NULL for some contents; `b` ("row i/2") then tells.
+            let content = if row[0] != "NULL" {
+                row[0].parse::<usize>().ok()
+            } else {
+                None
+            };
+            match content {
+                Some(i) if i % 2 == 0 => single += 1,
+                Some(_) => repeated += 1,
+                None => {}
+            }
+        }
+        let again = rows(
+            &collect(
+                &s,
+                &format!("SAMPLE '{}' 50 SEED {seed}", dir.path().display()),
+            )
+            .await?,
+        );
+        assert_eq!(again, sample, "seed {seed}");
+    }
+    // Per row, the inclusion rate of both kinds is 50/500; the repeated
+    // contents hold 4/5 of the non-NULL-`a` rows.
+    let share = repeated as f64 / (single + repeated) as f64;
+    assert!((share - 0.8).abs() < 0.05, "share of repeated rows {share}");
+    Ok(())
+}
+
+/// `LOCAL SHUFFLE` draws slots at random, not by content: with a buffer
+/// holding the whole input it is a uniform permutation, copies included.
+#[tokio::test]
+async fn local_shuffle_spreads_repeated_rows() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let repeats = [3];
+    write_repeated(dir.path(), 344, &repeats)?;
+    let s = session(1, 128)?;
+    let query = format!("SELECT a, b FROM '{}'", dir.path().display());
+    let mut adjacent = 0;
+    let seeds = 10;
+    for seed in 0..seeds {
+        let shuffled = rows(
+            &collect(
+                &s,
+                &format!("{query} LOCAL SHUFFLE BUFFER 2000 SEED {seed}"),
+            )
+            .await?,
+        );
+        assert_eq!(shuffled.len(), 1032);
+        adjacent += adjacent_copies(&shuffled);
+    }
+    let mean = adjacent as f64 / seeds as f64;
+    assert!(mean < 5.0, "mean {mean} adjacent copies (uniform: 2)");
+    Ok(())
+}
