@@ -249,3 +249,32 @@ def test_no_thread_is_left_after_del(session, ids_data):
     del it, feed
     gc.collect()
     assert feed_threads() == 0
+
+
+def test_the_gil_is_released_while_the_loop_waits_for_a_batch(session):
+    feed = session.feed(
+        "SELECT value AS v FROM generate_series(1, 3000000) ORDER BY value DESC",
+        batch_size=8,
+        device="cpu",
+        format="dlpack",
+    )
+    ticks = 0
+    done = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    started = time.monotonic()
+    batch = next(iter(feed))  # a sort of 3M rows: the first batch takes a while
+    waited = time.monotonic() - started
+    done.set()
+    counter.join()
+    assert batch["v"].shape == [8]
+    # The other thread ran during most of the wait (1 ms sleeps).
+    assert ticks > 0.3 * waited * 1000, f"{ticks} ticks in {waited:.2f} s"
+    feed.close()
