@@ -640,6 +640,21 @@ pub struct BatchMeta {
 }
 
 /// One batch of tensors on the feed's device.
+///
+/// # The batch contract
+/// - **Valid while held.** The batch's memory is neither reused nor changed
+///   until the batch, every [`Tensor`] cloned from it and every DLPack
+///   export of them are dropped. Holding many batches at once (gradient
+///   accumulation, `collect()`) is fine: the feed lends more buffers while
+///   its memory budget allows, and past it fails at once with an error that
+///   says how many batches are held, never a hang.
+/// - **CUDA streams.** Work queued on the consumer's streams before the
+///   release is finished before the memory is reused, grown or freed: name
+///   your streams with [`TensorBatch::use_on_stream`] or
+///   [`Tensor::to_dlpack_on`]; without them the legacy default stream is
+///   assumed.
+/// - **Exports are read-only** ([`Tensor::to_dlpack_versioned`]) unless asked
+///   otherwise: the memory is the feed's.
 pub struct TensorBatch {
     /// Where the batch sits in the feed.
     meta: BatchMeta,
