@@ -228,8 +228,21 @@ impl ExecutionPlan for PermuteExec {
         vec![false]
     }
 
+    /// Per partition, every copy of a content must be in the partition that
+    /// numbers them: stating it keeps the optimizer from dropping the hash
+    /// exchange on the key (EnforceDistribution rebuilds exchanges from what
+    /// operators require), which left copies unspread on a cluster.
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        vec![Distribution::UnspecifiedDistribution]
+        match self.mode {
+            PermuteMode::Gather => vec![Distribution::UnspecifiedDistribution],
+            PermuteMode::PerPartition => {
+                let key_column = self.input.schema().fields().len() - 1;
+                vec![Distribution::KeyPartitioned(vec![Arc::new(Column::new(
+                    SHUFFLE_KEY_COLUMN,
+                    key_column,
+                ))])]
+            }
+        }
     }
 
     fn with_new_children(

@@ -543,7 +543,14 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
     let leftovers = files_below(spill.path());
     assert!(leftovers.is_empty(), "spill files left: {leftovers:?}");
 
-    for (s, limit) in [(&spilling, 1 << 20), (&roomy, 256 << 20)] {
+    // The stage-shaped plan holds nested merges per partition when copies
+    // span spilled runs (first copies, later copies, final key): 2 MB.
+    let tight = Session::builder()
+        .memory_limit(2 << 20)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    for (s, limit) in [(&tight, 2 << 20), (&roomy, 256 << 20)] {
         let input = s.sql(&sql).await?.create_physical_plan().await?;
         let batch_rows = s.context().state().config().batch_size();
         let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
