@@ -33,6 +33,21 @@
 //! 100000×100000 pixels, or a PNG that would inflate to gigabytes, is refused
 //! rather than allocated. A panic inside a decoder is caught and reported as
 //! a decoding error of that row.
+//!
+//! A truncated or structurally damaged file is an error too, although the
+//! decoders would fill in the missing part and return a plausible picture:
+//! a JPEG must end with its end-of-image marker after the last scan, a PNG
+//! with `IEND`, every PNG chunk's CRC must match (see [`integrity`]). The
+//! optional third argument `'partial'` turns this off for one call, for data
+//! sets known to hold cut files whose top part is still wanted:
+//!
+//! ```sql
+//! SELECT image_decode(image_jpeg, 'rgb', 'partial') FROM t;
+//! ```
+//!
+//! It is an argument rather than a session setting so that it is visible in
+//! the query, travels with the plan to Ballista executors, and is part of
+//! every cache key built from the SQL.
 
 use std::io::Cursor;
 use std::panic::AssertUnwindSafe;
@@ -52,13 +67,18 @@ use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
 
 use crate::FunctionInfo;
 
+pub mod integrity;
 pub mod transform;
+
+pub use integrity::Completeness;
 
 /// Largest image decoded by default: 64 megapixels (8192 × 8192).
 pub const DEFAULT_MAX_PIXELS: u64 = 64 << 20;
 
-const DECODE: &str = "image_decode(bytes [, 'rgb' | 'rgba' | 'gray'])";
-const TRY_DECODE: &str = "try_image_decode(bytes [, 'rgb' | 'rgba' | 'gray'])";
+const DECODE: &str =
+    "image_decode(bytes [, 'rgb' | 'rgba' | 'gray' [, 'complete' | 'partial']])";
+const TRY_DECODE: &str =
+    "try_image_decode(bytes [, 'rgb' | 'rgba' | 'gray' [, 'complete' | 'partial']])";
 
 /// The struct type of a decoded image.
 pub fn image_type() -> DataType {
@@ -100,13 +120,13 @@ pub fn infos() -> Vec<FunctionInfo> {
             name: "image_decode",
             family: "image",
             syntax: DECODE,
-            description: "PNG/JPEG bytes -> struct(height, width, channels, pixels HWC uint8); EXIF orientation applied",
+            description: "PNG/JPEG bytes -> struct(height, width, channels, pixels HWC uint8); EXIF orientation applied; truncated files are errors unless 'partial'",
         },
         FunctionInfo {
             name: "try_image_decode",
             family: "image",
             syntax: TRY_DECODE,
-            description: "like image_decode, but NULL for bytes that cannot be decoded",
+            description: "like image_decode, but NULL for bytes that cannot be decoded (truncated files included)",
         },
         FunctionInfo {
             name: "image_resize",
@@ -183,13 +203,50 @@ impl Mode {
     }
 }
 
-/// Decodes one encoded image; the error says why, for the row message.
+impl Completeness {
+    fn parse(function: &str, value: &ScalarValue) -> Result<Self> {
+        let text = match value {
+            ScalarValue::Utf8(Some(s))
+            | ScalarValue::Utf8View(Some(s))
+            | ScalarValue::LargeUtf8(Some(s)) => s,
+            other => {
+                return Err(DataFusionError::Plan(format!(
+                    "{function}: the third argument must be a constant 'complete' or \
+                     'partial', got {other}"
+                )));
+            }
+        };
+        match text.to_ascii_lowercase().as_str() {
+            "complete" => Ok(Completeness::Required),
+            "partial" => Ok(Completeness::AllowPartial),
+            other => Err(DataFusionError::Plan(format!(
+                "{function}: unknown third argument '{other}', use 'complete' (the \
+                 default: truncated files are errors) or 'partial'"
+            ))),
+        }
+    }
+}
+
+/// Decodes one complete encoded image; the error says why, for the row
+/// message.
 pub fn decode_image(
     bytes: &[u8],
     max_pixels: u64,
 ) -> std::result::Result<DynamicImage, String> {
+    decode_image_with(bytes, max_pixels, Completeness::Required)
+}
+
+/// Decodes one encoded image, requiring a complete file or not.
+pub fn decode_image_with(
+    bytes: &[u8],
+    max_pixels: u64,
+    completeness: Completeness,
+) -> std::result::Result<DynamicImage, String> {
     if bytes.is_empty() {
         return Err("the value is empty".into());
+    }
+    if completeness == Completeness::Required {
+        integrity::check_complete(bytes)?;
     }
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
@@ -263,9 +320,9 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                 self.syntax()
             ))
         };
-        if !(1..=2).contains(&arg_types.len()) {
+        if !(1..=3).contains(&arg_types.len()) {
             return Err(plan_error(format!(
-                "takes 1 or 2 arguments, got {}",
+                "takes 1 to 3 arguments, got {}",
                 arg_types.len()
             )));
         }
@@ -278,16 +335,15 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                 return Err(plan_error(format!("bytes must be binary, got {other}")));
             }
         }
-        if let Some(mode) = arg_types.get(1)
-            && !matches!(
-                mode,
-                DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
-            )
-        {
-            return Err(plan_error(format!("mode must be a string, got {mode}")));
+        for (i, what) in [(1, "mode"), (2, "the third argument")] {
+            if let Some(t) = arg_types.get(i)
+                && !matches!(t, DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8)
+            {
+                return Err(plan_error(format!("{what} must be a string, got {t}")));
+            }
         }
         let mut types = vec![DataType::BinaryView];
-        types.extend(arg_types.get(1).map(|_| DataType::Utf8));
+        types.extend(arg_types[1..].iter().map(|_| DataType::Utf8));
         Ok(types)
     }
 
@@ -307,6 +363,17 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                 )));
             }
         };
+        let completeness = match args.args.get(2) {
+            None => Completeness::Required,
+            Some(ColumnarValue::Scalar(v)) => Completeness::parse(self.name(), v)?,
+            Some(ColumnarValue::Array(_)) => {
+                return Err(DataFusionError::Plan(format!(
+                    "{}: the third argument must be a constant; signature: {}",
+                    self.name(),
+                    self.syntax()
+                )));
+            }
+        };
         let bytes = args.args[0].to_array(args.number_rows)?;
         let bytes = bytes.as_binary_view();
         let mut heights = UInt32Builder::with_capacity(bytes.len());
@@ -317,7 +384,7 @@ impl ScalarUDFImpl for ImageDecodeFunc {
         for (row, value) in bytes.iter().enumerate() {
             let decoded = value.map(|b| {
                 std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    decode_image(b, self.max_pixels)
+                    decode_image_with(b, self.max_pixels, completeness)
                 }))
                 .unwrap_or_else(|_| Err("the decoder panicked on this data".into()))
             });

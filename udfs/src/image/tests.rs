@@ -256,7 +256,11 @@ async fn wrong_arguments_are_plan_errors() {
     for (sql, expected) in [
         ("SELECT image_decode('text')", "bytes must be binary"),
         ("SELECT image_decode(X'00', 'cmyk')", "unknown mode 'cmyk'"),
-        ("SELECT image_decode()", "takes 1 or 2 arguments"),
+        ("SELECT image_decode()", "takes 1 to 3 arguments"),
+        (
+            "SELECT image_decode(X'00', 'rgb', 'sloppy')",
+            "unknown third argument 'sloppy'",
+        ),
     ] {
         let err = match ctx.sql(sql).await {
             Ok(df) => df.collect().await.expect_err(sql).to_string(),
@@ -591,5 +595,172 @@ async fn cmyk_and_progressive_jpegs_decode_to_the_right_colours() -> Result<()> 
     assert_eq!((height, width), (16, 32));
     let worst = worst_error(&pixels, &source);
     assert!(worst <= 16, "progressive JPEG off by {worst}");
+    Ok(())
+}
+
+/// A noisy `width` × `height` RGB picture (noise keeps the compressed data
+/// long, so that cuts land inside it).
+fn noise(width: usize, height: usize) -> Vec<u8> {
+    (0..width * height * 3)
+        .map(|i| ((i * 2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// Baseline, progressive and restart-marker JPEGs and a PNG of the same
+/// 64 × 48 picture, with their names.
+fn complete_images() -> Vec<(&'static str, Vec<u8>)> {
+    use jpeg_encoder::{ColorType, Encoder};
+    let pixels = noise(64, 48);
+    let mut baseline = Vec::new();
+    JpegEncoder::new_with_quality(&mut baseline, 90)
+        .write_image(&pixels, 64, 48, ExtendedColorType::Rgb8)
+        .expect("baseline jpeg");
+    let mut progressive = Vec::new();
+    let mut encoder = Encoder::new(&mut progressive, 90);
+    encoder.set_progressive(true);
+    encoder
+        .encode(&pixels, 64, 48, ColorType::Rgb)
+        .expect("progressive jpeg");
+    let mut restarts = Vec::new();
+    let mut encoder = Encoder::new(&mut restarts, 90);
+    encoder.set_restart_interval(2);
+    encoder
+        .encode(&pixels, 64, 48, ColorType::Rgb)
+        .expect("jpeg with restart markers");
+    vec![
+        ("baseline jpeg", baseline),
+        ("progressive jpeg", progressive),
+        ("jpeg with restart markers", restarts),
+        ("png", png(64, 48, &pixels, ExtendedColorType::Rgb8)),
+    ]
+}
+
+/// Where the test cuts each file: inside the data, and just before the end
+/// (a JPEG without the last byte of FFD9, a PNG without all of IEND).
+fn cut_points(len: usize) -> Vec<usize> {
+    vec![len / 4, len / 2, len * 9 / 10, len - 12, len - 2, len - 1]
+}
+
+#[tokio::test]
+async fn truncated_images_are_errors_naming_the_row() -> Result<()> {
+    let strict = || ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS));
+    let lenient = || ScalarUDF::from(ImageDecodeFunc::new(true, DEFAULT_MAX_PIXELS));
+    for (name, image) in complete_images() {
+        let whole = decode_with(strict(), vec![Some(image.clone())], "rgb").await?;
+        assert_eq!(fields(&whole, 0).0, 48, "{name} decodes whole");
+        for cut in cut_points(image.len()) {
+            let blobs = vec![Some(image.clone()), Some(image[..cut].to_vec())];
+            let err = decode_with(strict(), blobs.clone(), "rgb")
+                .await
+                .expect_err(&format!("{name} cut at {cut} of {} decodes", image.len()))
+                .to_string();
+            assert!(
+                err.contains("cannot decode row 1") && err.contains("truncated"),
+                "{name} cut at {cut}: {err}"
+            );
+            assert!(err.contains("'partial'"), "{name} cut at {cut}: {err}");
+            let nulls = decode_with(lenient(), blobs, "rgb").await?;
+            assert!(!nulls.is_null(0) && nulls.is_null(1), "{name} cut at {cut}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn partial_argument_accepts_what_the_decoder_fills_in() -> Result<()> {
+    let strict = || ScalarUDF::from(ImageDecodeFunc::new(false, DEFAULT_MAX_PIXELS));
+    for (name, image) in complete_images() {
+        // JPEG: cut in the middle of the scans. PNG: cut inside a text chunk
+        // after the image data (the png crate itself refuses a PNG cut
+        // anywhere before the chunk that follows the image data).
+        let (image, cut) = if name == "png" {
+            let text = with_chunk_before_iend(&image, b"tEXt", &[b'x'; 200]);
+            let cut = image.len() - 12 + 100;
+            (text, cut)
+        } else {
+            let cut = image.len() * 9 / 10;
+            (image, cut)
+        };
+        let ctx = SessionContext::new();
+        ctx.register_udf(strict());
+        let array = BinaryArray::from_iter_values([&image[..cut]]);
+        let batch = RecordBatch::try_from_iter(vec![("b", Arc::new(array) as ArrayRef)])?;
+        ctx.register_batch("t", batch)?;
+        let batches = ctx
+            .sql("SELECT image_decode(b, 'rgb', 'PARTIAL') FROM t")
+            .await?
+            .collect()
+            .await?;
+        let (height, width, channels, _) = fields(batches[0].column(0).as_struct(), 0);
+        assert_eq!((height, width, channels), (48, 64, 3), "{name}");
+    }
+    Ok(())
+}
+
+/// `png` with a chunk of `kind` holding `data` inserted before IEND.
+fn with_chunk_before_iend(png: &[u8], kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut body = kind.to_vec();
+    body.extend_from_slice(data);
+    let iend = png.len() - 12;
+    let mut out = png[..iend].to_vec();
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&crc32(&body).to_be_bytes());
+    out.extend_from_slice(&png[iend..]);
+    out
+}
+
+#[tokio::test]
+async fn damaged_png_chunks_are_errors_even_after_the_image_data() -> Result<()> {
+    let image = png(64, 48, &noise(64, 48), ExtendedColorType::Rgb8);
+    let text = with_chunk_before_iend(&image, b"tEXt", b"Comment\0made by a test");
+    // Sanity: the extra chunk itself is fine.
+    decode(vec![Some(text.clone())], "rgb").await?;
+    let mut in_image_data = image.clone();
+    in_image_data[image.len() / 2] ^= 0x10;
+    let mut text_after_data = text.clone();
+    let text_at = image.len() - 12;
+    text_after_data[text_at + 10] ^= 0x01;
+    let mut iend_crc = image.clone();
+    let last = iend_crc.len() - 1;
+    iend_crc[last] ^= 0xFF;
+    for (name, blob, expected) in [
+        ("IDAT byte flipped", in_image_data, "CRC"),
+        ("tEXt after IDAT flipped", text_after_data, "tEXt chunk"),
+        ("IEND CRC flipped", iend_crc, "IEND chunk"),
+    ] {
+        let err = decode(vec![Some(blob.clone())], "rgb")
+            .await
+            .expect_err(name)
+            .to_string();
+        assert!(err.contains("cannot decode row 0"), "{name}: {err}");
+        assert!(err.contains(expected), "{name}: {err}");
+        // 'partial' does not excuse a checksum error in the image data.
+        if name.starts_with("IDAT") {
+            let ctx = SessionContext::new();
+            crate::register_all(&ctx)?;
+            let array = BinaryArray::from_iter_values([blob]);
+            let batch =
+                RecordBatch::try_from_iter(vec![("b", Arc::new(array) as ArrayRef)])?;
+            ctx.register_batch("t", batch)?;
+            let result = ctx
+                .sql("SELECT image_decode(b, 'rgb', 'partial') FROM t")
+                .await?
+                .collect()
+                .await;
+            assert!(result.is_err(), "{name} decodes with 'partial'");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn bytes_after_the_jpeg_end_marker_are_ignored() -> Result<()> {
+    for (name, image) in complete_images() {
+        let mut padded = image.clone();
+        padded.extend_from_slice(b"camera maker trailer \xff\x00");
+        let image = decode(vec![Some(padded)], "rgb").await?;
+        assert_eq!(fields(&image, 0).0, 48, "{name}");
+    }
     Ok(())
 }
