@@ -121,12 +121,25 @@ async fn a_shuffle_six_times_the_memory_limit_spills_within_bounded_rss() -> Res
         "the shuffle's peak RSS grew by {} bytes, over {bound}",
         shuffled.grown
     );
-    let left: Vec<_> = std::fs::read_dir(spill.path())?
-        .flatten()
-        .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
-        .collect();
+    // Folders stay while the session lives (its own spill folder and
+    // DataFusion's inside it); no file may.
+    let left = files_below(spill.path());
     assert!(left.is_empty(), "spill files left: {left:?}");
     Ok(())
+}
+
+/// Every file below `dir`, at any depth.
+fn files_below(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = vec![];
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(files_below(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }
 
 /// What streaming one query cost.

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 
 /// Attempts to create a folder that no sweeper removes under us; a sweeper
 /// wins a race only in a window of microseconds, so a few suffice.
-const CREATE_ATTEMPTS: usize = 8;
+const CREATE_ATTEMPTS: usize = 64;
 
 /// A folder inside a parent, locked while this value lives and removed when
 /// it is dropped (unless [`LiveFolder::keep`] was called).
@@ -66,7 +66,17 @@ impl LiveFolder {
     pub(crate) fn create(parent: &Path, prefix: &str) -> io::Result<Self> {
         for _ in 0..CREATE_ATTEMPTS {
             let dir = tempfile::Builder::new().prefix(prefix).tempdir_in(parent)?;
-            let lock = File::open(dir.path())?;
+            let lock = match File::open(dir.path()) {
+                Ok(lock) => lock,
+                // A sweeper in another process locked and removed it before
+                // we could open it (seen with several ranks starting at
+                // once): try a new name.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let _ = dir.keep();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match lock.try_lock() {
                 Ok(()) => {}
                 Err(TryLockError::WouldBlock) => {
@@ -179,6 +189,28 @@ mod tests {
             .unwrap_or_default();
         names.sort();
         names
+    }
+
+    #[test]
+    fn folders_made_while_others_sweep_are_never_lost() -> io::Result<()> {
+        let parent = tempfile::tempdir()?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sweeper = {
+            let (parent, stop) =
+                (parent.path().to_path_buf(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sweep_abandoned(&parent, "race-");
+                }
+            })
+        };
+        for _ in 0..200 {
+            let folder = LiveFolder::create(parent.path(), "race-")?;
+            assert!(folder.path().is_dir(), "a created folder survives sweeps");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = sweeper.join();
+        Ok(())
     }
 
     #[test]
