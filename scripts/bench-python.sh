@@ -19,13 +19,7 @@ bin=$PWD/target/release/sqlfeed
 out=$PWD/target/bench-python.jsonl
 feed_py=$PWD/scripts/bench/py_feed.py
 
-x_sql=$("$py" - "$data" <<'PY'
-import json, sys
-meta = json.load(open(f"{sys.argv[1]}/_meta.json"))
-terms = [f"standardize(f{j}, {m!r}, {s!r})" for j, (m, s) in enumerate(zip(meta["feature_mean"], meta["feature_std"]))]
-print(f"feature_vector({', '.join(terms)})")
-PY
-)
+x_sql=$("$py" "$PWD/scripts/bench/w2_features.py" "$data")
 w2_args=(feed "SELECT $x_sql AS x, label AS y, image AS img FROM '$data/*.parquet'" --batch-size 256
          --drop-last --prefetch 8 --device cpu --result-json
          --tensor img:dtype=float32,shape=3x32x32,scale=1/255)

@@ -19,10 +19,10 @@ use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use sqlfeed::device::{Access, ConsumerStream, Tensor};
-
-const LEGACY: &CStr = c"dltensor";
-const VERSIONED: &CStr = c"dltensor_versioned";
+use sqlfeed::device::{
+    Access, ConsumerStream, DLManagedTensor, DLManagedTensorVersioned, DLPackManaged,
+    Tensor,
+};
 
 /// A capsule exporting `tensor` to a consumer reading on `stream`.
 pub(crate) fn capsule<'py>(
@@ -41,10 +41,18 @@ pub(crate) fn capsule<'py>(
         let managed = tensor
             .to_dlpack_versioned(stream, Access::ReadOnly)
             .map_err(error)?;
-        (managed.cast(), VERSIONED, delete_unconsumed_versioned)
+        (
+            managed.cast(),
+            DLManagedTensorVersioned::CAPSULE_NAME,
+            delete_unconsumed::<DLManagedTensorVersioned>,
+        )
     } else {
         let managed = tensor.to_dlpack_on(stream).map_err(error)?;
-        (managed.cast(), LEGACY, delete_unconsumed_legacy)
+        (
+            managed.cast(),
+            DLManagedTensor::CAPSULE_NAME,
+            delete_unconsumed::<DLManagedTensor>,
+        )
     };
     let pointer = NonNull::new(pointer)
         .ok_or_else(|| PyBufferError::new_err("the DLPack export is null"))?;
@@ -56,47 +64,27 @@ pub(crate) fn capsule<'py>(
     }
 }
 
-/// Destructor of a legacy capsule: deletes the export if nobody took it.
+/// Destructor of a capsule of `M`s: deletes the export if nobody took it
+/// (the capsule still has its unconsumed name).
 ///
 /// # Safety
 /// Called by Python with the capsule being destroyed.
-unsafe extern "C" fn delete_unconsumed_legacy(capsule: *mut ffi::PyObject) {
+unsafe extern "C" fn delete_unconsumed<M: DLPackManaged>(capsule: *mut ffi::PyObject) {
+    let name = M::CAPSULE_NAME.as_ptr();
     // SAFETY: `capsule` is the live capsule being destroyed; `IsValid` only
     // compares its name and sets no error.
-    if unsafe { ffi::PyCapsule_IsValid(capsule, LEGACY.as_ptr()) } != 1 {
+    if unsafe { ffi::PyCapsule_IsValid(capsule, name) } != 1 {
         return;
     }
-    // SAFETY: the name matched, so the pointer is our export, unconsumed.
-    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule, LEGACY.as_ptr()) }
-        .cast::<sqlfeed::device::DLManagedTensor>();
+    // SAFETY: the name matched, so the pointer is our export of an `M`,
+    // unconsumed.
+    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule, name) }.cast::<M>();
     if managed.is_null() {
         return;
     }
     // SAFETY: an export of ours whose deleter has not run (nobody consumed
     // it); it runs exactly once, here.
-    if let Some(deleter) = unsafe { (*managed).deleter } {
-        // SAFETY: as above.
-        unsafe { deleter(managed) };
-    }
-}
-
-/// Destructor of a versioned capsule: deletes the export if nobody took it.
-///
-/// # Safety
-/// Called by Python with the capsule being destroyed.
-unsafe extern "C" fn delete_unconsumed_versioned(capsule: *mut ffi::PyObject) {
-    // SAFETY: see `delete_unconsumed_legacy`.
-    if unsafe { ffi::PyCapsule_IsValid(capsule, VERSIONED.as_ptr()) } != 1 {
-        return;
-    }
-    // SAFETY: the name matched, so the pointer is our export, unconsumed.
-    let managed = unsafe { ffi::PyCapsule_GetPointer(capsule, VERSIONED.as_ptr()) }
-        .cast::<sqlfeed::device::DLManagedTensorVersioned>();
-    if managed.is_null() {
-        return;
-    }
-    // SAFETY: an export of ours whose deleter has not run; it runs once, here.
-    if let Some(deleter) = unsafe { (*managed).deleter } {
+    if let Some(deleter) = unsafe { (*managed).deleter() } {
         // SAFETY: as above.
         unsafe { deleter(managed) };
     }

@@ -14,6 +14,9 @@ and reports the share of time the loop waited for data.
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 
 import sqlfeed
@@ -32,11 +35,14 @@ if args.workload == "W4":
     query = f"SELECT tokens AS input_ids FROM {files}"
     columns = {}
 else:
-    terms = [
-        f"standardize(f{j}, {m!r}, {s!r})"
-        for j, (m, s) in enumerate(zip(meta["feature_mean"], meta["feature_std"], strict=True))
-    ]
-    query = f"SELECT feature_vector({', '.join(terms)}) AS x, label AS y, image AS img FROM {files}"
+    here = os.path.dirname(os.path.abspath(__file__))
+    features = subprocess.run(
+        [sys.executable, f"{here}/w2_features.py", args.data],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    query = f"SELECT {features} AS x, label AS y, image AS img FROM {files}"
     columns = {"img": {"dtype": "float32", "shape": [3, 32, 32], "scale": 1 / 255}}
 feed = session.feed(
     query, batch_size=256, drop_last=True, prefetch=8, device="cpu", columns=columns
@@ -72,6 +78,8 @@ if step:
     result.update(
         step_ms=args.step_ms,
         wait_frac=round(waited / wall, 4),
-        wait_frac_steady=round((waited - first_wait) / steady, 4) if steady > 0 else None,
+        wait_frac_steady=round((waited - first_wait) / steady, 4)
+        if steady > 0
+        else None,
     )
 print("RESULT " + json.dumps(result), flush=True)

@@ -195,7 +195,7 @@ pub(crate) fn export(
     Box::into_raw(Box::new(DLManagedTensor {
         dl_tensor,
         manager_ctx: Box::into_raw(context).cast(),
-        deleter: Some(delete_export),
+        deleter: Some(delete_export::<DLManagedTensor>),
     }))
 }
 
@@ -214,7 +214,7 @@ pub(crate) fn export_versioned(
     Box::into_raw(Box::new(DLManagedTensorVersioned {
         version: DLPACK_VERSION,
         manager_ctx: Box::into_raw(context).cast(),
-        deleter: Some(delete_versioned_export),
+        deleter: Some(delete_export::<DLManagedTensorVersioned>),
         flags: match access {
             Access::ReadOnly => DLPACK_FLAG_READ_ONLY,
             Access::Writable => 0,
@@ -223,40 +223,62 @@ pub(crate) fn export_versioned(
     }))
 }
 
-/// The `deleter` of our versioned exports.
-///
-/// # Safety
-/// `managed` must come from [`export_versioned`] and be passed here exactly
-/// once.
-unsafe extern "C" fn delete_versioned_export(managed: *mut DLManagedTensorVersioned) {
-    if managed.is_null() {
-        return;
+/// What the two DLPack structs share: a way for a consumer (or a capsule
+/// that nobody consumed) to hand an export back through its own deleter.
+pub trait DLPackManaged: Sized {
+    /// The Python capsule name of an unconsumed export of this kind
+    /// (`dltensor` or `dltensor_versioned`, as the DLPack protocol says).
+    const CAPSULE_NAME: &'static std::ffi::CStr;
+
+    /// The export's deleter.
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
+
+    /// The export's context.
+    fn manager_ctx(&self) -> *mut c_void;
+}
+
+impl DLPackManaged for DLManagedTensor {
+    const CAPSULE_NAME: &'static std::ffi::CStr = c"dltensor";
+
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
     }
-    // SAFETY: `managed` was created by `Box::into_raw` in `export_versioned`
-    // and the caller passes it once (the DLPack contract), so we own it again.
-    let managed = unsafe { Box::from_raw(managed) };
-    if !managed.manager_ctx.is_null() {
-        // SAFETY: `manager_ctx` was created by `Box::into_raw` of an
-        // `ExportContext` in `describe` and is only freed here.
-        drop(unsafe { Box::from_raw(managed.manager_ctx.cast::<ExportContext>()) });
+
+    fn manager_ctx(&self) -> *mut c_void {
+        self.manager_ctx
     }
 }
 
-/// The `deleter` of our exports.
+impl DLPackManaged for DLManagedTensorVersioned {
+    const CAPSULE_NAME: &'static std::ffi::CStr = c"dltensor_versioned";
+
+    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+        self.deleter
+    }
+
+    fn manager_ctx(&self) -> *mut c_void {
+        self.manager_ctx
+    }
+}
+
+/// The `deleter` of our exports, legacy and versioned.
 ///
 /// # Safety
-/// `managed` must come from [`export`] and be passed here exactly once.
-unsafe extern "C" fn delete_export(managed: *mut DLManagedTensor) {
+/// `managed` must come from [`export`] or [`export_versioned`] (whichever
+/// made an `M`) and be passed here exactly once.
+unsafe extern "C" fn delete_export<M: DLPackManaged>(managed: *mut M) {
     if managed.is_null() {
         return;
     }
-    // SAFETY: `managed` was created by `Box::into_raw` in `export` and the
-    // caller passes it once (the DLPack contract), so we own it again.
+    // SAFETY: `managed` was created by `Box::into_raw` in `export` or
+    // `export_versioned` and the caller passes it once (the DLPack
+    // contract), so we own it again.
     let managed = unsafe { Box::from_raw(managed) };
-    if !managed.manager_ctx.is_null() {
+    let context = managed.manager_ctx();
+    if !context.is_null() {
         // SAFETY: `manager_ctx` was created by `Box::into_raw` of an
-        // `ExportContext` in `export` and is only freed here.
-        drop(unsafe { Box::from_raw(managed.manager_ctx.cast::<ExportContext>()) });
+        // `ExportContext` in `describe` and is only freed here.
+        drop(unsafe { Box::from_raw(context.cast::<ExportContext>()) });
     }
 }
 
