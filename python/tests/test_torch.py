@@ -14,6 +14,9 @@ from conftest import require
 import sqlfeed
 
 
+# The worker is forked while JAX's threads (from another test) run; it only
+# raises, so the fork warning does not apply.
+@pytest.mark.filterwarnings("ignore:os.fork")
 def test_the_iterable_dataset_adapter_works_with_a_dataloader(session, ids_data):
     torch = require("torch", "torch")
     from sqlfeed.torch import FeedDataset
