@@ -29,6 +29,7 @@
 //! ```
 
 mod cgroup;
+pub mod file_errors;
 pub(crate) mod liveness;
 pub mod object_stores;
 pub mod url_table;
@@ -176,6 +177,8 @@ impl SessionBuilder {
             .with_config(config)
             .with_runtime_env(Arc::clone(&engine.runtime))
             .with_default_features()
+            // Last, so that it sees the final scans: read errors name the file.
+            .with_physical_optimizer_rule(Arc::new(file_errors::NameFileErrors))
             .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner::embedded()))
             .build();
         let (state, factory) = url_table::install(state);

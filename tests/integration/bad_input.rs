@@ -184,3 +184,110 @@ async fn the_image_pixel_limit_is_a_session_setting() -> Result<()> {
     assert_eq!(out.trim(), "n\n0");
     Ok(())
 }
+
+/// Writes `rows` rows of `id` (int64) and `word` (a string of 20 values, so that dictionary indices have spare bits) with
+/// `compression` and dictionary encoding on or off, then flips bytes in the
+/// middle of the first data page of `column`; returns the file's path. An
+/// intact copy lies next to it.
+fn parquet_with_damaged_page(
+    dir: &Path,
+    name: &str,
+    compression: datafusion::parquet::basic::Compression,
+    dictionary: bool,
+    column: usize,
+) -> Result<std::path::PathBuf> {
+    use datafusion::arrow::array::StringArray;
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::properties::WriterProperties;
+    use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+    let rows = 20_000i64;
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            arc(Int64Array::from_iter_values(
+                (0..rows).map(|i| i * 7919 % 100_003),
+            )),
+        ),
+        (
+            "word",
+            arc(StringArray::from_iter_values(
+                (0..rows).map(|i| format!("word-{}", i * 31 % 20)),
+            )),
+        ),
+    ])?;
+    let props = WriterProperties::builder()
+        .set_compression(compression)
+        .set_dictionary_enabled(dictionary)
+        .build();
+    let path = dir.join(format!("{name}.parquet"));
+    let mut writer =
+        ArrowWriter::try_new(std::fs::File::create(&path)?, batch.schema(), Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
+    std::fs::copy(&path, dir.join(format!("{name}_intact.parquet")))?;
+    let reader = SerializedFileReader::new(std::fs::File::open(&path)?)?;
+    let chunk = reader.metadata().row_group(0).column(column).clone();
+    let start = chunk.data_page_offset() as usize;
+    let end = (chunk.byte_range().0 + chunk.byte_range().1) as usize;
+    // Past the page header (tens of bytes), inside the values.
+    let middle = start + (end - start) / 2;
+    let mut bytes = std::fs::read(&path)?;
+    for byte in &mut bytes[middle..middle + 8] {
+        *byte ^= 0x5A;
+    }
+    std::fs::write(&path, bytes)?;
+    Ok(path)
+}
+
+/// Issue 18: an error found in a file's data names the file, once, with the
+/// reader's reason and no stack of wrapper prefixes; alone and under a glob.
+#[tokio::test]
+async fn damaged_data_pages_name_the_file_once() -> Result<()> {
+    use datafusion::parquet::basic::{Compression, ZstdLevel};
+    let scratch = tempfile::tempdir()?;
+    let zstd = || Compression::ZSTD(ZstdLevel::default());
+    let cases = [
+        (
+            "dictionary_plain",
+            Compression::UNCOMPRESSED,
+            true,
+            1,
+            "key beyond bounds",
+        ),
+        (
+            "snappy",
+            Compression::SNAPPY,
+            false,
+            0,
+            "snappy: corrupt input",
+        ),
+        (
+            "dictionary_snappy",
+            Compression::SNAPPY,
+            true,
+            1,
+            "snappy: corrupt input",
+        ),
+        ("dictionary_zstd", zstd(), true, 1, "key beyond bounds"),
+    ];
+    for (name, compression, dictionary, column, reason) in cases {
+        let dir = scratch.path().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let path =
+            parquet_with_damaged_page(&dir, name, compression, dictionary, column)?;
+        let file = path.display().to_string();
+        for from in [file.clone(), format!("{}/*.parquet", dir.display())] {
+            let err = query_error(&format!("SELECT * FROM '{from}'")).await;
+            assert!(
+                err.contains(&format!("cannot read the data of '{file}'")),
+                "{name} via {from}: {err}"
+            );
+            assert!(err.contains(reason), "{name} via {from}: {err}");
+            assert_eq!(err.matches(&file).count(), 1, "{name} via {from}: {err}");
+            assert_eq!(err.matches(reason).count(), 1, "{name} via {from}: {err}");
+            assert!(!err.contains("Arrow error"), "{name} via {from}: {err}");
+        }
+    }
+    Ok(())
+}
