@@ -121,7 +121,7 @@ class Feed:
             runs read preprocessed rows.
         format: ``"torch"`` (default), ``"numpy"``, ``"jax"`` or ``"dlpack"``
             (sqlfeed's own tensor objects, for any ``from_dlpack``).
-        order_lanes: partitions of an unshuffled feed (default 8, the same on
+        order_lanes: partitions of an unshuffled feed (default 4, the same on
             every machine).
         run_id: names a training run so that its ranks share one cluster job
             per epoch (default ``$SQLFEED_RUN_ID`` or ``$TORCHELASTIC_RUN_ID``).

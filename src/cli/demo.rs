@@ -112,6 +112,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         device: "auto".into(),
         epochs: 2,
         shuffle_seed: Some(42),
+        order_lanes: None,
         shard: None,
         cache: false,
         run_id: None,

@@ -42,6 +42,10 @@ pub struct FeedArgs {
     /// Globally shuffle every epoch with this seed.
     #[arg(long, value_name = "SEED")]
     pub shuffle_seed: Option<u64>,
+    /// Without a shuffle: the partitions the query runs as, the same on
+    /// every machine (the order depends on it, never on the core count).
+    #[arg(long, value_name = "LANES")]
+    pub order_lanes: Option<usize>,
     /// This process's data-parallel shard, as RANK/WORLD (e.g. 0/8).
     #[arg(long, value_name = "RANK/WORLD")]
     pub shard: Option<String>,
@@ -111,6 +115,9 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     }
     if let Some(tokens) = args.batch_tokens {
         builder = builder.batch_tokens(tokens);
+    }
+    if let Some(lanes) = args.order_lanes {
+        builder = builder.order_lanes(lanes);
     }
     if let Some(window) = args.bucket_by_length {
         builder = builder.bucket_by_length(window);
