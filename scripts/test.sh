@@ -27,7 +27,7 @@ if [[ -z "$python" ]]; then
     "$venv/bin/pip" install --quiet -r python/requirements-test.txt
     cp python/requirements-test.txt "$venv/requirements-test.txt"
   fi
-  python=$venv/bin/python
+  python=$PWD/$venv/bin/python
 fi
 
 # The development layout maturin also uses: the module next to the
