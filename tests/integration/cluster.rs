@@ -464,7 +464,18 @@ fn an_executor_killed_mid_job_ends_the_job_promptly_and_clearly() -> Result<()> 
         settled = if listed == 1 { settled + 1 } else { 0 };
         std::thread::sleep(Duration::from_millis(500));
     }
-    let (ok, out, err) = cluster.csv(&format!("SELECT count(*) AS n FROM {side} t"));
+    // Even then the scheduler can list the dead executor once more, and the
+    // guard fails the query with its "was lost … run it again" error (the
+    // known limitation in docs/scaling.md): do what it says, a few times.
+    let query = format!("SELECT count(*) AS n FROM {side} t");
+    let (mut ok, mut out, mut err) = cluster.csv(&query);
+    for _ in 0..5 {
+        if ok || !err.contains("was lost") {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        (ok, out, err) = cluster.csv(&query);
+    }
     assert!(ok && out == "n\n9000\n", "{out} {err}");
     Ok(())
 }
