@@ -19,17 +19,8 @@ bin=$PWD/target/release/sqlfeed
 out=$PWD/target/bench-python.jsonl
 feed_py=$PWD/scripts/bench/py_feed.py
 
-x_sql=$("$py" "$PWD/scripts/bench/w2_features.py" "$data")
-w2_args=(feed "SELECT $x_sql AS x, label AS y, image AS img FROM '$data/*.parquet'" --batch-size 256
-         --drop-last --prefetch 8 --device cpu --result-json
-         --tensor img:dtype=float32,shape=3x32x32,scale=1/255)
-w4_args=(feed "SELECT tokens AS input_ids FROM '$data/*.parquet'" --batch-size 256 --drop-last
-         --prefetch 8 --device cpu --result-json)
-
-external() { # name workload args...
-  local name=$1 workload=$2; shift 2
-  (cd "$bench" && "$py" peers.py external --name "$name" --workload "$workload" --data "$data" --out "$out" -- "$@")
-}
+# shellcheck source=bench/feed-args.sh
+source "$PWD/scripts/bench/feed-args.sh"
 
 for round in $(seq "$rounds"); do
   echo "== round $round"
