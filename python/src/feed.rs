@@ -257,10 +257,6 @@ impl PyFeed {
         }
         Ok(dict.into_any().unbind())
     }
-
-    fn __del__(&self, py: Python<'_>) {
-        self.close(py);
-    }
 }
 
 /// One batch: its tensors by name, and where it sits in the feed.

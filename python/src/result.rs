@@ -9,7 +9,7 @@
 //! The query starts when the capsule is made and stops when the consumer
 //! releases the stream (or drops the capsule unread).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use arrow_array::ffi_stream::FFI_ArrowArrayStream;
 use datafusion::arrow::array::RecordBatch;
@@ -29,7 +29,7 @@ use crate::errors::{IntoPy, PlanError};
 #[pyclass(module = "sqlfeed._sqlfeed", name = "SqlResult", frozen)]
 pub(crate) struct PySqlResult {
     /// The plan (cloned for every read: a result can be read many times).
-    df: Mutex<DataFrame>,
+    df: DataFrame,
     /// The session (its memory budget, cluster, …).
     session: Session,
     /// Where the stream's futures run.
@@ -43,14 +43,14 @@ impl PySqlResult {
         runtime: Arc<tokio::runtime::Runtime>,
     ) -> Self {
         Self {
-            df: Mutex::new(df),
+            df,
             session,
             runtime,
         }
     }
 
     fn dataframe(&self) -> DataFrame {
-        self.df.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.df.clone()
     }
 }
 
@@ -79,7 +79,7 @@ impl PySqlResult {
             })
         });
         let reader = BlockingReader {
-            schema: Arc::clone(self.dataframe().schema().inner()),
+            schema: Arc::clone(self.df.schema().inner()),
             stream: Some(stream.py_err()?),
             runtime: Arc::clone(&self.runtime),
         };
@@ -110,7 +110,7 @@ impl PySqlResult {
     /// The column names.
     #[getter]
     fn columns(&self) -> Vec<String> {
-        self.dataframe()
+        self.df
             .schema()
             .fields()
             .iter()
