@@ -60,7 +60,11 @@
 //! as one key-sorted run to a spill file of the session's disk manager and
 //! the reservation is freed; at the end the runs are merged by DataFusion's
 //! streaming merge, which holds one batch per run it merges and merges in
-//! several passes when that does not fit. Spill files are deleted when the
+//! several passes when that does not fit. After a spill, the memory that
+//! merge needs is set aside from the pool as unspillable headroom (like
+//! `SortExec`'s `sort_spill_reservation_bytes`) and handed to the merge, so
+//! a partition that fits in memory cannot take it first and fail another
+//! partition's merge depending on scheduling. Spill files are deleted when the
 //! stream is dropped, also on error or cancellation. Copies after the first,
 //! found when merging spilled runs, are held and spilled the same way by a
 //! second consumer ("PermuteExec copies"); without repeated rows there are
@@ -359,6 +363,9 @@ struct Permuter {
     runs: Vec<SortedSpillFile>,
     /// Held batches and index, in the session's pool.
     reservation: MemoryReservation,
+    /// Memory set aside, once a run is on disk, for merging the runs
+    /// (unspillable, so other partitions' fair shares shrink instead).
+    merge_headroom: MemoryReservation,
     /// The pool merges reserve their batches from.
     pool: Arc<dyn MemoryPool>,
     spill_manager: SpillManager,
@@ -381,11 +388,17 @@ impl Permuter {
         spread_copies: bool,
     ) -> Self {
         let key_column = spill_manager.schema().fields().len() - 1;
+        let merge_headroom = MemoryConsumer::new(format!(
+            "{} merge headroom",
+            reservation.consumer().name()
+        ))
+        .register(pool);
         Self {
             held: Vec::new(),
             index: Vec::new(),
             runs: Vec::new(),
             reservation,
+            merge_headroom,
             pool: Arc::clone(pool),
             spill_manager,
             batch_rows,
@@ -533,7 +546,31 @@ impl Permuter {
         self.held.clear();
         self.index = Vec::new();
         self.reservation.free();
+        self.reserve_merge_headroom();
         Ok(())
+    }
+
+    /// Sets aside what merging the runs will take: two buffered batches of
+    /// each of two runs (the least DataFusion's merge works with), twice when
+    /// copies are numbered in a nested merge. Like `SortExec`'s
+    /// `sort_spill_reservation_bytes`, this is taken while the memory just
+    /// freed by the spill is ours: a partition that fits in memory and holds
+    /// its batches until its output is read would otherwise leave another
+    /// partition's merge nothing, depending on which ran first. It is best
+    /// effort: when the pool cannot give it, the merge asks again and fails
+    /// with the pool's error if the memory is still not there.
+    fn reserve_merge_headroom(&mut self) {
+        let largest = self
+            .runs
+            .iter()
+            .map(|run| run.max_record_batch_memory)
+            .max()
+            .unwrap_or(0);
+        let merges = if self.spread_copies { 2 } else { 1 };
+        let wanted = largest * 4 * merges;
+        if wanted > self.merge_headroom.size() {
+            let _ = self.merge_headroom.try_resize(wanted);
+        }
     }
 
     /// Everything fit: sort the index, give copies their keys, and stream
@@ -567,12 +604,14 @@ impl Permuter {
     }
 
     /// DataFusion's streaming merge by key of `runs` and `streams`, each
-    /// sorted by key, with a merge reservation of its own.
+    /// sorted by key, starting with the memory in `reservation` (the merge
+    /// grows it as needed and frees it when the stream ends).
     fn merge(
         &self,
         runs: Vec<SortedSpillFile>,
         streams: Vec<SendableRecordBatchStream>,
         metrics: BaselineMetrics,
+        reservation: MemoryReservation,
     ) -> Result<SendableRecordBatchStream> {
         let schema = Arc::clone(self.spill_manager.schema());
         let key: Arc<dyn PhysicalExpr> =
@@ -587,9 +626,7 @@ impl Permuter {
             .with_expressions(&ordering)
             .with_metrics(metrics)
             .with_batch_size(self.batch_rows)
-            .with_reservation(
-                MemoryConsumer::new("PermuteExec merge").register(&self.pool),
-            )
+            .with_reservation(reservation)
             .build()
     }
 
@@ -611,7 +648,8 @@ impl Permuter {
         }
         let runs = std::mem::take(&mut self.runs);
         if !self.spread_copies {
-            return Ok(self.merge(runs, vec![], baseline)?.boxed());
+            let headroom = self.merge_headroom.take();
+            return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
         }
         // Everything is on disk: the copies take over the (empty) reservation,
         // so that a fair pool does not split the budget with an idle consumer.
@@ -627,7 +665,12 @@ impl Permuter {
             false,
         );
         let mut counter = CopyCounter::new(self.key_column);
-        let mut merged = self.merge(reopen(&runs), vec![], baseline.intermediate())?;
+        // Pass 1 merges alone, with all the headroom; it is given back to the
+        // pool when the pass ends and set aside again at once for pass 2.
+        let headroom_bytes = self.merge_headroom.size();
+        let headroom = self.merge_headroom.take();
+        let mut merged =
+            self.merge(reopen(&runs), vec![], baseline.intermediate(), headroom)?;
         while let Some(batch) = merged.next().await {
             let batch = batch?;
             let _timer = baseline.elapsed_compute().timer();
@@ -636,13 +679,20 @@ impl Permuter {
             }
         }
         drop(merged);
+        // Best effort, as when it was first set aside.
+        let _ = self.merge_headroom.try_resize(headroom_bytes);
         if copies.is_empty() {
-            return Ok(self.merge(runs, vec![], baseline)?.boxed());
+            let headroom = self.merge_headroom.take();
+            return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
         }
+        // Pass 2 runs two merges at once: the runs' (half the headroom) and
+        // the outer one of its first copies with the later copies (the rest,
+        // plus what the copies' sorter set aside if it spilled).
         let key_column = self.key_column;
         let mut counter = CopyCounter::new(key_column);
+        let runs_headroom = self.merge_headroom.split(self.merge_headroom.size() / 2);
         let first_copies = self
-            .merge(runs, vec![], baseline.intermediate())?
+            .merge(runs, vec![], baseline.intermediate(), runs_headroom)?
             .map(move |batch| first_copies(&mut counter, &batch?, key_column));
         let first_copies: SendableRecordBatchStream =
             Box::pin(RecordBatchStreamAdapter::new(
@@ -654,13 +704,20 @@ impl Permuter {
             let schema = Arc::clone(copies.spill_manager.schema());
             let in_memory = copies.gather_in_memory(baseline.intermediate())?;
             streams.push(Box::pin(RecordBatchStreamAdapter::new(schema, in_memory)));
-            Ok(self.merge(vec![], streams, baseline)?.boxed())
+            let headroom = self.merge_headroom.take();
+            Ok(self.merge(vec![], streams, baseline, headroom)?.boxed())
         } else {
             if !copies.held.is_empty() {
                 copies.spill()?;
             }
             let copy_runs = std::mem::take(&mut copies.runs);
-            Ok(self.merge(copy_runs, streams, baseline)?.boxed())
+            let headroom = self.merge_headroom.take();
+            // The copies' sorter is done: what it set aside moves over to the
+            // merge of its runs (best effort, as when it was set aside).
+            let copies_bytes = copies.merge_headroom.size();
+            drop(copies);
+            let _ = headroom.try_grow(copies_bytes);
+            Ok(self.merge(copy_runs, streams, baseline, headroom)?.boxed())
         }
     }
 }
