@@ -79,6 +79,10 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ),
     ("CLEAR CACHE", "remove every entry of the cache directory"),
     (
+        "VERIFY '<path>' [DECODE <col>, …]",
+        "read every page (and decode image columns); one row per file: ok or where it fails",
+    ),
+    (
         "EXPLAIN [ANALYZE] <query>",
         "the plan, with metrics after ANALYZE",
     ),

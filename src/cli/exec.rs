@@ -104,7 +104,19 @@ impl Executor {
     }
 
     async fn run_statement(&mut self, statement: Statement) -> Result<()> {
+        self.run_statement_counting(statement, |_| 0).await?;
+        Ok(())
+    }
+
+    /// Runs and prints `statement` like any other, and returns the sum of
+    /// `count` over its result batches (e.g. the damaged files of `VERIFY`).
+    pub async fn run_statement_counting(
+        &mut self,
+        statement: Statement,
+        count: impl Fn(&RecordBatch) -> u64,
+    ) -> Result<u64> {
         let start = Instant::now();
+        let mut counted = 0;
         let df = self.session.plan(statement).await?;
         let plan = crate::session::catch_panic(df.create_physical_plan()).await?;
         let schema = plan.schema();
@@ -118,6 +130,7 @@ impl Executor {
         while let Some(batch) = stream.next().await {
             let batch: RecordBatch = batch?;
             rows += batch.num_rows() as u64;
+            counted += count(&batch);
             if let Some(p) = &progress {
                 p.add_rows(batch.num_rows());
             }
@@ -125,7 +138,8 @@ impl Executor {
         }
         drop(progress);
         writer.finish(rows, self.timing.then(|| start.elapsed()))?;
-        out.flush().map_err(DataFusionError::IoError)
+        out.flush().map_err(DataFusionError::IoError)?;
+        Ok(counted)
     }
 
     fn print_functions(&self, pattern: Option<&str>) -> Result<()> {

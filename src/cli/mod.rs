@@ -113,6 +113,9 @@ pub enum SubCommand {
     /// Run a query and stream its whole result without printing it: a scan
     /// benchmark (rows/s, Arrow bytes, time to first batch).
     Scan(ScanArgs),
+    /// Read every page of Parquet files (and decode image columns) before
+    /// training on them; one row per file, exit status 1 if any is damaged.
+    Verify(VerifyArgs),
     /// Measure raw pinned host-to-device copy bandwidth, the yardstick of a
     /// feed's H2D rate (needs a CUDA device).
     H2dBench(H2dArgs),
@@ -186,6 +189,16 @@ pub struct ScanArgs {
     /// End with `RESULT {json}` (the line ../shared/bench/peers.py reads).
     #[arg(long)]
     pub result_json: bool,
+}
+
+/// Options of `sqlfeed verify` (the `VERIFY` statement).
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// A path, glob or URL of Parquet files, as in `FROM '…'`.
+    pub path: String,
+    /// Also decode every value of this image column (repeatable).
+    #[arg(long, value_name = "COLUMN")]
+    pub decode: Vec<String>,
 }
 
 /// Options of `sqlfeed h2d-bench`.
@@ -359,6 +372,23 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
 
     if let Some(SubCommand::Demo(args)) = &cli.command {
         demo::run(&mut exec, args).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(SubCommand::Verify(args)) = &cli.command {
+        let statement = crate::sql::Statement::Verify(crate::sql::VerifySpec {
+            path: args.path.clone(),
+            decode: args.decode.clone(),
+        });
+        let damaged = exec
+            .run_statement_counting(statement, crate::sql::verify::damaged_files)
+            .await?;
+        if damaged > 0 {
+            eprintln!(
+                "sqlfeed verify: {damaged} damaged file{}",
+                if damaged == 1 { "" } else { "s" }
+            );
+            return Ok(ExitCode::FAILURE);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     if interactive {

@@ -37,6 +37,11 @@ impl ScanTotals {
     pub fn of(plan: &Arc<dyn ExecutionPlan>) -> Self {
         let mut files: HashMap<String, u64> = HashMap::new();
         let _ = plan.apply(|node| {
+            if let Some(verify) = node.downcast_ref::<crate::sql::VerifyExec>() {
+                for file in verify.files() {
+                    files.insert(file.meta.location.to_string(), file.meta.size);
+                }
+            }
             if let Some(scan) = node.downcast_ref::<DataSourceExec>()
                 && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
             {

@@ -60,7 +60,9 @@ use futures::{FutureExt, Stream};
 
 use crate::cache::{CacheOptions, CacheStore};
 use crate::sql::{self, Statement};
+pub(crate) use file_errors::reason as file_error_reason;
 pub use object_stores::{IoCounters, ObjectStoreLimits};
+pub use url_table::list_parquet_files;
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever
 /// is lower) used as the memory limit when none is given.

@@ -150,6 +150,41 @@ impl UrlTableFactory for ParquetUrlTableFactory {
     }
 }
 
+/// The Parquet files a path, glob or URL names (as `FROM '…'` would read
+/// them), in path order, with the store they are read from and the name each
+/// is shown by. No files, or none of them Parquet, is an error naming `url`.
+pub async fn list_parquet_files(
+    state: &SessionState,
+    url: &str,
+) -> Result<(
+    Arc<dyn object_store::ObjectStore>,
+    Vec<crate::sql::VerifyFile>,
+)> {
+    let table_url = parse_table_url(url)?;
+    check_local_path_exists(url, &table_url)?;
+    let store = state.runtime_env().object_store(&table_url)?;
+    let files = list_files(state, url, &table_url, store.as_ref()).await?;
+    let parquet: Vec<crate::sql::VerifyFile> = files
+        .iter()
+        .filter(|f| f.location.as_ref().ends_with(".parquet"))
+        .map(|f| crate::sql::VerifyFile {
+            display: file_display_name(&table_url, f),
+            meta: f.clone(),
+        })
+        .collect();
+    if parquet.is_empty() {
+        return Err(DataFusionError::Plan(if files.is_empty() {
+            format!("no files match '{url}': check the path and the glob pattern")
+        } else {
+            format!(
+                "none of the {} files under '{url}' is a .parquet file",
+                files.len()
+            )
+        }));
+    }
+    Ok((store, parquet))
+}
+
 /// Parses a path or URL; unlike [`ListingTableUrl::parse`], globs work in
 /// object-store URLs too (`s3://bucket/train/*.parquet`).
 fn parse_table_url(url: &str) -> Result<ListingTableUrl> {

@@ -11,6 +11,7 @@
 //! | `CACHE TABLE name AS <query>`      | materialise once into the epoch cache (see [`crate::cache`]) |
 //! | `UNCACHE TABLE [IF EXISTS] name`   | drop a cached table (its disk entry stays for reuse) |
 //! | `CLEAR CACHE`                      | remove every entry of the cache directory      |
+//! | `VERIFY '<path>' [DECODE c, …]`    | read every page (and decode image columns) of the files; one row per file (see [`verify`]) |
 //!
 //! `<table>` is a table name, a quoted path or URL as in `FROM`
 //! (`'data/*.parquet'`, `'s3://bucket/x/'`), or a parenthesised query.
@@ -28,6 +29,7 @@ mod cache_statements;
 mod explore;
 mod functions;
 mod shuffle_clause;
+pub mod verify;
 
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
@@ -41,6 +43,7 @@ use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 use crate::shuffle::ShuffleSpec;
 pub use shuffle_clause::ExplainOptions;
+pub use verify::{VerifyExec, VerifyFile, VerifySpec};
 
 pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos, row_key_hash};
 
@@ -87,6 +90,8 @@ pub enum Statement {
     },
     /// `CLEAR CACHE`.
     ClearCache,
+    /// `VERIFY '<path or glob>' [DECODE <column>[, …]]`.
+    Verify(VerifySpec),
 }
 
 /// The `<table>` of our statements.
@@ -265,6 +270,10 @@ fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
             expect_word(parser, "CACHE", "CLEAR CACHE")?;
             Ok(Statement::ClearCache)
         }
+        "VERIFY" => {
+            parser.parser.next_token();
+            Ok(Statement::Verify(parse_verify(parser)?))
+        }
         "DESCRIBE" | "DESC" => {
             let after = parser.parser.peek_nth_token(1);
             if matches!(after.token, Token::SingleQuotedString(_) | Token::LParen) {
@@ -276,6 +285,36 @@ fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
         }
         _ => Ok(Statement::DataFusion(Box::new(parser.parse_statement()?))),
     }
+}
+
+const VERIFY_SYNTAX: &str = "VERIFY '<path or glob>' [DECODE <column>[, <column>…]]";
+
+/// The rest of `VERIFY '<path>' [DECODE a, b]`.
+fn parse_verify(parser: &mut DFParser<'_>) -> Result<VerifySpec> {
+    let next = parser.parser.peek_token();
+    let Token::SingleQuotedString(path) = &next.token else {
+        return Err(parse_error(format!(
+            "{VERIFY_SYNTAX}: expected a quoted path, found {next} at Line: {}, Column: {}",
+            next.span.start.line, next.span.start.column
+        )));
+    };
+    let path = path.clone();
+    parser.parser.next_token();
+    let mut decode = Vec::new();
+    if next_word_is(parser, "DECODE") {
+        parser.parser.next_token();
+        loop {
+            let column = parser
+                .parser
+                .parse_identifier()
+                .map_err(|e| parse_error(format!("{VERIFY_SYNTAX}: {e}")))?;
+            decode.push(column.value);
+            if !parser.parser.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+    }
+    Ok(VerifySpec { path, decode })
 }
 
 /// sqlparser reports "found: EOF" without a position; add where input ends.
@@ -406,6 +445,7 @@ pub(crate) async fn plan_statement(
             cache_statements::uncache_table(ctx, &name, if_exists).await
         }
         Statement::ClearCache => cache_statements::clear_cache(ctx),
+        Statement::Verify(spec) => verify::verify(ctx, &spec).await,
     }
 }
 
@@ -479,6 +519,31 @@ mod tests {
             ("CACHE TABLE feats SELECT 1", "expected AS"),
             ("CACHE TABLE feats AS", "CACHE TABLE <name> AS <query>"),
             ("CLEAR", "CLEAR CACHE: expected CACHE"),
+        ] {
+            let err = parse(sql).expect_err(sql).to_string();
+            assert!(err.contains(expected), "{sql}: {err}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn parses_verify() -> Result<()> {
+        let statements =
+            parse("VERIFY 'data/*.parquet'; verify 's3://b/x/' DECODE image, \"Thumb\"")?;
+        assert!(matches!(
+            &statements[0],
+            Statement::Verify(VerifySpec { path, decode }) if path == "data/*.parquet" && decode.is_empty()
+        ));
+        assert!(matches!(
+            &statements[1],
+            Statement::Verify(VerifySpec { path, decode })
+                if path == "s3://b/x/" && decode == &["image".to_string(), "Thumb".to_string()]
+        ));
+        for (sql, expected) in [
+            ("VERIFY t", "expected a quoted path, found t"),
+            ("VERIFY 'x' DECODE", "VERIFY '<path or glob>'"),
+            ("VERIFY 'x' DECODE a,", "VERIFY '<path or glob>'"),
+            ("VERIFY 'x' SELECT 1", "expected ';'"),
         ] {
             let err = parse(sql).expect_err(sql).to_string();
             assert!(err.contains(expected), "{sql}: {err}");

@@ -189,7 +189,7 @@ async fn the_image_pixel_limit_is_a_session_setting() -> Result<()> {
 /// `compression` and dictionary encoding on or off, then flips bytes in the
 /// middle of the first data page of `column`; returns the file's path. An
 /// intact copy lies next to it.
-fn parquet_with_damaged_page(
+pub(crate) fn parquet_with_damaged_page(
     dir: &Path,
     name: &str,
     compression: datafusion::parquet::basic::Compression,

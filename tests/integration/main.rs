@@ -33,3 +33,4 @@ mod repl;
 mod s3;
 mod shuffle;
 mod spill;
+mod verify;

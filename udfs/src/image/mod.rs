@@ -297,6 +297,11 @@ impl ImageDecodeFunc {
     fn syntax(&self) -> &'static str {
         if self.lenient { TRY_DECODE } else { DECODE }
     }
+
+    /// Largest accepted `width * height` (the session's image pixel limit).
+    pub fn max_pixels(&self) -> u64 {
+        self.max_pixels
+    }
 }
 
 impl ScalarUDFImpl for ImageDecodeFunc {
