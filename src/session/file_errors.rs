@@ -31,6 +31,7 @@
 //! `try_to_proto`), so errors there keep DataFusion's text.
 
 use std::fmt::{self, Formatter};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
@@ -50,13 +51,14 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
 use datafusion::physical_plan::{DisplayFormatType, ExecutionPlan, PhysicalExpr};
 use datafusion_datasource::morsel::{Morsel, MorselPlan, MorselPlanner, Morselizer};
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
 
 /// The prefixes DataFusion, arrow and parquet put before a reader error, in
 /// whatever nesting they arrive.
 const WRAPPER_PREFIXES: &[&str] = &[
     "Arrow error: ",
+    "Arrow: ",
     "Parquet error: ",
     "Parquet argument error: ",
     "External error: ",
@@ -66,7 +68,7 @@ const WRAPPER_PREFIXES: &[&str] = &[
 ];
 
 /// `error`'s message without the wrappers' prefixes.
-fn reason(error: &DataFusionError) -> String {
+pub(crate) fn reason(error: &DataFusionError) -> String {
     let text = error.to_string();
     let mut rest = text.as_str();
     while let Some(stripped) = WRAPPER_PREFIXES.iter().find_map(|p| rest.strip_prefix(p))
@@ -368,7 +370,10 @@ impl NamedErrorsPlanner {
 impl MorselPlanner for NamedErrorsPlanner {
     fn plan(self: Box<Self>) -> Result<Option<MorselPlan>> {
         let file = self.file;
-        let Some(mut plan) = self.inner.plan().map_err(|e| name_file(&file, e))? else {
+        let inner = self.inner;
+        let planned = std::panic::catch_unwind(AssertUnwindSafe(move || inner.plan()))
+            .map_err(|panic| reader_panicked(&file, &panic))?;
+        let Some(mut plan) = planned.map_err(|e| name_file(&file, e))? else {
             return Ok(None);
         };
         let morsels: Vec<Box<dyn Morsel>> = plan
@@ -391,11 +396,16 @@ impl MorselPlanner for NamedErrorsPlanner {
             .with_planners(planners);
         if let Some(pending) = plan.take_pending_planner() {
             let file = Arc::clone(&file);
-            wrapped.set_pending_planner(pending.into_future().map(move |planner| {
-                planner
-                    .map(|inner| Self::boxed(inner, &file))
-                    .map_err(|e| name_file(&file, e))
-            }));
+            wrapped.set_pending_planner(
+                AssertUnwindSafe(pending.into_future()).catch_unwind().map(
+                    move |planner| match planner {
+                        Ok(planner) => planner
+                            .map(|inner| Self::boxed(inner, &file))
+                            .map_err(|e| name_file(&file, e)),
+                        Err(panic) => Err(reader_panicked(&file, &panic)),
+                    },
+                ),
+            );
         }
         Ok(Some(wrapped))
     }
@@ -416,9 +426,25 @@ impl Morsel for NamedErrorsMorsel {
     ) -> futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>>
     {
         let file = self.file;
-        self.inner
-            .into_stream()
-            .map_err(move |e| name_file(&file, e))
+        // A reader that panics on damaged bytes (parquet 59 unwraps a
+        // missing data page header, found by tests/fuzz.rs) is the file's
+        // fault too: catch it here, where the file is known, so it is not
+        // reported as a bug of the engine. The stream ends after a panic.
+        AssertUnwindSafe(self.inner.into_stream())
+            .catch_unwind()
+            .map(move |item| match item {
+                Ok(result) => result.map_err(|e| name_file(&file, e)),
+                Err(panic) => Err(reader_panicked(&file, &panic)),
+            })
             .boxed()
     }
+}
+
+/// A panic of the reader on `file`, as a damage error naming it.
+fn reader_panicked(file: &str, panic: &Box<dyn std::any::Any + Send>) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "cannot read the data of '{file}': the Parquet reader panicked on it ({}). The \
+         file is damaged: restore it from its source, or exclude it from the path",
+        super::panic_message(panic)
+    ))
 }
