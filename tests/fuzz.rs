@@ -340,7 +340,8 @@ fn fuzz_queries(
             Ok(Err(e))
                 if e.to_string().contains("panicked")
                     && !(e.to_string().contains("the Parquet reader panicked")
-                        && e.to_string().contains(&*scratch.path().to_string_lossy())) =>
+                        && e.to_string()
+                            .contains(&*scratch.path().to_string_lossy())) =>
             {
                 finding(target, input, &format!("a caught panic: {e}"))
             }

@@ -8,13 +8,19 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use ballista_core::JobId;
 use ballista_core::config::TaskSchedulingPolicy;
 use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_executor::execution_engine::{
+    DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor,
+};
 use ballista_executor::executor_process::{
     ExecutorProcessConfig, start_executor_process,
 };
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionConfig;
 
 use super::{
@@ -162,6 +168,7 @@ pub async fn run_executor(
             functions.clone(),
         ))),
         override_physical_codec: Some(Arc::new(SqlfeedPhysicalCodec::new(functions))),
+        override_execution_engine: Some(Arc::new(NamingExecutionEngine::default())),
         ..ExecutorProcessConfig::default()
     };
     on_ready(&format!("{advertised}:{flight_port}"));
@@ -171,4 +178,39 @@ pub async fn run_executor(
             options.scheduler
         ))
     })
+}
+
+/// Ballista's execution engine, after wrapping every file scan of the stage
+/// in [`crate::session::file_errors::NameFileErrors`]: stage plans reach the
+/// executor as plain `ParquetSource`s (the wrapper is not serialised), so
+/// without this a damaged page read on an executor would keep DataFusion's
+/// unnamed text while the same query embedded names the file.
+#[derive(Default)]
+struct NamingExecutionEngine {
+    inner: DefaultExecutionEngine,
+}
+
+impl ExecutionEngine for NamingExecutionEngine {
+    fn create_query_stage_exec(
+        &self,
+        job_id: JobId,
+        stage_id: usize,
+        task_id: usize,
+        global_output_partition_ids: Vec<usize>,
+        plan: Arc<dyn ExecutionPlan>,
+        work_dir: &str,
+        config: &SessionConfig,
+    ) -> Result<Arc<dyn QueryStageExecutor>> {
+        let plan = crate::session::file_errors::NameFileErrors
+            .optimize(plan, config.options())?;
+        self.inner.create_query_stage_exec(
+            job_id,
+            stage_id,
+            task_id,
+            global_output_partition_ids,
+            plan,
+            work_dir,
+            config,
+        )
+    }
 }

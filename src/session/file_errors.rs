@@ -26,9 +26,11 @@
 //!
 //! # Limits
 //! The column and row group are not named: the Parquet reader does not say
-//! which column chunk it was decoding. Plans run on Ballista executors are
-//! serialized as a plain `ParquetSource` (the wrapper delegates
-//! `try_to_proto`), so errors there keep DataFusion's text.
+//! which column chunk it was decoding (`VERIFY` reads chunk by chunk and
+//! does). Plans run on Ballista executors are serialized as a plain
+//! `ParquetSource` (the wrapper delegates `try_to_proto`); the executor's
+//! execution engine runs this rule again on each stage plan it receives
+//! (`src/cluster/executor.rs`).
 
 use std::fmt::{self, Formatter};
 use std::panic::AssertUnwindSafe;

@@ -319,6 +319,26 @@ fn bad_input_on_the_cluster_reads_like_embedded() -> Result<()> {
             "/no/such/tokenizer.json",
         ),
     ];
+    // A damaged data page, found on the executor while reading: the file
+    // is named there too (the executor wraps file scans like the client).
+    let damaged_dir = dir.path().join("damaged");
+    std::fs::create_dir_all(&damaged_dir)?;
+    let damaged = crate::bad_input::parquet_with_damaged_page(
+        &damaged_dir,
+        "pages",
+        datafusion::parquet::basic::Compression::SNAPPY,
+        false,
+        0,
+    )?;
+    let damaged_needle = format!("cannot read the data of '{}'", damaged.display());
+    let cases = [
+        cases.as_slice(),
+        &[(
+            format!("SELECT sum(id) FROM '{}'", damaged.display()),
+            damaged_needle.as_str(),
+        )],
+    ]
+    .concat();
     for (sql, needle) in &cases {
         let (ok, _, err) = cluster.csv(sql);
         assert!(!ok, "{sql} should fail on the cluster");
