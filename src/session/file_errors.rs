@@ -219,11 +219,17 @@ impl FileSource for NamedErrorsSource {
         base_config: &FileScanConfig,
         partition: usize,
     ) -> Result<Box<dyn Morselizer>> {
-        let inner = self
-            .inner
-            .create_morselizer(object_store, base_config, partition)?;
+        let inner = self.inner.create_morselizer(
+            Arc::clone(&object_store),
+            base_config,
+            partition,
+        )?;
         let store = base_config.object_store_url.as_str().to_string();
-        Ok(Box::new(NamedErrorsMorselizer { inner, store }))
+        Ok(Box::new(NamedErrorsMorselizer {
+            inner,
+            store,
+            object_store,
+        }))
     }
 
     fn table_schema(&self) -> &TableSchema {
@@ -335,18 +341,36 @@ struct NamedErrorsMorselizer {
     inner: Box<dyn Morselizer>,
     /// The object store URL (`file:///`, `s3://bucket/`), to name files.
     store: String,
+    /// The store, to locate the damage in a file that fails.
+    object_store: Arc<dyn ObjectStore>,
+}
+
+/// A file being read: how the user names it, and where to find it again.
+#[derive(Debug)]
+struct FileRef {
+    name: String,
+    object_store: Arc<dyn ObjectStore>,
+    meta: object_store::ObjectMeta,
 }
 
 impl Morselizer for NamedErrorsMorselizer {
     fn plan_file(&self, file: PartitionedFile) -> Result<Box<dyn MorselPlanner>> {
-        let name: Arc<str> = if self.store.starts_with("file://") {
-            format!("/{}", file.object_meta.location).into()
+        let name = if self.store.starts_with("file://") {
+            format!("/{}", file.object_meta.location)
         } else {
-            format!("{}{}", self.store, file.object_meta.location).into()
+            format!("{}{}", self.store, file.object_meta.location)
         };
+        let file_ref = Arc::new(FileRef {
+            name,
+            object_store: Arc::clone(&self.object_store),
+            meta: file.object_meta.clone(),
+        });
         match self.inner.plan_file(file) {
-            Ok(inner) => Ok(Box::new(NamedErrorsPlanner { inner, file: name })),
-            Err(e) => Err(name_file(&name, e)),
+            Ok(inner) => Ok(Box::new(NamedErrorsPlanner {
+                inner,
+                file: file_ref,
+            })),
+            Err(e) => Err(name_file(&file_ref.name, e)),
         }
     }
 }
@@ -356,12 +380,15 @@ impl Morselizer for NamedErrorsMorselizer {
 struct NamedErrorsPlanner {
     /// The source's planner.
     inner: Box<dyn MorselPlanner>,
-    /// The file, as the user named it.
-    file: Arc<str>,
+    /// The file.
+    file: Arc<FileRef>,
 }
 
 impl NamedErrorsPlanner {
-    fn boxed(inner: Box<dyn MorselPlanner>, file: &Arc<str>) -> Box<dyn MorselPlanner> {
+    fn boxed(
+        inner: Box<dyn MorselPlanner>,
+        file: &Arc<FileRef>,
+    ) -> Box<dyn MorselPlanner> {
         Box::new(Self {
             inner,
             file: Arc::clone(file),
@@ -374,8 +401,8 @@ impl MorselPlanner for NamedErrorsPlanner {
         let file = self.file;
         let inner = self.inner;
         let planned = std::panic::catch_unwind(AssertUnwindSafe(move || inner.plan()))
-            .map_err(|panic| reader_panicked(&file, &panic))?;
-        let Some(mut plan) = planned.map_err(|e| name_file(&file, e))? else {
+            .map_err(|panic| reader_panicked(&file.name, &panic))?;
+        let Some(mut plan) = planned.map_err(|e| name_file(&file.name, e))? else {
             return Ok(None);
         };
         let morsels: Vec<Box<dyn Morsel>> = plan
@@ -403,8 +430,8 @@ impl MorselPlanner for NamedErrorsPlanner {
                     move |planner| match planner {
                         Ok(planner) => planner
                             .map(|inner| Self::boxed(inner, &file))
-                            .map_err(|e| name_file(&file, e)),
-                        Err(panic) => Err(reader_panicked(&file, &panic)),
+                            .map_err(|e| name_file(&file.name, e)),
+                        Err(panic) => Err(reader_panicked(&file.name, &panic)),
                     },
                 ),
             );
@@ -418,8 +445,8 @@ impl MorselPlanner for NamedErrorsPlanner {
 struct NamedErrorsMorsel {
     /// The source's morsel.
     inner: Box<dyn Morsel>,
-    /// The file, as the user named it.
-    file: Arc<str>,
+    /// The file.
+    file: Arc<FileRef>,
 }
 
 impl Morsel for NamedErrorsMorsel {
@@ -434,11 +461,36 @@ impl Morsel for NamedErrorsMorsel {
         // reported as a bug of the engine. The stream ends after a panic.
         AssertUnwindSafe(self.inner.into_stream())
             .catch_unwind()
-            .map(move |item| match item {
-                Ok(result) => result.map_err(|e| name_file(&file, e)),
-                Err(panic) => Err(reader_panicked(&file, &panic)),
+            .then(move |item| {
+                let file = Arc::clone(&file);
+                async move {
+                    match item {
+                        Ok(Ok(batch)) => Ok(batch),
+                        Ok(Err(e)) => Err(name_file_located(&file, e).await),
+                        Err(panic) => Err(reader_panicked(&file.name, &panic)),
+                    }
+                }
             })
             .boxed()
+    }
+}
+
+/// [`name_file`], and for damage also the row group and column chunk that
+/// fail: the reader does not say, so the file is read again chunk by chunk
+/// (as `VERIFY` does) up to the first chunk that fails. Only on this error
+/// path, and bounded by the file.
+async fn name_file_located(file: &FileRef, error: DataFusionError) -> DataFusionError {
+    if !is_damage(&error) {
+        return name_file(&file.name, error);
+    }
+    match crate::sql::verify::locate_damage(&file.object_store, &file.meta).await {
+        Some(place) => DataFusionError::Execution(format!(
+            "cannot read the data of '{}' ({place}): {}. The file is damaged: restore it \
+             from its source, or exclude it from the path",
+            file.name,
+            reason(&error)
+        )),
+        None => name_file(&file.name, error),
     }
 }
 

@@ -56,7 +56,9 @@ use datafusion::datasource::physical_plan::parquet::{
     DefaultParquetFileReaderFactory, ParquetFileReaderFactory,
 };
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{
+    MemoryConsumer, MemoryPool, UnboundedMemoryPool,
+};
 use datafusion::execution::{FunctionRegistry, SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::parquet::arrow::ProjectionMask;
@@ -302,7 +304,7 @@ impl ExecutionPlan for VerifyExec {
             decode: self.decode.clone(),
             max_pixels: self.max_pixels,
             chunks_at_once: context.session_config().target_partitions().max(1),
-            context,
+            pool: Arc::clone(context.memory_pool()),
             pages: Counters::new(&self.metrics),
             metrics: self.metrics.clone(),
             decode_found: Mutex::new(HashSet::new()),
@@ -335,7 +337,8 @@ struct Shared {
     decode: Vec<String>,
     max_pixels: u64,
     chunks_at_once: usize,
-    context: Arc<TaskContext>,
+    /// Where the batches read are reserved.
+    pool: Arc<dyn MemoryPool>,
     pages: Counters,
     metrics: ExecutionPlanMetricsSet,
     /// The `DECODE` columns some file had.
@@ -497,6 +500,10 @@ async fn verify_file(shared: &Arc<Shared>, file: &VerifyFile) -> Result<FileRepo
                             crate::session::panic_message(&e.into_panic())
                         )],
                         images: 0,
+                        read_error_at: Some(format!(
+                            "row group {}, column '{column}'",
+                            chunk.row_group
+                        )),
                     }),
                     Err(e) => Err(DataFusionError::External(Box::new(e))),
                 }
@@ -521,6 +528,8 @@ struct ChunkResult {
     problems: Vec<String>,
     /// Images decoded (the chunk belongs to a `DECODE` column).
     images: u64,
+    /// Where the reader failed, when it did.
+    read_error_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -624,12 +633,14 @@ async fn verify_chunk(
             return Ok(ChunkResult {
                 problems,
                 images: 0,
+                read_error_at: Some(where_(None)),
             });
         }
     };
     let reservation = MemoryConsumer::new(format!("VerifyExec[{}]", file.display))
-        .register(shared.context.memory_pool());
+        .register(&shared.pool);
     let mut rows = 0u64;
+    let mut read_error_at = None;
     let mut image_failures = 0u64;
     let mut first_image_failure = None;
     loop {
@@ -637,11 +648,9 @@ async fn verify_chunk(
             None => break,
             Some(Ok(batch)) => batch,
             Some(Err(e)) => {
-                problems.push(format!(
-                    "{}: {}",
-                    where_(Some(Position::From(rows))),
-                    clean(&e.into())
-                ));
+                let place = where_(Some(Position::From(rows)));
+                problems.push(format!("{place}: {}", clean(&e.into())));
+                read_error_at = Some(place);
                 break;
             }
         };
@@ -678,7 +687,59 @@ async fn verify_chunk(
             where_(None)
         ));
     }
-    Ok(ChunkResult { problems, images })
+    Ok(ChunkResult {
+        problems,
+        images,
+        read_error_at,
+    })
+}
+
+/// The first column chunk of `meta` whose pages do not read, as `row group
+/// r, column 'c' (codec, encodings), reading from row n …`; `None` when the
+/// footer does not read or every chunk does. Reads chunk by chunk, one batch
+/// of one column at a time, up to the first failure: for naming the place of
+/// an error the query reader found (it does not say).
+pub(crate) async fn locate_damage(
+    store: &Arc<dyn ObjectStore>,
+    meta: &ObjectMeta,
+) -> Option<String> {
+    let metrics = ExecutionPlanMetricsSet::new();
+    let shared = Shared {
+        store: Arc::clone(store),
+        decode: Vec::new(),
+        max_pixels: 0,
+        chunks_at_once: 1,
+        // One batch at a time, on a path that ends the query anyway.
+        pool: Arc::new(UnboundedMemoryPool::default()),
+        pages: Counters::new(&metrics),
+        metrics,
+        decode_found: Mutex::new(HashSet::new()),
+    };
+    let file = VerifyFile {
+        display: meta.location.to_string(),
+        meta: meta.clone(),
+    };
+    let metadata = load_metadata(&shared, &file).await.ok()?;
+    let parquet = Arc::clone(metadata.metadata());
+    let leaves = parquet.file_metadata().schema_descr().num_columns();
+    let mut first_row = 0u64;
+    for row_group in 0..parquet.num_row_groups() {
+        for leaf in 0..leaves {
+            let task = ChunkTask {
+                row_group,
+                leaf,
+                first_row,
+            };
+            let found = verify_chunk(&shared, &file, metadata.clone(), task)
+                .await
+                .ok()?;
+            if found.read_error_at.is_some() {
+                return found.read_error_at;
+            }
+        }
+        first_row += parquet.row_group(row_group).num_rows().max(0) as u64;
+    }
+    None
 }
 
 /// Where in a column chunk a problem is.
