@@ -28,8 +28,15 @@ use super::{TableTarget, fresh_seed};
 use crate::shuffle::{ShuffleSpec, shuffle};
 
 async fn select_all(ctx: &SessionContext, target: &TableTarget) -> Result<DataFrame> {
-    ctx.sql(&format!("SELECT * FROM {}", target.from_clause()))
-        .await
+    let (state, plan) = ctx
+        .sql(&format!("SELECT * FROM {}", target.from_clause()))
+        .await?
+        .into_parts();
+    // A `(query)` target may hold a rewritten SHUFFLE clause.
+    Ok(DataFrame::new(
+        state,
+        super::shuffle_clause::apply_markers(plan)?,
+    ))
 }
 
 /// `DESCRIBE <target>`: the same columns as DataFusion's `DESCRIBE <name>`.

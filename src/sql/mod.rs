@@ -6,8 +6,8 @@
 //! | `SUMMARIZE <table>`                | per-column profile: counts, nulls, distinct, min/max, mean, stddev, quartiles |
 //! | `SAMPLE <table> <n> [SEED <s>]`    | `n` uniform random rows, the same for the same seed and data |
 //! | `DESCRIBE <table>`                 | column names, types and nullability            |
-//! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]) |
-//! | `<query> LOCAL SHUFFLE BUFFER n [SEED s]` | a streaming shuffle buffer per partition |
+//! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]); wherever a query ends (see [`shuffle_clause`]) |
+//! | `<query> LOCAL SHUFFLE BUFFER n [SEED s]` | a streaming shuffle buffer per partition; the same places |
 //! | `CACHE TABLE name AS <query>`      | materialise once into the epoch cache (see [`crate::cache`]) |
 //! | `UNCACHE TABLE [IF EXISTS] name`   | drop a cached table (its disk entry stays for reuse) |
 //! | `CLEAR CACHE`                      | remove every entry of the cache directory      |
@@ -20,10 +20,11 @@
 //! Our keywords are not sqlparser keywords, so the parser peeks at the first
 //! token of each statement: ours are parsed here with sqlparser's primitives,
 //! everything else goes to DataFusion's [`DFParser`] on the same token stream,
-//! so error positions refer to the whole input. A trailing `SHUFFLE` clause
-//! is found at the token level too: after `FROM t` sqlparser would take it
-//! for a table alias (the pattern of datafusion-cli
-//! and DataFusion's `sql_ops/dialect.rs` example).
+//! so error positions refer to the whole input. `SHUFFLE` clauses are
+//! rewritten at the token level first, into derived tables the planner
+//! recognises (see [`shuffle_clause`]): after `FROM t` sqlparser would take
+//! the word for a table alias (the pattern of datafusion-cli and DataFusion's
+//! `sql_ops/dialect.rs` example).
 
 mod cache_statements;
 mod explore;
@@ -41,8 +42,6 @@ use datafusion::sql::sqlparser::ast::{ObjectName, Query};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
-use crate::shuffle::ShuffleSpec;
-pub use shuffle_clause::ExplainOptions;
 pub use verify::{VerifyExec, VerifyFile, VerifySpec};
 
 pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos, row_key_hash};
@@ -56,15 +55,6 @@ pub enum Statement {
     Describe(TableTarget),
     /// `SUMMARIZE <table>`.
     Summarize(TableTarget),
-    /// `[EXPLAIN [ANALYZE] [VERBOSE]] <query> SHUFFLE …` or `… LOCAL SHUFFLE …`.
-    Shuffle {
-        /// The query whose rows are shuffled.
-        query: Box<DFStatement>,
-        /// How.
-        spec: ShuffleSpec,
-        /// Set when the statement is an EXPLAIN of the shuffled query.
-        explain: Option<ExplainOptions>,
-    },
     /// `SAMPLE <table> <rows> [SEED <seed>]`.
     Sample {
         /// What to sample from.
@@ -127,18 +117,12 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>> {
         if tokens.iter().all(|t| is_blank(&t.token)) {
             continue;
         }
-        let statement = match shuffle_clause::split(&tokens)? {
-            Some(split) => plan_shuffled(&dialect, split)?,
-            None => {
-                let mut parser = DFParserBuilder::new(ParserInput::Tokens(tokens))
-                    .with_dialect(&dialect)
-                    .build()?;
-                let statement =
-                    parse_one(&mut parser).map_err(|e| with_end_position(e, sql))?;
-                expect_end(&parser)?;
-                statement
-            }
-        };
+        let tokens = shuffle_clause::rewrite(tokens)?;
+        let mut parser = DFParserBuilder::new(ParserInput::Tokens(tokens))
+            .with_dialect(&dialect)
+            .build()?;
+        let statement = parse_one(&mut parser).map_err(|e| with_end_position(e, sql))?;
+        expect_end(&parser)?;
         statements.push(statement);
     }
     Ok(statements)
@@ -179,32 +163,6 @@ fn expect_end(parser: &DFParser<'_>) -> Result<()> {
             next.span.start.line, next.span.start.column
         )))
     }
-}
-
-/// Parses the query part of a statement with a `SHUFFLE` clause.
-fn plan_shuffled(
-    dialect: &GenericDialect,
-    split: shuffle_clause::Split,
-) -> Result<Statement> {
-    let mut parser = DFParserBuilder::new(ParserInput::Tokens(split.query))
-        .with_dialect(dialect)
-        .build()?;
-    let query = parser.parse_statement()?;
-    expect_end(&parser)?;
-    let is_query = matches!(
-        &query,
-        DFStatement::Statement(s) if matches!(**s, datafusion::sql::sqlparser::ast::Statement::Query(_))
-    );
-    if !is_query {
-        return Err(parse_error(format!(
-            "SHUFFLE ends a query (SELECT, WITH or VALUES), not {query}"
-        )));
-    }
-    Ok(Statement::Shuffle {
-        query: Box::new(query),
-        spec: split.spec,
-        explain: split.explain,
-    })
 }
 
 fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
@@ -418,22 +376,10 @@ pub(crate) async fn plan_statement(
         Statement::DataFusion(statement) => {
             let state = ctx.state();
             let plan = state.statement_to_plan(*statement).await?;
-            ctx.execute_logical_plan(plan).await
+            ctx.execute_logical_plan(shuffle_clause::apply_markers(plan)?)
+                .await
         }
         Statement::Describe(target) => explore::describe(ctx, &target).await,
-        Statement::Shuffle {
-            query,
-            spec,
-            explain,
-        } => {
-            let state = ctx.state();
-            let plan = state.statement_to_plan(*query).await?;
-            let df = crate::shuffle::shuffle(DataFrame::new(state, plan), spec)?;
-            match explain {
-                Some(e) => df.explain(e.verbose, e.analyze),
-                None => Ok(df),
-            }
-        }
         Statement::Summarize(target) => explore::summarize(ctx, &target).await,
         Statement::Sample { target, rows, seed } => {
             explore::sample(ctx, &target, rows, seed).await

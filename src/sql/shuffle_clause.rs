@@ -1,31 +1,51 @@
-//! The trailing `SHUFFLE [SEED s] [EPOCH e]` / `LOCAL SHUFFLE BUFFER n [SEED s]`
-//! clause, found at the token level before DataFusion parses the query.
+//! The `SHUFFLE [SEED s] [EPOCH e]` and `LOCAL SHUFFLE BUFFER n [SEED s]`
+//! clauses, wherever a query expression ends: at the end of a statement, of a
+//! subquery, of a CTE, of a parenthesised set-operation branch, before
+//! `LIMIT`/`OFFSET`, after `CACHE TABLE … AS` and under any `EXPLAIN`.
+//!
+//! # How
+//! sqlparser knows no such clause, and after `FROM t` it would take
+//! `SHUFFLE` for a table alias. So before DataFusion parses the statement,
+//! each clause is rewritten at the token level into a derived table whose
+//! alias carries the spec:
+//!
+//! ```text
+//!   SELECT a FROM t WHERE x SHUFFLE SEED 7 EPOCH 2 LIMIT 10
+//!   └────────── query ─────┘└──── clause ────────┘
+//!   SELECT * FROM (SELECT a FROM t WHERE x) AS __sqlfeed_shuffle_7_2_0 LIMIT 10
+//! ```
+//!
+//! and [`apply_markers`] puts a [`ShuffleNode`] under every such alias of the
+//! planned statement (also inside subqueries, views and `EXPLAIN`). The
+//! query is everything back to the unmatched `(` that opens it, or at the
+//! top level to the statement's first `SELECT`/`WITH`/`VALUES`; the rewritten
+//! tokens keep their positions, so errors still point into the input.
+//!
+//! # Non-reserved
+//! `shuffle`, `seed`, `epoch`, `local` and `buffer` stay usable as names: a
+//! word `SHUFFLE` is the clause only when a query can end before it (it
+//! follows a name, a literal or `)`, not `AS`, `SELECT`, `,`, `.`, `BY`,
+//! `FROM` …) and the clause can follow it (`SEED`, `EPOCH`, `LIMIT`,
+//! `OFFSET`, `FETCH`, `)`, `;` or the end). `SELECT 1 AS shuffle`,
+//! `SELECT shuffle FROM t` and `FROM shuffle` are names; `FROM t SHUFFLE` is
+//! the clause (write `FROM t AS shuffle` for the alias).
+//!
+//! [`ShuffleNode`]: crate::shuffle::ShuffleNode
 
+use std::sync::Arc;
+
+use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
-use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan};
+use datafusion::logical_expr::{Extension, LogicalPlan, SubqueryAlias};
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Whitespace};
 
 use super::{fresh_seed, parse_error};
-use crate::shuffle::ShuffleSpec;
+use crate::shuffle::{ShuffleNode, ShuffleSpec};
 
-/// `EXPLAIN [ANALYZE] [VERBOSE]` in front of a shuffled query.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ExplainOptions {
-    /// `ANALYZE`: run the query and show metrics.
-    pub analyze: bool,
-    /// `VERBOSE`: every plan stage.
-    pub verbose: bool,
-}
-
-/// A statement cut into its query tokens and its shuffle clause.
-#[derive(Debug)]
-pub(super) struct Split {
-    /// The tokens of the query, without `EXPLAIN …` and the clause.
-    pub query: Vec<TokenWithSpan>,
-    /// The clause.
-    pub spec: ShuffleSpec,
-    /// `EXPLAIN` options, when the statement is an explain.
-    pub explain: Option<ExplainOptions>,
-}
+/// Prefix of the derived-table alias of a global shuffle.
+const GLOBAL_ALIAS: &str = "__sqlfeed_shuffle_";
+/// Prefix of the derived-table alias of a local shuffle.
+const LOCAL_ALIAS: &str = "__sqlfeed_local_shuffle_";
 
 fn word(token: &Token) -> Option<String> {
     match token {
@@ -41,63 +61,197 @@ fn position(token: &TokenWithSpan) -> String {
     )
 }
 
-/// Finds a `SHUFFLE` clause at parenthesis depth 0; `None` if there is none.
-pub(super) fn split(tokens: &[TokenWithSpan]) -> Result<Option<Split>> {
+fn is_blank(token: &Token) -> bool {
+    matches!(token, Token::Whitespace(_) | Token::EOF)
+}
+
+/// Words after which a `SHUFFLE` is a name, not the clause.
+const NAME_CONTEXT: &[&str] = &[
+    "AS",
+    "SELECT",
+    "DISTINCT",
+    "BY",
+    "FROM",
+    "JOIN",
+    "TABLE",
+    "ON",
+    "WHERE",
+    "AND",
+    "OR",
+    "NOT",
+    "HAVING",
+    "THEN",
+    "ELSE",
+    "WHEN",
+    "CASE",
+    "IS",
+    "IN",
+    "LIKE",
+    "ILIKE",
+    "INTO",
+    "SET",
+    "ALL",
+    "ANY",
+    "SOME",
+    "EXISTS",
+    "USING",
+    "RETURNING",
+    "UNION",
+    "EXCEPT",
+    "INTERSECT",
+    "WITH",
+    "VALUES",
+    "LATERAL",
+    "DESCRIBE",
+    "DESC",
+    "ASC",
+    "BETWEEN",
+];
+
+/// Words (and `)`/`;`/the end) that can follow a complete clause.
+const AFTER_CLAUSE: &[&str] = &["SEED", "EPOCH", "LIMIT", "OFFSET", "FETCH"];
+
+/// A clause found in the tokens: `tokens[start..end]` (`start` at `LOCAL` or
+/// `SHUFFLE`), and what it asks for.
+struct Clause {
+    start: usize,
+    end: usize,
+    spec: ShuffleSpec,
+}
+
+/// Rewrites every shuffle clause of one statement's tokens into a marked
+/// derived table (see the module docs).
+pub(super) fn rewrite(mut tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> {
+    let mut count = 0usize;
+    while let Some(clause) = find_clause(&tokens)? {
+        let query_start = query_start(&tokens, clause.start)?;
+        let alias = match clause.spec {
+            ShuffleSpec::Global { seed, epoch } => {
+                format!("{GLOBAL_ALIAS}{seed}_{epoch}_{count}")
+            }
+            ShuffleSpec::Local { buffer_rows, seed } => {
+                format!("{LOCAL_ALIAS}{buffer_rows}_{seed}_{count}")
+            }
+        };
+        count += 1;
+        let span = tokens[clause.start].span;
+        let at = |token: Token| TokenWithSpan { token, span };
+        let space = || at(Token::Whitespace(Whitespace::Space));
+        let mut wrapped = vec![
+            at(Token::make_keyword("SELECT")),
+            space(),
+            at(Token::Mul),
+            space(),
+            at(Token::make_keyword("FROM")),
+            space(),
+            at(Token::LParen),
+        ];
+        wrapped.extend(tokens[query_start..clause.start].iter().cloned());
+        wrapped.extend([
+            at(Token::RParen),
+            space(),
+            at(Token::make_keyword("AS")),
+            space(),
+            at(Token::make_word(&alias, None)),
+            space(),
+        ]);
+        tokens.splice(query_start..clause.end, wrapped);
+    }
+    Ok(tokens)
+}
+
+/// The first shuffle clause of `tokens`, at any depth.
+fn find_clause(tokens: &[TokenWithSpan]) -> Result<Option<Clause>> {
     let significant: Vec<usize> = (0..tokens.len())
-        .filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_) | Token::EOF))
+        .filter(|&i| !is_blank(&tokens[i].token))
         .collect();
-    let mut depth = 0i32;
-    let mut shuffle_at = None;
+    let word_at = |n: usize| significant.get(n).and_then(|&i| word(&tokens[i].token));
     for (n, &i) in significant.iter().enumerate() {
-        match &tokens[i].token {
+        if word(&tokens[i].token).as_deref() != Some("SHUFFLE") {
+            continue;
+        }
+        let next = significant.get(n + 1).map(|&j| &tokens[j].token);
+        // `LOCAL SHUFFLE`, unless `local` is a name (`FROM local SHUFFLE`);
+        // without BUFFER it is an error, not a global shuffle of a table
+        // aliased `local`.
+        let local = n > 0
+            && word_at(n - 1).as_deref() == Some("LOCAL")
+            && !(n > 1
+                && word_at(n - 2).is_some_and(|w| NAME_CONTEXT.contains(&w.as_str())));
+        let start_n = if local { n - 1 } else { n };
+        let query_can_end = start_n > 0 && {
+            let before = &tokens[significant[start_n - 1]].token;
+            match before {
+                Token::Word(w) if w.quote_style.is_none() => {
+                    !NAME_CONTEXT.contains(&w.value.to_ascii_uppercase().as_str())
+                }
+                Token::Word(_)
+                | Token::RParen
+                | Token::Number(..)
+                | Token::SingleQuotedString(_) => true,
+                _ => false,
+            }
+        };
+        let clause_can_follow = local
+            || match next {
+                None | Some(Token::RParen) | Some(Token::SemiColon) => true,
+                Some(token) => {
+                    word(token).is_some_and(|w| AFTER_CLAUSE.contains(&w.as_str()))
+                }
+            };
+        if !(query_can_end && clause_can_follow) {
+            continue;
+        }
+        let rest: Vec<&TokenWithSpan> =
+            significant[n + 1..].iter().map(|&j| &tokens[j]).collect();
+        let (spec, used) = if local {
+            parse_local(&rest, &tokens[i])?
+        } else {
+            parse_global(&rest)?
+        };
+        let end = significant
+            .get(n + 1 + used)
+            .copied()
+            .unwrap_or(tokens.len());
+        return Ok(Some(Clause {
+            start: significant[start_n],
+            end,
+            spec,
+        }));
+    }
+    Ok(None)
+}
+
+/// Where the query that `clause_start` ends begins: after the unmatched `(`
+/// that opens it, or at the top level at the statement's first
+/// `SELECT`/`WITH`/`VALUES` (after `EXPLAIN …`, `CACHE TABLE … AS` …).
+fn query_start(tokens: &[TokenWithSpan], clause_start: usize) -> Result<usize> {
+    let mut depth = 0i32;
+    for i in (0..clause_start).rev() {
+        match tokens[i].token {
+            Token::RParen => depth += 1,
+            Token::LParen if depth == 0 => return Ok(i + 1),
+            Token::LParen => depth -= 1,
+            _ => {}
+        }
+    }
+    let mut depth = 0i32;
+    for (i, token) in tokens[..clause_start].iter().enumerate() {
+        match &token.token {
             Token::LParen => depth += 1,
             Token::RParen => depth -= 1,
-            token if depth == 0 && word(token).as_deref() == Some("SHUFFLE") => {
-                shuffle_at = Some(n);
-                break;
+            t if depth == 0
+                && matches!(word(t).as_deref(), Some("SELECT" | "WITH" | "VALUES")) =>
+            {
+                return Ok(i);
             }
             _ => {}
         }
     }
-    let Some(shuffle_at) = shuffle_at else {
-        return Ok(None);
-    };
-    let local = shuffle_at > 0
-        && word(&tokens[significant[shuffle_at - 1]].token).as_deref() == Some("LOCAL");
-    let clause_start = if local { shuffle_at - 1 } else { shuffle_at };
-    let clause: Vec<&TokenWithSpan> = significant[shuffle_at + 1..]
-        .iter()
-        .map(|&i| &tokens[i])
-        .collect();
-    let spec = if local {
-        parse_local(&clause, &tokens[significant[shuffle_at]])?
-    } else {
-        parse_global(&clause)?
-    };
-
-    // EXPLAIN [ANALYZE] [VERBOSE] in front: planned around the shuffled query.
-    let mut query_from = 0;
-    let mut explain = None;
-    if word(&tokens[significant[0]].token).as_deref() == Some("EXPLAIN") {
-        let mut options = ExplainOptions::default();
-        let mut n = 1;
-        while n < clause_start {
-            match word(&tokens[significant[n]].token).as_deref() {
-                Some("ANALYZE") => options.analyze = true,
-                Some("VERBOSE") => options.verbose = true,
-                _ => break,
-            }
-            n += 1;
-        }
-        explain = Some(options);
-        query_from = significant.get(n).copied().unwrap_or(tokens.len());
-    }
-    let query_end = significant[clause_start];
-    Ok(Some(Split {
-        query: tokens[query_from..query_end].to_vec(),
-        spec,
-        explain,
-    }))
+    Err(parse_error(format!(
+        "SHUFFLE at {} ends no query: it follows a SELECT, WITH or VALUES query",
+        position(&tokens[clause_start])
+    )))
 }
 
 fn number(tokens: &[&TokenWithSpan], at: usize, what: &str) -> Result<u64> {
@@ -118,7 +272,9 @@ fn number(tokens: &[&TokenWithSpan], at: usize, what: &str) -> Result<u64> {
     }
 }
 
-fn parse_global(clause: &[&TokenWithSpan]) -> Result<ShuffleSpec> {
+/// `[SEED s] [EPOCH e]` after `SHUFFLE`; returns the spec and the tokens
+/// used.
+fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
     let mut seed = None;
     let mut epoch = None;
     let mut at = 0;
@@ -130,35 +286,30 @@ fn parse_global(clause: &[&TokenWithSpan]) -> Result<ShuffleSpec> {
             Some("EPOCH") if epoch.is_none() => {
                 epoch = Some(number(clause, at + 1, "EPOCH")?)
             }
-            _ => {
+            Some(w @ ("SEED" | "EPOCH")) => {
                 return Err(parse_error(format!(
-                    "SHUFFLE [SEED s] [EPOCH e] must end the statement; found {} at {}",
-                    clause[at].token,
+                    "SHUFFLE takes {w} once; found it again at {}",
                     position(clause[at])
                 )));
             }
+            _ => break,
         }
         at += 2;
     }
-    Ok(ShuffleSpec::Global {
+    let spec = ShuffleSpec::Global {
         seed: seed.unwrap_or_else(fresh_seed),
         epoch: epoch.unwrap_or(0),
-    })
+    };
+    Ok((spec, at))
 }
 
+/// `BUFFER n [SEED s]` after `LOCAL SHUFFLE`; returns the spec and the
+/// tokens used.
 fn parse_local(
     clause: &[&TokenWithSpan],
     shuffle: &TokenWithSpan,
-) -> Result<ShuffleSpec> {
-    if word(
-        &clause
-            .first()
-            .map(|t| t.token.clone())
-            .unwrap_or(Token::EOF),
-    )
-    .as_deref()
-        != Some("BUFFER")
-    {
+) -> Result<(ShuffleSpec, usize)> {
+    if clause.first().and_then(|t| word(&t.token)).as_deref() != Some("BUFFER") {
         return Err(parse_error(format!(
             "LOCAL SHUFFLE needs BUFFER <rows> after SHUFFLE at {}",
             position(shuffle)
@@ -171,18 +322,152 @@ fn parse_local(
         .ok_or_else(|| {
             parse_error(format!("BUFFER must be at least 1 row, got {rows}"))
         })?;
-    let seed = match clause.get(2) {
-        None => fresh_seed(),
-        Some(t) if word(&t.token).as_deref() == Some("SEED") && clause.len() == 4 => {
-            number(clause, 3, "SEED")?
-        }
-        Some(t) => {
-            return Err(parse_error(format!(
-                "LOCAL SHUFFLE BUFFER n [SEED s] must end the statement; found {} at {}",
-                t.token,
-                position(t)
-            )));
-        }
+    let (seed, used) = match clause.get(2).and_then(|t| word(&t.token)).as_deref() {
+        Some("SEED") => (number(clause, 3, "SEED")?, 4),
+        _ => (fresh_seed(), 2),
     };
-    Ok(ShuffleSpec::Local { buffer_rows, seed })
+    Ok((ShuffleSpec::Local { buffer_rows, seed }, used))
+}
+
+/// The spec a rewritten alias carries, if it is one of ours.
+fn spec_of_alias(alias: &str) -> Option<ShuffleSpec> {
+    let numbers = |rest: &str| -> Option<(u64, u64)> {
+        let mut parts = rest.split('_').map(|p| p.parse::<u64>().ok());
+        Some((parts.next()??, parts.next()??))
+    };
+    if let Some(rest) = alias.strip_prefix(GLOBAL_ALIAS) {
+        let (seed, epoch) = numbers(rest)?;
+        return Some(ShuffleSpec::Global { seed, epoch });
+    }
+    let (buffer_rows, seed) = numbers(alias.strip_prefix(LOCAL_ALIAS)?)?;
+    Some(ShuffleSpec::Local {
+        buffer_rows: usize::try_from(buffer_rows).ok()?,
+        seed,
+    })
+}
+
+/// Puts a [`ShuffleNode`] under every derived table that [`rewrite`] made,
+/// anywhere in `plan` (subqueries, views and `EXPLAIN` included).
+pub(crate) fn apply_markers(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        let LogicalPlan::SubqueryAlias(alias) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(spec) = spec_of_alias(alias.alias.table()) else {
+            return Ok(Transformed::no(node));
+        };
+        let shuffled = LogicalPlan::Extension(Extension {
+            node: Arc::new(ShuffleNode::try_new(alias.input.as_ref().clone(), spec)?),
+        });
+        let wrapped = SubqueryAlias::try_new(Arc::new(shuffled), alias.alias.clone())?;
+        Ok(Transformed::yes(LogicalPlan::SubqueryAlias(wrapped)))
+    })
+    .map(|t| t.data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
+
+    fn rewritten(sql: &str) -> Result<String> {
+        let tokens = Tokenizer::new(&GenericDialect {}, sql)
+            .tokenize_with_location()
+            .map_err(|e| parse_error(e.to_string()))?;
+        Ok(rewrite(tokens)?
+            .iter()
+            .map(|t| t.token.to_string())
+            .collect::<String>())
+    }
+
+    #[test]
+    fn clauses_become_marked_derived_tables() -> Result<()> {
+        assert_eq!(
+            rewritten("SELECT a FROM t WHERE x SHUFFLE SEED 7 EPOCH 2 LIMIT 10")?,
+            "SELECT * FROM (SELECT a FROM t WHERE x ) AS __sqlfeed_shuffle_7_2_0 LIMIT 10"
+        );
+        assert_eq!(
+            rewritten("SELECT count(*) FROM (SELECT a FROM t SHUFFLE SEED 1)")?,
+            "SELECT count(*) FROM (SELECT * FROM (SELECT a FROM t ) AS \
+             __sqlfeed_shuffle_1_0_0 )"
+        );
+        assert_eq!(
+            rewritten("EXPLAIN FORMAT TREE SELECT 1 LOCAL SHUFFLE BUFFER 8 SEED 3")?,
+            "EXPLAIN FORMAT TREE SELECT * FROM (SELECT 1 ) AS __sqlfeed_local_shuffle_8_3_0 "
+        );
+        assert_eq!(
+            rewritten("SELECT * FROM local SHUFFLE SEED 4")?,
+            "SELECT * FROM (SELECT * FROM local ) AS __sqlfeed_shuffle_4_0_0 "
+        );
+        let two = rewritten(
+            "WITH a AS (SELECT x FROM t SHUFFLE SEED 1) SELECT * FROM a SHUFFLE SEED 2",
+        )?;
+        assert!(
+            two.starts_with("SELECT * FROM (WITH a AS (SELECT * FROM (SELECT x FROM t ) AS __sqlfeed_shuffle_1_0_0 )"),
+            "{two}"
+        );
+        assert!(two.ends_with("AS __sqlfeed_shuffle_2_0_1 "), "{two}");
+        Ok(())
+    }
+
+    #[test]
+    fn our_words_stay_names() -> Result<()> {
+        for sql in [
+            "SELECT 1 AS shuffle",
+            "SELECT shuffle FROM (SELECT 1 AS shuffle)",
+            "SELECT seed, epoch, local, buffer FROM t",
+            "SELECT * FROM shuffle",
+            "SELECT * FROM t AS shuffle",
+            "SELECT a, shuffle FROM t WHERE shuffle > 1 ORDER BY shuffle",
+            "SELECT t.shuffle FROM t JOIN shuffle ON t.a = shuffle.a",
+            "SELECT \"SHUFFLE\" FROM t",
+        ] {
+            assert_eq!(rewritten(sql)?, sql, "{sql}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn bad_clauses_say_why() {
+        for (sql, expected) in [
+            (
+                "SELECT 1 SHUFFLE SEED x",
+                "SEED must be a non-negative integer",
+            ),
+            ("SELECT 1 SHUFFLE SEED 1 SEED 2", "SHUFFLE takes SEED once"),
+            ("SELECT 1 SHUFFLE EPOCH", "EPOCH needs a value"),
+            (
+                "SELECT 1 LOCAL SHUFFLE BUFFER 0",
+                "BUFFER must be at least 1 row",
+            ),
+            (
+                "SELECT 1 SHUFFLE SEED 99999999999999999999",
+                "non-negative integer",
+            ),
+        ] {
+            let err = rewritten(sql).expect_err(sql).to_string();
+            assert!(err.contains(expected), "{sql}: {err}");
+        }
+    }
+
+    #[test]
+    fn aliases_round_trip_their_spec() {
+        assert_eq!(
+            spec_of_alias("__sqlfeed_shuffle_18446744073709551615_3_12"),
+            Some(ShuffleSpec::Global {
+                seed: u64::MAX,
+                epoch: 3
+            })
+        );
+        assert_eq!(
+            spec_of_alias("__sqlfeed_local_shuffle_64_9_0"),
+            Some(ShuffleSpec::Local {
+                buffer_rows: 64,
+                seed: 9
+            })
+        );
+        assert_eq!(spec_of_alias("__sqlfeed_shuffle_x"), None);
+        assert_eq!(spec_of_alias("shuffled"), None);
+    }
 }

@@ -232,20 +232,160 @@ async fn shuffle_clause_parses_where_an_alias_could_be() -> Result<()> {
             "SELECT * FROM t SHUFFLE SEED x",
             "SEED must be a non-negative integer",
         ),
-        (
-            "SELECT * FROM t SHUFFLE SEED 1 LIMIT 2",
-            "must end the statement",
-        ),
         ("SELECT * FROM t LOCAL SHUFFLE SEED 1", "BUFFER <rows>"),
         ("SELECT * FROM t LOCAL SHUFFLE BUFFER 0", "at least 1 row"),
         (
-            "CREATE TABLE u AS VALUES (1) SHUFFLE SEED 1",
-            "ends a query",
+            "SELECT * FROM t SHUFFLE SEED 1 SEED 2",
+            "SHUFFLE takes SEED once",
         ),
     ] {
         let err = s.sql(bad).await.expect_err(bad).to_string();
         assert!(err.contains(expected), "{bad}: {err}");
     }
+    Ok(())
+}
+
+/// Issue 20: SHUFFLE wherever a query ends, with the same order as the
+/// statement-level shuffle of the same query.
+#[tokio::test]
+async fn shuffle_composes_with_subqueries_ctes_limits_and_explain() -> Result<()> {
+    let s = session(2, 16)?;
+    s.sql("CREATE TABLE t AS SELECT value AS x FROM generate_series(1, 200)")
+        .await?
+        .collect()
+        .await?;
+    let shuffled = rows(&collect(&s, "SELECT x FROM t SHUFFLE SEED 9").await?);
+    assert_eq!(shuffled.len(), 200);
+    let mut sorted = shuffled.clone();
+    sorted.sort_by_key(|r| r[0].parse::<i64>().unwrap_or_default());
+    assert_ne!(shuffled, sorted, "a shuffle of 200 rows is not sorted");
+
+    // Before LIMIT / OFFSET: the first rows of that very shuffle.
+    let first = rows(&collect(&s, "SELECT x FROM t SHUFFLE SEED 9 LIMIT 10").await?);
+    assert_eq!(first, shuffled[..10]);
+    let next =
+        rows(&collect(&s, "SELECT x FROM t SHUFFLE SEED 9 LIMIT 5 OFFSET 10").await?);
+    assert_eq!(next, shuffled[10..15]);
+    // In a subquery, a CTE, a parenthesised branch and CACHE TABLE.
+    let counted = rows(
+        &collect(&s, "SELECT count(*) FROM (SELECT x FROM t SHUFFLE SEED 2)").await?,
+    );
+    assert_eq!(counted, vec![vec!["200".to_string()]]);
+    let cte = rows(
+        &collect(
+            &s,
+            "WITH s AS (SELECT x FROM t SHUFFLE SEED 9) SELECT x FROM s LIMIT 10",
+        )
+        .await?,
+    );
+    assert_eq!(cte, shuffled[..10]);
+    let union = rows(
+        &collect(
+            &s,
+            "(SELECT x FROM t SHUFFLE SEED 9 LIMIT 3) UNION ALL (SELECT x FROM t SHUFFLE SEED 9 LIMIT 3)",
+        )
+        .await?,
+    );
+    assert_eq!(union.len(), 6);
+    assert!(union.iter().all(|r| shuffled[..3].contains(r)), "{union:?}");
+    collect(&s, "CACHE TABLE c AS SELECT x FROM t SHUFFLE SEED 9").await?;
+    // (A plain read of a cached table has no defined order across its parts.)
+    let mut cached = rows(&collect(&s, "SELECT x FROM c").await?);
+    cached.sort_by_key(|r| r[0].parse::<i64>().unwrap_or_default());
+    assert_eq!(cached, sorted);
+    let local = rows(
+        &collect(
+            &s,
+            "SELECT count(*) FROM (SELECT x FROM t LOCAL SHUFFLE BUFFER 8 SEED 1)",
+        )
+        .await?,
+    );
+    assert_eq!(local, vec![vec!["200".to_string()]]);
+    // Every EXPLAIN form.
+    for explain in [
+        "EXPLAIN",
+        "EXPLAIN VERBOSE",
+        "EXPLAIN ANALYZE",
+        "EXPLAIN FORMAT TREE",
+        "EXPLAIN FORMAT INDENT",
+        "EXPLAIN FORMAT GRAPHVIZ",
+    ] {
+        let sql = format!("{explain} SELECT x FROM t SHUFFLE SEED 9 EPOCH 4 LIMIT 3");
+        let text = rows(&collect(&s, &sql).await?).concat().join("\n");
+        assert!(
+            text.contains("Shuffle") || text.contains("Permute"),
+            "{sql}: {text}"
+        );
+    }
+    Ok(())
+}
+
+/// Issue 20: the dialect's words stay usable as names.
+#[tokio::test]
+async fn the_dialects_words_stay_names() -> Result<()> {
+    let s = session(2, 8192)?;
+    let names = [
+        "shuffle",
+        "sample",
+        "seed",
+        "epoch",
+        "local",
+        "buffer",
+        "summarize",
+        "cache",
+        "verify",
+        "decode",
+    ];
+    let select = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{i} AS {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let got = rows(
+        &collect(
+            &s,
+            &format!("SELECT {} FROM (SELECT {select})", names.join(", ")),
+        )
+        .await?,
+    );
+    assert_eq!(
+        got,
+        vec![(0..names.len()).map(|i| i.to_string()).collect::<Vec<_>>()]
+    );
+    assert_eq!(
+        rows(&collect(&s, "SELECT shuffle FROM (SELECT 1 AS shuffle)").await?),
+        vec![vec!["1".to_string()]]
+    );
+    s.sql("CREATE TABLE shuffle AS VALUES (1), (2)")
+        .await?
+        .collect()
+        .await?;
+    assert_eq!(
+        rows(&collect(&s, "SELECT count(*) FROM shuffle").await?),
+        vec![vec!["2".to_string()]]
+    );
+    assert_eq!(
+        rows(
+            &collect(
+                &s,
+                "SELECT shuffle.column1 FROM shuffle WHERE shuffle.column1 > 1"
+            )
+            .await?
+        ),
+        vec![vec!["2".to_string()]]
+    );
+    // And the clause after such a table.
+    assert_eq!(
+        rows(
+            &collect(
+                &s,
+                "SELECT count(*) FROM (SELECT * FROM shuffle SHUFFLE SEED 1)"
+            )
+            .await?
+        ),
+        vec![vec!["2".to_string()]]
+    );
     Ok(())
 }
 
