@@ -30,6 +30,7 @@
 
 mod cgroup;
 pub mod file_errors;
+mod folder_glob;
 pub(crate) mod liveness;
 pub mod object_stores;
 pub mod url_table;

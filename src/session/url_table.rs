@@ -38,13 +38,16 @@ use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::{
     ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
 };
+use datafusion::datasource::{ViewTable, provider_as_source};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
 use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion_session::SessionStore;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 
+use super::folder_glob::FolderGlob;
 use super::panic_message;
 
 /// Resolves path- and URL-named tables; see the module docs.
@@ -108,6 +111,9 @@ impl UrlTableFactory for ParquetUrlTableFactory {
         if !looks_like_path(url) {
             return Ok(None);
         }
+        if let Some(glob) = FolderGlob::parse(url)? {
+            return folder_glob_table(&self.state()?, url, glob).await.map(Some);
+        }
         let table_url = parse_table_url(url)?;
         check_local_path_exists(url, &table_url)?;
         let state = self.state()?;
@@ -150,6 +156,50 @@ impl UrlTableFactory for ParquetUrlTableFactory {
     }
 }
 
+/// The table of a glob with a wildcard in a folder: DataFusion's
+/// `ListingTable` over the folders that hold matches, under the pattern's
+/// partition filter (see [`super::folder_glob`]).
+async fn folder_glob_table(
+    state: &SessionState,
+    url: &str,
+    glob: FolderGlob,
+) -> Result<Arc<dyn TableProvider>> {
+    let store = state.runtime_env().object_store(glob.base())?;
+    let files = glob
+        .expand(store.as_ref())
+        .await
+        .map_err(|e| list_error(url, e))?;
+    let parquet: Vec<ObjectMeta> = files
+        .into_iter()
+        .filter(|f| f.location.as_ref().ends_with(".parquet"))
+        .collect();
+    if parquet.is_empty() {
+        return Err(DataFusionError::Plan(format!(
+            "no .parquet files match '{url}': check the path and the glob pattern"
+        )));
+    }
+    let format = Arc::new(
+        ParquetFormat::default().with_options(state.table_options().parquet.clone()),
+    );
+    let schema =
+        checked_schema(state, glob.base(), &store, format.as_ref(), &parquet).await?;
+    let options = ListingOptions::new(format).with_file_extension(".parquet");
+    let config = ListingTableConfig::new_with_multi_paths(glob.roots(&parquet)?)
+        .with_listing_options(options)
+        .with_schema(schema)
+        .infer_partitions_from_path(state)
+        .await?;
+    let table: Arc<dyn TableProvider> = Arc::new(ListingTable::try_new(config)?);
+    let Some(filter) = glob.partition_filter() else {
+        return Ok(table);
+    };
+    let plan =
+        LogicalPlanBuilder::scan("__sqlfeed_glob", provider_as_source(table), None)?
+            .filter(filter)?
+            .build()?;
+    Ok(Arc::new(ViewTable::new(plan, Some(url.to_string()))))
+}
+
 /// The Parquet files a path, glob or URL names (as `FROM '…'` would read
 /// them), in path order, with the store they are read from and the name each
 /// is shown by. No files, or none of them Parquet, is an error naming `url`.
@@ -160,10 +210,23 @@ pub async fn list_parquet_files(
     Arc<dyn object_store::ObjectStore>,
     Vec<crate::sql::VerifyFile>,
 )> {
-    let table_url = parse_table_url(url)?;
-    check_local_path_exists(url, &table_url)?;
-    let store = state.runtime_env().object_store(&table_url)?;
-    let files = list_files(state, url, &table_url, store.as_ref()).await?;
+    let (table_url, store, files) = match FolderGlob::parse(url)? {
+        Some(glob) => {
+            let store = state.runtime_env().object_store(glob.base())?;
+            let files = glob
+                .expand(store.as_ref())
+                .await
+                .map_err(|e| list_error(url, e))?;
+            (glob.base().clone(), store, files)
+        }
+        None => {
+            let table_url = parse_table_url(url)?;
+            check_local_path_exists(url, &table_url)?;
+            let store = state.runtime_env().object_store(&table_url)?;
+            let files = list_files(state, url, &table_url, store.as_ref()).await?;
+            (table_url, store, files)
+        }
+    };
     let parquet: Vec<crate::sql::VerifyFile> = files
         .iter()
         .filter(|f| f.location.as_ref().ends_with(".parquet"))

@@ -28,6 +28,7 @@ mod common;
 mod contract;
 mod examples;
 mod feed;
+mod globs;
 mod local_sql;
 mod repl;
 mod s3;

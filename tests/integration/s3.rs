@@ -185,6 +185,21 @@ async fn s3_globs_hive_partitions_summarize_and_errors() -> Result<()> {
     assert!(ok, "{err}");
     assert_eq!(out, "month,n\n1,120\n2,80\n");
 
+    // Wildcards in folders (issue 20), a partition folder among them.
+    let (ok, out, err) = query(
+        "SELECT month, count(*) AS n FROM 's3://train/hive/month=*/*.parquet' \
+         GROUP BY month ORDER BY month",
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, "month,n\n1,120\n2,80\n");
+    let (ok, out, err) =
+        query("SELECT count(*) AS n FROM 's3://train/hive/month=2*/*.parquet'");
+    assert!(ok, "{err}");
+    assert_eq!(out, "n\n80\n");
+    let (ok, out, err) = query("SELECT count(*) AS n FROM 's3://train/[f]lat/*.parquet'");
+    assert!(ok, "{err}");
+    assert_eq!(out, "n\n500\n");
+
     let (ok, out, err) = query("SUMMARIZE 's3://train/flat/'");
     assert!(ok, "{err}");
     assert!(

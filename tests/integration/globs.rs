@@ -1,0 +1,97 @@
+//! Issue 20: globs with wildcards in folder components, local here and on
+//! S3 in `s3.rs`; hive `key=value` folders stay partition columns.
+
+use std::path::Path;
+
+use datafusion::arrow::array::Int64Array;
+use datafusion::error::Result;
+
+use crate::common::{arc, collect, one_column, rows, session, write_parquet};
+
+fn ids(path: &Path, ids: &[i64]) -> Result<()> {
+    std::fs::create_dir_all(path.parent().expect("a parent folder"))?;
+    write_parquet(path, &one_column("id", arc(Int64Array::from(ids.to_vec()))))
+}
+
+async fn query(sql: &str) -> Result<Vec<Vec<String>>> {
+    let session = session()?;
+    Ok(rows(&collect(&session, sql).await?))
+}
+
+#[tokio::test]
+async fn wildcards_in_folders_match_exactly_what_they_say() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().display();
+    ids(&dir.path().join("a/x.parquet"), &[1, 2, 3])?;
+    ids(&dir.path().join("b/y.parquet"), &[4, 5])?;
+    ids(&dir.path().join("b/deeper/z.parquet"), &[6])?;
+    ids(&dir.path().join("top.parquet"), &[7])?;
+    std::fs::write(dir.path().join("b/notes.txt"), "not parquet")?;
+    let sum = |glob: &str| format!("SELECT count(*), sum(id) FROM '{d}/{glob}'");
+    for (glob, count, total) in [
+        ("*/*.parquet", 5, 15), // one level: not b/deeper, not top
+        ("?/*.parquet", 5, 15),
+        ("[a]/*.parquet", 3, 6),
+        ("[!a]/*.parquet", 2, 9),
+        ("*/y*.parquet", 2, 9),
+        ("**/*.parquet", 7, 28), // every level
+        ("*/deeper/*.parquet", 1, 6),
+    ] {
+        assert_eq!(
+            query(&sum(glob)).await?,
+            vec![vec![count.to_string(), total.to_string()]],
+            "{glob}"
+        );
+    }
+    let err = collect(&session()?, &sum("*/none-*.parquet"))
+        .await
+        .expect_err("nothing matches")
+        .to_string();
+    assert!(err.contains("no .parquet files match"), "{err}");
+    // VERIFY reads the same files.
+    let verified = query(&format!("VERIFY '{d}/*/*.parquet'")).await?;
+    assert_eq!(verified.len(), 2, "{verified:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn wildcards_in_partition_folders_filter_partitions() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().display();
+    ids(&dir.path().join("h/month=1/x.parquet"), &[1])?;
+    ids(&dir.path().join("h/month=2/x.parquet"), &[2])?;
+    ids(&dir.path().join("h/month=10/x.parquet"), &[10])?;
+    ids(&dir.path().join("g/a/month=1/x.parquet"), &[1])?;
+    ids(&dir.path().join("g/b/month=2/x.parquet"), &[2])?;
+    let by_month = |glob: &str| {
+        format!(
+            "SELECT CAST(month AS VARCHAR), sum(id) FROM '{d}/{glob}' GROUP BY 1 ORDER BY 1"
+        )
+    };
+    let row = |m: &str, s: i64| vec![m.to_string(), s.to_string()];
+    assert_eq!(
+        query(&by_month("h/month=1*/*.parquet")).await?,
+        vec![row("1", 1), row("10", 10)]
+    );
+    assert_eq!(
+        query(&by_month("h/month=*/*.parquet")).await?,
+        vec![row("1", 1), row("10", 10), row("2", 2)]
+    );
+    assert_eq!(
+        query(&by_month("h/month=[2-9]/*.parquet")).await?,
+        vec![row("2", 2)]
+    );
+    assert_eq!(
+        query(&by_month("g/*/month=*/*.parquet")).await?,
+        vec![row("1", 1), row("2", 2)]
+    );
+    let err = collect(
+        &session()?,
+        &format!("SELECT * FROM '{d}/h/month=*/raw/*.parquet'"),
+    )
+    .await
+    .expect_err("a plain folder after a partition folder")
+    .to_string();
+    assert!(err.contains("after a key=value folder"), "{err}");
+    Ok(())
+}
