@@ -68,7 +68,7 @@ impl Executor {
 
     /// Parses and runs every statement of `sql`.
     pub async fn run_sql(&mut self, sql: &str) -> Result<()> {
-        for statement in sql::parse(sql)? {
+        for statement in sql::parse_in(self.session.context(), sql)? {
             self.run_statement(statement).await?;
         }
         Ok(())

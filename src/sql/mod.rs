@@ -39,7 +39,7 @@ use datafusion::sql::parser::{
     DFParser, DFParserBuilder, ParserInput, Statement as DFStatement,
 };
 use datafusion::sql::sqlparser::ast::{ObjectName, Query};
-use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect, dialect_from_str};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 pub use verify::{VerifyExec, VerifyFile, VerifySpec};
@@ -106,10 +106,33 @@ impl TableTarget {
     }
 }
 
-/// Parses `sql` into statements; errors carry the parser's position.
+/// Parses `sql` into statements in DataFusion's default (generic) dialect;
+/// errors carry the parser's position.
 pub fn parse(sql: &str) -> Result<Vec<Statement>> {
-    let dialect = GenericDialect {};
-    let tokens = Tokenizer::new(&dialect, sql)
+    parse_with_dialect(sql, &GenericDialect {}, DEFAULT_RECURSION_LIMIT)
+}
+
+/// DataFusion's default `datafusion.sql_parser.recursion_limit`.
+const DEFAULT_RECURSION_LIMIT: usize = 50;
+
+/// Parses `sql` as `ctx` would: in its `datafusion.sql_parser.dialect` and
+/// recursion limit (`SET datafusion.sql_parser.dialect = 'MySQL'` applies to
+/// sqlfeed's statements too).
+pub fn parse_in(ctx: &SessionContext, sql: &str) -> Result<Vec<Statement>> {
+    let options = ctx.state().config().options().sql_parser.clone();
+    let dialect = dialect_from_str(options.dialect.as_ref()).ok_or_else(|| {
+        DataFusionError::Plan(format!("unsupported SQL dialect: {}", options.dialect))
+    })?;
+    parse_with_dialect(sql, dialect.as_ref(), options.recursion_limit.get())
+}
+
+/// Parses `sql` into statements in `dialect`.
+fn parse_with_dialect(
+    sql: &str,
+    dialect: &dyn Dialect,
+    recursion_limit: usize,
+) -> Result<Vec<Statement>> {
+    let tokens = Tokenizer::new(dialect, sql)
         .tokenize_with_location()
         .map_err(|e| parse_error(e.to_string()))?;
     let mut statements = Vec::new();
@@ -119,7 +142,8 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>> {
         }
         let tokens = shuffle_clause::rewrite(tokens)?;
         let mut parser = DFParserBuilder::new(ParserInput::Tokens(tokens))
-            .with_dialect(&dialect)
+            .with_dialect(dialect)
+            .with_recursion_limit(recursion_limit)
             .build()?;
         let statement = parse_one(&mut parser).map_err(|e| with_end_position(e, sql))?;
         expect_end(&parser)?;
@@ -287,9 +311,19 @@ fn with_end_position(error: DataFusionError, sql: &str) -> DataFusionError {
         .last()
         .map(|l| l.chars().count() + 1)
         .unwrap_or(1);
+    // The parser's own message, not its Display with the wrappers.
+    let reason = match &error {
+        DataFusionError::SQL(inner, _) => match inner.as_ref() {
+            datafusion::sql::sqlparser::parser::ParserError::ParserError(m)
+            | datafusion::sql::sqlparser::parser::ParserError::TokenizerError(m) => {
+                m.clone()
+            }
+            other => other.to_string(),
+        },
+        _ => message.trim_start_matches("SQL error: ").to_string(),
+    };
     parse_error(format!(
-        "{} at the end of the input (Line: {line}, Column: {column}): the statement is incomplete",
-        message.trim_start_matches("SQL error: ")
+        "{reason} at the end of the input (Line: {line}, Column: {column}): the statement is incomplete"
     ))
 }
 
@@ -360,11 +394,25 @@ fn parse_error(message: String) -> DataFusionError {
 }
 
 /// The functions sqlfeed's own statements plan with (`SAMPLE`, `SHUFFLE`).
-pub(crate) fn internal_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
+pub fn internal_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
     vec![
         datafusion::logical_expr::ScalarUDF::from(RowKeyFunc::new()),
         datafusion::logical_expr::ScalarUDF::from(ByteLengthFunc::new()),
     ]
+}
+
+/// Parses and plans one statement of sqlfeed SQL in `ctx`, any DataFusion
+/// context (a [`crate::Session`] does this in its own): the dialect's
+/// statements and clauses on top of DataFusion's SQL.
+pub async fn plan_sql(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
+    let mut statements = parse_in(ctx, sql)?;
+    match statements.len() {
+        1 => plan_statement(ctx, statements.remove(0)).await,
+        0 => Err(DataFusionError::Plan("no SQL statement given".into())),
+        n => Err(DataFusionError::Plan(format!(
+            "expected one SQL statement, got {n}; run them one by one"
+        ))),
+    }
 }
 
 /// Plans one statement into a DataFrame.
