@@ -19,6 +19,7 @@
 //!   `SQLFEED_TEST_S3=require` (as in `.ci/run`).
 //! * `spill`: what a killed process spilled is removed by the next session.
 
+mod azure;
 mod bad_input;
 mod cache;
 mod cli;
