@@ -121,7 +121,8 @@ struct Clause {
 
 /// Rewrites every shuffle clause of one statement's tokens into a marked
 /// derived table (see the module docs).
-pub(super) fn rewrite(mut tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> {
+pub(super) fn rewrite(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> {
+    let mut tokens = rewrite_samples(tokens)?;
     let mut count = 0usize;
     while let Some(clause) = find_clause(&tokens)? {
         let query_start = query_start(&tokens, clause.start)?;
@@ -158,6 +159,157 @@ pub(super) fn rewrite(mut tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpa
         tokens.splice(query_start..clause.end, wrapped);
     }
     Ok(tokens)
+}
+
+/// `(SAMPLE <table> <n> [SEED s])` as a table expression (a subquery, a CTE
+/// body) becomes `(SELECT * FROM <table> SHUFFLE SEED s LIMIT n)`, which is
+/// what the `SAMPLE` statement returns; `<table>` is a name, a quoted path or
+/// a `(query)`. Anything else after `(SAMPLE` is left alone (`(sample)` and
+/// `(sample + 1)` are expressions over a column).
+fn rewrite_samples(mut tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> {
+    let mut from = 0;
+    loop {
+        let significant: Vec<usize> = (from..tokens.len())
+            .filter(|&i| !is_blank(&tokens[i].token))
+            .collect();
+        let found = significant.windows(2).position(|pair| {
+            tokens[pair[0]].token == Token::LParen
+                && word(&tokens[pair[1]].token).as_deref() == Some("SAMPLE")
+        });
+        let Some(at) = found else {
+            return Ok(tokens);
+        };
+        let open = significant[at];
+        let sample = significant[at + 1];
+        from = sample + 1;
+        let Some((target, rows, seed, close)) = sample_parts(&tokens, sample)? else {
+            continue;
+        };
+        let span = tokens[sample].span;
+        let at_span = |token: Token| TokenWithSpan { token, span };
+        let space = || at_span(Token::Whitespace(Whitespace::Space));
+        let mut body = vec![
+            at_span(Token::make_keyword("SELECT")),
+            space(),
+            at_span(Token::Mul),
+            space(),
+            at_span(Token::make_keyword("FROM")),
+            space(),
+        ];
+        body.extend(tokens[target.0..target.1].iter().cloned());
+        for word in [
+            " ".to_string(),
+            "SHUFFLE".into(),
+            " ".into(),
+            "SEED".into(),
+            " ".into(),
+        ] {
+            body.push(if word == " " {
+                space()
+            } else {
+                at_span(Token::make_keyword(&word))
+            });
+        }
+        body.push(at_span(Token::Number(seed.to_string(), false)));
+        body.extend([
+            space(),
+            at_span(Token::make_keyword("LIMIT")),
+            space(),
+            at_span(Token::Number(rows.to_string(), false)),
+        ]);
+        tokens.splice(open + 1..close, body);
+    }
+}
+
+/// After the `SAMPLE` at `sample`: the target's token range, the rows, the
+/// seed and the index of the closing `)`; `None` if it is not that shape.
+#[allow(clippy::type_complexity)]
+fn sample_parts(
+    tokens: &[TokenWithSpan],
+    sample: usize,
+) -> Result<Option<((usize, usize), u64, u64, usize)>> {
+    let next = |from: usize| (from..tokens.len()).find(|&i| !is_blank(&tokens[i].token));
+    let Some(target_start) = next(sample + 1) else {
+        return Ok(None);
+    };
+    let mut target_end = target_start + 1;
+    match &tokens[target_start].token {
+        Token::SingleQuotedString(_) => {}
+        Token::Word(_) => {
+            // A dotted name: a.b.c
+            while let Some(dot) = next(target_end) {
+                if tokens[dot].token != Token::Period {
+                    break;
+                }
+                match next(dot + 1) {
+                    Some(part) if matches!(tokens[part].token, Token::Word(_)) => {
+                        target_end = part + 1
+                    }
+                    _ => return Ok(None),
+                }
+            }
+        }
+        Token::LParen => {
+            let mut depth = 0i32;
+            let mut end = None;
+            for (i, token) in tokens.iter().enumerate().skip(target_start) {
+                match token.token {
+                    Token::LParen => depth += 1,
+                    Token::RParen => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = Some(i + 1);
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let Some(end) = end else {
+                return Ok(None);
+            };
+            target_end = end;
+        }
+        _ => return Ok(None),
+    }
+    let Some(rows_at) = next(target_end) else {
+        return Ok(None);
+    };
+    let Token::Number(rows, _) = &tokens[rows_at].token else {
+        return Ok(None);
+    };
+    let rows: u64 = rows.parse().map_err(|_| {
+        parse_error(format!(
+            "SAMPLE <table> <rows>: rows must be a non-negative integer, got {rows} at {}",
+            position(&tokens[rows_at])
+        ))
+    })?;
+    let mut after = next(rows_at + 1);
+    let mut seed = None;
+    if let Some(seed_word) = after
+        && word(&tokens[seed_word].token).as_deref() == Some("SEED")
+    {
+        let value = next(seed_word + 1);
+        let Some(Token::Number(text, _)) = value.map(|v| &tokens[v].token) else {
+            return Err(parse_error(format!(
+                "SEED takes a non-negative integer, at {}",
+                position(&tokens[seed_word])
+            )));
+        };
+        seed = Some(text.parse::<u64>().map_err(|_| {
+            parse_error(format!("SEED must be a non-negative integer, got {text}"))
+        })?);
+        after = value.and_then(|v| next(v + 1));
+    }
+    match after {
+        Some(close) if tokens[close].token == Token::RParen => Ok(Some((
+            (target_start, target_end),
+            rows,
+            seed.unwrap_or_else(fresh_seed),
+            close,
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// The first shuffle clause of `tokens`, at any depth.
@@ -408,6 +560,37 @@ mod tests {
             "{two}"
         );
         assert!(two.ends_with("AS __sqlfeed_shuffle_2_0_1 "), "{two}");
+        Ok(())
+    }
+
+    #[test]
+    fn sample_as_a_table_expression_is_a_limited_shuffle() -> Result<()> {
+        assert_eq!(
+            rewritten("SELECT count(*) FROM (SAMPLE t 10 SEED 3)")?,
+            "SELECT count(*) FROM (SELECT * FROM (SELECT * FROM t ) AS \
+             __sqlfeed_shuffle_3_0_0 LIMIT 10)"
+        );
+        let quoted =
+            rewritten("WITH s AS (SAMPLE 'd/*.parquet' 5 SEED 1) SELECT * FROM s")?;
+        assert!(
+            quoted.contains("(SELECT * FROM (SELECT * FROM 'd/*.parquet' ) AS __sqlfeed_shuffle_1_0_0 LIMIT 5)"),
+            "{quoted}"
+        );
+        let query =
+            rewritten("SELECT * FROM (SAMPLE (SELECT a FROM t WHERE a > 1) 2 SEED 4)")?;
+        assert!(
+            query.contains(
+                "FROM (SELECT a FROM t WHERE a > 1) ) AS __sqlfeed_shuffle_4_0_0 LIMIT 2"
+            ),
+            "{query}"
+        );
+        for sql in [
+            "SELECT (sample) FROM t",
+            "SELECT (sample + 1) FROM t",
+            "SELECT (sample) AS x",
+        ] {
+            assert_eq!(rewritten(sql)?, sql, "{sql}");
+        }
         Ok(())
     }
 
