@@ -67,8 +67,9 @@
 //! partition's merge depending on scheduling. Spill files are deleted when the
 //! stream is dropped, also on error or cancellation. Copies after the first,
 //! found when merging spilled runs, are held and spilled the same way by a
-//! second consumer ("PermuteExec copies"); without repeated rows there are
-//! none, and the runs are read twice (once to look for copies).
+//! second consumer and written to disk before the final merge; without
+//! repeated rows there are none, and the runs are read twice (once to look
+//! for copies).
 
 use std::fmt;
 use std::sync::Arc;
@@ -376,6 +377,9 @@ struct Permuter {
     /// The keys are content keys whose copies still need their own keys;
     /// unset for the sorter of copies, whose keys are final.
     spread_copies: bool,
+    /// Most bytes held before spilling, besides what the pool allows; set
+    /// for the sorter of later copies (see `merge_runs`).
+    hold_limit: Option<usize>,
 }
 
 impl Permuter {
@@ -404,6 +408,7 @@ impl Permuter {
             batch_rows,
             key_column,
             spread_copies,
+            hold_limit: None,
         }
     }
 
@@ -438,6 +443,12 @@ impl Permuter {
             return Ok(());
         }
         let bytes = get_record_batch_memory_size(&batch) + rows * INDEX_ENTRY_BYTES;
+        let over_limit = self
+            .hold_limit
+            .is_some_and(|limit| self.reservation.size() + bytes > limit);
+        if over_limit && !self.held.is_empty() {
+            self.spill()?;
+        }
         if self.reservation.try_grow(bytes).is_err() {
             if self.held.is_empty() {
                 return Err(DataFusionError::ResourcesExhausted(format!(
@@ -664,6 +675,11 @@ impl Permuter {
             self.batch_rows,
             false,
         );
+        // The later copies accumulate while pass 1 merges and the operators
+        // above run: a spillable consumer of a fair pool may take all that
+        // is left and starve them, so it holds no more than this partition
+        // set aside for a merge, and spills beyond.
+        copies.hold_limit = Some(self.merge_headroom.size().max(1));
         let mut counter = CopyCounter::new(self.key_column);
         // Pass 1 merges alone, with all the headroom; it is given back to the
         // pool when the pass ends and set aside again at once for pass 2.
@@ -699,26 +715,22 @@ impl Permuter {
                 Arc::clone(self.spill_manager.schema()),
                 first_copies,
             ));
-        let mut streams = vec![first_copies];
-        if copies.runs.is_empty() {
-            let schema = Arc::clone(copies.spill_manager.schema());
-            let in_memory = copies.gather_in_memory(baseline.intermediate())?;
-            streams.push(Box::pin(RecordBatchStreamAdapter::new(schema, in_memory)));
-            let headroom = self.merge_headroom.take();
-            Ok(self.merge(vec![], streams, baseline, headroom)?.boxed())
-        } else {
-            if !copies.held.is_empty() {
-                copies.spill()?;
-            }
-            let copy_runs = std::mem::take(&mut copies.runs);
-            let headroom = self.merge_headroom.take();
-            // The copies' sorter is done: what it set aside moves over to the
-            // merge of its runs (best effort, as when it was set aside).
-            let copies_bytes = copies.merge_headroom.size();
-            drop(copies);
-            let _ = headroom.try_grow(copies_bytes);
-            Ok(self.merge(copy_runs, streams, baseline, headroom)?.boxed())
+        let streams = vec![first_copies];
+        // The runs did not fit in memory, so neither does holding the later
+        // copies through the final merge next to the merges' buffers (under
+        // a tight budget that failed depending on the other partitions'
+        // timing): they go to disk too, and are merged as runs.
+        if !copies.held.is_empty() {
+            copies.spill()?;
         }
+        let copy_runs = std::mem::take(&mut copies.runs);
+        let headroom = self.merge_headroom.take();
+        // The copies' sorter is done: what it set aside moves over to the
+        // merge of its runs (best effort, as when it was set aside).
+        let copies_bytes = copies.merge_headroom.size();
+        drop(copies);
+        let _ = headroom.try_grow(copies_bytes);
+        Ok(self.merge(copy_runs, streams, baseline, headroom)?.boxed())
     }
 }
 
