@@ -305,26 +305,20 @@ impl JobRequest {
 
     /// The newest job named like ours that has not failed and was not tried.
     async fn find(&self, tried: &HashSet<String>) -> Result<Option<String>> {
-        let body = match rest_get(&self.scheduler, "/api/jobs").await {
-            Ok(body) => body,
-            Err(e) => {
-                log::debug!("{e}");
-                return Ok(None);
-            }
-        };
-        let jobs: Vec<serde_json::Value> = serde_json::from_str(&body)
-            .map_err(|e| self.error(format!("unreadable job list: {e}")))?;
+        // Ballista's own response type of the job list.
+        let jobs: Vec<ballista_api_types::dto::JobResponse> =
+            match rest_get(&self.scheduler, "/api/jobs").await {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    log::debug!("{e}");
+                    return Ok(None);
+                }
+            };
         Ok(jobs
-            .iter()
-            .filter(|job| {
-                job.get("job_name").and_then(|n| n.as_str()) == Some(&self.job_name)
-            })
-            .filter(|job| job.get("status").and_then(|s| s.as_str()) != Some("Failed"))
-            .filter_map(|job| {
-                let id = job.get("job_id")?.as_str()?.to_string();
-                let start = job.get("start_time").and_then(|t| t.as_u64()).unwrap_or(0);
-                (!tried.contains(&id)).then_some((start, id))
-            })
+            .into_iter()
+            .filter(|job| job.job_name == self.job_name && job.status != "Failed")
+            .filter(|job| !tried.contains(&job.job_id))
+            .map(|job| (job.start_time, job.job_id))
             .max()
             .map(|(_, id)| id))
     }

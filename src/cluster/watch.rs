@@ -50,7 +50,6 @@ use datafusion::physical_plan::{
 };
 use datafusion_proto::protobuf::LogicalPlanNode;
 use futures::{FutureExt, Stream};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::SchedulerAddress;
 
@@ -289,64 +288,65 @@ async fn watch(
 /// Executors registered with the scheduler at `scheduler`: id → host:port
 /// of their Flight service (from the scheduler's REST API).
 pub async fn executors(scheduler: &SchedulerAddress) -> Result<BTreeMap<String, String>> {
-    let body = rest_get(scheduler, "/api/executors").await?;
-    let list: Vec<serde_json::Value> = serde_json::from_str(&body)
-        .map_err(|e| DataFusionError::Execution(format!("bad executor list: {e}")))?;
+    let list: Vec<ExecutorInfo> = rest_get(scheduler, "/api/executors").await?;
     Ok(list
-        .iter()
-        .filter_map(|executor| {
-            let id = executor.get("id")?.as_str()?.to_string();
-            let host = executor.get("host").and_then(|h| h.as_str()).unwrap_or("?");
-            let port = executor.get("port").and_then(|p| p.as_u64()).unwrap_or(0);
-            Some((id, format!("{host}:{port}")))
+        .into_iter()
+        .map(|executor| {
+            let host = if executor.host.is_empty() {
+                "?".into()
+            } else {
+                executor.host
+            };
+            (executor.id, format!("{host}:{}", executor.port))
         })
         .collect())
 }
 
-/// The body of `GET path` on the scheduler's REST API (HTTP/1.1, one
-/// request per connection).
-pub(crate) async fn rest_get(scheduler: &SchedulerAddress, path: &str) -> Result<String> {
+/// One executor of the scheduler's `GET /api/executors` (the fields sqlfeed
+/// reads; others are ignored).
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct ExecutorInfo {
+    pub id: String,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub port: u16,
+}
+
+/// `GET path` on the scheduler's REST API, its JSON body as `T`.
+pub(crate) async fn rest_get<T: serde::de::DeserializeOwned>(
+    scheduler: &SchedulerAddress,
+    path: &str,
+) -> Result<T> {
     let failed = |e: String| {
         DataFusionError::Execution(format!("GET {path} on {scheduler} failed: {e}"))
     };
-    let request = async {
-        let mut stream =
-            tokio::net::TcpStream::connect((scheduler.host.as_str(), scheduler.port))
-                .await
+    // One client (and connection pool) for the process.
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let client = match CLIENT.get() {
+        Some(client) => client.clone(),
+        None => {
+            let client = reqwest::Client::builder()
+                .connect_timeout(REQUEST_TIMEOUT)
+                .timeout(REQUEST_TIMEOUT)
+                .build()
                 .map_err(|e| failed(e.to_string()))?;
-        let request = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: application/json\r\n\
-             Connection: close\r\n\r\n",
-            scheduler.host
-        );
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let mut response = Vec::new();
-        stream
-            .read_to_end(&mut response)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        Ok::<_, DataFusionError>(response)
+            CLIENT.get_or_init(|| client).clone()
+        }
     };
-    let response = tokio::time::timeout(REQUEST_TIMEOUT, request)
+    let url = format!("http://{}:{}{path}", scheduler.host, scheduler.port);
+    let response = client
+        .get(&url)
+        .header(reqwest::header::ACCEPT, "application/json")
+        .send()
         .await
-        .map_err(|_| failed(format!("no answer within {REQUEST_TIMEOUT:?}")))??;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| failed("malformed HTTP response".into()))?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(failed(head.lines().next().unwrap_or("").to_string()));
+        .map_err(|e| failed(e.to_string()))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(failed(format!("HTTP {status}")));
     }
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return Err(failed("chunked responses are not supported".into()));
-    }
-    Ok(body.to_string())
+    let body = response.text().await.map_err(|e| failed(e.to_string()))?;
+    serde_json::from_str(&body).map_err(|e| failed(format!("unreadable answer: {e}")))
 }
 
 /// Asks the scheduler to cancel `job_id`; failures are logged (the job then
@@ -371,6 +371,23 @@ async fn cancel(scheduler: &SchedulerAddress, job_id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_executor_list_reads_ballistas_json()
+    -> std::result::Result<(), serde_json::Error> {
+        // The shape of Ballista 55's `GET /api/executors` (extra fields ignored).
+        let body = r#"[{"id":"e1","host":"10.0.0.7","port":50051,"last_seen":12,
+            "specification":{"task_slots":4},"metrics":[],"os_info":null}]"#;
+        let list: Vec<ExecutorInfo> = serde_json::from_str(body)?;
+        assert_eq!(list[0].id, "e1");
+        assert_eq!((list[0].host.as_str(), list[0].port), ("10.0.0.7", 50051));
+        let jobs: Vec<ballista_api_types::dto::JobResponse> = serde_json::from_str(
+            r#"[{"job_id":"j","job_name":"sqlfeed-feed-1-e0","job_status":"Running","status":"Running",
+                "num_stages":2,"completed_stages":1,"percent_complete":50,"start_time":5,"end_time":0}]"#,
+        )?;
+        assert_eq!(jobs[0].job_name, "sqlfeed-feed-1-e0");
+        Ok(())
+    }
 
     #[test]
     fn job_errors_keep_the_job_and_the_innermost_message() {
