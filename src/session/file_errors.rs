@@ -461,14 +461,16 @@ impl Morsel for NamedErrorsMorsel {
         // reported as a bug of the engine. The stream ends after a panic.
         AssertUnwindSafe(self.inner.into_stream())
             .catch_unwind()
-            .then(move |item| {
-                let file = Arc::clone(&file);
-                async move {
-                    match item {
-                        Ok(Ok(batch)) => Ok(batch),
-                        Ok(Err(e)) => Err(name_file_located(&file, e).await),
-                        Err(panic) => Err(reader_panicked(&file.name, &panic)),
-                    }
+            .then(move |item| match item {
+                // The batch path stays synchronous: no clone, no future.
+                Ok(Ok(batch)) => futures::future::ready(Ok(batch)).left_future(),
+                Ok(Err(e)) => {
+                    let file = Arc::clone(&file);
+                    async move { Err(name_file_located(&file, e).await) }.right_future()
+                }
+                Err(panic) => {
+                    futures::future::ready(Err(reader_panicked(&file.name, &panic)))
+                        .left_future()
                 }
             })
             .boxed()

@@ -406,14 +406,7 @@ impl Session {
     /// Plans one statement of sqlfeed SQL (DataFusion SQL plus `SUMMARIZE`,
     /// `SAMPLE` and `DESCRIBE '<path>'`) into a [`DataFrame`].
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
-        let mut statements = sql::parse_in(&self.ctx, sql)?;
-        match statements.len() {
-            1 => self.plan(statements.remove(0)).await,
-            0 => Err(DataFusionError::Plan("no SQL statement given".into())),
-            n => Err(DataFusionError::Plan(format!(
-                "expected one SQL statement, got {n}; run them one by one"
-            ))),
-        }
+        catch_panic(sql::plan_sql(&self.ctx, sql)).await
     }
 
     /// Plans one parsed statement.

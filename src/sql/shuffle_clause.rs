@@ -37,7 +37,7 @@ use std::sync::Arc;
 use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Extension, LogicalPlan, SubqueryAlias};
-use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Whitespace};
+use datafusion::sql::sqlparser::tokenizer::{Span, Token, TokenWithSpan, Whitespace};
 
 use super::{fresh_seed, parse_error};
 use crate::shuffle::{ShuffleNode, ShuffleSpec};
@@ -136,26 +136,18 @@ pub(super) fn rewrite(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> 
         };
         count += 1;
         let span = tokens[clause.start].span;
-        let at = |token: Token| TokenWithSpan { token, span };
-        let space = || at(Token::Whitespace(Whitespace::Space));
-        let mut wrapped = vec![
-            at(Token::make_keyword("SELECT")),
-            space(),
-            at(Token::Mul),
-            space(),
-            at(Token::make_keyword("FROM")),
-            space(),
-            at(Token::LParen),
-        ];
+        // SELECT * FROM (<query>) AS <alias>
+        let mut wrapped = select_star_from(span);
+        wrapped.push(TokenWithSpan::new(Token::LParen, span));
         wrapped.extend(tokens[query_start..clause.start].iter().cloned());
-        wrapped.extend([
-            at(Token::RParen),
-            space(),
-            at(Token::make_keyword("AS")),
-            space(),
-            at(Token::make_word(&alias, None)),
-            space(),
-        ]);
+        wrapped.extend(each_then_space(
+            span,
+            [
+                Token::RParen,
+                Token::make_keyword("AS"),
+                Token::make_word(&alias, None),
+            ],
+        ));
         tokens.splice(query_start..clause.end, wrapped);
     }
     Ok(tokens)
@@ -185,38 +177,27 @@ fn rewrite_samples(mut tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>>
         let Some((target, rows, seed, close)) = sample_parts(&tokens, sample)? else {
             continue;
         };
+        // SELECT * FROM <target> SHUFFLE SEED <seed> LIMIT <rows>
         let span = tokens[sample].span;
-        let at_span = |token: Token| TokenWithSpan { token, span };
-        let space = || at_span(Token::Whitespace(Whitespace::Space));
-        let mut body = vec![
-            at_span(Token::make_keyword("SELECT")),
-            space(),
-            at_span(Token::Mul),
-            space(),
-            at_span(Token::make_keyword("FROM")),
-            space(),
-        ];
+        let mut body = select_star_from(span);
         body.extend(tokens[target.0..target.1].iter().cloned());
-        for word in [
-            " ".to_string(),
-            "SHUFFLE".into(),
-            " ".into(),
-            "SEED".into(),
-            " ".into(),
-        ] {
-            body.push(if word == " " {
-                space()
-            } else {
-                at_span(Token::make_keyword(&word))
-            });
-        }
-        body.push(at_span(Token::Number(seed.to_string(), false)));
-        body.extend([
-            space(),
-            at_span(Token::make_keyword("LIMIT")),
-            space(),
-            at_span(Token::Number(rows.to_string(), false)),
-        ]);
+        body.push(TokenWithSpan::new(
+            Token::Whitespace(Whitespace::Space),
+            span,
+        ));
+        body.extend(each_then_space(
+            span,
+            [
+                Token::make_keyword("SHUFFLE"),
+                Token::make_keyword("SEED"),
+                Token::Number(seed.to_string(), false),
+                Token::make_keyword("LIMIT"),
+            ],
+        ));
+        body.push(TokenWithSpan::new(
+            Token::Number(rows.to_string(), false),
+            span,
+        ));
         tokens.splice(open + 1..close, body);
     }
 }
@@ -310,6 +291,34 @@ fn sample_parts(
         ))),
         _ => Ok(None),
     }
+}
+
+/// `SELECT * FROM `, the start of both rewrites, at `span`.
+fn select_star_from(span: Span) -> Vec<TokenWithSpan> {
+    each_then_space(
+        span,
+        [
+            Token::make_keyword("SELECT"),
+            Token::Mul,
+            Token::make_keyword("FROM"),
+        ],
+    )
+}
+
+/// `tokens`, each followed by a space, at `span` (where errors point).
+fn each_then_space(
+    span: Span,
+    tokens: impl IntoIterator<Item = Token>,
+) -> Vec<TokenWithSpan> {
+    tokens
+        .into_iter()
+        .flat_map(|token| {
+            [
+                TokenWithSpan::new(token, span),
+                TokenWithSpan::new(Token::Whitespace(Whitespace::Space), span),
+            ]
+        })
+        .collect()
 }
 
 /// The first shuffle clause of `tokens`, at any depth.

@@ -176,12 +176,13 @@ impl TableProvider for VerifyTable {
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let exec = Arc::clone(&self.exec) as Arc<dyn ExecutionPlan>;
+        let schema = exec.schema();
         match projection {
-            Some(columns) if columns.len() != verify_schema().fields().len() => {
+            Some(columns) if columns.len() != schema.fields().len() => {
                 let exprs = columns
                     .iter()
                     .map(|&i| {
-                        let name = verify_schema().field(i).name().clone();
+                        let name = schema.field(i).name().clone();
                         let column: Arc<dyn PhysicalExpr> = Arc::new(
                             datafusion::physical_expr::expressions::Column::new(&name, i),
                         );
@@ -629,7 +630,11 @@ async fn verify_chunk(
     let mut stream = match stream {
         Ok(stream) => stream,
         Err(e) => {
-            problems.push(format!("{}: {}", where_(None), clean(&e.into())));
+            problems.push(format!(
+                "{}: {}",
+                where_(None),
+                crate::session::file_error_reason(&e.into())
+            ));
             return Ok(ChunkResult {
                 problems,
                 images: 0,
@@ -649,7 +654,10 @@ async fn verify_chunk(
             Some(Ok(batch)) => batch,
             Some(Err(e)) => {
                 let place = where_(Some(Position::From(rows)));
-                problems.push(format!("{place}: {}", clean(&e.into())));
+                problems.push(format!(
+                    "{place}: {}",
+                    crate::session::file_error_reason(&e.into())
+                ));
                 read_error_at = Some(place);
                 break;
             }
@@ -769,16 +777,12 @@ fn binary_values(column: &ArrayRef) -> Result<Vec<Option<&[u8]>>> {
 /// The reader's reason for a bad footer, without its wrappers ("Failed to
 /// fetch metadata for file …: Parquet error: Parquet error: …").
 fn footer_reason(error: &DataFusionError) -> String {
-    let text = clean(error);
+    let text = crate::session::file_error_reason(error);
     let reason = text
         .rsplit_once("Parquet error: ")
         .map(|(_, reason)| reason)
         .unwrap_or(&text);
     format!("{reason}: the file is truncated, corrupt or not Parquet")
-}
-
-fn clean(error: &DataFusionError) -> String {
-    crate::session::file_error_reason(error)
 }
 
 #[cfg(test)]
