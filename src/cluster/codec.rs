@@ -59,13 +59,20 @@ pub const MAGIC: &[u8] = b"sqlfeed\x01";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum WireNode {
     /// [`ShuffleNode`].
-    Shuffle(ShuffleSpec),
+    Shuffle {
+        /// How.
+        spec: ShuffleSpec,
+        /// The input columns the key hashes (`None`: all).
+        key: Option<Vec<String>>,
+    },
     /// [`ShuffleKeyExec`].
     ShuffleKey {
         /// The seed.
         seed: u64,
         /// The epoch.
         epoch: u64,
+        /// The input columns hashed (`None`: all).
+        key_columns: Option<Vec<usize>>,
     },
     /// [`ShuffleExec`].
     ShuffleRoot {
@@ -183,15 +190,19 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
         ctx: &TaskContext,
     ) -> Result<Extension> {
         match decode(buf)? {
-            Some(WireNode::Shuffle(spec)) => {
+            Some(WireNode::Shuffle { spec, key }) => {
                 let [input] = inputs else {
                     return Err(DataFusionError::Internal(format!(
                         "Shuffle has one input, got {}",
                         inputs.len()
                     )));
                 };
+                let node = match key {
+                    Some(key) => ShuffleNode::try_new_keyed(input.clone(), spec, key)?,
+                    None => ShuffleNode::try_new(input.clone(), spec)?,
+                };
                 Ok(Extension {
-                    node: Arc::new(ShuffleNode::try_new(input.clone(), spec)?),
+                    node: Arc::new(node),
                 })
             }
 
@@ -205,7 +216,11 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
         let any = node.node.as_any();
         if let Some(shuffle) = any.downcast_ref::<ShuffleNode>() {
-            return encode(&WireNode::Shuffle(shuffle.spec()), buf);
+            let wire = WireNode::Shuffle {
+                spec: shuffle.spec(),
+                key: shuffle.key().map(<[String]>::to_vec),
+            };
+            return encode(&wire, buf);
         }
         self.inner.try_encode(node, buf)
     }
@@ -305,9 +320,14 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         };
         let input = Arc::clone(input);
         Ok(match node {
-            WireNode::ShuffleKey { seed, epoch } => {
-                Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?)
-            }
+            WireNode::ShuffleKey {
+                seed,
+                epoch,
+                key_columns,
+            } => Arc::new(
+                ShuffleKeyExec::try_new(input, seed, epoch)?
+                    .with_key_columns(key_columns)?,
+            ),
             WireNode::ShuffleRoot {
                 seed,
                 epoch,
@@ -325,7 +345,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 Arc::new(PermuteExec::try_new_with_mode(input, mode)?)
             }
 
-            other @ (WireNode::Shuffle(_) | WireNode::Function) => {
+            other @ (WireNode::Shuffle { .. } | WireNode::Function) => {
                 return Err(DataFusionError::Internal(format!(
                     "{other:?} is not a physical plan node"
                 )));
@@ -344,6 +364,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::ShuffleKey {
                 seed: key.seed(),
                 epoch: key.epoch(),
+                key_columns: key.key_columns().map(<[usize]>::to_vec),
             }
         } else if let Some(root) = plan.downcast_ref::<ShuffleExec>() {
             WireNode::ShuffleRoot {

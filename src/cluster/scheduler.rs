@@ -80,6 +80,10 @@ pub async fn run_scheduler(
                 .with_config(config)
                 .with_runtime_env(Arc::clone(&runtime))
                 .with_default_features()
+                .with_optimizer_rules(crate::session::optimizer_rules())
+                .with_physical_optimizer_rules(crate::session::physical_optimizer_rules(
+                    false,
+                ))
                 .with_query_planner(Arc::new(SqlfeedQueryPlanner::stage_shaped()))
                 .build();
             for udf in &udfs {

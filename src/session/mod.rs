@@ -33,6 +33,7 @@ pub mod file_errors;
 mod folder_glob;
 pub(crate) mod liveness;
 pub mod object_stores;
+mod options;
 pub mod url_table;
 
 use std::any::Any;
@@ -63,6 +64,7 @@ use crate::cache::{CacheOptions, CacheStore};
 use crate::sql::{self, Statement};
 pub(crate) use file_errors::reason as file_error_reason;
 pub use object_stores::{IoCounters, ObjectStoreLimits};
+pub use options::SqlfeedOptions;
 pub use url_table::list_parquet_files;
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever
@@ -180,6 +182,8 @@ impl SessionBuilder {
             .with_config(config)
             .with_runtime_env(Arc::clone(&engine.runtime))
             .with_default_features()
+            .with_optimizer_rules(optimizer_rules())
+            .with_physical_optimizer_rules(physical_optimizer_rules(true))
             // Last, so that it sees the final scans: read errors name the file.
             .with_physical_optimizer_rule(Arc::new(file_errors::NameFileErrors))
             .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner::embedded()))
@@ -269,7 +273,8 @@ impl SessionBuilder {
         let partitions = self.target_partitions.unwrap_or_else(num_cores);
         let mut config = SessionConfig::new()
             .with_information_schema(true)
-            .with_target_partitions(partitions);
+            .with_target_partitions(partitions)
+            .with_option_extension(SqlfeedOptions::default());
         // Each sorting partition sets this much aside for merging its spill
         // files (DataFusion's default: 10 MB). Under a small budget the
         // reservations alone would exceed it, so scale them to the budget.
@@ -538,6 +543,45 @@ fn physical_memory() -> Option<usize> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// DataFusion's logical optimizer rules with sqlfeed's in front:
+/// [`crate::shuffle::LateRowFunctions`] must see a shuffle's input projection
+/// as the SQL planner built it, before common subexpression elimination
+/// splits it or projection pushdown folds it into the scan.
+pub(crate) fn optimizer_rules()
+-> Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> {
+    let mut rules: Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> =
+        vec![Arc::new(crate::shuffle::LateRowFunctions)];
+    rules.extend(datafusion::optimizer::Optimizer::new().rules);
+    rules
+}
+
+/// DataFusion's physical optimizer rules with sqlfeed's after the
+/// distribution rules (which insert the round-robin splits that
+/// [`crate::shuffle::KeepShuffleOrder`] takes out again, and settle the
+/// partition counts that [`crate::sql::ParallelFunctions`] sizes its workers
+/// by) and before projection pushdown (which would fold a projection of
+/// costly functions into the file scan, out of their reach).
+/// `parallel_functions`: false on a Ballista scheduler, which cannot
+/// serialise [`crate::sql::ParallelProjectionExec`]; its executors add it.
+pub(crate) fn physical_optimizer_rules(
+    parallel_functions: bool,
+) -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules =
+        datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "ProjectionPushdown")
+        .unwrap_or(rules.len());
+    let mut ours: Vec<
+        Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
+    > = vec![Arc::new(crate::shuffle::KeepShuffleOrder)];
+    if parallel_functions {
+        ours.push(Arc::new(crate::sql::ParallelFunctions));
+    }
+    rules.splice(at..at, ours);
+    rules
 }
 
 fn num_cores() -> usize {

@@ -88,6 +88,8 @@ pub struct ShuffleKeyExec {
     seed: u64,
     /// The epoch.
     epoch: u64,
+    /// Indices of the input columns hashed, in hashing order; `None`: all.
+    key_columns: Option<Vec<usize>>,
     /// Input schema plus the key column.
     schema: SchemaRef,
     /// Cached plan properties.
@@ -125,9 +127,41 @@ impl ShuffleKeyExec {
             input,
             seed,
             epoch,
+            key_columns: None,
             schema,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// Hashes only the input columns at `indices`, in that order (see
+    /// [`super::ShuffleNode`]'s key); an index out of range is an internal
+    /// error.
+    pub fn with_key_columns(mut self, indices: Option<Vec<usize>>) -> Result<Self> {
+        let columns = self.input.schema().fields().len();
+        if let Some(bad) = indices.iter().flatten().find(|&&i| i >= columns) {
+            return Err(DataFusionError::Internal(format!(
+                "shuffle key column {bad} out of range: the input has {columns} columns"
+            )));
+        }
+        self.key_columns = indices;
+        Ok(self)
+    }
+
+    /// The input columns hashed (`None`: all).
+    pub fn key_columns(&self) -> Option<&[usize]> {
+        self.key_columns.as_deref()
+    }
+
+    /// Names of the hashed columns, for display.
+    fn key_names(&self) -> Option<String> {
+        let schema = self.input.schema();
+        self.key_columns.as_ref().map(|indices| {
+            indices
+                .iter()
+                .map(|&i| schema.field(i).name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         })
     }
 
@@ -150,10 +184,18 @@ impl DisplayAs for ShuffleKeyExec {
                     f,
                     "ShuffleKeyExec: seed={}, epoch={}",
                     self.seed, self.epoch
-                )
+                )?;
+                match self.key_names() {
+                    Some(names) => write!(f, ", key=[{names}]"),
+                    None => Ok(()),
+                }
             }
             DisplayFormatType::TreeRender => {
-                write!(f, "seed={}\nepoch={}", self.seed, self.epoch)
+                write!(f, "seed={}\nepoch={}", self.seed, self.epoch)?;
+                match self.key_names() {
+                    Some(names) => write!(f, "\nkey=[{names}]"),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -188,7 +230,10 @@ impl ExecutionPlan for ShuffleKeyExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = super::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(child, self.seed, self.epoch)?))
+        Ok(Arc::new(
+            Self::try_new(child, self.seed, self.epoch)?
+                .with_key_columns(self.key_columns.clone())?,
+        ))
     }
 
     fn execute(
@@ -202,13 +247,23 @@ impl ExecutionPlan for ShuffleKeyExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let hash_seed = shuffle_seed(self.seed, self.epoch);
+        let key_columns = self.key_columns.clone();
         let keyed = input.flat_map(move |batch| {
             let keyed = batch.and_then(|batch| {
                 let timer = baseline.elapsed_compute().timer();
                 let chunks = split_to_fit(&batch, max_batch_bytes)?;
                 let mut out = Vec::with_capacity(chunks.len());
                 for chunk in chunks {
-                    let keys = row_key_hash(chunk.columns(), hash_seed)?;
+                    let keys = match &key_columns {
+                        None => row_key_hash(chunk.columns(), hash_seed)?,
+                        Some(indices) => {
+                            let hashed: Vec<ArrayRef> = indices
+                                .iter()
+                                .map(|&i| Arc::clone(chunk.column(i)))
+                                .collect();
+                            row_key_hash(&hashed, hash_seed)?
+                        }
+                    };
                     let mut columns: Vec<ArrayRef> = chunk.columns().to_vec();
                     columns.push(Arc::new(keys));
                     let keyed = RecordBatch::try_new(Arc::clone(&schema), columns)?;

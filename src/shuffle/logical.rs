@@ -9,12 +9,20 @@ use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 use super::ShuffleSpec;
 
 /// Reorders its input as [`ShuffleSpec`] says; the schema is unchanged.
+///
+/// A global shuffle orders rows by a hash of their content; `key` names the
+/// input columns hashed (all of them when `None`). [`super::late`] keys the
+/// rows as they enter the query's row-wise expressions, so that those
+/// expressions can run before or after the shuffle with the same order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
 pub struct ShuffleNode {
     /// The rows to shuffle.
     input: LogicalPlan,
     /// How.
     spec: ShuffleSpec,
+    /// Names of the input columns the shuffle key hashes, in hashing order;
+    /// `None`: every column, in schema order.
+    key: Option<Vec<String>>,
 }
 
 impl ShuffleNode {
@@ -25,12 +33,56 @@ impl ShuffleNode {
                 "LOCAL SHUFFLE BUFFER must hold at least 1 row".into(),
             ));
         }
-        Ok(Self { input, spec })
+        Ok(Self {
+            input,
+            spec,
+            key: None,
+        })
+    }
+
+    /// Shuffles `input` by a key hashing only the `key` columns (in that
+    /// order); a name that is not an input column is an internal error.
+    pub fn try_new_keyed(
+        input: LogicalPlan,
+        spec: ShuffleSpec,
+        key: Vec<String>,
+    ) -> Result<Self> {
+        let schema = input.schema();
+        if let Some(missing) = key
+            .iter()
+            .find(|name| schema.fields().iter().all(|f| f.name() != *name))
+        {
+            return Err(DataFusionError::Internal(format!(
+                "Shuffle key column '{missing}' is not a column of its input ({})",
+                schema.field_names().join(", ")
+            )));
+        }
+        let mut node = Self::try_new(input, spec)?;
+        node.key = Some(key);
+        Ok(node)
     }
 
     /// How the rows are shuffled.
     pub fn spec(&self) -> ShuffleSpec {
         self.spec
+    }
+
+    /// The input columns the shuffle key hashes (`None`: all).
+    pub fn key(&self) -> Option<&[String]> {
+        self.key.as_deref()
+    }
+
+    /// The rows shuffled.
+    pub fn input(&self) -> &LogicalPlan {
+        &self.input
+    }
+
+    /// The same shuffle of another input (with the same key columns).
+    pub(crate) fn with_input(&self, input: LogicalPlan) -> Result<Self> {
+        match &self.key {
+            Some(key) => Self::try_new_keyed(input, self.spec, key.clone()),
+            None => Self::try_new(input, self.spec),
+        }
     }
 }
 
@@ -54,7 +106,11 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         match self.spec {
             ShuffleSpec::Global { seed, epoch } => {
-                write!(f, "Shuffle: seed={seed}, epoch={epoch}")
+                write!(f, "Shuffle: seed={seed}, epoch={epoch}")?;
+                match &self.key {
+                    Some(key) => write!(f, ", key=[{}]", key.join(", ")),
+                    None => Ok(()),
+                }
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 write!(f, "LocalShuffle: buffer={buffer_rows}, seed={seed}")
@@ -74,7 +130,7 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
                 inputs.len()
             )));
         }
-        Self::try_new(inputs.swap_remove(0), self.spec)
+        self.with_input(inputs.swap_remove(0))
     }
 
     fn supports_limit_pushdown(&self) -> bool {

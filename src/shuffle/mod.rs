@@ -75,7 +75,9 @@
 
 mod copies;
 mod exec;
+mod keep_order;
 mod key;
+pub mod late;
 mod local;
 mod logical;
 mod permute;
@@ -85,10 +87,11 @@ use std::sync::Arc;
 
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Extension, LogicalPlan};
 
 pub use exec::{ShuffleExec, shuffle_batch_rows};
+pub use keep_order::KeepShuffleOrder;
 pub use key::{SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed};
+pub use late::{LateRowFunctions, shuffle_plan};
 pub use local::LocalShuffleExec;
 pub use logical::ShuffleNode;
 pub use permute::{PermuteExec, PermuteMode};
@@ -157,9 +160,5 @@ pub enum ShuffleSpec {
 /// ```
 pub fn shuffle(df: DataFrame, spec: ShuffleSpec) -> Result<DataFrame> {
     let (state, plan) = df.into_parts();
-    let node = ShuffleNode::try_new(plan, spec)?;
-    let plan = LogicalPlan::Extension(Extension {
-        node: Arc::new(node),
-    });
-    Ok(DataFrame::new(state, plan))
+    Ok(DataFrame::new(state, shuffle_plan(plan, spec)?))
 }

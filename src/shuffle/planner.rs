@@ -62,19 +62,22 @@ fn batch_rows_for(
     )
 }
 
-/// The global shuffle on one machine: key, then [`PermuteExec`] (index sort
-/// and gather, spilling sorted runs), under a [`ShuffleExec`] whose batch
-/// size fits `memory_limit`.
+/// The global shuffle on one machine: key (hashing the `key_columns` of
+/// `input`, all when `None`), then [`PermuteExec`] (index sort and gather,
+/// spilling sorted runs), under a [`ShuffleExec`] whose batch size fits
+/// `memory_limit`.
 pub fn plan_global_shuffle(
     input: Arc<dyn ExecutionPlan>,
+    key_columns: Option<Vec<usize>>,
     seed: u64,
     epoch: u64,
     memory_limit: usize,
     session_batch_size: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let keyed: Arc<dyn ExecutionPlan> =
-        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);
+    let keyed: Arc<dyn ExecutionPlan> = Arc::new(
+        ShuffleKeyExec::try_new(input, seed, epoch)?.with_key_columns(key_columns)?,
+    );
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
     Ok(Arc::new(ShuffleExec::new(
         permuted, seed, epoch, batch_rows,
@@ -90,6 +93,7 @@ pub fn plan_global_shuffle(
 /// per-partition permutations on executors, the merge on the final stage).
 pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
+    key_columns: Option<Vec<usize>>,
     seed: u64,
     epoch: u64,
     memory_limit: usize,
@@ -98,8 +102,9 @@ pub fn plan_sorted_shuffle(
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
     let partitions = input.properties().partitioning.partition_count().max(1);
-    let keyed: Arc<dyn ExecutionPlan> =
-        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?);
+    let keyed: Arc<dyn ExecutionPlan> = Arc::new(
+        ShuffleKeyExec::try_new(input, seed, epoch)?.with_key_columns(key_columns)?,
+    );
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
     let ordering = LexOrdering::new([PhysicalSortExpr::new(
         Arc::clone(&key),
@@ -138,6 +143,34 @@ pub fn plan_sorted_shuffle(
     Ok(Arc::new(ProjectionExec::try_new(projection, shuffled)?))
 }
 
+/// The positions in `input` of `shuffle`'s key columns.
+fn key_indices(
+    shuffle: &ShuffleNode,
+    input: &Arc<dyn ExecutionPlan>,
+) -> Result<Option<Vec<usize>>> {
+    let Some(names) = shuffle.key() else {
+        return Ok(None);
+    };
+    let schema = input.schema();
+    names
+        .iter()
+        .map(|name| {
+            schema.index_of(name).map_err(|_| {
+                DataFusionError::Internal(format!(
+                    "Shuffle key column '{name}' is missing from the physical input ({})",
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 #[async_trait]
 impl ExtensionPlanner for ShuffleExtensionPlanner {
     async fn plan_extension(
@@ -172,6 +205,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 };
                 plan(
                     Arc::clone(input),
+                    key_indices(shuffle, input)?,
                     seed,
                     epoch,
                     memory_limit,

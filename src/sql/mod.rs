@@ -29,6 +29,7 @@
 mod cache_statements;
 mod explore;
 mod functions;
+mod parallel_projection;
 mod shuffle_clause;
 pub mod verify;
 
@@ -42,6 +43,7 @@ use datafusion::sql::sqlparser::ast::{ObjectName, Query};
 use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect, dialect_from_str};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
+pub use parallel_projection::{ParallelFunctions, ParallelProjectionExec};
 pub use verify::{VerifyExec, VerifyFile, VerifySpec};
 
 pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos, row_key_hash};

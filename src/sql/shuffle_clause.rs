@@ -36,11 +36,11 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Extension, LogicalPlan, SubqueryAlias};
+use datafusion::logical_expr::{LogicalPlan, SubqueryAlias};
 use datafusion::sql::sqlparser::tokenizer::{Span, Token, TokenWithSpan, Whitespace};
 
 use super::{fresh_seed, parse_error};
-use crate::shuffle::{ShuffleNode, ShuffleSpec};
+use crate::shuffle::ShuffleSpec;
 
 /// Prefix of the derived-table alias of a global shuffle.
 const GLOBAL_ALIAS: &str = "__sqlfeed_shuffle_";
@@ -517,9 +517,7 @@ pub(crate) fn apply_markers(plan: LogicalPlan) -> Result<LogicalPlan> {
         let Some(spec) = spec_of_alias(alias.alias.table()) else {
             return Ok(Transformed::no(node));
         };
-        let shuffled = LogicalPlan::Extension(Extension {
-            node: Arc::new(ShuffleNode::try_new(alias.input.as_ref().clone(), spec)?),
-        });
+        let shuffled = crate::shuffle::shuffle_plan(alias.input.as_ref().clone(), spec)?;
         let wrapped = SubqueryAlias::try_new(Arc::new(shuffled), alias.alias.clone())?;
         Ok(Transformed::yes(LogicalPlan::SubqueryAlias(wrapped)))
     })

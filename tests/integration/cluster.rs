@@ -252,6 +252,12 @@ fn cluster_results_equal_embedded_results() -> Result<()> {
         // The global shuffle: the whole order must match.
         format!("SELECT id, label, caption FROM {flat} SHUFFLE SEED 42"),
         format!("SELECT id FROM {hive} WHERE label < 5 SHUFFLE SEED 7 EPOCH 3"),
+        // Functions after the shuffle (keyed on what they read): the same
+        // order, decoded on the executors.
+        format!(
+            "SELECT image_to_tensor(image_resize(image_decode(image_png), 2, 2)) AS px, \
+             upper(caption) AS c, label FROM {flat} WHERE id < 60 SHUFFLE SEED 9"
+        ),
     ];
     let cluster = Cluster::start(2);
     for sql in &queries {

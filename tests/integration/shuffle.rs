@@ -445,6 +445,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let batch_rows = s.context().state().config().batch_size();
         let permuted = sqlfeed::shuffle::plan_global_shuffle(
             std::sync::Arc::clone(&input),
+            None,
             11,
             2,
             limit,
@@ -455,7 +456,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
             std::sync::Arc::new(
                 datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
-                    sqlfeed::shuffle::plan_sorted_shuffle(input, 11, 2, limit, batch_rows)?,
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, None, 11, 2, limit, batch_rows)?,
                 ),
             );
         // As DataFusion plans any query (the optimizer is part of planning).
@@ -668,9 +669,11 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
     // Wide repeated rows (12k rows, 3,000 contents, ~2.6 MB) under a 1 MB
     // budget: copies land in different spilled runs.
     let (data, spill, spilling) = spilling_fixture()?;
+    // Computed in a subquery: the shuffle then keys the rows it sees (the
+    // repeated contents), not the ids they were computed from.
     let sql = format!(
-        "SELECT id % 3000 AS g, repeat('x', 200) || CAST(id % 3000 AS VARCHAR) AS w \
-         FROM '{}'",
+        "SELECT g, w FROM (SELECT id % 3000 AS g, \
+         repeat('x', 200) || CAST(id % 3000 AS VARCHAR) AS w FROM '{}')",
         data.path().display()
     );
     let roomy = session(3, 100)?;
@@ -694,7 +697,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
         let input = s.sql(&sql).await?.create_physical_plan().await?;
         let batch_rows = s.context().state().config().batch_size();
         let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
-            sqlfeed::shuffle::plan_sorted_shuffle(input, 8, 0, limit, batch_rows)?;
+            sqlfeed::shuffle::plan_sorted_shuffle(input, None, 8, 0, limit, batch_rows)?;
         let state = s.context().state();
         for rule in state.physical_optimizers() {
             staged = rule.optimize(staged, state.config().options())?;
@@ -780,5 +783,116 @@ async fn local_shuffle_spreads_repeated_rows() -> Result<()> {
     }
     let mean = adjacent as f64 / seeds as f64;
     assert!(mean < 5.0, "mean {mean} adjacent copies (uniform: 2)");
+    Ok(())
+}
+
+/// Shuffled queries with row-wise functions under the shuffle: images,
+/// tokens, arithmetic and casts, functions reading a column that is also an
+/// output, and nested clauses; each with the text of a function that moves.
+fn late_materialization_queries(dir: &std::path::Path) -> Vec<(String, &'static str)> {
+    let t = format!("'{}'", dir.display());
+    vec![
+        (
+            format!(
+                "SELECT image_to_tensor(image_resize(image_decode(image_jpeg), 8, 8)) AS x, \
+                 label FROM {t} WHERE label < 7 SHUFFLE SEED 5"
+            ),
+            "image_decode(",
+        ),
+        (
+            format!(
+                "SELECT id, image_decode(image_png)['width'] AS w, \
+                 image_random_flip(image_decode(image_png), 3)['pixels'] AS p \
+                 FROM {t} SHUFFLE SEED 2 EPOCH 4"
+            ),
+            "image_random_flip(",
+        ),
+        (
+            format!(
+                "SELECT tokenize(caption, '{}', 16) AS tokens, id FROM {t} SHUFFLE SEED 9",
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
+                )
+            ),
+            "tokenize(",
+        ),
+        (
+            format!(
+                "SELECT CAST(id AS DOUBLE) * 2 AS twice, upper(caption) AS shout, \
+                 label % 3 AS bucket FROM {t} SHUFFLE SEED 1"
+            ),
+            "upper(",
+        ),
+        (
+            format!("SELECT label * 10 AS l FROM {t} SHUFFLE SEED 3 LIMIT 17"),
+            " * Int",
+        ),
+        (
+            format!(
+                "SELECT count(*) AS n, sum(w) AS total FROM \
+                 (SELECT image_decode(image_jpeg)['width'] AS w FROM {t} SHUFFLE SEED 4)"
+            ),
+            "image_decode(",
+        ),
+        (
+            format!(
+                "SELECT * FROM (SELECT length(caption) AS len, id FROM {t} SHUFFLE SEED 6) \
+                 WHERE len > 3 SHUFFLE SEED 7"
+            ),
+            "length(",
+        ),
+    ]
+}
+
+/// Whether `function` appears above the last shuffle of the logical plan in
+/// an EXPLAIN's text.
+fn above_last_shuffle(explain: &str, function: &str) -> bool {
+    let logical = explain.split("physical_plan").next().unwrap_or(explain);
+    let shuffle = logical.rfind("Shuffle:").expect("a Shuffle node");
+    logical[..shuffle].contains(function)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_functions_after_the_shuffle_give_the_same_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 300, 3)?;
+    for (sql, function) in late_materialization_queries(dir.path()) {
+        let mut results = vec![];
+        for (late, partitions) in [(true, 2), (false, 2), (true, 3), (false, 1)] {
+            let s = session(partitions, 64)?;
+            s.context()
+                .sql(&format!("SET sqlfeed.late_materialization = {late}"))
+                .await?;
+            results.push(rows(&collect(&s, &sql).await?));
+            let explain = rows(&collect(&s, &format!("EXPLAIN {sql}")).await?)
+                .concat()
+                .join("\n");
+            assert_eq!(
+                above_last_shuffle(&explain, function),
+                late,
+                "late_materialization = {late}, {function}:\n{explain}"
+            );
+        }
+        for (i, other) in results.iter().enumerate().skip(1) {
+            assert_eq!(&results[0], other, "run {i} differs for {sql}");
+        }
+        assert!(!results[0].is_empty(), "{sql}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn volatile_functions_stay_under_the_shuffle() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 50, 1)?;
+    let s = session(2, 64)?;
+    let sql = format!(
+        "EXPLAIN SELECT random() AS r, upper(caption) AS c FROM '{}' SHUFFLE SEED 1",
+        dir.path().display()
+    );
+    let plan = rows(&collect(&s, &sql).await?).concat().join("\n");
+    assert!(above_last_shuffle(&plan, "upper("), "{plan}");
+    assert!(!above_last_shuffle(&plan, "random()"), "{plan}");
     Ok(())
 }

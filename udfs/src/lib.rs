@@ -150,6 +150,31 @@ pub fn scalar_functions_with(options: &UdfOptions) -> Vec<ScalarUDF> {
     udfs
 }
 
+/// Whether `udf` is one of this crate's functions whose cost per row is far
+/// above a column copy (decoding and transforming images, tokenizing), so
+/// that an engine does well to run it in parallel on small batches and after
+/// any reordering of rows. Decided by the implementation's type, not by name,
+/// so that a user function registered under the same name is not mistaken
+/// for it.
+pub fn is_costly_per_row(udf: &ScalarUDF) -> bool {
+    let any: &dyn std::any::Any = udf.inner().as_ref();
+    #[cfg(feature = "image")]
+    if any.is::<image::ImageDecodeFunc>()
+        || any.is::<image::transform::ResizeFunc>()
+        || any.is::<image::transform::CropFunc>()
+        || any.is::<image::transform::RandomFlipFunc>()
+        || any.is::<image::transform::ToTensorFunc>()
+    {
+        return true;
+    }
+    #[cfg(feature = "text")]
+    if text::is_tokenizer(any) {
+        return true;
+    }
+    let _ = any;
+    false
+}
+
 /// Name, syntax and description of every enabled function.
 pub fn functions() -> Vec<FunctionInfo> {
     let mut infos = Vec::new();

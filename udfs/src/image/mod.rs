@@ -236,6 +236,19 @@ pub fn decode_image(
     decode_image_with(bytes, max_pixels, Completeness::Required)
 }
 
+/// Images decoded by this process so far (every call of
+/// [`decode_image_with`] that got as far as decoding pixels, failed or not):
+/// a cost counter for tests and benchmarks that check how many images an
+/// engine decodes before it delivers (counting, unlike timing, does not
+/// depend on the machine).
+static IMAGES_DECODED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// See [`IMAGES_DECODED`].
+pub fn images_decoded() -> u64 {
+    IMAGES_DECODED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Decodes one encoded image, requiring a complete file or not.
 pub fn decode_image_with(
     bytes: &[u8],
@@ -269,6 +282,7 @@ pub fn decode_image_with(
         ));
     }
     let orientation = decoder.orientation().map_err(|e| e.to_string())?;
+    IMAGES_DECODED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
     image.apply_orientation(orientation);
     Ok(image)

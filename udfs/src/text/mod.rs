@@ -134,5 +134,11 @@ fn list_arg(
     }
 }
 
+/// Whether `function` (a `ScalarUDFImpl` as `Any`) is `tokenize` or
+/// `tokenize_pair`.
+pub(crate) fn is_tokenizer(function: &dyn std::any::Any) -> bool {
+    function.is::<tokenize::TokenizeFunc>()
+}
+
 #[cfg(test)]
 mod tests;

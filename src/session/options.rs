@@ -1,0 +1,24 @@
+//! [`SqlfeedOptions`]: sqlfeed's session settings, set like DataFusion's with
+//! `SET sqlfeed.<name> = <value>` (or `SessionConfig::options_mut()`).
+
+use datafusion::common::extensions_options;
+use datafusion::config::ConfigExtension;
+
+extensions_options! {
+    /// Session settings of sqlfeed's optimizer rules and operators.
+    pub struct SqlfeedOptions {
+        /// Run row-wise functions after a `SHUFFLE` instead of before it, so
+        /// that the shuffle moves what they read, not what they produce (the
+        /// order is the same either way; see `crate::shuffle::late`).
+        pub late_materialization: bool, default = true
+        /// Evaluate costly row-wise functions (image decoding and transforms,
+        /// tokenizing) on several cores and in batches of about this many
+        /// output bytes, keeping the row order
+        /// (`crate::sql::ParallelProjectionExec`); 0 turns it off.
+        pub function_batch_bytes: usize, default = 4 << 20
+    }
+}
+
+impl ConfigExtension for SqlfeedOptions {
+    const PREFIX: &'static str = "sqlfeed";
+}

@@ -1,0 +1,328 @@
+//! Late materialisation through a shuffle: row-wise functions (image
+//! decoding, transforms, tokenizing, casts…) run *after* the permutation, so
+//! the shuffle moves the columns they read (compressed bytes, small values)
+//! instead of what they produce (decoded pixels, 10–50× larger).
+//!
+//! ```text
+//!  as written                          after LateRowFunctions
+//!  ──────────                          ──────────────────────
+//!  Projection: img, label              Projection: img, label
+//!    Shuffle: key=[label, __row_0]       Projection: image_decode(__row_0) AS img,
+//!      Projection: image_decode(b)         │           label, __row_0
+//!         AS img, label, b AS __row_0      Shuffle: key=[label, __row_0]
+//!        TableScan: t                        Projection: label, b AS __row_0
+//!                                              TableScan: t
+//! ```
+//!
+//! # The key does not depend on where the functions run
+//! A global shuffle orders rows by a hash of their content. If it hashed the
+//! decoded images, moving the decoder above it would change the order. So
+//! [`shuffle_plan`] always keys a shuffle on the rows *as they enter the
+//! row-wise functions*: the projection under the shuffle keeps every output
+//! that is not moved (bare columns, volatile expressions, whose values are
+//! part of the row) and carries the columns the movable expressions read as
+//! hidden `__sqlfeed_row_<i>` columns; the [`ShuffleNode`]'s key names exactly
+//! those columns. The plan as written hashes those columns and runs the
+//! functions below the shuffle; [`LateRowFunctions`] moves the functions
+//! above it and leaves the key as it is. Every output column is a function
+//! of the key columns, so rows with equal keys are equal rows and the order
+//! is the same either way: a pure function of (seed, epoch, data), whatever
+//! the partition or executor count.
+//!
+//! # What moves
+//! Top-level expressions of the projection right under the shuffle that are
+//! not bare columns or literals and are deterministic: no volatile function
+//! (`random()` stays below, and its value is part of the key), no subquery.
+//! sqlfeed's seeded augmentations are deterministic per (seed, epoch, row),
+//! so they move. `LOCAL SHUFFLE`, which reorders by arrival rather than by
+//! content, moves the same expressions and has no key.
+//!
+//! The rule is on by default; `SET sqlfeed.late_materialization =
+//! false` keeps the functions below the shuffle (same rows, same order).
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, Extension, LogicalPlan, Projection};
+use datafusion::optimizer::optimizer::ApplyOrder;
+use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
+
+use super::{ShuffleNode, ShuffleSpec};
+use crate::session::SqlfeedOptions;
+
+/// Prefix of the hidden columns that carry what moved functions read.
+pub const HIDDEN_COLUMN_PREFIX: &str = "__sqlfeed_row_";
+
+/// Whether `expr` may run after a shuffle instead of before it: computed
+/// from its row alone (no volatile function, no subquery, no placeholder)
+/// and more than a bare column or literal, which cost nothing to carry.
+fn is_movable(expr: &Expr) -> bool {
+    let trivial = matches!(
+        expr.clone().unalias_nested().data,
+        Expr::Column(_) | Expr::Literal(..)
+    );
+    if trivial || expr.is_volatile() {
+        return false;
+    }
+    let mut row_wise = true;
+    // The closure never fails.
+    let _ = expr.apply(|e| {
+        if matches!(
+            e,
+            Expr::ScalarSubquery(_)
+                | Expr::Exists(_)
+                | Expr::InSubquery(_)
+                | Expr::SetComparison(_)
+                | Expr::OuterReferenceColumn(..)
+                | Expr::Placeholder(_)
+                | Expr::AggregateFunction(_)
+                | Expr::WindowFunction(_)
+                | Expr::Unnest(_)
+                | Expr::GroupingSet(_)
+                | Expr::ScalarVariable(..)
+        ) {
+            row_wise = false;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    row_wise
+}
+
+/// The columns `expr` reads, in order of first appearance.
+fn columns_read(expr: &Expr) -> Vec<Column> {
+    let mut columns: Vec<Column> = vec![];
+    // The closure never fails.
+    let _ = expr.apply(|e| {
+        if let Expr::Column(c) = e
+            && !columns.contains(c)
+        {
+            columns.push(c.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    columns
+}
+
+/// Whether the unqualified output names of `schema` are all different (the
+/// key names columns by unqualified name, as physical plans do).
+fn unique_names(schema: &DFSchema) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    schema
+        .fields()
+        .iter()
+        .all(|f| seen.insert(f.name().clone()))
+}
+
+/// `ShuffleNode` as a plan.
+fn extension(node: ShuffleNode) -> LogicalPlan {
+    LogicalPlan::Extension(Extension {
+        node: Arc::new(node),
+    })
+}
+
+/// `input` shuffled as `spec` says, keyed as the [module docs](self) define:
+/// the plan every `SHUFFLE` clause and [`super::shuffle`] build. The result
+/// has `input`'s schema.
+pub fn shuffle_plan(input: LogicalPlan, spec: ShuffleSpec) -> Result<LogicalPlan> {
+    let plain = |input| Ok(extension(ShuffleNode::try_new(input, spec)?));
+    if !matches!(spec, ShuffleSpec::Global { .. }) {
+        return plain(input);
+    }
+    let LogicalPlan::Projection(projection) = &input else {
+        return plain(input);
+    };
+    let movable: Vec<bool> = projection.expr.iter().map(is_movable).collect();
+    if !movable.contains(&true) || !unique_names(&projection.schema) {
+        return plain(input);
+    }
+    let schema = &projection.schema;
+    // Outputs that stay are key columns by their own name; a column that a
+    // movable expression reads is a key column through the output that is
+    // that bare column, or else through a hidden column carrying it.
+    let mut key: Vec<String> = vec![];
+    let mut bare: HashMap<Column, String> = HashMap::new();
+    for (i, expr) in projection.expr.iter().enumerate() {
+        if !movable[i] {
+            key.push(schema.field(i).name().clone());
+            if let Expr::Column(c) = expr.clone().unalias_nested().data {
+                bare.entry(c)
+                    .or_insert_with(|| schema.field(i).name().clone());
+            }
+        }
+    }
+    let mut exprs = projection.expr.clone();
+    for (i, expr) in projection.expr.iter().enumerate() {
+        if !movable[i] {
+            continue;
+        }
+        for column in columns_read(expr) {
+            if let Entry::Vacant(slot) = bare.entry(column) {
+                let hidden =
+                    format!("{HIDDEN_COLUMN_PREFIX}{}", exprs.len() - movable.len());
+                exprs.push(Expr::Column(slot.key().clone()).alias(&hidden));
+                slot.insert(hidden.clone());
+                key.push(hidden);
+            }
+        }
+    }
+    let widened = Projection::try_new(exprs, Arc::clone(&projection.input))?;
+    if !unique_names(&widened.schema) {
+        return plain(input);
+    }
+    let hidden_columns = widened.expr.len() - projection.expr.len();
+    let shuffled = extension(ShuffleNode::try_new_keyed(
+        LogicalPlan::Projection(widened),
+        spec,
+        key,
+    )?);
+    if hidden_columns == 0 {
+        return Ok(shuffled);
+    }
+    // Drop the hidden columns again.
+    let outputs = (0..schema.fields().len())
+        .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        outputs,
+        Arc::new(shuffled),
+    )?))
+}
+
+/// Moves the row-wise functions of the projection under a shuffle above it;
+/// see the [module docs](self).
+#[derive(Debug, Default)]
+pub struct LateRowFunctions;
+
+impl LateRowFunctions {
+    /// `Projection(moved…, Shuffle(Projection(kept…, input)))` for a shuffle
+    /// over a projection with movable expressions, with the shuffle's
+    /// schema; `None` when nothing moves.
+    fn rewrite_shuffle(shuffle: &ShuffleNode) -> Result<Option<LogicalPlan>> {
+        let LogicalPlan::Projection(projection) = shuffle.input() else {
+            return Ok(None);
+        };
+        // A global shuffle keyed on every column hashes what the functions
+        // produce: moving them would change the order.
+        if matches!(shuffle.spec(), ShuffleSpec::Global { .. }) && shuffle.key().is_none()
+        {
+            return Ok(None);
+        }
+        let schema = &projection.schema;
+        let in_key = |i: usize| {
+            shuffle
+                .key()
+                .is_some_and(|key| key.contains(schema.field(i).name()))
+        };
+        let moved: Vec<bool> = (0..projection.expr.len())
+            .map(|i| !in_key(i) && is_movable(&projection.expr[i]))
+            .collect();
+        if !moved.contains(&true) || !unique_names(schema) {
+            return Ok(None);
+        }
+        // What stays below, and which of its columns carries each input
+        // column that a moved expression reads.
+        let mut kept: Vec<Expr> = vec![];
+        let mut carried: HashMap<Column, Column> = HashMap::new();
+        for (i, expr) in projection.expr.iter().enumerate() {
+            if moved[i] {
+                continue;
+            }
+            kept.push(expr.clone());
+            if let Expr::Column(c) = expr.clone().unalias_nested().data {
+                carried
+                    .entry(c)
+                    .or_insert_with(|| Column::from(schema.qualified_field(i)));
+            }
+        }
+        for (i, expr) in projection.expr.iter().enumerate() {
+            if !moved[i] {
+                continue;
+            }
+            for column in columns_read(expr) {
+                if let Entry::Vacant(slot) = carried.entry(column) {
+                    let hidden = format!("{HIDDEN_COLUMN_PREFIX}late_{}", kept.len());
+                    kept.push(Expr::Column(slot.key().clone()).alias(&hidden));
+                    slot.insert(Column::from_name(hidden));
+                }
+            }
+        }
+        let below = Projection::try_new(kept, Arc::clone(&projection.input))?;
+        let outputs = projection
+            .expr
+            .iter()
+            .enumerate()
+            .map(|(i, expr)| {
+                let (qualifier, field) = schema.qualified_field(i);
+                if !moved[i] {
+                    return Ok(Expr::Column(Column::from((qualifier, field))));
+                }
+                let rewritten = expr
+                    .clone()
+                    .unalias_nested()
+                    .data
+                    .transform(|e| match e {
+                        Expr::Column(c) => match carried.get(&c) {
+                            Some(below) => Ok(Transformed::yes(Expr::Column(below.clone()))),
+                            None => Err(DataFusionError::Internal(format!(
+                                "late row functions: column {c} is not carried through the shuffle"
+                            ))),
+                        },
+                        other => Ok(Transformed::no(other)),
+                    })?
+                    .data;
+                Ok(rewritten.alias_qualified(qualifier.cloned(), field.name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let shuffled = extension(shuffle.with_input(LogicalPlan::Projection(below))?);
+        let above = Projection::try_new(outputs, Arc::new(shuffled))?;
+        // The optimizer requires an unchanged schema; never risk it.
+        if above
+            .schema
+            .has_equivalent_names_and_types(shuffle.input().schema())
+            .is_err()
+        {
+            return Ok(None);
+        }
+        Ok(Some(LogicalPlan::Projection(above)))
+    }
+}
+
+impl OptimizerRule for LateRowFunctions {
+    fn name(&self) -> &str {
+        "sqlfeed_late_row_functions"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::TopDown)
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let enabled = config
+            .options()
+            .extensions
+            .get::<SqlfeedOptions>()
+            .is_none_or(|o| o.late_materialization);
+        if !enabled {
+            return Ok(Transformed::no(plan));
+        }
+        let LogicalPlan::Extension(extension) = &plan else {
+            return Ok(Transformed::no(plan));
+        };
+        let Some(shuffle) = extension.node.as_any().downcast_ref::<ShuffleNode>() else {
+            return Ok(Transformed::no(plan));
+        };
+        match Self::rewrite_shuffle(shuffle)? {
+            Some(rewritten) => Ok(Transformed::yes(rewritten)),
+            None => Ok(Transformed::no(plan)),
+        }
+    }
+}
