@@ -49,6 +49,9 @@ pub fn demo_sql(dir: &Path) -> String {
     )
 }
 
+/// The demo feed's simulated training step (a small model on a GPU).
+const DEMO_STEP_MS: f64 = 2.0;
+
 /// The feed's query over the files in `dir`: every column becomes a tensor.
 pub fn demo_feed_sql(dir: &Path) -> String {
     let files = format!("{}/*.parquet", dir.display()).replace('\'', "''");
@@ -117,7 +120,9 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         cache: false,
         run_id: None,
         resume: None,
-        step_ms: 0.0,
+        // A small simulated training step, so that "consumer waited" says
+        // how much of a fast model's time the feed would leave idle.
+        step_ms: DEMO_STEP_MS,
         tensors: vec![],
         max_batches: None,
         digest: false,
@@ -125,7 +130,8 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         result_json: false,
     };
     println!(
-        "\ntraining feed, 2 epochs, SHUFFLE SEED 42, batches of 256:\n{}\n",
+        "\ntraining feed, 2 epochs, SHUFFLE SEED 42, batches of 256, a simulated \
+         {DEMO_STEP_MS} ms training step per batch:\n{}\n",
         feed.sql
     );
     let session = exec.session.clone();

@@ -250,6 +250,12 @@ fn print_report(report: &FeedReport, step_ms: f64) {
     );
     if step_ms > 0.0 {
         line.push_str(&format!(" (step {step_ms} ms)"));
+    } else {
+        // Without a step the loop only takes batches: it always waits.
+        line.push_str(
+            " (no simulated step, so the loop always waits and the rate is the feed's \
+             ceiling; --step-ms N simulates an N ms training step)",
+        );
     }
     if report.h2d_s > 0.0 {
         line.push_str(&format!(

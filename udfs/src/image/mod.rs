@@ -25,6 +25,12 @@
 //! crate, whose JPEG decoder is zune-jpeg. The EXIF orientation of a JPEG is
 //! applied, so pixels come out the way viewers show them.
 //!
+//! # Decoding only the pixels needed
+//! `image_decode(b, mode, completeness, min_height, min_width)` may decode a
+//! JPEG at 1/2, 1/4 or 1/8 scale when that still covers `min_height ×
+//! min_width` (see [`scaled`]); `image_resize(image_decode(b), h, w)` is
+//! rewritten to that form when planned, so pipelines get it without asking.
+//!
 //! # Bad input
 //! A row that cannot be decoded is an error naming the function, the row and
 //! the reason; `try_image_decode` returns NULL for it instead. Before any
@@ -68,6 +74,7 @@ use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
 use crate::FunctionInfo;
 
 pub mod integrity;
+pub mod scaled;
 pub mod transform;
 
 pub use integrity::Completeness;
@@ -75,10 +82,10 @@ pub use integrity::Completeness;
 /// Largest image decoded by default: 64 megapixels (8192 × 8192).
 pub const DEFAULT_MAX_PIXELS: u64 = 64 << 20;
 
-const DECODE: &str =
-    "image_decode(bytes [, 'rgb' | 'rgba' | 'gray' [, 'complete' | 'partial']])";
-const TRY_DECODE: &str =
-    "try_image_decode(bytes [, 'rgb' | 'rgba' | 'gray' [, 'complete' | 'partial']])";
+const DECODE: &str = "image_decode(bytes [, 'rgb' | 'rgba' | 'gray' [, 'complete' | 'partial' \
+     [, min_height, min_width]]])";
+const TRY_DECODE: &str = "try_image_decode(bytes [, 'rgb' | 'rgba' | 'gray' [, 'complete' | \
+     'partial' [, min_height, min_width]]])";
 
 /// The struct type of a decoded image.
 pub fn image_type() -> DataType {
@@ -120,7 +127,7 @@ pub fn infos() -> Vec<FunctionInfo> {
             name: "image_decode",
             family: "image",
             syntax: DECODE,
-            description: "PNG/JPEG bytes -> struct(height, width, channels, pixels HWC uint8); EXIF orientation applied; truncated files are errors unless 'partial'",
+            description: "PNG/JPEG bytes -> struct(height, width, channels, pixels HWC uint8); EXIF orientation applied; truncated files are errors unless 'partial'; with min_height, min_width a JPEG may decode at 1/2..1/8 scale covering them (image_resize asks for it)",
         },
         FunctionInfo {
             name: "try_image_decode",
@@ -249,6 +256,36 @@ pub fn images_decoded() -> u64 {
     IMAGES_DECODED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Counts one decode in [`IMAGES_DECODED`].
+fn count_decode() {
+    IMAGES_DECODED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Decodes one encoded image at a reduced JPEG scale that still covers
+/// `min_height × min_width` when that is possible (see [`scaled`]), else at
+/// full size.
+pub fn decode_image_at_least(
+    bytes: &[u8],
+    max_pixels: u64,
+    completeness: Completeness,
+    min_height: u32,
+    min_width: u32,
+) -> std::result::Result<DynamicImage, String> {
+    if !bytes.is_empty() {
+        if completeness == Completeness::Required {
+            integrity::check_complete(bytes)?;
+        }
+        if let Some(image) =
+            scaled::decode_jpeg_at_least(bytes, max_pixels, min_height, min_width)?
+        {
+            return Ok(image);
+        }
+        // Checked above already.
+        return decode_image_with(bytes, max_pixels, Completeness::AllowPartial);
+    }
+    decode_image_with(bytes, max_pixels, completeness)
+}
+
 /// Decodes one encoded image, requiring a complete file or not.
 pub fn decode_image_with(
     bytes: &[u8],
@@ -282,7 +319,7 @@ pub fn decode_image_with(
         ));
     }
     let orientation = decoder.orientation().map_err(|e| e.to_string())?;
-    IMAGES_DECODED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    count_decode();
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
     image.apply_orientation(orientation);
     Ok(image)
@@ -316,6 +353,23 @@ impl ImageDecodeFunc {
     pub fn max_pixels(&self) -> u64 {
         self.max_pixels
     }
+
+    /// A constant `min_height` / `min_width` argument as pixels.
+    fn size_argument(&self, value: &ColumnarValue, what: &str) -> Result<u32> {
+        let pixels = match value {
+            ColumnarValue::Scalar(ScalarValue::Int64(Some(v))) => u32::try_from(*v).ok(),
+            _ => None,
+        };
+        pixels.ok_or_else(|| {
+            DataFusionError::Plan(format!(
+                "{}: {what} must be a constant number of pixels (0 to {}), got {value}; \
+                 signature: {}",
+                self.name(),
+                u32::MAX,
+                self.syntax()
+            ))
+        })
+    }
 }
 
 impl ScalarUDFImpl for ImageDecodeFunc {
@@ -339,9 +393,9 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                 self.syntax()
             ))
         };
-        if !(1..=3).contains(&arg_types.len()) {
+        if !matches!(arg_types.len(), 1..=3 | 5) {
             return Err(plan_error(format!(
-                "takes 1 to 3 arguments, got {}",
+                "takes 1 to 3 or 5 arguments, got {}",
                 arg_types.len()
             )));
         }
@@ -361,8 +415,16 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                 return Err(plan_error(format!("{what} must be a string, got {t}")));
             }
         }
+        for (i, what) in [(3, "min_height"), (4, "min_width")] {
+            if let Some(t) = arg_types.get(i)
+                && !t.is_integer()
+            {
+                return Err(plan_error(format!("{what} must be an integer, got {t}")));
+            }
+        }
         let mut types = vec![DataType::BinaryView];
-        types.extend(arg_types[1..].iter().map(|_| DataType::Utf8));
+        types.extend(arg_types[1..].iter().take(2).map(|_| DataType::Utf8));
+        types.extend(arg_types.iter().skip(3).map(|_| DataType::Int64));
         Ok(types)
     }
 
@@ -393,6 +455,13 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                 )));
             }
         };
+        let min_size = match (args.args.get(3), args.args.get(4)) {
+            (Some(h), Some(w)) => Some((
+                self.size_argument(h, "min_height")?,
+                self.size_argument(w, "min_width")?,
+            )),
+            _ => None,
+        };
         let bytes = args.args[0].to_array(args.number_rows)?;
         let bytes = bytes.as_binary_view();
         let mut heights = UInt32Builder::with_capacity(bytes.len());
@@ -402,8 +471,11 @@ impl ScalarUDFImpl for ImageDecodeFunc {
         let mut valid = Vec::with_capacity(bytes.len());
         for (row, value) in bytes.iter().enumerate() {
             let decoded = value.map(|b| {
-                std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    decode_image_with(b, self.max_pixels, completeness)
+                std::panic::catch_unwind(AssertUnwindSafe(|| match min_size {
+                    Some((h, w)) => {
+                        decode_image_at_least(b, self.max_pixels, completeness, h, w)
+                    }
+                    None => decode_image_with(b, self.max_pixels, completeness),
                 }))
                 .unwrap_or_else(|_| Err("the decoder panicked on this data".into()))
             });

@@ -12,8 +12,11 @@ use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Fields, UInt8Type, UInt32Type};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility, lit,
 };
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -259,6 +262,29 @@ impl ResizeFunc {
     }
 }
 
+/// A literal number of pixels as `i64` (0 to `u32::MAX`).
+fn pixels_of(value: &ScalarValue) -> Option<i64> {
+    let value = value.cast_to(&DataType::Int64).ok()?;
+    match value {
+        ScalarValue::Int64(Some(v)) if u32::try_from(v).is_ok() => Some(v),
+        _ => None,
+    }
+}
+
+/// Whether a filter argument is the literal `'nearest'`.
+fn is_nearest(filter: &Expr) -> bool {
+    match filter {
+        Expr::Literal(
+            ScalarValue::Utf8(Some(name))
+            | ScalarValue::Utf8View(Some(name))
+            | ScalarValue::LargeUtf8(Some(name)),
+            _,
+        ) => name.eq_ignore_ascii_case("nearest"),
+        // Unknown at plan time: keep the exact full-size semantics.
+        _ => true,
+    }
+}
+
 fn resize_algorithm(
     filter: Option<&ColumnarValue>,
 ) -> Result<fast_image_resize::ResizeAlg> {
@@ -311,6 +337,61 @@ impl ScalarUDFImpl for ResizeFunc {
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
         Ok(image_type())
+    }
+
+    /// `image_resize(image_decode(b [, mode [, completeness]]), h, w [, filter])`
+    /// becomes `image_resize(image_decode(b, mode, completeness, h, w), h, w
+    /// [, filter])`: the decoder may then decode a JPEG at a reduced DCT
+    /// scale that still covers `h × w` (see [`super::scaled`]). Not for the
+    /// `nearest` filter, which picks source pixels instead of averaging them.
+    fn simplify(
+        &self,
+        args: Vec<Expr>,
+        _info: &SimplifyContext,
+    ) -> Result<ExprSimplifyResult> {
+        let sized = match args.as_slice() {
+            [
+                Expr::ScalarFunction(decode),
+                Expr::Literal(h, _),
+                Expr::Literal(w, _),
+                filter @ ..,
+            ] if decode.args.len() <= 3
+                && decode
+                    .func
+                    .inner()
+                    .as_ref()
+                    .downcast_ref::<super::ImageDecodeFunc>()
+                    .is_some()
+                && !filter.iter().any(is_nearest) =>
+            {
+                match (pixels_of(h), pixels_of(w)) {
+                    (Some(h), Some(w)) => {
+                        let mut decode_args = decode.args.clone();
+                        if decode_args.len() < 2 {
+                            decode_args.push(lit("rgb"));
+                        }
+                        if decode_args.len() < 3 {
+                            decode_args.push(lit("complete"));
+                        }
+                        decode_args.extend([lit(h), lit(w)]);
+                        Some(Expr::ScalarFunction(ScalarFunction::new_udf(
+                            Arc::clone(&decode.func),
+                            decode_args,
+                        )))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        let Some(sized) = sized else {
+            return Ok(ExprSimplifyResult::Original(args));
+        };
+        let mut resize_args = args;
+        resize_args[0] = sized;
+        Ok(ExprSimplifyResult::Simplified(Expr::ScalarFunction(
+            ScalarFunction::new_udf(Arc::new(ScalarUDF::from(Self::new())), resize_args),
+        )))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
