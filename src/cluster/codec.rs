@@ -48,8 +48,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::CachedTable;
 use crate::shuffle::{
-    LocalShuffleExec, PermuteExec, PermuteMode, ShuffleExec, ShuffleKeyExec, ShuffleNode,
-    ShuffleSpec,
+    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, ShuffleExec, ShuffleKey,
+    ShuffleKeyExec, ShuffleNode, ShuffleSpec,
 };
 
 /// Prefix of every payload this module writes.
@@ -62,8 +62,8 @@ pub enum WireNode {
     Shuffle {
         /// How.
         spec: ShuffleSpec,
-        /// The input columns the key hashes (`None`: all).
-        key: Option<Vec<String>>,
+        /// What the content hash is computed from.
+        key: ShuffleKey,
     },
     /// [`ShuffleKeyExec`].
     ShuffleKey {
@@ -71,8 +71,8 @@ pub enum WireNode {
         seed: u64,
         /// The epoch.
         epoch: u64,
-        /// The input columns hashed (`None`: all).
-        key_columns: Option<Vec<usize>>,
+        /// Where the content hash comes from.
+        source: KeySource,
     },
     /// [`ShuffleExec`].
     ShuffleRoot {
@@ -197,10 +197,7 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
                         inputs.len()
                     )));
                 };
-                let node = match key {
-                    Some(key) => ShuffleNode::try_new_keyed(input.clone(), spec, key)?,
-                    None => ShuffleNode::try_new(input.clone(), spec)?,
-                };
+                let node = ShuffleNode::try_new_keyed(input.clone(), spec, key)?;
                 Ok(Extension {
                     node: Arc::new(node),
                 })
@@ -218,7 +215,7 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
         if let Some(shuffle) = any.downcast_ref::<ShuffleNode>() {
             let wire = WireNode::Shuffle {
                 spec: shuffle.spec(),
-                key: shuffle.key().map(<[String]>::to_vec),
+                key: shuffle.key().clone(),
             };
             return encode(&wire, buf);
         }
@@ -323,10 +320,9 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::ShuffleKey {
                 seed,
                 epoch,
-                key_columns,
+                source,
             } => Arc::new(
-                ShuffleKeyExec::try_new(input, seed, epoch)?
-                    .with_key_columns(key_columns)?,
+                ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?,
             ),
             WireNode::ShuffleRoot {
                 seed,
@@ -364,7 +360,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::ShuffleKey {
                 seed: key.seed(),
                 epoch: key.epoch(),
-                key_columns: key.key_columns().map(<[usize]>::to_vec),
+                source: key.source().clone(),
             }
         } else if let Some(root) = plan.downcast_ref::<ShuffleExec>() {
             WireNode::ShuffleRoot {

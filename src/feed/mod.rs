@@ -79,6 +79,8 @@ use crate::device::{Backend, DType, Device, Loans, SlotPool, TensorBatch};
 use crate::session::catch_panic;
 use crate::shuffle::{ShuffleSpec, shuffle};
 use datafusion::catalog::TableProvider;
+use datafusion::dataframe::DataFrame;
+use datafusion::logical_expr::ScalarUDF;
 
 /// Numbers feeds (and their threads) within a process.
 static NEXT_FEED_ID: AtomicU64 = AtomicU64::new(0);
@@ -745,12 +747,20 @@ impl Producer {
         epoch: u64,
     ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
         let options = &self.options;
-        let mut df = if options.cache {
+        let spec = options
+            .shuffle_seed
+            .map(|seed| ShuffleSpec::Global { seed, epoch });
+        let df = if options.cache {
             let table = self
                 .cached
                 .get_or_try_init(|| async {
                     let (state, plan) =
                         options.session.sql(&options.sql).await?.into_parts();
+                    // With each row's content hash, so that shuffling the
+                    // cached rows gives the order of shuffling the query.
+                    let row_key =
+                        Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+                    let plan = crate::shuffle::with_content_hash(plan, row_key)?;
                     options
                         .session
                         .cache()
@@ -758,16 +768,19 @@ impl Producer {
                         .await
                 })
                 .await?;
-            options
+            let (state, plan) = options
                 .session
                 .context()
                 .read_table(Arc::clone(table) as Arc<dyn TableProvider>)?
+                .into_parts();
+            DataFrame::new(state, crate::shuffle::shuffle_by_content_hash(plan, spec)?)
         } else {
-            options.session.sql(&options.sql).await?
+            let df = options.session.sql(&options.sql).await?;
+            match spec {
+                Some(spec) => shuffle(df, spec)?,
+                None => df,
+            }
         };
-        if let Some(seed) = options.shuffle_seed {
-            df = shuffle(df, ShuffleSpec::Global { seed, epoch })?;
-        }
         #[cfg(feature = "ballista")]
         if self.shared_cluster_job()
             && let Some(scheduler) = options.session.cluster()

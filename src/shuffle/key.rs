@@ -17,8 +17,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{
+    ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array,
+};
 use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
@@ -33,6 +36,8 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::StreamExt;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::rand::splitmix64;
 use crate::sql::row_key_hash;
@@ -88,8 +93,8 @@ pub struct ShuffleKeyExec {
     seed: u64,
     /// The epoch.
     epoch: u64,
-    /// Indices of the input columns hashed, in hashing order; `None`: all.
-    key_columns: Option<Vec<usize>>,
+    /// Where each row's content hash comes from.
+    source: KeySource,
     /// Input schema plus the key column.
     schema: SchemaRef,
     /// Cached plan properties.
@@ -127,42 +132,45 @@ impl ShuffleKeyExec {
             input,
             seed,
             epoch,
-            key_columns: None,
+            source: KeySource::AllColumns,
             schema,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 
-    /// Hashes only the input columns at `indices`, in that order (see
-    /// [`super::ShuffleNode`]'s key); an index out of range is an internal
-    /// error.
-    pub fn with_key_columns(mut self, indices: Option<Vec<usize>>) -> Result<Self> {
-        let columns = self.input.schema().fields().len();
-        if let Some(bad) = indices.iter().flatten().find(|&&i| i >= columns) {
+    /// Takes each row's content hash from `source` (see
+    /// [`super::ShuffleKey`]); a column out of range, or a content hash
+    /// column that is not `UInt64`, is an internal error.
+    pub fn with_source(mut self, source: KeySource) -> Result<Self> {
+        let schema = self.input.schema();
+        let columns = schema.fields().len();
+        let named: &[usize] = match &source {
+            KeySource::AllColumns => &[],
+            KeySource::Columns(indices) => indices,
+            KeySource::ContentHash(index) => std::slice::from_ref(index),
+        };
+        if let Some(bad) = named.iter().find(|&&i| i >= columns) {
             return Err(DataFusionError::Internal(format!(
                 "shuffle key column {bad} out of range: the input has {columns} columns"
             )));
         }
-        self.key_columns = indices;
+        if let KeySource::ContentHash(index) = source
+            && schema.field(index).data_type() != &DataType::UInt64
+        {
+            return Err(DataFusionError::Internal(format!(
+                "shuffle content hash column '{}' is {}, not UInt64",
+                schema.field(index).name(),
+                schema.field(index).data_type()
+            )));
+        }
+        self.source = source;
         Ok(self)
     }
 
-    /// The input columns hashed (`None`: all).
-    pub fn key_columns(&self) -> Option<&[usize]> {
-        self.key_columns.as_deref()
-    }
-
-    /// Names of the hashed columns, for display.
-    fn key_names(&self) -> Option<String> {
-        let schema = self.input.schema();
-        self.key_columns.as_ref().map(|indices| {
-            indices
-                .iter()
-                .map(|&i| schema.field(i).name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
+    /// Where each row's content hash comes from.
+    pub fn source(&self) -> &KeySource {
+        &self.source
     }
 
     /// The seed.
@@ -174,6 +182,72 @@ impl ShuffleKeyExec {
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
+
+    /// The key source for display (`None`: all columns).
+    fn source_text(&self) -> Option<String> {
+        let schema = self.input.schema();
+        let name = |i: &usize| schema.field(*i).name().clone();
+        match &self.source {
+            KeySource::AllColumns => None,
+            KeySource::Columns(indices) => Some(format!(
+                "key=[{}]",
+                indices.iter().map(name).collect::<Vec<_>>().join(", ")
+            )),
+            KeySource::ContentHash(index) => {
+                Some(format!("content_hash={}", name(index)))
+            }
+        }
+    }
+}
+
+/// Where [`ShuffleKeyExec`] gets each row's content hash; the resolved form
+/// of [`super::ShuffleKey`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum KeySource {
+    /// Hash every input column.
+    AllColumns,
+    /// Hash the input columns at these positions, in this order.
+    Columns(Vec<usize>),
+    /// The `UInt64` input column at this position is the content hash.
+    ContentHash(usize),
+}
+
+/// The seed of the content hash: the content hash does not depend on the
+/// shuffle's seed or epoch, so that it can be computed once and stored with
+/// a cached result (see [`super::ShuffleKey::ContentHash`]).
+pub const CONTENT_HASH_SEED: u64 = 0;
+
+/// The content hash of each row of `batch` as `source` says.
+fn content_hashes(batch: &RecordBatch, source: &KeySource) -> Result<UInt64Array> {
+    match source {
+        KeySource::AllColumns => row_key_hash(batch.columns(), CONTENT_HASH_SEED),
+        KeySource::Columns(indices) => {
+            let hashed: Vec<ArrayRef> = indices
+                .iter()
+                .map(|&i| Arc::clone(batch.column(i)))
+                .collect();
+            row_key_hash(&hashed, CONTENT_HASH_SEED)
+        }
+        KeySource::ContentHash(index) => batch
+            .column(*index)
+            .as_primitive_opt::<UInt64Type>()
+            .cloned()
+            .ok_or_else(|| {
+                DataFusionError::Internal(
+                    "shuffle content hash column is not UInt64".into(),
+                )
+            }),
+    }
+}
+
+/// The shuffle key of each content hash under `hash_seed` (of seed and
+/// epoch): xxh3 of the hash's little-endian bytes. A null content hash
+/// (none is ever stored) keys as 0.
+fn shuffle_keys(content: &UInt64Array, hash_seed: u64) -> UInt64Array {
+    content
+        .iter()
+        .map(|c| Some(xxh3_64_with_seed(&c.unwrap_or(0).to_le_bytes(), hash_seed)))
+        .collect()
 }
 
 impl DisplayAs for ShuffleKeyExec {
@@ -185,15 +259,15 @@ impl DisplayAs for ShuffleKeyExec {
                     "ShuffleKeyExec: seed={}, epoch={}",
                     self.seed, self.epoch
                 )?;
-                match self.key_names() {
-                    Some(names) => write!(f, ", key=[{names}]"),
+                match self.source_text() {
+                    Some(text) => write!(f, ", {text}"),
                     None => Ok(()),
                 }
             }
             DisplayFormatType::TreeRender => {
                 write!(f, "seed={}\nepoch={}", self.seed, self.epoch)?;
-                match self.key_names() {
-                    Some(names) => write!(f, "\nkey=[{names}]"),
+                match self.source_text() {
+                    Some(text) => write!(f, "\n{text}"),
                     None => Ok(()),
                 }
             }
@@ -232,7 +306,7 @@ impl ExecutionPlan for ShuffleKeyExec {
         let child = super::single_child(self.name(), &children)?;
         Ok(Arc::new(
             Self::try_new(child, self.seed, self.epoch)?
-                .with_key_columns(self.key_columns.clone())?,
+                .with_source(self.source.clone())?,
         ))
     }
 
@@ -247,23 +321,14 @@ impl ExecutionPlan for ShuffleKeyExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let hash_seed = shuffle_seed(self.seed, self.epoch);
-        let key_columns = self.key_columns.clone();
+        let source = self.source.clone();
         let keyed = input.flat_map(move |batch| {
             let keyed = batch.and_then(|batch| {
                 let timer = baseline.elapsed_compute().timer();
                 let chunks = split_to_fit(&batch, max_batch_bytes)?;
                 let mut out = Vec::with_capacity(chunks.len());
                 for chunk in chunks {
-                    let keys = match &key_columns {
-                        None => row_key_hash(chunk.columns(), hash_seed)?,
-                        Some(indices) => {
-                            let hashed: Vec<ArrayRef> = indices
-                                .iter()
-                                .map(|&i| Arc::clone(chunk.column(i)))
-                                .collect();
-                            row_key_hash(&hashed, hash_seed)?
-                        }
-                    };
+                    let keys = shuffle_keys(&content_hashes(&chunk, &source)?, hash_seed);
                     let mut columns: Vec<ArrayRef> = chunk.columns().to_vec();
                     columns.push(Arc::new(keys));
                     let keyed = RecordBatch::try_new(Arc::clone(&schema), columns)?;
@@ -291,6 +356,58 @@ impl ExecutionPlan for ShuffleKeyExec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `batch` as a plan.
+    fn memory_exec(batch: &RecordBatch) -> Result<Arc<dyn ExecutionPlan>> {
+        let exec = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+            &[vec![batch.clone()]],
+            batch.schema(),
+            None,
+        )?;
+        Ok(exec)
+    }
+
+    /// The keys `ShuffleKeyExec` appends to `batch` with `source`.
+    async fn keys(batch: &RecordBatch, source: KeySource) -> Result<Vec<u64>> {
+        let exec =
+            ShuffleKeyExec::try_new(memory_exec(batch)?, 5, 2)?.with_source(source)?;
+        let ctx = datafusion::prelude::SessionContext::new();
+        let out =
+            datafusion::physical_plan::collect(Arc::new(exec), ctx.task_ctx()).await?;
+        Ok(out
+            .iter()
+            .flat_map(|b| {
+                b.column(b.num_columns() - 1)
+                    .as_primitive::<UInt64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect())
+    }
+
+    #[tokio::test]
+    async fn a_stored_content_hash_keys_rows_like_the_columns_it_hashes() -> Result<()> {
+        use datafusion::arrow::array::{Int64Array, StringArray};
+        let a: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3, 4]));
+        let b: ArrayRef = Arc::new(StringArray::from(vec!["w", "x", "y", "z"]));
+        let hash: ArrayRef = Arc::new(row_key_hash(
+            &[Arc::clone(&b), Arc::clone(&a)],
+            CONTENT_HASH_SEED,
+        )?);
+        let batch = RecordBatch::try_from_iter(vec![("a", a), ("b", b), ("h", hash)])?;
+        let by_columns = keys(&batch, KeySource::Columns(vec![1, 0])).await?;
+        assert_eq!(keys(&batch, KeySource::ContentHash(2)).await?, by_columns);
+        assert_ne!(
+            keys(&batch, KeySource::Columns(vec![0, 1])).await?,
+            by_columns
+        );
+        assert_ne!(keys(&batch, KeySource::AllColumns).await?, by_columns);
+        let err = ShuffleKeyExec::try_new(memory_exec(&batch)?, 5, 2)?
+            .with_source(KeySource::ContentHash(0))
+            .expect_err("an Int64 column is no content hash");
+        assert!(err.to_string().contains("not UInt64"), "{err}");
+        Ok(())
+    }
 
     #[test]
     fn epochs_and_seeds_give_unrelated_hash_seeds() {

@@ -44,14 +44,18 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
+use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::logical_expr::{Expr, Extension, LogicalPlan, Projection};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{
+    Expr, Extension, LogicalPlan, Projection, ScalarUDF, lit,
+};
 use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use super::{ShuffleNode, ShuffleSpec};
+use super::{CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec};
 use crate::session::SqlfeedOptions;
 
 /// Prefix of the hidden columns that carry what moved functions read.
@@ -125,20 +129,21 @@ fn extension(node: ShuffleNode) -> LogicalPlan {
     })
 }
 
-/// `input` shuffled as `spec` says, keyed as the [module docs](self) define:
-/// the plan every `SHUFFLE` clause and [`super::shuffle`] build. The result
-/// has `input`'s schema.
-pub fn shuffle_plan(input: LogicalPlan, spec: ShuffleSpec) -> Result<LogicalPlan> {
-    let plain = |input| Ok(extension(ShuffleNode::try_new(input, spec)?));
-    if !matches!(spec, ShuffleSpec::Global { .. }) {
-        return plain(input);
-    }
-    let LogicalPlan::Projection(projection) = &input else {
-        return plain(input);
-    };
+/// A projection widened to output every column of its shuffle key.
+struct KeyedProjection {
+    /// The projection's expressions plus hidden columns carrying what its
+    /// movable expressions read.
+    widened: Projection,
+    /// Names of the key columns among the widened outputs, in key order.
+    key: Vec<String>,
+}
+
+/// `projection` keyed as the [module docs](self) define, or `None` when it
+/// has no movable expression (then every column is the key).
+fn keyed_projection(projection: &Projection) -> Result<Option<KeyedProjection>> {
     let movable: Vec<bool> = projection.expr.iter().map(is_movable).collect();
     if !movable.contains(&true) || !unique_names(&projection.schema) {
-        return plain(input);
+        return Ok(None);
     }
     let schema = &projection.schema;
     // Outputs that stay are key columns by their own name; a column that a
@@ -172,25 +177,128 @@ pub fn shuffle_plan(input: LogicalPlan, spec: ShuffleSpec) -> Result<LogicalPlan
     }
     let widened = Projection::try_new(exprs, Arc::clone(&projection.input))?;
     if !unique_names(&widened.schema) {
-        return plain(input);
+        return Ok(None);
     }
-    let hidden_columns = widened.expr.len() - projection.expr.len();
-    let shuffled = extension(ShuffleNode::try_new_keyed(
-        LogicalPlan::Projection(widened),
-        spec,
-        key,
-    )?);
-    if hidden_columns == 0 {
-        return Ok(shuffled);
-    }
-    // Drop the hidden columns again.
-    let outputs = (0..schema.fields().len())
+    Ok(Some(KeyedProjection { widened, key }))
+}
+
+/// A projection of the first `n` columns of `plan` (dropping hidden ones).
+fn first_columns(plan: LogicalPlan, n: usize) -> Result<LogicalPlan> {
+    let schema = Arc::clone(plan.schema());
+    let outputs = (0..n)
         .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
         .collect();
     Ok(LogicalPlan::Projection(Projection::try_new(
         outputs,
-        Arc::new(shuffled),
+        Arc::new(plan),
     )?))
+}
+
+/// `input` shuffled as `spec` says, keyed as the [module docs](self) define:
+/// the plan every `SHUFFLE` clause and [`super::shuffle`] build. The result
+/// has `input`'s schema.
+pub fn shuffle_plan(input: LogicalPlan, spec: ShuffleSpec) -> Result<LogicalPlan> {
+    let plain = |input| Ok(extension(ShuffleNode::try_new(input, spec)?));
+    if !matches!(spec, ShuffleSpec::Global { .. }) {
+        return plain(input);
+    }
+    let LogicalPlan::Projection(projection) = &input else {
+        return plain(input);
+    };
+    let Some(KeyedProjection { widened, key }) = keyed_projection(projection)? else {
+        return plain(input);
+    };
+    let outputs = projection.expr.len();
+    let hidden_columns = widened.expr.len() - outputs;
+    let shuffled = extension(ShuffleNode::try_new_keyed(
+        LogicalPlan::Projection(widened),
+        spec,
+        ShuffleKey::Columns(key),
+    )?);
+    if hidden_columns == 0 {
+        return Ok(shuffled);
+    }
+    first_columns(shuffled, outputs)
+}
+
+/// Name of the column [`with_content_hash`] adds.
+pub const CONTENT_HASH_COLUMN: &str = "__sqlfeed_content_hash";
+
+/// `plan` with one more column, [`CONTENT_HASH_COLUMN`]: each row's content
+/// hash exactly as a shuffle of `plan` computes it ([`shuffle_plan`]). A
+/// feed's epoch cache stores it, so that shuffling the cached rows
+/// ([`shuffle_by_content_hash`]) gives the order of shuffling the query,
+/// although the cache holds the functions' results and not what they read.
+/// `row_key` is `sqlfeed_row_key` (`crate::sql::RowKeyFunc`).
+pub fn with_content_hash(
+    plan: LogicalPlan,
+    row_key: Arc<ScalarUDF>,
+) -> Result<LogicalPlan> {
+    let keyed = match &plan {
+        LogicalPlan::Projection(projection) => {
+            keyed_projection(projection)?.map(|k| (k, projection.expr.len()))
+        }
+        _ => None,
+    };
+    // The hash reads computed columns, never evaluates an expression twice
+    // (a volatile one would give other values).
+    let (below, outputs, key): (LogicalPlan, usize, Vec<Expr>) = match keyed {
+        Some((KeyedProjection { widened, key }, outputs)) => {
+            let key = key
+                .into_iter()
+                .map(|name| Expr::Column(Column::from_name(name)));
+            (LogicalPlan::Projection(widened), outputs, key.collect())
+        }
+        None => {
+            let schema = Arc::clone(plan.schema());
+            let key = (0..schema.fields().len())
+                .map(|i| Expr::Column(Column::from(schema.qualified_field(i))));
+            let outputs = schema.fields().len();
+            (plan, outputs, key.collect())
+        }
+    };
+    let schema = Arc::clone(below.schema());
+    let mut exprs: Vec<Expr> = (0..outputs)
+        .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
+        .collect();
+    let mut args = vec![lit(ScalarValue::UInt64(Some(CONTENT_HASH_SEED)))];
+    args.extend(key);
+    exprs.push(
+        Expr::ScalarFunction(ScalarFunction::new_udf(row_key, args))
+            .alias(CONTENT_HASH_COLUMN),
+    );
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(below),
+    )?))
+}
+
+/// `plan` (from [`with_content_hash`], possibly cached) without its last
+/// column, the content hash, and shuffled by it when `spec` is given.
+pub fn shuffle_by_content_hash(
+    plan: LogicalPlan,
+    spec: Option<ShuffleSpec>,
+) -> Result<LogicalPlan> {
+    let columns = plan.schema().fields().len();
+    match plan.schema().fields().last() {
+        Some(last) if last.name() == CONTENT_HASH_COLUMN => {}
+        _ => {
+            return Err(DataFusionError::Internal(format!(
+                "expected {CONTENT_HASH_COLUMN} as the last column, got {}",
+                plan.schema().field_names().join(", ")
+            )));
+        }
+    }
+    let shuffled = match spec {
+        Some(spec @ ShuffleSpec::Global { .. }) => extension(ShuffleNode::try_new_keyed(
+            plan,
+            spec,
+            ShuffleKey::ContentHash(CONTENT_HASH_COLUMN.to_string()),
+        )?),
+        Some(spec) => extension(ShuffleNode::try_new(plan, spec)?),
+        None => plan,
+    };
+    first_columns(shuffled, columns - 1)
 }
 
 /// Moves the row-wise functions of the projection under a shuffle above it;
@@ -208,16 +316,13 @@ impl LateRowFunctions {
         };
         // A global shuffle keyed on every column hashes what the functions
         // produce: moving them would change the order.
-        if matches!(shuffle.spec(), ShuffleSpec::Global { .. }) && shuffle.key().is_none()
-        {
-            return Ok(None);
-        }
-        let schema = &projection.schema;
-        let in_key = |i: usize| {
-            shuffle
-                .key()
-                .is_some_and(|key| key.contains(schema.field(i).name()))
+        let key: &[String] = match (shuffle.spec(), shuffle.key()) {
+            (ShuffleSpec::Local { .. }, _) => &[],
+            (ShuffleSpec::Global { .. }, ShuffleKey::Columns(names)) => names,
+            (ShuffleSpec::Global { .. }, _) => return Ok(None),
         };
+        let schema = &projection.schema;
+        let in_key = |i: usize| key.contains(schema.field(i).name());
         let moved: Vec<bool> = (0..projection.expr.len())
             .map(|i| !in_key(i) && is_movable(&projection.expr[i]))
             .collect();

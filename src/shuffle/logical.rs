@@ -8,47 +8,81 @@ use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 
 use super::ShuffleSpec;
 
+/// What a global shuffle's content hash is computed from (see the
+/// [module docs](super) for the order it defines).
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, serde::Serialize, serde::Deserialize,
+)]
+pub enum ShuffleKey {
+    /// Every input column, in schema order.
+    AllColumns,
+    /// These input columns, in this order: the rows as they enter the
+    /// query's row-wise functions ([`super::late`]).
+    Columns(Vec<String>),
+    /// This input column holds each row's content hash already (a cached
+    /// result stores it, so that a cached feed keeps the uncached order).
+    ContentHash(String),
+}
+
+impl ShuffleKey {
+    /// The input columns it names.
+    fn columns(&self) -> &[String] {
+        match self {
+            ShuffleKey::AllColumns => &[],
+            ShuffleKey::Columns(names) => names,
+            ShuffleKey::ContentHash(name) => std::slice::from_ref(name),
+        }
+    }
+}
+
+impl fmt::Display for ShuffleKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShuffleKey::AllColumns => write!(f, "all columns"),
+            ShuffleKey::Columns(names) => write!(f, "[{}]", names.join(", ")),
+            ShuffleKey::ContentHash(name) => write!(f, "content hash {name}"),
+        }
+    }
+}
+
 /// Reorders its input as [`ShuffleSpec`] says; the schema is unchanged.
 ///
-/// A global shuffle orders rows by a hash of their content; `key` names the
-/// input columns hashed (all of them when `None`). [`super::late`] keys the
-/// rows as they enter the query's row-wise expressions, so that those
-/// expressions can run before or after the shuffle with the same order.
+/// A global shuffle orders rows by a hash of their content, computed as
+/// [`ShuffleKey`] says. [`super::late`] keys the rows as they enter the
+/// query's row-wise expressions, so that those expressions can run before
+/// or after the shuffle with the same order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
 pub struct ShuffleNode {
     /// The rows to shuffle.
     input: LogicalPlan,
     /// How.
     spec: ShuffleSpec,
-    /// Names of the input columns the shuffle key hashes, in hashing order;
-    /// `None`: every column, in schema order.
-    key: Option<Vec<String>>,
+    /// What the content hash is computed from.
+    key: ShuffleKey,
 }
 
 impl ShuffleNode {
-    /// Shuffles `input`; a local buffer of zero rows is an error.
+    /// Shuffles `input` keyed on all its columns; a local buffer of zero
+    /// rows is an error.
     pub fn try_new(input: LogicalPlan, spec: ShuffleSpec) -> Result<Self> {
+        Self::try_new_keyed(input, spec, ShuffleKey::AllColumns)
+    }
+
+    /// Shuffles `input` keyed as `key` says; a column it names that is not
+    /// an input column is an internal error.
+    pub fn try_new_keyed(
+        input: LogicalPlan,
+        spec: ShuffleSpec,
+        key: ShuffleKey,
+    ) -> Result<Self> {
         if let ShuffleSpec::Local { buffer_rows: 0, .. } = spec {
             return Err(DataFusionError::Plan(
                 "LOCAL SHUFFLE BUFFER must hold at least 1 row".into(),
             ));
         }
-        Ok(Self {
-            input,
-            spec,
-            key: None,
-        })
-    }
-
-    /// Shuffles `input` by a key hashing only the `key` columns (in that
-    /// order); a name that is not an input column is an internal error.
-    pub fn try_new_keyed(
-        input: LogicalPlan,
-        spec: ShuffleSpec,
-        key: Vec<String>,
-    ) -> Result<Self> {
         let schema = input.schema();
         if let Some(missing) = key
+            .columns()
             .iter()
             .find(|name| schema.fields().iter().all(|f| f.name() != *name))
         {
@@ -57,9 +91,7 @@ impl ShuffleNode {
                 schema.field_names().join(", ")
             )));
         }
-        let mut node = Self::try_new(input, spec)?;
-        node.key = Some(key);
-        Ok(node)
+        Ok(Self { input, spec, key })
     }
 
     /// How the rows are shuffled.
@@ -67,9 +99,9 @@ impl ShuffleNode {
         self.spec
     }
 
-    /// The input columns the shuffle key hashes (`None`: all).
-    pub fn key(&self) -> Option<&[String]> {
-        self.key.as_deref()
+    /// What the content hash is computed from.
+    pub fn key(&self) -> &ShuffleKey {
+        &self.key
     }
 
     /// The rows shuffled.
@@ -77,12 +109,9 @@ impl ShuffleNode {
         &self.input
     }
 
-    /// The same shuffle of another input (with the same key columns).
+    /// The same shuffle of another input (with the same key).
     pub(crate) fn with_input(&self, input: LogicalPlan) -> Result<Self> {
-        match &self.key {
-            Some(key) => Self::try_new_keyed(input, self.spec, key.clone()),
-            None => Self::try_new(input, self.spec),
-        }
+        Self::try_new_keyed(input, self.spec, self.key.clone())
     }
 }
 
@@ -108,8 +137,8 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
             ShuffleSpec::Global { seed, epoch } => {
                 write!(f, "Shuffle: seed={seed}, epoch={epoch}")?;
                 match &self.key {
-                    Some(key) => write!(f, ", key=[{}]", key.join(", ")),
-                    None => Ok(()),
+                    ShuffleKey::AllColumns => Ok(()),
+                    key => write!(f, ", key={key}"),
                 }
             }
             ShuffleSpec::Local { buffer_rows, seed } => {

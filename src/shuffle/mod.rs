@@ -15,11 +15,18 @@
 //! by the session's budget.
 //!
 //! # Definition of the order
-//! The content key is `c(row) = row_key(row, mix(seed, epoch))`, where
-//! `row_key` folds every column of the query, in order, into an xxh3 hash
-//! (defined in `crate::sql::functions`: value bytes straight from Arrow,
-//! arrow's row format for the remaining types) and `mix` is SplitMix64 of
-//! `seed ^ SplitMix64(epoch)`. The copies of a row that occurs `n` times are
+//! Each row has a *content hash* `h(row) = row_key(K(row), 0)`, where
+//! `row_key` folds columns, in order, into an xxh3 hash (defined in
+//! `crate::sql::functions`: value bytes straight from Arrow, arrow's row
+//! format for the remaining types) and `K(row)` are the values the row has
+//! as it enters the query's row-wise functions: the columns those functions
+//! read plus the outputs that are not such functions (see [`late`]; all
+//! output columns when the query has no such functions). Its content key is
+//! `c(row) = xxh3(h(row), seed = mix(seed, epoch))` with `mix` SplitMix64 of
+//! `seed ^ SplitMix64(epoch)`. The content hash does not depend on the seed
+//! or the epoch, so a feed's epoch cache stores it with the preprocessed
+//! rows and later epochs shuffle them in exactly the uncached order. The
+//! copies of a row that occurs `n` times (equal `K`) are
 //! numbered `k = 0..n` and copy `k` gets the key `c` for `k = 0` and
 //! `xxh3(k, seed = c)` otherwise (see `copies.rs`). Rows are emitted by
 //! ascending key. So the output is a uniform permutation of the rows as a
@@ -27,9 +34,9 @@
 //! row of a table repeated 3 times are not adjacent), and a table without
 //! repeated rows is ordered by `c` alone. Copies are identical, so which copy
 //! gets which `k` cannot be seen: the order stays a pure function of (seed,
-//! epoch, data). Two different rows with equal keys (a 2^-64 collision) come
-//! out in arrival order.
-//!
+//! epoch, data). Two different rows with equal content hashes (a 2^-64
+//! collision) are treated as copies.
+
 //! # Data flow
 //! ```text
 //!  ShuffleExec: runs the operators below with batches sized to the budget
@@ -90,10 +97,15 @@ use datafusion::error::Result;
 
 pub use exec::{ShuffleExec, shuffle_batch_rows};
 pub use keep_order::KeepShuffleOrder;
-pub use key::{SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed};
-pub use late::{LateRowFunctions, shuffle_plan};
+pub use key::{
+    CONTENT_HASH_SEED, KeySource, SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed,
+};
+pub use late::{
+    CONTENT_HASH_COLUMN, LateRowFunctions, shuffle_by_content_hash, shuffle_plan,
+    with_content_hash,
+};
 pub use local::LocalShuffleExec;
-pub use logical::ShuffleNode;
+pub use logical::{ShuffleKey, ShuffleNode};
 pub use permute::{PermuteExec, PermuteMode};
 pub use planner::{
     ShuffleExtensionPlanner, SqlfeedQueryPlanner, plan_global_shuffle,

@@ -20,8 +20,9 @@ use datafusion::physical_planner::{
 use datafusion_session::Session;
 
 use super::{
-    LocalShuffleExec, PermuteExec, PermuteMode, SHUFFLE_KEY_COLUMN, ShuffleExec,
-    ShuffleKeyExec, ShuffleNode, ShuffleSpec, shuffle_batch_rows,
+    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, SHUFFLE_KEY_COLUMN,
+    ShuffleExec, ShuffleKey, ShuffleKeyExec, ShuffleNode, ShuffleSpec,
+    shuffle_batch_rows,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 
@@ -62,22 +63,21 @@ fn batch_rows_for(
     )
 }
 
-/// The global shuffle on one machine: key (hashing the `key_columns` of
-/// `input`, all when `None`), then [`PermuteExec`] (index sort and gather,
+/// The global shuffle on one machine: key (content hashes from `source`),
+/// then [`PermuteExec`] (index sort and gather,
 /// spilling sorted runs), under a [`ShuffleExec`] whose batch size fits
 /// `memory_limit`.
 pub fn plan_global_shuffle(
     input: Arc<dyn ExecutionPlan>,
-    key_columns: Option<Vec<usize>>,
+    source: KeySource,
     seed: u64,
     epoch: u64,
     memory_limit: usize,
     session_batch_size: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let keyed: Arc<dyn ExecutionPlan> = Arc::new(
-        ShuffleKeyExec::try_new(input, seed, epoch)?.with_key_columns(key_columns)?,
-    );
+    let keyed: Arc<dyn ExecutionPlan> =
+        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
     Ok(Arc::new(ShuffleExec::new(
         permuted, seed, epoch, batch_rows,
@@ -93,7 +93,7 @@ pub fn plan_global_shuffle(
 /// per-partition permutations on executors, the merge on the final stage).
 pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
-    key_columns: Option<Vec<usize>>,
+    source: KeySource,
     seed: u64,
     epoch: u64,
     memory_limit: usize,
@@ -102,9 +102,8 @@ pub fn plan_sorted_shuffle(
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
     let partitions = input.properties().partitioning.partition_count().max(1);
-    let keyed: Arc<dyn ExecutionPlan> = Arc::new(
-        ShuffleKeyExec::try_new(input, seed, epoch)?.with_key_columns(key_columns)?,
-    );
+    let keyed: Arc<dyn ExecutionPlan> =
+        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
     let ordering = LexOrdering::new([PhysicalSortExpr::new(
         Arc::clone(&key),
@@ -143,32 +142,32 @@ pub fn plan_sorted_shuffle(
     Ok(Arc::new(ProjectionExec::try_new(projection, shuffled)?))
 }
 
-/// The positions in `input` of `shuffle`'s key columns.
-fn key_indices(
+/// `shuffle`'s key resolved against its physical input.
+fn key_source(
     shuffle: &ShuffleNode,
     input: &Arc<dyn ExecutionPlan>,
-) -> Result<Option<Vec<usize>>> {
-    let Some(names) = shuffle.key() else {
-        return Ok(None);
-    };
+) -> Result<KeySource> {
     let schema = input.schema();
-    names
-        .iter()
-        .map(|name| {
-            schema.index_of(name).map_err(|_| {
-                DataFusionError::Internal(format!(
-                    "Shuffle key column '{name}' is missing from the physical input ({})",
-                    schema
-                        .fields()
-                        .iter()
-                        .map(|f| f.name().as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })
+    let index = |name: &String| {
+        schema.index_of(name).map_err(|_| {
+            DataFusionError::Internal(format!(
+                "Shuffle key column '{name}' is missing from the physical input ({})",
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
         })
-        .collect::<Result<Vec<_>>>()
-        .map(Some)
+    };
+    Ok(match shuffle.key() {
+        ShuffleKey::AllColumns => KeySource::AllColumns,
+        ShuffleKey::Columns(names) => {
+            KeySource::Columns(names.iter().map(index).collect::<Result<Vec<_>>>()?)
+        }
+        ShuffleKey::ContentHash(name) => KeySource::ContentHash(index(name)?),
+    })
 }
 
 #[async_trait]
@@ -205,7 +204,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 };
                 plan(
                     Arc::clone(input),
-                    key_indices(shuffle, input)?,
+                    key_source(shuffle, input)?,
                     seed,
                     epoch,
                     memory_limit,

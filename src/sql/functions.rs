@@ -7,9 +7,10 @@
 //!
 //! # `sqlfeed_row_key`
 //!
-//! The content key of the `SHUFFLE` order (and so of `SAMPLE`, a prefix of
-//! a shuffle): it depends only on the row's values and the seed, so it is
-//! independent of file order, partitioning and batch sizes. Identical rows
+//! With seed 0, the content hash of the `SHUFFLE` order (and so of
+//! `SAMPLE`, a prefix of a shuffle), which derives each epoch's key from it
+//! (see `crate::shuffle`): it depends only on the row's values and the
+//! seed, so it is independent of file order, partitioning and batch sizes. Identical rows
 //! share it; the shuffle gives each copy its own key on top of it (see
 //! `crate::shuffle`), so `ORDER BY sqlfeed_row_key(…)` is not a uniform
 //! order of a table with repeated rows.

@@ -490,7 +490,12 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
     let data = dir.path().join("data");
     let cache = dir.path().join("cache");
     gen_data(&data, 3000, 3)?;
-    let sql = query(&data).replace("SELECT id, f0 * 2 AS g, label", "SELECT id, label");
+    // Functions run after the uncached shuffle (keyed on what they read);
+    // the cache stores their results with that key's content hash.
+    let sql = query(&data).replace(
+        "SELECT id, f0 * 2 AS g, label",
+        "SELECT id, f0 * 2 AS g, image_to_tensor(image_decode(image_png)) AS px, label",
+    );
     let session = session(&cache)?;
     let (plain, _) = feed_ids(&session, &sql, false)?;
     let (cached, plans) = feed_ids(&session, &sql, true)?;

@@ -445,7 +445,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let batch_rows = s.context().state().config().batch_size();
         let permuted = sqlfeed::shuffle::plan_global_shuffle(
             std::sync::Arc::clone(&input),
-            None,
+            sqlfeed::shuffle::KeySource::AllColumns,
             11,
             2,
             limit,
@@ -456,7 +456,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
             std::sync::Arc::new(
                 datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
-                    sqlfeed::shuffle::plan_sorted_shuffle(input, None, 11, 2, limit, batch_rows)?,
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows)?,
                 ),
             );
         // As DataFusion plans any query (the optimizer is part of planning).
@@ -697,7 +697,14 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
         let input = s.sql(&sql).await?.create_physical_plan().await?;
         let batch_rows = s.context().state().config().batch_size();
         let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
-            sqlfeed::shuffle::plan_sorted_shuffle(input, None, 8, 0, limit, batch_rows)?;
+            sqlfeed::shuffle::plan_sorted_shuffle(
+                input,
+                sqlfeed::shuffle::KeySource::AllColumns,
+                8,
+                0,
+                limit,
+                batch_rows,
+            )?;
         let state = s.context().state();
         for rule in state.physical_optimizers() {
             staged = rule.optimize(staged, state.config().options())?;
