@@ -365,6 +365,12 @@ pub(crate) struct SlotPool {
     /// The ring's host memory, reserved from the session's memory pool so
     /// that one budget covers the feed too.
     reservation: Option<MemoryReservation>,
+    /// Bytes of `reservation` set aside for slots not yet sized (the ring's
+    /// share, reserved before the query runs); given back once every base
+    /// slot has its buffers.
+    unused_share: usize,
+    /// Base slots whose buffers have been sized at least once.
+    sized_slots: usize,
     /// Slots the ring keeps (`prefetch + 1`).
     base_slots: usize,
     /// Slots that exist now (base plus extras lent to a holding consumer).
@@ -386,14 +392,25 @@ impl SlotPool {
             returns,
             backend,
             reservation: None,
+            unused_share: 0,
+            sized_slots: 0,
             base_slots: slots.max(1),
             total_slots: slots.max(1),
             loans: Arc::new(Loans::default()),
         }
     }
 
-    /// Accounts the ring's host memory in `reservation`.
-    pub(crate) fn with_reservation(mut self, reservation: MemoryReservation) -> Self {
+    /// Accounts the ring's host memory in `reservation`, setting `share`
+    /// bytes aside now (as much of it as the pool has) for the slots'
+    /// buffers to come.
+    pub(crate) fn with_reservation(
+        mut self,
+        reservation: MemoryReservation,
+        share: usize,
+    ) -> Self {
+        if reservation.try_grow(share).is_ok() {
+            self.unused_share = share;
+        }
         self.reservation = Some(reservation);
         self
     }
@@ -412,13 +429,33 @@ impl SlotPool {
     ) -> Result<()> {
         let needed = slot.capacity_after(&layouts);
         if needed > slot.reserved {
+            if slot.reserved == 0 {
+                self.sized_slots += 1;
+            }
             self.reserve(needed - slot.reserved)?;
             slot.reserved = needed;
+            if self.sized_slots >= self.base_slots {
+                self.give_back_share();
+            }
         }
         slot.prepare(&self.backend, layouts)
     }
 
+    /// Returns the part of the ring's share that no slot took.
+    fn give_back_share(&mut self) {
+        if let Some(reservation) = &mut self.reservation {
+            reservation.shrink(self.unused_share.min(reservation.size()));
+        }
+        self.unused_share = 0;
+    }
+
     fn reserve(&mut self, bytes: usize) -> Result<()> {
+        let from_share = bytes.min(self.unused_share);
+        self.unused_share -= from_share;
+        let bytes = bytes - from_share;
+        if bytes == 0 {
+            return Ok(());
+        }
         let Some(reservation) = &mut self.reservation else {
             return Ok(());
         };
@@ -510,9 +547,9 @@ impl SlotPool {
 
     /// Host bytes reserved per slot, on average.
     fn bytes_per_slot(&self) -> usize {
-        self.reservation
-            .as_ref()
-            .map_or(0, |r| r.size() / self.total_slots.max(1))
+        self.reservation.as_ref().map_or(0, |r| {
+            r.size().saturating_sub(self.unused_share) / self.total_slots.max(1)
+        })
     }
 
     fn held_too_many(&self) -> DataFusionError {

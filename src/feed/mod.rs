@@ -60,7 +60,7 @@ use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant};
 
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
@@ -78,6 +78,11 @@ use crate::cache::CachedTable;
 use crate::device::{Backend, DType, Device, Loans, SlotPool, TensorBatch};
 use crate::session::catch_panic;
 use crate::shuffle::{ShuffleSpec, shuffle};
+
+/// The prefetch ring's share of a finite memory limit, set aside when the
+/// feed starts (1/4): what the ring does not use of it is given back once
+/// every slot has its buffers.
+const RING_SHARE_DIVISOR: usize = 4;
 use datafusion::catalog::TableProvider;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::ScalarUDF;
@@ -238,10 +243,18 @@ impl FeedBuilder {
                 ))
             })?;
         let metrics = Arc::new(FeedMetrics::new());
-        let ring_memory = MemoryConsumer::new(format!("feed {id} prefetch ring"))
-            .register(&self.session.context().runtime_env().memory_pool);
-        let pool =
-            SlotPool::new(backend, self.prefetch + 1).with_reservation(ring_memory);
+        let memory_pool = &self.session.context().runtime_env().memory_pool;
+        let ring_memory =
+            MemoryConsumer::new(format!("feed {id} prefetch ring")).register(memory_pool);
+        // The ring's share is set aside before the query runs: a shuffle
+        // (spillable) would otherwise take the whole pool while it reads,
+        // and the ring could not grow once batches come.
+        let ring_share = match memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) => limit / RING_SHARE_DIVISOR,
+            _ => 0,
+        };
+        let pool = SlotPool::new(backend, self.prefetch + 1)
+            .with_reservation(ring_memory, ring_share);
         let loans = pool.loans();
         let pool = Arc::new(tokio::sync::Mutex::new(pool));
         let (events_tx, events) = mpsc::channel();
