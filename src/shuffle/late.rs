@@ -37,8 +37,18 @@
 //! so they move. `LOCAL SHUFFLE`, which reorders by arrival rather than by
 //! content, moves the same expressions and has no key.
 //!
+//! A global shuffle whose input is not such a projection keys on all its
+//! columns and keeps its functions.
+//!
 //! The rule is on by default; `SET sqlfeed.late_materialization =
 //! false` keeps the functions below the shuffle (same rows, same order).
+//!
+//! # Cached results
+//! A feed's epoch cache stores what the functions produce, not what they
+//! read, so it cannot hash the key columns again. [`with_content_hash`]
+//! stores each row's content hash (the seed-independent part of the key)
+//! with the cached rows, and [`shuffle_by_content_hash`] shuffles them by
+//! it: a cached feed gets exactly the uncached feed's batches.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
