@@ -201,6 +201,37 @@ impl CacheStore {
         query: &str,
         salt: &str,
     ) -> Result<Arc<CachedTable>> {
+        match self.lookup_prepared(state, plan, query, salt).await? {
+            Lookup::Hit(table) => Ok(table),
+            Lookup::Miss(miss) => self.fill(*miss, query).await,
+        }
+    }
+
+    /// The cached result of `plan` if this store has a sound entry for it
+    /// (in memory, or on disk and checked), without computing it.
+    pub async fn lookup(
+        &self,
+        state: &SessionState,
+        plan: LogicalPlan,
+        query: &str,
+        salt: &str,
+    ) -> Result<Option<Arc<CachedTable>>> {
+        Ok(
+            match self.lookup_prepared(state, plan, query, salt).await? {
+                Lookup::Hit(table) => Some(table),
+                Lookup::Miss(_) => None,
+            },
+        )
+    }
+
+    /// Keys `plan` and opens its entry if there is a sound one.
+    async fn lookup_prepared(
+        &self,
+        state: &SessionState,
+        plan: LogicalPlan,
+        query: &str,
+        salt: &str,
+    ) -> Result<Lookup> {
         let state = deterministic_state(state);
         // Pinned before optimizing: the optimizer folds calls on constants
         // with whatever tokenizer the function holds, which must be the
@@ -213,7 +244,7 @@ impl CacheStore {
         let key = key::compute(&plan, &physical, salt, assets)?;
 
         if let Some(table) = self.open_table(&key.hex) {
-            return Ok(table);
+            return Ok(Lookup::Hit(table));
         }
         let memory_limit = match state.runtime_env().memory_pool.memory_limit() {
             datafusion::execution::memory_pool::MemoryLimit::Finite(bytes) => bytes,
@@ -238,7 +269,7 @@ impl CacheStore {
                 Ok(opened) => {
                     let table =
                         self.table_from_disk(key, query, opened, dir, reservation);
-                    return Ok(self.remember(table));
+                    return Ok(Lookup::Hit(self.remember(table)));
                 }
                 Err(OpenError::Missing) => {}
                 Err(OpenError::Damaged(why)) => {
@@ -254,6 +285,24 @@ impl CacheStore {
                 }
             }
         }
+        Ok(Lookup::Miss(Box::new(Miss {
+            state,
+            physical,
+            key,
+            reservation,
+            memory_cap,
+        })))
+    }
+
+    /// Computes a missed entry.
+    async fn fill(&self, miss: Miss, query: &str) -> Result<Arc<CachedTable>> {
+        let Miss {
+            state,
+            physical,
+            key,
+            reservation,
+            memory_cap,
+        } = miss;
         let started = Instant::now();
         let table = self
             .compute(&state, physical, key, query, reservation, memory_cap)
@@ -827,4 +876,26 @@ fn unix_now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What [`CacheStore::lookup_prepared`] found.
+enum Lookup {
+    /// A sound entry.
+    Hit(Arc<CachedTable>),
+    /// None: what computing it needs.
+    Miss(Box<Miss>),
+}
+
+/// A keyed plan whose entry is missing.
+struct Miss {
+    /// The deterministic state it was planned in.
+    state: SessionState,
+    /// Its physical plan.
+    physical: Arc<dyn ExecutionPlan>,
+    /// Its key.
+    key: CacheKey,
+    /// The reservation its in-memory parts are accounted in.
+    reservation: MemoryReservation,
+    /// The most memory the entry may hold.
+    memory_cap: usize,
 }

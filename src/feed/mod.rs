@@ -84,6 +84,7 @@ use crate::shuffle::{ShuffleSpec, shuffle};
 /// every slot has its buffers.
 const RING_SHARE_DIVISOR: usize = 4;
 use datafusion::catalog::TableProvider;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::ScalarUDF;
 
@@ -264,6 +265,7 @@ impl FeedBuilder {
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),
             cached: tokio::sync::OnceCell::new(),
+            filling: tokio::sync::Mutex::new(None),
         };
         let task = runtime.spawn(producer.run(events_tx, init_tx));
         let mut feed = Feed {
@@ -631,8 +633,12 @@ struct Producer {
     options: FeedBuilder,
     pool: Arc<tokio::sync::Mutex<SlotPool>>,
     metrics: Arc<FeedMetrics>,
-    /// The cached result every epoch reads (with `cache(true)`).
+    /// The cached result every epoch reads (with `cache(true)`) once it
+    /// exists.
     cached: tokio::sync::OnceCell<Arc<CachedTable>>,
+    /// The entry being filled in the background while the first epoch
+    /// streams the query itself (a cache miss).
+    filling: tokio::sync::Mutex<Option<SpawnedTask<Result<Arc<CachedTable>>>>>,
 }
 
 impl Producer {
@@ -711,7 +717,7 @@ impl Producer {
             });
             epoch_start = Instant::now();
         }
-        Ok(())
+        self.finish_fill().await
     }
 
     /// Whether the epoch runs as one cluster job shared by all ranks (every
@@ -754,6 +760,50 @@ impl Producer {
         Ok((job, Arc::new(TaskContext::from(&state))))
     }
 
+    /// The epoch cache's table, if it can be read now: from memory or disk,
+    /// or once the background fill started by an earlier epoch is done. On
+    /// a miss it starts that fill and returns `None`: the epoch streams the
+    /// query itself, in the same order (the entry stores each row's content
+    /// hash, see [`crate::shuffle::with_content_hash`]), instead of waiting
+    /// for the whole result to be written.
+    async fn cached_table(&self) -> Result<Option<Arc<CachedTable>>> {
+        if let Some(table) = self.cached.get() {
+            return Ok(Some(Arc::clone(table)));
+        }
+        let mut filling = self.filling.lock().await;
+        if let Some(fill) = filling.take() {
+            let table = join_fill(fill).await?;
+            let _ = self.cached.set(Arc::clone(&table));
+            return Ok(Some(table));
+        }
+        let options = &self.options;
+        let (state, plan) = options.session.sql(&options.sql).await?.into_parts();
+        // With each row's content hash, so that shuffling the cached rows
+        // gives the order of shuffling the query.
+        let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+        let plan = crate::shuffle::with_content_hash(plan, row_key)?;
+        let store = Arc::clone(options.session.cache());
+        if let Some(table) = store.lookup(&state, plan.clone(), &options.sql, "").await? {
+            let _ = self.cached.set(Arc::clone(&table));
+            return Ok(Some(table));
+        }
+        let sql = options.sql.clone();
+        *filling = Some(SpawnedTask::spawn(async move {
+            store.get_or_create(&state, plan, &sql, "").await
+        }));
+        Ok(None)
+    }
+
+    /// Waits for a background cache fill still running, so that a feed of
+    /// one epoch leaves the entry written; its error is the feed's.
+    async fn finish_fill(&self) -> Result<()> {
+        if let Some(fill) = self.filling.lock().await.take() {
+            let table = join_fill(fill).await?;
+            let _ = self.cached.set(table);
+        }
+        Ok(())
+    }
+
     /// The physical plan of one epoch's query and the context to run it in.
     async fn plan_epoch(
         &self,
@@ -763,28 +813,16 @@ impl Producer {
         let spec = options
             .shuffle_seed
             .map(|seed| ShuffleSpec::Global { seed, epoch });
-        let df = if options.cache {
-            let table = self
-                .cached
-                .get_or_try_init(|| async {
-                    let (state, plan) =
-                        options.session.sql(&options.sql).await?.into_parts();
-                    // With each row's content hash, so that shuffling the
-                    // cached rows gives the order of shuffling the query.
-                    let row_key =
-                        Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
-                    let plan = crate::shuffle::with_content_hash(plan, row_key)?;
-                    options
-                        .session
-                        .cache()
-                        .get_or_create(&state, plan, &options.sql, "")
-                        .await
-                })
-                .await?;
+        let cached = if options.cache {
+            self.cached_table().await?
+        } else {
+            None
+        };
+        let df = if let Some(table) = cached {
             let (state, plan) = options
                 .session
                 .context()
-                .read_table(Arc::clone(table) as Arc<dyn TableProvider>)?
+                .read_table(table as Arc<dyn TableProvider>)?
                 .into_parts();
             DataFrame::new(state, crate::shuffle::shuffle_by_content_hash(plan, spec)?)
         } else {
@@ -840,6 +878,15 @@ impl Producer {
         let plan = crate::cluster::watched(&options.session, plan);
         Ok((plan, Arc::new(TaskContext::from(&state))))
     }
+}
+
+/// The table a background cache fill wrote, or its error (a panic included).
+async fn join_fill(
+    fill: SpawnedTask<Result<Arc<CachedTable>>>,
+) -> Result<Arc<CachedTable>> {
+    fill.join().await.map_err(|e| {
+        DataFusionError::Execution(format!("the epoch cache's fill failed: {e}"))
+    })?
 }
 
 /// The one padded column that token budgets and bucketing measure.

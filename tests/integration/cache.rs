@@ -501,9 +501,15 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
     let (cached, plans) = feed_ids(&session, &sql, true)?;
     assert_eq!(cached, plain, "the cache changes nothing a consumer sees");
     assert_ne!(plain[0].2, plain[20].2, "epochs differ");
-    // Every epoch read the cache, none the Parquet files.
+    // A miss: epoch 0 streamed the query while the entry was written beside
+    // it; the later epochs read the cache, not the Parquet files.
     assert_eq!(plans.len(), 3);
-    for plan in &plans {
+    assert!(
+        !plans[0].contains("CacheScanExec") && plans[0].contains("parquet"),
+        "{}",
+        plans[0]
+    );
+    for plan in &plans[1..] {
         assert!(
             plan.contains("CacheScanExec") && !plan.contains("parquet"),
             "{plan}"
@@ -515,8 +521,12 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
         .target_partitions(2)
         .cache_dir(&cache)
         .build()?;
-    let (reused, _) = feed_ids(&later, &sql, true)?;
+    let (reused, reused_plans) = feed_ids(&later, &sql, true)?;
     assert_eq!(reused, plain);
+    assert!(
+        reused_plans.iter().all(|p| p.contains("CacheScanExec")),
+        "a hit reads the cache from the first epoch"
+    );
     assert_eq!(entry_dirs(&cache).len(), 1);
     Ok(())
 }
@@ -612,5 +622,30 @@ async fn a_rewritten_tokenizer_file_is_a_miss_and_gives_the_new_tokens() -> Resu
             && err.to_string().contains(&tokenizer.display().to_string()),
         "{err}"
     );
+    Ok(())
+}
+
+/// A cached feed of one epoch streams it and still leaves the entry
+/// written (the fill beside the epoch is awaited before the feed ends).
+#[test]
+fn a_one_epoch_cached_feed_leaves_the_entry_written() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 600, 2)?;
+    let session = session(&cache)?;
+    let mut feed = Feed::builder(&session, query(&data))
+        .shuffle(3)
+        .batch_size(64)
+        .cache(true)
+        .device(Device::Cpu)
+        .build()?;
+    let rows: usize = feed
+        .by_ref()
+        .map(|b| b.map(|b| b.rows()))
+        .sum::<Result<_>>()?;
+    assert_eq!(rows, 400, "ids with id % 3 <> 0");
+    drop(feed);
+    assert_eq!(entry_dirs(&cache).len(), 1);
     Ok(())
 }
