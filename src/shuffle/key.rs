@@ -241,13 +241,17 @@ fn content_hashes(batch: &RecordBatch, source: &KeySource) -> Result<UInt64Array
 }
 
 /// The shuffle key of each content hash under `hash_seed` (of seed and
-/// epoch): xxh3 of the hash's little-endian bytes. A null content hash
-/// (none is ever stored) keys as 0.
+/// epoch): xxh3 of the hash's little-endian bytes. Content hashes are never
+/// null (`row_key_hash` gives none, and a cached one was computed by it),
+/// so the values are read without the null mask, in one pass that builds no
+/// validity bitmap: this runs for every row of every shuffled epoch.
 fn shuffle_keys(content: &UInt64Array, hash_seed: u64) -> UInt64Array {
-    content
+    let keys: Vec<u64> = content
+        .values()
         .iter()
-        .map(|c| Some(xxh3_64_with_seed(&c.unwrap_or(0).to_le_bytes(), hash_seed)))
-        .collect()
+        .map(|c| xxh3_64_with_seed(&c.to_le_bytes(), hash_seed))
+        .collect();
+    UInt64Array::from(keys)
 }
 
 impl DisplayAs for ShuffleKeyExec {
