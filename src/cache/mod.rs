@@ -52,9 +52,12 @@
 //! and manifests and evicting run on Tokio's blocking pool (see `entry.rs`),
 //! so a slow disk never stalls the async workers that decode partitions.
 
+pub mod compact;
 mod entry;
 mod exec;
+mod fill;
 pub mod key;
+mod tee;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -75,11 +78,14 @@ use futures::StreamExt;
 
 pub use entry::{Manifest, PartManifest};
 pub use exec::{CacheScanExec, CachedTable, Origin};
+pub use fill::EntryFill;
 pub use key::{AssetFile, BUILD_ID, CacheKey, InputFile};
+pub use tee::CacheFillExec;
 
 use crate::session::liveness::{self, LiveFolder};
-use entry::{OpenError, PartWriters, Verify, blocking};
+use entry::{OpenError, Verify, blocking};
 use exec::CachedPart;
+use fill::{Layout, MemoryShare};
 
 /// Default size limit of a cache directory.
 pub const DEFAULT_MAX_BYTES: u64 = 20 << 30;
@@ -208,18 +214,22 @@ impl CacheStore {
     }
 
     /// The cached result of `plan` if this store has a sound entry for it
-    /// (in memory, or on disk and checked), without computing it.
-    pub async fn lookup(
+    /// (in memory, or on disk and checked); else an [`EntryFill`] for it,
+    /// which the caller fills by running a plan with the same rows through
+    /// [`CacheFillExec`] and commits with [`finish_fill`](Self::finish_fill).
+    pub async fn lookup_or_begin_fill(
         &self,
         state: &SessionState,
         plan: LogicalPlan,
         query: &str,
         salt: &str,
-    ) -> Result<Option<Arc<CachedTable>>> {
+    ) -> Result<CacheLookup> {
         Ok(
             match self.lookup_prepared(state, plan, query, salt).await? {
-                Lookup::Hit(table) => Some(table),
-                Lookup::Miss(_) => None,
+                Lookup::Hit(table) => CacheLookup::Hit(table),
+                Lookup::Miss(miss) => {
+                    CacheLookup::Miss(Arc::new(self.begin_fill(*miss, query)?))
+                }
             },
         )
     }
@@ -296,24 +306,55 @@ impl CacheStore {
 
     /// Computes a missed entry.
     async fn fill(&self, miss: Miss, query: &str) -> Result<Arc<CachedTable>> {
-        let Miss {
-            state,
-            physical,
-            key,
-            reservation,
-            memory_cap,
-        } = miss;
         let started = Instant::now();
-        let table = self
-            .compute(&state, physical, key, query, reservation, memory_cap)
-            .await?;
+        let (state, physical) = (miss.state.clone(), Arc::clone(&miss.physical));
+        let fill = Arc::new(self.begin_fill(miss, query)?);
+        compute(&state, physical, &fill).await?;
+        let table = self.finish_fill(&fill).await?;
         log::info!(
             "cached {} rows ({} bytes) in {:.2} s",
             table.rows(),
             table.disk_bytes(),
             started.elapsed().as_secs_f64()
         );
-        Ok(self.remember(table))
+        Ok(table)
+    }
+
+    /// The folder and memory share a missed entry is written with.
+    fn begin_fill(&self, miss: Miss, query: &str) -> Result<EntryFill> {
+        let Miss {
+            key,
+            reservation,
+            memory_cap,
+            ..
+        } = miss;
+        let final_dir = if key.persistent {
+            self.entries_dir().join(&key.hex)
+        } else {
+            self.session_folder()?.join(&key.hex)
+        };
+        create_dir(&self.tmp_dir())?;
+        self.sweep_once();
+        let prefix = format!("{}-{}-", std::process::id(), key.hex);
+        let work = LiveFolder::create(&self.tmp_dir(), &prefix).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cannot create a folder in the cache directory '{}': {e}. Set \
+                 --cache-dir (SessionBuilder::cache_dir) to a writable folder",
+                self.tmp_dir().display()
+            ))
+        })?;
+        let memory = MemoryShare {
+            reservation: Mutex::new(reservation),
+            used: Arc::clone(&self.memory_used),
+            cap: memory_cap,
+        };
+        Ok(EntryFill::new(
+            key,
+            query.to_string(),
+            final_dir,
+            work,
+            memory,
+        ))
     }
 
     fn open_table(&self, key: &str) -> Option<Arc<CachedTable>> {
@@ -364,109 +405,27 @@ impl CacheStore {
         }
     }
 
-    /// Runs `physical` and writes its partitions as a new entry.
-    async fn compute(
-        &self,
-        state: &SessionState,
-        physical: Arc<dyn ExecutionPlan>,
-        key: CacheKey,
-        query: &str,
-        reservation: MemoryReservation,
-        memory_cap: usize,
-    ) -> Result<CachedTable> {
-        let final_dir = if key.persistent {
-            self.entries_dir().join(&key.hex)
-        } else {
-            self.session_folder()?.join(&key.hex)
-        };
-        create_dir(&self.tmp_dir())?;
-        self.sweep_once();
-        let prefix = format!("{}-{}-", std::process::id(), key.hex);
-        let work = LiveFolder::create(&self.tmp_dir(), &prefix).map_err(|e| {
-            DataFusionError::Execution(format!(
-                "cannot create a folder in the cache directory '{}': {e}. Set \
-                 --cache-dir (SessionBuilder::cache_dir) to a writable folder",
-                self.tmp_dir().display()
-            ))
-        })?;
-        let task_ctx = Arc::new(TaskContext::from(state));
-        let schema = physical.schema();
-        let partitions = physical.output_partitioning().partition_count();
-        let memory = Arc::new(MemoryShare {
-            reservation: Mutex::new(reservation),
-            used: Arc::clone(&self.memory_used),
-            cap: memory_cap,
-        });
-        // At least as many parts as the session's target partitions, so that
-        // scans of the cache need no round-robin repartitioning (which
-        // buffers, and under memory pressure spills, whatever the scan
-        // reads ahead). Input partition p writes parts p, p+P, p+2P, … in
-        // turn, batch by batch: deterministic, unlike a round-robin exchange.
-        let parts = partitions.max(state.config().target_partitions()).max(1);
-        let inputs = partitions.max(1);
-        // One task per input partition so that they decode in parallel.
-        let mut tasks: Vec<SpawnedTask<Result<WrittenParts>>> =
-            Vec::with_capacity(inputs);
-        for partition in 0..partitions {
-            let physical = Arc::clone(&physical);
-            let task_ctx = Arc::clone(&task_ctx);
-            let dir = work.path().to_path_buf();
-            let schema = Arc::clone(&schema);
-            let memory = Arc::clone(&memory);
-            let owned: Vec<usize> = (partition..parts).step_by(inputs).collect();
-            tasks.push(SpawnedTask::spawn(async move {
-                let mut stream = physical.execute(partition, task_ctx)?;
-                // The files are written on a blocking thread; this task only
-                // decodes, routes and keeps the in-memory prefixes.
-                let mut writers = PartWriters::spawn(dir, owned.clone(), schema);
-                // Per part: the batches kept in memory, and whether more may
-                // be (only a prefix of each part stays in memory: the scan
-                // reads memory first, then the file from there).
-                let mut kept: Vec<(Vec<RecordBatch>, bool)> =
-                    vec![(Vec::new(), true); owned.len()];
-                let mut next = 0;
-                while let Some(batch) = stream.next().await {
-                    let batch = batch?;
-                    if batch.num_rows() == 0 {
-                        continue;
-                    }
-                    let slot = next;
-                    next = (next + 1) % owned.len();
-                    let (prefix, keeping) = &mut kept[slot];
-                    if *keeping {
-                        *keeping = memory.try_keep(batch.get_array_memory_size());
-                        if *keeping {
-                            prefix.push(batch.clone());
-                        }
-                    }
-                    writers.write(slot, batch).await?;
-                }
-                let manifests = writers.finish().await?;
-                Ok(owned
-                    .into_iter()
-                    .zip(manifests)
-                    .zip(kept)
-                    .map(|((part, manifest), (prefix, _))| (part, manifest, prefix))
-                    .collect::<Vec<_>>())
-            }));
+    /// Commits a complete fill: writes its manifest, moves it into place and
+    /// opens it; fails if some partition did not write its last batch (then
+    /// the fill's folder goes when the fill is dropped).
+    pub async fn finish_fill(&self, fill: &EntryFill) -> Result<Arc<CachedTable>> {
+        let mut kept_by_part = Vec::new();
+        let mut manifests = Vec::new();
+        for (_, manifest, kept) in fill.take_written()? {
+            manifests.push(manifest);
+            kept_by_part.push(kept);
         }
-        if partitions == 0 {
-            // A plan without partitions still gets its (empty) part.
-            let writers = PartWriters::spawn(work.path().to_path_buf(), vec![0], schema);
-            tasks.push(SpawnedTask::spawn(async move {
-                let manifests = writers.finish().await?;
-                Ok(manifests.into_iter().map(|m| (0, m, Vec::new())).collect())
-            }));
-        }
-        let mut written = Vec::with_capacity(parts);
-        for task in tasks {
-            written.extend(task.join().await.map_err(|e| {
-                DataFusionError::Execution(format!("a cache writer task failed: {e}"))
-            })??);
-        }
-        written.sort_by_key(|(part, _, _)| *part);
-        let (manifests, mut kept): (Vec<_>, Vec<_>) =
-            written.into_iter().map(|(_, m, k)| (m, k)).unzip();
+        let mut kept = kept_by_part;
+        let work = fill
+            .work
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| {
+                DataFusionError::Internal("cache fill committed twice".into())
+            })?;
+        let (key, query, final_dir) =
+            (fill.key.clone(), fill.query.as_str(), &fill.final_dir);
         let manifest = Manifest {
             format: key::FORMAT,
             key: key.hex.clone(),
@@ -482,7 +441,7 @@ impl CacheStore {
             entry::write_manifest(&at, &written)
         })
         .await?;
-        let (dir, ours) = self.commit(work, &final_dir, &key)?;
+        let (dir, ours) = self.commit(work, final_dir, &key)?;
         // Open what is now in place: ours (hashed while written, so sizes
         // suffice), or the entry another process committed first (then
         // verified like any entry from elsewhere; our in-memory batches are
@@ -503,15 +462,7 @@ impl CacheStore {
         })
         .await?;
         let disk_bytes = opened.manifest.bytes();
-        let memory = Arc::into_inner(memory).ok_or_else(|| {
-            DataFusionError::Internal(
-                "cache writer tasks still hold the memory share".into(),
-            )
-        })?;
-        let reservation = memory
-            .reservation
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner());
+        let reservation = fill.memory.take();
         // Keep our in-memory batches only if the files in place are ours
         // byte for byte (another process may have won with other partitions).
         let same_files = opened.manifest.parts.len() == manifest.parts.len()
@@ -550,7 +501,7 @@ impl CacheStore {
             })
             .await?;
         }
-        Ok(table)
+        Ok(self.remember(table))
     }
 
     /// Moves the finished `work` folder to `target`; returns where the
@@ -675,10 +626,6 @@ impl CacheStore {
     }
 }
 
-/// What a fill task wrote: per part its number, manifest and in-memory
-/// prefix.
-type WrittenParts = Vec<(usize, PartManifest, Vec<RecordBatch>)>;
-
 /// The parts of an opened entry in `dir`, each with the in-memory prefix of
 /// its batches from `kept` (missing = none).
 fn cached_parts(
@@ -701,29 +648,46 @@ fn cached_parts(
         .collect()
 }
 
-/// The memory share of one fill: a reservation in the session's pool, capped
-/// together with the session's other cached tables.
-struct MemoryShare {
-    reservation: Mutex<MemoryReservation>,
-    used: Arc<AtomicUsize>,
-    cap: usize,
-}
-
-impl MemoryShare {
-    /// Reserves `bytes` if both the cache's cap and the pool allow it.
-    fn try_keep(&self, bytes: usize) -> bool {
-        let previous = self.used.fetch_add(bytes, Ordering::Relaxed);
-        if previous + bytes > self.cap {
-            self.used.fetch_sub(bytes, Ordering::Relaxed);
-            return false;
-        }
-        let reservation = self.reservation.lock().unwrap_or_else(|p| p.into_inner());
-        if reservation.try_grow(bytes).is_err() {
-            self.used.fetch_sub(bytes, Ordering::Relaxed);
-            return false;
-        }
-        true
+/// Runs `physical`, one task per partition so that they decode in
+/// parallel, writing every partition into `fill`.
+async fn compute(
+    state: &SessionState,
+    physical: Arc<dyn ExecutionPlan>,
+    fill: &Arc<EntryFill>,
+) -> Result<()> {
+    let task_ctx = Arc::new(TaskContext::from(state));
+    let partitions = physical.output_partitioning().partition_count();
+    // At least as many parts as the session's target partitions, so that
+    // scans of the cache need no round-robin repartitioning (which buffers,
+    // and under memory pressure spills, whatever the scan reads ahead).
+    fill.set_layout(Layout {
+        inputs: partitions.max(1),
+        parts: partitions.max(state.config().target_partitions()).max(1),
+        schema: physical.schema(),
+    })?;
+    let mut tasks: Vec<SpawnedTask<Result<()>>> = Vec::with_capacity(partitions.max(1));
+    for partition in 0..partitions {
+        let physical = Arc::clone(&physical);
+        let task_ctx = Arc::clone(&task_ctx);
+        let mut writer = fill.partition(partition)?;
+        tasks.push(SpawnedTask::spawn(async move {
+            let mut stream = physical.execute(partition, task_ctx)?;
+            while let Some(batch) = stream.next().await {
+                writer.write(&batch?).await?;
+            }
+            writer.finish().await
+        }));
     }
+    if partitions == 0 {
+        // A plan without partitions still gets its (empty) part.
+        fill.partition(0)?.finish().await?;
+    }
+    for task in tasks {
+        task.join().await.map_err(|e| {
+            DataFusionError::Execution(format!("a cache writer task failed: {e}"))
+        })??;
+    }
+    Ok(())
 }
 
 /// `state` with the partition contents made independent of timing: no
@@ -876,6 +840,15 @@ fn unix_now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What [`CacheStore::lookup_or_begin_fill`] found.
+#[derive(Debug)]
+pub enum CacheLookup {
+    /// A sound entry.
+    Hit(Arc<CachedTable>),
+    /// None: the entry to fill.
+    Miss(Arc<EntryFill>),
 }
 
 /// What [`CacheStore::lookup_prepared`] found.

@@ -51,6 +51,7 @@
 mod batcher;
 mod columns;
 mod convert;
+mod epoch_cache;
 mod metrics;
 mod order;
 mod sink;
@@ -71,10 +72,10 @@ pub use order::DEFAULT_ORDER_LANES;
 pub use sink::DeviceSinkExec;
 
 use self::columns::TensorColumn;
+use self::epoch_cache::{EpochCache, EpochQuery};
 use self::metrics::FeedMetrics;
 use self::sink::{Batching, FeedEvent, SinkTarget};
 use crate::Session;
-use crate::cache::CachedTable;
 use crate::device::{Backend, DType, Device, Loans, SlotPool, TensorBatch};
 use crate::session::catch_panic;
 use crate::shuffle::{ShuffleSpec, shuffle};
@@ -83,10 +84,6 @@ use crate::shuffle::{ShuffleSpec, shuffle};
 /// feed starts (1/4): what the ring does not use of it is given back once
 /// every slot has its buffers.
 const RING_SHARE_DIVISOR: usize = 4;
-use datafusion::catalog::TableProvider;
-use datafusion::common::runtime::SpawnedTask;
-use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::ScalarUDF;
 
 /// Numbers feeds (and their threads) within a process.
 static NEXT_FEED_ID: AtomicU64 = AtomicU64::new(0);
@@ -116,11 +113,14 @@ pub struct FeedBuilder {
 }
 
 impl FeedBuilder {
-    /// Materialises the query's result once in the session's epoch cache
-    /// ([`crate::cache`]) before the first epoch; every epoch then reads the
-    /// cache, so decoding and preprocessing run once, while the shuffle still
-    /// draws a fresh order per (seed, epoch). A later run of the same query
-    /// over the same files reuses the entry from disk.
+    /// Keeps the query's result in the session's epoch cache
+    /// ([`crate::cache`]): the first epoch writes it while streaming (the
+    /// query runs once, the first batch comes as soon as uncached), later
+    /// epochs read it, so decoding and preprocessing run once, while the
+    /// shuffle still draws a fresh order per (seed, epoch) and every batch is
+    /// the uncached feed's. Stores the compact form where the query's last
+    /// step only widens (uint8 pixels under `image_to_tensor`). A later run
+    /// of the same query over the same files reuses the entry from disk.
     pub fn cache(mut self, cache: bool) -> Self {
         self.cache = cache;
         self
@@ -264,8 +264,7 @@ impl FeedBuilder {
             options: self,
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),
-            cached: tokio::sync::OnceCell::new(),
-            filling: tokio::sync::Mutex::new(None),
+            cache: EpochCache::default(),
         };
         let task = runtime.spawn(producer.run(events_tx, init_tx));
         let mut feed = Feed {
@@ -448,7 +447,8 @@ impl Feed {
     }
 
     /// Seconds each finished epoch took, as (epoch, seconds): from planning
-    /// to the last batch produced (the first includes filling the cache).
+    /// to the last batch produced (a cache miss's epoch includes writing the
+    /// entry).
     pub fn epoch_seconds(&self) -> &[(u64, f64)] {
         &self.epoch_seconds
     }
@@ -633,12 +633,8 @@ struct Producer {
     options: FeedBuilder,
     pool: Arc<tokio::sync::Mutex<SlotPool>>,
     metrics: Arc<FeedMetrics>,
-    /// The cached result every epoch reads (with `cache(true)`) once it
-    /// exists.
-    cached: tokio::sync::OnceCell<Arc<CachedTable>>,
-    /// The entry being filled in the background while the first epoch
-    /// streams the query itself (a cache miss).
-    filling: tokio::sync::Mutex<Option<SpawnedTask<Result<Arc<CachedTable>>>>>,
+    /// The epoch cache (with `cache(true)`).
+    cache: EpochCache,
 }
 
 impl Producer {
@@ -671,7 +667,7 @@ impl Producer {
         let (first_epoch, first_step) = options.resume;
         let mut epoch_start = Instant::now();
         let first_plan = self.plan_epoch(first_epoch).await?;
-        let columns = columns::resolve(&first_plan.0.schema(), &options.columns)?;
+        let columns = columns::resolve(&first_plan.plan.schema(), &options.columns)?;
         let length_column =
             if options.token_budget.is_some() || options.bucket_window.is_some() {
                 Some(length_column(&columns)?)
@@ -699,7 +695,11 @@ impl Producer {
         });
         let mut plan = Some(first_plan);
         for epoch in first_epoch..options.epochs {
-            let (input, task_ctx) = match plan.take() {
+            let EpochPlan {
+                plan: input,
+                task_ctx,
+                fill,
+            } = match plan.take() {
                 Some(plan) => plan,
                 None => self.plan_epoch(epoch).await?,
             };
@@ -707,6 +707,9 @@ impl Producer {
             let sink: Arc<dyn ExecutionPlan> =
                 Arc::new(DeviceSinkExec::new(input, Arc::clone(&target), epoch, skip));
             catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
+            if let Some(fill) = fill {
+                self.cache.commit(&options.session, &fill).await?;
+            }
             let rendered = DisplayableExecutionPlan::with_metrics(sink.as_ref())
                 .indent(true)
                 .to_string();
@@ -717,7 +720,7 @@ impl Producer {
             });
             epoch_start = Instant::now();
         }
-        self.finish_fill().await
+        Ok(())
     }
 
     /// Whether the epoch runs as one cluster job shared by all ranks (every
@@ -760,83 +763,38 @@ impl Producer {
         Ok((job, Arc::new(TaskContext::from(&state))))
     }
 
-    /// The epoch cache's table, if it can be read now: from memory or disk,
-    /// or once the background fill started by an earlier epoch is done. On
-    /// a miss it starts that fill and returns `None`: the epoch streams the
-    /// query itself, in the same order (the entry stores each row's content
-    /// hash, see [`crate::shuffle::with_content_hash`]), instead of waiting
-    /// for the whole result to be written.
-    async fn cached_table(&self) -> Result<Option<Arc<CachedTable>>> {
-        if let Some(table) = self.cached.get() {
-            return Ok(Some(Arc::clone(table)));
-        }
-        let mut filling = self.filling.lock().await;
-        if let Some(fill) = filling.take() {
-            let table = join_fill(fill).await?;
-            let _ = self.cached.set(Arc::clone(&table));
-            return Ok(Some(table));
-        }
-        let options = &self.options;
-        let (state, plan) = options.session.sql(&options.sql).await?.into_parts();
-        // With each row's content hash, so that shuffling the cached rows
-        // gives the order of shuffling the query.
-        let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
-        let plan = crate::shuffle::with_content_hash(plan, row_key)?;
-        let store = Arc::clone(options.session.cache());
-        if let Some(table) = store.lookup(&state, plan.clone(), &options.sql, "").await? {
-            let _ = self.cached.set(Arc::clone(&table));
-            return Ok(Some(table));
-        }
-        let sql = options.sql.clone();
-        *filling = Some(SpawnedTask::spawn(async move {
-            store.get_or_create(&state, plan, &sql, "").await
-        }));
-        Ok(None)
-    }
-
-    /// Waits for a background cache fill still running, so that a feed of
-    /// one epoch leaves the entry written; its error is the feed's.
-    async fn finish_fill(&self) -> Result<()> {
-        if let Some(fill) = self.filling.lock().await.take() {
-            let table = join_fill(fill).await?;
-            let _ = self.cached.set(table);
-        }
-        Ok(())
-    }
-
     /// The physical plan of one epoch's query and the context to run it in.
-    async fn plan_epoch(
-        &self,
-        epoch: u64,
-    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+    async fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
         let options = &self.options;
         let spec = options
             .shuffle_seed
             .map(|seed| ShuffleSpec::Global { seed, epoch });
-        let cached = if options.cache {
-            self.cached_table().await?
-        } else {
-            None
-        };
-        let df = if let Some(table) = cached {
-            let (state, plan) = options
-                .session
-                .context()
-                .read_table(table as Arc<dyn TableProvider>)?
-                .into_parts();
-            DataFrame::new(state, crate::shuffle::shuffle_by_content_hash(plan, spec)?)
+        let query = if options.cache {
+            self.cache
+                .epoch_query(&options.session, &options.sql, spec)
+                .await?
         } else {
             let df = options.session.sql(&options.sql).await?;
-            match spec {
+            EpochQuery::Plain(match spec {
                 Some(spec) => shuffle(df, spec)?,
                 None => df,
-            }
+            })
+        };
+        let (df, filling) = match query {
+            EpochQuery::Plain(df) => (df, None),
+            EpochQuery::Filling { df, finish, fill } => (df, Some((finish, fill))),
         };
         #[cfg(feature = "ballista")]
         if self.shared_cluster_job()
             && let Some(scheduler) = options.session.cluster()
         {
-            return self.plan_cluster_epoch(df, scheduler.clone(), epoch);
+            let (plan, task_ctx) =
+                self.plan_cluster_epoch(df, scheduler.clone(), epoch)?;
+            return Ok(EpochPlan {
+                plan,
+                task_ctx,
+                fill: None,
+            });
         }
         let (state, plan) = df.into_parts();
         let mut config = state.config().clone();
@@ -870,23 +828,42 @@ impl Producer {
         // Functions see the configuration captured here (the epoch above),
         // not the one from when the SQL was parsed.
         state.mark_start_execution();
-        let plan = catch_panic(state.create_physical_plan(&plan)).await?;
+        let mut physical = catch_panic(state.create_physical_plan(&plan)).await?;
+        let fill = match filling {
+            Some((finish, fill)) => {
+                // The optimizer keeps a plan's schema: the unoptimized plan
+                // names the physical plan's columns.
+                physical = EpochCache::tee(
+                    &state,
+                    &plan,
+                    physical,
+                    &finish,
+                    &fill,
+                    spec.is_some(),
+                )?;
+                Some(fill)
+            }
+            None => None,
+        };
         if options.shuffle_seed.is_none() {
-            order::check_deterministic_order(&plan)?;
+            order::check_deterministic_order(&physical)?;
         }
         #[cfg(feature = "ballista")]
-        let plan = crate::cluster::watched(&options.session, plan);
-        Ok((plan, Arc::new(TaskContext::from(&state))))
+        let physical = crate::cluster::watched(&options.session, physical);
+        Ok(EpochPlan {
+            plan: physical,
+            task_ctx: Arc::new(TaskContext::from(&state)),
+            fill,
+        })
     }
 }
 
-/// The table a background cache fill wrote, or its error (a panic included).
-async fn join_fill(
-    fill: SpawnedTask<Result<Arc<CachedTable>>>,
-) -> Result<Arc<CachedTable>> {
-    fill.join().await.map_err(|e| {
-        DataFusionError::Execution(format!("the epoch cache's fill failed: {e}"))
-    })?
+/// One epoch's physical plan, the context to run it in, and the cache
+/// entry it fills on the way (a miss of the epoch cache).
+struct EpochPlan {
+    plan: Arc<dyn ExecutionPlan>,
+    task_ctx: Arc<TaskContext>,
+    fill: Option<Arc<crate::cache::EntryFill>>,
 }
 
 /// The one padded column that token budgets and bucketing measure.

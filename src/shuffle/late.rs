@@ -244,6 +244,75 @@ pub fn with_content_hash(
     plan: LogicalPlan,
     row_key: Arc<ScalarUDF>,
 ) -> Result<LogicalPlan> {
+    let ContentKeyed {
+        below,
+        outputs,
+        key,
+        ..
+    } = content_keyed(plan)?;
+    hash_projection(below, outputs, key, row_key)
+}
+
+/// [`with_content_hash`]`(input)` shuffled as [`shuffle_plan`]`(input,
+/// spec)` shuffles: the same rows in the same order, each with its content
+/// hash, the hash computed *after* the shuffle from the key columns it
+/// carries, so that the row-wise functions still move above the shuffle
+/// ([`LateRowFunctions`]). A feed's first epoch streams this while it fills
+/// its epoch cache ([`crate::cache::CacheFillExec`]).
+pub fn shuffle_with_content_hash(
+    input: LogicalPlan,
+    spec: Option<ShuffleSpec>,
+    row_key: Arc<ScalarUDF>,
+) -> Result<LogicalPlan> {
+    let spec = match spec {
+        Some(spec @ ShuffleSpec::Global { .. }) => spec,
+        Some(spec) => {
+            return Ok(extension(ShuffleNode::try_new(
+                with_content_hash(input, row_key)?,
+                spec,
+            )?));
+        }
+        None => return with_content_hash(input, row_key),
+    };
+    let ContentKeyed {
+        below,
+        outputs,
+        key,
+        by_columns,
+    } = content_keyed(input)?;
+    let shuffled = if by_columns {
+        let names = key
+            .iter()
+            .map(|expr| match expr {
+                Expr::Column(column) => Ok(column.name.clone()),
+                other => Err(DataFusionError::Internal(format!(
+                    "content key {other} is not a column"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        extension(ShuffleNode::try_new_keyed(
+            below,
+            spec,
+            ShuffleKey::Columns(names),
+        )?)
+    } else {
+        extension(ShuffleNode::try_new(below, spec)?)
+    };
+    // A shuffle's schema is its input's: the key reads the same columns.
+    hash_projection(shuffled, outputs, key, row_key)
+}
+
+/// A plan whose first `outputs` columns are a query's, with what its content
+/// hash reads: the key columns of [`shuffle_plan`].
+struct ContentKeyed {
+    below: LogicalPlan,
+    outputs: usize,
+    key: Vec<Expr>,
+    /// Whether `key` is a [`ShuffleKey::Columns`] (else every column).
+    by_columns: bool,
+}
+
+fn content_keyed(plan: LogicalPlan) -> Result<ContentKeyed> {
     let keyed = match &plan {
         LogicalPlan::Projection(projection) => {
             keyed_projection(projection)?.map(|k| (k, projection.expr.len()))
@@ -252,21 +321,40 @@ pub fn with_content_hash(
     };
     // The hash reads computed columns, never evaluates an expression twice
     // (a volatile one would give other values).
-    let (below, outputs, key): (LogicalPlan, usize, Vec<Expr>) = match keyed {
+    Ok(match keyed {
         Some((KeyedProjection { widened, key }, outputs)) => {
             let key = key
                 .into_iter()
                 .map(|name| Expr::Column(Column::from_name(name)));
-            (LogicalPlan::Projection(widened), outputs, key.collect())
+            ContentKeyed {
+                below: LogicalPlan::Projection(widened),
+                outputs,
+                key: key.collect(),
+                by_columns: true,
+            }
         }
         None => {
             let schema = Arc::clone(plan.schema());
             let key = (0..schema.fields().len())
                 .map(|i| Expr::Column(Column::from(schema.qualified_field(i))));
-            let outputs = schema.fields().len();
-            (plan, outputs, key.collect())
+            ContentKeyed {
+                below: plan,
+                outputs: schema.fields().len(),
+                key: key.collect(),
+                by_columns: false,
+            }
         }
-    };
+    })
+}
+
+/// The first `outputs` columns of `below` and [`CONTENT_HASH_COLUMN`], the
+/// hash of `key`.
+fn hash_projection(
+    below: LogicalPlan,
+    outputs: usize,
+    key: Vec<Expr>,
+    row_key: Arc<ScalarUDF>,
+) -> Result<LogicalPlan> {
     let schema = Arc::clone(below.schema());
     let mut exprs: Vec<Expr> = (0..outputs)
         .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))

@@ -102,7 +102,7 @@ pub use key::{
 };
 pub use late::{
     CONTENT_HASH_COLUMN, LateRowFunctions, shuffle_by_content_hash, shuffle_plan,
-    with_content_hash,
+    shuffle_with_content_hash, with_content_hash,
 };
 pub use local::LocalShuffleExec;
 pub use logical::{ShuffleKey, ShuffleNode};

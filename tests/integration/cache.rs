@@ -455,33 +455,55 @@ async fn folders_of_live_processes_in_other_pid_namespaces_survive_a_sweep() -> 
     Ok(())
 }
 
-/// Every batch of a feed as (epoch, step, ids).
-type IdBatches = Vec<(u64, u64, Vec<i64>)>;
+/// Every batch of a feed as (epoch, step, ids, checksum of the `px`
+/// tensor's bits, 0 without one).
+type IdBatches = Vec<(u64, u64, Vec<i64>, u64)>;
 
 /// The ids of every batch of a feed, and each epoch's plan.
 fn feed_ids(
     session: &Session,
     sql: &str,
+    shuffle: Option<u64>,
     cache: bool,
 ) -> Result<(IdBatches, Vec<String>)> {
-    let mut feed = Feed::builder(session, sql)
-        .shuffle(7)
+    let mut builder = Feed::builder(session, sql)
         .batch_size(100)
         .epochs(3)
         .cache(cache)
-        .device(Device::Cpu)
-        .build()?;
+        .device(Device::Cpu);
+    if let Some(seed) = shuffle {
+        builder = builder.shuffle(seed);
+    }
+    let mut feed = builder.build()?;
     let mut out = vec![];
     for batch in feed.by_ref() {
         let batch = batch?;
+        let px = match batch.tensor("px") {
+            Ok(px) => px.as_slice::<f32>()?.iter().fold(0u64, |sum, v| {
+                sum.wrapping_mul(1_000_003)
+                    .wrapping_add(u64::from(v.to_bits()))
+            }),
+            Err(_) => 0,
+        };
         out.push((
             batch.epoch(),
             batch.step(),
             batch.tensor("id")?.as_slice::<i64>()?.to_vec(),
+            px,
         ));
     }
     let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
     Ok((out, plans))
+}
+
+/// `query(data)` with a decoded, normalised image column `px` (what the
+/// epoch cache stores in its compact uint8 form).
+fn image_query(data: &Path) -> String {
+    query(data).replace(
+        "SELECT id, f0 * 2 AS g, label",
+        "SELECT id, f0 * 2 AS g, image_to_tensor(image_decode(image_png), \
+         [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]) AS px, label",
+    )
 }
 
 #[test]
@@ -492,20 +514,21 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
     gen_data(&data, 3000, 3)?;
     // Functions run after the uncached shuffle (keyed on what they read);
     // the cache stores their results with that key's content hash.
-    let sql = query(&data).replace(
-        "SELECT id, f0 * 2 AS g, label",
-        "SELECT id, f0 * 2 AS g, image_to_tensor(image_decode(image_png)) AS px, label",
-    );
+    let sql = image_query(&data);
     let session = session(&cache)?;
-    let (plain, _) = feed_ids(&session, &sql, false)?;
-    let (cached, plans) = feed_ids(&session, &sql, true)?;
+    let (plain, _) = feed_ids(&session, &sql, Some(7), false)?;
+    let (cached, plans) = feed_ids(&session, &sql, Some(7), true)?;
     assert_eq!(cached, plain, "the cache changes nothing a consumer sees");
     assert_ne!(plain[0].2, plain[20].2, "epochs differ");
-    // A miss: epoch 0 streamed the query while the entry was written beside
-    // it; the later epochs read the cache, not the Parquet files.
+    assert_ne!(plain[0].3, 0, "pixels compared");
+    // A miss: epoch 0 streamed the query and wrote the entry on the way
+    // (once: no second run beside it); the later epochs read the cache,
+    // not the Parquet files.
     assert_eq!(plans.len(), 3);
     assert!(
-        !plans[0].contains("CacheScanExec") && plans[0].contains("parquet"),
+        !plans[0].contains("CacheScanExec")
+            && plans[0].contains("CacheFillExec")
+            && plans[0].contains("parquet"),
         "{}",
         plans[0]
     );
@@ -521,13 +544,67 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
         .target_partitions(2)
         .cache_dir(&cache)
         .build()?;
-    let (reused, reused_plans) = feed_ids(&later, &sql, true)?;
+    let (reused, reused_plans) = feed_ids(&later, &sql, Some(7), true)?;
     assert_eq!(reused, plain);
     assert!(
         reused_plans.iter().all(|p| p.contains("CacheScanExec")),
         "a hit reads the cache from the first epoch"
     );
     assert_eq!(entry_dirs(&cache).len(), 1);
+    Ok(())
+}
+
+/// Unshuffled, a cached feed gives the query's order in every epoch (part
+/// `p` of the entry is partition `p`), from a fill and from a hit.
+#[test]
+fn unshuffled_cached_feeds_keep_the_query_order() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 3000, 3)?;
+    let sql = image_query(&data);
+    let first = session(&cache)?;
+    let (plain, _) = feed_ids(&first, &sql, None, false)?;
+    let (filled, plans) = feed_ids(&first, &sql, None, true)?;
+    assert_eq!(filled, plain);
+    assert!(plans[0].contains("CacheFillExec"), "{}", plans[0]);
+    assert!(plans[2].contains("CacheScanExec"), "{}", plans[2]);
+    let (hit, _) = feed_ids(&session(&cache)?, &sql, None, true)?;
+    assert_eq!(hit, plain);
+    Ok(())
+}
+
+/// The entry holds the uint8 pixels under `image_to_tensor`, not its
+/// float32 result: a quarter of the pixel bytes (8×8 test images: the
+/// other columns and the content hash make it about a third).
+#[tokio::test]
+async fn the_feed_cache_stores_pixels_before_normalisation() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    gen_data(&data, 3000, 3)?;
+    let sql = image_query(&data);
+    let compact_cache = dir.path().join("compact");
+    let session_compact = session(&compact_cache)?;
+    let (_, _) = feed_ids(&session_compact, &sql, Some(7), true)?;
+    let compact: u64 = session_compact
+        .cache()
+        .entries()
+        .iter()
+        .map(|e| e.disk_bytes)
+        .sum();
+    // The whole query, as CACHE TABLE stores it (float32 tensors).
+    let full_session = session(&dir.path().join("full"))?;
+    cache_table(&full_session, &format!("CACHE TABLE t AS {sql}")).await?;
+    let full: u64 = full_session
+        .cache()
+        .entries()
+        .iter()
+        .map(|e| e.disk_bytes)
+        .sum();
+    assert!(
+        compact * 10 <= full * 4,
+        "the compact entry has {compact} bytes, the float32 one {full}"
+    );
     Ok(())
 }
 
@@ -646,6 +723,40 @@ fn a_one_epoch_cached_feed_leaves_the_entry_written() -> Result<()> {
         .sum::<Result<_>>()?;
     assert_eq!(rows, 400, "ids with id % 3 <> 0");
     drop(feed);
+    assert_eq!(entry_dirs(&cache).len(), 1);
+    Ok(())
+}
+
+/// A feed dropped during its first epoch commits no entry (it holds only
+/// part of the rows) and leaves no files; the next feed fills it whole.
+#[test]
+fn a_feed_stopped_while_filling_leaves_no_entry() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    let cache = dir.path().join("cache");
+    gen_data(&data, 3000, 3)?;
+    let sql = image_query(&data);
+    let session = session(&cache)?;
+    let mut feed = Feed::builder(&session, &sql)
+        .shuffle(7)
+        .batch_size(100)
+        .epochs(2)
+        .cache(true)
+        .device(Device::Cpu)
+        .build()?;
+    feed.next().expect("a first batch")?;
+    drop(feed);
+    assert!(entry_dirs(&cache).is_empty(), "{:?}", entry_dirs(&cache));
+    let leftovers: Vec<_> = std::fs::read_dir(cache.join("tmp"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let (plain, _) = feed_ids(&session, &sql, Some(7), false)?;
+    let (cached, _) = feed_ids(&session, &sql, Some(7), true)?;
+    assert_eq!(cached, plain);
     assert_eq!(entry_dirs(&cache).len(), 1);
     Ok(())
 }

@@ -175,6 +175,21 @@ pub fn is_costly_per_row(udf: &ScalarUDF) -> bool {
     false
 }
 
+/// Whether `udf` only widens its first argument element by element, cheaply
+/// and deterministically (`image_to_tensor`: uint8 pixels to normalised
+/// float32, 4× the bytes), so that a cache does better to store the argument
+/// and apply the function on the way out. By implementation type, like
+/// [`is_costly_per_row`].
+pub fn widens_compact_input(udf: &ScalarUDF) -> bool {
+    let any: &dyn std::any::Any = udf.inner().as_ref();
+    #[cfg(feature = "image")]
+    if any.is::<image::transform::ToTensorFunc>() {
+        return true;
+    }
+    let _ = any;
+    false
+}
+
 /// Name, syntax and description of every enabled function.
 pub fn functions() -> Vec<FunctionInfo> {
     let mut infos = Vec::new();

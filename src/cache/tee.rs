@@ -1,0 +1,204 @@
+//! [`CacheFillExec`]: passes its input through unchanged and writes every
+//! batch into a cache entry on the way — a feed's first epoch fills the
+//! epoch cache with the rows it streams anyway, instead of the query running
+//! a second time beside it.
+//!
+//! ```text
+//!            consumer (a feed's sink)
+//!                 ▲ batch b (the same arrays, not copied)
+//!  ┌──────────────┴──────────────┐
+//!  │ CacheFillExec partition p   │──clone of b──▶ PartitionWriter p ──▶ part files
+//!  └──────────────▲──────────────┘   (bounded channel to a blocking writer thread;
+//!                 │                   a slow disk slows the stream, never grows memory)
+//!            input partition p
+//!  input partition p ends ──▶ its parts are finished (footer, sync); the
+//!  entry is committed by whoever planned the fill once every partition ended
+//!  (`CacheStore::finish_fill`)
+//! ```
+//!
+//! # Partitioning and ordering
+//! The same as the input's: batches pass through in order, unchanged.
+//! Input partition `p` writes parts `p, p+P, …` (see `fill.rs`): with
+//! `parts == P` part `p` holds exactly partition `p`'s rows in order, so a
+//! scan of the entry gives an unshuffled consumer the same streams again.
+//!
+//! # Memory
+//! The entry keeps an in-memory prefix of each part while the cache's memory
+//! share lasts (reserved from the session's pool); beyond that, at most
+//! `WRITE_AHEAD` batches per partition wait for the writer thread.
+//!
+//! # Failure
+//! A write error (a full disk) fails the stream with the error naming the
+//! file. A consumer that stops early leaves the entry incomplete: it is not
+//! committed, and its files go with the fill.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::Result;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use futures::StreamExt;
+
+use super::fill::{EntryFill, Layout, PartitionWriter};
+
+/// Writes its input into a cache entry while passing it through; see the
+/// module docs.
+#[derive(Debug)]
+pub struct CacheFillExec {
+    input: Arc<dyn ExecutionPlan>,
+    fill: Arc<EntryFill>,
+    /// Parts of the entry (at least the input's partitions).
+    parts: usize,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl CacheFillExec {
+    /// Fills `fill` with `input`'s partitions, spread over `parts` part
+    /// files (raised to the input's partition count).
+    pub fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        fill: Arc<EntryFill>,
+        parts: usize,
+    ) -> Result<Self> {
+        let inputs = input.output_partitioning().partition_count().max(1);
+        let parts = parts.max(inputs);
+        fill.set_layout(Layout {
+            inputs,
+            parts,
+            schema: input.schema(),
+        })?;
+        Ok(Self {
+            input,
+            fill,
+            parts,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The entry being filled.
+    pub fn fill(&self) -> &Arc<EntryFill> {
+        &self.fill
+    }
+}
+
+impl DisplayAs for CacheFillExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let key = &self.fill.key_hex()[..12.min(self.fill.key_hex().len())];
+        match t {
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "key={key}")?;
+                write!(f, "parts={}", self.parts)
+            }
+            _ => write!(f, "CacheFillExec: key={key}, parts={}", self.parts),
+        }
+    }
+}
+
+impl ExecutionPlan for CacheFillExec {
+    fn name(&self) -> &str {
+        "CacheFillExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let child = crate::shuffle::single_child(self.name(), &children)?;
+        Ok(Arc::new(Self::try_new(
+            child,
+            Arc::clone(&self.fill),
+            self.parts,
+        )?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let writer = self.fill.partition(partition)?;
+        let input = self.input.execute(partition, context)?;
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let written_bytes =
+            MetricBuilder::new(&self.metrics).counter("written_bytes", partition);
+        let state = TeeState {
+            input,
+            writer: Some(writer),
+            baseline,
+            written_bytes,
+        };
+        let stream = futures::stream::unfold(Some(state), |state| async move {
+            let mut state = state?;
+            match state.input.next().await {
+                Some(Ok(batch)) => {
+                    if let Some(writer) = state.writer.as_mut() {
+                        let _timer = state.baseline.elapsed_compute().timer();
+                        if let Err(e) = writer.write(&batch).await {
+                            return Some((Err(e), None));
+                        }
+                        state.written_bytes.add(batch.get_array_memory_size());
+                    }
+                    state.baseline.record_output(batch.num_rows());
+                    Some((Ok(batch), Some(state)))
+                }
+                Some(Err(e)) => Some((Err(e), None)),
+                None => {
+                    let writer = state.writer.take()?;
+                    match writer.finish().await {
+                        Ok(()) => None,
+                        Err(e) => Some((Err(e), None)),
+                    }
+                }
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.input.schema(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// One partition's stream state.
+struct TeeState {
+    input: SendableRecordBatchStream,
+    /// `None` once finished.
+    writer: Option<PartitionWriter>,
+    baseline: BaselineMetrics,
+    written_bytes: Count,
+}

@@ -1,0 +1,163 @@
+//! A feed's epoch cache (`Feed::builder(…).cache(true)`): the query's
+//! result, in its compact form, written while the first epoch streams it and
+//! read by every later epoch.
+//!
+//! ```text
+//!  epoch 0, a miss                                  epochs ≥ 1, or a hit
+//!  ───────────────                                  ────────────────────
+//!  Projection: finish (image_to_tensor(x, …))       Projection: finish
+//!    CacheFillExec ──▶ entry (uint8 x, label, hash)   Projection: drop hash
+//!      Projection: x, label, content hash               Shuffle: key=content hash
+//!        Projection: image_resize(image_decode(…))        CacheScanExec
+//!          Shuffle: key=[label, __sqlfeed_row_0]
+//!            Parquet scan
+//! ```
+//!
+//! # The same batches
+//! Cached rows carry their content hash (see [`crate::shuffle::late`]), and
+//! every epoch of a shuffled feed orders by it, whether it reads the query or
+//! the entry. An unshuffled feed's first epoch writes partition `p` into
+//! part `p`, so later epochs scan the same partition streams in the same
+//! order. The finish step applies the split-off functions to the stored
+//! values, which is what the query computes. A test compares every batch,
+//! cached against uncached.
+//!
+//! # One evaluation
+//! The first epoch's rows are written as the feed consumes them
+//! ([`CacheFillExec`]), so the query runs once and the first batch comes as
+//! soon as it would uncached. The entry is committed when the epoch ended;
+//! if it did not end (an error, a dropped feed), nothing is committed.
+
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
+use datafusion::dataframe::DataFrame;
+use datafusion::error::Result;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::ProjectionExec;
+
+use crate::Session;
+use crate::cache::compact::{apply_finish, compact};
+use crate::cache::{CacheFillExec, CacheLookup, CachedTable, EntryFill};
+use crate::shuffle::{
+    ShuffleSpec, shuffle_by_content_hash, shuffle_with_content_hash, with_content_hash,
+};
+
+/// What one epoch reads.
+pub(super) enum EpochQuery {
+    /// The cache entry (already in finished form), or no cache.
+    Plain(DataFrame),
+    /// The query with each row's content hash, to be written into `fill`
+    /// on the way and then finished by `finish` ([`EpochCache::tee`]).
+    Filling {
+        df: DataFrame,
+        finish: Vec<Expr>,
+        fill: Arc<EntryFill>,
+    },
+}
+
+/// The epoch cache of one feed; see the module docs.
+#[derive(Default)]
+pub(super) struct EpochCache {
+    table: tokio::sync::OnceCell<Arc<CachedTable>>,
+}
+
+impl EpochCache {
+    /// What the epoch shuffled by `spec` reads: the entry if there is one,
+    /// else the query with a fill of the entry.
+    pub(super) async fn epoch_query(
+        &self,
+        session: &Session,
+        sql: &str,
+        spec: Option<ShuffleSpec>,
+    ) -> Result<EpochQuery> {
+        let (state, plan) = session.sql(sql).await?.into_parts();
+        let compact = compact(plan)?;
+        let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+        let table = match self.table.get() {
+            Some(table) => Arc::clone(table),
+            None => {
+                let keyed =
+                    with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
+                let store = Arc::clone(session.cache());
+                match store.lookup_or_begin_fill(&state, keyed, sql, "").await? {
+                    CacheLookup::Hit(table) => {
+                        let _ = self.table.set(Arc::clone(&table));
+                        table
+                    }
+                    CacheLookup::Miss(fill) => {
+                        let filled =
+                            shuffle_with_content_hash(compact.stored, spec, row_key)?;
+                        return Ok(EpochQuery::Filling {
+                            df: DataFrame::new(state, filled),
+                            finish: compact.finish,
+                            fill,
+                        });
+                    }
+                }
+            }
+        };
+        let (state, plan) = session
+            .context()
+            .read_table(table as Arc<dyn TableProvider>)?
+            .into_parts();
+        let shuffled = shuffle_by_content_hash(plan, spec)?;
+        let plan = if compact.split {
+            apply_finish(shuffled, &compact.finish)?
+        } else {
+            shuffled
+        };
+        Ok(EpochQuery::Plain(DataFrame::new(state, plan)))
+    }
+
+    /// `physical` (planned from `logical`, an [`EpochQuery::Filling`]'s
+    /// query) writing into `fill` and finished by `finish`. A shuffled
+    /// epoch's one ordered partition is spread over the session's target
+    /// partitions (later scans read them in parallel; the shuffle orders by
+    /// content anyway); an unshuffled one keeps a part per partition.
+    pub(super) fn tee(
+        state: &SessionState,
+        logical: &LogicalPlan,
+        physical: Arc<dyn ExecutionPlan>,
+        finish: &[Expr],
+        fill: &Arc<EntryFill>,
+        shuffled: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let parts = if shuffled {
+            state.config().target_partitions()
+        } else {
+            1
+        };
+        let filling =
+            Arc::new(CacheFillExec::try_new(physical, Arc::clone(fill), parts)?);
+        // Normalised against the plan's columns (qualified or not).
+        let LogicalPlan::Projection(finished) = apply_finish(logical.clone(), finish)?
+        else {
+            return Err(datafusion::error::DataFusionError::Internal(
+                "the epoch cache's finish step is not a projection".into(),
+            ));
+        };
+        let exprs = finished
+            .expr
+            .iter()
+            .zip(finished.schema.fields())
+            .map(|(expr, field)| {
+                let expr = expr.clone().unalias_nested().data;
+                Ok((
+                    state.create_physical_expr(expr, logical.schema())?,
+                    field.name().clone(),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Arc::new(ProjectionExec::try_new(exprs, filling)?))
+    }
+
+    /// Commits a fill whose epoch ended; later epochs read the entry.
+    pub(super) async fn commit(&self, session: &Session, fill: &EntryFill) -> Result<()> {
+        let table = session.cache().finish_fill(fill).await?;
+        let _ = self.table.set(table);
+        Ok(())
+    }
+}
