@@ -35,6 +35,7 @@ use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
 
@@ -44,6 +45,7 @@ use crate::cache::{CacheFillExec, CacheLookup, CachedTable, EntryFill};
 use crate::shuffle::{
     ShuffleSpec, shuffle_by_content_hash, shuffle_with_content_hash, with_content_hash,
 };
+use crate::sql::ParallelFunctions;
 
 /// What one epoch reads.
 pub(super) enum EpochQuery {
@@ -151,7 +153,11 @@ impl EpochCache {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Arc::new(ProjectionExec::try_new(exprs, filling)?))
+        let finished: Arc<dyn ExecutionPlan> =
+            Arc::new(ProjectionExec::try_new(exprs, filling)?);
+        // Planned after the physical optimizer ran: the finish step's costly
+        // functions (image_to_tensor) get their parallel workers here.
+        ParallelFunctions.optimize(finished, state.config_options())
     }
 
     /// Commits a fill whose epoch ended; later epochs read the entry.
