@@ -15,8 +15,10 @@
 //! ```
 //!
 //! # Wire format
-//! Our payloads start with [`MAGIC`] followed by a JSON [`WireNode`]; a
-//! payload without the prefix belongs to the wrapped codec. Functions are
+//! Our payloads start with `sqlfeed` and a format byte, followed by a
+//! protobuf message with fixed field numbers and a checked version (see
+//! [`super::wire`]); a payload without the prefix belongs to the wrapped
+//! codec. Functions are
 //! encoded by name (plus the prefix): the receiving process resolves the
 //! name against its own registry of sqlfeed functions, so a function's
 //! process-local state (loaded tokenizers, the object stores it reads
@@ -44,7 +46,6 @@ use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{
     PhysicalExtensionCodec, PhysicalProtoConverterExtension,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::cache::CachedTable;
 use crate::shuffle::{
@@ -52,11 +53,8 @@ use crate::shuffle::{
     ShuffleKeyExec, ShuffleNode, ShuffleSpec,
 };
 
-/// Prefix of every payload this module writes.
-pub const MAGIC: &[u8] = b"sqlfeed\x01";
-
-/// What a sqlfeed payload holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// What a sqlfeed payload holds (as protobuf: [`super::wire`]).
+#[derive(Debug, Clone, PartialEq)]
 pub enum WireNode {
     /// [`ShuffleNode`].
     Shuffle {
@@ -102,23 +100,13 @@ pub enum WireNode {
 }
 
 fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
-    buf.extend_from_slice(MAGIC);
-    serde_json::to_writer(buf, node)
-        .map_err(|e| DataFusionError::Internal(format!("cannot encode {node:?}: {e}")))
+    super::wire::encode(node, buf);
+    Ok(())
 }
 
 /// The sqlfeed node in `buf`, or `None` when the bytes are not ours.
 fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
-    let Some(payload) = buf.strip_prefix(MAGIC) else {
-        return Ok(None);
-    };
-    serde_json::from_slice(payload).map(Some).map_err(|e| {
-        DataFusionError::Plan(format!(
-            "cannot decode a sqlfeed plan node ({e}); are client, scheduler and \
-             executors the same sqlfeed version ({})?",
-            env!("CARGO_PKG_VERSION")
-        ))
-    })
+    super::wire::decode(buf)
 }
 
 /// sqlfeed's functions by name, as this process builds them.
@@ -424,7 +412,7 @@ mod tests {
         };
         let mut buf = vec![];
         logical.try_encode(&node, &mut buf)?;
-        assert!(buf.starts_with(MAGIC));
+        assert!(buf.starts_with(super::super::wire::PREFIX));
         let decoded = logical.try_decode(&buf, &[input], &task)?;
         let shuffle = decoded
             .node
@@ -466,14 +454,5 @@ mod tests {
             "{err}"
         );
         Ok(())
-    }
-
-    #[test]
-    fn payloads_of_another_version_are_named() {
-        let mut buf = MAGIC.to_vec();
-        buf.extend_from_slice(br#"{"Teleport":{}}"#);
-        let err = decode(&buf).unwrap_err().to_string();
-        assert!(err.contains("same sqlfeed version"), "{err}");
-        assert!(decode(b"\x0a\x02hi").expect("not ours").is_none());
     }
 }

@@ -44,6 +44,7 @@ mod scheduler;
 mod shared_job;
 mod standalone;
 mod watch;
+mod wire;
 
 use std::fmt;
 use std::net::{TcpStream, ToSocketAddrs};

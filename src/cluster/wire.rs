@@ -1,0 +1,502 @@
+//! The wire format of sqlfeed's plan nodes: protobuf messages (prost), with
+//! fixed field numbers and a format version checked on decoding.
+//!
+//! ```text
+//!  payload = "sqlfeed" ‖ format byte (WIRE_FORMAT) ‖ protobuf Envelope
+//!  Envelope { version = 1; oneof node { shuffle = 2; shuffle_key = 3;
+//!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7 } }
+//! ```
+//!
+//! # Compatibility
+//! Field numbers are never reused: a new field gets a new number and
+//! decoders of this version ignore it (protobuf's rule), so adding optional
+//! information needs no version change. A change that an older decoder would
+//! misread (a changed meaning, a removed field) raises
+//! [`WIRE_VERSION`]; a process receiving another version fails with an error
+//! naming both versions instead of running a plan it does not understand.
+//! The format byte after the prefix tells this format (2) from the JSON
+//! payloads of earlier builds (1), which are refused by name.
+
+use datafusion::error::{DataFusionError, Result};
+use prost::Message;
+
+use super::codec::WireNode;
+use crate::shuffle::{KeySource, ShuffleKey, ShuffleSpec};
+
+/// Prefix of every payload sqlfeed's codecs write.
+pub const PREFIX: &[u8] = b"sqlfeed";
+
+/// The byte after [`PREFIX`]: 1 was JSON, 2 is protobuf.
+pub const WIRE_FORMAT: u8 = 2;
+
+/// The version of the messages below; see the module docs.
+pub const WIRE_VERSION: u32 = 1;
+
+/// One encoded node.
+#[derive(Clone, PartialEq, Message)]
+pub struct Envelope {
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7")]
+    pub node: Option<Node>,
+}
+
+/// The node an [`Envelope`] carries.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum Node {
+    #[prost(message, tag = "2")]
+    Shuffle(Shuffle),
+    #[prost(message, tag = "3")]
+    ShuffleKey(ShuffleKeyNode),
+    #[prost(message, tag = "4")]
+    ShuffleRoot(ShuffleRoot),
+    #[prost(message, tag = "5")]
+    LocalShuffle(LocalShuffle),
+    #[prost(message, tag = "6")]
+    Permute(Permute),
+    #[prost(message, tag = "7")]
+    Function(Empty),
+}
+
+/// No fields.
+#[derive(Clone, PartialEq, Message)]
+pub struct Empty {}
+
+/// `ShuffleNode` (logical).
+#[derive(Clone, PartialEq, Message)]
+pub struct Shuffle {
+    #[prost(message, optional, tag = "1")]
+    pub spec: Option<Spec>,
+    #[prost(message, optional, tag = "2")]
+    pub key: Option<Key>,
+}
+
+/// A `ShuffleSpec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Spec {
+    #[prost(oneof = "SpecKind", tags = "1, 2")]
+    pub kind: Option<SpecKind>,
+}
+
+/// Global or local.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum SpecKind {
+    #[prost(message, tag = "1")]
+    Global(Global),
+    #[prost(message, tag = "2")]
+    Local(LocalShuffle),
+}
+
+/// `ShuffleSpec::Global`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Global {
+    #[prost(uint64, tag = "1")]
+    pub seed: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+}
+
+/// A logical `ShuffleKey`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Key {
+    #[prost(oneof = "KeyKind", tags = "1, 2, 3")]
+    pub kind: Option<KeyKind>,
+}
+
+/// What the content hash is computed from.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum KeyKind {
+    #[prost(message, tag = "1")]
+    AllColumns(Empty),
+    #[prost(message, tag = "2")]
+    Columns(Names),
+    #[prost(string, tag = "3")]
+    ContentHash(String),
+}
+
+/// Column names, in order.
+#[derive(Clone, PartialEq, Message)]
+pub struct Names {
+    #[prost(string, repeated, tag = "1")]
+    pub names: Vec<String>,
+}
+
+/// `ShuffleKeyExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ShuffleKeyNode {
+    #[prost(uint64, tag = "1")]
+    pub seed: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(message, optional, tag = "3")]
+    pub source: Option<Source>,
+}
+
+/// A physical `KeySource`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Source {
+    #[prost(oneof = "SourceKind", tags = "1, 2, 3")]
+    pub kind: Option<SourceKind>,
+}
+
+/// Where the content hash comes from.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum SourceKind {
+    #[prost(message, tag = "1")]
+    AllColumns(Empty),
+    #[prost(message, tag = "2")]
+    Columns(Positions),
+    #[prost(uint64, tag = "3")]
+    ContentHash(u64),
+}
+
+/// Column positions, in order.
+#[derive(Clone, PartialEq, Message)]
+pub struct Positions {
+    #[prost(uint64, repeated, tag = "1")]
+    pub positions: Vec<u64>,
+}
+
+/// `ShuffleExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ShuffleRoot {
+    #[prost(uint64, tag = "1")]
+    pub seed: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "3")]
+    pub batch_rows: u64,
+}
+
+/// `LocalShuffleExec`, and `ShuffleSpec::Local`.
+#[derive(Clone, PartialEq, Message)]
+pub struct LocalShuffle {
+    #[prost(uint64, tag = "1")]
+    pub buffer_rows: u64,
+    #[prost(uint64, tag = "2")]
+    pub seed: u64,
+}
+
+/// `PermuteExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Permute {
+    #[prost(bool, tag = "1")]
+    pub per_partition: bool,
+}
+
+/// `node` as a payload, appended to `buf`.
+pub fn encode(node: &WireNode, buf: &mut Vec<u8>) {
+    buf.extend_from_slice(PREFIX);
+    buf.push(WIRE_FORMAT);
+    Envelope {
+        version: WIRE_VERSION,
+        node: Some(to_message(node)),
+    }
+    .encode(buf)
+    .unwrap_or_else(|_| unreachable!("a Vec grows as needed"));
+}
+
+/// The node in `buf`, or `None` when the payload is not sqlfeed's.
+pub fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
+    let Some(rest) = buf.strip_prefix(PREFIX) else {
+        return Ok(None);
+    };
+    let mismatch = |what: String| {
+        DataFusionError::Plan(format!(
+            "cannot decode a sqlfeed plan node: {what}; this process is sqlfeed {} \
+             (wire format {WIRE_FORMAT}, version {WIRE_VERSION}): run the same sqlfeed \
+             version on client, scheduler and executors",
+            env!("CARGO_PKG_VERSION")
+        ))
+    };
+    let Some((&format, message)) = rest.split_first() else {
+        return Err(mismatch("the payload is empty".into()));
+    };
+    if format != WIRE_FORMAT {
+        return Err(mismatch(format!("it is in wire format {format}")));
+    }
+    let envelope = Envelope::decode(message)
+        .map_err(|e| mismatch(format!("invalid protobuf ({e})")))?;
+    if envelope.version != WIRE_VERSION {
+        return Err(mismatch(format!(
+            "it is of wire version {}",
+            envelope.version
+        )));
+    }
+    let node = envelope
+        .node
+        .ok_or_else(|| mismatch("it holds no node this version knows".into()))?;
+    from_message(node).map(Some).map_err(mismatch)
+}
+
+fn to_message(node: &WireNode) -> Node {
+    match node {
+        WireNode::Shuffle { spec, key } => Node::Shuffle(Shuffle {
+            spec: Some(Spec {
+                kind: Some(match *spec {
+                    ShuffleSpec::Global { seed, epoch } => {
+                        SpecKind::Global(Global { seed, epoch })
+                    }
+                    ShuffleSpec::Local { buffer_rows, seed } => {
+                        SpecKind::Local(LocalShuffle {
+                            buffer_rows: buffer_rows as u64,
+                            seed,
+                        })
+                    }
+                }),
+            }),
+            key: Some(Key {
+                kind: Some(match key {
+                    ShuffleKey::AllColumns => KeyKind::AllColumns(Empty {}),
+                    ShuffleKey::Columns(names) => KeyKind::Columns(Names {
+                        names: names.clone(),
+                    }),
+                    ShuffleKey::ContentHash(name) => KeyKind::ContentHash(name.clone()),
+                }),
+            }),
+        }),
+        WireNode::ShuffleKey {
+            seed,
+            epoch,
+            source,
+        } => Node::ShuffleKey(ShuffleKeyNode {
+            seed: *seed,
+            epoch: *epoch,
+            source: Some(Source {
+                kind: Some(match source {
+                    KeySource::AllColumns => SourceKind::AllColumns(Empty {}),
+                    KeySource::Columns(positions) => SourceKind::Columns(Positions {
+                        positions: positions.iter().map(|&p| p as u64).collect(),
+                    }),
+                    KeySource::ContentHash(position) => {
+                        SourceKind::ContentHash(*position as u64)
+                    }
+                }),
+            }),
+        }),
+        WireNode::ShuffleRoot {
+            seed,
+            epoch,
+            batch_rows,
+        } => Node::ShuffleRoot(ShuffleRoot {
+            seed: *seed,
+            epoch: *epoch,
+            batch_rows: *batch_rows as u64,
+        }),
+        WireNode::LocalShuffle { buffer_rows, seed } => {
+            Node::LocalShuffle(LocalShuffle {
+                buffer_rows: *buffer_rows as u64,
+                seed: *seed,
+            })
+        }
+        WireNode::Permute { per_partition } => Node::Permute(Permute {
+            per_partition: *per_partition,
+        }),
+        WireNode::Function => Node::Function(Empty {}),
+    }
+}
+
+/// A message field that must be set, or what is missing.
+fn required<T>(value: Option<T>, what: &str) -> std::result::Result<T, String> {
+    value.ok_or_else(|| format!("its {what} is missing"))
+}
+
+fn usize_of(value: u64, what: &str) -> std::result::Result<usize, String> {
+    usize::try_from(value)
+        .map_err(|_| format!("its {what} {value} does not fit this machine"))
+}
+
+fn from_message(node: Node) -> std::result::Result<WireNode, String> {
+    Ok(match node {
+        Node::Shuffle(shuffle) => {
+            let spec = match required(
+                required(shuffle.spec, "shuffle spec")?.kind,
+                "shuffle kind",
+            )? {
+                SpecKind::Global(Global { seed, epoch }) => {
+                    ShuffleSpec::Global { seed, epoch }
+                }
+                SpecKind::Local(local) => ShuffleSpec::Local {
+                    buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
+                    seed: local.seed,
+                },
+            };
+            let key =
+                match required(required(shuffle.key, "shuffle key")?.kind, "key kind")? {
+                    KeyKind::AllColumns(_) => ShuffleKey::AllColumns,
+                    KeyKind::Columns(names) => ShuffleKey::Columns(names.names),
+                    KeyKind::ContentHash(name) => ShuffleKey::ContentHash(name),
+                };
+            WireNode::Shuffle { spec, key }
+        }
+        Node::ShuffleKey(node) => {
+            let source =
+                match required(required(node.source, "key source")?.kind, "source kind")?
+                {
+                    SourceKind::AllColumns(_) => KeySource::AllColumns,
+                    SourceKind::Columns(positions) => KeySource::Columns(
+                        positions
+                            .positions
+                            .into_iter()
+                            .map(|p| usize_of(p, "key column"))
+                            .collect::<std::result::Result<_, _>>()?,
+                    ),
+                    SourceKind::ContentHash(position) => {
+                        KeySource::ContentHash(usize_of(position, "content hash column")?)
+                    }
+                };
+            WireNode::ShuffleKey {
+                seed: node.seed,
+                epoch: node.epoch,
+                source,
+            }
+        }
+        Node::ShuffleRoot(root) => WireNode::ShuffleRoot {
+            seed: root.seed,
+            epoch: root.epoch,
+            batch_rows: usize_of(root.batch_rows, "batch rows")?,
+        },
+        Node::LocalShuffle(local) => WireNode::LocalShuffle {
+            buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
+            seed: local.seed,
+        },
+        Node::Permute(permute) => WireNode::Permute {
+            per_partition: permute.per_partition,
+        },
+        Node::Function(_) => WireNode::Function,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every node, with every variant of what it holds.
+    fn every_node() -> Vec<WireNode> {
+        let specs = [
+            ShuffleSpec::Global {
+                seed: u64::MAX,
+                epoch: 3,
+            },
+            ShuffleSpec::Local {
+                buffer_rows: 4096,
+                seed: 0,
+            },
+        ];
+        let keys = [
+            ShuffleKey::AllColumns,
+            ShuffleKey::Columns(vec!["label".into(), "__sqlfeed_row_0".into()]),
+            ShuffleKey::ContentHash("__sqlfeed_content_hash".into()),
+        ];
+        let mut nodes = vec![];
+        for spec in specs {
+            for key in &keys {
+                nodes.push(WireNode::Shuffle {
+                    spec,
+                    key: key.clone(),
+                });
+            }
+        }
+        for source in [
+            KeySource::AllColumns,
+            KeySource::Columns(vec![2, 0]),
+            KeySource::ContentHash(5),
+        ] {
+            nodes.push(WireNode::ShuffleKey {
+                seed: 7,
+                epoch: 1,
+                source,
+            });
+        }
+        nodes.extend([
+            WireNode::ShuffleRoot {
+                seed: 7,
+                epoch: 2,
+                batch_rows: 8192,
+            },
+            WireNode::LocalShuffle {
+                buffer_rows: 100,
+                seed: 9,
+            },
+            WireNode::Permute {
+                per_partition: true,
+            },
+            WireNode::Permute {
+                per_partition: false,
+            },
+            WireNode::Function,
+        ]);
+        nodes
+    }
+
+    #[test]
+    fn every_node_round_trips() -> Result<()> {
+        for node in every_node() {
+            let mut buf = vec![];
+            encode(&node, &mut buf);
+            assert_eq!(decode(&buf)?, Some(node));
+        }
+        Ok(())
+    }
+
+    /// The field numbers are the format: pinned by the bytes of one node.
+    #[test]
+    fn field_numbers_are_fixed() {
+        let mut buf = vec![];
+        encode(
+            &WireNode::ShuffleRoot {
+                seed: 1,
+                epoch: 2,
+                batch_rows: 3,
+            },
+            &mut buf,
+        );
+        // version = 1 (field 1, varint); shuffle_root (field 4, length 6):
+        // seed (1) = 1, epoch (2) = 2, batch_rows (3) = 3.
+        let expected: &[u8] = b"sqlfeed\x02\x08\x01\x22\x06\x08\x01\x10\x02\x18\x03";
+        assert_eq!(buf, expected);
+    }
+
+    #[test]
+    fn other_versions_and_damaged_payloads_are_named() {
+        let message = |buf: &[u8]| decode(buf).unwrap_err().to_string();
+        // The JSON payloads of wire format 1.
+        let err = message(b"sqlfeed\x01{\"Function\":null}");
+        assert!(
+            err.contains("wire format 1") && err.contains("same sqlfeed version"),
+            "{err}"
+        );
+        // A newer version of the messages.
+        let mut newer = b"sqlfeed\x02".to_vec();
+        Envelope {
+            version: WIRE_VERSION + 1,
+            node: Some(Node::Function(Empty {})),
+        }
+        .encode(&mut newer)
+        .expect("encodes");
+        let err = message(&newer);
+        assert!(
+            err.contains(&format!("wire version {}", WIRE_VERSION + 1)),
+            "{err}"
+        );
+        // Truncated, empty, and a node from the future (an unknown field).
+        let mut buf = vec![];
+        encode(&every_node()[1], &mut buf);
+        let err = message(&buf[..buf.len() - 3]);
+        assert!(err.contains("invalid protobuf"), "{err}");
+        assert!(message(b"sqlfeed").contains("empty"));
+        let err = message(b"sqlfeed\x02\x08\x01\x7a\x00");
+        assert!(err.contains("no node this version knows"), "{err}");
+        // Required parts left out.
+        let mut buf = b"sqlfeed\x02".to_vec();
+        Envelope {
+            version: WIRE_VERSION,
+            node: Some(Node::ShuffleKey(ShuffleKeyNode::default())),
+        }
+        .encode(&mut buf)
+        .expect("encodes");
+        assert!(message(&buf).contains("key source is missing"));
+        // Not ours: Ballista's codec gets it.
+        assert_eq!(decode(b"\x0a\x02hi").expect("not ours"), None);
+    }
+}
