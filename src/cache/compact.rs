@@ -126,7 +126,14 @@ fn widening_call(expr: &Expr) -> Option<(&ScalarFunction, &Expr)> {
         return None;
     }
     let (first, rest) = call.args.split_first()?;
-    if is_constant(first) || !rest.iter().all(is_constant) {
+    // Only a value the shuffle would key on through the columns it reads
+    // (a movable expression, see `crate::shuffle::late`): storing a bare
+    // column or a volatile value would change the rows' content hash, and
+    // with it the order of a cached shuffled feed.
+    if is_constant(first)
+        || !crate::shuffle::late::is_movable(first)
+        || !rest.iter().all(is_constant)
+    {
         return None;
     }
     Some((call, first))
@@ -196,6 +203,9 @@ mod tests {
             "SELECT image_to_tensor(image_decode(b), [0.5, 0.5, 0.5], \
              [CAST(label AS DOUBLE), 0.2, 0.2]) AS x FROM t",
             "SELECT image_decode(b) AS x, label FROM t",
+            // A bare column: the content hash would read the pixels.
+            "SELECT image_to_tensor(img) AS x FROM \
+             (SELECT image_decode(b) AS img, label FROM t)",
             "SELECT image_to_tensor(image_decode(b)) AS x FROM t ORDER BY label",
         ] {
             let compact = compact(plan(sql).await?)?;

@@ -12,11 +12,11 @@
 //! ```
 //!
 //! # Layout
-//! The parts an input partition owns are fixed by the partition count alone,
-//! and each part receives its batches in the order the partition produced
-//! them, so the entry is a pure function of the partitions' streams: an
-//! entry written by a feed's epoch and one written by the store's tasks from
-//! the same plan are the same files.
+//! The parts an input partition owns are fixed by the partition and part
+//! counts alone, and each part receives its batches in the order the
+//! partition produced them, so the entry is a pure function of the
+//! partitions' streams and the part count (which the store's own fills and a
+//! feed's choose differently: a feed keys its entries by its layout).
 //!
 //! # Failure
 //! Until every partition finished, nothing is visible: the files live in a
@@ -53,15 +53,20 @@ pub(crate) type WrittenParts = Vec<(usize, PartManifest, Vec<RecordBatch>)>;
 
 /// An entry being written; see the module docs.
 pub struct EntryFill {
+    /// The entry's key.
     pub(crate) key: CacheKey,
+    /// The query text shown in listings.
     pub(crate) query: String,
     /// Where the entry goes once complete.
     pub(crate) final_dir: PathBuf,
     /// The locked folder under `tmp/` the parts are written into; taken
     /// when the entry is committed.
     pub(crate) work: Mutex<Option<LiveFolder>>,
+    /// The in-memory prefixes' reservation and cap.
     pub(crate) memory: MemoryShare,
+    /// Fixed by the first plan that writes it.
     layout: OnceLock<Layout>,
+    /// Which partitions started and finished, and what they wrote.
     progress: Mutex<Progress>,
 }
 
@@ -123,12 +128,9 @@ impl EntryFill {
         Ok(set)
     }
 
-    /// Whether every input partition wrote its last batch.
-    pub fn is_complete(&self) -> bool {
-        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-        self.layout
-            .get()
-            .is_some_and(|layout| progress.finished == layout.inputs)
+    /// Whether a plan was set up to write it ([`super::CacheFillExec`]).
+    pub fn is_started(&self) -> bool {
+        self.layout.get().is_some()
     }
 
     /// The writer of input partition `input`; each is handed out once.
@@ -192,13 +194,17 @@ impl EntryFill {
 /// Writes one input partition's batches into the parts it owns; see the
 /// module docs.
 pub(crate) struct PartitionWriter {
+    /// The entry it writes into.
     fill: Arc<EntryFill>,
+    /// The parts it owns, in turn.
     owned: Vec<usize>,
+    /// The blocking writer thread of those parts.
     writers: PartWriters,
     /// Per owned part: the batches kept in memory, and whether more may be
     /// (only a prefix of each part stays in memory: the scan reads memory
     /// first, then the file from there).
     kept: Vec<(Vec<RecordBatch>, bool)>,
+    /// Position in `owned` of the part the next batch goes to.
     next: usize,
 }
 
@@ -239,8 +245,11 @@ impl PartitionWriter {
 /// The memory share of one fill: a reservation in the session's pool, capped
 /// together with the session's other cached tables (`used`).
 pub(crate) struct MemoryShare {
+    /// The bytes kept in memory, in the session's pool.
     pub(crate) reservation: Mutex<MemoryReservation>,
+    /// Bytes all cached tables of the session keep (the store's counter).
     pub(crate) used: Arc<AtomicUsize>,
+    /// The most `used` may reach.
     pub(crate) cap: usize,
 }
 

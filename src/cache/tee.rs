@@ -54,10 +54,13 @@ use super::fill::{EntryFill, Layout, PartitionWriter};
 /// module docs.
 #[derive(Debug)]
 pub struct CacheFillExec {
+    /// The rows passed through and written.
     input: Arc<dyn ExecutionPlan>,
+    /// The entry they are written into.
     fill: Arc<EntryFill>,
     /// Parts of the entry (at least the input's partitions).
     parts: usize,
+    /// Rows passed, bytes written, time spent queueing writes.
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -196,9 +199,13 @@ impl ExecutionPlan for CacheFillExec {
 
 /// One partition's stream state.
 struct TeeState {
+    /// The input partition's stream.
     input: SendableRecordBatchStream,
     /// `None` once finished.
     writer: Option<PartitionWriter>,
+    /// Rows passed; `elapsed_compute` includes waiting for the writer
+    /// thread when it is behind (the disk is the bottleneck then).
     baseline: BaselineMetrics,
+    /// Arrow bytes handed to the writer.
     written_bytes: Count,
 }

@@ -36,8 +36,8 @@ use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::Session;
 use crate::cache::compact::{apply_finish, compact};
@@ -67,13 +67,15 @@ pub(super) struct EpochCache {
 }
 
 impl EpochCache {
-    /// What the epoch shuffled by `spec` reads: the entry if there is one,
-    /// else the query with a fill of the entry.
+    /// What the epoch shuffled by `spec` (or, unshuffled, read in `lanes`
+    /// ordered partitions) reads: the entry if there is one, else the query
+    /// with a fill of the entry.
     pub(super) async fn epoch_query(
         &self,
         session: &Session,
         sql: &str,
         spec: Option<ShuffleSpec>,
+        lanes: usize,
     ) -> Result<EpochQuery> {
         let (state, plan) = session.sql(sql).await?.into_parts();
         let compact = compact(plan)?;
@@ -84,7 +86,17 @@ impl EpochCache {
                 let keyed =
                     with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
                 let store = Arc::clone(session.cache());
-                match store.lookup_or_begin_fill(&state, keyed, sql, "").await? {
+                // The entry's layout is part of what later epochs read: a
+                // shuffled fill spreads one partition over the parts, an
+                // unshuffled one keeps part p = partition p of `lanes`.
+                let salt = match spec {
+                    Some(_) => "feed:shuffled".to_string(),
+                    None => format!("feed:ordered:{lanes}"),
+                };
+                match store
+                    .lookup_or_begin_fill(&state, keyed, sql, &salt)
+                    .await?
+                {
                     CacheLookup::Hit(table) => {
                         let _ = self.table.set(Arc::clone(&table));
                         table
@@ -132,8 +144,14 @@ impl EpochCache {
         } else {
             1
         };
-        let filling =
-            Arc::new(CacheFillExec::try_new(physical, Arc::clone(fill), parts)?);
+        let filling: Arc<dyn ExecutionPlan> =
+            if physical.output_partitioning().partition_count() == 0 {
+                // Nothing will run to write the entry (an empty in-memory
+                // table): the epoch streams nothing and caches nothing.
+                physical
+            } else {
+                Arc::new(CacheFillExec::try_new(physical, Arc::clone(fill), parts)?)
+            };
         // Normalised against the plan's columns (qualified or not).
         let LogicalPlan::Projection(finished) = apply_finish(logical.clone(), finish)?
         else {
@@ -160,8 +178,12 @@ impl EpochCache {
         ParallelFunctions.optimize(finished, state.config_options())
     }
 
-    /// Commits a fill whose epoch ended; later epochs read the entry.
+    /// Commits a fill whose epoch ended; later epochs read the entry. A
+    /// fill that nothing wrote into (a plan without partitions) is dropped.
     pub(super) async fn commit(&self, session: &Session, fill: &EntryFill) -> Result<()> {
+        if !fill.is_started() {
+            return Ok(());
+        }
         let table = session.cache().finish_fill(fill).await?;
         let _ = self.table.set(table);
         Ok(())

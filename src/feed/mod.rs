@@ -771,7 +771,7 @@ impl Producer {
             .map(|seed| ShuffleSpec::Global { seed, epoch });
         let query = if options.cache {
             self.cache
-                .epoch_query(&options.session, &options.sql, spec)
+                .epoch_query(&options.session, &options.sql, spec, options.order_lanes)
                 .await?
         } else {
             let df = options.session.sql(&options.sql).await?;

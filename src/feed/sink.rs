@@ -495,6 +495,10 @@ fn ordered_input(
                 continue;
             };
             match stream.next().await {
+                // An empty batch is not a turn: whether an operator emits
+                // one (a filter that kept nothing) must not shift the order,
+                // nor may a cache that does not store it.
+                Some(Ok(batch)) if batch.num_rows() == 0 => next = index,
                 Some(item) => return Some((item, (streams, next))),
                 None => streams[index] = None,
             }

@@ -74,7 +74,7 @@ pub const HIDDEN_COLUMN_PREFIX: &str = "__sqlfeed_row_";
 /// Whether `expr` may run after a shuffle instead of before it: computed
 /// from its row alone (no volatile function, no subquery, no placeholder)
 /// and more than a bare column or literal, which cost nothing to carry.
-fn is_movable(expr: &Expr) -> bool {
+pub(crate) fn is_movable(expr: &Expr) -> bool {
     let trivial = matches!(
         expr.clone().unalias_nested().data,
         Expr::Column(_) | Expr::Literal(..)

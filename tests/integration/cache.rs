@@ -564,8 +564,12 @@ fn unshuffled_cached_feeds_keep_the_query_order() -> Result<()> {
     gen_data(&data, 3000, 3)?;
     let sql = image_query(&data);
     let first = session(&cache)?;
+    // A shuffled feed's entry of the same query holds its rows in another
+    // layout: it must not be what the unshuffled feed reads.
+    feed_ids(&first, &sql, Some(7), true)?;
     let (plain, _) = feed_ids(&first, &sql, None, false)?;
     let (filled, plans) = feed_ids(&first, &sql, None, true)?;
+    assert_eq!(entry_dirs(&cache).len(), 2, "one entry per layout");
     assert_eq!(filled, plain);
     assert!(plans[0].contains("CacheFillExec"), "{}", plans[0]);
     assert!(plans[2].contains("CacheScanExec"), "{}", plans[2]);
