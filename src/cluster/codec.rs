@@ -49,8 +49,8 @@ use datafusion_proto::physical_plan::{
 
 use crate::cache::CachedTable;
 use crate::shuffle::{
-    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, ShuffleExec, ShuffleKey,
-    ShuffleKeyExec, ShuffleNode, ShuffleSpec,
+    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, ShuffleExec,
+    ShuffleKey, ShuffleKeyExec, ShuffleNode, ShuffleSpec,
 };
 
 /// What a sqlfeed payload holds (as protobuf: [`super::wire`]).
@@ -80,6 +80,13 @@ pub enum WireNode {
         epoch: u64,
         /// Batch size of its subtree.
         batch_rows: usize,
+        /// Over key ranges, one per partition ([`ShuffleExec::ranged`]).
+        ranged: bool,
+    },
+    /// [`RangeBucketExec`].
+    RangeBucket {
+        /// The number of key ranges.
+        ranges: usize,
     },
     /// [`LocalShuffleExec`].
     LocalShuffle {
@@ -93,6 +100,8 @@ pub enum WireNode {
         /// [`PermuteMode::PerPartition`] (the stage-shaped plan) rather than
         /// [`PermuteMode::Gather`].
         per_partition: bool,
+        /// [`PermuteMode::Ranged`] (overrides `per_partition`).
+        ranged: bool,
     },
 
     /// A sqlfeed function, resolved by name where it is decoded.
@@ -316,15 +325,24 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 seed,
                 epoch,
                 batch_rows,
-            } => Arc::new(ShuffleExec::new(input, seed, epoch, batch_rows)),
+                ranged,
+            } => {
+                Arc::new(ShuffleExec::new(input, seed, epoch, batch_rows).ranged(ranged))
+            }
+            WireNode::RangeBucket { ranges } => {
+                Arc::new(RangeBucketExec::try_new(input, ranges)?)
+            }
             WireNode::LocalShuffle { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
             }
-            WireNode::Permute { per_partition } => {
-                let mode = if per_partition {
-                    PermuteMode::PerPartition
-                } else {
-                    PermuteMode::Gather
+            WireNode::Permute {
+                per_partition,
+                ranged,
+            } => {
+                let mode = match (ranged, per_partition) {
+                    (true, _) => PermuteMode::Ranged,
+                    (false, true) => PermuteMode::PerPartition,
+                    (false, false) => PermuteMode::Gather,
                 };
                 Arc::new(PermuteExec::try_new_with_mode(input, mode)?)
             }
@@ -355,6 +373,11 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 seed: root.seed(),
                 epoch: root.epoch(),
                 batch_rows: root.batch_rows(),
+                ranged: root.is_ranged(),
+            }
+        } else if let Some(bucket) = plan.downcast_ref::<RangeBucketExec>() {
+            WireNode::RangeBucket {
+                ranges: bucket.partitions(),
             }
         } else if let Some(local) = plan.downcast_ref::<LocalShuffleExec>() {
             WireNode::LocalShuffle {
@@ -364,6 +387,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         } else if let Some(permute) = plan.downcast_ref::<PermuteExec>() {
             WireNode::Permute {
                 per_partition: permute.mode() == PermuteMode::PerPartition,
+                ranged: permute.mode() == PermuteMode::Ranged,
             }
         } else {
             return self.inner.try_encode(node, buf, proto_converter);

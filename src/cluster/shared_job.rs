@@ -10,9 +10,13 @@
 //!
 //! The scan, the functions, the keying and the sorted runs of `SHUFFLE` run
 //! once per epoch on the cluster, whatever the number of ranks; each rank
-//! then streams the merged result (its final stage's one partition) from the
-//! executor holding it and cuts its own shard with the embedded feed's
+//! then streams the result partitions in partition order from the
+//! executors holding them and cuts its own shard with the embedded feed's
 //! batcher, so a cluster rank's batches are exactly an embedded rank's.
+//! Because this reader keeps partition order, a job whose result is a global
+//! shuffle under projections is planned with
+//! `sqlfeed.ordered_result_partitions`: its final stage is one task per key
+//! range (`crate::shuffle::RangeBucketExec`), not one task merging all.
 //! The cost: every rank receives the whole epoch over the network, `W`
 //! times the bytes of its shard (docs/scaling.md says when that matters and
 //! what would remove it).
@@ -70,6 +74,60 @@ use futures::{StreamExt, TryStreamExt};
 use super::SchedulerAddress;
 use super::watch::rest_get;
 
+/// The settings a job is submitted with: DataFusion's and Ballista's, and
+/// sqlfeed's under their `sqlfeed.` prefix (DataFusion lists an extension's
+/// entries without its prefix, and the scheduler ignores keys it cannot
+/// set, so `SET sqlfeed.…` did not reach it).
+fn settings(config: &datafusion::prelude::SessionConfig) -> Vec<KeyValuePair> {
+    use datafusion::config::{ConfigExtension, ExtensionOptions};
+    let pair = |key: String, value: Option<String>| {
+        value.map(|value| KeyValuePair {
+            key,
+            value: Some(value),
+        })
+    };
+    let mut settings: Vec<KeyValuePair> = config
+        .options()
+        .entries()
+        .into_iter()
+        // Unprefixed keys are extensions' entries.
+        .filter(|entry| entry.key.contains('.'))
+        .filter_map(|entry| pair(entry.key, entry.value))
+        .collect();
+    if let Some(options) = config
+        .options()
+        .extensions
+        .get::<crate::session::SqlfeedOptions>()
+    {
+        let prefix = crate::session::SqlfeedOptions::PREFIX;
+        settings.extend(
+            options
+                .entries()
+                .into_iter()
+                .filter_map(|entry| pair(format!("{prefix}.{}", entry.key), entry.value)),
+        );
+    }
+    settings
+}
+
+/// Whether `plan` is a global `SHUFFLE` under nothing but projections, whose
+/// per-partition order survives up to the result.
+fn shuffle_under_projections(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Projection(projection) => {
+            shuffle_under_projections(&projection.input)
+        }
+        LogicalPlan::Extension(extension) => extension
+            .node
+            .as_any()
+            .downcast_ref::<crate::shuffle::ShuffleNode>()
+            .is_some_and(|shuffle| {
+                matches!(shuffle.spec(), crate::shuffle::ShuffleSpec::Global { .. })
+            }),
+        _ => false,
+    }
+}
+
 /// How long a rank other than 0 waits for rank 0's job to appear.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -100,22 +158,23 @@ impl SharedJobExec {
         job_name: String,
         rank: usize,
     ) -> Result<Self> {
-        let config = state.config().clone().with_ballista_job_name(&job_name);
+        let mut config = state.config().clone().with_ballista_job_name(&job_name);
+        // This reader streams the result partitions in partition order, so
+        // a global shuffle right under the result may end in one task per
+        // key range instead of one merging task (`crate::shuffle::range`).
+        if shuffle_under_projections(plan)
+            && let Some(options) = config
+                .options_mut()
+                .extensions
+                .get_mut::<crate::session::SqlfeedOptions>()
+        {
+            options.ordered_result_partitions = true;
+        }
         let codec = config.ballista_logical_extension_codec();
         let node = LogicalPlanNode::try_from_logical_plan(plan, codec.as_ref())?;
         let mut buf = vec![];
         node.try_encode(&mut buf)?;
-        let settings = config
-            .options()
-            .entries()
-            .into_iter()
-            .filter_map(|entry| {
-                entry.value.map(|value| KeyValuePair {
-                    key: entry.key,
-                    value: Some(value),
-                })
-            })
-            .collect();
+        let settings = settings(&config);
         let schema: SchemaRef = Arc::clone(plan.schema().inner());
         let properties = PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),

@@ -4,7 +4,8 @@
 //! ```text
 //!  payload = "sqlfeed" ‖ format byte (WIRE_FORMAT) ‖ protobuf Envelope
 //!  Envelope { version = 1; oneof node { shuffle = 2; shuffle_key = 3;
-//!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7 } }
+//!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7;
+//!             range_bucket = 8 } }
 //! ```
 //!
 //! # Compatibility
@@ -37,7 +38,7 @@ pub const WIRE_VERSION: u32 = 1;
 pub struct Envelope {
     #[prost(uint32, tag = "1")]
     pub version: u32,
-    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8")]
     pub node: Option<Node>,
 }
 
@@ -56,6 +57,15 @@ pub enum Node {
     Permute(Permute),
     #[prost(message, tag = "7")]
     Function(Empty),
+    #[prost(message, tag = "8")]
+    RangeBucket(RangeBucket),
+}
+
+/// `RangeBucketExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct RangeBucket {
+    #[prost(uint64, tag = "1")]
+    pub ranges: u64,
 }
 
 /// No fields.
@@ -166,6 +176,8 @@ pub struct ShuffleRoot {
     pub epoch: u64,
     #[prost(uint64, tag = "3")]
     pub batch_rows: u64,
+    #[prost(bool, tag = "4")]
+    pub ranged: bool,
 }
 
 /// `LocalShuffleExec`, and `ShuffleSpec::Local`.
@@ -182,6 +194,8 @@ pub struct LocalShuffle {
 pub struct Permute {
     #[prost(bool, tag = "1")]
     pub per_partition: bool,
+    #[prost(bool, tag = "2")]
+    pub ranged: bool,
 }
 
 /// `node` as a payload, appended to `buf`.
@@ -278,10 +292,15 @@ fn to_message(node: &WireNode) -> Node {
             seed,
             epoch,
             batch_rows,
+            ranged,
         } => Node::ShuffleRoot(ShuffleRoot {
             seed: *seed,
             epoch: *epoch,
             batch_rows: *batch_rows as u64,
+            ranged: *ranged,
+        }),
+        WireNode::RangeBucket { ranges } => Node::RangeBucket(RangeBucket {
+            ranges: *ranges as u64,
         }),
         WireNode::LocalShuffle { buffer_rows, seed } => {
             Node::LocalShuffle(LocalShuffle {
@@ -289,8 +308,12 @@ fn to_message(node: &WireNode) -> Node {
                 seed: *seed,
             })
         }
-        WireNode::Permute { per_partition } => Node::Permute(Permute {
+        WireNode::Permute {
+            per_partition,
+            ranged,
+        } => Node::Permute(Permute {
             per_partition: *per_partition,
+            ranged: *ranged,
         }),
         WireNode::Function => Node::Function(Empty {}),
     }
@@ -355,6 +378,10 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             seed: root.seed,
             epoch: root.epoch,
             batch_rows: usize_of(root.batch_rows, "batch rows")?,
+            ranged: root.ranged,
+        },
+        Node::RangeBucket(bucket) => WireNode::RangeBucket {
+            ranges: usize_of(bucket.ranges, "range count")?,
         },
         Node::LocalShuffle(local) => WireNode::LocalShuffle {
             buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
@@ -362,6 +389,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
         },
         Node::Permute(permute) => WireNode::Permute {
             per_partition: permute.per_partition,
+            ranged: permute.ranged,
         },
         Node::Function(_) => WireNode::Function,
     })
@@ -413,16 +441,30 @@ mod tests {
                 seed: 7,
                 epoch: 2,
                 batch_rows: 8192,
+                ranged: false,
             },
+            WireNode::ShuffleRoot {
+                seed: 7,
+                epoch: 2,
+                batch_rows: 64,
+                ranged: true,
+            },
+            WireNode::RangeBucket { ranges: 4 },
             WireNode::LocalShuffle {
                 buffer_rows: 100,
                 seed: 9,
             },
             WireNode::Permute {
                 per_partition: true,
+                ranged: false,
             },
             WireNode::Permute {
                 per_partition: false,
+                ranged: false,
+            },
+            WireNode::Permute {
+                per_partition: false,
+                ranged: true,
             },
             WireNode::Function,
         ]);
@@ -448,6 +490,7 @@ mod tests {
                 seed: 1,
                 epoch: 2,
                 batch_rows: 3,
+                ranged: false,
             },
             &mut buf,
         );

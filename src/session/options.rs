@@ -16,6 +16,12 @@ extensions_options! {
         /// output bytes, keeping the row order
         /// (`crate::sql::ParallelProjectionExec`); 0 turns it off.
         pub function_batch_bytes: usize, default = 4 << 20
+        /// The consumer reads the result partitions in partition order (a
+        /// cluster feed's shared job does): a distributed `SHUFFLE` then
+        /// ends in one task per key range instead of one task merging
+        /// everything (`crate::shuffle::RangeBucketExec`). Off, the result is
+        /// one partition, for consumers that read partitions in any order.
+        pub ordered_result_partitions: bool, default = false
     }
 }
 

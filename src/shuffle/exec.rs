@@ -20,8 +20,11 @@
 //! merge buffers take a bounded share of the budget ([`shuffle_batch_rows`]).
 //!
 //! # Error handling, ordering, memory
-//! Errors pass through. The output is one partition in shuffle order. All
-//! memory is reserved by the operators below, from the session's pool.
+//! Errors pass through. The output is one partition in shuffle order, or,
+//! [`ranged`](ShuffleExec::ranged), one partition per key range, whose
+//! concatenation in partition order is the shuffle order (the parallel final
+//! stage of a cluster feed, see `range.rs`). All memory is reserved by the
+//! operators below, from the session's pool.
 
 use std::fmt;
 use std::sync::Arc;
@@ -100,6 +103,10 @@ pub struct ShuffleExec {
     epoch: u64,
     /// Batch size the subtree runs with.
     batch_rows: usize,
+    /// Whether its input partitions are key ranges in order (the parallel
+    /// final stage, see `range.rs`): then it keeps them, and reading its
+    /// output partitions in turn gives the shuffle order.
+    ranged: bool,
 }
 
 impl ShuffleExec {
@@ -115,7 +122,19 @@ impl ShuffleExec {
             seed,
             epoch,
             batch_rows: batch_rows.max(1),
+            ranged: false,
         }
+    }
+
+    /// This shuffle over key ranges, one per input partition, in order.
+    pub fn ranged(mut self, ranged: bool) -> Self {
+        self.ranged = ranged;
+        self
+    }
+
+    /// Whether its output partitions are key ranges in order.
+    pub fn is_ranged(&self) -> bool {
+        self.ranged
     }
 
     /// The seed.
@@ -140,7 +159,11 @@ impl DisplayAs for ShuffleExec {
             f,
             "ShuffleExec: seed={}, epoch={}, batch_rows={}",
             self.seed, self.epoch, self.batch_rows
-        )
+        )?;
+        if self.ranged {
+            write!(f, ", ranged=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -175,7 +198,12 @@ impl ExecutionPlan for ShuffleExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        vec![Distribution::SinglePartition]
+        if self.ranged {
+            // One key range per partition, read in turn by the consumer.
+            vec![Distribution::UnspecifiedDistribution]
+        } else {
+            vec![Distribution::SinglePartition]
+        }
     }
 
     /// Over a merge of sorted runs (the stage-shaped plan, whose input still
@@ -202,12 +230,9 @@ impl ExecutionPlan for ShuffleExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = super::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::new(
-            child,
-            self.seed,
-            self.epoch,
-            self.batch_rows,
-        )))
+        Ok(Arc::new(
+            Self::new(child, self.seed, self.epoch, self.batch_rows).ranged(self.ranged),
+        ))
     }
 
     fn execute(

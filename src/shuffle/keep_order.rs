@@ -9,6 +9,11 @@
 //! removes such repartitions again; [`crate::sql::ParallelProjectionExec`]
 //! gives costly functions above a shuffle their parallelism back, in order.
 //!
+//! A [ranged](ShuffleExec::ranged) shuffle (a cluster feed's parallel final
+//! stage) has one partition per key range and its order is "the partitions
+//! in turn"; the rule refuses a plan where an operator above merges or
+//! reorders them, rather than let the order be lost.
+//!
 //! ```text
 //!  ProjectionExec                        ProjectionExec
 //!    RepartitionExec: RoundRobinBatch      ShuffleExec
@@ -20,7 +25,7 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
@@ -38,11 +43,77 @@ fn carries_shuffle_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
         plan.maintains_input_order().as_slice(),
     ) {
         ([child], [true]) => {
-            plan.output_partitioning().partition_count() == 1
+            plan.output_partitioning().partition_count()
+                == child.output_partitioning().partition_count()
                 && carries_shuffle_order(child)
         }
         _ => false,
     }
+}
+
+/// Fails unless a ranged [`super::PermuteExec`] reads a hash exchange into as
+/// many partitions as its [`super::RangeBucketExec`] has ranges: the
+/// distribution rule re-sizes exchanges to the target partition count, and
+/// a re-sized one would send rows to the wrong ranges.
+fn check_range_exchange(permute: &super::PermuteExec) -> Result<()> {
+    let exchange = permute.children()[0];
+    let sized = exchange
+        .as_ref()
+        .downcast_ref::<RepartitionExec>()
+        .and_then(|r| match r.partitioning() {
+            Partitioning::Hash(_, n) => Some((*n, r.input())),
+            _ => None,
+        })
+        .and_then(|(n, input)| {
+            input
+                .as_ref()
+                .downcast_ref::<super::RangeBucketExec>()
+                .map(|bucket| (n, bucket.partitions()))
+        });
+    match sized {
+        Some((n, ranges)) if n == ranges => Ok(()),
+        Some((n, ranges)) => Err(DataFusionError::Plan(format!(
+            "a SHUFFLE's range exchange was re-sized from {ranges} to {n} partitions; \
+             plan it with the session's target partitions ({n})"
+        ))),
+        None => Err(DataFusionError::Plan(
+            "a ranged PermuteExec does not read a range exchange".to_string(),
+        )),
+    }
+}
+
+/// Fails if a [ranged](ShuffleExec::ranged) shuffle sits under an operator
+/// that does not keep each partition's order and the partitions as they are
+/// (a coalesce, a repartition, a sort, a limit over all partitions): its
+/// order lives in "partition 0, then 1, …" and would be lost silently.
+fn check_ranged_shuffles(plan: &Arc<dyn ExecutionPlan>, keeps_order: bool) -> Result<()> {
+    if let Some(shuffle) = plan.as_ref().downcast_ref::<ShuffleExec>()
+        && shuffle.is_ranged()
+        && !keeps_order
+    {
+        return Err(DataFusionError::Plan(
+            "a SHUFFLE planned with one task per key range \
+             (sqlfeed.ordered_result_partitions) is under an operator that merges or \
+             reorders partitions; set sqlfeed.ordered_result_partitions = false"
+                .to_string(),
+        ));
+    }
+    if let Some(permute) = plan.as_ref().downcast_ref::<super::PermuteExec>()
+        && permute.mode() == super::PermuteMode::Ranged
+    {
+        check_range_exchange(permute)?;
+    }
+    let children = plan.children();
+    let order = plan.maintains_input_order();
+    for (i, child) in children.iter().enumerate() {
+        let keeps = keeps_order
+            && children.len() == 1
+            && order.get(i) == Some(&true)
+            && plan.output_partitioning().partition_count()
+                == child.output_partitioning().partition_count();
+        check_ranged_shuffles(child, keeps)?;
+    }
+    Ok(())
 }
 
 /// See the module docs.
@@ -68,6 +139,10 @@ impl PhysicalOptimizerRule for KeepShuffleOrder {
             Ok(Transformed::no(node))
         })
         .map(|t| t.data)
+        .and_then(|plan| {
+            check_ranged_shuffles(&plan, true)?;
+            Ok(plan)
+        })
     }
 
     fn name(&self) -> &str {

@@ -58,8 +58,12 @@
 //! [`plan_sorted_shuffle`] gives the same order in the shape Ballista cuts
 //! into stages: a hash exchange on the content key (all copies of a row meet
 //! in one partition), [`PermuteExec`] per partition keeping the final key,
-//! and DataFusion's `SortPreservingMergeExec` on the final stage. A test
-//! checks that both plans give the same order.
+//! and DataFusion's `SortPreservingMergeExec` on the final stage. When the
+//! consumer reads result partitions in order (a cluster feed), the final
+//! stage is parallel instead: [`RangeBucketExec`] and a second hash exchange
+//! send each row to the partition of its key's range, where it is sorted;
+//! the partitions in turn are the same order (`range.rs`). Tests check that
+//! all these plans give the same order.
 //!
 //! # Memory and spilling
 //! [`PermuteExec`] reserves the held batches plus 16 bytes of index per row
@@ -89,6 +93,7 @@ mod local;
 mod logical;
 mod permute;
 mod planner;
+mod range;
 
 use std::sync::Arc;
 
@@ -111,6 +116,7 @@ pub use planner::{
     ShuffleExtensionPlanner, SqlfeedQueryPlanner, plan_global_shuffle,
     plan_sorted_shuffle,
 };
+pub use range::{RANGE_BUCKET_COLUMN, RangeBucketExec};
 
 /// The one child of a single-input operator, or an internal error.
 pub(crate) fn single_child(

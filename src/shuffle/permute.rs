@@ -52,7 +52,8 @@
 //! [`PermuteMode::PerPartition`] permutes each partition on its own and keeps
 //! the final key for an order-preserving merge above (the stage-shaped plan,
 //! after a hash exchange on the content key has put all copies of a row in
-//! one partition).
+//! one partition). [`PermuteMode::Ranged`] sorts each partition of a range
+//! exchange by the final key (the parallel final stage, see `range.rs`).
 //!
 //! # Memory and spilling
 //! Held batches and the index are reserved from the session's pool as a
@@ -118,6 +119,10 @@ pub enum PermuteMode {
     Gather,
     /// Each input partition on its own, keeping the final key, sorted by it.
     PerPartition,
+    /// Each input partition on its own, whose rows carry final keys already
+    /// (copies numbered below a range exchange, see [`super::RangeBucketExec`]):
+    /// sorted by the key, which is kept; no copy numbering.
+    Ranged,
 }
 
 /// See the module docs.
@@ -166,7 +171,7 @@ impl PermuteExec {
                     Boundedness::Bounded,
                 )
             }
-            PermuteMode::PerPartition => {
+            PermuteMode::PerPartition | PermuteMode::Ranged => {
                 let key: Arc<dyn PhysicalExpr> =
                     Arc::new(Column::new(SHUFFLE_KEY_COLUMN, fields.len() - 1));
                 PlanProperties::new(
@@ -202,6 +207,10 @@ impl DisplayAs for PermuteExec {
             PermuteMode::PerPartition => write!(
                 f,
                 "PermuteExec: key={SHUFFLE_KEY_COLUMN}, preserve_partitioning=true"
+            ),
+            PermuteMode::Ranged => write!(
+                f,
+                "PermuteExec: key={SHUFFLE_KEY_COLUMN}, preserve_partitioning=true, ranged=true"
             ),
         }
     }
@@ -245,6 +254,15 @@ impl ExecutionPlan for PermuteExec {
                 vec![Distribution::KeyPartitioned(vec![Arc::new(Column::new(
                     SHUFFLE_KEY_COLUMN,
                     key_column,
+                ))])]
+            }
+            // Likewise the range exchange (a hash of the range's route
+            // value, see `range.rs`).
+            PermuteMode::Ranged => {
+                let bucket_column = self.input.schema().fields().len() - 2;
+                vec![Distribution::KeyPartitioned(vec![Arc::new(Column::new(
+                    super::RANGE_BUCKET_COLUMN,
+                    bucket_column,
                 ))])]
             }
         }
@@ -291,6 +309,33 @@ impl ExecutionPlan for PermuteExec {
             PermuteMode::PerPartition if partition < partitions => {
                 self.input.execute(partition, Arc::clone(&context))?
             }
+            PermuteMode::Ranged if partition < partitions => {
+                // The order is only right if each partition holds one key
+                // range: refuse rows of two ranges (an exchange re-sized
+                // after planning; `KeepShuffleOrder` checks the plan too).
+                // Ballista numbers a task's partitions locally, so the range
+                // is compared with the partition's first row, not its index.
+                let input = self.input.execute(partition, Arc::clone(&context))?;
+                let bucket_column = input_schema.fields().len() - 2;
+                let mut first: Option<u64> = None;
+                Box::pin(RecordBatchStreamAdapter::new(
+                    Arc::clone(&input_schema),
+                    input.map(move |batch| {
+                        let batch = batch?;
+                        let buckets = batch.column(bucket_column).as_primitive::<UInt64Type>();
+                        let values = buckets.values();
+                        let expected = *first.get_or_insert(values.first().copied().unwrap_or(0));
+                        if values.iter().any(|&bucket| bucket != expected) {
+                            return Err(DataFusionError::Internal(format!(
+                                "rows of two key ranges reached partition {partition} of a \
+                                 ranged PermuteExec: the range exchange under it was changed \
+                                 after planning"
+                            )));
+                        }
+                        Ok(batch)
+                    }),
+                ))
+            }
             _ => {
                 return Err(DataFusionError::Internal(format!(
                     "PermuteExec ({:?}) has no output partition {partition}",
@@ -311,12 +356,13 @@ impl ExecutionPlan for PermuteExec {
             context.memory_pool(),
             spill_manager,
             context.session_config().batch_size().max(1),
-            true,
+            // Below a range exchange the copies are numbered already.
+            self.mode != PermuteMode::Ranged,
         );
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let key_column = input_schema.fields().len() - 1;
-        let keep_key = self.mode == PermuteMode::PerPartition;
+        let keep_key = self.mode != PermuteMode::Gather;
         let work = baseline.intermediate();
         let output =
             futures::stream::once(async move {

@@ -20,9 +20,9 @@ use datafusion::physical_planner::{
 use datafusion_session::Session;
 
 use super::{
-    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, SHUFFLE_KEY_COLUMN,
-    ShuffleExec, ShuffleKey, ShuffleKeyExec, ShuffleNode, ShuffleSpec,
-    shuffle_batch_rows,
+    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, RANGE_BUCKET_COLUMN,
+    RangeBucketExec, SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKey, ShuffleKeyExec,
+    ShuffleNode, ShuffleSpec, shuffle_batch_rows,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 
@@ -91,6 +91,13 @@ pub fn plan_global_shuffle(
 /// the final key (under [`ShuffleExec`]), drop the key. This is the plan
 /// distributed execution cuts into stages (the exchange and the
 /// per-partition permutations on executors, the merge on the final stage).
+///
+/// With `ranges` of 2 or more, the final stage is parallel instead: after the
+/// per-partition permutation a [`RangeBucketExec`] routes every row to the
+/// partition owning its key's range, a second hash exchange moves it there,
+/// and a [`PermuteMode::Ranged`] sort per partition under a ranged
+/// [`ShuffleExec`] gives `ranges` output partitions whose concatenation in
+/// partition order is the same order (see `range.rs`).
 pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
     source: KeySource,
@@ -98,6 +105,7 @@ pub fn plan_sorted_shuffle(
     epoch: u64,
     memory_limit: usize,
     session_batch_size: usize,
+    ranges: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
@@ -118,14 +126,29 @@ pub fn plan_sorted_shuffle(
         exchanged,
         PermuteMode::PerPartition,
     )?);
-    let merged: Arc<dyn ExecutionPlan> =
-        Arc::new(SortPreservingMergeExec::new(ordering, permuted));
-    // ShuffleExec sits right on the merge and requires the key order of its
-    // input, so no optimizer pass may replace the merge with an unordered
-    // coalesce when nothing above asks for an order (the key is dropped
-    // above it, where no ordering on it can be stated).
-    let shuffled: Arc<dyn ExecutionPlan> =
-        Arc::new(ShuffleExec::new(merged, seed, epoch, batch_rows));
+    let shuffled: Arc<dyn ExecutionPlan> = if ranges >= 2 {
+        let bucketed: Arc<dyn ExecutionPlan> =
+            Arc::new(RangeBucketExec::try_new(permuted, ranges)?);
+        let bucket: Arc<dyn PhysicalExpr> =
+            Arc::new(Column::new(RANGE_BUCKET_COLUMN, columns));
+        let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
+            bucketed,
+            Partitioning::Hash(vec![bucket], ranges),
+        )?);
+        let sorted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new_with_mode(
+            exchanged,
+            PermuteMode::Ranged,
+        )?);
+        Arc::new(ShuffleExec::new(sorted, seed, epoch, batch_rows).ranged(true))
+    } else {
+        let merged: Arc<dyn ExecutionPlan> =
+            Arc::new(SortPreservingMergeExec::new(ordering, permuted));
+        // ShuffleExec sits right on the merge and requires the key order of
+        // its input, so no optimizer pass may replace the merge with an
+        // unordered coalesce when nothing above asks for an order (the key is
+        // dropped above it, where no ordering on it can be stated).
+        Arc::new(ShuffleExec::new(merged, seed, epoch, batch_rows))
+    };
     let schema = shuffled.schema();
     let projection: Vec<(Arc<dyn PhysicalExpr>, String)> = schema
         .fields()
@@ -197,19 +220,39 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     MemoryLimit::Finite(bytes) => bytes,
                     _ => usize::MAX / 2,
                 };
-                let plan = if self.stage_shaped {
-                    plan_sorted_shuffle
+                let (source, batch_size) =
+                    (key_source(shuffle, input)?, session.config().batch_size());
+                if self.stage_shaped {
+                    let ordered_partitions = session
+                        .config()
+                        .options()
+                        .extensions
+                        .get::<crate::session::SqlfeedOptions>()
+                        .is_some_and(|o| o.ordered_result_partitions);
+                    let ranges = if ordered_partitions {
+                        session.config().target_partitions()
+                    } else {
+                        1
+                    };
+                    plan_sorted_shuffle(
+                        Arc::clone(input),
+                        source,
+                        seed,
+                        epoch,
+                        memory_limit,
+                        batch_size,
+                        ranges,
+                    )?
                 } else {
-                    plan_global_shuffle
-                };
-                plan(
-                    Arc::clone(input),
-                    key_source(shuffle, input)?,
-                    seed,
-                    epoch,
-                    memory_limit,
-                    session.config().batch_size(),
-                )?
+                    plan_global_shuffle(
+                        Arc::clone(input),
+                        source,
+                        seed,
+                        epoch,
+                        memory_limit,
+                        batch_size,
+                    )?
+                }
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(Arc::clone(input), buffer_rows, seed))

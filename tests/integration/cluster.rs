@@ -581,6 +581,41 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
         2 * 2,
         "{jobs}"
     );
+    // The shuffled jobs ended in tasks over the 4 key ranges (4 target
+    // partitions), not in one task merging everything.
+    let jobs: serde_json::Value = serde_json::from_str(&jobs).expect("jobs as JSON");
+    let mut ranged_jobs = 0;
+    for job in jobs.as_array().expect("a list of jobs") {
+        let id = job["job_id"].as_str().expect("a job id");
+        let stages: serde_json::Value =
+            serde_json::from_str(&cluster.rest(&format!("/api/job/{id}/stages")))
+                .expect("stages as JSON");
+        let stages = stages["stages"].as_array().expect("stages");
+        let plans: Vec<String> =
+            stages.iter().map(|s| s["stage_plan"].to_string()).collect();
+        if plans.iter().any(|p| p.contains("ShuffleExec")) {
+            ranged_jobs += 1;
+            let last = stages.iter().max_by_key(|s| {
+                s["stage_id"].as_str().and_then(|id| id.parse::<u32>().ok())
+            });
+            let last = last.expect("a final stage");
+            assert!(
+                last["stage_plan"].to_string().contains("ranged=true"),
+                "{last}"
+            );
+            // Ballista may give a task several partitions (one per free slot).
+            let tasks = last["tasks"].as_array().expect("tasks");
+            assert!(tasks.len() >= 2, "one merging task: {last}");
+            let mut partitions: Vec<u64> = tasks
+                .iter()
+                .flat_map(|t| t["partition_id"].as_array().cloned().unwrap_or_default())
+                .filter_map(|p| p.as_u64())
+                .collect();
+            partitions.sort_unstable();
+            assert_eq!(partitions, vec![0, 1, 2, 3], "{last}");
+        }
+    }
+    assert_eq!(ranged_jobs, 2, "the shuffled epochs' jobs");
     // A rank resumes on the cluster exactly where the embedded rank would.
     let full = feed_digests(
         None,

@@ -456,7 +456,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
             std::sync::Arc::new(
                 datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
-                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows)?,
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows, 1)?,
                 ),
             );
         // As DataFusion plans any query (the optimizer is part of planning).
@@ -693,27 +693,72 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
         .target_partitions(2)
         .spill_dir(spill.path())
         .build()?;
+    // With one merging task (ranges = 1) and with a parallel final stage of
+    // 1–4 key ranges read in partition order: the same rows in the same order.
     for (s, limit) in [(&tight, 2 << 20), (&roomy, 256 << 20)] {
-        let input = s.sql(&sql).await?.create_physical_plan().await?;
-        let batch_rows = s.context().state().config().batch_size();
-        let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
-            sqlfeed::shuffle::plan_sorted_shuffle(
-                input,
-                sqlfeed::shuffle::KeySource::AllColumns,
-                8,
-                0,
-                limit,
-                batch_rows,
-            )?;
-        let state = s.context().state();
-        for rule in state.physical_optimizers() {
-            staged = rule.optimize(staged, state.config().options())?;
+        let target = s.context().state().config().target_partitions();
+        for ranges in [1, target] {
+            let input = s.sql(&sql).await?.create_physical_plan().await?;
+            let batch_rows = s.context().state().config().batch_size();
+            let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+                sqlfeed::shuffle::plan_sorted_shuffle(
+                    input,
+                    sqlfeed::shuffle::KeySource::AllColumns,
+                    8,
+                    0,
+                    limit,
+                    batch_rows,
+                    ranges,
+                )?;
+            let state = s.context().state();
+            for rule in state.physical_optimizers() {
+                staged = rule.optimize(staged, state.config().options())?;
+            }
+            let partitions = staged.properties().output_partitioning().partition_count();
+            assert_eq!(partitions, ranges.max(1), "ranges {ranges}");
+            let plan = datafusion::physical_plan::displayable(staged.as_ref())
+                .indent(true)
+                .to_string();
+            assert_eq!(plan.contains("ranged=true"), ranges > 1, "{plan}");
+            let parts = datafusion::physical_plan::collect_partitioned(
+                staged,
+                s.context().task_ctx(),
+            )
+            .await?;
+            let got = rows(&parts.into_iter().flatten().collect::<Vec<_>>());
+            assert_eq!(
+                got, in_memory,
+                "stage-shaped plan, limit {limit}, ranges {ranges}"
+            );
         }
-        let got = rows(
-            &datafusion::physical_plan::collect(staged, s.context().task_ctx()).await?,
-        );
-        assert_eq!(got, in_memory, "stage-shaped plan, limit {limit}");
     }
+    // Ranges other than the session's target partitions: the distribution
+    // rule re-sizes the exchange, and the plan is refused instead of
+    // returning rows out of order.
+    let input = roomy.sql(&sql).await?.create_physical_plan().await?;
+    let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+        sqlfeed::shuffle::plan_sorted_shuffle(
+            input,
+            sqlfeed::shuffle::KeySource::AllColumns,
+            8,
+            0,
+            256 << 20,
+            100,
+            5,
+        )?;
+    let state = roomy.context().state();
+    let mut refused = None;
+    for rule in state.physical_optimizers() {
+        match rule.optimize(std::sync::Arc::clone(&staged), state.config().options()) {
+            Ok(plan) => staged = plan,
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let err = refused.expect("a re-sized range exchange is refused");
+    assert!(err.contains("re-sized from 5 to 3 partitions"), "{err}");
     Ok(())
 }
 
