@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Cluster overhead benchmark (issue: scale out on Ballista): the same
-# preprocessing feed (JPEG decode, resize, float32 CHW tensor, a standardised
-# feature, SHUFFLE SEED 42) on the embedded engine and on a local Ballista
-# cluster of 1 scheduler + 2 executors (each with half the cores), A B A B in
-# one run. Prints rows/s of each run, the cluster/embedded ratio, and where
-# the cluster's time went: per stage wall time, task time, rows and bytes
-# written to shuffle files (from the scheduler's REST API).
+# Cluster overhead benchmark (issues: scale out on Ballista; a cluster that
+# scales): the same preprocessing feed (JPEG decode, resize, float32 CHW
+# tensor, a standardised feature, SHUFFLE SEED 42) on the embedded engine
+# and on local Ballista clusters of 1 scheduler + N executors (N in
+# $EXECUTORS, default "1 2 3"; the cores shared out among them), A B A B in
+# one run per N. Prints rows/s of each run, the cluster/embedded ratio, and
+# where the cluster's time went: per stage its tasks, task time, rows (from
+# the scheduler's REST API), so the final stage's parallel tasks show.
 #
 #   scripts/bench-cluster.sh [ROWS=40000] [IMAGE_SIZE=64] [RESIZE=32] [ROUNDS=2]
 #   PIXELS=uint8 scripts/bench-cluster.sh …   # ship uint8 HWC pixels (4x fewer
@@ -27,22 +28,6 @@ if [ ! -f "$data/_meta.json" ]; then
   "$bin" gen --rows "$rows" --out "$data" --files 8 --image-size "$size" >/dev/null
 fi
 cores=$(nproc)
-half=$(( cores > 1 ? cores / 2 : 1 ))
-
-"$bin" scheduler --bind 127.0.0.1:0 > "$work/scheduler.log" 2>&1 &
-pids=($!)
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
-address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
-for i in 1 2; do
-  "$bin" executor --scheduler "$address" --concurrent-tasks "$half" \
-    --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
-  pids+=($!)
-done
-for _ in $(seq 100); do
-  [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = 2 ] && break
-  sleep 0.1
-done
 
 if [ "${PIXELS:-float32}" = uint8 ]; then
   sql="SELECT get_field(image_resize(image_decode(image_jpeg), $resize, $resize), 'pixels') AS image,
@@ -57,19 +42,40 @@ feed() { "$bin" "$@" --target-partitions "$cores" feed "$sql" --shuffle-seed 42 
            --epochs 1 --batch-size 256 --prefetch 8 --device cpu --result-json "${tensor[@]}" \
            2>/dev/null | sed -n 's/^RESULT //p'; }
 echo "feed: $rows JPEGs ${size}x${size} -> decode, resize ${resize}x${resize}, ${PIXELS:-float32} pixels," \
-     "standardize; SHUFFLE SEED 42; $cores cores; cluster = 2 executors x $half tasks"
-results=()
-for round in $(seq "$rounds"); do
-  e=$(feed); c=$(feed --cluster "df://$address")
-  results+=("$e" "$c")
-  python3 - "$round" "$e" "$c" <<'PY'
+     "standardize; SHUFFLE SEED 42; $cores cores"
+
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+for executors in ${EXECUTORS:-1 2 3}; do
+  slots=$(( cores / executors > 0 ? cores / executors : 1 ))
+  "$bin" scheduler --bind 127.0.0.1:0 > "$work/scheduler.log" 2>&1 &
+  pids=($!)
+  for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
+  address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
+  for i in $(seq "$executors"); do
+    "$bin" executor --scheduler "$address" --concurrent-tasks "$slots" \
+      --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 100); do
+    [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = "$executors" ] && break
+    sleep 0.1
+  done
+  echo "== cluster of $executors executor(s) x $slots task slot(s)"
+  for round in $(seq "$rounds"); do
+    e=$(feed); c=$(feed --cluster "df://$address")
+    python3 - "$round" "$executors" "$e" "$c" <<'PY'
 import json, sys
-rnd, e, c = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+rnd, n, e, c = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 print(f"round {rnd}: embedded {(e['rows'] / e['wall_s']):>9.0f} rows/s ({e['epoch_s'][0]:.2f}s)   "
-      f"cluster {(c['rows'] / c['wall_s']):>9.0f} rows/s ({c['epoch_s'][0]:.2f}s)   "
+      f"{n} executor(s) {(c['rows'] / c['wall_s']):>9.0f} rows/s ({c['epoch_s'][0]:.2f}s)   "
       f"cluster/embedded {(c['rows'] / c['wall_s']) / (e['rows'] / e['wall_s']):.2f}x")
 PY
+  done
+  echo "stages of the last cluster job:"
+  python3 "$PWD/scripts/bench/cluster_stages.py" "$address"
+  kill "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
+  pids=()
 done
-echo "stages of the last cluster job:"
-python3 "$PWD/scripts/bench/cluster_stages.py" "$address"
 du -sh "$work"/executor-*/ 2>/dev/null | sed 's/^/  executor work dir (shuffle files left, cleaned later): /' || true
