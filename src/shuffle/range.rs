@@ -55,20 +55,27 @@ pub(crate) fn range_of(key: u64, partitions: usize) -> usize {
     ((u128::from(key) * partitions as u128) >> 64) as usize
 }
 
-/// For each partition `i < partitions`, a value whose hash partition is `i`.
-pub(crate) fn route_values(partitions: usize) -> Result<Vec<u64>> {
+/// A one-column (u64 bucket) schema and the hash partitioner an exchange on
+/// that column into `partitions` uses.
+fn bucket_partitioner(partitions: usize) -> Result<(SchemaRef, BatchPartitioner)> {
     let schema = Arc::new(Schema::new(vec![Field::new(
         RANGE_BUCKET_COLUMN,
         DataType::UInt64,
         false,
     )]));
     let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(RANGE_BUCKET_COLUMN, 0));
-    let mut partitioner = BatchPartitioner::try_new(
+    let partitioner = BatchPartitioner::try_new(
         Partitioning::Hash(vec![column], partitions),
         metrics::Time::new(),
         0,
         1,
     )?;
+    Ok((schema, partitioner))
+}
+
+/// For each partition `i < partitions`, a value whose hash partition is `i`.
+pub(crate) fn route_values(partitions: usize) -> Result<Vec<u64>> {
+    let (schema, mut partitioner) = bucket_partitioner(partitions)?;
     let mut route: Vec<Option<u64>> = vec![None; partitions];
     let mut next = 0u64;
     while route.iter().any(Option::is_none) {
@@ -243,19 +250,7 @@ mod tests {
             let route = route_values(partitions)?;
             assert_eq!(route.len(), partitions);
             // Routed again through the partitioner, value i lands in i.
-            let schema = Arc::new(Schema::new(vec![Field::new(
-                RANGE_BUCKET_COLUMN,
-                DataType::UInt64,
-                false,
-            )]));
-            let column: Arc<dyn PhysicalExpr> =
-                Arc::new(Column::new(RANGE_BUCKET_COLUMN, 0));
-            let mut partitioner = BatchPartitioner::try_new(
-                Partitioning::Hash(vec![column], partitions),
-                metrics::Time::new(),
-                0,
-                1,
-            )?;
+            let (schema, mut partitioner) = bucket_partitioner(partitions)?;
             let batch = RecordBatch::try_new(
                 schema,
                 vec![Arc::new(UInt64Array::from(route.clone()))],
