@@ -38,6 +38,7 @@
 //! it, on the remaining executors. Errors of tasks (bad files, bad SQL,
 //! failing functions) are carried to the client with the executor's message.
 
+mod balance;
 mod codec;
 mod executor;
 mod scheduler;
@@ -57,6 +58,7 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::ScalarUDF;
 
+pub use balance::BalanceScanRows;
 pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, WireNode};
 pub use executor::{ExecutorOptions, run_executor};
 pub use scheduler::{SchedulerOptions, run_scheduler};

@@ -81,9 +81,7 @@ pub async fn run_scheduler(
                 .with_runtime_env(Arc::clone(&runtime))
                 .with_default_features()
                 .with_optimizer_rules(crate::session::optimizer_rules())
-                .with_physical_optimizer_rules(crate::session::physical_optimizer_rules(
-                    false,
-                ))
+                .with_physical_optimizer_rules(scheduler_physical_rules())
                 .with_query_planner(Arc::new(SqlfeedQueryPlanner::stage_shaped()))
                 .build();
             for udf in &udfs {
@@ -142,4 +140,19 @@ pub async fn run_scheduler(
     start_grpc_service_with_listener(listener, scheduler)
         .await
         .map_err(|e| DataFusionError::Execution(format!("the scheduler stopped: {e}")))
+}
+
+/// The scheduler's physical optimizer rules: the embedded engine's without
+/// `ParallelFunctions` (its operator does not travel; executors add it),
+/// and [`super::BalanceScanRows`] after the distribution rules, so that the
+/// stage-1 tasks of a shuffle read equal numbers of rows.
+fn scheduler_physical_rules()
+-> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules = crate::session::physical_optimizer_rules(false);
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "sqlfeed_keep_shuffle_order")
+        .map_or(rules.len(), |i| i + 1);
+    rules.insert(at, Arc::new(super::BalanceScanRows));
+    rules
 }

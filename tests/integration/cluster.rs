@@ -658,3 +658,89 @@ fn standalone_mode_runs_a_cluster_in_process() -> Result<()> {
     );
     Ok(())
 }
+
+/// A Parquet file of `rows` rows of `payload` bytes each, in row groups of
+/// 50 rows (so that a file can be cut between row groups).
+fn write_blobs(path: &Path, first_id: i64, rows: usize, payload: usize) -> Result<()> {
+    use datafusion::arrow::array::{BinaryArray, Int64Array, RecordBatch};
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::properties::WriterProperties;
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "id",
+            std::sync::Arc::new(Int64Array::from_iter_values(
+                first_id..first_id + rows as i64,
+            )) as _,
+        ),
+        (
+            "blob",
+            std::sync::Arc::new(BinaryArray::from_iter_values(
+                (0..rows).map(|i| vec![(i % 251) as u8; payload]),
+            )) as _,
+        ),
+    ])?;
+    std::fs::create_dir_all(path.parent().expect("a folder"))?;
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(50))
+        .build();
+    let mut writer =
+        ArrowWriter::try_new(std::fs::File::create(path)?, batch.schema(), Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
+    Ok(())
+}
+
+/// Stage-1 tasks of a shuffle read equal numbers of rows although the files
+/// hold the same bytes in 20× different row counts; the order stays the
+/// embedded engine's.
+#[test]
+fn stage_one_tasks_of_a_shuffle_are_balanced_by_rows() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("skewed");
+    write_blobs(&data.join("a.parquet"), 0, 200, 4000)?;
+    write_blobs(&data.join("b.parquet"), 1000, 4000, 200)?;
+    let sql = format!(
+        "SELECT id FROM '{}/*.parquet' SHUFFLE SEED 3",
+        data.display()
+    );
+    let cluster = Cluster::start(2);
+    let expected = embedded(&sql);
+    let (ok, got, err) = cluster.csv(&sql);
+    assert!(ok, "{err}");
+    assert_eq!(got, expected);
+    let jobs: serde_json::Value =
+        serde_json::from_str(&cluster.rest("/api/jobs")).expect("jobs as JSON");
+    let job = jobs
+        .as_array()
+        .and_then(|jobs| jobs.iter().max_by_key(|j| j["start_time"].as_u64()))
+        .expect("a job");
+    let id = job["job_id"].as_str().expect("a job id");
+    let stages: serde_json::Value =
+        serde_json::from_str(&cluster.rest(&format!("/api/job/{id}/stages")))
+            .expect("stages as JSON");
+    let scan = stages["stages"]
+        .as_array()
+        .and_then(|stages| {
+            stages
+                .iter()
+                .find(|s| s["stage_plan"].to_string().contains("ShuffleKeyExec"))
+        })
+        .expect("the scan stage");
+    // Rows per partition (a task may run several).
+    let per_partition: Vec<f64> = scan["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| {
+            let partitions = t["partition_id"].as_array().map_or(1, Vec::len).max(1);
+            t["input_rows"].as_f64().unwrap_or(0.0) / partitions as f64
+        })
+        .collect();
+    let max = per_partition.iter().cloned().fold(0.0, f64::max);
+    let min = per_partition.iter().cloned().fold(f64::MAX, f64::min);
+    assert!(
+        max <= 1.3 * min,
+        "stage-1 rows per partition {per_partition:?} ({scan})"
+    );
+    Ok(())
+}
