@@ -41,6 +41,7 @@
 mod balance;
 mod codec;
 mod executor;
+mod retry;
 mod scheduler;
 mod shared_job;
 mod standalone;
@@ -61,10 +62,11 @@ use datafusion::logical_expr::ScalarUDF;
 pub use balance::BalanceScanRows;
 pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, WireNode};
 pub use executor::{ExecutorOptions, run_executor};
+pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
 pub use scheduler::{SchedulerOptions, run_scheduler};
 pub use shared_job::SharedJobExec;
 pub use standalone::Standalone;
-pub use watch::{JobWatchExec, executors};
+pub use watch::{ExecutorLost, JobWatchExec, executors, is_executor_lost};
 
 /// Port of a scheduler when the URL gives none (Ballista's default).
 pub const DEFAULT_SCHEDULER_PORT: u16 = 50050;

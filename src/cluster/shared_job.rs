@@ -72,7 +72,7 @@ use datafusion_proto::protobuf::LogicalPlanNode;
 use futures::{StreamExt, TryStreamExt};
 
 use super::SchedulerAddress;
-use super::watch::rest_get;
+use super::watch::{ExecutorLost, rest_get};
 
 /// The settings a job is submitted with: DataFusion's and Ballista's, and
 /// sqlfeed's under their `sqlfeed.` prefix (DataFusion lists an extension's
@@ -151,13 +151,23 @@ impl fmt::Debug for SharedJobExec {
 impl SharedJobExec {
     /// Reads the result of the job named `job_name` running `plan`, which
     /// rank 0 submits and the other ranks join.
+    ///
+    /// `attempt` 0 is the epoch's job; a later attempt (after an executor
+    /// was lost, see [`super::ExactRetryExec`]) is a job named
+    /// `<job_name>-retry<attempt>` that any rank submits if it finds none.
     pub fn try_new(
         state: &SessionState,
         plan: &LogicalPlan,
         scheduler: SchedulerAddress,
         job_name: String,
         rank: usize,
+        attempt: u32,
     ) -> Result<Self> {
+        let job_name = if attempt == 0 {
+            job_name
+        } else {
+            format!("{job_name}-retry{attempt}")
+        };
         let mut config = state.config().clone().with_ballista_job_name(&job_name);
         // This reader streams the result partitions in partition order, so
         // a global shuffle right under the result may end in one task per
@@ -189,6 +199,7 @@ impl SharedJobExec {
             session_id: state.session_id().to_string(),
             job_name,
             rank,
+            attempt,
             max_message_size: config.ballista_grpc_client_max_message_size(),
             job_id: Mutex::new(None),
             schema,
@@ -270,6 +281,8 @@ struct JobRequest {
     session_id: String,
     job_name: String,
     rank: usize,
+    /// 0, or the retry this job is (then any rank may submit it).
+    attempt: u32,
     max_message_size: usize,
     /// The job this rank reads, once known (for the lost-executor guard).
     job_id: Mutex<Option<String>>,
@@ -293,6 +306,18 @@ impl JobRequest {
     }
 
     async fn run(&self) -> Result<SendableRecordBatchStream> {
+        if self.attempt > 0 {
+            // A retry: every rank noticed the loss on its own, and rank 0
+            // may have finished the epoch before it; whoever finds no job
+            // of this name submits one (two submissions hold the same rows).
+            let job_id = match self.find(&HashSet::new()).await? {
+                Some(job_id) => job_id,
+                None => self.submit().await?,
+            };
+            self.remember(&job_id);
+            let locations = self.wait(&job_id).await?;
+            return self.fetch(locations).await;
+        }
         if self.rank == 0 {
             let job_id = self.submit().await?;
             self.remember(&job_id);
@@ -453,9 +478,9 @@ impl JobRequest {
         )
         .await
         .map_err(|e| {
-            self.error(format!(
-                "cannot reach executor {}:{}: {e}",
-                executor.host, executor.port
+            ExecutorLost::error(format!(
+                "{}: cannot reach executor {}:{} holding a result partition: {e}",
+                self.job_name, executor.host, executor.port
             ))
         })?;
         client
@@ -468,10 +493,23 @@ impl JobRequest {
             )
             .await
             .map_err(|e| {
-                self.error(format!(
-                    "cannot fetch a result partition from {}:{}: {e}",
-                    executor.host, executor.port
+                ExecutorLost::error(format!(
+                    "{}: cannot fetch a result partition from {}:{}: {e}",
+                    self.job_name, executor.host, executor.port
                 ))
+            })
+            .map(|stream| {
+                // A stream that breaks half way lost its executor too.
+                let schema = stream.schema();
+                let job_name = self.job_name.clone();
+                Box::pin(RecordBatchStreamAdapter::new(
+                    schema,
+                    stream.map_err(move |e| {
+                        ExecutorLost::error(format!(
+                            "{job_name}: reading a result partition failed: {e}"
+                        ))
+                    }),
+                )) as SendableRecordBatchStream
             })
     }
 }

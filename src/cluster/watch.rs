@@ -21,9 +21,11 @@
 //! (117M instead of 81M joined pairs). sqlfeed cannot tell the good outcome
 //! from the others while the job runs, so it cancels and reports. Every
 //! sqlfeed result is a pure function of the query and the data, so running
-//! the query again (a feed resumes at its `(epoch, step)`) gives the same
-//! rows. The guard needs the loss to be noticed before the job ends: the
-//! scheduler's `--executor-timeout` bounds that window.
+//! the query again gives the same rows: a cluster feed does so itself
+//! ([`super::ExactRetryExec`] recognises the [`ExecutorLost`] error, runs
+//! the epoch's job again and skips the rows already delivered). The guard
+//! needs the loss to be noticed before the job ends: the scheduler's
+//! `--executor-timeout` bounds that window.
 //!
 //! # Ordering, memory
 //! Batches pass through unchanged; the guard holds no data.
@@ -52,6 +54,48 @@ use datafusion_proto::protobuf::LogicalPlanNode;
 use futures::{FutureExt, Stream};
 
 use super::SchedulerAddress;
+
+/// A job's work or result was lost with an executor: running the job again
+/// gives the same rows (see [`super::ExactRetryExec`]).
+#[derive(Debug)]
+pub struct ExecutorLost(String);
+
+impl ExecutorLost {
+    /// `message` as an error that [`is_executor_lost`] recognises.
+    pub(crate) fn error(message: String) -> DataFusionError {
+        DataFusionError::External(Box::new(Self(message)))
+    }
+}
+
+impl fmt::Display for ExecutorLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ExecutorLost {}
+
+/// Whether `error` is (or wraps) an [`ExecutorLost`].
+pub fn is_executor_lost(error: &DataFusionError) -> bool {
+    match error {
+        DataFusionError::External(e) => {
+            e.downcast_ref::<ExecutorLost>().is_some()
+                || e.downcast_ref::<DataFusionError>()
+                    .is_some_and(is_executor_lost)
+        }
+        DataFusionError::Context(_, inner) => is_executor_lost(inner),
+        DataFusionError::Shared(inner) => is_executor_lost(inner),
+        DataFusionError::ArrowError(arrow, _) => match arrow.as_ref() {
+            datafusion::arrow::error::ArrowError::ExternalError(e) => {
+                e.downcast_ref::<ExecutorLost>().is_some()
+                    || e.downcast_ref::<DataFusionError>()
+                        .is_some_and(is_executor_lost)
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
 
 /// How often the guard asks the scheduler for its executors.
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -265,7 +309,7 @@ async fn watch(
             if let Some(job_id) = &job_id {
                 cancel(&scheduler, job_id).await;
             }
-            return DataFusionError::Execution(format!(
+            return ExecutorLost::error(format!(
                 "executor {id} at {address} was lost while job {} ran on {scheduler}; \
                  the job was cancelled rather than recovered (Ballista 55's recovery of \
                  a running stage can stall or duplicate rows). Results are a pure \

@@ -751,15 +751,25 @@ impl Producer {
             .as_bytes(),
         );
         let job_name = format!("sqlfeed-feed-{run:016x}-e{epoch}");
-        let job: Arc<dyn ExecutionPlan> =
-            Arc::new(crate::cluster::SharedJobExec::try_new(
-                &state,
-                &plan,
-                scheduler,
-                job_name,
-                options.rank,
-            )?);
-        let job = crate::cluster::watched(&options.session, job);
+        // Each attempt is the epoch's job, watched for lost executors; a
+        // loss re-runs it and skips what this rank already consumed.
+        let (rank, session) = (options.rank, options.session.clone());
+        let (attempt_state, attempt_scheduler) = (state.clone(), scheduler.clone());
+        let attempts: Arc<crate::cluster::AttemptFactory> = Arc::new(move |attempt| {
+            let job: Arc<dyn ExecutionPlan> =
+                Arc::new(crate::cluster::SharedJobExec::try_new(
+                    &attempt_state,
+                    &plan,
+                    attempt_scheduler.clone(),
+                    job_name.clone(),
+                    rank,
+                    attempt,
+                )?);
+            Ok(crate::cluster::watched(&session, job))
+        });
+        let job: Arc<dyn ExecutionPlan> = Arc::new(
+            crate::cluster::ExactRetryExec::try_new(attempts, scheduler)?,
+        );
         Ok((job, Arc::new(TaskContext::from(&state))))
     }
 

@@ -744,3 +744,85 @@ fn stage_one_tasks_of_a_shuffle_are_balanced_by_rows() -> Result<()> {
     );
     Ok(())
 }
+
+/// An executor killed (`kill -9`) while a cluster feed's epoch runs: the
+/// feed re-runs the epoch's job on the executor left and delivers exactly
+/// the batches of an uninterrupted run; with no executor left it fails
+/// with an error saying so.
+#[test]
+fn a_feed_survives_an_executor_killed_mid_epoch_with_the_same_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 10_000, 4)?;
+    // 81M candidate pairs (seconds of work on each executor), 81k rows out.
+    let side = format!(
+        "(SELECT id FROM '{}/*.parquet' WHERE id < 9000)",
+        dir.path().display()
+    );
+    let sql = format!(
+        "SELECT a.id * 10000 + b.id AS x FROM {side} a CROSS JOIN {side} b \
+         WHERE (a.id * 31 + b.id * 17) % 1000 = 0"
+    );
+    let feed = move |cluster: Option<&str>| {
+        let mut command = sqlfeed();
+        if let Some(url) = cluster {
+            command.args(["--cluster", url]);
+        }
+        command
+            .args(["--target-partitions", "4", "feed", &sql])
+            .args([
+                "--shuffle-seed",
+                "5",
+                "--batch-size",
+                "1000",
+                "--device",
+                "cpu",
+            ])
+            .args(["--digest", "--run-id", "kill-test"]);
+        let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(240));
+        let digests: Vec<String> = out
+            .lines()
+            .filter(|l| l.starts_with("batch "))
+            .map(str::to_string)
+            .collect();
+        (ok, digests, err)
+    };
+    let (ok, expected, err) = feed(None);
+    assert!(ok && expected.len() > 50, "embedded: {err}");
+
+    for executors in [2, 1] {
+        // Loose enough that the busy executor left keeps its heartbeats
+        // within it on 2 shared cores (3 s expired it too, in a debug build).
+        let mut cluster = Cluster::start_with(
+            executors,
+            &["--concurrent-tasks", "1"],
+            &["--executor-timeout", "8"],
+        );
+        let url = cluster.url();
+        let feed = feed.clone();
+        let run = std::thread::spawn(move || feed(Some(&url)));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !cluster.rest("/api/jobs").contains("\"status\":\"Running\"") {
+            assert!(Instant::now() < deadline, "the job never started");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        cluster.kill_executor(executors - 1);
+        let killed_at = Instant::now();
+        let (ok, got, err) = run.join().expect("the feed thread ends");
+        let jobs = cluster.rest("/api/jobs");
+        if executors == 2 {
+            assert!(ok, "the feed failed: {err}");
+            assert!(jobs.contains("-retry1"), "the epoch was re-run: {jobs}");
+            assert_eq!(got, expected, "the same batches as uninterrupted");
+        } else {
+            assert!(!ok, "no executor was left, yet: {got:?}");
+            assert!(err.contains("no executor is left"), "{err}");
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(120),
+            "{:?}",
+            killed_at.elapsed()
+        );
+    }
+    Ok(())
+}
