@@ -67,15 +67,15 @@ pub(super) struct EpochCache {
 }
 
 impl EpochCache {
-    /// What the epoch shuffled by `spec` (or, unshuffled, read in `lanes`
-    /// ordered partitions) reads: the entry if there is one, else the query
-    /// with a fill of the entry.
+    /// What the epoch shuffled by `spec` (or, unshuffled, read in the ordered
+    /// partitions `lanes` names) reads: the entry if there is one, else the
+    /// query with a fill of the entry.
     pub(super) async fn epoch_query(
         &self,
         session: &Session,
         sql: &str,
         spec: Option<ShuffleSpec>,
-        lanes: usize,
+        lanes: String,
     ) -> Result<EpochQuery> {
         let (state, plan) = session.sql(sql).await?.into_parts();
         let compact = compact(plan)?;

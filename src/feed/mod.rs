@@ -327,16 +327,6 @@ impl FeedBuilder {
         if self.order_lanes == 0 {
             return plan_error("order_lanes must be at least 1".into());
         }
-        #[cfg(feature = "ballista")]
-        if self.cache
-            && let Some(scheduler) = self.session.cluster()
-        {
-            return plan_error(format!(
-                "the epoch cache lives on this machine and cannot feed a cluster job \
-                 ({scheduler}); drop --cache (the cluster recomputes each epoch) or run \
-                 without --cluster"
-            ));
-        }
         if self.token_budget == Some(0) {
             return plan_error("batch_tokens must be at least 1".into());
         }
@@ -743,10 +733,12 @@ impl Producer {
         let options = &self.options;
         let (state, plan) = df.into_parts();
         let plan = state.optimize(&plan)?;
+        // The cache changes the job's result (each row's content hash comes
+        // with it): ranks of a cached and an uncached run must not share it.
         let run = xxhash_rust::xxh3::xxh3_64(
             format!(
-                "{}\0{:?}\0{}",
-                options.sql, options.shuffle_seed, options.run_id
+                "{}\0{:?}\0{}\0{}",
+                options.sql, options.shuffle_seed, options.run_id, options.cache
             )
             .as_bytes(),
         );
@@ -773,6 +765,16 @@ impl Producer {
         Ok((job, Arc::new(TaskContext::from(&state))))
     }
 
+    /// What an unshuffled feed's cache entry layout depends on: the ordered
+    /// partitions an embedded epoch reads, or a cluster job's one stream.
+    fn cache_layout(&self) -> String {
+        #[cfg(feature = "ballista")]
+        if self.shared_cluster_job() {
+            return "cluster".to_string();
+        }
+        self.options.order_lanes.to_string()
+    }
+
     /// The physical plan of one epoch's query and the context to run it in.
     async fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
         let options = &self.options;
@@ -781,7 +783,7 @@ impl Producer {
             .map(|seed| ShuffleSpec::Global { seed, epoch });
         let query = if options.cache {
             self.cache
-                .epoch_query(&options.session, &options.sql, spec, options.order_lanes)
+                .epoch_query(&options.session, &options.sql, spec, self.cache_layout())
                 .await?
         } else {
             let df = options.session.sql(&options.sql).await?;
@@ -794,19 +796,51 @@ impl Producer {
             EpochQuery::Plain(df) => (df, None),
             EpochQuery::Filling { df, finish, fill } => (df, Some((finish, fill))),
         };
+        // With the epoch cache, epochs that read the entry run here, on the
+        // embedded engine, also in a cluster session: the entry is on this
+        // machine (the first epoch computed it on the cluster).
+        let reads_local_cache = options.cache && filling.is_none();
         #[cfg(feature = "ballista")]
         if self.shared_cluster_job()
+            && !reads_local_cache
             && let Some(scheduler) = options.session.cluster()
         {
+            let (state, logical) = (df.clone()).into_parts();
             let (plan, task_ctx) =
                 self.plan_cluster_epoch(df, scheduler.clone(), epoch)?;
-            return Ok(EpochPlan {
-                plan,
-                task_ctx,
-                fill: None,
+            // A miss: the job's rows (with their content hashes) are written
+            // into the entry here, as they arrive, and finished on the way.
+            return Ok(match filling {
+                Some((finish, fill)) => EpochPlan {
+                    plan: EpochCache::tee(
+                        &state,
+                        &logical,
+                        plan,
+                        &finish,
+                        &fill,
+                        spec.is_some(),
+                    )?,
+                    task_ctx,
+                    fill: Some(fill),
+                },
+                None => EpochPlan {
+                    plan,
+                    task_ctx,
+                    fill: None,
+                },
             });
         }
         let (state, plan) = df.into_parts();
+        #[cfg(feature = "ballista")]
+        let state = if reads_local_cache && options.session.cluster().is_some() {
+            SessionStateBuilder::new_from_existing(state)
+                .with_query_planner(Arc::new(
+                    crate::shuffle::SqlfeedQueryPlanner::embedded(),
+                ))
+                .build()
+        } else {
+            state
+        };
         let mut config = state.config().clone();
         // Seeded augmentations draw per (feed seed, epoch): see udfs' augment.
         config.options_mut().extensions.insert(
@@ -859,7 +893,11 @@ impl Producer {
             order::check_deterministic_order(&physical)?;
         }
         #[cfg(feature = "ballista")]
-        let physical = crate::cluster::watched(&options.session, physical);
+        let physical = if reads_local_cache {
+            physical
+        } else {
+            crate::cluster::watched(&options.session, physical)
+        };
         Ok(EpochPlan {
             plan: physical,
             task_ctx: Arc::new(TaskContext::from(&state)),

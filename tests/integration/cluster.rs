@@ -826,3 +826,81 @@ fn a_feed_survives_an_executor_killed_mid_epoch_with_the_same_batches() -> Resul
     }
     Ok(())
 }
+
+/// `feed --cache --cluster`: the first epoch runs on the cluster and is
+/// written into this machine's epoch cache as it arrives; later epochs read
+/// the entry here, with exactly the batches of the uncached cluster feed
+/// (shuffled: also the embedded feed's). Unshuffled, a cluster feed whose
+/// functions run in small morsels concatenates the result partitions while
+/// the embedded sink interleaves them batch by batch, so the two differ
+/// there (a known gap, not the cache's).
+#[test]
+fn a_cached_cluster_feed_computes_once_and_keeps_the_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/flat/*.parquet'",
+        dir.path().display()
+    );
+    let cache = dir.path().join("cache");
+    let run = |cluster: Option<&str>, extra: &[&str]| {
+        let mut command = sqlfeed();
+        if let Some(url) = cluster {
+            command.args(["--cluster", url]);
+        }
+        command
+            .args(["--target-partitions", "4", "--cache-dir"])
+            .arg(&cache)
+            .args(["feed", &sql, "--batch-size", "64", "--epochs", "3"])
+            .args(["--device", "cpu", "--digest", "--run-id", "cache-test"])
+            .args(["--explain-analyze"])
+            .args(extra);
+        run_bounded(&mut command, Duration::from_secs(120))
+    };
+    let digests = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with("batch "))
+            .map(str::to_string)
+            .collect()
+    };
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    for shuffle in [&["--shuffle-seed", "42"][..], &[]] {
+        let (ok, out, err) = run(Some(&url), shuffle);
+        assert!(ok, "uncached on the cluster: {err}");
+        let expected = digests(&out);
+        assert_eq!(expected.len(), 3 * 47, "3000 rows in batches of 64");
+        if !shuffle.is_empty() {
+            let (ok, out, err) = run(None, shuffle);
+            assert!(ok, "embedded: {err}");
+            assert_eq!(digests(&out), expected, "shuffled: cluster = embedded");
+        }
+        let mut args = shuffle.to_vec();
+        args.push("--cache");
+        let (ok, out, err) = run(Some(&url), &args);
+        assert!(ok, "cached on the cluster: {err}");
+        assert_eq!(digests(&out), expected, "{shuffle:?}");
+        // Epoch 0 filled the entry from the cluster's rows; epochs 1 and 2
+        // read it here.
+        let plans: Vec<&str> = out.split("epoch ").skip(1).collect();
+        assert!(
+            plans[0].contains("SharedJobExec") && plans[0].contains("CacheFillExec"),
+            "{out}"
+        );
+        for plan in &plans[1..] {
+            assert!(
+                plan.contains("CacheScanExec") && !plan.contains("SharedJobExec"),
+                "{plan}"
+            );
+        }
+    }
+    // Per query: the 3 jobs of the uncached feed, 1 (epoch 0) of the cached.
+    let jobs = cluster.rest("/api/jobs");
+    assert_eq!(
+        jobs.matches("\"job_name\":\"sqlfeed-feed-").count(),
+        2 * 4,
+        "{jobs}"
+    );
+    Ok(())
+}
