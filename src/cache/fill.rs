@@ -37,9 +37,10 @@ use super::key::CacheKey;
 use crate::session::liveness::LiveFolder;
 
 /// How an entry's parts are fed: fixed before the first batch is written.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Layout {
-    /// Partitions of the plan that fills it.
+    /// Partitions of the plan that fills it (0: an empty plan, whose one
+    /// empty part is written when the fill is committed).
     pub(crate) inputs: usize,
     /// Parts of the entry (at least `inputs`).
     pub(crate) parts: usize,
@@ -128,26 +129,22 @@ impl EntryFill {
         Ok(set)
     }
 
-    /// Whether a plan was set up to write it ([`super::CacheFillExec`]).
-    pub fn is_started(&self) -> bool {
-        self.layout.get().is_some()
-    }
-
     /// The writer of input partition `input`; each is handed out once.
     pub(crate) fn partition(self: &Arc<Self>, input: usize) -> Result<PartitionWriter> {
         let layout = self.layout.get().ok_or_else(|| {
             DataFusionError::Internal("cache fill: partition before layout".into())
         })?;
-        if input >= layout.inputs {
+        // A plan without partitions still writes its one (empty) part.
+        let inputs = layout.inputs.max(1);
+        if input >= inputs {
             return Err(DataFusionError::Internal(format!(
-                "cache fill: partition {input} of {}",
-                layout.inputs
+                "cache fill: partition {input} of {inputs}"
             )));
         }
         {
             let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
             if progress.started.is_empty() {
-                progress.started = vec![false; layout.inputs];
+                progress.started = vec![false; inputs];
             }
             if std::mem::replace(&mut progress.started[input], true) {
                 return Err(DataFusionError::Internal(format!(
@@ -165,7 +162,7 @@ impl EntryFill {
                 .path()
                 .to_path_buf()
         };
-        let owned: Vec<usize> = (input..layout.parts).step_by(layout.inputs).collect();
+        let owned: Vec<usize> = (input..layout.parts).step_by(inputs).collect();
         Ok(PartitionWriter {
             fill: Arc::clone(self),
             writers: PartWriters::spawn(dir, owned.clone(), Arc::clone(&layout.schema)),
@@ -175,10 +172,21 @@ impl EntryFill {
         })
     }
 
-    /// Everything written, sorted by part, once complete.
-    pub(crate) fn take_written(&self) -> Result<WrittenParts> {
+    /// Everything written, sorted by part, once complete. The empty part of
+    /// a plan without partitions is written here, as nothing executed it.
+    pub(crate) async fn take_written(self: &Arc<Self>) -> Result<WrittenParts> {
+        let empty_plan = self.layout.get().is_some_and(|l| l.inputs == 0);
+        let unwritten = self
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .started
+            .is_empty();
+        if empty_plan && unwritten {
+            self.partition(0)?.finish().await?;
+        }
         let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-        let inputs = self.layout.get().map_or(0, |l| l.inputs);
+        let inputs = self.layout.get().map_or(0, |l| l.inputs.max(1));
         if progress.finished != inputs || inputs == 0 {
             return Err(DataFusionError::Execution(format!(
                 "cache entry {} is incomplete: {} of {inputs} partitions were written",

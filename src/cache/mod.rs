@@ -408,14 +408,13 @@ impl CacheStore {
     /// Commits a complete fill: writes its manifest, moves it into place and
     /// opens it; fails if some partition did not write its last batch (then
     /// the fill's folder goes when the fill is dropped).
-    pub async fn finish_fill(&self, fill: &EntryFill) -> Result<Arc<CachedTable>> {
-        let mut kept_by_part = Vec::new();
-        let mut manifests = Vec::new();
-        for (_, manifest, kept) in fill.take_written()? {
-            manifests.push(manifest);
-            kept_by_part.push(kept);
-        }
-        let mut kept = kept_by_part;
+    pub async fn finish_fill(&self, fill: &Arc<EntryFill>) -> Result<Arc<CachedTable>> {
+        let (manifests, mut kept): (Vec<_>, Vec<_>) = fill
+            .take_written()
+            .await?
+            .into_iter()
+            .map(|(_, manifest, kept)| (manifest, kept))
+            .unzip();
         let work = fill
             .work
             .lock()
@@ -661,7 +660,7 @@ async fn compute(
     // scans of the cache need no round-robin repartitioning (which buffers,
     // and under memory pressure spills, whatever the scan reads ahead).
     fill.set_layout(Layout {
-        inputs: partitions.max(1),
+        inputs: partitions,
         parts: partitions.max(state.config().target_partitions()).max(1),
         schema: physical.schema(),
     })?;
@@ -677,10 +676,6 @@ async fn compute(
             }
             writer.finish().await
         }));
-    }
-    if partitions == 0 {
-        // A plan without partitions still gets its (empty) part.
-        fill.partition(0)?.finish().await?;
     }
     for task in tasks {
         task.join().await.map_err(|e| {

@@ -72,8 +72,8 @@ impl CacheFillExec {
         fill: Arc<EntryFill>,
         parts: usize,
     ) -> Result<Self> {
-        let inputs = input.output_partitioning().partition_count().max(1);
-        let parts = parts.max(inputs);
+        let inputs = input.output_partitioning().partition_count();
+        let parts = parts.max(inputs).max(1);
         fill.set_layout(Layout {
             inputs,
             parts,
@@ -85,11 +85,6 @@ impl CacheFillExec {
             parts,
             metrics: ExecutionPlanMetricsSet::new(),
         })
-    }
-
-    /// The entry being filled.
-    pub fn fill(&self) -> &Arc<EntryFill> {
-        &self.fill
     }
 }
 

@@ -78,23 +78,24 @@ impl std::error::Error for ExecutorLost {}
 /// Whether `error` is (or wraps) an [`ExecutorLost`].
 pub fn is_executor_lost(error: &DataFusionError) -> bool {
     match error {
-        DataFusionError::External(e) => {
-            e.downcast_ref::<ExecutorLost>().is_some()
-                || e.downcast_ref::<DataFusionError>()
-                    .is_some_and(is_executor_lost)
-        }
+        DataFusionError::External(e) => boxed_is_lost(e.as_ref()),
         DataFusionError::Context(_, inner) => is_executor_lost(inner),
         DataFusionError::Shared(inner) => is_executor_lost(inner),
         DataFusionError::ArrowError(arrow, _) => match arrow.as_ref() {
             datafusion::arrow::error::ArrowError::ExternalError(e) => {
-                e.downcast_ref::<ExecutorLost>().is_some()
-                    || e.downcast_ref::<DataFusionError>()
-                        .is_some_and(is_executor_lost)
+                boxed_is_lost(e.as_ref())
             }
             _ => false,
         },
         _ => false,
     }
+}
+
+/// [`is_executor_lost`] of a boxed error.
+fn boxed_is_lost(e: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    e.downcast_ref::<ExecutorLost>().is_some()
+        || e.downcast_ref::<DataFusionError>()
+            .is_some_and(is_executor_lost)
 }
 
 /// How often the guard asks the scheduler for its executors.

@@ -202,12 +202,13 @@ pub struct Permute {
 pub fn encode(node: &WireNode, buf: &mut Vec<u8>) {
     buf.extend_from_slice(PREFIX);
     buf.push(WIRE_FORMAT);
-    Envelope {
-        version: WIRE_VERSION,
-        node: Some(to_message(node)),
-    }
-    .encode(buf)
-    .unwrap_or_else(|_| unreachable!("a Vec grows as needed"));
+    buf.extend(
+        Envelope {
+            version: WIRE_VERSION,
+            node: Some(to_message(node)),
+        }
+        .encode_to_vec(),
+    );
 }
 
 /// The node in `buf`, or `None` when the payload is not sqlfeed's.

@@ -36,8 +36,8 @@ use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::Session;
 use crate::cache::compact::{apply_finish, compact};
@@ -63,7 +63,12 @@ pub(super) enum EpochQuery {
 /// The epoch cache of one feed; see the module docs.
 #[derive(Default)]
 pub(super) struct EpochCache {
-    table: tokio::sync::OnceCell<Arc<CachedTable>>,
+    /// The entry, once found or written, with the query's finish step
+    /// (`None`: nothing was split off): later epochs read it without
+    /// planning the query again (which lists its files).
+    cached: std::sync::OnceLock<(Arc<CachedTable>, Option<Vec<Expr>>)>,
+    /// The finish step of the entry being filled, kept for its commit.
+    filling_finish: std::sync::Mutex<Option<Vec<Expr>>>,
 }
 
 impl EpochCache {
@@ -77,53 +82,43 @@ impl EpochCache {
         spec: Option<ShuffleSpec>,
         lanes: String,
     ) -> Result<EpochQuery> {
+        if let Some((table, finish)) = self.cached.get() {
+            return read(session, Arc::clone(table), finish.as_deref(), spec);
+        }
         let (state, plan) = session.sql(sql).await?.into_parts();
         let compact = compact(plan)?;
         let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
-        let table = match self.table.get() {
-            Some(table) => Arc::clone(table),
-            None => {
-                let keyed =
-                    with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
-                let store = Arc::clone(session.cache());
-                // The entry's layout is part of what later epochs read: a
-                // shuffled fill spreads one partition over the parts, an
-                // unshuffled one keeps part p = partition p of `lanes`.
-                let salt = match spec {
-                    Some(_) => "feed:shuffled".to_string(),
-                    None => format!("feed:ordered:{lanes}"),
-                };
-                match store
-                    .lookup_or_begin_fill(&state, keyed, sql, &salt)
-                    .await?
-                {
-                    CacheLookup::Hit(table) => {
-                        let _ = self.table.set(Arc::clone(&table));
-                        table
-                    }
-                    CacheLookup::Miss(fill) => {
-                        let filled =
-                            shuffle_with_content_hash(compact.stored, spec, row_key)?;
-                        return Ok(EpochQuery::Filling {
-                            df: DataFrame::new(state, filled),
-                            finish: compact.finish,
-                            fill,
-                        });
-                    }
-                }
+        let keyed = with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
+        // The entry's layout is part of what later epochs read: a shuffled
+        // fill spreads one partition over the parts, an unshuffled one keeps
+        // part p = partition p of `lanes`.
+        let salt = match spec {
+            Some(_) => "feed:shuffled".to_string(),
+            None => format!("feed:ordered:{lanes}"),
+        };
+        let finish = compact.split.then(|| compact.finish.clone());
+        match session
+            .cache()
+            .lookup_or_begin_fill(&state, keyed, sql, &salt)
+            .await?
+        {
+            CacheLookup::Hit(table) => {
+                let (table, finish) = self.cached.get_or_init(|| (table, finish));
+                read(session, Arc::clone(table), finish.as_deref(), spec)
             }
-        };
-        let (state, plan) = session
-            .context()
-            .read_table(table as Arc<dyn TableProvider>)?
-            .into_parts();
-        let shuffled = shuffle_by_content_hash(plan, spec)?;
-        let plan = if compact.split {
-            apply_finish(shuffled, &compact.finish)?
-        } else {
-            shuffled
-        };
-        Ok(EpochQuery::Plain(DataFrame::new(state, plan)))
+            CacheLookup::Miss(fill) => {
+                *self
+                    .filling_finish
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = finish;
+                let filled = shuffle_with_content_hash(compact.stored, spec, row_key)?;
+                Ok(EpochQuery::Filling {
+                    df: DataFrame::new(state, filled),
+                    finish: compact.finish,
+                    fill,
+                })
+            }
+        }
     }
 
     /// `physical` (planned from `logical`, an [`EpochQuery::Filling`]'s
@@ -145,13 +140,7 @@ impl EpochCache {
             1
         };
         let filling: Arc<dyn ExecutionPlan> =
-            if physical.output_partitioning().partition_count() == 0 {
-                // Nothing will run to write the entry (an empty in-memory
-                // table): the epoch streams nothing and caches nothing.
-                physical
-            } else {
-                Arc::new(CacheFillExec::try_new(physical, Arc::clone(fill), parts)?)
-            };
+            Arc::new(CacheFillExec::try_new(physical, Arc::clone(fill), parts)?);
         // Normalised against the plan's columns (qualified or not).
         let LogicalPlan::Projection(finished) = apply_finish(logical.clone(), finish)?
         else {
@@ -178,14 +167,39 @@ impl EpochCache {
         ParallelFunctions.optimize(finished, state.config_options())
     }
 
-    /// Commits a fill whose epoch ended; later epochs read the entry. A
-    /// fill that nothing wrote into (a plan without partitions) is dropped.
-    pub(super) async fn commit(&self, session: &Session, fill: &EntryFill) -> Result<()> {
-        if !fill.is_started() {
-            return Ok(());
-        }
+    /// Commits a fill whose epoch ended; later epochs read the entry.
+    pub(super) async fn commit(
+        &self,
+        session: &Session,
+        fill: &Arc<EntryFill>,
+    ) -> Result<()> {
         let table = session.cache().finish_fill(fill).await?;
-        let _ = self.table.set(table);
+        let finish = self
+            .filling_finish
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let _ = self.cached.set((table, finish));
         Ok(())
     }
+}
+
+/// The epoch shuffled by `spec` over the cached `table`, finished by
+/// `finish`.
+fn read(
+    session: &Session,
+    table: Arc<CachedTable>,
+    finish: Option<&[Expr]>,
+    spec: Option<ShuffleSpec>,
+) -> Result<EpochQuery> {
+    let (state, plan) = session
+        .context()
+        .read_table(table as Arc<dyn TableProvider>)?
+        .into_parts();
+    let shuffled = shuffle_by_content_hash(plan, spec)?;
+    let plan = match finish {
+        Some(finish) => apply_finish(shuffled, finish)?,
+        None => shuffled,
+    };
+    Ok(EpochQuery::Plain(DataFrame::new(state, plan)))
 }

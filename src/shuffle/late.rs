@@ -278,25 +278,15 @@ pub fn shuffle_with_content_hash(
         below,
         outputs,
         key,
-        by_columns,
+        key_columns,
     } = content_keyed(input)?;
-    let shuffled = if by_columns {
-        let names = key
-            .iter()
-            .map(|expr| match expr {
-                Expr::Column(column) => Ok(column.name.clone()),
-                other => Err(DataFusionError::Internal(format!(
-                    "content key {other} is not a column"
-                ))),
-            })
-            .collect::<Result<Vec<_>>>()?;
-        extension(ShuffleNode::try_new_keyed(
+    let shuffled = match key_columns {
+        Some(names) => extension(ShuffleNode::try_new_keyed(
             below,
             spec,
             ShuffleKey::Columns(names),
-        )?)
-    } else {
-        extension(ShuffleNode::try_new(below, spec)?)
+        )?),
+        None => extension(ShuffleNode::try_new(below, spec)?),
     };
     // A shuffle's schema is its input's: the key reads the same columns.
     hash_projection(shuffled, outputs, key, row_key)
@@ -308,8 +298,9 @@ struct ContentKeyed {
     below: LogicalPlan,
     outputs: usize,
     key: Vec<Expr>,
-    /// Whether `key` is a [`ShuffleKey::Columns`] (else every column).
-    by_columns: bool,
+    /// The names of `key`'s columns when it is a [`ShuffleKey::Columns`]
+    /// (`None`: every column).
+    key_columns: Option<Vec<String>>,
 }
 
 fn content_keyed(plan: LogicalPlan) -> Result<ContentKeyed> {
@@ -322,17 +313,15 @@ fn content_keyed(plan: LogicalPlan) -> Result<ContentKeyed> {
     // The hash reads computed columns, never evaluates an expression twice
     // (a volatile one would give other values).
     Ok(match keyed {
-        Some((KeyedProjection { widened, key }, outputs)) => {
-            let key = key
-                .into_iter()
-                .map(|name| Expr::Column(Column::from_name(name)));
-            ContentKeyed {
-                below: LogicalPlan::Projection(widened),
-                outputs,
-                key: key.collect(),
-                by_columns: true,
-            }
-        }
+        Some((KeyedProjection { widened, key }, outputs)) => ContentKeyed {
+            below: LogicalPlan::Projection(widened),
+            outputs,
+            key: key
+                .iter()
+                .map(|name| Expr::Column(Column::from_name(name)))
+                .collect(),
+            key_columns: Some(key),
+        },
         None => {
             let schema = Arc::clone(plan.schema());
             let key = (0..schema.fields().len())
@@ -341,7 +330,7 @@ fn content_keyed(plan: LogicalPlan) -> Result<ContentKeyed> {
                 below: plan,
                 outputs: schema.fields().len(),
                 key: key.collect(),
-                by_columns: false,
+                key_columns: None,
             }
         }
     })

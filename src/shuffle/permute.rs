@@ -324,7 +324,13 @@ impl ExecutionPlan for PermuteExec {
                         let batch = batch?;
                         let buckets = batch.column(bucket_column).as_primitive::<UInt64Type>();
                         let values = buckets.values();
-                        let expected = *first.get_or_insert(values.first().copied().unwrap_or(0));
+                        // The first row seen sets the partition's range (an
+                        // empty batch sets nothing).
+                        let expected = match (first, values.first()) {
+                            (Some(bucket), _) => bucket,
+                            (None, Some(&bucket)) => *first.insert(bucket),
+                            (None, None) => return Ok(batch),
+                        };
                         if values.iter().any(|&bucket| bucket != expected) {
                             return Err(DataFusionError::Internal(format!(
                                 "rows of two key ranges reached partition {partition} of a \

@@ -764,3 +764,39 @@ fn a_feed_stopped_while_filling_leaves_no_entry() -> Result<()> {
     assert_eq!(entry_dirs(&cache).len(), 1);
     Ok(())
 }
+
+/// A cached feed over an empty table: empty epochs, and the (empty) entry
+/// is written and read like any other.
+#[test]
+fn a_cached_feed_of_an_empty_table_runs_its_epochs() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let session = session(&dir.path().join("cache"))?;
+    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+        datafusion::arrow::datatypes::Field::new(
+            "id",
+            datafusion::arrow::datatypes::DataType::Int64,
+            false,
+        ),
+    ]));
+    session.context().register_table(
+        "nothing",
+        Arc::new(MemTable::try_new(schema, vec![vec![]])?),
+    )?;
+    for shuffle in [None, Some(3)] {
+        let mut builder = Feed::builder(&session, "SELECT id FROM nothing")
+            .batch_size(8)
+            .epochs(2)
+            .cache(true)
+            .device(Device::Cpu);
+        if let Some(seed) = shuffle {
+            builder = builder.shuffle(seed);
+        }
+        let mut feed = builder.build()?;
+        assert_eq!(feed.by_ref().count(), 0, "{shuffle:?}");
+        let plans: Vec<String> =
+            feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+        assert_eq!(plans.len(), 2);
+        assert!(plans[1].contains("CacheScanExec"), "{}", plans[1]);
+    }
+    Ok(())
+}
