@@ -691,14 +691,10 @@ async fn compute(
 /// the shards of ranks reading one entry rely on.
 pub(crate) fn deterministic_state(state: &SessionState) -> SessionState {
     let mut config = state.config().clone();
-    config
-        .options_mut()
-        .optimizer
-        .enable_round_robin_repartition = false;
-    config
-        .options_mut()
-        .execution
-        .enable_file_stream_work_stealing = false;
+    crate::session::deterministic_config(
+        &mut config,
+        crate::session::PartitionOrder::Partitions(None),
+    );
     SessionStateBuilder::new_from_existing(state.clone())
         .with_config(config)
         .build()

@@ -49,8 +49,9 @@ use datafusion_proto::physical_plan::{
 
 use crate::cache::CachedTable;
 use crate::shuffle::{
-    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, ShuffleExec,
-    ShuffleKey, ShuffleKeyExec, ShuffleNode, ShuffleSpec,
+    Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
+    RangeBucketExec, RankShardExec, ShuffleExec, ShuffleKey, ShuffleKeyExec, ShuffleNode,
+    ShuffleSpec,
 };
 
 /// What a sqlfeed payload holds (as protobuf: [`super::wire`]).
@@ -87,7 +88,18 @@ pub enum WireNode {
     RangeBucket {
         /// The number of key ranges.
         ranges: usize,
+        /// Whether tasks end with count rows.
+        counted: bool,
     },
+    /// [`DealExec`].
+    Deal {
+        /// The feed's batching.
+        deal: Deal,
+        /// The key ranges it reads.
+        ranges: usize,
+    },
+    /// [`RankShardExec`].
+    RankShard,
     /// [`LocalShuffleExec`].
     LocalShuffle {
         /// Rows held per partition.
@@ -329,9 +341,13 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             } => {
                 Arc::new(ShuffleExec::new(input, seed, epoch, batch_rows).ranged(ranged))
             }
-            WireNode::RangeBucket { ranges } => {
-                Arc::new(RangeBucketExec::try_new(input, ranges)?)
+            WireNode::RangeBucket { ranges, counted } => {
+                Arc::new(RangeBucketExec::try_new_counted(input, ranges, counted)?)
             }
+            WireNode::Deal { deal, ranges } => {
+                Arc::new(DealExec::try_new(input, deal, ranges)?)
+            }
+            WireNode::RankShard => Arc::new(RankShardExec::try_new(input)?),
             WireNode::LocalShuffle { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
             }
@@ -378,7 +394,15 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         } else if let Some(bucket) = plan.downcast_ref::<RangeBucketExec>() {
             WireNode::RangeBucket {
                 ranges: bucket.partitions(),
+                counted: bucket.is_counted(),
             }
+        } else if let Some(deal) = plan.downcast_ref::<DealExec>() {
+            WireNode::Deal {
+                deal: deal.deal(),
+                ranges: deal.ranges(),
+            }
+        } else if plan.downcast_ref::<RankShardExec>().is_some() {
+            WireNode::RankShard
         } else if let Some(local) = plan.downcast_ref::<LocalShuffleExec>() {
             WireNode::LocalShuffle {
                 buffer_rows: local.buffer_rows(),

@@ -5,34 +5,37 @@
 //!  rank r ──find the job by that name (REST /api/jobs)──┘            │
 //!    │                                                               ▼
 //!    └── wait until it succeeds, stream its result ◄────────── executors
-//!        (the global shuffle order); keep this rank's batches
+//!        (the global shuffle order, or the unshuffled lanes
+//!        interleaved as the embedded feed does); keep this rank's batches
 //! ```
 //!
 //! The scan, the functions, the keying and the sorted runs of `SHUFFLE` run
-//! once per epoch on the cluster, whatever the number of ranks; each rank
-//! then streams the result partitions in partition order from the
-//! executors holding them and cuts its own shard with the embedded feed's
-//! batcher, so a cluster rank's batches are exactly an embedded rank's.
+//! once per epoch on the cluster, whatever the number of ranks.
 //! Because this reader keeps partition order, a job whose result is a global
 //! shuffle under projections is planned with
 //! `sqlfeed.ordered_result_partitions`: its final stage is one task per key
 //! range (`crate::shuffle::RangeBucketExec`), not one task merging all.
-//! The cost: every rank receives the whole epoch over the network, `W`
-//! times the bytes of its shard (docs/scaling.md says when that matters and
-//! what would remove it).
 //!
-//! # Why not one output partition per rank
-//! Dealing the merged order into `W` partitions on the executors, so that a
-//! rank fetches only its own, was built and tried against Ballista 55:
-//! - with the deal in the final stage, Ballista runs that stage (it merges)
-//!   as a single task for all `W` partitions and reports its outputs with the
-//!   same partition and map ids, so a client cannot tell them apart;
-//! - an exchange inserted below the deal to give it a stage of its own (a
-//!   single-partition hash repartition, or a coalesce) is removed by the
-//!   physical optimizer as redundant before Ballista cuts stages.
+//! # Each rank fetches its own batches
+//! When the feed batches by rows ([`crate::shuffle::Deal`]: batch size,
+//! world, `drop_last`), such a job is also *dealt*: the executors route
+//! every row to a partition of the rank whose batch it falls in
+//! (`crate::shuffle::deal`, counts of every range travelling with the rows),
+//! and rank `r` fetches only the partitions `j` with `j mod W = r`, in
+//! order: about `1/W` of the epoch's bytes, and exactly the rows its
+//! embedded batcher would keep. Other results (unshuffled lanes, token
+//! budgets, a cache fill that needs every row) are fetched whole, and the
+//! rank cuts its shard with the embedded feed's batcher; unshuffled lanes
+//! are interleaved in turns of rows as the embedded sink does
+//! (`crate::sql::lanes`), so either way a cluster rank's batches are
+//! exactly an embedded rank's.
 //!
-//! Either a Ballista change or submitting a physical plan that keeps the
-//! exchange would make it work.
+//! Ballista 55 gives a task only its own partitions' locations and numbers
+//! them from 0, so a range's task cannot learn the rows of the ranges
+//! before it from the scheduler: they arrive as count rows in the data
+//! (see `crate::shuffle::deal`). The deal's own exchange is re-sized to the
+//! deal's partition count after DataFusion's distribution rule
+//! (`crate::shuffle::KeepShuffleOrder`).
 //!
 //! The job name is a hash of what decides the rows (query, seed, epoch) and
 //! the run id, so every rank of a
@@ -62,7 +65,11 @@ use datafusion::execution::context::SessionState;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::common::spawn_buffered;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
@@ -136,6 +143,8 @@ pub struct SharedJobExec {
     /// What each execution asks of the cluster.
     request: Arc<JobRequest>,
     properties: Arc<PlanProperties>,
+    /// Rows, bytes and partitions this rank fetched.
+    metrics: ExecutionPlanMetricsSet,
 }
 
 impl fmt::Debug for SharedJobExec {
@@ -162,7 +171,15 @@ impl SharedJobExec {
         job_name: String,
         rank: usize,
         attempt: u32,
+        deal: Option<crate::shuffle::Deal>,
     ) -> Result<Self> {
+        if deal.is_some() && !Self::can_deal(plan) {
+            return Err(DataFusionError::Internal(
+                "only a job whose result is a global SHUFFLE under projections can be \
+                 dealt to ranks"
+                    .to_string(),
+            ));
+        }
         let job_name = if attempt == 0 {
             job_name
         } else {
@@ -179,12 +196,23 @@ impl SharedJobExec {
                 .get_mut::<crate::session::SqlfeedOptions>()
         {
             options.ordered_result_partitions = true;
+            // Each rank's batches in partitions of their own, so that it
+            // fetches only those (`crate::shuffle::deal`).
+            if let Some(deal) = deal {
+                options.deal_world = deal.world;
+                options.deal_batch_rows = deal.batch_rows;
+                options.deal_drop_last = deal.drop_last;
+            }
         }
         let codec = config.ballista_logical_extension_codec();
         let node = LogicalPlanNode::try_from_logical_plan(plan, codec.as_ref())?;
         let mut buf = vec![];
         node.try_encode(&mut buf)?;
         let settings = settings(&config);
+        // A shuffle's result is its partitions in turn; any other result's
+        // partitions are lanes, read like the embedded sink reads them.
+        let lane_turn_rows =
+            (!shuffle_under_projections(plan)).then(|| config.batch_size());
         let schema: SchemaRef = Arc::clone(plan.schema().inner());
         let properties = PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
@@ -203,11 +231,21 @@ impl SharedJobExec {
             max_message_size: config.ballista_grpc_client_max_message_size(),
             job_id: Mutex::new(None),
             schema,
+            lane_turn_rows,
+            deal_world: deal.map(|d| d.world),
         };
         Ok(Self {
             request: Arc::new(request),
             properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// Whether a job of `plan` can be dealt to ranks on the executors: its
+    /// result is a global `SHUFFLE` under projections (which keep rows 1:1,
+    /// so dealing below them deals the result).
+    pub fn can_deal(plan: &LogicalPlan) -> bool {
+        shuffle_under_projections(plan)
     }
 
     /// The job this rank reads, once known.
@@ -224,6 +262,15 @@ impl DisplayAs for SharedJobExec {
             self.request.job_name, self.request.rank, self.request.scheduler
         )
     }
+}
+
+/// What a rank fetched from the executors (its metrics).
+#[derive(Clone)]
+struct Fetched {
+    rows: Count,
+    /// In-memory bytes of the fetched record batches.
+    bytes: Count,
+    partitions: Count,
 }
 
 impl ExecutionPlan for SharedJobExec {
@@ -264,11 +311,22 @@ impl ExecutionPlan for SharedJobExec {
             )));
         }
         let job = Arc::clone(&self.request);
-        let stream = futures::stream::once(async move { job.run().await }).try_flatten();
+        let fetched = Fetched {
+            rows: MetricBuilder::new(&self.metrics).counter("fetched_rows", partition),
+            bytes: MetricBuilder::new(&self.metrics).counter("fetched_bytes", partition),
+            partitions: MetricBuilder::new(&self.metrics)
+                .counter("fetched_partitions", partition),
+        };
+        let stream =
+            futures::stream::once(async move { job.run(&fetched).await }).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             stream,
         )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
     }
 }
 
@@ -287,6 +345,13 @@ struct JobRequest {
     /// The job this rank reads, once known (for the lost-executor guard).
     job_id: Mutex<Option<String>>,
     schema: SchemaRef,
+    /// `None`: the result partitions in turn (a shuffle's key ranges);
+    /// `Some(T)`: unshuffled lanes, interleaved in turns of `T` rows
+    /// (`crate::sql::lanes`), as the embedded feed reads its partitions.
+    lane_turn_rows: Option<usize>,
+    /// Set when the job deals its rows to `W` ranks: this rank reads the
+    /// partitions `j` with `j mod W = rank` only.
+    deal_world: Option<usize>,
 }
 
 impl JobRequest {
@@ -305,7 +370,7 @@ impl JobRequest {
             .max_encoding_message_size(self.max_message_size))
     }
 
-    async fn run(&self) -> Result<SendableRecordBatchStream> {
+    async fn run(&self, fetched: &Fetched) -> Result<SendableRecordBatchStream> {
         if self.attempt > 0 {
             // A retry: every rank noticed the loss on its own, and rank 0
             // may have finished the epoch before it; whoever finds no job
@@ -316,13 +381,13 @@ impl JobRequest {
             };
             self.remember(&job_id);
             let locations = self.wait(&job_id).await?;
-            return self.fetch(locations).await;
+            return self.fetch(locations, fetched).await;
         }
         if self.rank == 0 {
             let job_id = self.submit().await?;
             self.remember(&job_id);
             let locations = self.wait(&job_id).await?;
-            return self.fetch(locations).await;
+            return self.fetch(locations, fetched).await;
         }
         // Other ranks join rank 0's job; a stale job of the same name whose
         // files are gone is skipped.
@@ -333,7 +398,7 @@ impl JobRequest {
                 self.remember(&job_id);
                 let attempt = async {
                     let locations = self.wait(&job_id).await?;
-                    self.fetch(locations).await
+                    self.fetch(locations, fetched).await
                 };
                 match attempt.await {
                     Ok(stream) => return Ok(stream),
@@ -437,6 +502,7 @@ impl JobRequest {
     async fn fetch(
         &self,
         mut locations: Vec<PartitionLocation>,
+        fetched: &Fetched,
     ) -> Result<SendableRecordBatchStream> {
         locations.sort_by_key(|l| {
             (
@@ -444,14 +510,41 @@ impl JobRequest {
                 l.map_partition_id,
             )
         });
+        if let Some(world) = self.deal_world {
+            let rank = self.rank as u32;
+            locations.retain(|l| {
+                l.partition_id
+                    .as_ref()
+                    .is_some_and(|p| p.partition_id % world as u32 == rank)
+            });
+        }
         let mut streams = Vec::with_capacity(locations.len());
         for location in locations {
-            streams.push(self.fetch_one(location).await?);
+            fetched.partitions.add(1);
+            let stream = self.fetch_one(location).await?;
+            let (schema, fetched) = (stream.schema(), fetched.clone());
+            streams.push(Box::pin(RecordBatchStreamAdapter::new(
+                schema,
+                stream.inspect_ok(move |batch| {
+                    fetched.rows.add(batch.num_rows());
+                    fetched.bytes.add(batch.get_array_memory_size());
+                }),
+            )) as SendableRecordBatchStream);
         }
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            futures::stream::iter(streams).flatten(),
-        )))
+        Ok(match self.lane_turn_rows {
+            None => Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                futures::stream::iter(streams).flatten(),
+            )),
+            Some(turn_rows) => {
+                let lanes = streams.into_iter().map(|s| spawn_buffered(s, 2)).collect();
+                crate::sql::lanes::interleave_lanes(
+                    Arc::clone(&self.schema),
+                    lanes,
+                    turn_rows,
+                )
+            }
+        })
     }
 
     async fn fetch_one(

@@ -5,7 +5,7 @@
 //!  payload = "sqlfeed" ‖ format byte (WIRE_FORMAT) ‖ protobuf Envelope
 //!  Envelope { version = 1; oneof node { shuffle = 2; shuffle_key = 3;
 //!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7;
-//!             range_bucket = 8 } }
+//!             range_bucket = 8; deal = 9; rank_shard = 10 } }
 //! ```
 //!
 //! # Compatibility
@@ -38,7 +38,7 @@ pub const WIRE_VERSION: u32 = 1;
 pub struct Envelope {
     #[prost(uint32, tag = "1")]
     pub version: u32,
-    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub node: Option<Node>,
 }
 
@@ -59,12 +59,31 @@ pub enum Node {
     Function(Empty),
     #[prost(message, tag = "8")]
     RangeBucket(RangeBucket),
+    #[prost(message, tag = "9")]
+    Deal(DealNode),
+    #[prost(message, tag = "10")]
+    RankShard(Empty),
 }
 
 /// `RangeBucketExec`.
 #[derive(Clone, PartialEq, Message)]
 pub struct RangeBucket {
     #[prost(uint64, tag = "1")]
+    pub ranges: u64,
+    #[prost(bool, tag = "2")]
+    pub counted: bool,
+}
+
+/// `DealExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct DealNode {
+    #[prost(uint64, tag = "1")]
+    pub batch_rows: u64,
+    #[prost(uint64, tag = "2")]
+    pub world: u64,
+    #[prost(bool, tag = "3")]
+    pub drop_last: bool,
+    #[prost(uint64, tag = "4")]
     pub ranges: u64,
 }
 
@@ -300,9 +319,17 @@ fn to_message(node: &WireNode) -> Node {
             batch_rows: *batch_rows as u64,
             ranged: *ranged,
         }),
-        WireNode::RangeBucket { ranges } => Node::RangeBucket(RangeBucket {
+        WireNode::RangeBucket { ranges, counted } => Node::RangeBucket(RangeBucket {
+            ranges: *ranges as u64,
+            counted: *counted,
+        }),
+        WireNode::Deal { deal, ranges } => Node::Deal(DealNode {
+            batch_rows: deal.batch_rows as u64,
+            world: deal.world as u64,
+            drop_last: deal.drop_last,
             ranges: *ranges as u64,
         }),
+        WireNode::RankShard => Node::RankShard(Empty {}),
         WireNode::LocalShuffle { buffer_rows, seed } => {
             Node::LocalShuffle(LocalShuffle {
                 buffer_rows: *buffer_rows as u64,
@@ -383,7 +410,17 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
         },
         Node::RangeBucket(bucket) => WireNode::RangeBucket {
             ranges: usize_of(bucket.ranges, "range count")?,
+            counted: bucket.counted,
         },
+        Node::Deal(deal) => WireNode::Deal {
+            deal: crate::shuffle::Deal {
+                batch_rows: usize_of(deal.batch_rows, "batch rows")?,
+                world: usize_of(deal.world, "world size")?,
+                drop_last: deal.drop_last,
+            },
+            ranges: usize_of(deal.ranges, "range count")?,
+        },
+        Node::RankShard(_) => WireNode::RankShard,
         Node::LocalShuffle(local) => WireNode::LocalShuffle {
             buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
             seed: local.seed,
@@ -450,7 +487,23 @@ mod tests {
                 batch_rows: 64,
                 ranged: true,
             },
-            WireNode::RangeBucket { ranges: 4 },
+            WireNode::RangeBucket {
+                ranges: 4,
+                counted: false,
+            },
+            WireNode::RangeBucket {
+                ranges: 3,
+                counted: true,
+            },
+            WireNode::Deal {
+                deal: crate::shuffle::Deal {
+                    batch_rows: 64,
+                    world: 4,
+                    drop_last: true,
+                },
+                ranges: 4,
+            },
+            WireNode::RankShard,
             WireNode::LocalShuffle {
                 buffer_rows: 100,
                 seed: 9,

@@ -252,6 +252,53 @@ mod tests {
         out.iter().map(ids).collect()
     }
 
+    /// A cluster job dealt on the executors (`crate::shuffle::deal`) hands
+    /// rank `r` its rows only; cut by a one-rank batcher they are the
+    /// batches this batcher cuts for rank `r` of `W` from the whole stream.
+    #[test]
+    fn dealt_rows_cut_alone_are_the_ranks_batches() {
+        use crate::shuffle::Deal;
+        for (n, sizes) in [(100, &[40u64, 0, 33, 27][..]), (1, &[0, 1]), (23, &[23])] {
+            for w in 2..=4 {
+                for b in [1, 4, 7] {
+                    for drop in [false, true] {
+                        for r in 0..w {
+                            let deal = Deal {
+                                batch_rows: b,
+                                world: w,
+                                drop_last: drop,
+                            };
+                            let rows = crate::shuffle::deal::dealt_rows(deal, sizes, r);
+                            let mut alone = ShardBatcher::new(b, 0, 1, false, 0, 0);
+                            let mut out = vec![];
+                            for chunk in rows.chunks(3) {
+                                let ids: Vec<i64> =
+                                    chunk.iter().map(|&g| g as i64).collect();
+                                let batch = RecordBatch::try_new(
+                                    Arc::new(Schema::new(vec![Field::new(
+                                        "id",
+                                        DataType::Int64,
+                                        false,
+                                    )])),
+                                    vec![Arc::new(Int64Array::from(ids))],
+                                )
+                                .expect("batch");
+                                alone.push(batch, &mut out);
+                            }
+                            alone.finish(&mut out);
+                            let dealt: Vec<Vec<i64>> = out.iter().map(ids).collect();
+                            assert_eq!(
+                                dealt,
+                                run(n, &[5, 2], b, r, w, drop, 0),
+                                "n {n} {sizes:?} {deal:?} rank {r}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn exact_batches_across_record_batch_boundaries() {
         let batches = run(10, &[3, 1, 4], 4, 0, 1, false, 0);

@@ -689,13 +689,15 @@ impl Producer {
                 plan: input,
                 task_ctx,
                 fill,
+                dealt,
             } = match plan.take() {
                 Some(plan) => plan,
                 None => self.plan_epoch(epoch).await?,
             };
             let skip = if epoch == first_epoch { first_step } else { 0 };
-            let sink: Arc<dyn ExecutionPlan> =
-                Arc::new(DeviceSinkExec::new(input, Arc::clone(&target), epoch, skip));
+            let sink: Arc<dyn ExecutionPlan> = Arc::new(
+                DeviceSinkExec::new(input, Arc::clone(&target), epoch, skip).dealt(dealt),
+            );
             catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
             if let Some(fill) = fill {
                 self.cache.commit(&options.session, &fill).await?;
@@ -729,16 +731,43 @@ impl Producer {
         df: datafusion::dataframe::DataFrame,
         scheduler: crate::cluster::SchedulerAddress,
         epoch: u64,
-    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+        may_deal: bool,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>, bool)> {
         let options = &self.options;
         let (state, plan) = df.into_parts();
+        // The scheduler plans the job with this rank's settings: the same
+        // lanes as an embedded epoch, so its result partitions are the
+        // embedded feed's partitions.
+        let mut config = state.config().clone();
+        crate::session::deterministic_config(&mut config, self.partition_order());
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
         let plan = state.optimize(&plan)?;
+        // Dealt on the executors, each rank fetches its own batches only;
+        // batches by token budget or length buckets depend on the whole
+        // stream, and one rank has nothing to deal.
+        let deal = (may_deal
+            && options.world >= 2
+            && options.token_budget.is_none()
+            && options.bucket_window.is_none()
+            && crate::cluster::SharedJobExec::can_deal(&plan))
+        .then_some(crate::shuffle::Deal {
+            batch_rows: options.batch_size,
+            world: options.world,
+            drop_last: options.drop_last,
+        });
         // The cache changes the job's result (each row's content hash comes
         // with it): ranks of a cached and an uncached run must not share it.
         let run = xxhash_rust::xxh3::xxh3_64(
             format!(
-                "{}\0{:?}\0{}\0{}",
-                options.sql, options.shuffle_seed, options.run_id, options.cache
+                "{}\0{:?}\0{}\0{}\0{}\0{:?}",
+                options.sql,
+                options.shuffle_seed,
+                options.run_id,
+                options.cache,
+                options.order_lanes,
+                deal
             )
             .as_bytes(),
         );
@@ -756,13 +785,26 @@ impl Producer {
                     job_name.clone(),
                     rank,
                     attempt,
+                    deal,
                 )?);
             Ok(crate::cluster::watched(&session, job))
         });
         let job: Arc<dyn ExecutionPlan> = Arc::new(
             crate::cluster::ExactRetryExec::try_new(attempts, scheduler)?,
         );
-        Ok((job, Arc::new(TaskContext::from(&state))))
+        Ok((job, Arc::new(TaskContext::from(&state)), deal.is_some()))
+    }
+
+    /// What the epoch's plan must keep of its partitions' order.
+    fn partition_order(&self) -> crate::session::PartitionOrder {
+        match self.options.shuffle_seed {
+            // A global shuffle orders rows by content: it keeps the faster
+            // work-stealing scan.
+            Some(_) => crate::session::PartitionOrder::Content,
+            None => {
+                crate::session::PartitionOrder::Partitions(Some(self.options.order_lanes))
+            }
+        }
     }
 
     /// What an unshuffled feed's cache entry layout depends on: the ordered
@@ -806,8 +848,10 @@ impl Producer {
             && let Some(scheduler) = options.session.cluster()
         {
             let (state, logical) = (df.clone()).into_parts();
-            let (plan, task_ctx) =
-                self.plan_cluster_epoch(df, scheduler.clone(), epoch)?;
+            // A cache fill needs every row of the epoch here.
+            let may_deal = filling.is_none();
+            let (plan, task_ctx, dealt) =
+                self.plan_cluster_epoch(df, scheduler.clone(), epoch, may_deal)?;
             // A miss: the job's rows (with their content hashes) are written
             // into the entry here, as they arrive, and finished on the way.
             return Ok(match filling {
@@ -822,11 +866,13 @@ impl Producer {
                     )?,
                     task_ctx,
                     fill: Some(fill),
+                    dealt,
                 },
                 None => EpochPlan {
                     plan,
                     task_ctx,
                     fill: None,
+                    dealt,
                 },
             });
         }
@@ -849,23 +895,7 @@ impl Producer {
                 epoch,
             ),
         );
-        // Round-robin repartitioning hands batches to whichever partition
-        // asks first: a timing-dependent order that would break resume and
-        // shard disjointness of unshuffled feeds.
-        config
-            .options_mut()
-            .optimizer
-            .enable_round_robin_repartition = false;
-        // Likewise idle partitions stealing files from their siblings: then
-        // which rows a partition reads depends on timing. A global shuffle
-        // orders rows by content, so it keeps the faster stealing scan.
-        if options.shuffle_seed.is_none() {
-            let execution = &mut config.options_mut().execution;
-            execution.enable_file_stream_work_stealing = false;
-            // Files and row groups go to partitions by a rule that depends
-            // on the partition count: make that count the same everywhere.
-            execution.target_partitions = options.order_lanes;
-        }
+        crate::session::deterministic_config(&mut config, self.partition_order());
         let mut state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
@@ -902,6 +932,7 @@ impl Producer {
             plan: physical,
             task_ctx: Arc::new(TaskContext::from(&state)),
             fill,
+            dealt: false,
         })
     }
 }
@@ -912,6 +943,9 @@ struct EpochPlan {
     plan: Arc<dyn ExecutionPlan>,
     task_ctx: Arc<TaskContext>,
     fill: Option<Arc<crate::cache::EntryFill>>,
+    /// The plan yields this rank's rows only (a cluster job dealt on the
+    /// executors, see `crate::shuffle::deal`), not the whole epoch.
+    dealt: bool,
 }
 
 /// The one padded column that token budgets and bucketing measure.

@@ -7,9 +7,9 @@
 //!   `FeedBuilder::order_lanes`), whatever the session's
 //!   `target_partitions`: DataFusion then assigns files and row-group ranges
 //!   to partitions in path order by the same rule on every machine, and the
-//!   sink interleaves the partitions one record batch at a time in partition
-//!   order (see `sink.rs`). The record batch size is fixed too (the session
-//!   default, never derived from the machine).
+//!   sink interleaves the partitions in turns of rows in partition order (see
+//!   `crate::sql::lanes`). The turn is the session's batch size, fixed too
+//!   (the session default, never derived from the machine).
 //! - **Plans that merge by arrival are refused.** Operators that combine
 //!   partitions in the order batches happen to arrive (a hash or round-robin
 //!   `RepartitionExec`, `CoalescePartitionsExec`) make the order depend on

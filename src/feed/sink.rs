@@ -29,9 +29,10 @@
 //! # Ordering
 //! Deterministic for a fixed plan: a one-partition input (a global
 //! `SHUFFLE`, an `ORDER BY`) is read in order; several partitions are
-//! interleaved one record batch at a time in partition order, which depends
-//! only on each partition's own (deterministic) batch sequence, never on
-//! timing. Round-robin repartitioning, which is timing dependent, is turned
+//! interleaved in turns of the session's batch size in rows, in partition
+//! order (`crate::sql::lanes`), which depends only on each partition's own
+//! (deterministic) row sequence, never on timing or on how its record
+//! batches are cut. Round-robin repartitioning, which is timing dependent, is turned
 //! off for feeds.
 //!
 //! # Memory
@@ -155,6 +156,8 @@ pub struct DeviceSinkExec {
     epoch: u64,
     /// Steps to skip (resume).
     skip_steps: u64,
+    /// The input is this rank's rows only (see [`DeviceSinkExec::dealt`]).
+    dealt: bool,
     /// Cached plan properties.
     properties: Arc<PlanProperties>,
     /// Batches, rows, bytes, convert and stall time.
@@ -187,9 +190,19 @@ impl DeviceSinkExec {
             target,
             epoch,
             skip_steps,
+            dealt: false,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// With `dealt`, the input is this rank's rows only (a cluster job
+    /// dealt on the executors): they are cut as one rank's, into batches of
+    /// `B` rows and a shorter last one (the deal applied `drop_last` and the
+    /// padding already).
+    pub(crate) fn dealt(mut self, dealt: bool) -> Self {
+        self.dealt = dealt;
+        self
     }
 }
 
@@ -213,6 +226,9 @@ impl DisplayAs for DeviceSinkExec {
             b.drop_last,
             self.epoch
         )?;
+        if self.dealt {
+            write!(f, ", dealt=true")?;
+        }
         if let Some(window) = b.bucket_window {
             write!(f, ", bucket_by_length={window}")?;
         }
@@ -278,6 +294,7 @@ impl ExecutionPlan for DeviceSinkExec {
             target: Arc::clone(&self.target),
             epoch: self.epoch,
             skip_steps: self.skip_steps,
+            dealt: self.dealt,
             metrics,
         };
         let stream = futures::stream::once(run.run(context));
@@ -321,6 +338,7 @@ struct SinkRun {
     target: Arc<SinkTarget>,
     epoch: u64,
     skip_steps: u64,
+    dealt: bool,
     metrics: SinkMetrics,
 }
 
@@ -342,6 +360,10 @@ impl SinkRun {
                 epoch,
                 skip,
             )),
+            // The deal on the executors cut the shard and the last step.
+            None if self.dealt => {
+                Batcher::Rows(ShardBatcher::new(b.batch_rows, 0, 1, false, epoch, skip))
+            }
             None => Batcher::Rows(ShardBatcher::new(
                 b.batch_rows,
                 b.rank,
@@ -474,35 +496,13 @@ fn ordered_input(
     if partitions == 1 {
         return input.execute(0, context);
     }
-    let streams = (0..partitions)
-        .map(|p| {
-            Ok(Some(spawn_buffered(
-                input.execute(p, Arc::clone(&context))?,
-                2,
-            )))
-        })
+    let turn_rows = context.session_config().batch_size();
+    let lanes = (0..partitions)
+        .map(|p| Ok(spawn_buffered(input.execute(p, Arc::clone(&context))?, 2)))
         .collect::<Result<Vec<_>>>()?;
-    let schema = input.schema();
-    let state = (streams, 0usize);
-    let stream = futures::stream::unfold(state, |(mut streams, mut next)| async move {
-        loop {
-            if streams.iter().all(Option::is_none) {
-                return None;
-            }
-            let index = next % streams.len();
-            next = index + 1;
-            let Some(stream) = streams[index].as_mut() else {
-                continue;
-            };
-            match stream.next().await {
-                // An empty batch is not a turn: whether an operator emits
-                // one (a filter that kept nothing) must not shift the order,
-                // nor may a cache that does not store it.
-                Some(Ok(batch)) if batch.num_rows() == 0 => next = index,
-                Some(item) => return Some((item, (streams, next))),
-                None => streams[index] = None,
-            }
-        }
-    });
-    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    Ok(crate::sql::lanes::interleave_lanes(
+        input.schema(),
+        lanes,
+        turn_rows,
+    ))
 }

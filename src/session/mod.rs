@@ -29,6 +29,7 @@
 //! ```
 
 mod cgroup;
+mod deterministic;
 pub mod file_errors;
 mod folder_glob;
 pub(crate) mod liveness;
@@ -62,6 +63,7 @@ use futures::{FutureExt, Stream};
 
 use crate::cache::{CacheOptions, CacheStore};
 use crate::sql::{self, Statement};
+pub use deterministic::{PartitionOrder, deterministic_config};
 pub(crate) use file_errors::reason as file_error_reason;
 pub use object_stores::{IoCounters, ObjectStoreLimits};
 pub use options::SqlfeedOptions;

@@ -22,9 +22,32 @@ extensions_options! {
         /// everything (`crate::shuffle::RangeBucketExec`). Off, the result is
         /// one partition, for consumers that read partitions in any order.
         pub ordered_result_partitions: bool, default = false
+        /// With `ordered_result_partitions`, deal the shuffled rows on the
+        /// executors to this many training ranks (0 or 1: no deal), so each
+        /// rank fetches only its own batches (`crate::shuffle::DealExec`).
+        /// Set by a cluster feed's shared job, with the two settings below.
+        pub deal_world: usize, default = 0
+        /// Rows per batch of the dealt feed.
+        pub deal_batch_rows: usize, default = 0
+        /// Whether the dealt feed drops its last partial step.
+        pub deal_drop_last: bool, default = false
     }
 }
 
 impl ConfigExtension for SqlfeedOptions {
     const PREFIX: &'static str = "sqlfeed";
+}
+
+impl SqlfeedOptions {
+    /// The deal these settings ask for, if any.
+    pub fn deal(&self) -> Option<crate::shuffle::Deal> {
+        (self.ordered_result_partitions
+            && self.deal_world >= 2
+            && self.deal_batch_rows >= 1)
+            .then_some(crate::shuffle::Deal {
+                batch_rows: self.deal_batch_rows,
+                world: self.deal_world,
+                drop_last: self.deal_drop_last,
+            })
+    }
 }

@@ -30,12 +30,14 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
-use super::ShuffleExec;
+use super::{DealExec, RankShardExec, ShuffleExec};
 
 /// Whether `plan` streams a global shuffle's order: a [`ShuffleExec`], or a
 /// single-partition, order-keeping operator over one.
 fn carries_shuffle_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    if plan.as_ref().downcast_ref::<ShuffleExec>().is_some() {
+    if plan.as_ref().downcast_ref::<ShuffleExec>().is_some()
+        || plan.as_ref().downcast_ref::<RankShardExec>().is_some()
+    {
         return true;
     }
     match (
@@ -82,6 +84,59 @@ fn check_range_exchange(permute: &super::PermuteExec) -> Result<()> {
     }
 }
 
+/// `shard` (the node `node`) over a rank exchange of the deal's own size:
+/// the distribution rule re-sizes every hash exchange to the session's
+/// target partitions, which would send rows to other ranks' partitions.
+fn resize_rank_exchange(
+    shard: &RankShardExec,
+    node: &Arc<dyn ExecutionPlan>,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    let exchange = shard.children()[0];
+    let Some(repartition) = exchange.as_ref().downcast_ref::<RepartitionExec>() else {
+        return Ok(Transformed::no(Arc::clone(node)));
+    };
+    let (Partitioning::Hash(exprs, n), Some(deal)) = (
+        repartition.partitioning(),
+        repartition.input().as_ref().downcast_ref::<DealExec>(),
+    ) else {
+        return Ok(Transformed::no(Arc::clone(node)));
+    };
+    if *n == deal.partitions() {
+        return Ok(Transformed::no(Arc::clone(node)));
+    }
+    let exchange: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
+        Arc::clone(repartition.input()),
+        Partitioning::Hash(exprs.clone(), deal.partitions()),
+    )?);
+    Ok(Transformed::yes(Arc::new(RankShardExec::try_new(
+        exchange,
+    )?)))
+}
+
+/// The [`DealExec`] under `shard`, if the exchange between them has as many
+/// partitions as the deal (else an error, like a re-sized range exchange).
+fn dealt_input(shard: &RankShardExec) -> Result<&DealExec> {
+    let exchange = shard.children()[0];
+    let sized = exchange
+        .as_ref()
+        .downcast_ref::<RepartitionExec>()
+        .and_then(|r| match r.partitioning() {
+            Partitioning::Hash(_, n) => Some((*n, r.input())),
+            _ => None,
+        })
+        .and_then(|(n, input)| input.as_ref().downcast_ref::<DealExec>().map(|d| (n, d)));
+    match sized {
+        Some((n, deal)) if n == deal.partitions() => Ok(deal),
+        Some((n, deal)) => Err(DataFusionError::Plan(format!(
+            "a dealt SHUFFLE's rank exchange was re-sized from {} to {n} partitions",
+            deal.partitions()
+        ))),
+        None => Err(DataFusionError::Plan(
+            "a RankShardExec does not read a rank exchange over a DealExec".to_string(),
+        )),
+    }
+}
+
 /// Fails if a [ranged](ShuffleExec::ranged) shuffle sits under an operator
 /// that does not keep each partition's order and the partitions as they are
 /// (a coalesce, a repartition, a sort, a limit over all partitions): its
@@ -97,6 +152,20 @@ fn check_ranged_shuffles(plan: &Arc<dyn ExecutionPlan>, keeps_order: bool) -> Re
              reorders partitions; set sqlfeed.ordered_result_partitions = false"
                 .to_string(),
         ));
+    }
+    // A deal's partitions are read in turn, like a ranged shuffle's; under
+    // it the exchange is the deal's own, and the ranged shuffle's order is
+    // what the deal consumes.
+    if let Some(shard) = plan.as_ref().downcast_ref::<RankShardExec>() {
+        if !keeps_order {
+            return Err(DataFusionError::Plan(
+                "a SHUFFLE dealt to ranks (sqlfeed.deal_world) is under an operator that \
+                 merges or reorders partitions; set sqlfeed.deal_world = 0"
+                    .to_string(),
+            ));
+        }
+        let deal = dealt_input(shard)?;
+        return check_ranged_shuffles(deal.children()[0], true);
     }
     if let Some(permute) = plan.as_ref().downcast_ref::<super::PermuteExec>()
         && permute.mode() == super::PermuteMode::Ranged
@@ -127,6 +196,9 @@ impl PhysicalOptimizerRule for KeepShuffleOrder {
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         plan.transform_up(|node| {
+            if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
+                return resize_rank_exchange(shard, &node);
+            }
             let Some(repartition) = node.as_ref().downcast_ref::<RepartitionExec>()
             else {
                 return Ok(Transformed::no(node));

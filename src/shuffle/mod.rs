@@ -85,6 +85,7 @@
 //! input partitioning and has no ordering.
 
 mod copies;
+pub(crate) mod deal;
 mod exec;
 mod keep_order;
 mod key;
@@ -100,6 +101,7 @@ use std::sync::Arc;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 
+pub use deal::{Deal, DealExec, RANK_ROUTE_COLUMN, RankShardExec};
 pub use exec::{ShuffleExec, shuffle_batch_rows};
 pub use keep_order::KeepShuffleOrder;
 pub use key::{
@@ -113,10 +115,10 @@ pub use local::LocalShuffleExec;
 pub use logical::{ShuffleKey, ShuffleNode};
 pub use permute::{PermuteExec, PermuteMode};
 pub use planner::{
-    ShuffleExtensionPlanner, SqlfeedQueryPlanner, plan_global_shuffle,
+    FinalStage, ShuffleExtensionPlanner, SqlfeedQueryPlanner, plan_global_shuffle,
     plan_sorted_shuffle,
 };
-pub use range::{RANGE_BUCKET_COLUMN, RangeBucketExec};
+pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 
 /// The one child of a single-input operator, or an internal error.
 pub(crate) fn single_child(

@@ -20,9 +20,10 @@ use datafusion::physical_planner::{
 use datafusion_session::Session;
 
 use super::{
-    KeySource, LocalShuffleExec, PermuteExec, PermuteMode, RANGE_BUCKET_COLUMN,
-    RangeBucketExec, SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKey, ShuffleKeyExec,
-    ShuffleNode, ShuffleSpec, shuffle_batch_rows,
+    Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
+    RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec, RankShardExec,
+    SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKey, ShuffleKeyExec, ShuffleNode,
+    ShuffleSpec, shuffle_batch_rows,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
 
@@ -84,6 +85,38 @@ pub fn plan_global_shuffle(
     )))
 }
 
+/// How a stage-shaped shuffle ends (see [`plan_sorted_shuffle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FinalStage {
+    /// Key ranges sorted in parallel; below 2, one task merges all.
+    pub ranges: usize,
+    /// With ranges: the rows dealt to ranks (`deal.rs`).
+    pub deal: Option<Deal>,
+}
+
+impl FinalStage {
+    /// One task merging every sorted run.
+    pub fn merge() -> Self {
+        Self {
+            ranges: 1,
+            deal: None,
+        }
+    }
+
+    /// One task per key range (a single range is the merge).
+    pub fn ranged(ranges: usize) -> Self {
+        Self { ranges, deal: None }
+    }
+
+    /// The ranges, dealt to ranks as `deal` says.
+    pub fn dealt(self, deal: Deal) -> Self {
+        Self {
+            deal: Some(deal),
+            ..self
+        }
+    }
+}
+
 /// The same order as [`plan_global_shuffle`] with stage-shaped operators:
 /// key, hash exchange on the content key (every copy of a row lands in one
 /// partition, where its copies can be numbered), [`PermuteExec`] per
@@ -105,8 +138,9 @@ pub fn plan_sorted_shuffle(
     epoch: u64,
     memory_limit: usize,
     session_batch_size: usize,
-    ranges: usize,
+    final_stage: FinalStage,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    let FinalStage { ranges, deal } = final_stage;
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
     let partitions = input.properties().partitioning.partition_count().max(1);
@@ -127,10 +161,12 @@ pub fn plan_sorted_shuffle(
         PermuteMode::PerPartition,
     )?);
     let shuffled: Arc<dyn ExecutionPlan> = if ranges >= 2 {
-        let bucketed: Arc<dyn ExecutionPlan> =
-            Arc::new(RangeBucketExec::try_new(permuted, ranges)?);
+        let bucketed: Arc<dyn ExecutionPlan> = Arc::new(
+            RangeBucketExec::try_new_counted(permuted, ranges, deal.is_some())?,
+        );
+        let bucket_index = bucketed.schema().index_of(RANGE_BUCKET_COLUMN)?;
         let bucket: Arc<dyn PhysicalExpr> =
-            Arc::new(Column::new(RANGE_BUCKET_COLUMN, columns));
+            Arc::new(Column::new(RANGE_BUCKET_COLUMN, bucket_index));
         let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
             bucketed,
             Partitioning::Hash(vec![bucket], ranges),
@@ -139,7 +175,26 @@ pub fn plan_sorted_shuffle(
             exchanged,
             PermuteMode::Ranged,
         )?);
-        Arc::new(ShuffleExec::new(sorted, seed, epoch, batch_rows).ranged(true))
+        let shuffled: Arc<dyn ExecutionPlan> =
+            Arc::new(ShuffleExec::new(sorted, seed, epoch, batch_rows).ranged(true));
+        match deal {
+            None => shuffled,
+            Some(deal) => {
+                // Each rank's rows to partitions of their own (`deal.rs`).
+                let dealt = Arc::new(DealExec::try_new(shuffled, deal, ranges)?);
+                let partitions = dealt.partitions();
+                let route: Arc<dyn PhysicalExpr> = Arc::new(Column::new(
+                    RANK_ROUTE_COLUMN,
+                    dealt.schema().fields().len() - 1,
+                ));
+                let exchanged: Arc<dyn ExecutionPlan> =
+                    Arc::new(RepartitionExec::try_new(
+                        dealt,
+                        Partitioning::Hash(vec![route], partitions),
+                    )?);
+                Arc::new(RankShardExec::try_new(exchanged)?)
+            }
+        }
     } else {
         let merged: Arc<dyn ExecutionPlan> =
             Arc::new(SortPreservingMergeExec::new(ordering, permuted));
@@ -223,12 +278,14 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 let (source, batch_size) =
                     (key_source(shuffle, input)?, session.config().batch_size());
                 if self.stage_shaped {
-                    let ordered_partitions = session
+                    let options = session
                         .config()
                         .options()
                         .extensions
-                        .get::<crate::session::SqlfeedOptions>()
-                        .is_some_and(|o| o.ordered_result_partitions);
+                        .get::<crate::session::SqlfeedOptions>();
+                    let ordered_partitions =
+                        options.is_some_and(|o| o.ordered_result_partitions);
+                    let deal = options.and_then(|o| o.deal());
                     let ranges = if ordered_partitions {
                         session.config().target_partitions()
                     } else {
@@ -241,7 +298,10 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                         epoch,
                         memory_limit,
                         batch_size,
-                        ranges,
+                        FinalStage {
+                            ranges,
+                            deal: deal.filter(|_| ranges >= 2),
+                        },
                     )?
                 } else {
                     plan_global_shuffle(

@@ -12,6 +12,10 @@
 //!  global order = partitions 0, 1, …, P-1 read in turn
 //! ```
 //!
+//! A *counted* bucket (a cluster feed dealt to ranks, see `deal.rs`) also
+//! ends each task with one count row per range, so that the range's task
+//! learns how many rows come before its range.
+//!
 //! # Why a hash exchange
 //! Ballista 55 cuts stages only at hash repartitions (a range repartition is
 //! removed from distributed plans), and DataFusion's distribution rule keeps
@@ -30,7 +34,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{
+    Array, AsArray, BinaryArray, RecordBatch, UInt32Array, UInt64Array, new_null_array,
+};
+use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
@@ -49,6 +56,10 @@ use super::SHUFFLE_KEY_COLUMN;
 
 /// Name of the column [`RangeBucketExec`] adds (before the key).
 pub const RANGE_BUCKET_COLUMN: &str = "__sqlfeed_range_bucket";
+
+/// Name of the column a counted [`RangeBucketExec`] adds (before the
+/// bucket): null on data rows, the payload on count rows.
+pub const RANGE_COUNTS_COLUMN: &str = "__sqlfeed_range_counts";
 
 /// The range of `key` among `partitions` equal ranges of the u64 space.
 pub(crate) fn range_of(key: u64, partitions: usize) -> usize {
@@ -109,6 +120,9 @@ pub(crate) fn route_values(partitions: usize) -> Result<Vec<u64>> {
 pub struct RangeBucketExec {
     input: Arc<dyn ExecutionPlan>,
     partitions: usize,
+    /// Whether each task ends with its row counts per range (see
+    /// [`RangeBucketExec::try_new_counted`]).
+    counted: bool,
     route: Arc<Vec<u64>>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
@@ -118,6 +132,21 @@ impl RangeBucketExec {
     /// Routes `input` (whose last column is the shuffle key) to `partitions`
     /// key ranges.
     pub fn try_new(input: Arc<dyn ExecutionPlan>, partitions: usize) -> Result<Self> {
+        Self::try_new_counted(input, partitions, false)
+    }
+
+    /// Like [`RangeBucketExec::try_new`]; with `counted`, the output has a
+    /// [`RANGE_COUNTS_COLUMN`] (null on data rows) and each task that saw
+    /// rows ends with one *count row* per range: a copy of its first row
+    /// whose counts column holds `(range, rows of this task in range 0, 1,
+    /// …)` and whose key is the range's first key, so that the range's sort
+    /// puts it first. Summed over tasks, a range's task learns how many rows
+    /// every range holds: its global offset (see `deal.rs`).
+    pub fn try_new_counted(
+        input: Arc<dyn ExecutionPlan>,
+        partitions: usize,
+        counted: bool,
+    ) -> Result<Self> {
         let input_schema = input.schema();
         let fields = input_schema.fields();
         if fields.last().map(|f| f.name().as_str()) != Some(SHUFFLE_KEY_COLUMN) {
@@ -127,6 +156,13 @@ impl RangeBucketExec {
         }
         let partitions = partitions.max(1);
         let mut with_bucket: Vec<Arc<Field>> = fields[..fields.len() - 1].to_vec();
+        if counted {
+            with_bucket.push(Arc::new(Field::new(
+                RANGE_COUNTS_COLUMN,
+                DataType::Binary,
+                true,
+            )));
+        }
         with_bucket.push(Arc::new(Field::new(
             RANGE_BUCKET_COLUMN,
             DataType::UInt64,
@@ -146,6 +182,7 @@ impl RangeBucketExec {
         Ok(Self {
             input,
             partitions,
+            counted,
             route: Arc::new(route_values(partitions)?),
             schema,
             properties: Arc::new(properties),
@@ -156,14 +193,23 @@ impl RangeBucketExec {
     pub fn partitions(&self) -> usize {
         self.partitions
     }
+
+    /// Whether tasks end with count rows.
+    pub fn is_counted(&self) -> bool {
+        self.counted
+    }
 }
 
 impl DisplayAs for RangeBucketExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         match t {
-            DisplayFormatType::TreeRender => write!(f, "ranges={}", self.partitions),
-            _ => write!(f, "RangeBucketExec: ranges={}", self.partitions),
+            DisplayFormatType::TreeRender => write!(f, "ranges={}", self.partitions)?,
+            _ => write!(f, "RangeBucketExec: ranges={}", self.partitions)?,
         }
+        if self.counted {
+            write!(f, ", counted=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -200,7 +246,11 @@ impl ExecutionPlan for RangeBucketExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = super::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(child, self.partitions)?))
+        Ok(Arc::new(Self::try_new_counted(
+            child,
+            self.partitions,
+            self.counted,
+        )?))
     }
 
     fn execute(
@@ -209,35 +259,134 @@ impl ExecutionPlan for RangeBucketExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let input = self.input.execute(partition, context)?;
-        let (schema, route, partitions) = (
-            Arc::clone(&self.schema),
-            Arc::clone(&self.route),
-            self.partitions,
-        );
-        let output = input.map(move |batch| {
-            let batch = batch?;
-            let key_index = batch.num_columns() - 1;
-            let keys = batch.column(key_index).as_primitive::<UInt64Type>();
-            if keys.null_count() > 0 {
-                return Err(DataFusionError::Internal(
-                    "a shuffle key is NULL".to_string(),
-                ));
+        let bucketer = Bucketer {
+            schema: Arc::clone(&self.schema),
+            route: Arc::clone(&self.route),
+            counted: self.counted,
+            counts: vec![0; self.partitions],
+            first_row: None,
+        };
+        // (input, what routes it; None once the count rows went out)
+        let state = (input, Some(bucketer));
+        let output = futures::stream::unfold(state, |(mut input, bucketer)| async move {
+            let mut bucketer = bucketer?;
+            match input.next().await {
+                Some(batch) => {
+                    let routed = batch.and_then(|batch| bucketer.route(&batch));
+                    Some((routed, (input, Some(bucketer))))
+                }
+                // The input ended: this task's count rows, if any.
+                None => match bucketer.count_rows() {
+                    Ok(Some(batch)) => Some((Ok(batch), (input, None))),
+                    Ok(None) => None,
+                    Err(e) => Some((Err(e), (input, None))),
+                },
             }
-            let buckets: UInt64Array = keys
-                .values()
-                .iter()
-                .map(|&key| route[range_of(key, partitions)])
-                .collect();
-            let mut columns = batch.columns()[..key_index].to_vec();
-            columns.push(Arc::new(buckets));
-            columns.push(Arc::clone(batch.column(key_index)));
-            Ok(RecordBatch::try_new(Arc::clone(&schema), columns)?)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             output,
         )))
     }
+}
+
+/// The state of one [`RangeBucketExec`] partition.
+struct Bucketer {
+    schema: SchemaRef,
+    route: Arc<Vec<u64>>,
+    counted: bool,
+    /// Rows of this task per range.
+    counts: Vec<u64>,
+    /// A copy of the task's first row: the body of its count rows.
+    first_row: Option<RecordBatch>,
+}
+
+impl Bucketer {
+    /// `batch` (data…, key) with its routes (and null counts).
+    fn route(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let key_index = batch.num_columns() - 1;
+        let keys = batch.column(key_index).as_primitive::<UInt64Type>();
+        if keys.null_count() > 0 {
+            return Err(DataFusionError::Internal(
+                "a shuffle key is NULL".to_string(),
+            ));
+        }
+        let partitions = self.counts.len();
+        let buckets: UInt64Array = keys
+            .values()
+            .iter()
+            .map(|&key| {
+                let range = range_of(key, partitions);
+                self.counts[range] += 1;
+                self.route[range]
+            })
+            .collect();
+        if self.counted && self.first_row.is_none() && batch.num_rows() > 0 {
+            self.first_row = Some(take_record_batch(batch, &UInt32Array::from(vec![0]))?);
+        }
+        let mut columns = batch.columns()[..key_index].to_vec();
+        if self.counted {
+            columns.push(new_null_array(&DataType::Binary, batch.num_rows()));
+        }
+        columns.push(Arc::new(buckets));
+        columns.push(Arc::clone(batch.column(key_index)));
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+
+    /// One count row per range (see [`RangeBucketExec::try_new_counted`]),
+    /// or nothing for a task without rows (it adds 0 everywhere).
+    fn count_rows(&self) -> Result<Option<RecordBatch>> {
+        let Some(first_row) = self.first_row.as_ref().filter(|_| self.counted) else {
+            return Ok(None);
+        };
+        let partitions = self.counts.len();
+        let copies = UInt32Array::from(vec![0; partitions]);
+        let body = take_record_batch(first_row, &copies)?;
+        let key_index = body.num_columns() - 1;
+        let counts: BinaryArray = (0..partitions)
+            .map(|range| Some(encode_counts(range, &self.counts)))
+            .collect();
+        let mut columns = body.columns()[..key_index].to_vec();
+        columns.push(Arc::new(counts));
+        columns.push(Arc::new(UInt64Array::from(self.route.as_ref().clone())));
+        columns.push(Arc::new(UInt64Array::from_iter_values(
+            (0..partitions).map(|range| first_key(range, partitions)),
+        )));
+        Ok(Some(RecordBatch::try_new(
+            Arc::clone(&self.schema),
+            columns,
+        )?))
+    }
+}
+
+/// The smallest key of range `range` among `partitions`.
+pub(crate) fn first_key(range: usize, partitions: usize) -> u64 {
+    // ⌈range · 2⁶⁴ / partitions⌉, below 2⁶⁴ for range < partitions.
+    ((range as u128) << 64).div_ceil(partitions as u128) as u64
+}
+
+/// A count row's payload: the range it was sent to, then the task's row
+/// counts of every range, as little-endian u64s.
+fn encode_counts(range: usize, counts: &[u64]) -> Vec<u8> {
+    std::iter::once(range as u64)
+        .chain(counts.iter().copied())
+        .flat_map(u64::to_le_bytes)
+        .collect()
+}
+
+/// The range and counts of a count row's payload, for `partitions` ranges.
+pub(crate) fn decode_counts(
+    payload: &[u8],
+    partitions: usize,
+) -> Option<(usize, Vec<u64>)> {
+    if payload.len() != 8 * (partitions + 1) {
+        return None;
+    }
+    let mut values = payload
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()));
+    let range = values.next()? as usize;
+    Some((range, values.collect()))
 }
 
 #[cfg(test)]
@@ -264,6 +413,30 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    #[test]
+    fn a_ranges_first_key_is_its_smallest() {
+        for partitions in [1usize, 3, 4, 7, 28] {
+            for range in 0..partitions {
+                let key = first_key(range, partitions);
+                assert_eq!(range_of(key, partitions), range);
+                if key > 0 {
+                    assert_eq!(range_of(key - 1, partitions), range - 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn count_payloads_round_trip_and_refuse_other_sizes() {
+        let payload = encode_counts(2, &[5, 0, 7, u64::MAX]);
+        assert_eq!(
+            decode_counts(&payload, 4),
+            Some((2, vec![5, 0, 7, u64::MAX]))
+        );
+        assert_eq!(decode_counts(&payload, 3), None);
+        assert_eq!(decode_counts(&payload[..39], 4), None);
     }
 
     #[test]

@@ -29,6 +29,7 @@
 mod cache_statements;
 mod explore;
 mod functions;
+pub mod lanes;
 mod parallel_projection;
 mod shuffle_clause;
 pub mod verify;

@@ -581,8 +581,9 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
         2 * 2,
         "{jobs}"
     );
-    // The shuffled jobs ended in tasks over the 4 key ranges (4 target
-    // partitions), not in one task merging everything.
+    // The shuffled jobs sorted the 4 key ranges (4 target partitions) in
+    // parallel tasks, not in one task merging everything, and dealt the
+    // rows to 3 × (4 + 2) rank partitions in a final stage of their own.
     let jobs: serde_json::Value = serde_json::from_str(&jobs).expect("jobs as JSON");
     let mut ranged_jobs = 0;
     for job in jobs.as_array().expect("a list of jobs") {
@@ -591,29 +592,35 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
             serde_json::from_str(&cluster.rest(&format!("/api/job/{id}/stages")))
                 .expect("stages as JSON");
         let stages = stages["stages"].as_array().expect("stages");
-        let plans: Vec<String> =
-            stages.iter().map(|s| s["stage_plan"].to_string()).collect();
-        if plans.iter().any(|p| p.contains("ShuffleExec")) {
-            ranged_jobs += 1;
-            let last = stages.iter().max_by_key(|s| {
-                s["stage_id"].as_str().and_then(|id| id.parse::<u32>().ok())
-            });
-            let last = last.expect("a final stage");
-            assert!(
-                last["stage_plan"].to_string().contains("ranged=true"),
-                "{last}"
-            );
-            // Ballista may give a task several partitions (one per free slot).
-            let tasks = last["tasks"].as_array().expect("tasks");
-            assert!(tasks.len() >= 2, "one merging task: {last}");
-            let mut partitions: Vec<u64> = tasks
-                .iter()
-                .flat_map(|t| t["partition_id"].as_array().cloned().unwrap_or_default())
-                .filter_map(|p| p.as_u64())
-                .collect();
-            partitions.sort_unstable();
-            assert_eq!(partitions, vec![0, 1, 2, 3], "{last}");
-        }
+        let Some(ranged) = stages
+            .iter()
+            .find(|s| s["stage_plan"].to_string().contains("ranged=true"))
+        else {
+            continue;
+        };
+        ranged_jobs += 1;
+        let plan = ranged["stage_plan"].to_string();
+        assert!(plan.contains("DealExec: batch_rows=64, world=3"), "{plan}");
+        // Ballista may give a task several partitions (one per free slot).
+        let tasks = ranged["tasks"].as_array().expect("tasks");
+        assert!(tasks.len() >= 2, "one merging task: {ranged}");
+        let mut partitions: Vec<u64> = tasks
+            .iter()
+            .flat_map(|t| t["partition_id"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p.as_u64())
+            .collect();
+        partitions.sort_unstable();
+        assert_eq!(partitions, vec![0, 1, 2, 3], "{ranged}");
+        let last = stages
+            .iter()
+            .max_by_key(|s| s["stage_id"].as_str().and_then(|id| id.parse::<u32>().ok()))
+            .expect("a final stage");
+        assert!(
+            last["stage_plan"]
+                .to_string()
+                .contains("RankShardExec: partitions=18"),
+            "{last}"
+        );
     }
     assert_eq!(ranged_jobs, 2, "the shuffled epochs' jobs");
     // A rank resumes on the cluster exactly where the embedded rank would.
@@ -628,6 +635,27 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
         &["--shuffle-seed", "42", "--shard", "1/3", "--resume", "1:5"],
     );
     assert_eq!(resumed, full[16 + 5..].to_vec());
+    // Each rank fetched its own rows only: 15 full steps of 64 and a third
+    // of the last 120 rows, of the epoch's 3000 (unshuffled: everything).
+    // (Metrics print in thousands.)
+    for (shuffle, rows) in [(&["--shuffle-seed", "42"][..], "1.00 K"), (&[], "3.00 K")] {
+        let mut command = sqlfeed();
+        command
+            .args(["--cluster", &url, "--target-partitions", "4", "feed"])
+            .arg(format!(
+                "SELECT id, standardize(f0, 0.5, 2.0) AS x, label AS y FROM '{}/flat/*.parquet'",
+                dir.path().display()
+            ))
+            .args(["--batch-size", "64", "--epochs", "1", "--device", "cpu"])
+            .args(["--run-id", "fetch-test", "--shard", "0/3", "--explain-analyze"])
+            .args(shuffle);
+        let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
+        assert!(ok, "{err}");
+        assert!(
+            out.contains(&format!("fetched_rows={rows}")),
+            "{shuffle:?}: {out}"
+        );
+    }
     Ok(())
 }
 
@@ -871,11 +899,11 @@ fn a_cached_cluster_feed_computes_once_and_keeps_the_batches() -> Result<()> {
         assert!(ok, "uncached on the cluster: {err}");
         let expected = digests(&out);
         assert_eq!(expected.len(), 3 * 47, "3000 rows in batches of 64");
-        if !shuffle.is_empty() {
-            let (ok, out, err) = run(None, shuffle);
-            assert!(ok, "embedded: {err}");
-            assert_eq!(digests(&out), expected, "shuffled: cluster = embedded");
-        }
+        // Also unshuffled, although the functions emit many small record
+        // batches per partition (the lanes interleave by rows).
+        let (ok, out, err) = run(None, shuffle);
+        assert!(ok, "embedded: {err}");
+        assert_eq!(digests(&out), expected, "{shuffle:?}: cluster = embedded");
         let mut args = shuffle.to_vec();
         args.push("--cache");
         let (ok, out, err) = run(Some(&url), &args);

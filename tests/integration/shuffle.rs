@@ -456,7 +456,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
             std::sync::Arc::new(
                 datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
-                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows, 1)?,
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows, sqlfeed::shuffle::FinalStage::merge())?,
                 ),
             );
         // As DataFusion plans any query (the optimizer is part of planning).
@@ -514,6 +514,36 @@ fn write_repeated(
 }
 
 /// Adjacent pairs of identical rows.
+/// Rank `rank`'s rows of `order` by the feed's batching: steps of `B × W`
+/// rows, rank r's `B` of each; the last partial step dropped, or padded with
+/// the first rows (cycled) and split evenly.
+fn rank_rows<T: Clone>(
+    order: &[T],
+    b: usize,
+    w: usize,
+    drop_last: bool,
+    rank: usize,
+) -> Vec<T> {
+    let full = order.len() / (b * w) * (b * w);
+    let mut mine: Vec<T> = order[..full]
+        .chunks(b * w)
+        .flat_map(|step| step[rank * b..(rank + 1) * b].to_vec())
+        .collect();
+    let last = order.len() - full;
+    if last > 0 && !drop_last {
+        let padded = last.div_ceil(w) * w;
+        let head = order.len().min(w - 1);
+        let step: Vec<T> = order[full..]
+            .iter()
+            .cloned()
+            .chain((0..padded - last).map(|t| order[t % head].clone()))
+            .collect();
+        let per_rank = padded / w;
+        mine.extend_from_slice(&step[rank * per_rank..(rank + 1) * per_rank]);
+    }
+    mine
+}
+
 fn adjacent_copies(rows: &[Vec<String>]) -> usize {
     rows.windows(2).filter(|w| w[0] == w[1]).count()
 }
@@ -708,7 +738,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
                     0,
                     limit,
                     batch_rows,
-                    ranges,
+                    sqlfeed::shuffle::FinalStage::ranged(ranges),
                 )?;
             let state = s.context().state();
             for rule in state.physical_optimizers() {
@@ -732,6 +762,63 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
             );
         }
     }
+    // Dealt to W ranks (a cluster feed's job, `shuffle::deal`): the counts
+    // travel with the rows through the range exchange; rank r's partitions,
+    // read in turn, are exactly its rows of the feed's batching of the
+    // order above.
+    for (s, limit) in [(&roomy, 256 << 20)] {
+        let ranges = s.context().state().config().target_partitions();
+        for (world, batch_rows, drop_last) in
+            [(2, 1000, false), (3, 7, true), (5, 333, false)]
+        {
+            let deal = sqlfeed::shuffle::Deal {
+                batch_rows,
+                world,
+                drop_last,
+            };
+            let input = s.sql(&sql).await?.create_physical_plan().await?;
+            let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
+                sqlfeed::shuffle::plan_sorted_shuffle(
+                    input,
+                    sqlfeed::shuffle::KeySource::AllColumns,
+                    8,
+                    0,
+                    limit,
+                    s.context().state().config().batch_size(),
+                    sqlfeed::shuffle::FinalStage::ranged(ranges).dealt(deal),
+                )?;
+            let state = s.context().state();
+            for rule in state.physical_optimizers() {
+                staged = rule.optimize(staged, state.config().options())?;
+            }
+            let plan = datafusion::physical_plan::displayable(staged.as_ref())
+                .indent(true)
+                .to_string();
+            assert!(
+                plan.contains("RankShardExec") && plan.contains("counted=true"),
+                "{plan}"
+            );
+            let parts = datafusion::physical_plan::collect_partitioned(
+                staged,
+                s.context().task_ctx(),
+            )
+            .await?;
+            assert_eq!(parts.len(), deal.partitions(ranges));
+            for rank in 0..world {
+                let mine: Vec<_> = parts
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| j % world == rank)
+                    .flat_map(|(_, batches)| batches.iter().cloned())
+                    .collect();
+                assert_eq!(
+                    rows(&mine),
+                    rank_rows(&in_memory, batch_rows, world, drop_last, rank),
+                    "limit {limit}, {deal:?}, rank {rank}"
+                );
+            }
+        }
+    }
     // Ranges other than the session's target partitions: the distribution
     // rule re-sizes the exchange, and the plan is refused instead of
     // returning rows out of order.
@@ -744,7 +831,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
             0,
             256 << 20,
             100,
-            5,
+            sqlfeed::shuffle::FinalStage::ranged(5),
         )?;
     let state = roomy.context().state();
     let mut refused = None;
