@@ -25,7 +25,7 @@ use datafusion::datasource::MemTable;
 use sqlfeed::Session;
 use sqlfeed::device::Device;
 use sqlfeed::feed::{ColumnSpec, Feed};
-use sqlfeed::sql::row_key_hash;
+use sqlfeed::shuffle::row_key_hash;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 const KEY_ROWS: usize = 8192;

@@ -11,6 +11,11 @@
 #   scripts/bench-cluster.sh [ROWS=40000] [IMAGE_SIZE=64] [RESIZE=32] [ROUNDS=2]
 #   PIXELS=uint8 scripts/bench-cluster.sh …   # ship uint8 HWC pixels (4x fewer
 #                                            # bytes); the feed converts to float
+#   EXECUTOR_CACHE=1 scripts/bench-cluster.sh … # then 3 epochs uncached vs cached
+#                                            # on the executors (--executor-cache-dir)
+#   RANKS=4 scripts/bench-cluster.sh …         # then W ranks at once on each
+#                                            # cluster: bytes each rank fetched
+#                                            # vs one rank reading the epoch
 #
 # Needs a release build (cargo build --release). Data goes under
 # target/bench-cluster/.
@@ -38,9 +43,16 @@ else
               standardize(f0, 0.0, 1.0) AS x, label AS y FROM '$data/*.parquet'"
   tensor=()
 fi
-feed() { "$bin" "$@" --target-partitions "$cores" feed "$sql" --shuffle-seed 42 \
-           --epochs 1 --batch-size 256 --prefetch 8 --device cpu --result-json "${tensor[@]}" \
-           2>/dev/null | sed -n 's/^RESULT //p'; }
+# feed_raw [GLOBAL ARGS…] [-- FEED ARGS…]
+feed_raw() {
+  local global=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do global+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  "$bin" "${global[@]}" --target-partitions "$cores" feed "$sql" --shuffle-seed 42 \
+    --epochs 1 --batch-size 256 --prefetch 8 --device cpu --result-json "${tensor[@]}" "$@" \
+    2>/dev/null
+}
+feed() { feed_raw "$@" | sed -n 's/^RESULT //p'; }
 echo "feed: $rows JPEGs ${size}x${size} -> decode, resize ${resize}x${resize}, ${PIXELS:-float32} pixels," \
      "standardize; SHUFFLE SEED 42; $cores cores"
 
@@ -74,6 +86,56 @@ PY
   done
   echo "stages of the last cluster job:"
   python3 "$PWD/scripts/bench/cluster_stages.py" "$address"
+  ranks=${RANKS:-4}
+  if [ "$ranks" -ge 2 ]; then
+    # One rank reading the whole epoch, then W ranks of one run at once
+    # (each fetches its own batches: the job is dealt on the executors).
+    one=$(feed_raw --cluster "df://$address" -- --run-id "bench-1-$executors" --explain-analyze)
+    outs=() rank_pids=()
+    for r in $(seq 0 $((ranks - 1))); do
+      outs+=("$work/rank-$r.out")
+      feed_raw --cluster "df://$address" -- --run-id "bench-$ranks-$executors" --shard "$r/$ranks" \
+        --explain-analyze > "$work/rank-$r.out" &
+      rank_pids+=($!)
+    done
+    wait "${rank_pids[@]}"
+    python3 - "$ranks" "$one" "${outs[@]}" <<'PY'
+import json, re, sys
+ranks, one, outs = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+def size(text):
+    m = re.search(r"fetched_bytes=([0-9.]+)\s*([KMG]?)", text)
+    return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)] if m else float("nan")
+whole = size(one)
+print(f"  1 rank fetched {whole / 1e6:.1f} MB (the epoch's Arrow data)")
+for r, path in enumerate(outs):
+    text = open(path).read()
+    result = json.loads(re.search(r"^RESULT (.*)$", text, re.M).group(1))
+    got = size(text)
+    print(f"  rank {r}/{ranks}: fetched {got / 1e6:.1f} MB = {got / whole:.3f} of the epoch, "
+          f"{result['rows']} rows, {result['rows'] / result['wall_s']:.0f} rows/s")
+PY
+  fi
+  if [ "${EXECUTOR_CACHE:-0}" = 1 ]; then
+    # 3 epochs: uncached, then cached by the executors in a fresh folder.
+    epochs3() {
+      local global=()
+      while [ $# -gt 0 ] && [ "$1" != -- ]; do global+=("$1"); shift; done
+      [ $# -gt 0 ] && shift
+      "$bin" --cluster "df://$address" --target-partitions "$cores" "${global[@]}" feed "$sql" \
+        --shuffle-seed 42 --epochs 3 --batch-size 256 --prefetch 8 --device cpu \
+        --result-json "${tensor[@]}" --run-id "bench-cache-$executors-$RANDOM" "$@" \
+        2>/dev/null | sed -n 's/^RESULT //p'
+    }
+    rm -rf "$work/executor-cache"
+    plain=$(epochs3)
+    cached=$(epochs3 --executor-cache-dir "$work/executor-cache" -- --cache)
+    python3 - "$plain" "$cached" <<'PY'
+import json, sys
+plain, cached = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+fmt = lambda r: " ".join(f"{s:.2f}s" for s in r["epoch_s"])
+print(f"  3 epochs uncached: {fmt(plain)}   cached on the executors: {fmt(cached)}")
+PY
+  fi
   kill "${pids[@]}" 2>/dev/null || true
   wait "${pids[@]}" 2>/dev/null || true
   pids=()

@@ -6,6 +6,7 @@
 //!
 //! | module      | what it holds                                                  |
 //! |-------------|----------------------------------------------------------------|
+//! | [`config`]  | sqlfeed's settings (`SET sqlfeed.…`) and the deterministic execution settings |
 //! | [`session`] | the DataFusion context: memory budget, spill, object stores, UDFs |
 //! | [`sql`]     | our dialect on DataFusion's parser: `SUMMARIZE`, `SAMPLE`, `SHUFFLE`, … |
 //! | [`shuffle`] | the seeded global shuffle and the local shuffle buffer          |
@@ -17,14 +18,19 @@
 //! | [`cli`]     | the `sqlfeed` command line and REPL                            |
 
 #![deny(clippy::clone_on_ref_ptr)]
+// `unsafe` is confined to `device` by the compiler: that module alone
+// allows it (see its docs), every other one is refused at build time.
+#![deny(unsafe_code)]
 
 pub mod cache;
 pub mod cli;
 #[cfg(feature = "ballista")]
 pub mod cluster;
+pub mod config;
 pub mod datagen;
 pub mod device;
 pub mod feed;
+mod panics;
 pub mod rand;
 pub mod session;
 pub mod shuffle;

@@ -445,6 +445,7 @@ impl PyTensor {
 }
 
 /// The consumer stream named by a DLPack `stream` argument.
+#[allow(unsafe_code)] // the DLPack stream handle (see the SAFETY note below)
 fn consumer_stream(device: Device, stream: Option<i64>) -> PyResult<ConsumerStream> {
     match (device, stream) {
         (_, None) | (Device::Cpu, Some(-1)) => Ok(ConsumerStream::LEGACY_DEFAULT),

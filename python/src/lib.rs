@@ -4,6 +4,11 @@
 //! `state_dict` protocol, `shard="auto"`, the DataLoader adapter) are in the
 //! pure-Python package `sqlfeed`.
 
+#![deny(unsafe_code)]
+
+// `unsafe` only where the extension meets C: the DLPack capsule protocol
+// (`dlpack`) and the one consumer-stream handle DLPack passes (`feed`).
+#[allow(unsafe_code)]
 mod dlpack;
 mod errors;
 mod feed;

@@ -107,7 +107,7 @@ pub fn with_sqlfeed(ctx: &SessionContext) -> Result<SessionContext, DataFusionEr
         .with_physical_optimizer_rule(Arc::new(
             sqlfeed::session::file_errors::NameFileErrors,
         ))
-        .with_query_planner(Arc::new(sqlfeed::shuffle::SqlfeedQueryPlanner::embedded()))
+        .with_query_planner(Arc::new(sqlfeed::sql::SqlfeedQueryPlanner::embedded()))
         .build();
     let ctx = SessionContext::new_with_state(state);
     sqlfeed_udfs::register_all(&ctx)?;

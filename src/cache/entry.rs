@@ -39,7 +39,7 @@ use datafusion::error::{DataFusionError, Result};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::key::{AssetFile, FORMAT, InputFile};
+use super::identity::{AssetFile, FORMAT, InputFile};
 
 /// The manifest file of an entry.
 pub(crate) const MANIFEST: &str = "manifest.json";

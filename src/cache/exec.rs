@@ -52,7 +52,7 @@ use datafusion::physical_plan::{
 };
 
 use super::entry::PositionedReader;
-use super::key::CacheKey;
+use super::identity::CacheKey;
 
 /// How a cached table came to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,14 +240,22 @@ impl CacheScanExec {
 }
 
 impl DisplayAs for CacheScanExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let in_memory: usize = self.parts.iter().map(|p| p.in_memory.len()).sum();
-        write!(
-            f,
-            "CacheScanExec: key={}, parts={}, memory_batches={in_memory}",
-            self.key,
-            self.parts.len()
-        )
+        match t {
+            DisplayFormatType::TreeRender => write!(
+                f,
+                "key={}\nparts={}\nmemory_batches={in_memory}",
+                self.key,
+                self.parts.len()
+            ),
+            _ => write!(
+                f,
+                "CacheScanExec: key={}, parts={}, memory_batches={in_memory}",
+                self.key,
+                self.parts.len()
+            ),
+        }
     }
 }
 
@@ -360,7 +368,12 @@ impl ExecutionPlan for CacheScanExec {
         Some(self.metrics.clone_inner())
     }
 
-    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &datafusion::physical_plan::statistics::StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let partition = args.partition();
         let schema = self.properties.eq_properties.schema();
         let mut statistics = Statistics::new_unknown(schema);
         let rows = match partition {

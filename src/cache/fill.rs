@@ -33,8 +33,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::entry::{PartManifest, PartWriters};
-use super::key::CacheKey;
-use crate::session::liveness::LiveFolder;
+use super::identity::CacheKey;
+use crate::cache::liveness::LiveFolder;
 
 /// How an entry's parts are fed: fixed before the first batch is written.
 #[derive(Debug, Clone)]

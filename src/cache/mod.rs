@@ -43,7 +43,7 @@
 //! to rename its folder into place wins and the other uses the winner's.
 //! A failed or cancelled fill removes its temporary folder. Fills and
 //! session folders are locked while in use (see
-//! [`crate::session::liveness`]); a process that finds one whose lock is
+//! [`crate::cache::liveness`]); a process that finds one whose lock is
 //! free removes it, as its owner was killed. Liveness is never judged by the
 //! process id in the name: in another container that id means nothing.
 //!
@@ -56,7 +56,11 @@ pub mod compact;
 mod entry;
 mod exec;
 mod fill;
+mod identity;
 pub mod key;
+pub(crate) mod liveness;
+#[cfg(feature = "ballista")]
+pub mod shared;
 mod tee;
 
 use std::collections::HashMap;
@@ -82,10 +86,10 @@ pub use fill::EntryFill;
 pub use key::{AssetFile, BUILD_ID, CacheKey, InputFile};
 pub use tee::CacheFillExec;
 
-use crate::session::liveness::{self, LiveFolder};
 use entry::{OpenError, Verify, blocking};
 use exec::CachedPart;
 use fill::{Layout, MemoryShare};
+use liveness::LiveFolder;
 
 /// Default size limit of a cache directory.
 pub const DEFAULT_MAX_BYTES: u64 = 20 << 30;
@@ -232,6 +236,23 @@ impl CacheStore {
                 }
             },
         )
+    }
+
+    /// The key of `plan`'s entry as [`CacheStore::lookup_or_begin_fill`]
+    /// computes it (the same definition of "the same result"), for entries
+    /// a cluster's executors keep (`shared`).
+    pub async fn entry_key(
+        &self,
+        state: &SessionState,
+        plan: &LogicalPlan,
+        salt: &str,
+    ) -> Result<String> {
+        let state = deterministic_state(state);
+        let (calls, assets) = pin_assets(plan, Vec::new(), Vec::new()).await?;
+        let plan = state.optimize(plan)?;
+        let physical = state.create_physical_plan(&plan).await?;
+        let (_, assets) = pin_assets(&plan, calls, assets).await?;
+        Ok(key::compute(&plan, &physical, salt, assets)?.hex)
     }
 
     /// Keys `plan` and opens its entry if there is a sound one.
@@ -535,7 +556,7 @@ impl CacheStore {
     }
 
     /// Removes what killed processes left in `tmp/` and `sessions/`: the
-    /// folders whose lock is free (see [`crate::session::liveness`]), and
+    /// folders whose lock is free (see [`crate::cache::liveness`]), and
     /// `removed-*` trash whose removal was interrupted.
     fn sweep_once(&self) {
         if self.swept.swap(true, Ordering::Relaxed) {
@@ -691,9 +712,9 @@ async fn compute(
 /// the shards of ranks reading one entry rely on.
 pub(crate) fn deterministic_state(state: &SessionState) -> SessionState {
     let mut config = state.config().clone();
-    crate::session::deterministic_config(
+    crate::config::deterministic_config(
         &mut config,
-        crate::session::PartitionOrder::Partitions(None),
+        crate::config::PartitionOrder::Partitions(None),
     );
     SessionStateBuilder::new_from_existing(state.clone())
         .with_config(config)

@@ -34,8 +34,8 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "columns of a table, a quoted path, or a (query)",
     ),
     (
-        "\\functions [pattern]",
-        "sqlfeed's functions (SHOW FUNCTIONS lists all)",
+        "\\functions [pattern|name]",
+        "sqlfeed's functions; one name: its documentation and example",
     ),
     (
         "\\timing [on|off]",

@@ -144,6 +144,16 @@ impl Executor {
 
     fn print_functions(&self, pattern: Option<&str>) -> Result<()> {
         let pattern = pattern.map(str::to_ascii_lowercase);
+        // One function by its exact name: its whole documentation.
+        if let Some((name, doc)) = sql::function_docs::documented_functions()
+            .into_iter()
+            .find(|(name, _)| Some(*name) == pattern.as_deref())
+        {
+            let text = sql::function_docs::function_markdown(name, &doc);
+            let mut out = std::io::stdout().lock();
+            return writeln!(out, "{}", text.trim_end())
+                .map_err(DataFusionError::IoError);
+        }
         let infos: Vec<_> = sqlfeed_udfs::functions()
             .into_iter()
             .chain(sql::function_infos())

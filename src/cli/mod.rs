@@ -67,6 +67,13 @@ pub struct Cli {
     /// entries beyond it are removed (default 20G).
     #[arg(long, value_parser = parse_byte_size, value_name = "SIZE")]
     pub cache_max_size: Option<usize>,
+    /// With --cluster: a folder every executor and rank reaches (a shared
+    /// file system) where a cached, shuffled feed's entry is written by the
+    /// executors computing the first epoch and read by later epochs' jobs,
+    /// instead of each rank's local cache.
+    #[cfg(feature = "ballista")]
+    #[arg(long, value_name = "DIR", requires = "cluster")]
+    pub executor_cache_dir: Option<PathBuf>,
     /// Largest image image_decode accepts, in pixels (default 67108864 =
     /// 8192x8192); larger headers are refused before any allocation.
     #[arg(long, value_name = "PIXELS")]
@@ -255,7 +262,7 @@ pub fn main() -> ExitCode {
         .unwrap_or_else(|panic| {
             Err(anyhow::anyhow!(
                 "sqlfeed panicked: {}. This is a bug; please report it",
-                crate::session::panic_message(&panic)
+                crate::panics::panic_message(&panic)
             ))
         });
     match outcome {
@@ -332,6 +339,10 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     #[cfg(feature = "ballista")]
     if let Some(url) = &cli.cluster {
         builder = builder.cluster(url);
+    }
+    #[cfg(feature = "ballista")]
+    if let Some(dir) = &cli.executor_cache_dir {
+        builder = builder.executor_cache_dir(dir.display().to_string());
     }
     if let Some(SubCommand::H2dBench(args)) = &cli.command {
         let device: crate::device::Device = args.device.parse()?;

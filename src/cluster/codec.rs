@@ -47,78 +47,13 @@ use datafusion_proto::physical_plan::{
     PhysicalExtensionCodec, PhysicalProtoConverterExtension,
 };
 
+use super::wire::WireNode;
 use crate::cache::CachedTable;
+use crate::cache::shared::{SharedEntryWriteExec, SharedEntryWriteNode};
 use crate::shuffle::{
-    Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
-    RangeBucketExec, RankShardExec, ShuffleExec, ShuffleKey, ShuffleKeyExec, ShuffleNode,
-    ShuffleSpec,
+    DealExec, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, RankShardExec,
+    ShuffleExec, ShuffleKeyExec, ShuffleNode,
 };
-
-/// What a sqlfeed payload holds (as protobuf: [`super::wire`]).
-#[derive(Debug, Clone, PartialEq)]
-pub enum WireNode {
-    /// [`ShuffleNode`].
-    Shuffle {
-        /// How.
-        spec: ShuffleSpec,
-        /// What the content hash is computed from.
-        key: ShuffleKey,
-    },
-    /// [`ShuffleKeyExec`].
-    ShuffleKey {
-        /// The seed.
-        seed: u64,
-        /// The epoch.
-        epoch: u64,
-        /// Where the content hash comes from.
-        source: KeySource,
-    },
-    /// [`ShuffleExec`].
-    ShuffleRoot {
-        /// The seed.
-        seed: u64,
-        /// The epoch.
-        epoch: u64,
-        /// Batch size of its subtree.
-        batch_rows: usize,
-        /// Over key ranges, one per partition ([`ShuffleExec::ranged`]).
-        ranged: bool,
-    },
-    /// [`RangeBucketExec`].
-    RangeBucket {
-        /// The number of key ranges.
-        ranges: usize,
-        /// Whether tasks end with count rows.
-        counted: bool,
-    },
-    /// [`DealExec`].
-    Deal {
-        /// The feed's batching.
-        deal: Deal,
-        /// The key ranges it reads.
-        ranges: usize,
-    },
-    /// [`RankShardExec`].
-    RankShard,
-    /// [`LocalShuffleExec`].
-    LocalShuffle {
-        /// Rows held per partition.
-        buffer_rows: usize,
-        /// The seed.
-        seed: u64,
-    },
-    /// [`PermuteExec`].
-    Permute {
-        /// [`PermuteMode::PerPartition`] (the stage-shaped plan) rather than
-        /// [`PermuteMode::Gather`].
-        per_partition: bool,
-        /// [`PermuteMode::Ranged`] (overrides `per_partition`).
-        ranged: bool,
-    },
-
-    /// A sqlfeed function, resolved by name where it is decoded.
-    Function,
-}
 
 fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
     super::wire::encode(node, buf);
@@ -212,6 +147,17 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
                 })
             }
 
+            Some(WireNode::SharedEntryWrite { dir }) => {
+                let [input] = inputs else {
+                    return Err(DataFusionError::Internal(format!(
+                        "SharedEntryWrite has one input, got {}",
+                        inputs.len()
+                    )));
+                };
+                Ok(Extension {
+                    node: Arc::new(SharedEntryWriteNode::try_new(input.clone(), dir)?),
+                })
+            }
             Some(other) => Err(DataFusionError::Internal(format!(
                 "{other:?} is not a logical plan node"
             ))),
@@ -225,6 +171,12 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
             let wire = WireNode::Shuffle {
                 spec: shuffle.spec(),
                 key: shuffle.key().clone(),
+            };
+            return encode(&wire, buf);
+        }
+        if let Some(write) = any.downcast_ref::<SharedEntryWriteNode>() {
+            let wire = WireNode::SharedEntryWrite {
+                dir: write.dir().to_string(),
             };
             return encode(&wire, buf);
         }
@@ -348,6 +300,9 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 Arc::new(DealExec::try_new(input, deal, ranges)?)
             }
             WireNode::RankShard => Arc::new(RankShardExec::try_new(input)?),
+            WireNode::SharedEntryWrite { dir } => {
+                Arc::new(SharedEntryWriteExec::try_new(input, dir)?)
+            }
             WireNode::LocalShuffle { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
             }
@@ -403,6 +358,10 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             }
         } else if plan.downcast_ref::<RankShardExec>().is_some() {
             WireNode::RankShard
+        } else if let Some(write) = plan.downcast_ref::<SharedEntryWriteExec>() {
+            WireNode::SharedEntryWrite {
+                dir: write.dir().to_string(),
+            }
         } else if let Some(local) = plan.downcast_ref::<LocalShuffleExec>() {
             WireNode::LocalShuffle {
                 buffer_rows: local.buffer_rows(),
@@ -437,6 +396,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shuffle::ShuffleSpec;
     use datafusion::logical_expr::{EmptyRelation, LogicalPlan};
     use datafusion::physical_plan::empty::EmptyExec;
     use datafusion::prelude::SessionContext;

@@ -181,7 +181,7 @@ pub async fn run_executor(
 }
 
 /// Ballista's execution engine, after wrapping every file scan of the stage
-/// in [`crate::session::file_errors::NameFileErrors`]: stage plans reach the
+/// in [`crate::sql::file_errors::NameFileErrors`]: stage plans reach the
 /// executor as plain `ParquetSource`s (the wrapper is not serialised), so
 /// without this a damaged page read on an executor would keep DataFusion's
 /// unnamed text while the same query embedded names the file.
@@ -201,8 +201,8 @@ impl ExecutionEngine for NamingExecutionEngine {
         work_dir: &str,
         config: &SessionConfig,
     ) -> Result<Arc<dyn QueryStageExecutor>> {
-        let plan = crate::session::file_errors::NameFileErrors
-            .optimize(plan, config.options())?;
+        let plan =
+            crate::sql::file_errors::NameFileErrors.optimize(plan, config.options())?;
         // Not serialised either: costly functions of the stage run on every
         // core of the executor, in order (see ParallelProjectionExec).
         let plan = crate::sql::ParallelFunctions.optimize(plan, config.options())?;

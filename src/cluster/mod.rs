@@ -60,13 +60,14 @@ use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::ScalarUDF;
 
 pub use balance::BalanceScanRows;
-pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, WireNode};
+pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec};
 pub use executor::{ExecutorOptions, run_executor};
 pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
 pub use scheduler::{SchedulerOptions, run_scheduler};
-pub use shared_job::SharedJobExec;
+pub use shared_job::{CompletedJob, SharedJobExec};
 pub use standalone::Standalone;
 pub use watch::{ExecutorLost, JobWatchExec, executors, is_executor_lost};
+pub use wire::WireNode;
 
 /// Port of a scheduler when the URL gives none (Ballista's default).
 pub const DEFAULT_SCHEDULER_PORT: u16 = 50050;

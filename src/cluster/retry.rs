@@ -47,7 +47,9 @@ pub const MAX_RETRIES: u32 = 1;
 /// Builds attempt `n` of the epoch's job.
 pub type AttemptFactory = dyn Fn(u32) -> Result<Arc<dyn ExecutionPlan>> + Send + Sync;
 
-/// See the module docs.
+/// Streams the epoch's cluster job and, when an executor is lost, runs the
+/// job again and skips the rows already delivered, so the batches are those
+/// of an uninterrupted run. Module docs: why the whole job, and the bounds.
 pub struct ExactRetryExec {
     /// Attempt 0, built when planning (its schema and properties are ours).
     first: Arc<dyn ExecutionPlan>,
@@ -82,8 +84,11 @@ impl ExactRetryExec {
 }
 
 impl DisplayAs for ExactRetryExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "ExactRetryExec: retries={MAX_RETRIES}")
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "retries={MAX_RETRIES}"),
+            _ => write!(f, "ExactRetryExec: retries={MAX_RETRIES}"),
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 
 use super::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec, with_codecs};
 use crate::SessionBuilder;
-use crate::shuffle::SqlfeedQueryPlanner;
+use crate::sql::SqlfeedQueryPlanner;
 
 /// Options of `sqlfeed scheduler`.
 #[derive(Debug, Clone)]
@@ -80,7 +80,7 @@ pub async fn run_scheduler(
                 .with_config(config)
                 .with_runtime_env(Arc::clone(&runtime))
                 .with_default_features()
-                .with_optimizer_rules(crate::session::optimizer_rules())
+                .with_optimizer_rules(crate::sql::rules::optimizer_rules())
                 .with_physical_optimizer_rules(scheduler_physical_rules())
                 .with_query_planner(Arc::new(SqlfeedQueryPlanner::stage_shaped()))
                 .build();
@@ -148,7 +148,7 @@ pub async fn run_scheduler(
 /// stage-1 tasks of a shuffle read equal numbers of rows.
 fn scheduler_physical_rules()
 -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
-    let mut rules = crate::session::physical_optimizer_rules(false);
+    let mut rules = crate::sql::rules::physical_optimizer_rules(false);
     let at = rules
         .iter()
         .position(|r| r.name() == "sqlfeed_keep_shuffle_order")

@@ -104,9 +104,9 @@ fn settings(config: &datafusion::prelude::SessionConfig) -> Vec<KeyValuePair> {
     if let Some(options) = config
         .options()
         .extensions
-        .get::<crate::session::SqlfeedOptions>()
+        .get::<crate::config::SqlfeedOptions>()
     {
-        let prefix = crate::session::SqlfeedOptions::PREFIX;
+        let prefix = crate::config::SqlfeedOptions::PREFIX;
         settings.extend(
             options
                 .entries()
@@ -124,6 +124,20 @@ fn shuffle_under_projections(plan: &LogicalPlan) -> bool {
         LogicalPlan::Projection(projection) => {
             shuffle_under_projections(&projection.input)
         }
+        // Writes the rows into the executor cache, in order, one for one.
+        LogicalPlan::Extension(extension)
+            if extension
+                .node
+                .as_any()
+                .downcast_ref::<crate::cache::shared::SharedEntryWriteNode>()
+                .is_some() =>
+        {
+            extension
+                .node
+                .inputs()
+                .first()
+                .is_some_and(|input| shuffle_under_projections(input))
+        }
         LogicalPlan::Extension(extension) => extension
             .node
             .as_any()
@@ -135,17 +149,39 @@ fn shuffle_under_projections(plan: &LogicalPlan) -> bool {
     }
 }
 
+/// Whether `plan` writes an executor cache entry above its shuffle: every
+/// row must then pass the writing tasks once, so the job is not dealt.
+fn writes_executor_cache(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Projection(projection) => writes_executor_cache(&projection.input),
+        LogicalPlan::Extension(extension) => extension
+            .node
+            .as_any()
+            .downcast_ref::<crate::cache::shared::SharedEntryWriteNode>()
+            .is_some(),
+        _ => false,
+    }
+}
+
 /// How long a rank other than 0 waits for rank 0's job to appear.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// See the module docs.
+/// One rank's view of the epoch's cluster job: rank 0 submits it, the
+/// others find it by name, and each streams the result partitions it needs
+/// (its own, when the job is dealt). Module docs: naming, dealing, order.
 pub struct SharedJobExec {
     /// What each execution asks of the cluster.
     request: Arc<JobRequest>,
     properties: Arc<PlanProperties>,
     /// Rows, bytes and partitions this rank fetched.
     metrics: ExecutionPlanMetricsSet,
+    /// Told the job's name and rows once it succeeded.
+    completed: Option<CompletedJob>,
 }
+
+/// Where a [`SharedJobExec`] reports the job it read once the job
+/// succeeded: its name (with a retry's suffix) and its result's rows.
+pub type CompletedJob = Arc<Mutex<Option<(String, u64)>>>;
 
 impl fmt::Debug for SharedJobExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -193,7 +229,7 @@ impl SharedJobExec {
             && let Some(options) = config
                 .options_mut()
                 .extensions
-                .get_mut::<crate::session::SqlfeedOptions>()
+                .get_mut::<crate::config::SqlfeedOptions>()
         {
             options.ordered_result_partitions = true;
             // Each rank's batches in partitions of their own, so that it
@@ -238,14 +274,22 @@ impl SharedJobExec {
             request: Arc::new(request),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
+            completed: None,
         })
+    }
+
+    /// Reports the job into `completed` once it succeeded (an executor
+    /// cache's commit names the folder of the attempt that completed).
+    pub fn reporting_completion(mut self, completed: CompletedJob) -> Self {
+        self.completed = Some(completed);
+        self
     }
 
     /// Whether a job of `plan` can be dealt to ranks on the executors: its
     /// result is a global `SHUFFLE` under projections (which keep rows 1:1,
     /// so dealing below them deals the result).
     pub fn can_deal(plan: &LogicalPlan) -> bool {
-        shuffle_under_projections(plan)
+        shuffle_under_projections(plan) && !writes_executor_cache(plan)
     }
 
     /// The job this rank reads, once known.
@@ -255,20 +299,49 @@ impl SharedJobExec {
 }
 
 impl DisplayAs for SharedJobExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "SharedJobExec: job={}, rank={}, scheduler={}",
-            self.request.job_name, self.request.rank, self.request.scheduler
-        )
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let JobRequest {
+            job_name,
+            rank,
+            scheduler,
+            deal_world,
+            ..
+        } = self.request.as_ref();
+        match t {
+            DisplayFormatType::TreeRender => {
+                write!(f, "job={job_name}\nrank={rank}\nscheduler={scheduler}")?;
+                if let Some(world) = deal_world {
+                    write!(f, "\ndealt_to={world}")?;
+                }
+            }
+            _ => {
+                write!(
+                    f,
+                    "SharedJobExec: job={job_name}, rank={rank}, scheduler={scheduler}"
+                )?;
+                if let Some(world) = deal_world {
+                    write!(f, ", dealt_to={world}")?;
+                }
+            }
+        }
+        Ok(())
     }
+}
+
+/// The bytes of `batch`'s values (not of the buffers' spare capacity).
+fn data_bytes(batch: &datafusion::arrow::array::RecordBatch) -> usize {
+    batch
+        .columns()
+        .iter()
+        .map(|column| column.to_data().get_slice_memory_size().unwrap_or(0))
+        .sum()
 }
 
 /// What a rank fetched from the executors (its metrics).
 #[derive(Clone)]
 struct Fetched {
     rows: Count,
-    /// In-memory bytes of the fetched record batches.
+    /// Bytes of the fetched values (Arrow data, as sent).
     bytes: Count,
     partitions: Count,
 }
@@ -317,8 +390,12 @@ impl ExecutionPlan for SharedJobExec {
             partitions: MetricBuilder::new(&self.metrics)
                 .counter("fetched_partitions", partition),
         };
+        let completed = self.completed.clone();
         let stream =
-            futures::stream::once(async move { job.run(&fetched).await }).try_flatten();
+            futures::stream::once(
+                async move { job.run(&fetched, completed.as_ref()).await },
+            )
+            .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             stream,
@@ -370,7 +447,11 @@ impl JobRequest {
             .max_encoding_message_size(self.max_message_size))
     }
 
-    async fn run(&self, fetched: &Fetched) -> Result<SendableRecordBatchStream> {
+    async fn run(
+        &self,
+        fetched: &Fetched,
+        completed: Option<&CompletedJob>,
+    ) -> Result<SendableRecordBatchStream> {
         if self.attempt > 0 {
             // A retry: every rank noticed the loss on its own, and rank 0
             // may have finished the epoch before it; whoever finds no job
@@ -380,13 +461,13 @@ impl JobRequest {
                 None => self.submit().await?,
             };
             self.remember(&job_id);
-            let locations = self.wait(&job_id).await?;
+            let locations = self.wait(&job_id, completed).await?;
             return self.fetch(locations, fetched).await;
         }
         if self.rank == 0 {
             let job_id = self.submit().await?;
             self.remember(&job_id);
-            let locations = self.wait(&job_id).await?;
+            let locations = self.wait(&job_id, completed).await?;
             return self.fetch(locations, fetched).await;
         }
         // Other ranks join rank 0's job; a stale job of the same name whose
@@ -397,7 +478,7 @@ impl JobRequest {
             if let Some(job_id) = self.find(&tried).await? {
                 self.remember(&job_id);
                 let attempt = async {
-                    let locations = self.wait(&job_id).await?;
+                    let locations = self.wait(&job_id, completed).await?;
                     self.fetch(locations, fetched).await
                 };
                 match attempt.await {
@@ -473,7 +554,11 @@ impl JobRequest {
     }
 
     /// Polls the job until it succeeds; its final stage's partitions.
-    async fn wait(&self, job_id: &str) -> Result<Vec<PartitionLocation>> {
+    async fn wait(
+        &self,
+        job_id: &str,
+        completed: Option<&CompletedJob>,
+    ) -> Result<Vec<PartitionLocation>> {
         let mut client = self.client().await?;
         loop {
             let status = client
@@ -486,7 +571,20 @@ impl JobRequest {
                 .status
                 .and_then(|s| s.status);
             match status {
-                Some(Status::Successful(done)) => return Ok(done.partition_location),
+                Some(Status::Successful(done)) => {
+                    if let Some(slot) = completed {
+                        let rows = done
+                            .partition_location
+                            .iter()
+                            .filter_map(|l| l.partition_stats.as_ref())
+                            .map(|stats| stats.num_rows.max(0) as u64)
+                            .sum();
+                        if let Ok(mut slot) = slot.lock() {
+                            *slot = Some((self.job_name.clone(), rows));
+                        }
+                    }
+                    return Ok(done.partition_location);
+                }
                 Some(Status::Failed(failed)) => {
                     return Err(
                         self.error(format!("job {job_id} failed: {}", failed.error))
@@ -527,7 +625,7 @@ impl JobRequest {
                 schema,
                 stream.inspect_ok(move |batch| {
                     fetched.rows.add(batch.num_rows());
-                    fetched.bytes.add(batch.get_array_memory_size());
+                    fetched.bytes.add(data_bytes(batch));
                 }),
             )) as SendableRecordBatchStream);
         }

@@ -43,10 +43,12 @@ use ballista_core::serde::protobuf::CancelJobParams;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, RecordBatchStream,
 };
@@ -104,7 +106,9 @@ const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Limit of one REST request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// See the module docs.
+/// Passes its input through while watching the scheduler's executors, and
+/// cancels the cluster job with a typed [`ExecutorLost`] error when one
+/// vanishes. Module docs: why, and the timeouts.
 #[derive(Debug)]
 pub struct JobWatchExec {
     input: Arc<dyn ExecutionPlan>,
@@ -119,8 +123,11 @@ impl JobWatchExec {
 }
 
 impl DisplayAs for JobWatchExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "JobWatchExec: scheduler={}", self.scheduler)
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => write!(f, "scheduler={}", self.scheduler),
+            _ => write!(f, "JobWatchExec: scheduler={}", self.scheduler),
+        }
     }
 }
 
@@ -146,6 +153,21 @@ impl ExecutionPlan for JobWatchExec {
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(crate::shuffle::first_input_statistics(
+            input_stats,
+            &self.schema(),
+        ))
     }
 
     fn with_new_children(

@@ -5,7 +5,8 @@
 //!  payload = "sqlfeed" ‖ format byte (WIRE_FORMAT) ‖ protobuf Envelope
 //!  Envelope { version = 1; oneof node { shuffle = 2; shuffle_key = 3;
 //!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7;
-//!             range_bucket = 8; deal = 9; rank_shard = 10 } }
+//!             range_bucket = 8; deal = 9; rank_shard = 10;
+//!             shared_entry_write = 11 } }
 //! ```
 //!
 //! # Compatibility
@@ -21,8 +22,79 @@
 use datafusion::error::{DataFusionError, Result};
 use prost::Message;
 
-use super::codec::WireNode;
-use crate::shuffle::{KeySource, ShuffleKey, ShuffleSpec};
+use crate::shuffle::{Deal, KeySource, ShuffleKey, ShuffleSpec};
+
+/// What a sqlfeed payload holds: the nodes of sqlfeed's codecs
+/// (`super::codec`), as the messages below carry them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WireNode {
+    /// `ShuffleNode`.
+    Shuffle {
+        /// How.
+        spec: ShuffleSpec,
+        /// What the content hash is computed from.
+        key: ShuffleKey,
+    },
+    /// `ShuffleKeyExec`.
+    ShuffleKey {
+        /// The seed.
+        seed: u64,
+        /// The epoch.
+        epoch: u64,
+        /// Where the content hash comes from.
+        source: KeySource,
+    },
+    /// `ShuffleExec`.
+    ShuffleRoot {
+        /// The seed.
+        seed: u64,
+        /// The epoch.
+        epoch: u64,
+        /// Batch size of its subtree.
+        batch_rows: usize,
+        /// Over key ranges, one per partition (`ShuffleExec::ranged`).
+        ranged: bool,
+    },
+    /// `RangeBucketExec`.
+    RangeBucket {
+        /// The number of key ranges.
+        ranges: usize,
+        /// Whether tasks end with count rows.
+        counted: bool,
+    },
+    /// `DealExec`.
+    Deal {
+        /// The feed's batching.
+        deal: Deal,
+        /// The key ranges it reads.
+        ranges: usize,
+    },
+    /// `RankShardExec`.
+    RankShard,
+    /// `SharedEntryWriteNode` (logical) and `SharedEntryWriteExec`.
+    SharedEntryWrite {
+        /// The entry folder.
+        dir: String,
+    },
+    /// `LocalShuffleExec`.
+    LocalShuffle {
+        /// Rows held per partition.
+        buffer_rows: usize,
+        /// The seed.
+        seed: u64,
+    },
+    /// `PermuteExec`.
+    Permute {
+        /// `PermuteMode::PerPartition` (the stage-shaped plan) rather than
+        /// `PermuteMode::Gather`.
+        per_partition: bool,
+        /// `PermuteMode::Ranged` (overrides `per_partition`).
+        ranged: bool,
+    },
+
+    /// A sqlfeed function, resolved by name where it is decoded.
+    Function,
+}
 
 /// Prefix of every payload sqlfeed's codecs write.
 pub const PREFIX: &[u8] = b"sqlfeed";
@@ -38,7 +110,7 @@ pub const WIRE_VERSION: u32 = 1;
 pub struct Envelope {
     #[prost(uint32, tag = "1")]
     pub version: u32,
-    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub node: Option<Node>,
 }
 
@@ -63,6 +135,15 @@ pub enum Node {
     Deal(DealNode),
     #[prost(message, tag = "10")]
     RankShard(Empty),
+    #[prost(message, tag = "11")]
+    SharedEntryWrite(SharedEntryWrite),
+}
+
+/// `SharedEntryWriteNode` (logical) and `SharedEntryWriteExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct SharedEntryWrite {
+    #[prost(string, tag = "1")]
+    pub dir: String,
 }
 
 /// `RangeBucketExec`.
@@ -330,6 +411,9 @@ fn to_message(node: &WireNode) -> Node {
             ranges: *ranges as u64,
         }),
         WireNode::RankShard => Node::RankShard(Empty {}),
+        WireNode::SharedEntryWrite { dir } => {
+            Node::SharedEntryWrite(SharedEntryWrite { dir: dir.clone() })
+        }
         WireNode::LocalShuffle { buffer_rows, seed } => {
             Node::LocalShuffle(LocalShuffle {
                 buffer_rows: *buffer_rows as u64,
@@ -421,6 +505,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             ranges: usize_of(deal.ranges, "range count")?,
         },
         Node::RankShard(_) => WireNode::RankShard,
+        Node::SharedEntryWrite(write) => WireNode::SharedEntryWrite { dir: write.dir },
         Node::LocalShuffle(local) => WireNode::LocalShuffle {
             buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
             seed: local.seed,
@@ -504,6 +589,9 @@ mod tests {
                 ranges: 4,
             },
             WireNode::RankShard,
+            WireNode::SharedEntryWrite {
+                dir: "/shared/sqlfeed-cache/0a1b".into(),
+            },
             WireNode::LocalShuffle {
                 buffer_rows: 100,
                 seed: 9,

@@ -35,12 +35,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DriverError,
-    PinnedHostSlice, result, sys,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DriverError, result, sys,
 };
 use datafusion::error::{DataFusionError, Result};
 
-use super::host::HostBuffer;
+use super::host::{HostBuffer, PinnedBuffer};
 use super::stream::ConsumerStream;
 
 /// The driver's handle of `stream`.
@@ -152,7 +151,9 @@ impl CudaBackend {
         // SAFETY: `ptr` is valid for `len` bytes (just allocated, non-null and
         // aligned, as cudarc asserts) and nothing else refers to it yet.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(PinnedBuffer { slice, ptr, len })
+        // SAFETY: `ptr` is the start of `slice`'s allocation of `len` bytes,
+        // all initialised just above, and `slice` moves into the buffer.
+        Ok(unsafe { PinnedBuffer::from_parts(slice, ptr, len) })
     }
 
     /// Device memory of at least `bytes`.
@@ -348,49 +349,6 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Copies may still read pinned buffers freed right after us.
         self.ctx.record_err(self.copy_stream.synchronize());
-    }
-}
-
-/// Page-locked host memory.
-pub(crate) struct PinnedBuffer {
-    /// Owns the allocation (freed on drop after its event syncs).
-    slice: PinnedHostSlice<u8>,
-    /// Start of the allocation.
-    ptr: *mut u8,
-    /// Bytes, all initialised (zeroed at allocation).
-    len: usize,
-}
-
-// SAFETY: like `Vec<u8>`: the buffer is owned exclusively, reads need `&self`
-// and writes `&mut self`; cudarc's `PinnedHostSlice` is itself Send + Sync.
-unsafe impl Send for PinnedBuffer {}
-// SAFETY: see `Send`.
-unsafe impl Sync for PinnedBuffer {}
-
-impl std::fmt::Debug for PinnedBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "PinnedBuffer({} bytes, {} elements)",
-            self.len,
-            self.slice.len()
-        )
-    }
-}
-
-impl PinnedBuffer {
-    pub(crate) fn capacity(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` initialised bytes owned by `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 

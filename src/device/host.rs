@@ -94,6 +94,68 @@ impl std::fmt::Debug for AlignedBuffer {
     }
 }
 
+/// Page-locked host memory (allocated by the CUDA backend, which is why it
+/// exists only with the `cuda` feature).
+#[cfg(feature = "cuda")]
+pub(crate) struct PinnedBuffer {
+    /// Owns the allocation (freed on drop after its event syncs).
+    slice: cudarc::driver::PinnedHostSlice<u8>,
+    /// Start of the allocation.
+    ptr: *mut u8,
+    /// Bytes, all initialised (zeroed at allocation).
+    len: usize,
+}
+
+// SAFETY: like `Vec<u8>`: the buffer is owned exclusively, reads need `&self`
+// and writes `&mut self`; cudarc's `PinnedHostSlice` is itself Send + Sync.
+#[cfg(feature = "cuda")]
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: see `Send`.
+#[cfg(feature = "cuda")]
+unsafe impl Sync for PinnedBuffer {}
+
+#[cfg(feature = "cuda")]
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PinnedBuffer({} bytes, {} elements)",
+            self.len,
+            self.slice.len()
+        )
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl PinnedBuffer {
+    /// The buffer owning `slice`.
+    ///
+    /// # Safety
+    /// `ptr` is the start of `slice`'s allocation, valid for `len`
+    /// initialised bytes for as long as `slice` lives.
+    pub(crate) unsafe fn from_parts(
+        slice: cudarc::driver::PinnedHostSlice<u8>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Self {
+        Self { slice, ptr, len }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
 /// Host memory one tensor of a slot is written into.
 #[derive(Debug)]
 pub(crate) enum HostBuffer {
@@ -101,7 +163,7 @@ pub(crate) enum HostBuffer {
     Aligned(AlignedBuffer),
     /// Page-locked memory that the GPU's copy engine reads directly.
     #[cfg(feature = "cuda")]
-    Pinned(super::cuda::PinnedBuffer),
+    Pinned(PinnedBuffer),
 }
 
 impl HostBuffer {

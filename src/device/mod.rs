@@ -34,6 +34,10 @@
 //! is missing, so we check [`cuda_available`] first and catch panics as a
 //! backstop.
 
+// The one module where `unsafe` is allowed (the crate denies it elsewhere):
+// FFI to the CUDA driver, page-locked buffers, DLPack tensors.
+#![allow(unsafe_code)]
+
 #[cfg(feature = "cuda")]
 mod cuda;
 mod dlpack;

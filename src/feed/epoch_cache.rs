@@ -69,6 +69,10 @@ pub(super) struct EpochCache {
     cached: std::sync::OnceLock<(Arc<CachedTable>, Option<Vec<Expr>>)>,
     /// The finish step of the entry being filled, kept for its commit.
     filling_finish: std::sync::Mutex<Option<Vec<Expr>>>,
+    /// An earlier epoch of this feed wrote an executor-kept entry (which
+    /// rank 0 commits when that epoch ended).
+    #[cfg(feature = "ballista")]
+    wrote_shared_entry: std::sync::atomic::AtomicBool,
 }
 
 impl EpochCache {
@@ -181,6 +185,96 @@ impl EpochCache {
             .take();
         let _ = self.cached.set((table, finish));
         Ok(())
+    }
+}
+
+/// An entry the executors are writing (`crate::cache::shared`): committed
+/// once the epoch ended.
+#[cfg(feature = "ballista")]
+pub(super) struct SharedFill {
+    /// The shared cache folder.
+    pub(super) dir: std::path::PathBuf,
+    /// The entry's key.
+    pub(super) key: String,
+}
+
+#[cfg(feature = "ballista")]
+impl EpochCache {
+    /// The epoch, shuffled by `spec`, of a cached cluster feed whose entry
+    /// the executors keep in the shared folder `dir`: a scan of the
+    /// committed parts, or the query writing them on the way (then the
+    /// returned fill is committed when the epoch ended).
+    pub(super) async fn executor_epoch(
+        &self,
+        session: &Session,
+        sql: &str,
+        spec: ShuffleSpec,
+        dir: &str,
+    ) -> Result<(DataFrame, Option<SharedFill>)> {
+        use crate::cache::shared;
+        let (state, plan) = session.sql(sql).await?.into_parts();
+        let compact = compact(plan)?;
+        let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+        let keyed = with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
+        // The local cache's key, salted apart from its entries.
+        let key = session
+            .cache()
+            .entry_key(&state, &keyed, "feed:shuffled:executors")
+            .await?;
+        let dir = std::path::PathBuf::from(dir);
+        // After the epoch that wrote the entry, every rank reads it: a rank
+        // that gets here before rank 0 committed it waits, so that all ranks
+        // plan (and name) the same job.
+        let committed = if self
+            .wrote_shared_entry
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            Some(wait_for_commit(&dir, &key).await?)
+        } else {
+            shared::committed_parts(&dir, &key)?
+        };
+        if let Some(parts) = committed {
+            let (state, scan) = session
+                .context()
+                .read_arrow(
+                    parts.display().to_string(),
+                    datafusion::datasource::file_format::options::ArrowReadOptions::default(),
+                )
+                .await?
+                .into_parts();
+            let shuffled = shuffle_by_content_hash(scan, Some(spec))?;
+            let plan = apply_finish(shuffled, &compact.finish)?;
+            return Ok((DataFrame::new(state, plan), None));
+        }
+        let filled = shuffle_with_content_hash(compact.stored, Some(spec), row_key)?;
+        let folder = shared::entry_dir(&dir, &key).display().to_string();
+        let written = shared::SharedEntryWriteNode::try_new(filled, folder)?.into_plan();
+        let plan = apply_finish(written, &compact.finish)?;
+        self.wrote_shared_entry
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok((DataFrame::new(state, plan), Some(SharedFill { dir, key })))
+    }
+}
+
+/// The committed parts of entry `key` in `dir`, once rank 0 committed them.
+#[cfg(feature = "ballista")]
+async fn wait_for_commit(dir: &std::path::Path, key: &str) -> Result<std::path::PathBuf> {
+    // As long as a rank waits for rank 0's job (`SharedJobExec`).
+    const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+    let deadline = std::time::Instant::now() + COMMIT_TIMEOUT;
+    loop {
+        if let Some(parts) = crate::cache::shared::committed_parts(dir, key)? {
+            return Ok(parts);
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(datafusion::error::DataFusionError::Execution(format!(
+                "rank 0 did not commit the executor cache entry {key} in {} within \
+                 {COMMIT_TIMEOUT:?} after the epoch that wrote it; is it running the same \
+                 feed with the same --executor-cache-dir?",
+                dir.display()
+            )));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
 

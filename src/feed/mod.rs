@@ -690,6 +690,7 @@ impl Producer {
                 task_ctx,
                 fill,
                 dealt,
+                after,
             } = match plan.take() {
                 Some(plan) => plan,
                 None => self.plan_epoch(epoch).await?,
@@ -701,6 +702,9 @@ impl Producer {
             catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
             if let Some(fill) = fill {
                 self.cache.commit(&options.session, &fill).await?;
+            }
+            if let Some(after) = after {
+                after()?;
             }
             let rendered = DisplayableExecutionPlan::with_metrics(sink.as_ref())
                 .indent(true)
@@ -732,6 +736,7 @@ impl Producer {
         scheduler: crate::cluster::SchedulerAddress,
         epoch: u64,
         may_deal: bool,
+        completed: Option<crate::cluster::CompletedJob>,
     ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>, bool)> {
         let options = &self.options;
         let (state, plan) = df.into_parts();
@@ -739,7 +744,7 @@ impl Producer {
         // lanes as an embedded epoch, so its result partitions are the
         // embedded feed's partitions.
         let mut config = state.config().clone();
-        crate::session::deterministic_config(&mut config, self.partition_order());
+        crate::config::deterministic_config(&mut config, self.partition_order());
         let state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
@@ -777,16 +782,19 @@ impl Producer {
         let (rank, session) = (options.rank, options.session.clone());
         let (attempt_state, attempt_scheduler) = (state.clone(), scheduler.clone());
         let attempts: Arc<crate::cluster::AttemptFactory> = Arc::new(move |attempt| {
-            let job: Arc<dyn ExecutionPlan> =
-                Arc::new(crate::cluster::SharedJobExec::try_new(
-                    &attempt_state,
-                    &plan,
-                    attempt_scheduler.clone(),
-                    job_name.clone(),
-                    rank,
-                    attempt,
-                    deal,
-                )?);
+            let mut job = crate::cluster::SharedJobExec::try_new(
+                &attempt_state,
+                &plan,
+                attempt_scheduler.clone(),
+                job_name.clone(),
+                rank,
+                attempt,
+                deal,
+            )?;
+            if let Some(completed) = &completed {
+                job = job.reporting_completion(Arc::clone(completed));
+            }
+            let job: Arc<dyn ExecutionPlan> = Arc::new(job);
             Ok(crate::cluster::watched(&session, job))
         });
         let job: Arc<dyn ExecutionPlan> = Arc::new(
@@ -795,14 +803,75 @@ impl Producer {
         Ok((job, Arc::new(TaskContext::from(&state)), deal.is_some()))
     }
 
+    /// The shared folder of executor-kept cache entries, if the session
+    /// has one (`sqlfeed.executor_cache_dir`).
+    #[cfg(feature = "ballista")]
+    fn executor_cache_dir(&self) -> Option<String> {
+        let state = self.options.session.context().state();
+        state
+            .config()
+            .options()
+            .extensions
+            .get::<crate::config::SqlfeedOptions>()
+            .map(|o| o.executor_cache_dir.clone())
+            .filter(|dir| !dir.is_empty())
+    }
+
+    /// A cached, shuffled cluster epoch whose entry the executors keep in
+    /// `dir` (`crate::cache::shared`): the first epoch's job writes it where
+    /// it computes the rows (not dealt: every row passes the writing tasks
+    /// once), later epochs' jobs scan it (dealt as usual); rank 0 commits
+    /// the entry when the first epoch ended.
+    #[cfg(feature = "ballista")]
+    async fn plan_executor_cached_epoch(
+        &self,
+        scheduler: crate::cluster::SchedulerAddress,
+        spec: ShuffleSpec,
+        epoch: u64,
+        dir: &str,
+    ) -> Result<EpochPlan> {
+        let options = &self.options;
+        let (df, fill) = self
+            .cache
+            .executor_epoch(&options.session, &options.sql, spec, dir)
+            .await?;
+        let completed: crate::cluster::CompletedJob = Arc::default();
+        let (plan, task_ctx, dealt) = self.plan_cluster_epoch(
+            df,
+            scheduler,
+            epoch,
+            fill.is_none(),
+            Some(Arc::clone(&completed)),
+        )?;
+        let after: Option<AfterEpoch> = match fill {
+            Some(fill) if options.rank == 0 => Some(Box::new(move || {
+                let job = completed.lock().ok().and_then(|job| job.clone());
+                let Some((job, rows)) = job else {
+                    return Err(DataFusionError::Internal(
+                        "the first cached epoch ended without a completed job".into(),
+                    ));
+                };
+                crate::cache::shared::commit(&fill.dir, &fill.key, &job, rows)
+            })),
+            _ => None,
+        };
+        Ok(EpochPlan {
+            plan,
+            task_ctx,
+            fill: None,
+            dealt,
+            after,
+        })
+    }
+
     /// What the epoch's plan must keep of its partitions' order.
-    fn partition_order(&self) -> crate::session::PartitionOrder {
+    fn partition_order(&self) -> crate::config::PartitionOrder {
         match self.options.shuffle_seed {
             // A global shuffle orders rows by content: it keeps the faster
             // work-stealing scan.
-            Some(_) => crate::session::PartitionOrder::Content,
+            Some(_) => crate::config::PartitionOrder::Content,
             None => {
-                crate::session::PartitionOrder::Partitions(Some(self.options.order_lanes))
+                crate::config::PartitionOrder::Partitions(Some(self.options.order_lanes))
             }
         }
     }
@@ -823,6 +892,15 @@ impl Producer {
         let spec = options
             .shuffle_seed
             .map(|seed| ShuffleSpec::Global { seed, epoch });
+        #[cfg(feature = "ballista")]
+        if let (Some(scheduler), Some(spec), true) =
+            (options.session.cluster(), spec, options.cache)
+            && let Some(dir) = self.executor_cache_dir()
+        {
+            return self
+                .plan_executor_cached_epoch(scheduler.clone(), spec, epoch, &dir)
+                .await;
+        }
         let query = if options.cache {
             self.cache
                 .epoch_query(&options.session, &options.sql, spec, self.cache_layout())
@@ -851,7 +929,7 @@ impl Producer {
             // A cache fill needs every row of the epoch here.
             let may_deal = filling.is_none();
             let (plan, task_ctx, dealt) =
-                self.plan_cluster_epoch(df, scheduler.clone(), epoch, may_deal)?;
+                self.plan_cluster_epoch(df, scheduler.clone(), epoch, may_deal, None)?;
             // A miss: the job's rows (with their content hashes) are written
             // into the entry here, as they arrive, and finished on the way.
             return Ok(match filling {
@@ -867,12 +945,14 @@ impl Producer {
                     task_ctx,
                     fill: Some(fill),
                     dealt,
+                    after: None,
                 },
                 None => EpochPlan {
                     plan,
                     task_ctx,
                     fill: None,
                     dealt,
+                    after: None,
                 },
             });
         }
@@ -880,9 +960,7 @@ impl Producer {
         #[cfg(feature = "ballista")]
         let state = if reads_local_cache && options.session.cluster().is_some() {
             SessionStateBuilder::new_from_existing(state)
-                .with_query_planner(Arc::new(
-                    crate::shuffle::SqlfeedQueryPlanner::embedded(),
-                ))
+                .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
                 .build()
         } else {
             state
@@ -895,7 +973,7 @@ impl Producer {
                 epoch,
             ),
         );
-        crate::session::deterministic_config(&mut config, self.partition_order());
+        crate::config::deterministic_config(&mut config, self.partition_order());
         let mut state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
@@ -933,6 +1011,7 @@ impl Producer {
             task_ctx: Arc::new(TaskContext::from(&state)),
             fill,
             dealt: false,
+            after: None,
         })
     }
 }
@@ -946,7 +1025,12 @@ struct EpochPlan {
     /// The plan yields this rank's rows only (a cluster job dealt on the
     /// executors, see `crate::shuffle::deal`), not the whole epoch.
     dealt: bool,
+    /// Run once the epoch ended: commits an entry the executors wrote.
+    after: Option<AfterEpoch>,
 }
+
+/// Work for the end of an epoch.
+type AfterEpoch = Box<dyn FnOnce() -> Result<()> + Send>;
 
 /// The one padded column that token budgets and bucketing measure.
 fn length_column(columns: &[TensorColumn]) -> Result<(usize, Option<usize>)> {

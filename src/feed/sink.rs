@@ -145,7 +145,10 @@ impl fmt::Debug for SinkTarget {
     }
 }
 
-/// See the module docs.
+/// The end of a feed's epoch: cuts its input (in a deterministic order)
+/// into this rank's exact batches, converts them into slots of the device
+/// ring and hands them to the training loop; outputs one summary row.
+/// Module docs: the data flow, ordering, memory and cancellation.
 #[derive(Debug)]
 pub struct DeviceSinkExec {
     /// The feed's query.
@@ -207,35 +210,40 @@ impl DeviceSinkExec {
 }
 
 impl DisplayAs for DeviceSinkExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let b = &self.target.batching;
-        let batch = match b.token_budget {
-            Some(tokens) => format!("batch_tokens={tokens}"),
-            None => format!("batch_size={}", b.batch_rows),
-        };
-        write!(
-            f,
-            "DeviceSinkExec: device={}, {batch}, shard={}/{}, drop_last={}, epoch={}",
-            self.target
-                .pool
-                .try_lock()
-                .map(|p| p.backend().device().to_string())
-                .unwrap_or_else(|_| "busy".into()),
-            b.rank,
-            b.world,
-            b.drop_last,
-            self.epoch
-        )?;
+        let device = self
+            .target
+            .pool
+            .try_lock()
+            .map(|p| p.backend().device().to_string())
+            .unwrap_or_else(|_| "busy".into());
+        let mut fields = vec![
+            ("device", device),
+            match b.token_budget {
+                Some(tokens) => ("batch_tokens", tokens.to_string()),
+                None => ("batch_size", b.batch_rows.to_string()),
+            },
+            ("shard", format!("{}/{}", b.rank, b.world)),
+            ("drop_last", b.drop_last.to_string()),
+            ("epoch", self.epoch.to_string()),
+        ];
         if self.dealt {
-            write!(f, ", dealt=true")?;
+            fields.push(("dealt", "true".into()));
         }
         if let Some(window) = b.bucket_window {
-            write!(f, ", bucket_by_length={window}")?;
+            fields.push(("bucket_by_length", window.to_string()));
         }
         if self.skip_steps > 0 {
-            write!(f, ", resume_step={}", self.skip_steps)?;
+            fields.push(("resume_step", self.skip_steps.to_string()));
         }
-        Ok(())
+        let (prefix, separator) = match t {
+            DisplayFormatType::TreeRender => ("", "\n"),
+            _ => ("DeviceSinkExec: ", ", "),
+        };
+        let fields: Vec<String> =
+            fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        write!(f, "{prefix}{}", fields.join(separator))
     }
 }
 

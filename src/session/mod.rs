@@ -11,7 +11,7 @@
 //!   (DataFusion's `DiskManager` writes there) whose files are removed when
 //!   the query that wrote them ends, also on error or cancellation; the folder
 //!   is locked while the session lives, so the next session using that spill
-//!   directory removes what a killed process left (see [`liveness`]);
+//!   directory removes what a killed process left (see `crate::cache::liveness`);
 //! * **object stores resolved from the URL** in the query
 //!   (`FROM 's3://bucket/*.parquet'`), see [`object_stores`];
 //! * **path tables** with checked Parquet footers, see [`url_table`];
@@ -29,13 +29,8 @@
 //! ```
 
 mod cgroup;
-mod deterministic;
-pub mod file_errors;
-mod folder_glob;
-pub(crate) mod liveness;
+use crate::cache::liveness;
 pub mod object_stores;
-mod options;
-pub mod url_table;
 
 use std::any::Any;
 use std::num::NonZeroUsize;
@@ -62,12 +57,11 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::{FutureExt, Stream};
 
 use crate::cache::{CacheOptions, CacheStore};
+pub use crate::config::{PartitionOrder, SqlfeedOptions, deterministic_config};
+pub use crate::sql::url_table::list_parquet_files;
 use crate::sql::{self, Statement};
-pub use deterministic::{PartitionOrder, deterministic_config};
-pub(crate) use file_errors::reason as file_error_reason;
+pub use crate::sql::{file_errors, url_table};
 pub use object_stores::{IoCounters, ObjectStoreLimits};
-pub use options::SqlfeedOptions;
-pub use url_table::list_parquet_files;
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever
 /// is lower) used as the memory limit when none is given.
@@ -107,6 +101,8 @@ pub struct SessionBuilder {
     /// `df://host:port` of a Ballista scheduler; `None` = embedded engine.
     #[cfg(feature = "ballista")]
     cluster: Option<String>,
+    /// `sqlfeed.executor_cache_dir`.
+    executor_cache_dir: Option<String>,
 }
 
 impl SessionBuilder {
@@ -172,6 +168,15 @@ impl SessionBuilder {
         self
     }
 
+    /// A folder every executor and rank of the cluster reaches: cached,
+    /// shuffled cluster feeds keep their entries there, on the executors'
+    /// side (`sqlfeed.executor_cache_dir`, see `crate::cache::shared`).
+    #[cfg(feature = "ballista")]
+    pub fn executor_cache_dir(mut self, dir: impl Into<String>) -> Self {
+        self.executor_cache_dir = Some(dir.into());
+        self
+    }
+
     /// Builds the session; fails if the spill directory cannot be used or,
     /// for a cluster session, the scheduler cannot be reached.
     pub fn build(self) -> Result<Session> {
@@ -184,13 +189,17 @@ impl SessionBuilder {
             .with_config(config)
             .with_runtime_env(Arc::clone(&engine.runtime))
             .with_default_features()
-            .with_optimizer_rules(optimizer_rules())
-            .with_physical_optimizer_rules(physical_optimizer_rules(true))
+            .with_optimizer_rules(crate::sql::rules::optimizer_rules())
+            .with_physical_optimizer_rules(crate::sql::rules::physical_optimizer_rules(
+                true,
+            ))
             // Last, so that it sees the final scans: read errors name the file.
-            .with_physical_optimizer_rule(Arc::new(file_errors::NameFileErrors))
-            .with_query_planner(Arc::new(crate::shuffle::SqlfeedQueryPlanner::embedded()))
+            .with_physical_optimizer_rule(Arc::new(
+                crate::sql::file_errors::NameFileErrors,
+            ))
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
             .build();
-        let (state, factory) = url_table::install(state);
+        let (state, factory) = crate::sql::url_table::install(state);
         let functions = self.functions(&engine);
         #[cfg(feature = "ballista")]
         let (state, cluster, standalone) = match self.cluster.as_deref() {
@@ -276,7 +285,10 @@ impl SessionBuilder {
         let mut config = SessionConfig::new()
             .with_information_schema(true)
             .with_target_partitions(partitions)
-            .with_option_extension(SqlfeedOptions::default());
+            .with_option_extension(SqlfeedOptions {
+                executor_cache_dir: self.executor_cache_dir.clone().unwrap_or_default(),
+                ..SqlfeedOptions::default()
+            });
         // Each sorting partition sets this much aside for merging its spill
         // files (DataFusion's default: 10 MB). Under a small budget the
         // reservations alone would exceed it, so scale them to the budget.
@@ -547,67 +559,17 @@ fn physical_memory() -> Option<usize> {
     Some(kib * 1024)
 }
 
-/// DataFusion's logical optimizer rules with sqlfeed's in front:
-/// [`crate::shuffle::LateRowFunctions`] must see a shuffle's input projection
-/// as the SQL planner built it, before common subexpression elimination
-/// splits it or projection pushdown folds it into the scan.
-pub(crate) fn optimizer_rules()
--> Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> {
-    let mut rules: Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> =
-        vec![Arc::new(crate::shuffle::LateRowFunctions)];
-    rules.extend(datafusion::optimizer::Optimizer::new().rules);
-    rules
-}
-
-/// DataFusion's physical optimizer rules with sqlfeed's after the
-/// distribution rules (which insert the round-robin splits that
-/// [`crate::shuffle::KeepShuffleOrder`] takes out again, and settle the
-/// partition counts that [`crate::sql::ParallelFunctions`] sizes its workers
-/// by) and before projection pushdown (which would fold a projection of
-/// costly functions into the file scan, out of their reach).
-/// `parallel_functions`: false on a Ballista scheduler, which cannot
-/// serialise [`crate::sql::ParallelProjectionExec`]; its executors add it.
-pub(crate) fn physical_optimizer_rules(
-    parallel_functions: bool,
-) -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
-    let mut rules =
-        datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
-    let at = rules
-        .iter()
-        .position(|r| r.name() == "ProjectionPushdown")
-        .unwrap_or(rules.len());
-    let mut ours: Vec<
-        Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
-    > = vec![Arc::new(crate::shuffle::KeepShuffleOrder)];
-    if parallel_functions {
-        ours.push(Arc::new(crate::sql::ParallelFunctions));
-    }
-    rules.splice(at..at, ours);
-    rules
-}
-
 fn num_cores() -> usize {
     std::thread::available_parallelism()
         .map(NonZeroUsize::get)
         .unwrap_or(1)
 }
 
-/// The text of a caught panic payload.
-pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
-
 fn panic_error(panic: &Box<dyn Any + Send>) -> DataFusionError {
     DataFusionError::Execution(format!(
         "the query engine panicked: {}. This is a bug in sqlfeed or a dependency, \
          usually triggered by unusual input data; please report it",
-        panic_message(panic)
+        crate::panics::panic_message(panic)
     ))
 }
 

@@ -90,6 +90,19 @@ pub struct Deal {
 }
 
 impl Deal {
+    /// The deal `options` ask for (`sqlfeed.deal_*`, set by a cluster
+    /// feed's shared job), if any.
+    pub fn requested(options: &crate::config::SqlfeedOptions) -> Option<Self> {
+        (options.ordered_result_partitions
+            && options.deal_world >= 2
+            && options.deal_batch_rows >= 1)
+            .then_some(Self {
+                batch_rows: options.deal_batch_rows,
+                world: options.deal_world,
+                drop_last: options.deal_drop_last,
+            })
+    }
+
     /// Output partitions of a deal over `ranges` key ranges: `W` per range
     /// and `W` per possible pad (at most `W − 1`).
     pub fn partitions(&self, ranges: usize) -> usize {
@@ -158,7 +171,10 @@ impl DealShape {
     }
 }
 
-/// See the module docs.
+/// Routes each row of a ranged shuffle to the partition of the rank whose
+/// batch it falls in (adding [`RANK_ROUTE_COLUMN`]), from the count rows
+/// that tell its range's offset in the epoch. Module docs: the numbering of
+/// partitions and why counts travel in the data.
 #[derive(Debug)]
 pub struct DealExec {
     /// A ranged [`super::ShuffleExec`] over counted ranges.

@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -38,6 +39,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{
     LexOrdering, OrderingRequirements, PhysicalExpr, PhysicalSortExpr,
 };
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
 };
@@ -92,7 +94,9 @@ pub fn shuffle_batch_rows(
         .clamp(MIN_BATCH_ROWS, session_batch_size.max(MIN_BATCH_ROWS))
 }
 
-/// See the module docs.
+/// The root of a global `SHUFFLE`: runs its subtree with the shuffle's
+/// batch size and passes its one ordered stream on (or, ranged, one key
+/// range per partition, read in turn). Module docs: the plans it roots.
 #[derive(Debug)]
 pub struct ShuffleExec {
     /// The key → sort → merge → projection subtree.
@@ -154,14 +158,24 @@ impl ShuffleExec {
 }
 
 impl DisplayAs for ShuffleExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "ShuffleExec: seed={}, epoch={}, batch_rows={}",
-            self.seed, self.epoch, self.batch_rows
-        )?;
-        if self.ranged {
-            write!(f, ", ranged=true")?;
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let (seed, epoch, rows) = (self.seed, self.epoch, self.batch_rows);
+        match t {
+            DisplayFormatType::TreeRender => {
+                write!(f, "seed={seed}\nepoch={epoch}\nbatch_rows={rows}")?;
+                if self.ranged {
+                    write!(f, "\nranged=true")?;
+                }
+            }
+            _ => {
+                write!(
+                    f,
+                    "ShuffleExec: seed={seed}, epoch={epoch}, batch_rows={rows}"
+                )?;
+                if self.ranged {
+                    write!(f, ", ranged=true")?;
+                }
+            }
         }
         Ok(())
     }
@@ -223,6 +237,21 @@ impl ExecutionPlan for ShuffleExec {
             LexOrdering::new([PhysicalSortExpr::new(key, SortOptions::default())])
                 .map(OrderingRequirements::from)
         })]
+    }
+
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(crate::shuffle::first_input_statistics(
+            input_stats,
+            &self.schema(),
+        ))
     }
 
     fn with_new_children(

@@ -23,6 +23,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -31,6 +32,7 @@ use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -39,8 +41,8 @@ use futures::StreamExt;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::row_key_hash;
 use crate::rand::splitmix64;
-use crate::sql::row_key_hash;
 
 /// Name of the key column between [`ShuffleKeyExec`] and the sort.
 pub const SHUFFLE_KEY_COLUMN: &str = "__sqlfeed_shuffle_key";
@@ -301,6 +303,19 @@ impl ExecutionPlan for ShuffleKeyExec {
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
+    }
+
+    // One key per row: the input's row counts.
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(super::rows_passed_through(input_stats, &self.schema()))
     }
 
     fn with_new_children(

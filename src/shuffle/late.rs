@@ -66,7 +66,7 @@ use datafusion::optimizer::optimizer::ApplyOrder;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 use super::{CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec};
-use crate::session::SqlfeedOptions;
+use crate::config::SqlfeedOptions;
 
 /// Prefix of the hidden columns that carry what moved functions read.
 pub const HIDDEN_COLUMN_PREFIX: &str = "__sqlfeed_row_";

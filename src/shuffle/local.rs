@@ -32,6 +32,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::interleave_record_batch;
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -40,6 +41,7 @@ use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -49,7 +51,9 @@ use futures::StreamExt;
 use super::shuffle_seed;
 use crate::rand::SplitMix64;
 
-/// See the module docs.
+/// A shuffle buffer per partition: holds `buffer_rows` rows and emits a
+/// seeded random one for each row that arrives (streaming, not global).
+/// Module docs: the algorithm, memory and what it guarantees.
 #[derive(Debug)]
 pub struct LocalShuffleExec {
     /// Rows to shuffle.
@@ -94,12 +98,17 @@ impl LocalShuffleExec {
 }
 
 impl DisplayAs for LocalShuffleExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "LocalShuffleExec: buffer={}, seed={}",
-            self.buffer_rows, self.seed
-        )
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => {
+                write!(f, "buffer={}\nseed={}", self.buffer_rows, self.seed)
+            }
+            _ => write!(
+                f,
+                "LocalShuffleExec: buffer={}, seed={}",
+                self.buffer_rows, self.seed
+            ),
+        }
     }
 }
 
@@ -227,6 +236,22 @@ impl ExecutionPlan for LocalShuffleExec {
         _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         Ok(TreeNodeRecursion::Continue)
+    }
+
+    // A buffer reorders a partition's rows and keeps them all.
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(crate::shuffle::first_input_statistics(
+            input_stats,
+            &self.schema(),
+        ))
     }
 
     fn with_new_children(

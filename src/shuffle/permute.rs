@@ -81,6 +81,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::{filter_record_batch, interleave, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, UInt64Type};
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
@@ -97,6 +98,7 @@ use datafusion::physical_plan::sorts::streaming_merge::{
     SortedSpillFile, StreamingMergeBuilder,
 };
 use datafusion::physical_plan::spill::{SpillManager, get_record_batch_memory_size};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::{
     RecordBatchReceiverStream, RecordBatchStreamAdapter,
 };
@@ -125,7 +127,10 @@ pub enum PermuteMode {
     Ranged,
 }
 
-/// See the module docs.
+/// Orders keyed rows by their final shuffle key (copies of repeated rows
+/// spread apart), spilling sorted runs under memory pressure: all
+/// partitions into one ([`PermuteMode::Gather`]), each on its own, or each
+/// key range of a parallel final stage. Module docs: spilling and order.
 #[derive(Debug)]
 pub struct PermuteExec {
     /// Keyed rows (the key is the last column).
@@ -201,7 +206,15 @@ impl PermuteExec {
 }
 
 impl DisplayAs for PermuteExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        if let DisplayFormatType::TreeRender = t {
+            let mode = match self.mode {
+                PermuteMode::Gather => "gather",
+                PermuteMode::PerPartition => "per_partition",
+                PermuteMode::Ranged => "ranged",
+            };
+            return write!(f, "key={SHUFFLE_KEY_COLUMN}\nmode={mode}");
+        }
         match self.mode {
             PermuteMode::Gather => write!(f, "PermuteExec: key={SHUFFLE_KEY_COLUMN}"),
             PermuteMode::PerPartition => write!(
@@ -266,6 +279,23 @@ impl ExecutionPlan for PermuteExec {
                 ))])]
             }
         }
+    }
+
+    // A permutation keeps every row: gathered, the one output partition
+    // holds all input partitions' rows.
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(match self.mode {
+            PermuteMode::Gather => None,
+            PermuteMode::PerPartition | PermuteMode::Ranged => partition,
+        })]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(super::rows_passed_through(input_stats, &self.schema))
     }
 
     fn with_new_children(

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::expressions::Column;
@@ -14,9 +13,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
-use datafusion::physical_planner::{
-    DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner,
-};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion_session::Session;
 
 use super::{
@@ -282,10 +279,10 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                         .config()
                         .options()
                         .extensions
-                        .get::<crate::session::SqlfeedOptions>();
+                        .get::<crate::config::SqlfeedOptions>();
                     let ordered_partitions =
                         options.is_some_and(|o| o.ordered_result_partitions);
-                    let deal = options.and_then(|o| o.deal());
+                    let deal = options.and_then(Deal::requested);
                     let ranges = if ordered_partitions {
                         session.config().target_partitions()
                     } else {
@@ -319,40 +316,5 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
             }
         };
         Ok(Some(plan))
-    }
-}
-
-/// DataFusion's planner with sqlfeed's extension planners.
-#[derive(Debug, Default)]
-pub struct SqlfeedQueryPlanner {
-    shuffle: ShuffleExtensionPlanner,
-}
-
-impl SqlfeedQueryPlanner {
-    /// The planner of the embedded engine.
-    pub fn embedded() -> Self {
-        Self {
-            shuffle: ShuffleExtensionPlanner::embedded(),
-        }
-    }
-
-    /// The planner of a Ballista scheduler: stage-shaped shuffles.
-    pub fn stage_shaped() -> Self {
-        Self {
-            shuffle: ShuffleExtensionPlanner::stage_shaped(),
-        }
-    }
-}
-
-#[async_trait]
-impl QueryPlanner for SqlfeedQueryPlanner {
-    async fn create_physical_plan(
-        &self,
-        logical_plan: &LogicalPlan,
-        session: &dyn Session,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(self.shuffle)])
-            .create_physical_plan(logical_plan, session)
-            .await
     }
 }

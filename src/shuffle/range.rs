@@ -39,6 +39,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
+use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -46,6 +47,7 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExp
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics;
 use datafusion::physical_plan::repartition::BatchPartitioner;
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -239,6 +241,24 @@ impl ExecutionPlan for RangeBucketExec {
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false]
+    }
+
+    // Every row, plus (counted) a few count rows per task.
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let statistics = super::rows_passed_through(input_stats, &self.schema);
+        Ok(if self.counted {
+            Arc::new(Arc::unwrap_or_clone(statistics).to_inexact())
+        } else {
+            statistics
+        })
     }
 
     fn with_new_children(

@@ -28,10 +28,16 @@
 
 mod cache_statements;
 mod explore;
+pub mod file_errors;
+mod folder_glob;
+pub mod function_docs;
 mod functions;
 pub mod lanes;
 mod parallel_projection;
+mod planner;
+pub mod rules;
 mod shuffle_clause;
+pub mod url_table;
 pub mod verify;
 
 use datafusion::dataframe::DataFrame;
@@ -47,7 +53,8 @@ use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 pub use parallel_projection::{ParallelFunctions, ParallelProjectionExec};
 pub use verify::{VerifyExec, VerifyFile, VerifySpec};
 
-pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos, row_key_hash};
+pub use functions::{ByteLengthFunc, RowKeyFunc, infos as function_infos};
+pub use planner::SqlfeedQueryPlanner;
 
 /// One parsed statement of sqlfeed SQL.
 #[derive(Debug, Clone)]

@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::Statistics;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
@@ -57,13 +58,14 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 use futures::{StreamExt, TryStreamExt};
 
-use crate::session::SqlfeedOptions;
+use crate::config::SqlfeedOptions;
 
 /// Rows of the first morsel, before any output has been measured; later
 /// unmeasured morsels double, up to [`MAX_GUESS_ROWS`].
@@ -103,7 +105,10 @@ fn output_bytes(batch: &RecordBatch) -> usize {
         .sum()
 }
 
-/// See the module docs.
+/// A projection whose costly row-wise functions run on several workers, in
+/// batches of about `batch_bytes` of output, with the rows kept in their
+/// input order (the order of a `SHUFFLE` under it survives). Module docs:
+/// the diagram, memory and ordering.
 #[derive(Debug)]
 pub struct ParallelProjectionExec {
     /// The rows to project.
@@ -211,6 +216,22 @@ impl ExecutionPlan for ParallelProjectionExec {
         vec![false]
     }
 
+    // Row-wise functions: one output row per input row.
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(crate::shuffle::rows_passed_through(
+            input_stats,
+            &self.schema(),
+        ))
+    }
+
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
@@ -288,7 +309,7 @@ impl ExecutionPlan for ParallelProjectionExec {
                     if e.is_panic() {
                         DataFusionError::Execution(format!(
                             "a function panicked: {}",
-                            crate::session::panic_message(&e.into_panic())
+                            crate::panics::panic_message(&e.into_panic())
                         ))
                     } else {
                         DataFusionError::Execution(format!(

@@ -108,7 +108,8 @@ pub struct VerifyFile {
 /// Plans `VERIFY`: lists the files now, reads them when executed.
 pub(super) async fn verify(ctx: &SessionContext, spec: &VerifySpec) -> Result<DataFrame> {
     let state = ctx.state();
-    let (store, files) = crate::session::list_parquet_files(&state, &spec.path).await?;
+    let (store, files) =
+        crate::sql::url_table::list_parquet_files(&state, &spec.path).await?;
     // The same pixel limit as the session's `image_decode`.
     let max_pixels = ctx
         .udf("image_decode")
@@ -244,10 +245,21 @@ impl VerifyExec {
 }
 
 impl DisplayAs for VerifyExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "VerifyExec: files={}", self.files.len())?;
-        if !self.decode.is_empty() {
-            write!(f, ", decode=[{}]", self.decode.join(", "))?;
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let decode = self.decode.join(", ");
+        match t {
+            DisplayFormatType::TreeRender => {
+                write!(f, "files={}", self.files.len())?;
+                if !decode.is_empty() {
+                    write!(f, "\ndecode=[{decode}]")?;
+                }
+            }
+            _ => {
+                write!(f, "VerifyExec: files={}", self.files.len())?;
+                if !decode.is_empty() {
+                    write!(f, ", decode=[{decode}]")?;
+                }
+            }
         }
         Ok(())
     }
@@ -498,7 +510,7 @@ async fn verify_file(shared: &Arc<Shared>, file: &VerifyFile) -> Result<FileRepo
                             "row group {}, column '{column}': the Parquet reader panicked \
                              on it ({})",
                             chunk.row_group,
-                            crate::session::panic_message(&e.into_panic())
+                            crate::panics::panic_message(&e.into_panic())
                         )],
                         images: 0,
                         read_error_at: Some(format!(
@@ -630,11 +642,7 @@ async fn verify_chunk(
     let mut stream = match stream {
         Ok(stream) => stream,
         Err(e) => {
-            problems.push(format!(
-                "{}: {}",
-                where_(None),
-                crate::session::file_error_reason(&e.into())
-            ));
+            problems.push(format!("{}: {}", where_(None), reason(&e.into())));
             return Ok(ChunkResult {
                 problems,
                 images: 0,
@@ -654,10 +662,7 @@ async fn verify_chunk(
             Some(Ok(batch)) => batch,
             Some(Err(e)) => {
                 let place = where_(Some(Position::From(rows)));
-                problems.push(format!(
-                    "{place}: {}",
-                    crate::session::file_error_reason(&e.into())
-                ));
+                problems.push(format!("{place}: {}", reason(&e.into())));
                 read_error_at = Some(place);
                 break;
             }
@@ -777,12 +782,36 @@ fn binary_values(column: &ArrayRef) -> Result<Vec<Option<&[u8]>>> {
 /// The reader's reason for a bad footer, without its wrappers ("Failed to
 /// fetch metadata for file …: Parquet error: Parquet error: …").
 fn footer_reason(error: &DataFusionError) -> String {
-    let text = crate::session::file_error_reason(error);
+    let text = reason(error);
     let reason = text
         .rsplit_once("Parquet error: ")
         .map(|(_, reason)| reason)
         .unwrap_or(&text);
     format!("{reason}: the file is truncated, corrupt or not Parquet")
+}
+
+/// The prefixes DataFusion, arrow and parquet put before a reader error, in
+/// whatever nesting they arrive.
+const WRAPPER_PREFIXES: &[&str] = &[
+    "Arrow error: ",
+    "Arrow: ",
+    "Parquet error: ",
+    "Parquet argument error: ",
+    "External error: ",
+    "External: ",
+    "Object Store error: ",
+    "IO error: ",
+];
+
+/// `error`'s message without the wrappers' prefixes.
+pub(crate) fn reason(error: &DataFusionError) -> String {
+    let text = error.to_string();
+    let mut rest = text.as_str();
+    while let Some(stripped) = WRAPPER_PREFIXES.iter().find_map(|p| rest.strip_prefix(p))
+    {
+        rest = stripped;
+    }
+    rest.trim_end_matches('.').to_string()
 }
 
 #[cfg(test)]

@@ -89,6 +89,16 @@ fn functions_and_help_list_what_exists() {
     assert!(ok);
     assert!(out.contains("standardize(x, mean, std)"), "{out}");
     assert!(out.contains("byte_length(value)"), "{out}");
+    // One name: its whole documentation, example output included.
+    let (ok, out, _) = run(sqlfeed().args(["-c", "\\functions one_hot"]));
+    assert!(ok);
+    assert!(
+        out.contains("#### Arguments")
+            && out.contains("- **n**:")
+            && out.contains("> SELECT one_hot(2, 4)"),
+        "{out}"
+    );
+    assert!(out.contains("[0.0, 0.0, 1.0, 0.0]"), "{out}");
     let (ok, help, _) = run(sqlfeed().args(["-c", "\\?"]));
     assert!(ok);
     assert!(

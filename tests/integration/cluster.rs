@@ -932,3 +932,114 @@ fn a_cached_cluster_feed_computes_once_and_keeps_the_batches() -> Result<()> {
     );
     Ok(())
 }
+
+/// `--executor-cache-dir`: the first epoch's tasks write the preprocessed
+/// rows into the shared folder where they compute them, later epochs' jobs
+/// scan them there (no Parquet, no decoding) and are dealt to the ranks;
+/// every batch is the uncached one.
+#[test]
+fn an_executor_cache_is_written_and_read_on_the_executors() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/flat/*.parquet'",
+        dir.path().display()
+    );
+    let shared = dir.path().join("shared-cache");
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    // Two ranks of one run at once.
+    let ranks = |cached: bool, run: &str| -> Vec<(Vec<String>, String)> {
+        let threads: Vec<_> = (0..2)
+            .map(|rank| {
+                let (url, sql, shared, run) =
+                    (url.clone(), sql.clone(), shared.clone(), run.to_string());
+                std::thread::spawn(move || {
+                    let mut command = sqlfeed();
+                    command.args(["--cluster", &url, "--target-partitions", "4"]);
+                    if cached {
+                        command.arg("--executor-cache-dir").arg(&shared);
+                    }
+                    command
+                        .args(["feed", &sql, "--batch-size", "64", "--epochs", "3"])
+                        .args(["--shuffle-seed", "42", "--device", "cpu", "--digest"])
+                        .args(["--run-id", &run, "--explain-analyze"])
+                        .args(["--shard", &format!("{rank}/2")]);
+                    if cached {
+                        command.arg("--cache");
+                    }
+                    let (ok, out, err) =
+                        run_bounded(&mut command, Duration::from_secs(120));
+                    assert!(ok, "rank {rank}: {err}");
+                    let digests = out
+                        .lines()
+                        .filter(|l| l.starts_with("batch "))
+                        .map(str::to_string)
+                        .collect();
+                    (digests, out)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("rank thread"))
+            .collect()
+    };
+    let uncached = ranks(false, "plain");
+    let cached = ranks(true, "executor-cache");
+    for (rank, ((expected, _), (got, out))) in uncached.iter().zip(&cached).enumerate() {
+        // 3000 rows, 2 × 64 per step: 24 batches per epoch and rank.
+        assert_eq!(expected.len(), 3 * 24);
+        assert_eq!(got, expected, "rank {rank}");
+        let epochs: Vec<&str> = out.split("epoch ").skip(1).collect();
+        assert!(!epochs[0].contains("dealt=true"), "{}", epochs[0]);
+        for epoch in &epochs[1..] {
+            // Read from the parts and dealt: each rank fetched its half.
+            assert!(epoch.contains("dealt=true"), "{epoch}");
+            assert!(epoch.contains("fetched_rows=1.50 K"), "{epoch}");
+        }
+    }
+    // One committed entry whose parts hold the epoch's rows.
+    let entries: Vec<_> = std::fs::read_dir(&shared)?.flatten().collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let entry = entries[0].path();
+    let job = std::fs::read_to_string(entry.join("COMMITTED"))?;
+    let parts: Vec<_> = std::fs::read_dir(entry.join(job.trim()))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(parts.len() >= 2, "{parts:?}");
+    let rows: u64 = parts
+        .iter()
+        .filter_map(|p| {
+            p.trim_end_matches(".arrow")
+                .rsplit('-')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(rows, 3000, "{parts:?}");
+    // Epoch 0's job wrote the parts, epochs 1 and 2 scanned them: no
+    // Parquet, no image decoding.
+    let jobs: serde_json::Value =
+        serde_json::from_str(&cluster.rest("/api/jobs")).expect("jobs as JSON");
+    let mut cached_jobs = vec![];
+    for job in jobs.as_array().expect("a list of jobs") {
+        let id = job["job_id"].as_str().expect("a job id");
+        let plans = cluster.rest(&format!("/api/job/{id}/stages"));
+        if plans.contains("SharedEntryWriteExec") {
+            cached_jobs.push("write");
+        } else if plans.contains("file_type=arrow") {
+            assert!(
+                !plans.contains("image_decode") && !plans.contains("parquet"),
+                "{plans}"
+            );
+            cached_jobs.push("read");
+        }
+    }
+    cached_jobs.sort_unstable();
+    assert_eq!(cached_jobs, vec!["read", "read", "write"]);
+    Ok(())
+}

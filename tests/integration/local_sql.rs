@@ -312,3 +312,40 @@ async fn udfs_are_registered_in_the_session() -> Result<()> {
     assert_eq!(rows(&batches), vec![vec!["1.0", "2"]]);
     Ok(())
 }
+
+/// `EXPLAIN FORMAT TREE` renders sqlfeed's operators with their settings,
+/// and row counts pass through a shuffle (the optimizer above it plans with
+/// them).
+#[tokio::test]
+async fn explain_tree_and_statistics_see_through_a_shuffle() -> Result<()> {
+    use datafusion::common::stats::Precision;
+    use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 300, 3)?;
+    let s = session()?;
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_decode(image_png)) AS px FROM '{}/*.parquet' \
+         SHUFFLE SEED 5",
+        dir.path().display()
+    );
+    let text = rows(&collect(&s, &format!("EXPLAIN FORMAT TREE {sql}")).await?)
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join("\n");
+    for expected in [
+        "ShuffleExec",
+        "PermuteExec",
+        "ShuffleKeyExec",
+        "ParallelProjectionExec",
+        "seed: 5",
+        "mode: gather",
+    ] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+    let plan = s.sql(&sql).await?.create_physical_plan().await?;
+    let statistics =
+        StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new())?;
+    assert_eq!(statistics.num_rows, Precision::Exact(300), "{statistics:?}");
+    Ok(())
+}

@@ -29,6 +29,7 @@ mod common;
 mod contract;
 mod examples;
 mod feed;
+mod function_docs;
 mod globs;
 mod local_sql;
 mod repl;

@@ -798,6 +798,17 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
                 plan.contains("RankShardExec") && plan.contains("counted=true"),
                 "{plan}"
             );
+            let tree = datafusion::physical_plan::displayable(staged.as_ref())
+                .tree_render()
+                .to_string();
+            for operator in [
+                "RankShardExec",
+                "DealExec",
+                "RangeBucketExec",
+                "ShuffleExec",
+            ] {
+                assert!(tree.contains(operator), "{operator}: {tree}");
+            }
             let parts = datafusion::physical_plan::collect_partitioned(
                 staged,
                 s.context().task_ctx(),

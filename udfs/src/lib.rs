@@ -11,6 +11,8 @@
 //! | image     | `image`   | `image_decode`, `try_image_decode`, `image_resize`, `image_center_crop`, `image_random_crop`, `image_random_flip`, `image_to_tensor` |
 //! | text      | `text`    | `tokenize`, `tokenize_pair`, `attention_mask`, `pad`, `truncate` |
 
+#![forbid(unsafe_code)]
+
 pub mod augment;
 #[cfg(feature = "image")]
 pub mod image;
@@ -37,6 +39,74 @@ pub struct FunctionInfo {
     pub syntax: &'static str,
     /// One sentence on what it returns.
     pub description: &'static str,
+    /// Each argument (as the syntax names it) and what it is.
+    pub arguments: &'static [(&'static str, &'static str)],
+    /// A query calling the function …
+    pub example: &'static str,
+    /// … and its output, as DataFusion's shell prints it (a test runs the
+    /// query and compares).
+    pub example_output: &'static str,
+}
+
+impl FunctionInfo {
+    /// DataFusion's documentation of the function, from this listing: what
+    /// `SHOW FUNCTIONS`, `information_schema` and `\functions <name>` show.
+    pub fn documentation(&self) -> datafusion::logical_expr::Documentation {
+        let mut builder = datafusion::logical_expr::Documentation::builder(
+            doc_section(self.family),
+            self.description,
+            self.syntax,
+        )
+        .with_sql_example(format!(
+            "```sql\n> {}\n{}\n```",
+            self.example,
+            self.example_output.trim_end()
+        ));
+        for (name, description) in self.arguments {
+            builder = builder.with_argument(*name, *description);
+        }
+        builder.build()
+    }
+}
+
+/// The section of the function docs a family's functions are listed in.
+fn doc_section(family: &'static str) -> datafusion::logical_expr::DocSection {
+    let (label, description) = match family {
+        "numeric" => (
+            "sqlfeed: numeric features",
+            "Scaling, clipping, encoding and assembling numeric features.",
+        ),
+        "image" => (
+            "sqlfeed: images",
+            "Decoding PNG/JPEG bytes, resizing, cropping, augmenting, tensors.",
+        ),
+        "text" => (
+            "sqlfeed: text",
+            "Tokenizing with Hugging Face tokenizers and shaping token lists.",
+        ),
+        _ => ("sqlfeed", "sqlfeed's own functions."),
+    };
+    datafusion::logical_expr::DocSection {
+        include: true,
+        label,
+        description: Some(description),
+    }
+}
+
+/// The documentation of the enabled function `name` (built once), for the
+/// functions' `ScalarUDFImpl::documentation`.
+pub(crate) fn documentation_of(
+    name: &str,
+) -> Option<&'static datafusion::logical_expr::Documentation> {
+    static DOCS: std::sync::LazyLock<
+        std::collections::HashMap<&'static str, datafusion::logical_expr::Documentation>,
+    > = std::sync::LazyLock::new(|| {
+        functions()
+            .iter()
+            .map(|info| (info.name, info.documentation()))
+            .collect()
+    });
+    DOCS.get(name)
 }
 
 /// Reads the files functions load at plan time (a `tokenizer.json`) when

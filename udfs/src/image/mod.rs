@@ -122,48 +122,119 @@ pub fn functions_with(max_pixels: u64) -> Vec<ScalarUDF> {
 
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
+    // A 2x2 PNG: red, green / blue, white.
     vec![
         FunctionInfo {
             name: "image_decode",
             family: "image",
             syntax: DECODE,
             description: "PNG/JPEG bytes -> struct(height, width, channels, pixels HWC uint8); EXIF orientation applied; truncated files are errors unless 'partial'; with min_height, min_width a JPEG may decode at 1/2..1/8 scale covering them (image_resize asks for it)",
+            arguments: &[
+                ("bytes", "binary: an encoded PNG or JPEG"),
+                (
+                    "'rgb' | 'rgba' | 'gray'",
+                    "a constant: the channels to decode to (default 'rgb')",
+                ),
+                (
+                    "'complete' | 'partial'",
+                    "a constant: whether a truncated file is an error (default) or decodes what it holds",
+                ),
+                (
+                    "min_height, min_width",
+                    "constant integers: a JPEG may decode at a smaller scale that still covers them",
+                ),
+            ],
+            example: "WITH t AS (SELECT X'89504E470D0A1A0A0000000D4948445200000002000000020802000000FDD49A73000000124944415478DA63F8CFC0C000C20CFF8100001FEE05FBF1ABBA770000000049454E44AE426082' AS png) SELECT image_decode(png) AS image FROM t;",
+            example_output: "+----------------------------------------------------------------------+\n| image                                                                |\n+----------------------------------------------------------------------+\n| {height: 2, width: 2, channels: 3, pixels: ff000000ff000000ffffffff} |\n+----------------------------------------------------------------------+",
         },
         FunctionInfo {
             name: "try_image_decode",
             family: "image",
             syntax: TRY_DECODE,
             description: "like image_decode, but NULL for bytes that cannot be decoded (truncated files included)",
+            arguments: &[
+                ("bytes", "binary: an encoded PNG or JPEG"),
+                ("…", "as for image_decode"),
+            ],
+            example: "SELECT try_image_decode(X'00FF') IS NULL AS undecodable;",
+            example_output: "+-------------+\n| undecodable |\n+-------------+\n| true        |\n+-------------+",
         },
         FunctionInfo {
             name: "image_resize",
             family: "image",
             syntax: "image_resize(image, height, width [, filter])",
             description: "SIMD resize (bilinear default; nearest, bicubic, lanczos3), antialiased",
+            arguments: &[
+                ("image", "a decoded image (image_decode)"),
+                ("height, width", "constant integers: the output size"),
+                (
+                    "filter",
+                    "a constant: 'bilinear' (default), 'nearest', 'bicubic' or 'lanczos3'",
+                ),
+            ],
+            example: "WITH t AS (SELECT X'89504E470D0A1A0A0000000D4948445200000002000000020802000000FDD49A73000000124944415478DA63F8CFC0C000C20CFF8100001FEE05FBF1ABBA770000000049454E44AE426082' AS png) SELECT image_resize(image_decode(png), 1, 1) AS small FROM t;",
+            example_output: "+----------------------------------------------------+\n| small                                              |\n+----------------------------------------------------+\n| {height: 1, width: 1, channels: 3, pixels: 808080} |\n+----------------------------------------------------+",
         },
         FunctionInfo {
             name: "image_center_crop",
             family: "image",
             syntax: "image_center_crop(image, height, width)",
             description: "the centred height x width window of a decoded image",
+            arguments: &[
+                ("image", "a decoded image"),
+                (
+                    "height, width",
+                    "constant integers: the window, at most the image's size",
+                ),
+            ],
+            example: "WITH t AS (SELECT X'89504E470D0A1A0A0000000D4948445200000002000000020802000000FDD49A73000000124944415478DA63F8CFC0C000C20CFF8100001FEE05FBF1ABBA770000000049454E44AE426082' AS png) SELECT image_center_crop(image_decode(png), 1, 2) AS crop FROM t;",
+            example_output: "+----------------------------------------------------------+\n| crop                                                     |\n+----------------------------------------------------------+\n| {height: 1, width: 2, channels: 3, pixels: ff000000ff00} |\n+----------------------------------------------------------+",
         },
         FunctionInfo {
             name: "image_random_crop",
             family: "image",
             syntax: "image_random_crop(image, height, width, seed)",
             description: "a height x width window at an offset reproducible per (seed, image)",
+            arguments: &[
+                ("image", "a decoded image"),
+                ("height, width", "constant integers: the window"),
+                (
+                    "seed",
+                    "a constant integer; in a feed the epoch is mixed in",
+                ),
+            ],
+            example: "WITH t AS (SELECT X'89504E470D0A1A0A0000000D4948445200000002000000020802000000FDD49A73000000124944415478DA63F8CFC0C000C20CFF8100001FEE05FBF1ABBA770000000049454E44AE426082' AS png) SELECT image_random_crop(image_decode(png), 1, 1, 7) AS crop FROM t;",
+            example_output: "+----------------------------------------------------+\n| crop                                               |\n+----------------------------------------------------+\n| {height: 1, width: 1, channels: 3, pixels: ff0000} |\n+----------------------------------------------------+",
         },
         FunctionInfo {
             name: "image_random_flip",
             family: "image",
             syntax: "image_random_flip(image, seed)",
             description: "left-right mirror with probability 1/2, reproducible per (seed, image)",
+            arguments: &[
+                ("image", "a decoded image"),
+                (
+                    "seed",
+                    "a constant integer; in a feed the epoch is mixed in",
+                ),
+            ],
+            example: "WITH t AS (SELECT X'89504E470D0A1A0A0000000D4948445200000002000000020802000000FDD49A73000000124944415478DA63F8CFC0C000C20CFF8100001FEE05FBF1ABBA770000000049454E44AE426082' AS png) SELECT image_random_flip(image_decode(png), 7) AS flipped FROM t;",
+            example_output: "+----------------------------------------------------------------------+\n| flipped                                                              |\n+----------------------------------------------------------------------+\n| {height: 2, width: 2, channels: 3, pixels: ff000000ff000000ffffffff} |\n+----------------------------------------------------------------------+",
         },
         FunctionInfo {
             name: "image_to_tensor",
             family: "image",
             syntax: "image_to_tensor(image [, mean, std])",
             description: "struct(channels, height, width, values float32 CHW = (pixel/255 - mean) / std)",
+            arguments: &[
+                ("image", "a decoded image"),
+                (
+                    "mean, std",
+                    "constant lists, one number per channel (default 0 and 1)",
+                ),
+            ],
+            example: "WITH t AS (SELECT X'89504E470D0A1A0A0000000D4948445200000002000000020802000000FDD49A73000000124944415478DA63F8CFC0C000C20CFF8100001FEE05FBF1ABBA770000000049454E44AE426082' AS png) SELECT image_to_tensor(image_decode(png))['values'] AS chw FROM t;",
+            example_output: "+--------------------------------------------------------------+\n| chw                                                          |\n+--------------------------------------------------------------+\n| [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0] |\n+--------------------------------------------------------------+",
         },
     ]
 }
@@ -373,6 +444,10 @@ impl ImageDecodeFunc {
 }
 
 impl ScalarUDFImpl for ImageDecodeFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         if self.lenient {
             "try_image_decode"

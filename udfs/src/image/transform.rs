@@ -153,6 +153,10 @@ impl CropFunc {
 }
 
 impl ScalarUDFImpl for CropFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         if self.random {
             "image_random_crop"
@@ -315,6 +319,10 @@ fn resize_algorithm(
 }
 
 impl ScalarUDFImpl for ResizeFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "image_resize"
     }
@@ -467,6 +475,10 @@ impl RandomFlipFunc {
 }
 
 impl ScalarUDFImpl for RandomFlipFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "image_random_flip"
     }
@@ -626,6 +638,10 @@ impl ChannelTables {
 }
 
 impl ScalarUDFImpl for ToTensorFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "image_to_tensor"
     }

@@ -51,6 +51,10 @@ impl AffineFunc {
 }
 
 impl ScalarUDFImpl for AffineFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         match self.kind {
             Affine::Standardize => "standardize",

@@ -70,6 +70,10 @@ where
 }
 
 impl ScalarUDFImpl for ClipFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "clip"
     }
@@ -124,6 +128,10 @@ impl Log1pFunc {
 }
 
 impl ScalarUDFImpl for Log1pFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "log1p"
     }

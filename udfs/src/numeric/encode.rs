@@ -93,6 +93,10 @@ impl BucketizeFunc {
 }
 
 impl ScalarUDFImpl for BucketizeFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "bucketize"
     }
@@ -187,6 +191,10 @@ fn one_hot_width(value: Option<&ScalarValue>) -> Result<i32> {
 }
 
 impl ScalarUDFImpl for OneHotFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "one_hot"
     }
@@ -283,6 +291,10 @@ pub fn hash_bytes(bytes: &[u8], n: u64, seed: u64) -> i64 {
 }
 
 impl ScalarUDFImpl for HashBucketFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "hash_bucket"
     }

@@ -51,48 +51,108 @@ pub fn functions() -> Vec<ScalarUDF> {
 
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
-    let info = |name, syntax, description| FunctionInfo {
-        name,
-        family: "numeric",
-        syntax,
-        description,
-    };
+    let info =
+        |name, syntax, description, arguments, example, example_output| FunctionInfo {
+            name,
+            family: "numeric",
+            syntax,
+            description,
+            arguments,
+            example,
+            example_output,
+        };
     vec![
         info(
             "standardize",
             "standardize(x, mean, std)",
             "(x - mean) / std",
+            &[
+                (
+                    "x",
+                    "a number (float32 stays float32, others become float64)",
+                ),
+                ("mean", "a number: the feature's mean"),
+                ("std", "a number: the feature's standard deviation"),
+            ][..],
+            "SELECT standardize(3.0, 1.0, 2.0) AS z;",
+            "+-----+\n| z   |\n+-----+\n| 1.0 |\n+-----+",
         ),
         info(
             "min_max_scale",
             "min_max_scale(x, min, max)",
             "(x - min) / (max - min)",
+            &[
+                ("x", "a number"),
+                ("min", "the value that maps to 0"),
+                ("max", "the value that maps to 1"),
+            ],
+            "SELECT min_max_scale(5.0, 0.0, 10.0) AS s;",
+            "+-----+\n| s   |\n+-----+\n| 0.5 |\n+-----+",
         ),
         info(
             "clip",
             "clip(x, lo, hi)",
             "x limited to [lo, hi]; NaN stays NaN",
+            &[
+                ("x", "a number"),
+                ("lo", "the lower bound"),
+                ("hi", "the upper bound"),
+            ],
+            "SELECT clip(12.5, 0.0, 10.0) AS c;",
+            "+------+\n| c    |\n+------+\n| 10.0 |\n+------+",
         ),
-        info("log1p", "log1p(x)", "ln(1 + x), accurate for small x"),
+        info(
+            "log1p",
+            "log1p(x)",
+            "ln(1 + x), accurate for small x",
+            &[("x", "a number above -1")],
+            "SELECT log1p(0.0) AS l;",
+            "+-----+\n| l   |\n+-----+\n| 0.0 |\n+-----+",
+        ),
         info(
             "bucketize",
             "bucketize(x, [b0, b1, ...])",
             "int32 count of sorted boundaries <= x (NaN: all of them)",
+            &[
+                ("x", "a number"),
+                (
+                    "[b0, b1, ...]",
+                    "a constant list of boundaries in ascending order",
+                ),
+            ],
+            "SELECT bucketize(2.5, [1.0, 2.0, 3.0]) AS b;",
+            "+---+\n| b |\n+---+\n| 2 |\n+---+",
         ),
         info(
             "one_hot",
             "one_hot(i, n)",
             "fixed-size list of n float32 with 1.0 at index i",
+            &[
+                ("i", "an integer in [0, n); NULL gives all zeros"),
+                ("n", "a constant integer: the number of classes"),
+            ],
+            "SELECT one_hot(2, 4) AS v;",
+            "+----------------------+\n| v                    |\n+----------------------+\n| [0.0, 0.0, 1.0, 0.0] |\n+----------------------+",
         ),
         info(
             "hash_bucket",
             "hash_bucket(value, n [, seed])",
             "int64 xxh3_64(value bytes, seed) mod n; stable across runs and machines",
+            &[
+                ("value", "a string, binary or integer value"),
+                ("n", "a constant integer: the number of buckets"),
+                ("seed", "a constant integer (default 0)"),
+            ],
+            "SELECT hash_bucket('cat', 100) AS b;",
+            "+----+\n| b  |\n+----+\n| 38 |\n+----+",
         ),
         info(
             "feature_vector",
             "feature_vector(x1, x2, ..., xn)",
             "fixed-size list of n float32 (one [n] tensor per row in a feed)",
+            &[("x1, ..., xn", "numbers, one per element")],
+            "SELECT feature_vector(1, 2.5, 3) AS v;",
+            "+-----------------+\n| v               |\n+-----------------+\n| [1.0, 2.5, 3.0] |\n+-----------------+",
         ),
     ]
 }

@@ -43,6 +43,10 @@ fn vector_type(width: usize, nullable: bool) -> Result<DataType> {
 }
 
 impl ScalarUDFImpl for FeatureVectorFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "feature_vector"
     }

@@ -65,6 +65,10 @@ impl AttentionMaskFunc {
 }
 
 impl ScalarUDFImpl for AttentionMaskFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         "attention_mask"
     }
@@ -158,6 +162,10 @@ impl ShapeFunc {
 }
 
 impl ScalarUDFImpl for ShapeFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         if self.pad { "pad" } else { "truncate" }
     }

@@ -60,37 +60,81 @@ pub(crate) fn reads_assets(udf: &ScalarUDF) -> Option<&dyn crate::ReadsAssets> {
 
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
-    let info = |name, syntax, description| FunctionInfo {
-        name,
-        family: "text",
-        syntax,
-        description,
-    };
+    let info =
+        |name, syntax, description, arguments, example, example_output| FunctionInfo {
+            name,
+            family: "text",
+            syntax,
+            description,
+            arguments,
+            example,
+            example_output,
+        };
     vec![
         info(
             "tokenize",
             "tokenize(text, tokenizer_json [, max_len])",
             "list<int32> token ids (Hugging Face tokenizers; special tokens included)",
+            &[
+                ("text", "a string"),
+                (
+                    "tokenizer_json",
+                    "a constant path or URL (s3://, gs://, az://, https://) of a tokenizer.json",
+                ),
+                ("max_len", "a constant integer: truncate to this many ids"),
+            ][..],
+            "SELECT tokenize('hello world', 'udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json') AS ids;",
+            "+------------------------+\n| ids                    |\n+------------------------+\n| [101, 7592, 2088, 102] |\n+------------------------+",
         ),
         info(
             "tokenize_pair",
             "tokenize_pair(a, b, tokenizer_json [, max_len])",
             "list<int32> token ids of a sentence pair",
+            &[
+                ("a", "the first sentence"),
+                ("b", "the second sentence"),
+                ("tokenizer_json", "as for tokenize"),
+                (
+                    "max_len",
+                    "a constant integer: truncate the pair to this many ids",
+                ),
+            ],
+            "SELECT tokenize_pair('hi', 'there', 'udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json') AS ids;",
+            "+-----------------------------+\n| ids                         |\n+-----------------------------+\n| [101, 7632, 102, 2045, 102] |\n+-----------------------------+",
         ),
         info(
             "attention_mask",
             "attention_mask(ids [, len])",
             "list<int8>: 1 per id, padded with 0 to len",
+            &[
+                ("ids", "a list (token ids)"),
+                ("len", "a constant integer: the padded length"),
+            ],
+            "SELECT attention_mask([101, 7592, 102], 5) AS mask;",
+            "+-----------------+\n| mask            |\n+-----------------+\n| [1, 1, 1, 0, 0] |\n+-----------------+",
         ),
         info(
             "pad",
             "pad(list, len, value)",
             "the list followed by value up to len elements",
+            &[
+                ("list", "a list"),
+                ("len", "a constant integer: the length to pad to"),
+                ("value", "the padding value"),
+            ],
+            "SELECT pad([1, 2, 3], 5, 0) AS p;",
+            "+-----------------+\n| p               |\n+-----------------+\n| [1, 2, 3, 0, 0] |\n+-----------------+",
         ),
         info(
             "truncate",
             "truncate(list, len)",
             "the first len elements of the list",
+            &[
+                ("list", "a list"),
+                ("len", "a constant integer: the most elements kept"),
+            ],
+            "SELECT truncate([1, 2, 3], 2) AS t;",
+            "+--------+\n| t      |\n+--------+\n| [1, 2] |\n+--------+",
         ),
     ]
 }

@@ -330,6 +330,10 @@ impl ReadsAssets for TokenizeFunc {
 }
 
 impl ScalarUDFImpl for TokenizeFunc {
+    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+        crate::documentation_of(self.name())
+    }
+
     fn name(&self) -> &str {
         if self.pair {
             "tokenize_pair"

@@ -48,7 +48,7 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 
 use super::folder_glob::FolderGlob;
-use super::panic_message;
+use crate::panics::panic_message;
 
 /// Resolves path- and URL-named tables; see the module docs.
 #[derive(Debug, Default)]
@@ -410,7 +410,7 @@ fn merge_schemas(schemas: &[(String, SchemaRef)]) -> Result<SchemaRef> {
 }
 
 /// Installs the factory on a freshly built state, returning the new state.
-pub(super) fn install(
+pub(crate) fn install(
     state: SessionState,
 ) -> (SessionState, Arc<ParquetUrlTableFactory>) {
     let factory = Arc::new(ParquetUrlTableFactory::new());

@@ -56,30 +56,6 @@ use datafusion_datasource::morsel::{Morsel, MorselPlan, MorselPlanner, Morselize
 use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
 
-/// The prefixes DataFusion, arrow and parquet put before a reader error, in
-/// whatever nesting they arrive.
-const WRAPPER_PREFIXES: &[&str] = &[
-    "Arrow error: ",
-    "Arrow: ",
-    "Parquet error: ",
-    "Parquet argument error: ",
-    "External error: ",
-    "External: ",
-    "Object Store error: ",
-    "IO error: ",
-];
-
-/// `error`'s message without the wrappers' prefixes.
-pub(crate) fn reason(error: &DataFusionError) -> String {
-    let text = error.to_string();
-    let mut rest = text.as_str();
-    while let Some(stripped) = WRAPPER_PREFIXES.iter().find_map(|p| rest.strip_prefix(p))
-    {
-        rest = stripped;
-    }
-    rest.trim_end_matches('.').to_string()
-}
-
 /// Whether `error` is the Parquet or Arrow reader failing on the bytes (as
 /// opposed to, say, a schema that does not fit the table).
 fn is_damage(error: &DataFusionError) -> bool {
@@ -111,17 +87,17 @@ fn name_file(file: &str, error: DataFusionError) -> DataFusionError {
             DataFusionError::Execution(format!(
                 "cannot read '{file}': {}. Check that the file is still there and \
                  readable",
-                reason(&error)
+                super::verify::reason(&error)
             ))
         }
         _ if is_damage(&error) => DataFusionError::Execution(format!(
             "cannot read the data of '{file}': {}. The file is damaged: restore it \
              from its source, or exclude it from the path",
-            reason(&error)
+            super::verify::reason(&error)
         )),
         _ => DataFusionError::Execution(format!(
             "cannot read '{file}': {}",
-            reason(&error)
+            super::verify::reason(&error)
         )),
     }
 }
@@ -490,7 +466,7 @@ async fn name_file_located(file: &FileRef, error: DataFusionError) -> DataFusion
             "cannot read the data of '{}' ({place}): {}. The file is damaged: restore it \
              from its source, or exclude it from the path",
             file.name,
-            reason(&error)
+            super::verify::reason(&error)
         )),
         None => name_file(&file.name, error),
     }
@@ -501,6 +477,6 @@ fn reader_panicked(file: &str, panic: &Box<dyn std::any::Any + Send>) -> DataFus
     DataFusionError::Execution(format!(
         "cannot read the data of '{file}': the Parquet reader panicked on it ({}). The \
          file is damaged: restore it from its source, or exclude it from the path",
-        super::panic_message(panic)
+        crate::panics::panic_message(panic)
     ))
 }

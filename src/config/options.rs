@@ -31,23 +31,15 @@ extensions_options! {
         pub deal_batch_rows: usize, default = 0
         /// Whether the dealt feed drops its last partial step.
         pub deal_drop_last: bool, default = false
+        /// A folder every executor and rank of a cluster reaches (a shared
+        /// file system): a cached, shuffled cluster feed keeps its entry
+        /// there, written by the executors that compute the first epoch
+        /// and read by later epochs' jobs (`crate::cache::shared`). Empty:
+        /// the entry is kept in each rank's local cache.
+        pub executor_cache_dir: String, default = String::new()
     }
 }
 
 impl ConfigExtension for SqlfeedOptions {
     const PREFIX: &'static str = "sqlfeed";
-}
-
-impl SqlfeedOptions {
-    /// The deal these settings ask for, if any.
-    pub fn deal(&self) -> Option<crate::shuffle::Deal> {
-        (self.ordered_result_partitions
-            && self.deal_world >= 2
-            && self.deal_batch_rows >= 1)
-            .then_some(crate::shuffle::Deal {
-                batch_rows: self.deal_batch_rows,
-                world: self.deal_world,
-                drop_last: self.deal_drop_last,
-            })
-    }
 }

@@ -1,0 +1,44 @@
+//! The optimizer rules every sqlfeed engine plans with (the embedded
+//! session and a Ballista scheduler): DataFusion's, with sqlfeed's in the
+//! places they must run.
+
+use std::sync::Arc;
+
+/// DataFusion's logical optimizer rules with sqlfeed's in front:
+/// [`crate::shuffle::LateRowFunctions`] must see a shuffle's input projection
+/// as the SQL planner built it, before common subexpression elimination
+/// splits it or projection pushdown folds it into the scan.
+pub fn optimizer_rules()
+-> Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> {
+    let mut rules: Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> =
+        vec![Arc::new(crate::shuffle::LateRowFunctions)];
+    rules.extend(datafusion::optimizer::Optimizer::new().rules);
+    rules
+}
+
+/// DataFusion's physical optimizer rules with sqlfeed's after the
+/// distribution rules (which insert the round-robin splits that
+/// [`crate::shuffle::KeepShuffleOrder`] takes out again, and settle the
+/// partition counts that [`crate::sql::ParallelFunctions`] sizes its workers
+/// by) and before projection pushdown (which would fold a projection of
+/// costly functions into the file scan, out of their reach).
+/// `parallel_functions`: false on a Ballista scheduler, which cannot
+/// serialise [`crate::sql::ParallelProjectionExec`]; its executors add it.
+pub fn physical_optimizer_rules(
+    parallel_functions: bool,
+) -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
+    let mut rules =
+        datafusion::physical_optimizer::optimizer::PhysicalOptimizer::new().rules;
+    let at = rules
+        .iter()
+        .position(|r| r.name() == "ProjectionPushdown")
+        .unwrap_or(rules.len());
+    let mut ours: Vec<
+        Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
+    > = vec![Arc::new(crate::shuffle::KeepShuffleOrder)];
+    if parallel_functions {
+        ours.push(Arc::new(crate::sql::ParallelFunctions));
+    }
+    rules.splice(at..at, ours);
+    rules
+}

@@ -1,0 +1,212 @@
+//! The crate's modules import each other without cycles: between the
+//! top-level modules (`sql` → `shuffle`, never back), and between the files
+//! of one module (`cache::key` → `cache::exec`, never back). A cycle means
+//! two concerns that cannot be read, tested or moved apart.
+//!
+//! The graph is read from the sources: every `crate::<module>[::<file>]`
+//! and (inside a module's file) `super::<file>` path in code, comments and
+//! `#[cfg(test)]` modules left out. `mod.rs` is its module itself (what a
+//! file takes from it is the module's shared core, not another concern).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `src/a/b.rs` → `["a", "b"]`; `src/a/mod.rs` → `["a"]`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src).unwrap_or(file).with_extension("");
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().to_string())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code of a file: before its tests, without comment lines.
+fn code_of(text: &str) -> String {
+    let text = text.split("#[cfg(test)]").next().unwrap_or("");
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The identifiers after each `prefix` in `code` (`crate::a::b` → `[a, b]`).
+fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<Vec<&'a str>> {
+    code.match_indices(prefix)
+        .map(|(at, _)| {
+            code[at + prefix.len()..]
+                .split("::")
+                .take(2)
+                .map(|part| {
+                    let end = part
+                        .find(|c: char| {
+                            !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                        })
+                        .unwrap_or(part.len());
+                    &part[..end]
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn graph(src: &Path) -> Graph {
+    let mut files = vec![];
+    rust_files(src, &mut files);
+    let is_file_of = |module: &str, name: &str| {
+        src.join(module).join(format!("{name}.rs")).exists()
+            || src.join(module).join(name).is_dir()
+    };
+    let mut edges = Graph::new();
+    for file in &files {
+        let module = module_of(src, file);
+        let Some(top) = module.first().cloned() else {
+            continue;
+        };
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let node = match module.get(1) {
+            Some(sub) => format!("{top}::{sub}"),
+            None => top.clone(),
+        };
+        let code = code_of(&std::fs::read_to_string(file).unwrap_or_default());
+        for path in paths_after(&code, "crate::") {
+            match path.as_slice() {
+                [other, ..] if !other.is_empty() && *other != top => {
+                    edges
+                        .entry(top.clone())
+                        .or_default()
+                        .insert(other.to_string());
+                }
+                [same, sub]
+                    if *same == top && module.len() > 1 && is_file_of(&top, sub) =>
+                {
+                    let target = format!("{top}::{sub}");
+                    if target != node {
+                        edges.entry(node.clone()).or_default().insert(target);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if module.len() > 1 {
+            for path in paths_after(&code, "super::") {
+                if let Some(sub) = path.first().filter(|s| is_file_of(&top, s)) {
+                    let target = format!("{top}::{sub}");
+                    if target != node {
+                        edges.entry(node.clone()).or_default().insert(target);
+                    }
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle of `edges` among nodes for which `keep` holds, as a path.
+fn cycle(edges: &Graph, keep: impl Fn(&str) -> bool) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        edges: &Graph,
+        keep: &dyn Fn(&str) -> bool,
+        state: &mut BTreeMap<String, bool>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(node.to_string(), true);
+        stack.push(node.to_string());
+        for next in edges.get(node).into_iter().flatten().filter(|n| keep(n)) {
+            match state.get(next.as_str()) {
+                Some(true) => {
+                    let from = stack.iter().position(|n| n == next).unwrap_or(0);
+                    let mut path = stack[from..].to_vec();
+                    path.push(next.clone());
+                    return Some(path);
+                }
+                Some(false) => {}
+                None => {
+                    if let Some(path) = visit(next, edges, keep, state, stack) {
+                        return Some(path);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(node.to_string(), false);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for node in edges.keys().filter(|n| keep(n)) {
+        if !state.contains_key(node.as_str())
+            && let Some(path) = visit(node, edges, &keep, &mut state, &mut vec![])
+        {
+            return Some(path);
+        }
+    }
+    None
+}
+
+#[test]
+fn modules_import_each_other_without_cycles() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = graph(&src);
+    assert!(
+        edges.len() > 10,
+        "read too little of the sources: {edges:?}"
+    );
+    // Known edges, so that a broken reader cannot pass by seeing nothing.
+    assert!(edges["sql"].contains("shuffle"), "{edges:?}");
+    assert!(edges["cache::key"].contains("cache::exec"), "{edges:?}");
+    if let Some(path) = cycle(&edges, |n| !n.contains("::")) {
+        panic!(
+            "top-level modules import each other in a cycle: {}",
+            path.join(" → ")
+        );
+    }
+    let tops: BTreeSet<&str> = edges
+        .keys()
+        .filter_map(|n| n.split_once("::"))
+        .map(|(t, _)| t)
+        .collect();
+    for top in tops {
+        let prefix = format!("{top}::");
+        if let Some(path) = cycle(&edges, |n| n.starts_with(&prefix)) {
+            panic!(
+                "files of `{top}` import each other in a cycle: {}",
+                path.join(" → ")
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cycle_is_found() {
+    let mut edges = Graph::new();
+    for (a, b) in [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")] {
+        edges.entry(a.into()).or_default().insert(b.into());
+    }
+    assert_eq!(
+        cycle(&edges, |_| true),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    assert_eq!(cycle(&edges, |n| n != "c"), None);
+}
