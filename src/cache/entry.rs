@@ -34,6 +34,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::common::exec_err;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use tokio::sync::mpsc;
@@ -221,10 +222,10 @@ impl PartWriters {
                     }
                     Some(ToWriter::Finish) => break,
                     None => {
-                        return Err(DataFusionError::Execution(format!(
+                        return exec_err!(
                             "writing cache files into '{}' was cancelled",
                             dir.display()
-                        )));
+                        );
                     }
                 }
             }

@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{exec_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 
@@ -121,10 +122,10 @@ impl EntryFill {
             || set.parts != layout.parts
             || set.schema.fields() != layout.schema.fields()
         {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "cache entry {} is filled by two plans of different shapes",
                 self.key.hex
-            )));
+            );
         }
         Ok(set)
     }
@@ -137,9 +138,7 @@ impl EntryFill {
         // A plan without partitions still writes its one (empty) part.
         let inputs = layout.inputs.max(1);
         if input >= inputs {
-            return Err(DataFusionError::Internal(format!(
-                "cache fill: partition {input} of {inputs}"
-            )));
+            return internal_err!("cache fill: partition {input} of {inputs}");
         }
         {
             let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,10 +146,10 @@ impl EntryFill {
                 progress.started = vec![false; inputs];
             }
             if std::mem::replace(&mut progress.started[input], true) {
-                return Err(DataFusionError::Internal(format!(
+                return internal_err!(
                     "cache entry {}: partition {input} was executed twice",
                     self.key.hex
-                )));
+                );
             }
         }
         let dir = {
@@ -188,10 +187,11 @@ impl EntryFill {
         let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
         let inputs = self.layout.get().map_or(0, |l| l.inputs.max(1));
         if progress.finished != inputs || inputs == 0 {
-            return Err(DataFusionError::Execution(format!(
+            return exec_err!(
                 "cache entry {} is incomplete: {} of {inputs} partitions were written",
-                self.key.hex, progress.finished
-            )));
+                self.key.hex,
+                progress.finished
+            );
         }
         let mut written = std::mem::take(&mut progress.written);
         written.sort_by_key(|(part, _, _)| *part);

@@ -46,6 +46,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
+use datafusion::common::plan_err;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::physical_plan::FileScanConfig;
@@ -183,12 +184,12 @@ fn literal_location(
             | ScalarValue::Utf8View(Some(location)),
             _,
         )) => Ok(location.clone()),
-        other => Err(DataFusionError::Plan(format!(
+        other => plan_err!(
             "{}: argument {} must be a constant path or URL of a file, got {}",
             function.name(),
             position + 1,
             other.map_or_else(|| "nothing".to_string(), |e| e.to_string())
-        ))),
+        ),
     }
 }
 

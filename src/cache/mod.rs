@@ -53,7 +53,9 @@
 //! so a slow disk never stalls the async workers that decode partitions.
 
 pub mod compact;
+mod disk;
 mod entry;
+use disk::{create_dir, evict, modified_unix, remove_entry_dir, touch, unix_now};
 mod exec;
 mod fill;
 mod identity;
@@ -67,9 +69,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::common::exec_err;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SessionStateBuilder;
@@ -548,10 +551,10 @@ impl CacheStore {
                 log::info!("cache entry {} was written by another process", key.hex);
                 Ok((target.to_path_buf(), false))
             }
-            Err(e) => Err(DataFusionError::Execution(format!(
+            Err(e) => exec_err!(
                 "cannot move the cache entry into '{}': {e}",
                 target.display()
-            ))),
+            ),
         }
     }
 
@@ -721,61 +724,6 @@ pub(crate) fn deterministic_state(state: &SessionState) -> SessionState {
         .build()
 }
 
-/// Removes an entry: renamed out of `entries/` into `tmp` first, so no
-/// reader ever sees half of it. Returns the bytes freed.
-fn remove_entry_dir(tmp: &Path, dir: &Path) -> u64 {
-    let bytes = dir_bytes(dir);
-    let trash = tmp.join(format!("removed-{}-{}", std::process::id(), unix_now_ns()));
-    let removed = create_dir(tmp).is_ok() && std::fs::rename(dir, &trash).is_ok();
-    let target = if removed { trash.as_path() } else { dir };
-    match std::fs::remove_dir_all(target) {
-        Ok(()) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        Err(e) => {
-            log::warn!("cannot remove cache entry {}: {e}", dir.display());
-            0
-        }
-    }
-}
-
-/// Removes the least recently used entries of `entries` (into `tmp`) until
-/// they fit `max_bytes`, sparing `keep`.
-fn evict(entries_dir: &Path, tmp: &Path, max_bytes: u64, keep: Option<&str>) {
-    let Ok(read) = std::fs::read_dir(entries_dir) else {
-        return;
-    };
-    let mut entries: Vec<(u64, u64, PathBuf)> = read
-        .flatten()
-        .map(|item| {
-            let dir = item.path();
-            (
-                modified_unix_ns(&dir.join(entry::MANIFEST)),
-                dir_bytes(&dir),
-                dir,
-            )
-        })
-        .collect();
-    let mut total: u64 = entries.iter().map(|e| e.1).sum();
-    entries.sort();
-    for (_, bytes, dir) in entries {
-        if total <= max_bytes {
-            break;
-        }
-        if keep.is_some_and(|k| dir.file_name().is_some_and(|n| n == k)) {
-            continue;
-        }
-        log::info!("cache over its size limit: removing {}", dir.display());
-        remove_entry_dir(tmp, &dir);
-        total = total.saturating_sub(bytes);
-    }
-    if total > max_bytes {
-        log::warn!(
-            "the cache holds {total} bytes, over its limit of {max_bytes} bytes: the \
-             newest entry alone is larger; raise --cache-max-size"
-        );
-    }
-}
-
 /// `pinned` (the assets read for `calls`) plus those of `plan`'s calls not
 /// among `calls`, read and pinned now on the blocking pool (see
 /// [`key`]); returns all calls and assets.
@@ -799,59 +747,6 @@ async fn pin_assets(
         .await?,
     );
     Ok((calls, pinned))
-}
-
-fn create_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| {
-        DataFusionError::Execution(format!(
-            "cannot create cache directory '{}': {e}. Set --cache-dir \
-             (SessionBuilder::cache_dir) to a writable folder",
-            dir.display()
-        ))
-    })
-}
-
-/// Marks an entry as used now (its manifest's mtime).
-fn touch(dir: &Path) {
-    if let Ok(file) = std::fs::File::options()
-        .append(true)
-        .open(dir.join(entry::MANIFEST))
-    {
-        let _ = file.set_modified(SystemTime::now());
-    }
-}
-
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|read| {
-            read.flatten()
-                .filter_map(|item| item.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-fn modified_unix_ns(path: &Path) -> u64 {
-    std::fs::metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-fn modified_unix(path: &Path) -> u64 {
-    modified_unix_ns(path) / 1_000_000_000
-}
-
-fn unix_now() -> u64 {
-    unix_now_ns() / 1_000_000_000
-}
-
-fn unix_now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// What [`CacheStore::lookup_or_begin_fill`] found.

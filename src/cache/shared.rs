@@ -44,6 +44,7 @@ use ballista_core::extension::SessionConfigExt;
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::common::exec_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DFSchemaRef, Statistics};
 use datafusion::error::{DataFusionError, Result};
@@ -76,19 +77,16 @@ pub fn committed_parts(dir: &Path, key: &str) -> Result<Option<PathBuf>> {
             if parts.is_dir() {
                 Ok(Some(parts))
             } else {
-                Err(DataFusionError::Execution(format!(
+                exec_err!(
                     "executor cache entry {} names folder '{}', which is gone; remove the \
                      entry to compute it again",
                     entry.display(),
                     job.trim()
-                )))
+                )
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(DataFusionError::Execution(format!(
-            "cannot read {}: {e}",
-            entry.join(COMMITTED).display()
-        ))),
+        Err(e) => exec_err!("cannot read {}: {e}", entry.join(COMMITTED).display()),
     }
 }
 
@@ -103,12 +101,12 @@ pub fn commit(dir: &Path, key: &str, job: &str, rows: u64) -> Result<()> {
         .filter_map(|path| part_rows(path))
         .sum();
     if written != rows {
-        return Err(DataFusionError::Execution(format!(
+        return exec_err!(
             "the executors wrote {written} rows of executor cache entry {key} into {}, the \
              epoch had {rows}: is --executor-cache-dir a folder that every executor and \
              rank shares?",
             parts.display()
-        )));
+        );
     }
     let temporary = entry.join(format!(".{COMMITTED}.{}", std::process::id()));
     std::fs::write(&temporary, job)
@@ -124,10 +122,7 @@ fn part_files(folder: &Path) -> Result<Vec<PathBuf>> {
         Ok(listing) => listing,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
         Err(e) => {
-            return Err(DataFusionError::Execution(format!(
-                "cannot list {}: {e}",
-                folder.display()
-            )));
+            return exec_err!("cannot list {}: {e}", folder.display());
         }
     };
     let mut parts: Vec<PathBuf> = listing

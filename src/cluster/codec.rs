@@ -37,8 +37,9 @@ use ballista_core::serde::{
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
 use datafusion::common::TableReference;
+use datafusion::common::{internal_err, plan_err};
 use datafusion::datasource::file_format::FileFormatFactory;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Extension, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
@@ -94,16 +95,16 @@ impl FunctionRegistry {
         match decode(buf)? {
             Some(WireNode::Function) => match self.functions.get(name) {
                 Some(udf) => Ok(Some(Arc::clone(udf))),
-                None => Err(DataFusionError::Plan(format!(
+                None => plan_err!(
                     "function '{name}' is not a sqlfeed function of this process \
                      (sqlfeed {}); are client, scheduler and executors built with \
                      the same features?",
                     env!("CARGO_PKG_VERSION")
-                ))),
+                ),
             },
-            Some(other) => Err(DataFusionError::Internal(format!(
-                "expected a function payload for '{name}', got {other:?}"
-            ))),
+            Some(other) => {
+                internal_err!("expected a function payload for '{name}', got {other:?}")
+            }
             None => Ok(None),
         }
     }
@@ -136,10 +137,7 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
         match decode(buf)? {
             Some(WireNode::Shuffle { spec, key }) => {
                 let [input] = inputs else {
-                    return Err(DataFusionError::Internal(format!(
-                        "Shuffle has one input, got {}",
-                        inputs.len()
-                    )));
+                    return internal_err!("Shuffle has one input, got {}", inputs.len());
                 };
                 let node = ShuffleNode::try_new_keyed(input.clone(), spec, key)?;
                 Ok(Extension {
@@ -149,18 +147,16 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
 
             Some(WireNode::SharedEntryWrite { dir }) => {
                 let [input] = inputs else {
-                    return Err(DataFusionError::Internal(format!(
+                    return internal_err!(
                         "SharedEntryWrite has one input, got {}",
                         inputs.len()
-                    )));
+                    );
                 };
                 Ok(Extension {
                     node: Arc::new(SharedEntryWriteNode::try_new(input.clone(), dir)?),
                 })
             }
-            Some(other) => Err(DataFusionError::Internal(format!(
-                "{other:?} is not a logical plan node"
-            ))),
+            Some(other) => internal_err!("{other:?} is not a logical plan node"),
             None => self.inner.try_decode(buf, inputs, ctx),
         }
     }
@@ -201,11 +197,11 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
         buf: &mut Vec<u8>,
     ) -> Result<()> {
         if node.as_ref().is::<CachedTable>() {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "table '{table_ref}' is a CACHE TABLE result, which lives on this machine \
                  and cannot be read by a cluster; query its source instead, or run \
                  without --cluster"
-            )));
+            );
         }
         self.inner.try_encode_table_provider(table_ref, node, buf)
     }
@@ -271,10 +267,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             return self.inner.try_decode(buf, inputs, ctx, proto_converter);
         };
         let [input] = inputs else {
-            return Err(DataFusionError::Internal(format!(
-                "{node:?} has one input, got {}",
-                inputs.len()
-            )));
+            return internal_err!("{node:?} has one input, got {}", inputs.len());
         };
         let input = Arc::clone(input);
         Ok(match node {
@@ -319,9 +312,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             }
 
             other @ (WireNode::Shuffle { .. } | WireNode::Function) => {
-                return Err(DataFusionError::Internal(format!(
-                    "{other:?} is not a physical plan node"
-                )));
+                return internal_err!("{other:?} is not a physical plan node");
             }
         })
     }

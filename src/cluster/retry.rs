@@ -28,6 +28,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::common::exec_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -133,25 +134,25 @@ impl Retrying {
     /// Starts the next attempt after `lost`, or says why it cannot.
     async fn restart(&mut self, lost: DataFusionError) -> Result<()> {
         if self.attempt >= MAX_RETRIES {
-            return Err(DataFusionError::Execution(format!(
+            return exec_err!(
                 "the epoch's job failed on lost executors {} times; not retrying \
                  again. Last: {lost}",
                 self.attempt + 1
-            )));
+            );
         }
         match executors(&self.scheduler).await {
             Ok(left) if left.is_empty() => {
-                return Err(DataFusionError::Execution(format!(
+                return exec_err!(
                     "no executor is left on {} to run the epoch again after: {lost}",
                     self.scheduler
-                )));
+                );
             }
             Ok(_) => {}
             Err(e) => {
-                return Err(DataFusionError::Execution(format!(
+                return exec_err!(
                     "cannot ask {} for executors to run the epoch again ({e}) after: {lost}",
                     self.scheduler
-                )));
+                );
             }
         }
         self.attempt += 1;

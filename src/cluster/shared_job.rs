@@ -59,6 +59,7 @@ use ballista_core::serde::protobuf::{
     ExecuteQueryParams, GetJobStatusParams, KeyValuePair, PartitionLocation,
 };
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::internal_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
@@ -379,9 +380,9 @@ impl ExecutionPlan for SharedJobExec {
         _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "SharedJobExec has one partition, asked for {partition}"
-            )));
+            );
         }
         let job = Arc::clone(&self.request);
         let fetched = Fetched {

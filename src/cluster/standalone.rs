@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datafusion::common::exec_err;
 use datafusion::error::{DataFusionError, Result};
 
 use super::{
@@ -106,9 +107,9 @@ impl Standalone {
             }
         });
         if !registered_rx.recv().unwrap_or(false) {
-            return Err(DataFusionError::Execution(format!(
+            return exec_err!(
                 "the standalone executors did not register with {address} within 30 s"
-            )));
+            );
         }
         Ok(Arc::new(Self {
             runtime: Some(runtime),

@@ -31,6 +31,7 @@ use datafusion::arrow::array::{
     Int64Array, ListBuilder, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
@@ -154,10 +155,10 @@ pub fn generate(options: &GenOptions) -> Result<GenSummary> {
         ));
     }
     if options.image_size == 0 || options.image_size > 4096 {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "gen: --image-size must be in 1..=4096, got {}",
             options.image_size
-        )));
+        );
     }
     std::fs::create_dir_all(&options.out).map_err(|e| io_error(&options.out, e))?;
     let plan: Vec<(usize, u64, u64)> = (0..options.files)

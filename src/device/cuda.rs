@@ -37,6 +37,7 @@ use std::time::Duration;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DriverError, result, sys,
 };
+use datafusion::common::{exec_err, internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 
 use super::host::{HostBuffer, PinnedBuffer};
@@ -80,10 +81,10 @@ fn guarded<T>(
     match std::panic::catch_unwind(AssertUnwindSafe(call)) {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(err)) => Err(driver_error(what, err)),
-        Err(_) => Err(DataFusionError::Execution(format!(
+        Err(_) => exec_err!(
             "the CUDA driver panicked while {what}; is the driver installed and \
              compatible with CUDA 12.8?"
-        ))),
+        ),
     }
 }
 
@@ -112,11 +113,11 @@ impl CudaBackend {
     pub(crate) fn try_new(ordinal: usize) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "device cuda:{ordinal} requested, but this machine has {count} CUDA \
                  device(s); use cuda:0..{} or --device cpu",
                 count.saturating_sub(1)
-            )));
+            );
         }
         let ctx = guarded("creating a CUDA context", || CudaContext::new(ordinal))?;
         // SAFETY: we order every access to our buffers with our own per-slot
@@ -201,11 +202,11 @@ impl CudaBackend {
             .map_err(|e| driver_error("recording the copy start", e))?;
         for (host, device, bytes) in copies {
             if bytes > device.capacity || bytes > host.capacity() {
-                return Err(DataFusionError::Internal(format!(
+                return internal_err!(
                     "copy of {bytes} bytes exceeds its buffers ({} host, {} device)",
                     host.capacity(),
                     device.capacity
-                )));
+                );
             }
             let source = &host.as_slice()[..bytes];
             // SAFETY: `device.ptr` is a live allocation of `device.capacity >=

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use datafusion::common::{internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 
 pub use half::{bf16, f16};
@@ -76,10 +77,10 @@ impl FromStr for DType {
             "uint8" | "u8" | "byte" => DType::UInt8,
             "bool" | "boolean" => DType::Bool,
             other => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "unknown tensor dtype '{other}': expected one of float32, \
                      bfloat16, float16, int64, int32, uint8, bool"
-                )));
+                );
             }
         })
     }
@@ -129,12 +130,12 @@ fn element_count<T: Element>(bytes: &[u8]) -> Result<usize> {
     if !bytes.len().is_multiple_of(size)
         || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
     {
-        return Err(DataFusionError::Internal(format!(
+        return internal_err!(
             "tensor buffer of {} bytes at {:p} is not a whole, aligned [{}]",
             bytes.len(),
             bytes.as_ptr(),
             std::any::type_name::<T>()
-        )));
+        );
     }
     Ok(bytes.len() / size)
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use datafusion::common::{internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use tokio::sync::mpsc;
@@ -164,10 +165,7 @@ impl Slot {
     ) -> Result<(&mut [u8], &mut [u8])> {
         let bytes = |i: usize| self.layouts.get(i).map(TensorLayout::nbytes);
         let (Some(first), Some(second)) = (bytes(index), bytes(index + 1)) else {
-            return Err(DataFusionError::Internal(format!(
-                "slot has no tensors {index}, {}",
-                index + 1
-            )));
+            return internal_err!("slot has no tensors {index}, {}", index + 1);
         };
         let (head, tail) = self.buffers.split_at_mut(index + 1);
         Ok((
@@ -223,10 +221,10 @@ impl Backend {
                 super::cuda::CudaBackend::try_new(ordinal)?,
             ))),
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(ordinal) => Err(DataFusionError::Plan(format!(
+            Device::Cuda(ordinal) => plan_err!(
                 "device cuda:{ordinal} requested, but this sqlfeed was built without \
                  the `cuda` feature; rebuild with `--features cuda` or use --device cpu"
-            ))),
+            ),
         }
     }
 
@@ -864,11 +862,11 @@ impl Tensor {
                 let host = &self.lease.slot().buffers[self.index].host;
                 Ok(&host.as_slice()[..self.nbytes()])
             }
-            Device::Cuda(_) => Err(DataFusionError::Plan(format!(
+            Device::Cuda(_) => plan_err!(
                 "tensor '{}' is on {}; use to_host_bytes() or its data_ptr()",
                 self.name(),
                 self.device
-            ))),
+            ),
         }
     }
 
@@ -876,12 +874,12 @@ impl Tensor {
     /// (`u8` for `bool`).
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         if !T::DTYPES.contains(&self.dtype()) {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "tensor '{}' is {}, not {}",
                 self.name(),
                 self.dtype(),
                 std::any::type_name::<T>()
-            )));
+            );
         }
         cast_slice(self.as_bytes()?)
     }

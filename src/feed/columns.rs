@@ -21,6 +21,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Fields, Schema};
+use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 
 use crate::device::DType;
@@ -141,10 +142,10 @@ impl ColumnSpec {
                 "pad_value" => spec.pad_value = number(value)?,
                 "fill_null" => spec.fill_null = Some(number(value)?),
                 other => {
-                    return Err(DataFusionError::Plan(format!(
+                    return plan_err!(
                         "unknown tensor option '{other}' for column '{name}': expected \
                          dtype, shape, scale, offset, pad_to, pad_value or fill_null"
-                    )));
+                    );
                 }
             }
         }
@@ -234,7 +235,7 @@ pub(crate) fn resolve(
         schema.fields().iter().map(|f| f.name().as_str()).collect();
     for (name, _) in specs {
         if !names.contains(name.as_str()) {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "a tensor option names column '{name}', but the query returns only: {}",
                 schema
                     .fields()
@@ -242,7 +243,7 @@ pub(crate) fn resolve(
                     .map(|f| f.name().as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-            )));
+            );
         }
     }
     if schema.fields().is_empty() {
@@ -262,9 +263,9 @@ pub(crate) fn resolve(
         let column = resolve_column(index, field, &spec)?;
         for name in std::iter::once(&column.name).chain(column.mask_name.as_ref()) {
             if !tensor_names.insert(Arc::clone(name)) {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "two tensors would be called '{name}'; rename a column with AS"
-                )));
+                );
             }
         }
         columns.push(column);
@@ -393,20 +394,20 @@ fn resolve_column(
     };
     let dtype = spec.dtype.unwrap_or_else(|| default_dtype(&value_type));
     if value_type.is_floating() && !dtype.is_float() && dtype != DType::Bool {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "column '{}' holds {value_type} values; converting them to {dtype} would \
              silently truncate: cast or round them in SQL first",
             field.name()
-        )));
+        );
     }
     let affine = match (spec.scale, spec.offset) {
         (None, None) => None,
         (scale, offset) => {
             if !dtype.is_float() {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "scale/offset of column '{}' need a float dtype, but it is {dtype}",
                     field.name()
-                )));
+                );
             }
             Some((scale.unwrap_or(1.0) as f32, offset.unwrap_or(0.0) as f32))
         }
@@ -423,25 +424,25 @@ fn resolve_column(
         let elements: usize = shape.iter().product();
         match &source {
             Source::Scalar if elements != 1 => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "column '{}' has one value per row; shape {shape:?} does not fit",
                     field.name()
-                )));
+                );
             }
             Source::Fixed { dims } if dims.iter().product::<usize>() != elements => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "column '{}' has {} values per row; shape {shape:?} has {elements}",
                     field.name(),
                     dims.iter().product::<usize>()
-                )));
+                );
             }
             Source::Variable => {
                 if spec.pad_to.is_some() {
-                    return Err(DataFusionError::Plan(format!(
+                    return plan_err!(
                         "column '{}': give either shape (every row exactly that long) or \
                          pad_to (pad/truncate with a mask), not both",
                         field.name()
-                    )));
+                    );
                 }
                 padding = Padding::Exact(elements);
             }

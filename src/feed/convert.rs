@@ -11,6 +11,7 @@ use datafusion::arrow::datatypes::{
     DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
     Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
+use datafusion::common::{exec_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 
 use super::columns::{Padding, Source, TensorColumn};
@@ -116,14 +117,16 @@ fn sample_shape(column: &TensorColumn, rows: &BatchRows) -> Result<(Vec<usize>, 
                         match found {
                             None => found = Some(dims),
                             Some(first) if first != dims => {
-                                return Err(DataFusionError::Execution(format!(
+                                return exec_err!(
                                     "column '{}', row {row_in_batch} of the batch (epoch {}, \
                                      step {}): image shape {dims:?} differs from {first:?} \
                                      earlier in the batch; resize or crop in SQL \
                                      (image_resize, image_center_crop) so that every \
                                      image has the same shape",
-                                    column.name, rows.epoch, rows.step
-                                )));
+                                    column.name,
+                                    rows.epoch,
+                                    rows.step
+                                );
                             }
                             Some(_) => {}
                         }
@@ -135,11 +138,13 @@ fn sample_shape(column: &TensorColumn, rows: &BatchRows) -> Result<(Vec<usize>, 
             let elements = dims.iter().product();
             match &column.sample_shape {
                 Some(declared) if declared.iter().product::<usize>() != elements => {
-                    Err(DataFusionError::Execution(format!(
+                    exec_err!(
                         "column '{}' (epoch {}, step {}): images have shape {dims:?}, \
                          which does not fit the declared shape {declared:?}",
-                        column.name, rows.epoch, rows.step
-                    )))
+                        column.name,
+                        rows.epoch,
+                        rows.step
+                    )
                 }
                 Some(declared) => Ok((declared.clone(), elements)),
                 None => Ok((dims, elements)),
@@ -398,9 +403,7 @@ impl ColumnWriter<'_> {
             DataType::LargeBinary => {
                 self.write_binary_row(array.as_binary::<i64>(), row, out, at, take)
             }
-            other => Err(DataFusionError::Internal(format!(
-                "variable-length writer got {other}"
-            ))),
+            other => internal_err!("variable-length writer got {other}"),
         }
     }
 
@@ -498,9 +501,7 @@ impl ColumnWriter<'_> {
                 write_native(&bits, out, dtype, affine)
             }
             other => {
-                return Err(DataFusionError::Internal(format!(
-                    "tensor writer got values of type {other}"
-                )));
+                return internal_err!("tensor writer got values of type {other}");
             }
         };
         let per_row = self.width.max(1);

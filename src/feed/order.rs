@@ -25,7 +25,8 @@
 
 use std::sync::Arc;
 
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_err;
+use datafusion::error::Result;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
@@ -40,14 +41,14 @@ pub const DEFAULT_ORDER_LANES: usize = 4;
 pub(crate) fn check_deterministic_order(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
     match arrival_order_operator(plan) {
         None => Ok(()),
-        Some(operator) => Err(DataFusionError::Plan(format!(
+        Some(operator) => plan_err!(
             "this feed has no SHUFFLE and its query combines partitions in the order \
              their batches arrive ({operator}, planned for a GROUP BY, a join that \
              repartitions, a window function or a LIMIT without ORDER BY), so its \
              batches would change from run to run and with the number of cores; add \
              an ORDER BY on columns that identify a row, or shuffle the feed \
              (--shuffle-seed / .shuffle(seed))"
-        ))),
+        ),
     }
 }
 

@@ -56,6 +56,7 @@ use std::time::Instant;
 use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -292,9 +293,9 @@ impl ExecutionPlan for DeviceSinkExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "DeviceSinkExec has one partition, asked for {partition}"
-            )));
+            );
         }
         let metrics = SinkMetrics::new(&self.metrics);
         let run = SinkRun {
@@ -444,11 +445,12 @@ impl SinkRun {
         // Resuming exactly at the end of an epoch (a checkpoint taken after
         // its last batch) yields nothing of it; beyond the end is an error.
         if self.skip_steps > steps {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "cannot resume at epoch {} step {}: the epoch has only {steps} steps \
                  on this rank (resume at a step from 0 to {steps})",
-                self.epoch, self.skip_steps
-            )));
+                self.epoch,
+                self.skip_steps
+            );
         }
         let column = |v: u64| Arc::new(UInt64Array::from(vec![v])) as _;
         Ok(RecordBatch::try_new(

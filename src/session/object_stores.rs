@@ -33,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreRegistry;
 use futures::stream::BoxStream;
@@ -226,10 +227,10 @@ impl LazyObjectStoreRegistry {
                 Arc::new(builder.build().map_err(|e| store_error(url, e))?)
             }
             other => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "unsupported URL scheme '{other}' in {url}: sqlfeed reads file paths, \
                      s3://, gs://, az:// (abfss://) and http(s):// URLs"
-                )));
+                );
             }
         };
         Ok(Arc::new(CountingObjectStore {

@@ -55,6 +55,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::internal_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -198,9 +199,9 @@ impl DealExec {
         ranges: usize,
     ) -> Result<Self> {
         if deal.world < 2 || deal.batch_rows == 0 {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "DealExec deals to 2 or more ranks in batches of 1 or more rows: {deal:?}"
-            )));
+            );
         }
         let input_schema = input.schema();
         let counts_index = input_schema.index_of(RANGE_COUNTS_COLUMN).map_err(|_| {
@@ -546,9 +547,9 @@ impl RankShardExec {
         if input_schema.fields().last().map(|f| f.name().as_str())
             != Some(RANK_ROUTE_COLUMN)
         {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "RankShardExec needs {RANK_ROUTE_COLUMN} as the last input column"
-            )));
+            );
         }
         let schema = Arc::new(Schema::new_with_metadata(
             input_schema.fields()[..route_index].to_vec(),

@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 
+use datafusion::common::plan_err;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
@@ -74,10 +75,10 @@ fn check_range_exchange(permute: &super::PermuteExec) -> Result<()> {
         });
     match sized {
         Some((n, ranges)) if n == ranges => Ok(()),
-        Some((n, ranges)) => Err(DataFusionError::Plan(format!(
+        Some((n, ranges)) => plan_err!(
             "a SHUFFLE's range exchange was re-sized from {ranges} to {n} partitions; \
              plan it with the session's target partitions ({n})"
-        ))),
+        ),
         None => Err(DataFusionError::Plan(
             "a ranged PermuteExec does not read a range exchange".to_string(),
         )),
@@ -127,10 +128,10 @@ fn dealt_input(shard: &RankShardExec) -> Result<&DealExec> {
         .and_then(|(n, input)| input.as_ref().downcast_ref::<DealExec>().map(|d| (n, d)));
     match sized {
         Some((n, deal)) if n == deal.partitions() => Ok(deal),
-        Some((n, deal)) => Err(DataFusionError::Plan(format!(
+        Some((n, deal)) => plan_err!(
             "a dealt SHUFFLE's rank exchange was re-sized from {} to {n} partitions",
             deal.partitions()
-        ))),
+        ),
         None => Err(DataFusionError::Plan(
             "a RankShardExec does not read a rank exchange over a DealExec".to_string(),
         )),

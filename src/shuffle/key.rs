@@ -25,6 +25,7 @@ use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::Statistics;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -110,9 +111,9 @@ impl ShuffleKeyExec {
     pub fn try_new(input: Arc<dyn ExecutionPlan>, seed: u64, epoch: u64) -> Result<Self> {
         let input_schema = input.schema();
         if input_schema.column_with_name(SHUFFLE_KEY_COLUMN).is_some() {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "SHUFFLE: the query already has a column named {SHUFFLE_KEY_COLUMN}"
-            )));
+            );
         }
         let mut fields: Vec<Arc<Field>> = input_schema.fields().iter().cloned().collect();
         fields.push(Arc::new(Field::new(
@@ -153,18 +154,18 @@ impl ShuffleKeyExec {
             KeySource::ContentHash(index) => std::slice::from_ref(index),
         };
         if let Some(bad) = named.iter().find(|&&i| i >= columns) {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "shuffle key column {bad} out of range: the input has {columns} columns"
-            )));
+            );
         }
         if let KeySource::ContentHash(index) = source
             && schema.field(index).data_type() != &DataType::UInt64
         {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "shuffle content hash column '{}' is {}, not UInt64",
                 schema.field(index).name(),
                 schema.field(index).data_type()
-            )));
+            );
         }
         self.source = source;
         Ok(self)

@@ -55,9 +55,10 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use datafusion::common::ScalarValue;
+use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, Projection, ScalarUDF, lit,
@@ -370,10 +371,10 @@ pub fn shuffle_by_content_hash(
     match plan.schema().fields().last() {
         Some(last) if last.name() == CONTENT_HASH_COLUMN => {}
         _ => {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "expected {CONTENT_HASH_COLUMN} as the last column, got {}",
                 plan.schema().field_names().join(", ")
-            )));
+            );
         }
     }
     let shuffled = match spec {
@@ -460,9 +461,9 @@ impl LateRowFunctions {
                     .transform(|e| match e {
                         Expr::Column(c) => match carried.get(&c) {
                             Some(below) => Ok(Transformed::yes(Expr::Column(below.clone()))),
-                            None => Err(DataFusionError::Internal(format!(
+                            None => internal_err!(
                                 "late row functions: column {c} is not carried through the shuffle"
-                            ))),
+                            ),
                         },
                         other => Ok(Transformed::no(other)),
                     })?

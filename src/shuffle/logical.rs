@@ -3,6 +3,7 @@
 use std::fmt;
 
 use datafusion::common::DFSchemaRef;
+use datafusion::common::internal_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 
@@ -86,10 +87,10 @@ impl ShuffleNode {
             .iter()
             .find(|name| schema.fields().iter().all(|f| f.name() != *name))
         {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "Shuffle key column '{missing}' is not a column of its input ({})",
                 schema.field_names().join(", ")
-            )));
+            );
         }
         Ok(Self { input, spec, key })
     }
@@ -153,11 +154,11 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
         mut inputs: Vec<LogicalPlan>,
     ) -> Result<Self> {
         if !exprs.is_empty() || inputs.len() != 1 {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "Shuffle takes no expressions and one input, got {} and {}",
                 exprs.len(),
                 inputs.len()
-            )));
+            );
         }
         self.with_input(inputs.swap_remove(0))
     }

@@ -82,6 +82,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::{filter_record_batch, interleave, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
+use datafusion::common::internal_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
@@ -159,9 +160,9 @@ impl PermuteExec {
         let input_schema = input.schema();
         let fields = input_schema.fields();
         if fields.last().map(|f| f.name().as_str()) != Some(SHUFFLE_KEY_COLUMN) {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "PermuteExec needs {SHUFFLE_KEY_COLUMN} as the last input column"
-            )));
+            );
         }
         let properties = match mode {
             PermuteMode::Gather => {
@@ -362,21 +363,21 @@ impl ExecutionPlan for PermuteExec {
                             (None, None) => return Ok(batch),
                         };
                         if values.iter().any(|&bucket| bucket != expected) {
-                            return Err(DataFusionError::Internal(format!(
+                            return internal_err!(
                                 "rows of two key ranges reached partition {partition} of a \
                                  ranged PermuteExec: the range exchange under it was changed \
                                  after planning"
-                            )));
+                            );
                         }
                         Ok(batch)
                     }),
                 ))
             }
             _ => {
-                return Err(DataFusionError::Internal(format!(
+                return internal_err!(
                     "PermuteExec ({:?}) has no output partition {partition}",
                     self.mode
-                )));
+                );
             }
         };
         let spill_manager = SpillManager::new(
@@ -551,9 +552,7 @@ impl Permuter {
             .as_primitive_opt::<UInt64Type>()
             .is_none()
         {
-            return Err(DataFusionError::Internal(format!(
-                "{SHUFFLE_KEY_COLUMN} is not UInt64"
-            )));
+            return internal_err!("{SHUFFLE_KEY_COLUMN} is not UInt64");
         }
         self.held.push(batch);
         Ok(())

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::compute::SortOptions;
+use datafusion::common::internal_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
@@ -260,10 +261,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
             return Ok(None);
         };
         let [input] = physical_inputs else {
-            return Err(DataFusionError::Internal(format!(
-                "Shuffle has one input, got {}",
-                physical_inputs.len()
-            )));
+            return internal_err!("Shuffle has one input, got {}", physical_inputs.len());
         };
         let plan = match shuffle.spec() {
             ShuffleSpec::Global { seed, epoch } => {

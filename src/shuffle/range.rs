@@ -40,6 +40,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
+use datafusion::common::internal_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -98,9 +99,9 @@ pub(crate) fn route_values(partitions: usize) -> Result<Vec<u64>> {
             UInt64Array::from_iter_values(next..next + 4 * partitions as u64);
         next += 4 * partitions as u64;
         if next > 1 << 32 {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "no value hashes to every one of {partitions} partitions"
-            )));
+            );
         }
         let batch =
             RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(candidates)])?;
@@ -152,9 +153,9 @@ impl RangeBucketExec {
         let input_schema = input.schema();
         let fields = input_schema.fields();
         if fields.last().map(|f| f.name().as_str()) != Some(SHUFFLE_KEY_COLUMN) {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "RangeBucketExec needs {SHUFFLE_KEY_COLUMN} as the last input column"
-            )));
+            );
         }
         let partitions = partitions.max(1);
         let mut with_bucket: Vec<Arc<Field>> = fields[..fields.len() - 1].to_vec();

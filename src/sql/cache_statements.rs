@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use datafusion::catalog::TableProvider;
+use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
@@ -44,10 +45,10 @@ pub(super) async fn cache_table(
     if let Some(existing) = &existing
         && !existing.is::<CachedTable>()
     {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "table '{table_name}' already exists and is not a cached table; pick another \
              name or DROP it first"
-        )));
+        );
     }
     let table = store(ctx)?.get_or_create(&state, plan, &text, "").await?;
     if existing.is_some() {
@@ -81,9 +82,9 @@ pub(super) async fn uncache_table(
     let memory = match ctx.table_provider(table_name.as_str()).await {
         Ok(provider) => {
             let Some(table) = provider.downcast_ref::<CachedTable>() else {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "'{table_name}' is not a cached table (DROP TABLE removes other tables)"
-                )));
+                );
             };
             let memory = table.memory_bytes() as u64;
             ctx.deregister_table(table_name.as_str())?;
@@ -91,9 +92,9 @@ pub(super) async fn uncache_table(
         }
         Err(_) if if_exists => None,
         Err(_) => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "there is no cached table '{table_name}' (UNCACHE TABLE IF EXISTS ignores this)"
-            )));
+            );
         }
     };
     one_row(

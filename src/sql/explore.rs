@@ -14,6 +14,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::ScalarValue;
+use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::functions_aggregate::expr_fn::{
@@ -142,10 +143,10 @@ pub(super) async fn summarize(
     let df = select_all(ctx, target).await?;
     let fields: Vec<Arc<Field>> = df.schema().fields().iter().cloned().collect();
     if fields.is_empty() {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "SUMMARIZE {}: the table has no columns",
             target.from_clause()
-        )));
+        );
     }
     let mut aggregates = vec![count(lit(1)).alias("__rows")];
     for (i, field) in fields.iter().enumerate() {
@@ -303,10 +304,7 @@ pub(super) async fn sample(
 ) -> Result<DataFrame> {
     let df = select_all(ctx, target).await?;
     if df.schema().fields().is_empty() {
-        return Err(DataFusionError::Plan(format!(
-            "SAMPLE {}: the table has no columns",
-            target.from_clause()
-        )));
+        return plan_err!("SAMPLE {}: the table has no columns", target.from_clause());
     }
     let seed = seed.unwrap_or_else(fresh_seed);
     let rows = usize::try_from(rows).map_err(|_| {

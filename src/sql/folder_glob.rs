@@ -30,6 +30,7 @@
 use std::collections::BTreeSet;
 
 use datafusion::common::Column;
+use datafusion::common::plan_err;
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{Expr, lit};
@@ -84,11 +85,11 @@ impl FolderGlob {
                 .iter()
                 .find(|c| !c.contains('='))
         {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "'{url}': the folder '{plain}' after a key=value folder cannot be matched \
                  (partition folders must come last, before the file name); put the \
                  wildcard in a key=value folder or list the folders"
-            )));
+            );
         }
         Ok(Some(Self {
             base,

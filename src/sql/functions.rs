@@ -25,6 +25,7 @@ use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::kernels::length::length;
 use datafusion::arrow::datatypes::DataType;
+use datafusion::common::plan_err;
 
 use crate::shuffle::row_key_hash;
 use datafusion::common::ScalarValue;
@@ -85,9 +86,9 @@ impl ScalarUDFImpl for RowKeyFunc {
             ColumnarValue::Scalar(ScalarValue::Int64(Some(s))) => *s as u64,
             ColumnarValue::Scalar(ScalarValue::UInt64(Some(s))) => *s,
             other => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "sqlfeed_row_key: the seed must be a non-null integer literal, got {other:?}"
-                )));
+                );
             }
         };
         let arrays = columns
@@ -180,9 +181,9 @@ impl ScalarUDFImpl for ByteLengthFunc {
             | [DataType::FixedSizeBinary(_)]
             | [DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View]
             | [DataType::Null] => Ok(DataType::UInt64),
-            other => Err(DataFusionError::Plan(format!(
+            other => plan_err!(
                 "byte_length(value) takes a binary or string value, got {other:?}"
-            ))),
+            ),
         }
     }
 

@@ -40,6 +40,7 @@ mod shuffle_clause;
 pub mod url_table;
 pub mod verify;
 
+use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
@@ -419,9 +420,7 @@ pub async fn plan_sql(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
     match statements.len() {
         1 => plan_statement(ctx, statements.remove(0)).await,
         0 => Err(DataFusionError::Plan("no SQL statement given".into())),
-        n => Err(DataFusionError::Plan(format!(
-            "expected one SQL statement, got {n}; run them one by one"
-        ))),
+        n => plan_err!("expected one SQL statement, got {n}; run them one by one"),
     }
 }
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::common::internal_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -79,10 +80,10 @@ impl ExtensionPlanner for CachePlanner {
             .downcast_ref::<crate::cache::shared::SharedEntryWriteNode>()
         {
             let [input] = physical_inputs else {
-                return Err(DataFusionError::Internal(format!(
+                return internal_err!(
                     "SharedEntryWrite has one input, got {}",
                     physical_inputs.len()
-                )));
+                );
             };
             return Ok(Some(Arc::new(
                 crate::cache::shared::SharedEntryWriteExec::try_new(

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::{TableProvider, UrlTableFactory};
+use datafusion::common::plan_err;
 use datafusion::datasource::dynamic_file::DynamicListTableFactory;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
@@ -120,9 +121,9 @@ impl UrlTableFactory for ParquetUrlTableFactory {
         let store = state.runtime_env().object_store(&table_url)?;
         let files = list_files(&state, url, &table_url, store.as_ref()).await?;
         if files.is_empty() {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "no files match '{url}': check the path and the glob pattern"
-            )));
+            );
         }
         let parquet: Vec<ObjectMeta> = files
             .iter()
@@ -133,11 +134,11 @@ impl UrlTableFactory for ParquetUrlTableFactory {
             // Not Parquet: DataFusion's own inference handles CSV, JSON and friends.
             return match self.other_formats.try_new(url).await? {
                 Some(table) => Ok(Some(table)),
-                None => Err(DataFusionError::Plan(format!(
+                None => plan_err!(
                     "cannot read '{url}': none of its {} files has a known extension \
                      (.parquet, .csv, .json, .arrow, .avro)",
                     files.len()
-                ))),
+                ),
             };
         }
         let format = Arc::new(
@@ -174,9 +175,9 @@ async fn folder_glob_table(
         .filter(|f| f.location.as_ref().ends_with(".parquet"))
         .collect();
     if parquet.is_empty() {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "no .parquet files match '{url}': check the path and the glob pattern"
-        )));
+        );
     }
     let format = Arc::new(
         ParquetFormat::default().with_options(state.table_options().parquet.clone()),
@@ -282,9 +283,7 @@ fn check_local_path_exists(url: &str, table_url: &ListingTableUrl) -> Result<()>
     if FsPath::new(local).exists() {
         Ok(())
     } else {
-        Err(DataFusionError::Plan(format!(
-            "no such file or directory: '{url}'"
-        )))
+        plan_err!("no such file or directory: '{url}'")
     }
 }
 
@@ -388,7 +387,7 @@ fn merge_schemas(schemas: &[(String, SchemaRef)]) -> Result<SchemaRef> {
         for field in schema.fields() {
             match seen.get(field.name().as_str()) {
                 Some((data_type, first_file)) if *data_type != field.data_type() => {
-                    return Err(DataFusionError::Plan(format!(
+                    return plan_err!(
                         "column '{}' has type {} in '{}' but {} in '{}': files under one \
                          path must agree on column types; select them separately and CAST",
                         field.name(),
@@ -396,7 +395,7 @@ fn merge_schemas(schemas: &[(String, SchemaRef)]) -> Result<SchemaRef> {
                         first_file,
                         field.data_type(),
                         file
-                    )));
+                    );
                 }
                 Some(_) => {}
                 None => {

@@ -49,6 +49,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, plan_err};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::TableType;
 use datafusion::datasource::listing::PartitionedFile;
@@ -308,9 +309,7 @@ impl ExecutionPlan for VerifyExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
-            return Err(DataFusionError::Internal(format!(
-                "VerifyExec has one partition, not {partition}"
-            )));
+            return internal_err!("VerifyExec has one partition, not {partition}");
         }
         let shared = Arc::new(Shared {
             store: Arc::clone(&self.store),
@@ -374,11 +373,11 @@ fn missing_decode_columns(shared: &Shared) -> Result<Option<RecordBatch>> {
     if missing.is_empty() {
         return Ok(None);
     }
-    Err(DataFusionError::Plan(format!(
+    plan_err!(
         "VERIFY … DECODE: no file has a top-level column '{}'; the files were read, but no \
          image was decoded. Check the column name (DESCRIBE the files)",
         missing.join("', '")
-    )))
+    )
 }
 
 /// The plan's metrics.
@@ -772,9 +771,9 @@ fn binary_values(column: &ArrayRef) -> Result<Vec<Option<&[u8]>>> {
         DataType::BinaryView => column.as_binary_view().iter().collect(),
         DataType::FixedSizeBinary(_) => column.as_fixed_size_binary().iter().collect(),
         other => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "VERIFY … DECODE: the column is {other}, not binary image bytes"
-            )));
+            );
         }
     })
 }

@@ -1,0 +1,485 @@
+//! The producer of a feed: plans each epoch's query (on the embedded
+//! engine, as a cluster job, or over the epoch cache) and runs one
+//! [`DeviceSinkExec`] per epoch into the feed's slot ring.
+
+use std::sync::{Arc, mpsc};
+use std::time::Instant;
+
+use datafusion::common::plan_err;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, collect};
+
+use super::columns::{self, TensorColumn};
+use super::epoch_cache::{EpochCache, EpochQuery};
+use super::metrics::FeedMetrics;
+use super::order;
+use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
+use super::{FeedBuilder, TensorInfo};
+use crate::device::{DType, SlotPool};
+use crate::session::catch_panic;
+use crate::shuffle::{ShuffleSpec, shuffle};
+
+/// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.
+pub(super) struct Producer {
+    pub(super) options: FeedBuilder,
+    pub(super) pool: Arc<tokio::sync::Mutex<SlotPool>>,
+    pub(super) metrics: Arc<FeedMetrics>,
+    /// The epoch cache (with `cache(true)`).
+    pub(super) cache: EpochCache,
+}
+
+impl Producer {
+    pub(super) async fn run(
+        self,
+        events: mpsc::Sender<FeedEvent>,
+        init: mpsc::Sender<Result<Vec<TensorInfo>>>,
+    ) {
+        let mut init = Some(init);
+        let result = catch_panic(self.run_epochs(events.clone(), &mut init)).await;
+        match (result, init.take()) {
+            (Err(err), Some(init)) => {
+                let _ = init.send(Err(err));
+            }
+            (Err(err), None) => {
+                let _ = events.send(FeedEvent::Error(err));
+            }
+            (Ok(()), _) => {
+                let _ = events.send(FeedEvent::Done);
+            }
+        }
+    }
+
+    async fn run_epochs(
+        &self,
+        events: mpsc::Sender<FeedEvent>,
+        init: &mut Option<mpsc::Sender<Result<Vec<TensorInfo>>>>,
+    ) -> Result<()> {
+        let options = &self.options;
+        let (first_epoch, first_step) = options.resume;
+        let mut epoch_start = Instant::now();
+        let first_plan = self.plan_epoch(first_epoch).await?;
+        let columns = columns::resolve(&first_plan.plan.schema(), &options.columns)?;
+        let length_column =
+            if options.token_budget.is_some() || options.bucket_window.is_some() {
+                Some(length_column(&columns)?)
+            } else {
+                None
+            };
+        if let Some(init) = init.take() {
+            let _ = init.send(Ok(tensor_infos(&columns)));
+        }
+        let target = Arc::new(SinkTarget {
+            pool: Arc::clone(&self.pool),
+            ready: events.clone(),
+            columns,
+            batching: Batching {
+                batch_rows: options.batch_size,
+                rank: options.rank,
+                world: options.world,
+                drop_last: options.drop_last,
+                token_budget: options.token_budget,
+                bucket_window: options.bucket_window,
+                length_column,
+                seed: options.shuffle_seed.unwrap_or(0),
+            },
+            metrics: Arc::clone(&self.metrics),
+        });
+        let mut plan = Some(first_plan);
+        for epoch in first_epoch..options.epochs {
+            let EpochPlan {
+                plan: input,
+                task_ctx,
+                fill,
+                dealt,
+                after,
+            } = match plan.take() {
+                Some(plan) => plan,
+                None => self.plan_epoch(epoch).await?,
+            };
+            let skip = if epoch == first_epoch { first_step } else { 0 };
+            let sink: Arc<dyn ExecutionPlan> = Arc::new(
+                DeviceSinkExec::new(input, Arc::clone(&target), epoch, skip).dealt(dealt),
+            );
+            catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
+            if let Some(fill) = fill {
+                self.cache.commit(&options.session, &fill).await?;
+            }
+            if let Some(after) = after {
+                after()?;
+            }
+            let rendered = DisplayableExecutionPlan::with_metrics(sink.as_ref())
+                .indent(true)
+                .to_string();
+            let _ = events.send(FeedEvent::EpochEnd {
+                epoch,
+                plan: rendered,
+                seconds: epoch_start.elapsed().as_secs_f64(),
+            });
+            epoch_start = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Whether the epoch runs as one cluster job shared by all ranks (every
+    /// feed of a cluster session, see [`crate::cluster::SharedJobExec`]):
+    /// its result partitions are read in partition order, so an unshuffled
+    /// feed's order is as deterministic as on the embedded engine.
+    #[cfg(feature = "ballista")]
+    fn shared_cluster_job(&self) -> bool {
+        self.options.session.cluster().is_some()
+    }
+
+    /// The epoch's query as the one cluster job all ranks of the run read.
+    #[cfg(feature = "ballista")]
+    fn plan_cluster_epoch(
+        &self,
+        df: datafusion::dataframe::DataFrame,
+        scheduler: crate::cluster::SchedulerAddress,
+        epoch: u64,
+        may_deal: bool,
+        completed: Option<crate::cluster::CompletedJob>,
+    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>, bool)> {
+        let options = &self.options;
+        let (state, plan) = df.into_parts();
+        // The scheduler plans the job with this rank's settings: the same
+        // lanes as an embedded epoch, so its result partitions are the
+        // embedded feed's partitions.
+        let mut config = state.config().clone();
+        crate::config::deterministic_config(&mut config, self.partition_order());
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        let plan = state.optimize(&plan)?;
+        // Dealt on the executors, each rank fetches its own batches only;
+        // batches by token budget or length buckets depend on the whole
+        // stream, and one rank has nothing to deal.
+        let deal = (may_deal
+            && options.world >= 2
+            && options.token_budget.is_none()
+            && options.bucket_window.is_none()
+            && crate::cluster::SharedJobExec::can_deal(&plan))
+        .then_some(crate::shuffle::Deal {
+            batch_rows: options.batch_size,
+            world: options.world,
+            drop_last: options.drop_last,
+        });
+        // The cache changes the job's result (each row's content hash comes
+        // with it): ranks of a cached and an uncached run must not share it.
+        let run = xxhash_rust::xxh3::xxh3_64(
+            format!(
+                "{}\0{:?}\0{}\0{}\0{}\0{:?}",
+                options.sql,
+                options.shuffle_seed,
+                options.run_id,
+                options.cache,
+                options.order_lanes,
+                deal
+            )
+            .as_bytes(),
+        );
+        let job_name = format!("sqlfeed-feed-{run:016x}-e{epoch}");
+        // Each attempt is the epoch's job, watched for lost executors; a
+        // loss re-runs it and skips what this rank already consumed.
+        let (rank, session) = (options.rank, options.session.clone());
+        let (attempt_state, attempt_scheduler) = (state.clone(), scheduler.clone());
+        let attempts: Arc<crate::cluster::AttemptFactory> = Arc::new(move |attempt| {
+            let mut job = crate::cluster::SharedJobExec::try_new(
+                &attempt_state,
+                &plan,
+                attempt_scheduler.clone(),
+                job_name.clone(),
+                rank,
+                attempt,
+                deal,
+            )?;
+            if let Some(completed) = &completed {
+                job = job.reporting_completion(Arc::clone(completed));
+            }
+            let job: Arc<dyn ExecutionPlan> = Arc::new(job);
+            Ok(crate::cluster::watched(&session, job))
+        });
+        let job: Arc<dyn ExecutionPlan> = Arc::new(
+            crate::cluster::ExactRetryExec::try_new(attempts, scheduler)?,
+        );
+        Ok((job, Arc::new(TaskContext::from(&state)), deal.is_some()))
+    }
+
+    /// The shared folder of executor-kept cache entries, if the session
+    /// has one (`sqlfeed.executor_cache_dir`).
+    #[cfg(feature = "ballista")]
+    fn executor_cache_dir(&self) -> Option<String> {
+        let state = self.options.session.context().state();
+        state
+            .config()
+            .options()
+            .extensions
+            .get::<crate::config::SqlfeedOptions>()
+            .map(|o| o.executor_cache_dir.clone())
+            .filter(|dir| !dir.is_empty())
+    }
+
+    /// A cached, shuffled cluster epoch whose entry the executors keep in
+    /// `dir` (`crate::cache::shared`): the first epoch's job writes it where
+    /// it computes the rows (not dealt: every row passes the writing tasks
+    /// once), later epochs' jobs scan it (dealt as usual); rank 0 commits
+    /// the entry when the first epoch ended.
+    #[cfg(feature = "ballista")]
+    async fn plan_executor_cached_epoch(
+        &self,
+        scheduler: crate::cluster::SchedulerAddress,
+        spec: ShuffleSpec,
+        epoch: u64,
+        dir: &str,
+    ) -> Result<EpochPlan> {
+        let options = &self.options;
+        let (df, fill) = self
+            .cache
+            .executor_epoch(&options.session, &options.sql, spec, dir)
+            .await?;
+        let completed: crate::cluster::CompletedJob = Arc::default();
+        let (plan, task_ctx, dealt) = self.plan_cluster_epoch(
+            df,
+            scheduler,
+            epoch,
+            fill.is_none(),
+            Some(Arc::clone(&completed)),
+        )?;
+        let after: Option<AfterEpoch> = match fill {
+            Some(fill) if options.rank == 0 => Some(Box::new(move || {
+                let job = completed.lock().ok().and_then(|job| job.clone());
+                let Some((job, rows)) = job else {
+                    return Err(DataFusionError::Internal(
+                        "the first cached epoch ended without a completed job".into(),
+                    ));
+                };
+                crate::cache::shared::commit(&fill.dir, &fill.key, &job, rows)
+            })),
+            _ => None,
+        };
+        Ok(EpochPlan {
+            plan,
+            task_ctx,
+            fill: None,
+            dealt,
+            after,
+        })
+    }
+
+    /// What the epoch's plan must keep of its partitions' order.
+    fn partition_order(&self) -> crate::config::PartitionOrder {
+        match self.options.shuffle_seed {
+            // A global shuffle orders rows by content: it keeps the faster
+            // work-stealing scan.
+            Some(_) => crate::config::PartitionOrder::Content,
+            None => {
+                crate::config::PartitionOrder::Partitions(Some(self.options.order_lanes))
+            }
+        }
+    }
+
+    /// What an unshuffled feed's cache entry layout depends on: the ordered
+    /// partitions an embedded epoch reads, or a cluster job's one stream.
+    fn cache_layout(&self) -> String {
+        #[cfg(feature = "ballista")]
+        if self.shared_cluster_job() {
+            return "cluster".to_string();
+        }
+        self.options.order_lanes.to_string()
+    }
+
+    /// The physical plan of one epoch's query and the context to run it in.
+    async fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
+        let options = &self.options;
+        let spec = options
+            .shuffle_seed
+            .map(|seed| ShuffleSpec::Global { seed, epoch });
+        #[cfg(feature = "ballista")]
+        if let (Some(scheduler), Some(spec), true) =
+            (options.session.cluster(), spec, options.cache)
+            && let Some(dir) = self.executor_cache_dir()
+        {
+            return self
+                .plan_executor_cached_epoch(scheduler.clone(), spec, epoch, &dir)
+                .await;
+        }
+        let query = if options.cache {
+            self.cache
+                .epoch_query(&options.session, &options.sql, spec, self.cache_layout())
+                .await?
+        } else {
+            let df = options.session.sql(&options.sql).await?;
+            EpochQuery::Plain(match spec {
+                Some(spec) => shuffle(df, spec)?,
+                None => df,
+            })
+        };
+        let (df, filling) = match query {
+            EpochQuery::Plain(df) => (df, None),
+            EpochQuery::Filling { df, finish, fill } => (df, Some((finish, fill))),
+        };
+        // With the epoch cache, epochs that read the entry run here, on the
+        // embedded engine, also in a cluster session: the entry is on this
+        // machine (the first epoch computed it on the cluster).
+        let reads_local_cache = options.cache && filling.is_none();
+        #[cfg(feature = "ballista")]
+        if self.shared_cluster_job()
+            && !reads_local_cache
+            && let Some(scheduler) = options.session.cluster()
+        {
+            let (state, logical) = (df.clone()).into_parts();
+            // A cache fill needs every row of the epoch here.
+            let may_deal = filling.is_none();
+            let (plan, task_ctx, dealt) =
+                self.plan_cluster_epoch(df, scheduler.clone(), epoch, may_deal, None)?;
+            // A miss: the job's rows (with their content hashes) are written
+            // into the entry here, as they arrive, and finished on the way.
+            return Ok(match filling {
+                Some((finish, fill)) => EpochPlan {
+                    plan: EpochCache::tee(
+                        &state,
+                        &logical,
+                        plan,
+                        &finish,
+                        &fill,
+                        spec.is_some(),
+                    )?,
+                    task_ctx,
+                    fill: Some(fill),
+                    dealt,
+                    after: None,
+                },
+                None => EpochPlan {
+                    plan,
+                    task_ctx,
+                    fill: None,
+                    dealt,
+                    after: None,
+                },
+            });
+        }
+        let (state, plan) = df.into_parts();
+        #[cfg(feature = "ballista")]
+        let state = if reads_local_cache && options.session.cluster().is_some() {
+            SessionStateBuilder::new_from_existing(state)
+                .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+                .build()
+        } else {
+            state
+        };
+        let mut config = state.config().clone();
+        // Seeded augmentations draw per (feed seed, epoch): see udfs' augment.
+        config.options_mut().extensions.insert(
+            sqlfeed_udfs::augment::AugmentOptions::for_epoch(
+                options.shuffle_seed.unwrap_or(0),
+                epoch,
+            ),
+        );
+        crate::config::deterministic_config(&mut config, self.partition_order());
+        let mut state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        // Functions see the configuration captured here (the epoch above),
+        // not the one from when the SQL was parsed.
+        state.mark_start_execution();
+        let mut physical = catch_panic(state.create_physical_plan(&plan)).await?;
+        let fill = match filling {
+            Some((finish, fill)) => {
+                // The optimizer keeps a plan's schema: the unoptimized plan
+                // names the physical plan's columns.
+                physical = EpochCache::tee(
+                    &state,
+                    &plan,
+                    physical,
+                    &finish,
+                    &fill,
+                    spec.is_some(),
+                )?;
+                Some(fill)
+            }
+            None => None,
+        };
+        if options.shuffle_seed.is_none() {
+            order::check_deterministic_order(&physical)?;
+        }
+        #[cfg(feature = "ballista")]
+        let physical = if reads_local_cache {
+            physical
+        } else {
+            crate::cluster::watched(&options.session, physical)
+        };
+        Ok(EpochPlan {
+            plan: physical,
+            task_ctx: Arc::new(TaskContext::from(&state)),
+            fill,
+            dealt: false,
+            after: None,
+        })
+    }
+}
+
+/// One epoch's physical plan, the context to run it in, and the cache
+/// entry it fills on the way (a miss of the epoch cache).
+struct EpochPlan {
+    plan: Arc<dyn ExecutionPlan>,
+    task_ctx: Arc<TaskContext>,
+    fill: Option<Arc<crate::cache::EntryFill>>,
+    /// The plan yields this rank's rows only (a cluster job dealt on the
+    /// executors, see `crate::shuffle::deal`), not the whole epoch.
+    dealt: bool,
+    /// Run once the epoch ended: commits an entry the executors wrote.
+    after: Option<AfterEpoch>,
+}
+
+/// Work for the end of an epoch.
+type AfterEpoch = Box<dyn FnOnce() -> Result<()> + Send>;
+
+/// The one padded column that token budgets and bucketing measure.
+fn length_column(columns: &[TensorColumn]) -> Result<(usize, Option<usize>)> {
+    let padded: Vec<&TensorColumn> =
+        columns.iter().filter(|c| c.mask_name.is_some()).collect();
+    match padded.as_slice() {
+        [column] => Ok((
+            column.index,
+            match column.padding {
+                columns::Padding::To(len) => Some(len),
+                _ => None,
+            },
+        )),
+        _ => plan_err!(
+            "batch_tokens and bucket_by_length measure the query's variable-length \
+             (padded) column, so it needs exactly one; it has {}{}",
+            padded.len(),
+            if padded.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ": {}",
+                    padded
+                        .iter()
+                        .map(|c| c.name.as_ref())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        ),
+    }
+}
+
+fn tensor_infos(columns: &[TensorColumn]) -> Vec<TensorInfo> {
+    let mut infos = vec![];
+    for column in columns {
+        infos.push(TensorInfo {
+            name: column.name.to_string(),
+            dtype: column.dtype,
+        });
+        if let Some(mask) = &column.mask_name {
+            infos.push(TensorInfo {
+                name: mask.to_string(),
+                dtype: DType::Bool,
+            });
+        }
+    }
+    infos
+}
