@@ -46,6 +46,7 @@ mod host;
 mod ring;
 mod simd;
 mod stream;
+mod tensor;
 
 use std::fmt;
 use std::str::FromStr;
@@ -59,9 +60,9 @@ pub use dlpack::{
 pub(crate) use dtype::cast_slice_mut;
 pub use dtype::{DType, Element, bf16, f16};
 pub(crate) use ring::{Backend, Loans, Slot, SlotPool, TensorLayout};
-pub use ring::{BatchMeta, Tensor, TensorBatch};
 pub(crate) use simd::u8_to_f32_affine;
 pub use stream::ConsumerStream;
+pub use tensor::{BatchMeta, Tensor, TensorBatch};
 
 /// Where a feed's tensors live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
