@@ -19,6 +19,8 @@ use crate::SessionBuilder;
 pub struct Standalone {
     runtime: Option<tokio::runtime::Runtime>,
     address: SchedulerAddress,
+    /// The executors' work folders (removed after the runtime stops).
+    work: Option<tempfile::TempDir>,
 }
 
 impl std::fmt::Debug for Standalone {
@@ -75,9 +77,21 @@ impl Standalone {
             host: bound.ip().to_string(),
             port: bound.port(),
         };
-        for _ in 0..wanted {
+        // The executors' work folders, owned here: the executors are tasks
+        // of a runtime shut down in the background, which may outlive the
+        // process's exit and so never drop folders of their own.
+        let work = tempfile::Builder::new()
+            .prefix("sqlfeed-standalone-")
+            .tempdir()
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "cannot create the standalone executors' work folder: {e}"
+                ))
+            })?;
+        for i in 0..wanted {
             let mut options = ExecutorOptions::new(address.clone());
             options.concurrent_tasks = tasks;
+            options.work_dir = Some(work.path().join(format!("executor-{i}")));
             let executor_session = session.clone();
             runtime.spawn(async move {
                 if let Err(e) = run_executor(executor_session, options, |_| {}).await {
@@ -114,6 +128,7 @@ impl Standalone {
         Ok(Arc::new(Self {
             runtime: Some(runtime),
             address,
+            work: Some(work),
         }))
     }
 
@@ -128,5 +143,7 @@ impl Drop for Standalone {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
         }
+        // After the runtime: its tasks no longer start new work.
+        drop(self.work.take());
     }
 }

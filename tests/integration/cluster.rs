@@ -22,6 +22,9 @@ pub struct Cluster {
     port: u16,
     /// Extra arguments of every executor.
     executor_args: Vec<String>,
+    /// The executors' work folders: an executor killed with SIGKILL cannot
+    /// remove its own, so the test's temporary folder holds them.
+    work: tempfile::TempDir,
 }
 
 impl Cluster {
@@ -60,6 +63,7 @@ impl Cluster {
             executors: vec![],
             port,
             executor_args: executor_args.iter().map(|s| s.to_string()).collect(),
+            work: tempfile::tempdir().expect("a temporary folder"),
         };
         for _ in 0..executors {
             cluster.add_executor();
@@ -82,6 +86,12 @@ impl Cluster {
                 &format!("127.0.0.1:{}", self.port),
             ])
             .args(["--heartbeat-interval", "1"])
+            .arg("--work-dir")
+            .arg(
+                self.work
+                    .path()
+                    .join(format!("executor-{}", self.executors.len())),
+            )
             .args(&self.executor_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
