@@ -43,7 +43,7 @@
 //! to rename its folder into place wins and the other uses the winner's.
 //! A failed or cancelled fill removes its temporary folder. Fills and
 //! session folders are locked while in use (see
-//! [`crate::cache::liveness`]); a process that finds one whose lock is
+//! `liveness.rs`); a process that finds one whose lock is
 //! free removes it, as its owner was killed. Liveness is never judged by the
 //! process id in the name: in another container that id means nothing.
 //!
@@ -559,7 +559,7 @@ impl CacheStore {
     }
 
     /// Removes what killed processes left in `tmp/` and `sessions/`: the
-    /// folders whose lock is free (see [`crate::cache::liveness`]), and
+    /// folders whose lock is free (see `liveness.rs`), and
     /// `removed-*` trash whose removal was interrupted.
     fn sweep_once(&self) {
         if self.swept.swap(true, Ordering::Relaxed) {

@@ -215,7 +215,7 @@ pub struct H2dArgs {
     #[arg(long, default_value = "cuda:0")]
     pub device: String,
     /// Bytes of each copy of one round, comma-separated (default: the
-    /// tensors of one W2 batch: x [256,32] f32, y [256] i64, img [256,3,32,32] f32).
+    /// tensors of one W2 batch: x `[256, 32]` f32, y `[256]` i64, img `[256, 3, 32, 32]` f32).
     #[arg(long, value_delimiter = ',', default_value = "32768,2048,3145728")]
     pub sizes: Vec<usize>,
     /// Rounds.

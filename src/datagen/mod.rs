@@ -14,7 +14,7 @@
 //! | `image_png`  | binary        | RGB `S×S` PNG: gradient background + a shape         |
 //! | `image_jpeg` | binary        | the same picture as a baseline JPEG (quality 90)     |
 //! | `caption`    | utf8          | e.g. `"a red square on a blue background"`           |
-//! | `tokens`     | list<int32>   | length uniform in `[8, 64]`, values in `[0, 32000)`  |
+//! | `tokens`     | `list<int32>` | length uniform in `[8, 64]`, values in `[0, 32000)`  |
 //!
 //! # Determinism
 //! Every value comes from SplitMix64 streams seeded by `(seed, file index)`;

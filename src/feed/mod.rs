@@ -125,7 +125,7 @@ impl FeedBuilder {
     /// On a cluster session ([`crate::SessionBuilder::cluster`]), the name
     /// the ranks of one training run share: each epoch runs as one cluster
     /// job that rank 0 submits and every rank reads its own output
-    /// partition of (see [`crate::cluster::ClusterShardExec`]). Runs with
+    /// partition of (see [`crate::cluster::SharedJobExec`]). Runs with
     /// the same query, seed, world and batch size but different ids get
     /// separate jobs. Default: empty.
     pub fn run_id(mut self, id: impl Into<String>) -> Self {

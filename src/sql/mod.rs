@@ -6,7 +6,7 @@
 //! | `SUMMARIZE <table>`                | per-column profile: counts, nulls, distinct, min/max, mean, stddev, quartiles |
 //! | `SAMPLE <table> <n> [SEED <s>]`    | `n` uniform random rows, the same for the same seed and data |
 //! | `DESCRIBE <table>`                 | column names, types and nullability            |
-//! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]); wherever a query ends (see [`shuffle_clause`]) |
+//! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]); wherever a query ends (see `shuffle_clause.rs`) |
 //! | `<query> LOCAL SHUFFLE BUFFER n [SEED s]` | a streaming shuffle buffer per partition; the same places |
 //! | `CACHE TABLE name AS <query>`      | materialise once into the epoch cache (see [`crate::cache`]) |
 //! | `UNCACHE TABLE [IF EXISTS] name`   | drop a cached table (its disk entry stays for reuse) |
@@ -22,7 +22,7 @@
 //! everything else goes to DataFusion's [`DFParser`] on the same token stream,
 //! so error positions refer to the whole input. `SHUFFLE` clauses are
 //! rewritten at the token level first, into derived tables the planner
-//! recognises (see [`shuffle_clause`]): after `FROM t` sqlparser would take
+//! recognises (see `shuffle_clause.rs`): after `FROM t` sqlparser would take
 //! the word for a table alias (the pattern of datafusion-cli and DataFusion's
 //! `sql_ops/dialect.rs` example).
 
