@@ -118,48 +118,33 @@ fn settings(config: &datafusion::prelude::SessionConfig) -> Vec<KeyValuePair> {
     settings
 }
 
-/// Whether `plan` is a global `SHUFFLE` under nothing but projections, whose
-/// per-partition order survives up to the result.
-fn shuffle_under_projections(plan: &LogicalPlan) -> bool {
+/// Whether `plan` is a global `SHUFFLE` under nothing but projections,
+/// whose per-partition order survives up to the result; `through_cache_write`
+/// lets an executor-cache write (in order, one row for one) stand between.
+fn shuffle_under_projections(plan: &LogicalPlan, through_cache_write: bool) -> bool {
     match plan {
         LogicalPlan::Projection(projection) => {
-            shuffle_under_projections(&projection.input)
+            shuffle_under_projections(&projection.input, through_cache_write)
         }
-        // Writes the rows into the executor cache, in order, one for one.
-        LogicalPlan::Extension(extension)
-            if extension
-                .node
-                .as_any()
-                .downcast_ref::<crate::cache::shared::SharedEntryWriteNode>()
-                .is_some() =>
-        {
-            extension
-                .node
-                .inputs()
-                .first()
-                .is_some_and(|input| shuffle_under_projections(input))
+        LogicalPlan::Extension(extension) => {
+            let node = extension.node.as_any();
+            if node.is::<crate::cache::shared::SharedEntryWriteNode>() {
+                through_cache_write
+                    && extension
+                        .node
+                        .inputs()
+                        .first()
+                        .is_some_and(|input| shuffle_under_projections(input, true))
+            } else {
+                node.downcast_ref::<crate::shuffle::ShuffleNode>()
+                    .is_some_and(|shuffle| {
+                        matches!(
+                            shuffle.spec(),
+                            crate::shuffle::ShuffleSpec::Global { .. }
+                        )
+                    })
+            }
         }
-        LogicalPlan::Extension(extension) => extension
-            .node
-            .as_any()
-            .downcast_ref::<crate::shuffle::ShuffleNode>()
-            .is_some_and(|shuffle| {
-                matches!(shuffle.spec(), crate::shuffle::ShuffleSpec::Global { .. })
-            }),
-        _ => false,
-    }
-}
-
-/// Whether `plan` writes an executor cache entry above its shuffle: every
-/// row must then pass the writing tasks once, so the job is not dealt.
-fn writes_executor_cache(plan: &LogicalPlan) -> bool {
-    match plan {
-        LogicalPlan::Projection(projection) => writes_executor_cache(&projection.input),
-        LogicalPlan::Extension(extension) => extension
-            .node
-            .as_any()
-            .downcast_ref::<crate::cache::shared::SharedEntryWriteNode>()
-            .is_some(),
         _ => false,
     }
 }
@@ -226,7 +211,7 @@ impl SharedJobExec {
         // This reader streams the result partitions in partition order, so
         // a global shuffle right under the result may end in one task per
         // key range instead of one merging task (`crate::shuffle::range`).
-        if shuffle_under_projections(plan)
+        if shuffle_under_projections(plan, true)
             && let Some(options) = config
                 .options_mut()
                 .extensions
@@ -249,7 +234,7 @@ impl SharedJobExec {
         // A shuffle's result is its partitions in turn; any other result's
         // partitions are lanes, read like the embedded sink reads them.
         let lane_turn_rows =
-            (!shuffle_under_projections(plan)).then(|| config.batch_size());
+            (!shuffle_under_projections(plan, true)).then(|| config.batch_size());
         let schema: SchemaRef = Arc::clone(plan.schema().inner());
         let properties = PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&schema)),
@@ -290,7 +275,9 @@ impl SharedJobExec {
     /// result is a global `SHUFFLE` under projections (which keep rows 1:1,
     /// so dealing below them deals the result).
     pub fn can_deal(plan: &LogicalPlan) -> bool {
-        shuffle_under_projections(plan) && !writes_executor_cache(plan)
+        // Not through an executor-cache write: every row must pass the
+        // writing tasks once.
+        shuffle_under_projections(plan, false)
     }
 
     /// The job this rank reads, once known.

@@ -73,6 +73,11 @@ pub(super) struct EpochCache {
     /// rank 0 commits when that epoch ended).
     #[cfg(feature = "ballista")]
     wrote_shared_entry: std::sync::atomic::AtomicBool,
+    /// The committed parts of the executor-kept entry and the finish step,
+    /// once found: later epochs read them without planning the query again
+    /// (which lists its files and keys its result).
+    #[cfg(feature = "ballista")]
+    shared_parts: std::sync::OnceLock<(std::path::PathBuf, Vec<Expr>)>,
 }
 
 impl EpochCache {
@@ -212,6 +217,9 @@ impl EpochCache {
         dir: &str,
     ) -> Result<(DataFrame, Option<SharedFill>)> {
         use crate::cache::shared;
+        if let Some((parts, finish)) = self.shared_parts.get() {
+            return Ok((read_parts(session, parts, finish, spec).await?, None));
+        }
         let (state, plan) = session.sql(sql).await?.into_parts();
         let compact = compact(plan)?;
         let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
@@ -234,17 +242,9 @@ impl EpochCache {
             shared::committed_parts(&dir, &key)?
         };
         if let Some(parts) = committed {
-            let (state, scan) = session
-                .context()
-                .read_arrow(
-                    parts.display().to_string(),
-                    datafusion::datasource::file_format::options::ArrowReadOptions::default(),
-                )
-                .await?
-                .into_parts();
-            let shuffled = shuffle_by_content_hash(scan, Some(spec))?;
-            let plan = apply_finish(shuffled, &compact.finish)?;
-            return Ok((DataFrame::new(state, plan), None));
+            let (parts, finish) =
+                self.shared_parts.get_or_init(|| (parts, compact.finish));
+            return Ok((read_parts(session, parts, finish, spec).await?, None));
         }
         let filled = shuffle_with_content_hash(compact.stored, Some(spec), row_key)?;
         let folder = shared::entry_dir(&dir, &key).display().to_string();
@@ -254,6 +254,27 @@ impl EpochCache {
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok((DataFrame::new(state, plan), Some(SharedFill { dir, key })))
     }
+}
+
+/// The epoch shuffled by `spec` over the executor-kept parts in the folder
+/// `parts`, finished by `finish`.
+#[cfg(feature = "ballista")]
+async fn read_parts(
+    session: &Session,
+    parts: &std::path::Path,
+    finish: &[Expr],
+    spec: ShuffleSpec,
+) -> Result<DataFrame> {
+    let (state, scan) = session
+        .context()
+        .read_arrow(
+            parts.display().to_string(),
+            datafusion::datasource::file_format::options::ArrowReadOptions::default(),
+        )
+        .await?
+        .into_parts();
+    let shuffled = shuffle_by_content_hash(scan, Some(spec))?;
+    Ok(DataFrame::new(state, apply_finish(shuffled, finish)?))
 }
 
 /// The committed parts of entry `key` in `dir`, once rank 0 committed them.

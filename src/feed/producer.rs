@@ -210,7 +210,8 @@ impl Producer {
     /// has one (`sqlfeed.executor_cache_dir`).
     #[cfg(feature = "ballista")]
     fn executor_cache_dir(&self) -> Option<String> {
-        let state = self.options.session.context().state();
+        let state = self.options.session.context().state_ref();
+        let state = state.read();
         state
             .config()
             .options()

@@ -379,9 +379,9 @@ struct Dealer {
     /// This task's range and the summed counts of every range, from the
     /// count rows.
     counted: Option<(usize, Vec<u64>)>,
-    /// The epoch's shape and this range's first row number, once the first
-    /// data row arrives (every count row came before it).
-    shape: Option<(DealShape, u64)>,
+    /// The epoch's shape, once the first data row arrives (every count row
+    /// came before it).
+    shape: Option<DealShape>,
     /// Row number of the next data row.
     next_row: u64,
     /// Data rows seen.
@@ -427,14 +427,10 @@ impl Dealer {
         let count_rows = (0..batch.num_rows())
             .take_while(|&row| payloads.is_valid(row))
             .count();
-        if payloads.null_count() != batch.num_rows() - count_rows {
-            return Err(self.error(
-                "a count row after a data row: a row's shuffle key equals its range's \
-                 first key (probability 2^-64 per row); this epoch cannot be dealt on the \
-                 executors: run it with another seed",
-            ));
-        }
-        if count_rows > 0 && self.shape.is_some() {
+        // A count row after a data row, in this batch or after an earlier one.
+        if payloads.null_count() != batch.num_rows() - count_rows
+            || (count_rows > 0 && self.shape.is_some())
+        {
             return Err(self.error(
                 "a count row after a data row: a row's shuffle key equals its range's \
                  first key (probability 2^-64 per row); this epoch cannot be dealt on the \
@@ -446,19 +442,20 @@ impl Dealer {
         if data_rows == 0 {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         }
-        if self.shape.is_none() {
-            let Some((range, totals)) = &self.counted else {
-                return Err(self.error("data rows without count rows before them"));
-            };
-            let offset: u64 = totals[..*range].iter().sum();
-            let total: u64 = totals.iter().sum();
-            self.shape = Some((DealShape::new(self.deal, self.ranges, total), offset));
-            self.next_row = offset;
-        }
-        let Some((shape, _)) = &self.shape else {
-            return Err(self.error("no shape"));
+        let Some((range, totals)) = &self.counted else {
+            return Err(self.error("data rows without count rows before them"));
         };
-        let range = self.counted.as_ref().map_or(0, |(range, _)| *range);
+        let range = *range;
+        let shape = match &self.shape {
+            Some(shape) => shape,
+            None => {
+                // The first data row: every count row came before it.
+                self.next_row = totals[..range].iter().sum();
+                let total = totals.iter().sum();
+                self.shape
+                    .insert(DealShape::new(self.deal, self.ranges, total))
+            }
+        };
         let mut main_rows = UInt32Builder::with_capacity(data_rows);
         let mut main_routes = UInt64Builder::with_capacity(data_rows);
         let mut pad_rows = UInt32Builder::new();

@@ -54,25 +54,31 @@ fn carries_shuffle_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
     }
 }
 
+/// `exchange` as a hash repartition over a `T`, with that `T`; `None` if
+/// it is not one.
+fn hash_exchange_over<T: ExecutionPlan>(
+    exchange: &Arc<dyn ExecutionPlan>,
+) -> Option<(&RepartitionExec, &T)> {
+    let repartition = exchange.as_ref().downcast_ref::<RepartitionExec>()?;
+    if !matches!(repartition.partitioning(), Partitioning::Hash(..)) {
+        return None;
+    }
+    let input = repartition.input().as_ref().downcast_ref::<T>()?;
+    Some((repartition, input))
+}
+
+/// A repartition's partition count.
+fn partitions(repartition: &RepartitionExec) -> usize {
+    repartition.partitioning().partition_count()
+}
+
 /// Fails unless a ranged [`super::PermuteExec`] reads a hash exchange into as
 /// many partitions as its [`super::RangeBucketExec`] has ranges: the
 /// distribution rule re-sizes exchanges to the target partition count, and
 /// a re-sized one would send rows to the wrong ranges.
 fn check_range_exchange(permute: &super::PermuteExec) -> Result<()> {
-    let exchange = permute.children()[0];
-    let sized = exchange
-        .as_ref()
-        .downcast_ref::<RepartitionExec>()
-        .and_then(|r| match r.partitioning() {
-            Partitioning::Hash(_, n) => Some((*n, r.input())),
-            _ => None,
-        })
-        .and_then(|(n, input)| {
-            input
-                .as_ref()
-                .downcast_ref::<super::RangeBucketExec>()
-                .map(|bucket| (n, bucket.partitions()))
-        });
+    let sized = hash_exchange_over::<super::RangeBucketExec>(permute.children()[0])
+        .map(|(exchange, bucket)| (partitions(exchange), bucket.partitions()));
     match sized {
         Some((n, ranges)) if n == ranges => Ok(()),
         Some((n, ranges)) => plan_err!(
@@ -92,21 +98,18 @@ fn resize_rank_exchange(
     shard: &RankShardExec,
     node: &Arc<dyn ExecutionPlan>,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
-    let exchange = shard.children()[0];
-    let Some(repartition) = exchange.as_ref().downcast_ref::<RepartitionExec>() else {
+    let Some((exchange, deal)) = hash_exchange_over::<DealExec>(shard.children()[0])
+    else {
         return Ok(Transformed::no(Arc::clone(node)));
     };
-    let (Partitioning::Hash(exprs, n), Some(deal)) = (
-        repartition.partitioning(),
-        repartition.input().as_ref().downcast_ref::<DealExec>(),
-    ) else {
+    let Partitioning::Hash(exprs, n) = exchange.partitioning() else {
         return Ok(Transformed::no(Arc::clone(node)));
     };
     if *n == deal.partitions() {
         return Ok(Transformed::no(Arc::clone(node)));
     }
     let exchange: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
-        Arc::clone(repartition.input()),
+        Arc::clone(exchange.input()),
         Partitioning::Hash(exprs.clone(), deal.partitions()),
     )?);
     Ok(Transformed::yes(Arc::new(RankShardExec::try_new(
@@ -117,15 +120,8 @@ fn resize_rank_exchange(
 /// The [`DealExec`] under `shard`, if the exchange between them has as many
 /// partitions as the deal (else an error, like a re-sized range exchange).
 fn dealt_input(shard: &RankShardExec) -> Result<&DealExec> {
-    let exchange = shard.children()[0];
-    let sized = exchange
-        .as_ref()
-        .downcast_ref::<RepartitionExec>()
-        .and_then(|r| match r.partitioning() {
-            Partitioning::Hash(_, n) => Some((*n, r.input())),
-            _ => None,
-        })
-        .and_then(|(n, input)| input.as_ref().downcast_ref::<DealExec>().map(|d| (n, d)));
+    let sized = hash_exchange_over::<DealExec>(shard.children()[0])
+        .map(|(exchange, deal)| (partitions(exchange), deal));
     match sized {
         Some((n, deal)) if n == deal.partitions() => Ok(deal),
         Some((n, deal)) => plan_err!(

@@ -316,7 +316,7 @@ struct Bucketer {
     schema: SchemaRef,
     route: Arc<Vec<u64>>,
     counted: bool,
-    /// Rows of this task per range.
+    /// Rows of this task per range (counted only).
     counts: Vec<u64>,
     /// A copy of the task's first row: the body of its count rows.
     first_row: Option<RecordBatch>,
@@ -336,12 +336,13 @@ impl Bucketer {
         let buckets: UInt64Array = keys
             .values()
             .iter()
-            .map(|&key| {
-                let range = range_of(key, partitions);
-                self.counts[range] += 1;
-                self.route[range]
-            })
+            .map(|&key| self.route[range_of(key, partitions)])
             .collect();
+        if self.counted {
+            for &key in keys.values() {
+                self.counts[range_of(key, partitions)] += 1;
+            }
+        }
         if self.counted && self.first_row.is_none() && batch.num_rows() > 0 {
             self.first_row = Some(take_record_batch(batch, &UInt32Array::from(vec![0]))?);
         }

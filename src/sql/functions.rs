@@ -126,18 +126,12 @@ pub fn infos() -> Vec<sqlfeed_udfs::FunctionInfo> {
     ]
 }
 
-/// The documentation of sqlfeed's own function `name` (built once).
+/// The documentation of sqlfeed's own function `name`.
 fn documentation_of(
     name: &str,
 ) -> Option<&'static datafusion::logical_expr::Documentation> {
-    static DOCS: std::sync::LazyLock<
-        std::collections::HashMap<&'static str, datafusion::logical_expr::Documentation>,
-    > = std::sync::LazyLock::new(|| {
-        infos()
-            .iter()
-            .map(|info| (info.name, info.documentation()))
-            .collect()
-    });
+    static DOCS: std::sync::LazyLock<sqlfeed_udfs::Documentations> =
+        std::sync::LazyLock::new(|| sqlfeed_udfs::documentations(infos()));
     DOCS.get(name)
 }
 

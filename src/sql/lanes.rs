@@ -23,8 +23,6 @@
 //! At most one record batch per lane is held back (the rest of a batch
 //! that straddles a turn); callers decide how much each lane reads ahead.
 
-use std::collections::VecDeque;
-
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
@@ -34,7 +32,7 @@ use futures::StreamExt;
 /// One lane: its stream and the part of a batch that did not fit a turn.
 struct Lane {
     stream: SendableRecordBatchStream,
-    held: VecDeque<RecordBatch>,
+    held: Option<RecordBatch>,
 }
 
 /// The rows of `lanes` in turns of `turn_rows` rows, in lane order; see the
@@ -47,12 +45,7 @@ pub fn interleave_lanes(
     let turn_rows = turn_rows.max(1);
     let lanes: Vec<Option<Lane>> = lanes
         .into_iter()
-        .map(|stream| {
-            Some(Lane {
-                stream,
-                held: VecDeque::new(),
-            })
-        })
+        .map(|stream| Some(Lane { stream, held: None }))
         .collect();
     // (lanes, the lane whose turn it is, rows left in that turn)
     let state = (lanes, 0usize, turn_rows);
@@ -67,7 +60,7 @@ pub fn interleave_lanes(
                         (index, left) = ((index + 1) % lanes.len(), turn_rows);
                         continue;
                     };
-                    let batch = match lane.held.pop_front() {
+                    let batch = match lane.held.take() {
                         Some(batch) => batch,
                         None => match lane.stream.next().await {
                             Some(Ok(batch)) => batch,
@@ -88,8 +81,7 @@ pub fn interleave_lanes(
                     }
                     let take = batch.num_rows().min(left);
                     if take < batch.num_rows() {
-                        lane.held
-                            .push_front(batch.slice(take, batch.num_rows() - take));
+                        lane.held = Some(batch.slice(take, batch.num_rows() - take));
                     }
                     left -= take;
                     if left == 0 {

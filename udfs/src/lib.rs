@@ -93,19 +93,25 @@ fn doc_section(family: &'static str) -> datafusion::logical_expr::DocSection {
     }
 }
 
-/// The documentation of the enabled function `name` (built once), for the
-/// functions' `ScalarUDFImpl::documentation`.
+/// Documentation of the functions `infos` lists, by name: what a family's
+/// `ScalarUDFImpl::documentation` looks up (held in a `LazyLock`, built once).
+pub type Documentations =
+    std::collections::HashMap<&'static str, datafusion::logical_expr::Documentation>;
+
+/// The [`Documentations`] of `infos`.
+pub fn documentations(infos: Vec<FunctionInfo>) -> Documentations {
+    infos
+        .iter()
+        .map(|info| (info.name, info.documentation()))
+        .collect()
+}
+
+/// The documentation of the enabled function `name`.
 pub(crate) fn documentation_of(
     name: &str,
 ) -> Option<&'static datafusion::logical_expr::Documentation> {
-    static DOCS: std::sync::LazyLock<
-        std::collections::HashMap<&'static str, datafusion::logical_expr::Documentation>,
-    > = std::sync::LazyLock::new(|| {
-        functions()
-            .iter()
-            .map(|info| (info.name, info.documentation()))
-            .collect()
-    });
+    static DOCS: std::sync::LazyLock<Documentations> =
+        std::sync::LazyLock::new(|| documentations(functions()));
     DOCS.get(name)
 }
 
