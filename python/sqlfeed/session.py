@@ -29,6 +29,10 @@ class Session:
             ``sqlfeed scheduler``, or ``"standalone"``; None runs embedded.
         spill_dir: where spill files go (default: the OS temp folder).
         batch_size: rows per record batch inside the engine (default 8192).
+        allow_http: read plain ``http://`` object-store URLs (and ``http://``
+            endpoints of S3, GCS, Azure). Refused by default, with an error
+            naming the URL, since what travels unencrypted can be altered on
+            the way. None: ``$SQLFEED_ALLOW_HTTP=1`` allows it.
     """
 
     def __init__(
@@ -39,6 +43,7 @@ class Session:
         cluster: str | None = None,
         spill_dir: str | os.PathLike[str] | None = None,
         batch_size: int | None = None,
+        allow_http: bool | None = None,
     ) -> None:
         self._inner = _sqlfeed.Session(
             memory_limit=memory_limit,
@@ -47,6 +52,7 @@ class Session:
             cluster=cluster,
             spill_dir=None if spill_dir is None else os.fspath(spill_dir),
             batch_size=batch_size,
+            allow_http=allow_http,
         )
 
     def sql(self, query: str) -> SqlResult:

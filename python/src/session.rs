@@ -38,7 +38,10 @@ impl PySession {
         cluster = None,
         spill_dir = None,
         batch_size = None,
+        allow_http = None,
     ))]
+    // One parameter per keyword of `sqlfeed.Session`: Python's signature.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         memory_limit: Option<MemorySize>,
@@ -47,6 +50,7 @@ impl PySession {
         cluster: Option<String>,
         spill_dir: Option<std::path::PathBuf>,
         batch_size: Option<usize>,
+        allow_http: Option<bool>,
     ) -> PyResult<Self> {
         let mut builder = Session::builder();
         if let Some(limit) = memory_limit {
@@ -68,6 +72,10 @@ impl PySession {
         }
         if let Some(rows) = batch_size {
             builder = builder.batch_size(rows);
+        }
+        // None leaves it to SQLFEED_ALLOW_HTTP, as in the Rust builder.
+        if let Some(allow) = allow_http {
+            builder = builder.allow_http(allow);
         }
         if let Some(url) = cluster {
             builder = builder.cluster(url);

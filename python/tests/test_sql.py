@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
+from pathlib import Path
+
 import pytest
 
 import sqlfeed
@@ -64,3 +69,76 @@ def test_memory_limit_accepts_text_and_bytes():
     assert sqlfeed.Session(memory_limit=1 << 30).memory_limit == 1 << 30
     with pytest.raises(sqlfeed.PlanError, match="memory_limit"):
         sqlfeed.Session(memory_limit="lots")
+
+
+@contextlib.contextmanager
+def _range_server(path: Path):
+    """Serves ``path`` on 127.0.0.1 (a free port) with HEAD and ranged GETs,
+    which object_store needs (``http.server`` alone ignores ``Range``); yields
+    the file's URL and the list of requests seen."""
+    body = path.read_bytes()
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self, send_body: bool) -> None:
+            seen.append(f"{self.command} {self.path}")
+            if self.path != f"/{path.name}":
+                self.send_error(404)
+                return
+            start, end, status = 0, len(body) - 1, 200
+            spec = self.headers.get("Range", "")
+            if spec.startswith("bytes="):
+                first, _, last = spec[len("bytes=") :].partition("-")
+                if first:
+                    start, end = int(first), min(int(last or end), end)
+                else:
+                    start = max(len(body) - int(last), 0)
+                status = 206
+            self.send_response(status)
+            self.send_header("Content-Length", str(end - start + 1))
+            self.send_header("Accept-Ranges", "bytes")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{len(body)}")
+            self.end_headers()
+            if send_body:
+                self.wfile.write(body[start : end + 1])
+
+        def do_GET(self) -> None:
+            self._answer(send_body=True)
+
+        def do_HEAD(self) -> None:
+            self._answer(send_body=False)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/{path.name}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_plain_http_is_refused_without_allow_http(ids_data, monkeypatch):
+    monkeypatch.delenv("SQLFEED_ALLOW_HTTP", raising=False)
+    session = sqlfeed.Session(target_partitions=2)
+    with _range_server(ids_data / "part-0.parquet") as (url, seen):
+        with pytest.raises(sqlfeed.PlanError) as refused:
+            session.sql(f"SELECT count(*) AS n FROM '{url}'")
+    message = str(refused.value)
+    for part in (url, "plain HTTP is refused", "allow_http=True", "--allow-http"):
+        assert part in message, f"{part!r} missing from: {message}"
+    assert seen == [], "the refusal must come before any request"
+
+
+def test_allow_http_reads_a_local_http_server(ids_data, monkeypatch):
+    pytest.importorskip("pyarrow")
+    monkeypatch.delenv("SQLFEED_ALLOW_HTTP", raising=False)
+    session = sqlfeed.Session(target_partitions=2, allow_http=True)
+    with _range_server(ids_data / "part-1.parquet") as (url, seen):
+        rows = session.sql(f"SELECT count(*) AS n, min(id) AS lo FROM '{url}'").to_pylist()
+    assert rows == [{"n": 250, "lo": 250}]
+    assert seen, "the rows came from the server"

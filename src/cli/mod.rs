@@ -58,6 +58,11 @@ pub struct Cli {
     /// Where spill files go (default: the OS temp directory).
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<PathBuf>,
+    /// Read plain http:// object-store URLs (and http:// endpoints of S3,
+    /// GCS, Azure), which are refused otherwise: what travels unencrypted can
+    /// be altered on the way. Also SQLFEED_ALLOW_HTTP=1.
+    #[arg(long)]
+    pub allow_http: bool,
     /// Directory of the epoch cache (CACHE TABLE, feed --cache), shared by
     /// every run that uses it (default: $SQLFEED_CACHE_DIR, else
     /// $XDG_CACHE_HOME/sqlfeed, else ~/.cache/sqlfeed).
@@ -315,6 +320,10 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Some(dir) = &cli.spill_dir {
         builder = builder.spill_dir(dir);
+    }
+    // Unset, the session reads SQLFEED_ALLOW_HTTP.
+    if cli.allow_http {
+        builder = builder.allow_http(true);
     }
     if let Some(n) = cli.target_partitions {
         builder = builder.target_partitions(n);

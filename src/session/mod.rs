@@ -13,7 +13,8 @@
 //!   is locked while the session lives, so the next session using that spill
 //!   directory removes what a killed process left (see `crate::cache::liveness`);
 //! * **object stores resolved from the URL** in the query
-//!   (`FROM 's3://bucket/*.parquet'`), see [`object_stores`];
+//!   (`FROM 's3://bucket/*.parquet'`), see [`object_stores`]; plain `http://`
+//!   only with [`SessionBuilder::allow_http`];
 //! * **path tables** with checked Parquet footers, see [`url_table`];
 //! * the **functions** of `sqlfeed-udfs` plus sqlfeed's internal ones;
 //! * `target_partitions` = the number of cores.
@@ -61,7 +62,7 @@ pub use crate::config::{PartitionOrder, SqlfeedOptions, deterministic_config};
 pub use crate::sql::url_table::list_parquet_files;
 use crate::sql::{self, Statement};
 pub use crate::sql::{file_errors, url_table};
-pub use object_stores::{IoCounters, ObjectStoreLimits};
+pub use object_stores::{ALLOW_HTTP_ENV, IoCounters, ObjectStoreLimits};
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever
 /// is lower) used as the memory limit when none is given.
@@ -94,6 +95,9 @@ pub struct SessionBuilder {
     batch_size: Option<usize>,
     /// Timeouts and retries for network object stores.
     object_store_limits: ObjectStoreLimits,
+    /// Whether plain `http://` object-store URLs are read; `None` =
+    /// [`ALLOW_HTTP_ENV`], else no.
+    allow_http: Option<bool>,
     /// Settings of the preprocessing functions (image pixel limit, …).
     udf_options: sqlfeed_udfs::UdfOptions,
     /// Where and how much `CACHE TABLE` and cached feeds keep.
@@ -155,6 +159,29 @@ impl SessionBuilder {
     /// Timeouts and retries for S3, GCS, Azure and HTTP.
     pub fn object_store_limits(mut self, limits: ObjectStoreLimits) -> Self {
         self.object_store_limits = limits;
+        self
+    }
+
+    /// Allows plain `http://` object-store URLs (and `http://` endpoints of
+    /// S3, GCS and Azure). Without it such a URL is a Plan error naming it and
+    /// this switch, before any connection. Unset, [`ALLOW_HTTP_ENV`]
+    /// (`SQLFEED_ALLOW_HTTP=1`) decides; `allow_http(false)` overrides it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> datafusion::error::Result<()> {
+    /// let refusing = sqlfeed::Session::builder().allow_http(false).build()?;
+    /// let err = refusing
+    ///     .sql("SELECT count(*) FROM 'http://127.0.0.1:9/t.parquet'")
+    ///     .await
+    ///     .expect_err("plain HTTP is refused");
+    /// assert!(err.to_string().contains("--allow-http"));
+    /// sqlfeed::Session::builder().allow_http(true).build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn allow_http(mut self, allow: bool) -> Self {
+        self.allow_http = Some(allow);
         self
     }
 
@@ -246,10 +273,17 @@ impl SessionBuilder {
     pub(crate) fn engine(&self) -> Result<Engine> {
         let memory_limit = self.memory_limit.unwrap_or_else(default_memory_limit);
         let io = Arc::new(IoCounters::default());
-        let registry = Arc::new(object_stores::LazyObjectStoreRegistry::new(
-            self.object_store_limits.clone(),
-            Arc::clone(&io),
-        ));
+        let allow_http = match self.allow_http {
+            Some(allow) => allow,
+            None => object_stores::allow_http_from_env()?,
+        };
+        let registry = Arc::new(
+            object_stores::LazyObjectStoreRegistry::new(
+                self.object_store_limits.clone(),
+                Arc::clone(&io),
+            )
+            .with_allow_http(allow_http),
+        );
         let pool: Arc<dyn MemoryPool> = Arc::new(TrackConsumersPool::new(
             FairSpillPool::new(memory_limit),
             NonZeroUsize::new(5).expect("5 is not zero"),

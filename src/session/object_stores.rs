@@ -25,6 +25,14 @@
 //! Every network store gets a connect timeout, a request timeout and a bounded
 //! retry budget ([`ObjectStoreLimits`]), so that an unreachable endpoint or a
 //! wrong credential ends in an error within seconds instead of a hang.
+//!
+//! # Plain HTTP
+//! `http://` URLs are refused, before any connection is made, with a Plan error
+//! that names the URL and the switch, unless the session allows them
+//! (`SessionBuilder::allow_http`, the CLI's `--allow-http`, or
+//! [`ALLOW_HTTP_ENV`]`=1`): bytes read over plain HTTP can be altered on the
+//! way. Allowing it also lets S3, GCS and Azure reach an `http://` endpoint
+//! (a local MinIO or moto) without their own `AWS_ALLOW_HTTP`-style variable.
 
 use std::fmt;
 use std::ops::Range;
@@ -51,6 +59,44 @@ use object_store::{
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use url::Url;
+
+/// The environment variable that allows plain `http://` object-store URLs
+/// when the session does not say (`1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off`).
+pub const ALLOW_HTTP_ENV: &str = "SQLFEED_ALLOW_HTTP";
+
+/// Whether [`ALLOW_HTTP_ENV`] allows plain HTTP; unset means no.
+pub fn allow_http_from_env() -> Result<bool> {
+    match std::env::var(ALLOW_HTTP_ENV) {
+        Ok(value) => parse_allow_http(&value),
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Err(std::env::VarError::NotUnicode(value)) => plan_err!(
+            "{ALLOW_HTTP_ENV}={value:?} is not valid UTF-8: set it to 1 to allow \
+             plain-HTTP object-store URLs or 0 to refuse them"
+        ),
+    }
+}
+
+/// Parses a value of [`ALLOW_HTTP_ENV`].
+fn parse_allow_http(value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        _ => plan_err!(
+            "{ALLOW_HTTP_ENV}='{value}' is not a boolean: set it to 1 (or true) to \
+             allow plain-HTTP object-store URLs, 0 (or false) to refuse them"
+        ),
+    }
+}
+
+/// The refusal of an `http://` URL in a session that does not allow it.
+fn http_refused(url: &Url) -> DataFusionError {
+    DataFusionError::Plan(format!(
+        "plain HTTP is refused for {url}: what is read over http:// can be altered \
+         on the way. Use https://, or allow plain HTTP with --allow-http (CLI), \
+         {ALLOW_HTTP_ENV}=1 (environment), sqlfeed.Session(allow_http=True) \
+         (Python) or SessionBuilder::allow_http(true) (Rust)"
+    ))
+}
 
 /// Timeouts and retries applied to every network object store.
 #[derive(Debug, Clone)]
@@ -158,6 +204,9 @@ pub struct LazyObjectStoreRegistry {
     stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
     /// Timeouts and retries for network stores.
     limits: ObjectStoreLimits,
+    /// Whether `http://` URLs (and plain-HTTP endpoints of S3, GCS, Azure)
+    /// are allowed; see the module docs.
+    allow_http: bool,
     /// Counters shared by all stores of this registry.
     io: Arc<IoCounters>,
 }
@@ -181,14 +230,32 @@ impl LazyObjectStoreRegistry {
         Self {
             stores: Mutex::new(HashMap::new()),
             limits,
+            allow_http: false,
             io,
         }
+    }
+
+    /// Allows (or refuses, the default) plain `http://` URLs; see the module docs.
+    pub fn with_allow_http(mut self, allow: bool) -> Self {
+        self.allow_http = allow;
+        self
+    }
+
+    /// Client settings of every network store: the limits, and plain HTTP if
+    /// allowed. Refusing adds nothing, so that a store's own variable
+    /// (`AWS_ALLOW_HTTP`) still applies.
+    fn client_settings(&self) -> Vec<(ClientConfigKey, String)> {
+        let mut settings = Vec::from(self.limits.client_settings());
+        if self.allow_http {
+            settings.push((ClientConfigKey::AllowHttp, "true".to_string()));
+        }
+        settings
     }
 
     fn build_store(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
         let host = url.host_str().unwrap_or_default();
         let retry = self.limits.retry_config();
-        let client = self.limits.client_settings();
+        let client = self.client_settings();
         let store: Arc<dyn ObjectStore> = match url.scheme() {
             "file" => Arc::new(LocalFileSystem::new()),
             "s3" | "s3a" => {
@@ -218,6 +285,8 @@ impl LazyObjectStoreRegistry {
                 }
                 Arc::new(builder.build().map_err(|e| store_error(url, e))?)
             }
+            // Before the builder, which would only say "builder error".
+            "http" if !self.allow_http => return Err(http_refused(url)),
             "http" | "https" => {
                 let base = &url[..url::Position::BeforePath];
                 let mut builder = HttpBuilder::new().with_url(base).with_retry(retry);
@@ -480,6 +549,57 @@ mod tests {
         let url = Url::parse("ftp://host/x.parquet").expect("static URL parses");
         let err = registry.get_store(&url).expect_err("ftp is not supported");
         assert!(err.to_string().contains("'ftp'"), "{err}");
+    }
+
+    #[test]
+    fn http_is_refused_by_default_naming_the_url_and_the_switches() {
+        let registry =
+            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default());
+        let url = Url::parse("http://127.0.0.1:8765/").expect("static URL parses");
+        let err = registry.get_store(&url).expect_err("plain HTTP is refused");
+        assert!(matches!(err, DataFusionError::Plan(_)), "{err:?}");
+        let message = err.to_string();
+        for part in [
+            "http://127.0.0.1:8765/",
+            "plain HTTP is refused",
+            "--allow-http",
+            "SQLFEED_ALLOW_HTTP=1",
+            "allow_http=True",
+            "SessionBuilder::allow_http(true)",
+        ] {
+            assert!(message.contains(part), "{part:?} missing from: {message}");
+        }
+    }
+
+    #[test]
+    fn http_and_https_build_when_allowed() -> Result<()> {
+        let registry =
+            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default())
+                .with_allow_http(true);
+        for url in ["http://127.0.0.1:8765/", "https://example.com/"] {
+            registry.get_store(&Url::parse(url).expect("static URL parses"))?;
+        }
+        // https needs no switch.
+        let refusing =
+            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default());
+        refusing.get_store(&Url::parse("https://example.com/").expect("static URL"))?;
+        Ok(())
+    }
+
+    #[test]
+    fn allow_http_values_parse_and_bad_ones_are_named() -> Result<()> {
+        for yes in ["1", "true", "TRUE", " yes ", "on"] {
+            assert!(parse_allow_http(yes)?, "{yes}");
+        }
+        for no in ["", "0", "false", "No", "off"] {
+            assert!(!parse_allow_http(no)?, "{no}");
+        }
+        let err = parse_allow_http("maybe").expect_err("not a boolean");
+        assert!(
+            err.to_string().contains("SQLFEED_ALLOW_HTTP='maybe'"),
+            "{err}"
+        );
+        Ok(())
     }
 
     #[tokio::test]

@@ -13,6 +13,9 @@
 //!   unshuffled order, per-epoch augmentations.
 //! * `feed`: training feeds: exact batches, shards, resume across processes,
 //!   tensor values, cancellation, bad input.
+//! * `http`: plain `http://` URLs refused by default, read with
+//!   `--allow-http` / `SQLFEED_ALLOW_HTTP` / `allow_http` from a ranged-GET
+//!   server on 127.0.0.1.
 //! * `repl`: the interactive shell through a pseudo-terminal.
 //! * `s3`: object-store queries against a real S3-compatible server (moto) on
 //!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
@@ -31,6 +34,7 @@ mod examples;
 mod feed;
 mod function_docs;
 mod globs;
+mod http;
 mod local_sql;
 mod repl;
 mod s3;
