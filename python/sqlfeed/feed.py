@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 FORMATS = ("torch", "numpy", "jax", "dlpack")
 
 #: Keys a column spec may have.
-COLUMN_KEYS = ("dtype", "shape", "scale", "offset", "pad_to", "pad_value", "fill_null")
+COLUMN_KEYS = ("dtype", "shape", "scale", "offset", "pad_to", "pad_value", "fill_null", "unit")
 
 #: Version of :meth:`Feed.state_dict`'s layout.
 STATE_VERSION = 1
@@ -90,6 +90,7 @@ def _columns(columns: Mapping[str, Mapping[str, Any]] | None) -> list[tuple]:
                 spec.get("pad_to"),
                 spec.get("pad_value"),
                 spec.get("fill_null"),
+                None if spec.get("unit") is None else str(spec["unit"]),
             )
         )
     return out

@@ -30,7 +30,7 @@ use crate::errors::{IntoPy, to_py};
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// How one column becomes a tensor, as the pure-Python layer passes it:
-/// `(name, dtype, shape, scale, offset, pad_to, pad_value, fill_null)`.
+/// `(name, dtype, shape, scale, offset, pad_to, pad_value, fill_null, unit)`.
 type ColumnOptions = (
     String,
     Option<String>,
@@ -40,10 +40,11 @@ type ColumnOptions = (
     Option<usize>,
     Option<f64>,
     Option<f64>,
+    Option<String>,
 );
 
 fn column_spec(options: &ColumnOptions) -> Result<(String, ColumnSpec)> {
-    let (name, dtype, shape, scale, offset, pad_to, pad_value, fill_null) = options;
+    let (name, dtype, shape, scale, offset, pad_to, pad_value, fill_null, unit) = options;
     let mut spec = ColumnSpec::new();
     if let Some(dtype) = dtype {
         spec = spec.dtype(dtype.parse::<DType>()?);
@@ -65,6 +66,9 @@ fn column_spec(options: &ColumnOptions) -> Result<(String, ColumnSpec)> {
     }
     if let Some(value) = fill_null {
         spec = spec.fill_null(*value);
+    }
+    if let Some(unit) = unit {
+        spec = spec.unit(ColumnSpec::parse_unit(unit, name)?);
     }
     Ok((name.clone(), spec))
 }

@@ -278,3 +278,47 @@ def test_the_gil_is_released_while_the_loop_waits_for_a_batch(session):
     # The other thread ran during most of the wait (1 ms sleeps).
     assert ticks > 0.3 * waited * 1000, f"{ticks} ticks in {waited:.2f} s"
     feed.close()
+
+
+def test_timestamp_dates_and_durations_feed_as_epoch_counts_or_float_seconds(session, tmp_path):
+    """Issue 35: int64 counts of the column's own unit by default (UTC epoch
+    time whatever the zone); ``unit`` converts, with the fraction in floats."""
+    np = require("numpy", "numpy")
+    pa = require("pyarrow", "arrow")
+    import pyarrow.parquet as pq
+
+    micros = [1_700_000_000_123_456, -1_500_001, 0, -1]
+    table = pa.table(
+        {
+            "t": pa.array(micros, pa.timestamp("us", tz="UTC")),
+            "tokyo": pa.array(micros, pa.timestamp("us", tz="Asia/Tokyo")),
+            "d": pa.array([19_675, -1, 0, 1], pa.date32()),
+            "dur": pa.array([1_500, -250, 0, 86_400_000], pa.duration("ms")),
+        }
+    )
+    pq.write_table(table, tmp_path / "time.parquet")
+    query = f"SELECT t, tokyo, d, dur, t AS secs, t AS t_ms FROM '{tmp_path}/time.parquet'"
+    feed = session.feed(
+        query,
+        batch_size=4,
+        device="cpu",
+        format="numpy",
+        columns={
+            "secs": {"dtype": "float64", "unit": "s"},
+            "t_ms": {"unit": "ms"},
+            "dur": {"dtype": "float64", "unit": "s"},
+        },
+    )
+    (batch,) = list(feed)
+    assert batch["t"].dtype == np.int64 and batch["t"].tolist() == micros
+    assert batch["tokyo"].tolist() == micros
+    assert batch["d"].dtype == np.int64 and batch["d"].tolist() == [19_675, -1, 0, 1]
+    assert batch["secs"].dtype == np.float64
+    assert batch["secs"].tolist() == [1_700_000_000.123456, -1.500001, 0.0, -0.000001]
+    assert batch["t_ms"].tolist() == [1_700_000_000_123, -1_501, 0, -1]  # floor
+    assert batch["dur"].dtype == np.float64
+    assert batch["dur"].tolist() == [1.5, -0.25, 0.0, 86_400.0]
+    with pytest.raises(sqlfeed.PlanError, match="column 'x'.*unit=s"):
+        next(iter(session.feed("SELECT 1 AS x", device="cpu", columns={"x": {"unit": "s"}})))
+    with pytest.raises(sqlfeed.PlanError, match="unit 'h' of column 't'"):
+        next(iter(session.feed(query, device="cpu", columns={"t": {"unit": "h"}})))

@@ -66,7 +66,9 @@ pub struct FeedArgs {
     #[arg(long, default_value_t = 0.0, value_name = "MS")]
     pub step_ms: f64,
     /// How a column becomes a tensor: NAME:dtype=float32,shape=3x32x32,
-    /// scale=1/255,offset=0,pad_to=128,pad_value=0,fill_null=0. Repeatable.
+    /// scale=1/255,offset=0,pad_to=128,pad_value=0,fill_null=0; timestamps,
+    /// dates and durations also unit=s|ms|us|ns (e.g. t:dtype=float64,unit=s
+    /// for epoch seconds with the fraction). Repeatable.
     #[arg(long = "tensor", value_name = "SPEC")]
     pub tensors: Vec<String>,
     /// Stop after this many batches.

@@ -132,6 +132,7 @@ struct ExportContext {
 pub(crate) fn dl_dtype(dtype: DType) -> DLDataType {
     let (code, bits) = match dtype {
         DType::Float32 => (2, 32),
+        DType::Float64 => (2, 64),
         DType::Float16 => (2, 16),
         DType::BFloat16 => (4, 16),
         DType::Int64 => (0, 64),

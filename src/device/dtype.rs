@@ -14,6 +14,9 @@ pub use half::{bf16, f16};
 pub enum DType {
     /// IEEE 754 single precision.
     Float32,
+    /// IEEE 754 double precision (e.g. epoch seconds, whose fraction float32
+    /// cannot hold).
+    Float64,
     /// IEEE 754 half precision.
     Float16,
     /// bfloat16 (8-bit exponent, 7-bit mantissa).
@@ -34,7 +37,7 @@ impl DType {
         match self {
             DType::Float32 | DType::Int32 => 4,
             DType::Float16 | DType::BFloat16 => 2,
-            DType::Int64 => 8,
+            DType::Int64 | DType::Float64 => 8,
             DType::UInt8 | DType::Bool => 1,
         }
     }
@@ -43,6 +46,7 @@ impl DType {
     pub fn name(self) -> &'static str {
         match self {
             DType::Float32 => "float32",
+            DType::Float64 => "float64",
             DType::Float16 => "float16",
             DType::BFloat16 => "bfloat16",
             DType::Int64 => "int64",
@@ -54,7 +58,10 @@ impl DType {
 
     /// Whether values of this type are floating point.
     pub fn is_float(self) -> bool {
-        matches!(self, DType::Float32 | DType::Float16 | DType::BFloat16)
+        matches!(
+            self,
+            DType::Float32 | DType::Float64 | DType::Float16 | DType::BFloat16
+        )
     }
 }
 
@@ -70,6 +77,7 @@ impl FromStr for DType {
     fn from_str(text: &str) -> Result<Self> {
         Ok(match text.trim().to_ascii_lowercase().as_str() {
             "float32" | "f32" | "float" => DType::Float32,
+            "float64" | "f64" | "double" => DType::Float64,
             "float16" | "f16" | "half" => DType::Float16,
             "bfloat16" | "bf16" => DType::BFloat16,
             "int64" | "i64" | "long" => DType::Int64,
@@ -79,7 +87,7 @@ impl FromStr for DType {
             other => {
                 return plan_err!(
                     "unknown tensor dtype '{other}': expected one of float32, \
-                     bfloat16, float16, int64, int32, uint8, bool"
+                     float64, bfloat16, float16, int64, int32, uint8, bool"
                 );
             }
         })
@@ -100,6 +108,10 @@ pub unsafe trait Element: Copy + Send + Sync + 'static {
 // SAFETY: primitive numeric types: no padding, every bit pattern is a value.
 unsafe impl Element for f32 {
     const DTYPES: &'static [DType] = &[DType::Float32];
+}
+// SAFETY: as above.
+unsafe impl Element for f64 {
+    const DTYPES: &'static [DType] = &[DType::Float64];
 }
 // SAFETY: as above.
 unsafe impl Element for i64 {
@@ -165,6 +177,7 @@ mod tests {
     fn dtype_names_round_trip() -> Result<()> {
         for dtype in [
             DType::Float32,
+            DType::Float64,
             DType::Float16,
             DType::BFloat16,
             DType::Int64,

@@ -11,16 +11,26 @@
 //! | the same with a declared `shape`               | `[B, …shape]`, every row must have exactly that many values | as the values |
 //! | `image_decode` struct (height, width, channels, pixels) | `[B, H, W, C]`             | uint8         |
 //! | `image_to_tensor` struct (channels, height, width, values) | `[B, C, H, W]`          | float32       |
+//! | `Timestamp` (any unit, any time zone), `Date32`, `Date64`, `Duration` | `[B]` (lists of them as lists of numbers) | int64 in the column's unit |
 //!
 //! A declared `shape` also reshapes fixed-size values (`FixedSizeBinary(3072)`
 //! → `[3, 32, 32]`) as long as the element count matches. `scale`/`offset`
 //! (`x * scale + offset`) apply to float outputs, so raw pixel bytes become
 //! `float32 / 255` in the same pass that writes the tensor.
+//!
+//! Timestamps become the UTC instant since the Unix epoch in the column's
+//! own unit (a time zone only says how to display the instant, so it does not
+//! change the number); `Date32` days since the epoch, `Date64` milliseconds,
+//! durations their unit. `unit` (`s`, `ms`, `us`, `ns`) converts: to a finer
+//! unit exactly (an overflow of int64 is an error naming the row and value),
+//! to a coarser one in int64 by floor division (towards negative infinity,
+//! so `-1 ms` is `-1 s`, as Python's `//`), and with a float dtype as the
+//! fractional value (`dtype=float64, unit=s`: seconds as a float).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, Field, Fields, Schema};
+use datafusion::arrow::datatypes::{DataType, Field, Fields, Schema, TimeUnit};
 use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 
@@ -54,6 +64,9 @@ pub struct ColumnSpec {
     pub pad_value: f64,
     /// Write this for NULL rows or values instead of failing.
     pub fill_null: Option<f64>,
+    /// For timestamp, date and duration columns: the unit of the tensor's
+    /// numbers (default: the column's own unit; see the module docs).
+    pub unit: Option<TimeUnit>,
 }
 
 impl ColumnSpec {
@@ -104,9 +117,46 @@ impl ColumnSpec {
         self
     }
 
+    /// Converts a timestamp, date or duration column to `unit`: exact to a
+    /// finer unit, floor division to a coarser one in int64, fractional with
+    /// a float dtype.
+    ///
+    /// ```
+    /// use datafusion::arrow::datatypes::TimeUnit;
+    /// use sqlfeed::device::DType;
+    /// use sqlfeed::feed::ColumnSpec;
+    /// // epoch seconds as float64, with the fraction
+    /// let t = ColumnSpec::new().dtype(DType::Float64).unit(TimeUnit::Second);
+    /// assert_eq!(ColumnSpec::parse_unit("s", "t")?, TimeUnit::Second);
+    /// # let _ = t;
+    /// # Ok::<(), datafusion::error::DataFusionError>(())
+    /// ```
+    pub fn unit(mut self, unit: TimeUnit) -> Self {
+        self.unit = Some(unit);
+        self
+    }
+
+    /// Parses a unit as the CLI and Python write it: `s`, `ms`, `us` (or
+    /// `µs`), `ns`; `column` names the column in the error.
+    pub fn parse_unit(text: &str, column: &str) -> Result<TimeUnit> {
+        Ok(match text.trim() {
+            "s" => TimeUnit::Second,
+            "ms" => TimeUnit::Millisecond,
+            "us" | "µs" => TimeUnit::Microsecond,
+            "ns" => TimeUnit::Nanosecond,
+            other => {
+                return plan_err!(
+                    "unit '{other}' of column '{column}' is not a tensor unit: expected s, \
+                     ms, us or ns (a Date32 column is days without a unit; \
+                     CAST(... AS DATE) in SQL makes days of a timestamp)"
+                );
+            }
+        })
+    }
+
     /// Parses the CLI form `name:key=value,key=value` (keys: `dtype`,
     /// `shape` as `3x32x32`, `scale` (a number or `1/255`), `offset`,
-    /// `pad_to`, `pad_value`, `fill_null`).
+    /// `pad_to`, `pad_value`, `fill_null`, `unit` (`s`, `ms`, `us`, `ns`)).
     pub fn parse_named(text: &str) -> Result<(String, ColumnSpec)> {
         let (name, options) = text.split_once(':').ok_or_else(|| {
             DataFusionError::Plan(format!(
@@ -141,10 +191,11 @@ impl ColumnSpec {
                 "pad_to" => spec.pad_to = Some(number(value)? as usize),
                 "pad_value" => spec.pad_value = number(value)?,
                 "fill_null" => spec.fill_null = Some(number(value)?),
+                "unit" => spec.unit = Some(Self::parse_unit(value, name.trim())?),
                 other => {
                     return plan_err!(
                         "unknown tensor option '{other}' for column '{name}': expected \
-                         dtype, shape, scale, offset, pad_to, pad_value or fill_null"
+                         dtype, shape, scale, offset, pad_to, pad_value, fill_null or unit"
                     );
                 }
             }
@@ -200,6 +251,29 @@ pub(crate) enum Padding {
     Exact(usize),
 }
 
+/// How a timestamp, date or duration count becomes a count of the tensor's
+/// unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rescale {
+    /// The same unit.
+    Keep,
+    /// To a finer unit: exact, or an overflow.
+    Multiply(i64),
+    /// To a coarser unit: floor division (the fraction, for float outputs).
+    Divide(i64),
+}
+
+/// The numbers of a timestamp, date or duration column.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Temporal {
+    /// From the column's unit to the tensor's.
+    pub(crate) rescale: Rescale,
+    /// The column's unit, for messages (`days`, `s`, `ms`, `us`, `ns`).
+    pub(crate) from: &'static str,
+    /// The tensor's unit, for messages.
+    pub(crate) to: &'static str,
+}
+
 /// The resolved plan for one tensor column.
 #[derive(Debug, Clone)]
 pub(crate) struct TensorColumn {
@@ -218,12 +292,16 @@ pub(crate) struct TensorColumn {
     pub(crate) sample_shape: Option<Vec<usize>>,
     /// Variable-length layout.
     pub(crate) padding: Padding,
-    /// `x * scale + offset` for float outputs.
-    pub(crate) affine: Option<(f32, f32)>,
+    /// `x * scale + offset` for float outputs (computed in f32 for the
+    /// 16- and 32-bit floats, in f64 for float64: epoch microseconds need
+    /// more than the 24 bits of an f32).
+    pub(crate) affine: Option<(f64, f64)>,
     /// Padding value.
     pub(crate) pad_value: f64,
     /// NULL replacement.
     pub(crate) fill_null: Option<f64>,
+    /// Set for timestamp, date and duration values.
+    pub(crate) temporal: Option<Temporal>,
 }
 
 /// Decides the tensor of every column of `schema`.
@@ -293,6 +371,90 @@ fn is_number(data_type: &DataType) -> bool {
         || matches!(data_type, DataType::Boolean)
 }
 
+const NANOS_PER_DAY: i64 = 86_400 * 1_000_000_000;
+
+/// Nanoseconds per unit.
+fn nanos(unit: TimeUnit) -> i64 {
+    match unit {
+        TimeUnit::Second => 1_000_000_000,
+        TimeUnit::Millisecond => 1_000_000,
+        TimeUnit::Microsecond => 1_000,
+        TimeUnit::Nanosecond => 1,
+    }
+}
+
+/// Nanoseconds per value of a timestamp, date or duration type; `None` for
+/// every other type.
+fn nanos_per_value(data_type: &DataType) -> Option<i64> {
+    match data_type {
+        DataType::Timestamp(unit, _) | DataType::Duration(unit) => Some(nanos(*unit)),
+        DataType::Date32 => Some(NANOS_PER_DAY),
+        DataType::Date64 => Some(nanos(TimeUnit::Millisecond)),
+        _ => None,
+    }
+}
+
+/// The name of the unit of `nanos` nanoseconds, for messages.
+fn unit_name(nanos: i64) -> &'static str {
+    match nanos {
+        NANOS_PER_DAY => "days",
+        1_000_000_000 => "s",
+        1_000_000 => "ms",
+        1_000 => "us",
+        _ => "ns",
+    }
+}
+
+/// Numbers, and the counts of timestamps, dates and durations.
+fn is_tensor_value(data_type: &DataType) -> bool {
+    is_number(data_type) || nanos_per_value(data_type).is_some()
+}
+
+/// How the values of `value_type` become numbers of `dtype`, or an error
+/// for a `unit` on a non-temporal column and for dtypes that cannot hold a
+/// count of time.
+fn temporal(
+    field: &Field,
+    value_type: &DataType,
+    dtype: DType,
+    spec: &ColumnSpec,
+) -> Result<Option<Temporal>> {
+    let Some(from) = nanos_per_value(value_type) else {
+        return match spec.unit {
+            Some(unit) => plan_err!(
+                "column '{}' holds {value_type} values, but unit={} applies only to \
+                 timestamp, date and duration columns; drop the unit for this column",
+                field.name(),
+                unit_name(nanos(unit))
+            ),
+            None => Ok(None),
+        };
+    };
+    if !matches!(
+        dtype,
+        DType::Int64 | DType::Int32 | DType::Float64 | DType::Float32
+    ) {
+        return plan_err!(
+            "column '{}' holds {value_type} values, which become int64 (the default), \
+             int32, float64 or float32 tensors, not {dtype}",
+            field.name()
+        );
+    }
+    let to = spec.unit.map(nanos).unwrap_or(from);
+    // Every unit's nanoseconds divide the coarser units' (days included),
+    // so the factor is exact.
+    let rescale = match from.cmp(&to) {
+        std::cmp::Ordering::Equal => Rescale::Keep,
+        std::cmp::Ordering::Greater => Rescale::Multiply(from / to),
+        std::cmp::Ordering::Less => Rescale::Divide(to / from),
+    };
+    Ok(Some(Temporal {
+        rescale,
+        from: unit_name(from),
+        to: unit_name(to),
+    }))
+}
+
 fn default_dtype(value_type: &DataType) -> DType {
     match value_type {
         DataType::Boolean => DType::Bool,
@@ -317,7 +479,7 @@ fn resolve_column(
     const HINT_TEXT: &str = "strings are not tensors; tokenize them (tokenize(...)) or \
                              encode them (hash_bucket, one_hot) in SQL";
     let (source, value_type, mut sample_shape) = match field.data_type() {
-        t if is_number(t) => (Source::Scalar, t.clone(), Some(vec![])),
+        t if is_tensor_value(t) => (Source::Scalar, t.clone(), Some(vec![])),
         DataType::FixedSizeList(..) => {
             let mut dims = vec![];
             let mut current = field.data_type();
@@ -325,7 +487,7 @@ fn resolve_column(
                 dims.push(usize::try_from(*size).unwrap_or(0));
                 current = child.data_type();
             }
-            if !is_number(current) {
+            if !is_tensor_value(current) {
                 return Err(unsupported(field, "its innermost values are not numbers"));
             }
             (
@@ -343,11 +505,12 @@ fn resolve_column(
             )
         }
         DataType::List(child) | DataType::LargeList(child) => {
-            if !is_number(child.data_type()) {
+            if !is_tensor_value(child.data_type()) {
                 return Err(unsupported(
                     field,
-                    "only lists of numbers become tensors (nested or ragged lists of \
-                     other types have no rectangular layout)",
+                    "only lists of numbers (or of timestamps, dates, durations) become \
+                     tensors (nested or ragged lists of other types have no rectangular \
+                     layout)",
                 ));
             }
             (Source::Variable, child.data_type().clone(), None)
@@ -409,9 +572,10 @@ fn resolve_column(
                     field.name()
                 );
             }
-            Some((scale.unwrap_or(1.0) as f32, offset.unwrap_or(0.0) as f32))
+            Some((scale.unwrap_or(1.0), offset.unwrap_or(0.0)))
         }
     };
+    let temporal = temporal(field, &value_type, dtype, spec)?;
     let mut padding = if source == Source::Variable {
         match spec.pad_to {
             Some(len) => Padding::To(len),
@@ -465,6 +629,7 @@ fn resolve_column(
         affine,
         pad_value: spec.pad_value,
         fill_null: spec.fill_null,
+        temporal,
     })
 }
 
@@ -524,7 +689,16 @@ mod tests {
                 "strings are not tensors",
             ),
             (Field::new("nested", nested, true), "only lists of numbers"),
-            (Field::new("d", DataType::Date32, true), "no tensor layout"),
+            (
+                Field::new(
+                    "i",
+                    DataType::Interval(
+                        datafusion::arrow::datatypes::IntervalUnit::MonthDayNano,
+                    ),
+                    true,
+                ),
+                "no tensor layout",
+            ),
         ] {
             let name = field.name().clone();
             let err = resolve(&schema(vec![field]), &[]).unwrap_err().to_string();
@@ -558,6 +732,167 @@ mod tests {
         assert!(ColumnSpec::parse_named("image").is_err());
         assert!(ColumnSpec::parse_named("image:colour=red").is_err());
         assert!(ColumnSpec::parse_named("image:scale=1/0").is_err());
+        let (name, spec) = ColumnSpec::parse_named("t:dtype=float64,unit=s")?;
+        assert_eq!(name, "t");
+        assert_eq!(
+            spec,
+            ColumnSpec::new()
+                .dtype(DType::Float64)
+                .unit(TimeUnit::Second)
+        );
+        for (text, unit) in [
+            ("s", TimeUnit::Second),
+            ("ms", TimeUnit::Millisecond),
+            ("us", TimeUnit::Microsecond),
+            ("µs", TimeUnit::Microsecond),
+            ("ns", TimeUnit::Nanosecond),
+        ] {
+            assert_eq!(
+                ColumnSpec::parse_named(&format!("t:unit={text}"))?.1.unit,
+                Some(unit)
+            );
+        }
+        let err = ColumnSpec::parse_named("t:unit=d").unwrap_err().to_string();
+        assert!(
+            err.contains("unit 'd' of column 't'") && err.contains("s, ms, us or ns"),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn temporal_columns_resolve_to_int64_counts_of_their_unit() -> Result<()> {
+        let list = |t: DataType| DataType::List(Arc::new(Field::new_list_field(t, true)));
+        let utc = Some(Arc::from("UTC"));
+        let s = schema(vec![
+            Field::new("ts", DataType::Timestamp(TimeUnit::Second, None), true),
+            Field::new(
+                "tms",
+                DataType::Timestamp(TimeUnit::Millisecond, utc.clone()),
+                true,
+            ),
+            Field::new("tus", DataType::Timestamp(TimeUnit::Microsecond, utc), true),
+            Field::new("tns", DataType::Timestamp(TimeUnit::Nanosecond, None), true),
+            Field::new("d32", DataType::Date32, true),
+            Field::new("d64", DataType::Date64, true),
+            Field::new("ds", DataType::Duration(TimeUnit::Second), true),
+            Field::new("dms", DataType::Duration(TimeUnit::Millisecond), true),
+            Field::new("dus", DataType::Duration(TimeUnit::Microsecond), true),
+            Field::new("dns", DataType::Duration(TimeUnit::Nanosecond), true),
+            Field::new(
+                "events",
+                list(DataType::Timestamp(TimeUnit::Millisecond, None)),
+                true,
+            ),
+        ]);
+        let columns = resolve(&s, &[])?;
+        let own: Vec<_> = columns
+            .iter()
+            .map(|c| (c.dtype, c.temporal.map(|t| (t.rescale, t.from, t.to))))
+            .collect();
+        let keep = |unit| (DType::Int64, Some((Rescale::Keep, unit, unit)));
+        assert_eq!(
+            own,
+            [
+                keep("s"),
+                keep("ms"),
+                keep("us"),
+                keep("ns"),
+                keep("days"),
+                keep("ms"),
+                keep("s"),
+                keep("ms"),
+                keep("us"),
+                keep("ns"),
+                keep("ms"),
+            ]
+        );
+        assert_eq!(columns[10].padding, Padding::BatchMax);
+        let to = |unit: TimeUnit| {
+            let specs: Vec<(String, ColumnSpec)> = s
+                .fields()
+                .iter()
+                .map(|f| (f.name().clone(), ColumnSpec::new().unit(unit)))
+                .collect();
+            resolve(&s, &specs).map(|columns| {
+                columns
+                    .iter()
+                    .map(|c| c.temporal.map(|t| t.rescale))
+                    .collect::<Vec<_>>()
+            })
+        };
+        use Rescale::{Divide, Keep, Multiply};
+        assert_eq!(
+            to(TimeUnit::Second)?,
+            [
+                Keep,
+                Divide(1_000),
+                Divide(1_000_000),
+                Divide(1_000_000_000),
+                Multiply(86_400),
+                Divide(1_000),
+                Keep,
+                Divide(1_000),
+                Divide(1_000_000),
+                Divide(1_000_000_000),
+                Divide(1_000),
+            ]
+            .map(Some)
+        );
+        assert_eq!(
+            to(TimeUnit::Nanosecond)?,
+            [
+                Multiply(1_000_000_000),
+                Multiply(1_000_000),
+                Multiply(1_000),
+                Keep,
+                Multiply(86_400_000_000_000),
+                Multiply(1_000_000),
+                Multiply(1_000_000_000),
+                Multiply(1_000_000),
+                Multiply(1_000),
+                Keep,
+                Multiply(1_000_000),
+            ]
+            .map(Some)
+        );
+        let one = |field: Field, spec: ColumnSpec| {
+            let name = field.name().clone();
+            resolve(&schema(vec![field]), &[(name, spec)])
+        };
+        let ts =
+            || Field::new("t", DataType::Timestamp(TimeUnit::Microsecond, None), true);
+        let float = one(
+            ts(),
+            ColumnSpec::new()
+                .dtype(DType::Float64)
+                .unit(TimeUnit::Second),
+        )?;
+        assert_eq!(float[0].dtype, DType::Float64);
+        assert_eq!(
+            float[0].temporal.map(|t| t.rescale),
+            Some(Divide(1_000_000))
+        );
+        for dtype in [DType::Bool, DType::UInt8, DType::Float16, DType::BFloat16] {
+            let err = one(ts(), ColumnSpec::new().dtype(dtype))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("column 't'") && err.contains(&format!("not {dtype}")),
+                "{err}"
+            );
+        }
+        let err = one(
+            Field::new("x", DataType::Int64, false),
+            ColumnSpec::new().unit(TimeUnit::Second),
+        )
+        .unwrap_err();
+        assert!(matches!(err, DataFusionError::Plan(_)), "{err}");
+        let err = err.to_string();
+        assert!(
+            err.contains("column 'x'") && err.contains("unit=s") && err.contains("Int64"),
+            "{err}"
+        );
         Ok(())
     }
 }

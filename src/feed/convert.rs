@@ -1,20 +1,24 @@
 //! Writes the rows of one batch (slices of record batches) straight into a
 //! slot's tensor buffers: one pass per column, converting element types,
 //! applying `x * scale + offset`, padding and masks as it goes, with no
-//! intermediate Arrow arrays.
+//! intermediate Arrow arrays. Timestamps, dates and durations are their
+//! counts, rescaled to the column's `unit` on the way (see `columns`).
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, GenericBinaryArray, GenericListArray,
     OffsetSizeTrait, PrimitiveArray, RecordBatch, StructArray,
 };
 use datafusion::arrow::datatypes::{
-    DataType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
-    Int64Type, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    DataType, Date32Type, Date64Type, DurationMicrosecondType, DurationMillisecondType,
+    DurationNanosecondType, DurationSecondType, Float16Type, Float32Type, Float64Type,
+    Int8Type, Int16Type, Int32Type, Int64Type, TimeUnit, TimestampMicrosecondType,
+    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type,
+    UInt16Type, UInt32Type, UInt64Type,
 };
 use datafusion::common::{exec_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 
-use super::columns::{Padding, Source, TensorColumn};
+use super::columns::{Padding, Rescale, Source, Temporal, TensorColumn};
 use crate::device::TensorLayout;
 use crate::device::{DType, Slot, SlotPool, bf16, cast_slice_mut, f16, u8_to_f32_affine};
 
@@ -443,6 +447,7 @@ impl ColumnWriter<'_> {
         if self.column.dtype == DType::Float32 {
             // Pixels to float32: the hot path, vectorised in `device`.
             let (scale, offset) = self.column.affine.unwrap_or((1.0, 0.0));
+            let (scale, offset) = (scale as f32, offset as f32);
             u8_to_f32_affine(bytes, cast_slice_mut::<f32>(out)?, scale, offset);
             return Ok(());
         }
@@ -474,10 +479,19 @@ impl ColumnWriter<'_> {
                 write_native(&array.values()[start..start + len], out, dtype, affine)
             }};
         }
+        macro_rules! temporal {
+            ($t:ty) => {{
+                let array: &PrimitiveArray<$t> = values.as_primitive();
+                self.convert_temporal(array, start, len, out, row)?;
+                Ok(())
+            }};
+        }
+        use TimeUnit::{Microsecond, Millisecond, Nanosecond, Second};
         let result = match values.data_type() {
             DataType::UInt8 if dtype == DType::Float32 => {
                 let array: &PrimitiveArray<UInt8Type> = values.as_primitive();
                 let (scale, offset) = affine.unwrap_or((1.0, 0.0));
+                let (scale, offset) = (scale as f32, offset as f32);
                 let src = &array.values()[start..start + len];
                 u8_to_f32_affine(src, cast_slice_mut::<f32>(out)?, scale, offset);
                 Ok(())
@@ -493,6 +507,16 @@ impl ColumnWriter<'_> {
             DataType::Float16 => primitive!(Float16Type),
             DataType::Float32 => primitive!(Float32Type),
             DataType::Float64 => primitive!(Float64Type),
+            DataType::Date32 => temporal!(Date32Type),
+            DataType::Date64 => temporal!(Date64Type),
+            DataType::Timestamp(Second, _) => temporal!(TimestampSecondType),
+            DataType::Timestamp(Millisecond, _) => temporal!(TimestampMillisecondType),
+            DataType::Timestamp(Microsecond, _) => temporal!(TimestampMicrosecondType),
+            DataType::Timestamp(Nanosecond, _) => temporal!(TimestampNanosecondType),
+            DataType::Duration(Second) => temporal!(DurationSecondType),
+            DataType::Duration(Millisecond) => temporal!(DurationMillisecondType),
+            DataType::Duration(Microsecond) => temporal!(DurationMicrosecondType),
+            DataType::Duration(Nanosecond) => temporal!(DurationNanosecondType),
             DataType::Boolean => {
                 let array: &BooleanArray = values.as_boolean();
                 let bits: Vec<u8> = (start..start + len)
@@ -530,9 +554,141 @@ impl ColumnWriter<'_> {
     }
 }
 
+impl ColumnWriter<'_> {
+    /// Converts `len` timestamp, date or duration counts from `start`,
+    /// rescaled to the column's unit. NULL slots (whose counts are
+    /// undefined, so they must not fail a rescale) are written as 0 here and
+    /// filled, or refused, by the caller. `row` is the batch row of the first
+    /// value, for messages.
+    fn convert_temporal<T>(
+        &self,
+        array: &PrimitiveArray<T>,
+        start: usize,
+        len: usize,
+        out: &mut [u8],
+        row: usize,
+    ) -> Result<()>
+    where
+        T: datafusion::arrow::datatypes::ArrowPrimitiveType,
+        T::Native: Into<i64>,
+    {
+        let Some(plan) = self.column.temporal else {
+            return internal_err!(
+                "column '{}' got {} values without a temporal plan",
+                self.column.name,
+                array.data_type()
+            );
+        };
+        let values = &array.values()[start..start + len];
+        let valid = |i: usize| array.is_valid(start + i);
+        let per_row = self.width.max(1);
+        let fail = |i: usize, what: String| self.error(row + i / per_row, what);
+        match self.column.dtype {
+            DType::Int64 => {
+                let dst = cast_slice_mut::<i64>(out)?;
+                for (i, (d, &v)) in dst.iter_mut().zip(values).enumerate() {
+                    let v: i64 = v.into();
+                    *d = if valid(i) {
+                        rescale_int(v, plan.rescale)
+                            .ok_or_else(|| fail(i, overflow(v, &plan, DType::Int64)))?
+                    } else {
+                        0
+                    };
+                }
+            }
+            DType::Int32 => {
+                let dst = cast_slice_mut::<i32>(out)?;
+                for (i, (d, &v)) in dst.iter_mut().zip(values).enumerate() {
+                    let v: i64 = v.into();
+                    *d = if valid(i) {
+                        rescale_int(v, plan.rescale)
+                            .and_then(|x| i32::try_from(x).ok())
+                            .ok_or_else(|| fail(i, overflow(v, &plan, DType::Int32)))?
+                    } else {
+                        0
+                    };
+                }
+            }
+            DType::Float64 => {
+                let dst = cast_slice_mut::<f64>(out)?;
+                for (d, &v) in dst.iter_mut().zip(values) {
+                    *d = rescale_float(v.into(), &plan, self.column.affine);
+                }
+            }
+            DType::Float32 => {
+                let dst = cast_slice_mut::<f32>(out)?;
+                for (d, &v) in dst.iter_mut().zip(values) {
+                    *d = rescale_float(v.into(), &plan, self.column.affine) as f32;
+                }
+            }
+            other => {
+                return internal_err!(
+                    "column '{}': temporal values planned into {other}",
+                    self.column.name
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `value` in the tensor's unit as an integer: exact to a finer unit
+/// (`None` on overflow), floor division to a coarser one.
+fn rescale_int(value: i64, rescale: Rescale) -> Option<i64> {
+    match rescale {
+        Rescale::Keep => Some(value),
+        Rescale::Multiply(factor) => value.checked_mul(factor),
+        // `div_euclid` by a positive divisor is the floor.
+        Rescale::Divide(divisor) => Some(value.div_euclid(divisor)),
+    }
+}
+
+/// Integers up to this magnitude are exact in an f64.
+const EXACT_IN_F64: u64 = 1 << f64::MANTISSA_DIGITS;
+
+/// `value` in the tensor's unit as a float, with the fraction, then
+/// `x * scale + offset`.
+fn rescale_float(value: i64, plan: &Temporal, affine: Option<(f64, f64)>) -> f64 {
+    let x = match plan.rescale {
+        Rescale::Keep => value as f64,
+        Rescale::Multiply(factor) => value as f64 * factor as f64,
+        // One correctly rounded division while the count is exact in f64.
+        Rescale::Divide(divisor) if value.unsigned_abs() <= EXACT_IN_F64 => {
+            value as f64 / divisor as f64
+        }
+        // Epoch nanoseconds are past 2^53: whole units and the remainder
+        // (same sign, so nothing cancels) separately, so that the count's
+        // own rounding does not reach the result.
+        Rescale::Divide(divisor) => {
+            (value / divisor) as f64 + (value % divisor) as f64 / divisor as f64
+        }
+    };
+    match affine {
+        Some((scale, offset)) => x * scale + offset,
+        None => x,
+    }
+}
+
+/// The message for a count that does not fit `dtype` in the tensor's unit.
+fn overflow(value: i64, plan: &Temporal, dtype: DType) -> String {
+    let fix = match dtype {
+        DType::Int32 => "use dtype=int64 or a coarser unit",
+        _ => "choose a coarser unit",
+    };
+    let (from, to) = (plan.from, plan.to);
+    match rescale_int(value, plan.rescale) {
+        None => format!("value {value} {from} is more {to} than {dtype} can hold; {fix}"),
+        Some(converted) if from != to => format!(
+            "value {value} {from} is {converted} {to}, which does not fit {dtype}; {fix}"
+        ),
+        Some(_) => format!("value {value} {from} does not fit {dtype}; {fix}"),
+    }
+}
+
 /// A number that can become any tensor element.
 trait Number: Copy {
     fn to_f32(self) -> f32;
+    fn to_f64(self) -> f64;
     /// `None` for non-integral values.
     fn to_i64(self) -> Option<i64>;
     fn is_nonzero(self) -> bool;
@@ -543,6 +699,8 @@ macro_rules! integer {
         impl Number for $t {
             #[inline(always)]
             fn to_f32(self) -> f32 { self as f32 }
+            #[inline(always)]
+            fn to_f64(self) -> f64 { self as f64 }
             #[inline(always)]
             fn to_i64(self) -> Option<i64> { i64::try_from(self).ok() }
             #[inline(always)]
@@ -557,6 +715,10 @@ impl Number for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
     fn to_i64(self) -> Option<i64> {
         None
     }
@@ -570,6 +732,10 @@ impl Number for f64 {
     fn to_f32(self) -> f32 {
         self as f32
     }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
     fn to_i64(self) -> Option<i64> {
         None
     }
@@ -582,6 +748,10 @@ impl Number for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f32::from(self)
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
     }
     fn to_i64(self) -> Option<i64> {
         None
@@ -598,13 +768,15 @@ fn write_native<S: Number + std::fmt::Debug>(
     src: &[S],
     dst: &mut [u8],
     dtype: DType,
-    affine: Option<(f32, f32)>,
+    affine: Option<(f64, f64)>,
 ) -> std::result::Result<(), (usize, String)> {
     let internal = |e: DataFusionError| (0, e.to_string());
+    // The 16- and 32-bit floats are computed in f32 (the vectorised path).
+    let affine32 = affine.map(|(scale, offset)| (scale as f32, offset as f32));
     match dtype {
         DType::Float32 => {
             let dst = cast_slice_mut::<f32>(dst).map_err(internal)?;
-            match affine {
+            match affine32 {
                 // Separate loops so that the compiler vectorises each.
                 Some((scale, offset)) => {
                     for (d, s) in dst.iter_mut().zip(src) {
@@ -618,16 +790,23 @@ fn write_native<S: Number + std::fmt::Debug>(
                 }
             }
         }
+        DType::Float64 => {
+            let dst = cast_slice_mut::<f64>(dst).map_err(internal)?;
+            let (scale, offset) = affine.unwrap_or((1.0, 0.0));
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s.to_f64() * scale + offset;
+            }
+        }
         DType::Float16 => {
             let dst = cast_slice_mut::<f16>(dst).map_err(internal)?;
-            let (scale, offset) = affine.unwrap_or((1.0, 0.0));
+            let (scale, offset) = affine32.unwrap_or((1.0, 0.0));
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = f16::from_f32(s.to_f32() * scale + offset);
             }
         }
         DType::BFloat16 => {
             let dst = cast_slice_mut::<bf16>(dst).map_err(internal)?;
-            let (scale, offset) = affine.unwrap_or((1.0, 0.0));
+            let (scale, offset) = affine32.unwrap_or((1.0, 0.0));
             for (d, s) in dst.iter_mut().zip(src) {
                 *d = bf16::from_f32(s.to_f32() * scale + offset);
             }
@@ -668,6 +847,7 @@ fn write_native<S: Number + std::fmt::Debug>(
 fn write_repeated(dst: &mut [u8], dtype: DType, value: f64) -> Result<()> {
     match dtype {
         DType::Float32 => cast_slice_mut::<f32>(dst)?.fill(value as f32),
+        DType::Float64 => cast_slice_mut::<f64>(dst)?.fill(value),
         DType::Float16 => cast_slice_mut::<f16>(dst)?.fill(f16::from_f64(value)),
         DType::BFloat16 => cast_slice_mut::<bf16>(dst)?.fill(bf16::from_f64(value)),
         DType::Int64 => cast_slice_mut::<i64>(dst)?.fill(value as i64),
@@ -676,4 +856,343 @@ fn write_repeated(dst: &mut [u8], dtype: DType, value: f64) -> Result<()> {
         DType::Bool => dst.fill(u8::from(value != 0.0)),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{
+        Date32Array, Date64Array, DurationMicrosecondArray, DurationMillisecondArray,
+        DurationNanosecondArray, DurationSecondArray, ListArray,
+        TimestampMicrosecondArray, TimestampMillisecondArray, TimestampNanosecondArray,
+        TimestampSecondArray,
+    };
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    use super::*;
+    use crate::device::Backend;
+    use crate::feed::ColumnSpec;
+    use crate::feed::columns::resolve;
+
+    /// The bytes of every tensor of one batch of `array` as column `t`.
+    async fn tensors(array: ArrayRef, spec: ColumnSpec) -> Result<Vec<Vec<u8>>> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "t",
+            array.data_type().clone(),
+            true,
+        )]));
+        let columns = resolve(&schema, &[("t".to_string(), spec)])?;
+        let rows = array.len();
+        let batch = RecordBatch::try_new(schema, vec![array])?;
+        let rows = BatchRows {
+            pieces: vec![batch.slice(0, 1), batch.slice(1, rows - 1)],
+            rows,
+            epoch: 0,
+            step: 0,
+        };
+        let mut pool = SlotPool::new(Backend::Cpu, 1);
+        let mut slot = pool.acquire().await?;
+        fill_slot(&columns, &rows, &mut pool, &mut slot)?;
+        let count =
+            columns.len() + columns.iter().filter(|c| c.mask_name.is_some()).count();
+        (0..count).map(|i| Ok(slot.host_mut(i)?.to_vec())).collect()
+    }
+
+    async fn int64s(array: ArrayRef, spec: ColumnSpec) -> Result<Vec<i64>> {
+        let bytes = tensors(array, spec).await?;
+        Ok(bytes[0]
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect())
+    }
+
+    async fn float64s(array: ArrayRef, spec: ColumnSpec) -> Result<Vec<f64>> {
+        let bytes = tensors(array, spec).await?;
+        Ok(bytes[0]
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect())
+    }
+
+    async fn error(array: ArrayRef, spec: ColumnSpec) -> String {
+        match tensors(array, spec).await {
+            Ok(bytes) => panic!("expected an error, got {bytes:?}"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    const VALUES: [i64; 4] = [0, 1_700_000_000_123, -1, -1_500];
+
+    /// Every temporal type by default: its own counts, as int64, whatever
+    /// the time zone.
+    #[tokio::test]
+    async fn temporal_columns_default_to_int64_counts_in_their_own_unit() -> Result<()> {
+        let arrays: Vec<ArrayRef> = vec![
+            Arc::new(TimestampSecondArray::from(VALUES.to_vec())),
+            Arc::new(
+                TimestampMillisecondArray::from(VALUES.to_vec()).with_timezone("UTC"),
+            ),
+            Arc::new(
+                TimestampMicrosecondArray::from(VALUES.to_vec())
+                    .with_timezone("America/New_York"),
+            ),
+            Arc::new(
+                TimestampNanosecondArray::from(VALUES.to_vec()).with_timezone("+05:30"),
+            ),
+            Arc::new(Date64Array::from(VALUES.to_vec())),
+            Arc::new(DurationSecondArray::from(VALUES.to_vec())),
+            Arc::new(DurationMillisecondArray::from(VALUES.to_vec())),
+            Arc::new(DurationMicrosecondArray::from(VALUES.to_vec())),
+            Arc::new(DurationNanosecondArray::from(VALUES.to_vec())),
+        ];
+        for array in arrays {
+            let data_type = array.data_type().clone();
+            assert_eq!(
+                int64s(array, ColumnSpec::new()).await?,
+                VALUES,
+                "{data_type}"
+            );
+        }
+        let days = Date32Array::from(vec![0, 19_700, -1, i32::MIN]);
+        assert_eq!(
+            int64s(Arc::new(days), ColumnSpec::new()).await?,
+            [0, 19_700, -1, i64::from(i32::MIN)]
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn finer_units_are_exact_and_coarser_ones_floor() -> Result<()> {
+        let micros = || -> ArrayRef {
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![
+                    1_500_000, 2_999_999, -1, -1_000_001,
+                ])
+                .with_timezone("UTC"),
+            )
+        };
+        let spec = |unit| ColumnSpec::new().unit(unit);
+        assert_eq!(
+            int64s(micros(), spec(TimeUnit::Second)).await?,
+            [1, 2, -1, -2],
+            "floor division, towards negative infinity"
+        );
+        assert_eq!(
+            int64s(micros(), spec(TimeUnit::Millisecond)).await?,
+            [1_500, 2_999, -1, -1_001]
+        );
+        assert_eq!(
+            int64s(micros(), spec(TimeUnit::Microsecond)).await?,
+            [1_500_000, 2_999_999, -1, -1_000_001]
+        );
+        assert_eq!(
+            int64s(micros(), spec(TimeUnit::Nanosecond)).await?,
+            [1_500_000_000, 2_999_999_000, -1_000, -1_000_001_000]
+        );
+        let days: ArrayRef = Arc::new(Date32Array::from(vec![1, -1, 19_700, 0]));
+        assert_eq!(
+            int64s(Arc::clone(&days), spec(TimeUnit::Second)).await?,
+            [86_400, -86_400, 19_700 * 86_400, 0]
+        );
+        assert_eq!(
+            int64s(days, spec(TimeUnit::Nanosecond)).await?,
+            [
+                86_400_000_000_000,
+                -86_400_000_000_000,
+                19_700 * 86_400_000_000_000,
+                0
+            ]
+        );
+        let date64: ArrayRef = Arc::new(Date64Array::from(vec![86_400_000, -1, 0, 1]));
+        assert_eq!(
+            int64s(date64, spec(TimeUnit::Second)).await?,
+            [86_400, -1, 0, 0]
+        );
+        let duration: ArrayRef =
+            Arc::new(DurationNanosecondArray::from(vec![1_999_999_999, -1, 0, 5]));
+        assert_eq!(
+            int64s(duration, spec(TimeUnit::Second)).await?,
+            [1, -1, 0, 0]
+        );
+        let seconds: ArrayRef = Arc::new(DurationSecondArray::from(vec![1, -2, 3, 0]));
+        assert_eq!(
+            int64s(seconds, spec(TimeUnit::Millisecond)).await?,
+            [1_000, -2_000, 3_000, 0]
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn float_dtypes_hold_the_fraction() -> Result<()> {
+        let micros: ArrayRef = Arc::new(
+            TimestampMicrosecondArray::from(vec![
+                1_500_000,
+                -1,
+                1_700_000_000_123_456,
+                0,
+            ])
+            .with_timezone("UTC"),
+        );
+        let seconds = float64s(
+            Arc::clone(&micros),
+            ColumnSpec::new()
+                .dtype(DType::Float64)
+                .unit(TimeUnit::Second),
+        )
+        .await?;
+        assert_eq!(seconds, [1.5, -0.000_001, 1_700_000_000.123_456, 0.0]);
+        // Without a unit: the column's own unit, as floats.
+        let own = float64s(Arc::clone(&micros), ColumnSpec::new().dtype(DType::Float64))
+            .await?;
+        assert_eq!(own, [1_500_000.0, -1.0, 1_700_000_000_123_456.0, 0.0]);
+        // Epoch nanoseconds above 2^53 to float seconds: whole seconds and
+        // the fraction separately, so only the result rounds.
+        let nanos: ArrayRef = Arc::new(TimestampNanosecondArray::from(vec![
+            1_700_000_000_123_456_789,
+            -1,
+            0,
+            1,
+        ]));
+        let seconds = float64s(
+            nanos,
+            ColumnSpec::new()
+                .dtype(DType::Float64)
+                .unit(TimeUnit::Second),
+        )
+        .await?;
+        assert_eq!(seconds, [1_700_000_000.123_456_7, -1e-9, 0.0, 1e-9]);
+        // scale/offset apply in f64 (an f32 offset would be 1_700_000_000).
+        let shifted = float64s(
+            Arc::new(TimestampSecondArray::from(vec![
+                1_700_000_001,
+                1_700_000_002,
+                1_700_000_000,
+                1_700_000_003,
+            ])),
+            ColumnSpec::new()
+                .dtype(DType::Float64)
+                .scale(2.0)
+                .offset(-3_400_000_001.0),
+        )
+        .await?;
+        assert_eq!(shifted, [1.0, 3.0, -1.0, 5.0]);
+        let bytes = tensors(
+            Arc::new(Date32Array::from(vec![1, 2, 3, -1])),
+            ColumnSpec::new()
+                .dtype(DType::Float32)
+                .unit(TimeUnit::Millisecond),
+        )
+        .await?;
+        let values: Vec<f32> = bytes[0]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        assert_eq!(
+            values,
+            [86_400_000.0, 172_800_000.0, 259_200_000.0, -86_400_000.0]
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn counts_that_overflow_name_the_column_row_and_value() -> Result<()> {
+        // 10^10 s is the year 2286: past int64 nanoseconds (2262).
+        let seconds: ArrayRef =
+            Arc::new(TimestampSecondArray::from(vec![0, 1, 10_000_000_000, 2]));
+        let err = error(
+            Arc::clone(&seconds),
+            ColumnSpec::new().unit(TimeUnit::Nanosecond),
+        )
+        .await;
+        assert!(
+            err.contains("column 't', row 2")
+                && err.contains("10000000000 s")
+                && err.contains("int64")
+                && err.contains("coarser unit"),
+            "{err}"
+        );
+        let err = error(
+            Arc::clone(&seconds),
+            ColumnSpec::new()
+                .dtype(DType::Int32)
+                .unit(TimeUnit::Millisecond),
+        )
+        .await;
+        assert!(
+            err.contains("column 't', row 2")
+                && err.contains("value 10000000000 s is 10000000000000 ms")
+                && err.contains("int32")
+                && err.contains("dtype=int64"),
+            "{err}"
+        );
+        let err = error(seconds, ColumnSpec::new().dtype(DType::Int32)).await;
+        assert!(
+            err.contains("column 't', row 2")
+                && err.contains("value 10000000000 s does not fit int32"),
+            "{err}"
+        );
+        // In range: int32 days.
+        let days = tensors(
+            Arc::new(Date32Array::from(vec![1, -1, 19_700, 0])),
+            ColumnSpec::new().dtype(DType::Int32),
+        )
+        .await?;
+        let days: Vec<i32> = days[0]
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        assert_eq!(days, [1, -1, 19_700, 0]);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn null_timestamps_follow_fill_null() -> Result<()> {
+        // The NULL slot holds a count that would overflow a rescale: it
+        // must be filled (or refused as NULL), never reported as a value.
+        let array = || -> ArrayRef {
+            let values = TimestampSecondArray::from(vec![1, i64::MAX, 3, 4]);
+            let nulls = vec![true, false, true, true].into();
+            Arc::new(
+                TimestampSecondArray::new(values.values().clone(), Some(nulls))
+                    .with_timezone("UTC"),
+            )
+        };
+        let spec = || ColumnSpec::new().unit(TimeUnit::Millisecond);
+        let err = error(array(), spec()).await;
+        assert!(
+            err.contains("column 't', row 1") && err.contains("fill_null"),
+            "{err}"
+        );
+        assert_eq!(
+            int64s(array(), spec().fill_null(-1.0)).await?,
+            [1_000, -1, 3_000, 4_000]
+        );
+        let seconds =
+            float64s(array(), spec().dtype(DType::Float64).fill_null(f64::NAN)).await?;
+        assert_eq!(seconds[0], 1_000.0);
+        assert!(seconds[1].is_nan());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn lists_of_timestamps_pad_like_lists_of_numbers() -> Result<()> {
+        let values =
+            TimestampMillisecondArray::from(vec![1_000, 2_500, -1, 7_000, 9_999]);
+        let field = Arc::new(Field::new_list_field(values.data_type().clone(), true));
+        let offsets = datafusion::arrow::buffer::OffsetBuffer::from_lengths([2, 0, 1, 2]);
+        let list = ListArray::try_new(field, offsets, Arc::new(values), None)?;
+        let bytes = tensors(
+            Arc::new(list),
+            ColumnSpec::new().unit(TimeUnit::Second).pad_value(-9.0),
+        )
+        .await?;
+        let ids: Vec<i64> = bytes[0]
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        assert_eq!(ids, [1, 2, -9, -9, -1, -9, 7, 9]);
+        assert_eq!(bytes[1], [1, 1, 0, 0, 1, 0, 1, 1], "the mask");
+        Ok(())
+    }
 }

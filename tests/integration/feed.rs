@@ -791,3 +791,190 @@ fn images_of_different_shapes_in_one_batch_name_the_row_and_the_fix() -> Result<
     );
     Ok(())
 }
+
+/// Four rows of a Timestamp(µs, UTC) column `t` (the same instants in
+/// Tokyo time as `tokyo`), a Date32 `d` and a Duration(ms) `dur`, as
+/// `<dir>/time.parquet`.
+fn time_file(dir: &Path) -> Result<String> {
+    use datafusion::arrow::array::{
+        Date32Array, DurationMillisecondArray, TimestampMicrosecondArray,
+    };
+    let micros = vec![1_700_000_000_123_456, -1_500_001, 0, -1];
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "t",
+            arc(TimestampMicrosecondArray::from(micros.clone()).with_timezone("UTC")),
+        ),
+        (
+            "tokyo",
+            arc(TimestampMicrosecondArray::from(micros).with_timezone("Asia/Tokyo")),
+        ),
+        ("d", arc(Date32Array::from(vec![19_675, -1, 0, 1]))),
+        (
+            "dur",
+            arc(DurationMillisecondArray::from(vec![
+                1_500, -250, 0, 86_400_000,
+            ])),
+        ),
+    ])?;
+    let path = dir.join("time.parquet");
+    write_parquet(&path, &batch)?;
+    Ok(path.display().to_string())
+}
+
+/// Issue 35: timestamp, date and duration columns become int64 counts of
+/// their own unit since the Unix epoch (UTC whatever the zone), and
+/// `unit` converts them: floor division in int64, the fraction in floats.
+#[test]
+fn timestamps_dates_and_durations_become_epoch_counts() -> Result<()> {
+    use datafusion::arrow::datatypes::TimeUnit;
+    let dir = tempfile::tempdir()?;
+    let file = time_file(dir.path())?;
+    let session = session(1, 8192)?;
+    let sql = format!(
+        "SELECT t, tokyo, d, dur, t AS secs, t AS t_ms, d AS d_s, dur AS dur_s \
+         FROM '{file}'"
+    );
+    let seconds = || {
+        ColumnSpec::new()
+            .dtype(DType::Float64)
+            .unit(TimeUnit::Second)
+    };
+    let mut feed = Feed::builder(&session, &sql)
+        .batch_size(4)
+        .device(Device::Cpu)
+        .column("secs", seconds())
+        .column("t_ms", ColumnSpec::new().unit(TimeUnit::Millisecond))
+        .column("d_s", ColumnSpec::new().unit(TimeUnit::Second))
+        .column("dur_s", seconds())
+        .build()?;
+    let dtypes: Vec<(String, DType)> = feed
+        .tensors()
+        .iter()
+        .map(|t| (t.name.clone(), t.dtype))
+        .collect();
+    let int64 = DType::Int64;
+    let float64 = DType::Float64;
+    assert_eq!(
+        dtypes,
+        [
+            ("t", int64),
+            ("tokyo", int64),
+            ("d", int64),
+            ("dur", int64),
+            ("secs", float64),
+            ("t_ms", int64),
+            ("d_s", int64),
+            ("dur_s", float64),
+        ]
+        .map(|(name, dtype)| (name.to_string(), dtype))
+    );
+    let batch = feed.next().expect("one batch")?;
+    assert!(feed.next().is_none());
+    let micros = [1_700_000_000_123_456, -1_500_001, 0, -1];
+    assert_eq!(batch.tensor("t")?.as_slice::<i64>()?, &micros);
+    assert_eq!(batch.tensor("t")?.shape(), &[4]);
+    assert_eq!(
+        batch.tensor("tokyo")?.as_slice::<i64>()?,
+        &micros,
+        "a time zone does not move the instant"
+    );
+    assert_eq!(batch.tensor("d")?.as_slice::<i64>()?, &[19_675, -1, 0, 1]);
+    assert_eq!(
+        batch.tensor("dur")?.as_slice::<i64>()?,
+        &[1_500, -250, 0, 86_400_000]
+    );
+    assert_eq!(
+        batch.tensor("secs")?.as_slice::<f64>()?,
+        &[1_700_000_000.123_456, -1.500_001, 0.0, -0.000_001]
+    );
+    assert_eq!(
+        batch.tensor("t_ms")?.as_slice::<i64>()?,
+        &[1_700_000_000_123, -1_501, 0, -1],
+        "floor division"
+    );
+    assert_eq!(
+        batch.tensor("d_s")?.as_slice::<i64>()?,
+        &[19_675 * 86_400, -86_400, 0, 86_400]
+    );
+    assert_eq!(
+        batch.tensor("dur_s")?.as_slice::<f64>()?,
+        &[1.5, -0.25, 0.0, 86_400.0]
+    );
+    drop(batch);
+
+    // A unit on a column that is not a timestamp, date or duration.
+    let err = Feed::builder(&session, format!("SELECT 1 AS x, t FROM '{file}'"))
+        .device(Device::Cpu)
+        .column("x", ColumnSpec::new().unit(TimeUnit::Second))
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, datafusion::error::DataFusionError::Plan(_)),
+        "{err}"
+    );
+    let err = err.to_string();
+    assert!(
+        err.contains("column 'x'") && err.contains("unit=s"),
+        "{err}"
+    );
+    // A finer unit that overflows int64: an execution error naming the row
+    // and the value.
+    // 10^10 s is in 2286, past int64 nanoseconds (2262).
+    let err = Feed::builder(&session, "SELECT to_timestamp_seconds(10000000000) AS far")
+        .batch_size(4)
+        .device(Device::Cpu)
+        .column("far", ColumnSpec::new().unit(TimeUnit::Nanosecond))
+        .build()?
+        .filter_map(|b| b.err())
+        .map(|e| e.to_string())
+        .next()
+        .unwrap_or_default();
+    assert!(
+        err.contains("column 'far', row 0")
+            && err.contains("10000000000 s")
+            && err.contains("coarser unit"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// Issue 35 through the CLI: `--tensor t:dtype=float64,unit=s` feeds epoch
+/// seconds as float64; the digest is that of the expected bytes.
+#[test]
+fn cli_tensor_unit_feeds_float_epoch_seconds() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = time_file(dir.path())?;
+    let (ok, out, err) = run(sqlfeed().args([
+        "feed",
+        &format!("SELECT t FROM '{file}'"),
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--digest",
+        "--tensor",
+        "t:dtype=float64,unit=s",
+    ]));
+    assert!(ok, "{err}");
+    assert!(err.contains("feed on cpu: t float64"), "{err}");
+    let mut hash = xxhash_rust::xxh3::Xxh3::new();
+    hash.update(b"t");
+    hash.update(&4u64.to_le_bytes());
+    for seconds in [1_700_000_000.123_456f64, -1.500_001, 0.0, -0.000_001] {
+        hash.update(&seconds.to_ne_bytes());
+    }
+    let expected = format!("batch epoch=0 step=0 rows=4 digest={:016x}", hash.digest());
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("batch ")).collect();
+    assert_eq!(lines, [expected.as_str()], "{out}");
+    let (ok, _, err) = run(sqlfeed().args([
+        "feed",
+        &format!("SELECT t FROM '{file}'"),
+        "--device",
+        "cpu",
+        "--tensor",
+        "t:unit=days",
+    ]));
+    assert!(!ok && err.contains("unit 'days' of column 't'"), "{err}");
+    Ok(())
+}
