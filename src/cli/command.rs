@@ -41,7 +41,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "\\timing [on|off]",
         "show the elapsed time of each statement",
     ),
-    ("\\format table|csv|json|ndjson", "output format"),
+    (
+        "\\format table|wide|csv|json|ndjson",
+        "output format; table fits the terminal (… for the middle columns), wide shows all",
+    ),
     (
         "\\cache",
         "entries of the epoch cache: key, rows, bytes, last use, query",
@@ -112,7 +115,9 @@ impl FromStr for Command {
             },
             ("\\format", Some(f)) => f.parse().map(Self::Format),
             ("\\cache", None) => Ok(Self::Cache),
-            ("\\format", None) => Err("\\format takes table, csv, json or ndjson".into()),
+            ("\\format", None) => {
+                Err("\\format takes table, wide, csv, json or ndjson".into())
+            }
             (name, _) => Err(format!("unknown command '{name}'; \\? lists the commands")),
         }
     }
@@ -136,6 +141,14 @@ mod tests {
         assert_eq!(
             "\\format csv".parse(),
             Ok(Command::Format(OutputFormat::Csv))
+        );
+        assert_eq!(
+            "\\format wide".parse(),
+            Ok(Command::Format(OutputFormat::Wide))
+        );
+        assert_eq!(
+            "\\format fit".parse(),
+            Ok(Command::Format(OutputFormat::Table))
         );
         assert_eq!(
             "\\functions std".parse(),

@@ -125,7 +125,8 @@ impl Executor {
         });
         let mut stream = self.session.execute_stream(plan)?;
         let mut out = BufWriter::new(std::io::stdout());
-        let mut writer = ResultWriter::new(self.format, &mut out, schema, self.max_rows);
+        let mut writer = ResultWriter::new(self.format, &mut out, schema, self.max_rows)
+            .with_max_width(self.format.fit_width());
         let mut rows = 0u64;
         while let Some(batch) = stream.next().await {
             let batch: RecordBatch = batch?;
@@ -184,7 +185,8 @@ impl Executor {
                 )) as _,
             ),
         ])?;
-        print_batch(&batch, OutputFormat::Table)
+        // A table whatever the format, fitted to the terminal unless wide.
+        print_batch(&batch, OutputFormat::Table, self.format.fit_width())
     }
 
     fn print_cache(&self) -> Result<()> {
@@ -235,7 +237,7 @@ impl Executor {
             store.options().dir.display(),
             store.options().max_bytes
         ))?;
-        print_batch(&batch, self.format)
+        print_batch(&batch, self.format, self.format.fit_width())
     }
 
     fn print_text(&self, text: &str) -> Result<()> {
@@ -246,10 +248,16 @@ impl Executor {
     }
 }
 
-/// Writes one result batch, all rows, to stdout in `format`.
-fn print_batch(batch: &RecordBatch, format: OutputFormat) -> Result<()> {
+/// Writes one result batch, all rows, to stdout in `format`, a table fitted
+/// to lines of `max_width` when given.
+fn print_batch(
+    batch: &RecordBatch,
+    format: OutputFormat,
+    max_width: Option<usize>,
+) -> Result<()> {
     let mut out = BufWriter::new(std::io::stdout());
-    let mut writer = ResultWriter::new(format, &mut out, batch.schema(), 0);
+    let mut writer =
+        ResultWriter::new(format, &mut out, batch.schema(), 0).with_max_width(max_width);
     writer.write(batch)?;
     writer.finish(batch.num_rows() as u64, None)?;
     out.flush().map_err(DataFusionError::IoError)

@@ -13,6 +13,7 @@ use datafusion::arrow::array::{
     ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, UInt64Array,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::common::ScalarValue;
 use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
@@ -79,7 +80,8 @@ enum ColumnProfile {
     Text,
     /// Binary blobs and lists: statistics of their lengths.
     Length,
-    /// Dates, times, timestamps: min/max and distinct count.
+    /// Dates, times, timestamps, durations: min/max (as the results show
+    /// them, `2013-01-01T10:00:00`) and distinct count.
     Temporal,
     /// Anything else (structs, maps): counts only.
     CountsOnly,
@@ -99,7 +101,9 @@ impl ColumnProfile {
             | LargeList(_) | FixedSizeList(..) | ListView(_) | LargeListView(_) => {
                 Self::Length
             }
-            Date32 | Date64 | Timestamp(..) | Time32(_) | Time64(_) => Self::Temporal,
+            Date32 | Date64 | Timestamp(..) | Time32(_) | Time64(_) | Duration(_) => {
+                Self::Temporal
+            }
             _ => Self::CountsOnly,
         }
     }
@@ -232,8 +236,16 @@ pub(super) async fn summarize(
             Some(ScalarValue::UInt64(Some(n))) => Some(n),
             _ => None,
         });
-        mins.push(value(format!("__{i}_min"))?.map(|v| display_scalar(&v)));
-        maxs.push(value(format!("__{i}_max"))?.map(|v| display_scalar(&v)));
+        mins.push(
+            value(format!("__{i}_min"))?
+                .map(|v| display_scalar(&v))
+                .transpose()?,
+        );
+        maxs.push(
+            value(format!("__{i}_max"))?
+                .map(|v| display_scalar(&v))
+                .transpose()?,
+        );
         let float_names = ["mean", "stddev"]
             .into_iter()
             .chain(QUANTILES.iter().map(|(name, _)| *name));
@@ -276,12 +288,22 @@ fn as_f64(value: Option<ScalarValue>) -> Option<f64> {
     }
 }
 
-fn display_scalar(value: &ScalarValue) -> String {
+/// A `min`/`max` as text: whole lengths without `.0`, dates, times,
+/// timestamps and durations as arrow displays them in results
+/// (`2013-01-01T10:00:00`, where `ScalarValue`'s `Display` prints the raw
+/// `1357034400000000`), anything else as `ScalarValue` prints it.
+fn display_scalar(value: &ScalarValue) -> Result<String> {
     match value {
         ScalarValue::Float64(Some(v)) if v.fract() == 0.0 && v.abs() < 1e15 => {
-            format!("{}", *v as i64)
+            Ok(format!("{}", *v as i64))
         }
-        other => other.to_string(),
+        temporal if temporal.data_type().is_temporal() => {
+            let array = temporal.to_array()?;
+            let formatter =
+                ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())?;
+            Ok(formatter.value(0).try_to_string()?)
+        }
+        other => Ok(other.to_string()),
     }
 }
 
@@ -313,4 +335,38 @@ pub(super) async fn sample(
         ))
     })?;
     shuffle(df, ShuffleSpec::Global { seed, epoch: 0 })?.limit(0, Some(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summarize_shows_temporal_extremes_as_results_do() -> Result<()> {
+        let micros = 1_357_034_400_000_000; // 2013-01-01 10:00:00 UTC
+        let cases = [
+            (
+                ScalarValue::TimestampMicrosecond(Some(micros), None),
+                "2013-01-01T10:00:00",
+            ),
+            (
+                ScalarValue::TimestampMicrosecond(Some(micros), Some("+00:00".into())),
+                "2013-01-01T10:00:00Z",
+            ),
+            (ScalarValue::Date32(Some(15706)), "2013-01-01"),
+            (
+                ScalarValue::Time64Microsecond(Some(36_000_000_000)),
+                "10:00:00",
+            ),
+            (ScalarValue::Int64(Some(micros)), "1357034400000000"),
+            (ScalarValue::Float64(Some(1668.0)), "1668"),
+            (ScalarValue::Float64(Some(0.5)), "0.5"),
+        ];
+        for (value, shown) in cases {
+            assert_eq!(display_scalar(&value)?, shown, "{value:?}");
+        }
+        let duration = display_scalar(&ScalarValue::DurationSecond(Some(3600)))?;
+        assert_ne!(duration, "3600", "a duration is shown with its unit");
+        Ok(())
+    }
 }

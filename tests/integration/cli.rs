@@ -2,7 +2,13 @@
 
 use datafusion::error::Result;
 
-use crate::common::{csv, gen_data, run, sqlfeed};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    ArrayRef, Date32Array, Int64Array, RecordBatch, TimestampMicrosecondArray,
+};
+
+use crate::common::{csv, gen_data, run, sqlfeed, write_parquet};
 
 #[test]
 fn formats_csv_json_ndjson_and_table() {
@@ -80,6 +86,110 @@ fn summarize_and_sample_statements() -> Result<()> {
     assert_eq!(a, b, "a path and the same query sample the same rows");
     assert_eq!(a.lines().count(), 6);
     assert_ne!(a, csv(&format!("SAMPLE '{path}' 5 SEED 4")));
+    Ok(())
+}
+
+/// `SELECT 'aaaaaaaaaa' AS c0, …, 'aaaaaaaaaa' AS c11`: 157 columns wide.
+pub fn twelve_columns() -> String {
+    let columns: Vec<String> = (0..12).map(|i| format!("'aaaaaaaaaa' AS c{i}")).collect();
+    format!("SELECT {}", columns.join(", "))
+}
+
+#[test]
+fn piped_tables_keep_every_column_whatever_columns_says() {
+    let (ok, out, err) = run(sqlfeed()
+        .env("COLUMNS", "40")
+        .args(["-c", &twelve_columns()]));
+    assert!(ok, "{err}");
+    assert!(out.contains("| c5 ") && out.contains("| c11 "), "{out}");
+    assert!(!out.contains('…') && !out.contains("shown"), "{out}");
+    assert!(out.ends_with("\n1 row\n"), "{out}");
+    // `--format wide` (every column) and `--format fit` (the default).
+    for format in ["wide", "fit", "table"] {
+        let (ok, same, err) = run(sqlfeed().env("COLUMNS", "40").args([
+            "--format",
+            format,
+            "-c",
+            &twelve_columns(),
+        ]));
+        assert!(ok, "{err}");
+        assert_eq!(same, out, "--format {format}");
+    }
+}
+
+/// Micros of 2013-01-01 10:00:00 UTC and of 2013-01-02 11:30:00 UTC.
+const T0: i64 = 1_357_034_400_000_000;
+const T1: i64 = 1_357_126_200_000_000;
+
+/// `dir/times.parquet`: timestamps (with and without a zone), dates and
+/// integers, one row null.
+pub fn write_times(
+    dir: &std::path::Path,
+) -> datafusion::error::Result<std::path::PathBuf> {
+    let path = dir.join("times.parquet");
+    let batch = RecordBatch::try_from_iter(vec![
+        (
+            "t",
+            Arc::new(TimestampMicrosecondArray::from(vec![
+                Some(T1),
+                None,
+                Some(T0),
+            ])) as ArrayRef,
+        ),
+        (
+            "tz",
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![Some(T1), None, Some(T0)])
+                    .with_timezone("+00:00"),
+            ) as ArrayRef,
+        ),
+        (
+            "d",
+            Arc::new(Date32Array::from(vec![Some(15707), None, Some(15706)])) as ArrayRef,
+        ),
+        (
+            "n",
+            Arc::new(Int64Array::from(vec![Some(T1), None, Some(T0)])) as ArrayRef,
+        ),
+    ])?;
+    write_parquet(&path, &batch)?;
+    Ok(path)
+}
+
+#[test]
+fn summarize_shows_temporal_min_and_max_as_dates_and_times() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = write_times(dir.path())?;
+    let summary = csv(&format!("SUMMARIZE '{}'", path.display()));
+    let row = |name: &str| {
+        summary
+            .lines()
+            .find(|l| l.starts_with(&format!("{name},")))
+            .unwrap_or_else(|| panic!("a row for {name} in {summary}"))
+            .to_string()
+    };
+    assert!(
+        row("t").contains(",value,2,1,2,2013-01-01T10:00:00,2013-01-02T11:30:00,,"),
+        "{summary}"
+    );
+    assert!(
+        row("tz").contains(",2013-01-01T10:00:00Z,2013-01-02T11:30:00Z,,"),
+        "{summary}"
+    );
+    assert!(row("d").contains(",2013-01-01,2013-01-02,,"), "{summary}");
+    // Integers stay numbers, with their statistics.
+    assert!(
+        row("n").starts_with(&format!("n,Int64,value,2,1,2,{T0},{T1},")),
+        "{summary}"
+    );
+    // Durations are summarised the same way instead of by counts only.
+    let durations = csv(
+        "SUMMARIZE (SELECT arrow_cast(column1, 'Duration(Second)') AS d \
+         FROM (VALUES (3600), (60)))",
+    );
+    let d = durations.lines().nth(1).expect("a row");
+    assert!(d.starts_with("d,Duration(s),value,2,0,2,"), "{durations}");
+    assert!(!d.contains(",60,3600,"), "{durations}");
     Ok(())
 }
 

@@ -2,8 +2,11 @@
 
 use std::time::Duration;
 
+use std::process::Command;
+
 use rexpect::session::spawn_command;
 
+use crate::cli::{twelve_columns, write_times};
 use crate::common::{gen_data, run, sqlfeed};
 
 const PROMPT: &str = "sqlfeed> ";
@@ -93,5 +96,78 @@ fn progress_bar_on_a_terminal_only() -> Result<(), rexpect::error::Error> {
         .args(["-c", &slow_query(dir.path())]));
     assert!(ok, "{err}");
     assert!(!err.contains("files,"), "{err}");
+    Ok(())
+}
+
+/// `text` as rexpect reads it: one `char` per byte of its UTF-8 (`…` is 3).
+fn as_read(text: &str) -> String {
+    text.bytes().map(char::from).collect()
+}
+
+/// The REPL in a pseudo-terminal `cols` columns wide (`stty` sets the window
+/// size the binary reads: a fresh pty is 0 × 0, which says nothing).
+fn sqlfeed_in_columns(cols: u16) -> Command {
+    let inner = sqlfeed();
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("stty cols {cols} rows 50 && exec \"$0\" \"$@\""))
+        .arg(inner.get_program());
+    for (key, value) in inner.get_envs() {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    command.env("TERM", "xterm").env_remove("COLUMNS");
+    command
+}
+
+#[test]
+fn wide_results_fit_the_terminal_until_format_wide() -> Result<(), rexpect::error::Error>
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let times = write_times(dir.path()).expect("parquet with timestamps");
+    let mut p = spawn_command(sqlfeed_in_columns(60), Some(30_000))?;
+    p.exp_string(PROMPT)?;
+
+    // 12 columns of 13 on 60: the first two and last two around a `…`.
+    p.send_line(&format!("{};", twelve_columns()))?;
+    p.exp_string(&as_read(
+        "| c0         | c1         | … | c10        | c11        |",
+    ))?;
+    p.exp_string(&as_read(
+        "| aaaaaaaaaa | aaaaaaaaaa | … | aaaaaaaaaa | aaaaaaaaaa |",
+    ))?;
+    p.exp_string("1 row (12 columns, 4 shown; \\format wide shows all) in")?;
+    p.exp_string(PROMPT)?;
+
+    // `\format wide`: every column, however wide the terminal.
+    p.send_line("\\format wide")?;
+    p.exp_string(PROMPT)?;
+    p.send_line(&format!("{};", twelve_columns()))?;
+    p.exp_string("| c4         | c5         | c6         |")?;
+    p.exp_regex(r"\n1 row in [0-9.]+s")?;
+    p.exp_string(PROMPT)?;
+
+    // SUMMARIZE shows a timestamp's min and max as dates and times.
+    p.send_line(&format!("SUMMARIZE '{}';", times.display()))?;
+    p.exp_string("| 2013-01-01T10:00:00 ")?;
+    p.exp_string("| 2013-01-02T11:30:00 ")?;
+    p.exp_string("| 2013-01-01T10:00:00Z | 2013-01-02T11:30:00Z |")?;
+    p.exp_string("4 rows in")?;
+    p.exp_string(PROMPT)?;
+
+    // And back to fitting: SUMMARIZE's 13 columns shrink to the terminal.
+    p.send_line("\\format fit")?;
+    p.exp_string(PROMPT)?;
+    p.send_line(&format!("SUMMARIZE '{}';", times.display()))?;
+    p.exp_string("| column_name | ")?;
+    p.exp_string(&as_read(" | … | "))?;
+    p.exp_string("4 rows (13 columns, ")?;
+    p.exp_string(" shown; \\format wide shows all) in")?;
+    p.exp_string(PROMPT)?;
+    p.send_control('d')?;
+    p.exp_eof()?;
     Ok(())
 }
