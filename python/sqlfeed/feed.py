@@ -105,7 +105,14 @@ class Feed:
         batch_size: rows per batch (per rank).
         shuffle: a seed for a global shuffle per epoch (epoch ``e`` uses
             ``(seed, e)``), or None for the query's own (deterministic) order.
-        epochs: epochs per iteration (default 1: one ``for`` loop = one epoch).
+        epochs: None (default): every ``for`` loop is one epoch, the current
+            one (DataLoader style: advance with :meth:`set_epoch`, or let the
+            position roll over: after an epoch's last batch it is the next
+            epoch's start). ``N``: the feed has epochs ``0 … N-1`` in all, as
+            the CLI's ``--epochs N`` and the Rust builder's ``epochs(N)``; a
+            ``for`` loop runs from the current position to the end of epoch
+            ``N-1`` (after ``load_state_dict`` at (1, 5) with ``epochs=2``:
+            the rest of epoch 1) and yields nothing once there.
         drop_last: drop the last partial batch; otherwise it is padded with the
             epoch's first rows so that every rank gets as many batches.
         prefetch: batches prepared ahead, on the device.
@@ -140,7 +147,7 @@ class Feed:
         *,
         batch_size: int = 256,
         shuffle: int | None = None,
-        epochs: int = 1,
+        epochs: int | None = None,
         drop_last: bool = False,
         prefetch: int = 4,
         shard: tuple[int, int] | str | None = None,
@@ -155,13 +162,16 @@ class Feed:
     ) -> None:
         if format not in FORMATS:
             raise _sqlfeed.PlanError(f"format={format!r}: expected one of {list(FORMATS)}")
-        if epochs < 1:
-            raise _sqlfeed.PlanError(f"epochs={epochs}: must be at least 1")
+        if epochs is not None and int(epochs) < 1:
+            raise _sqlfeed.PlanError(
+                f"epochs={epochs}: must be at least 1 (the feed's epochs in all), or None "
+                "for one epoch per `for` loop"
+            )
         self._session = session
         self._query = query
         self._rank, self._world = _shard(shard)
         self._format = format
-        self._epochs = int(epochs)
+        self._epochs = None if epochs is None else int(epochs)
         if run_id is None:
             run_id = os.environ.get("SQLFEED_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
         self._options: dict[str, Any] = {
@@ -191,10 +201,15 @@ class Feed:
     # -- iteration ---------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        """One pass: ``epochs`` epochs from the current position (the current
-        epoch, or where :meth:`load_state_dict` or :meth:`set_epoch` put it)."""
+        """One pass from the current position (where the last pass stopped,
+        or where :meth:`load_state_dict` or :meth:`set_epoch` put it): to the
+        end of the current epoch, or with ``epochs=N`` to the end of epoch
+        ``N-1``."""
         self.close()
-        first, end = self._epoch, self._epoch + self._epochs
+        first = self._epoch
+        end = first + 1 if self._epochs is None else self._epochs
+        if first >= end:
+            return iter(())
         options = dict(self._options, first_epoch=first, end_epoch=end, first_step=self._step)
         raw = self._session._inner._start_feed(options)
         self._pass = raw
@@ -204,7 +219,10 @@ class Feed:
         convert = self._converter
         try:
             for batch in raw:
-                self._epoch, self._step = batch.epoch, batch.step + 1
+                # Set before the batch is handed out: a loop that stops after
+                # an epoch's last batch without asking for another (Lightning,
+                # `zip(range(len(feed)), feed)`) is then at the next epoch.
+                self._epoch, self._step = batch.next_position
                 yield convert(batch)
             self._epoch, self._step = end, 0
         finally:
@@ -243,9 +261,13 @@ class Feed:
     # -- position and checkpoints -------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """The next iteration starts at the beginning of ``epoch`` (like
-        ``DistributedSampler.set_epoch``)."""
-        self.close()
+        """The next ``for`` loop starts at the beginning of ``epoch`` (like
+        ``DistributedSampler.set_epoch``, whose iterator, once made, is not
+        changed by it). A pass already running is not interrupted: PyTorch
+        Lightning starts the epoch's iterator (and takes its first batch)
+        before ``on_train_epoch_start``, where code calls ``set_epoch``.
+        Batches taken from it still move the position, since they are the
+        ones trained on."""
         self._epoch, self._step = int(epoch), 0
 
     @property

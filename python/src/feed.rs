@@ -275,6 +275,13 @@ pub(crate) struct PyBatch {
     /// Rows (samples) in the batch.
     #[pyo3(get)]
     rows: usize,
+    /// Whether this is the rank's last batch of its epoch.
+    #[pyo3(get)]
+    last_in_epoch: bool,
+    /// `(epoch, step)` of the batch after this one (`(epoch + 1, 0)` after
+    /// the epoch's last): the position a checkpoint taken after it stores.
+    #[pyo3(get)]
+    next_position: (u64, u64),
     /// The tensors, in column order (masks after their column).
     tensors: Vec<Tensor>,
 }
@@ -285,6 +292,8 @@ impl PyBatch {
             epoch: batch.epoch(),
             step: batch.step(),
             rows: batch.rows(),
+            last_in_epoch: batch.is_last_in_epoch(),
+            next_position: batch.next_position(),
             tensors: batch.tensors().to_vec(),
         }
     }

@@ -677,6 +677,7 @@ mod tests {
                 epoch: 0,
                 step: 0,
                 rows: 2,
+                last_in_epoch: false,
             },
         );
         let x = batch.tensor("x")?.clone();
@@ -711,6 +712,7 @@ mod tests {
             epoch: 0,
             step,
             rows: 1,
+            last_in_epoch: false,
         }
     }
 

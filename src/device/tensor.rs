@@ -48,6 +48,9 @@ pub struct BatchMeta {
     pub step: u64,
     /// Rows in this batch.
     pub rows: usize,
+    /// Whether this is this rank's last batch of `epoch`: the position after
+    /// it is the start of the next epoch (see [`TensorBatch::next_position`]).
+    pub last_in_epoch: bool,
 }
 
 /// One batch of tensors on the feed's device.
@@ -98,6 +101,24 @@ impl TensorBatch {
     /// Rows (samples) in the batch.
     pub fn rows(&self) -> usize {
         self.meta.rows
+    }
+
+    /// Whether this is this rank's last batch of its epoch.
+    pub fn is_last_in_epoch(&self) -> bool {
+        self.meta.last_in_epoch
+    }
+
+    /// `(epoch, step)` of the batch after this one: what a checkpoint taken
+    /// after consuming it stores and [`crate::feed::FeedBuilder::resume_at`]
+    /// takes. After an epoch's last batch it is `(epoch + 1, 0)`, so a
+    /// consumer that stops without asking for one more batch (a loop of
+    /// `len(feed)` steps, PyTorch Lightning) is at the next epoch's start.
+    pub fn next_position(&self) -> (u64, u64) {
+        if self.meta.last_in_epoch {
+            (self.meta.epoch + 1, 0)
+        } else {
+            (self.meta.epoch, self.meta.step + 1)
+        }
     }
 
     /// All tensors.

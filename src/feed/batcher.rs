@@ -84,6 +84,14 @@ impl ShardBatcher {
         self.step
     }
 
+    /// Whether the rows seen so far prove that the epoch has a step after
+    /// `step`: a later chunk is complete, or (without `drop_last`) the chunk
+    /// after it has a row, which `finish` turns into a padded step.
+    pub(crate) fn step_follows(&self, step: u64) -> bool {
+        self.step > step + 1
+            || (self.step == step + 1 && !self.drop_last && self.chunk_rows > 0)
+    }
+
     /// Adds rows; appends the batches they complete to `out`.
     pub(crate) fn push(&mut self, batch: RecordBatch, out: &mut Vec<BatchRows>) {
         let rows = batch.num_rows();
@@ -250,6 +258,40 @@ mod tests {
             assert_eq!(batch.rows, ids(batch).len());
         }
         out.iter().map(ids).collect()
+    }
+
+    /// `step_follows` says "a step follows" exactly when a later step is
+    /// delivered, and as early as one row (one whole chunk with
+    /// `drop_last`) after the step's chunk.
+    #[test]
+    fn step_follows_is_true_exactly_for_steps_before_the_last() {
+        for (n, b, w) in [
+            (100, 10, 1),
+            (101, 10, 1),
+            (99, 10, 3),
+            (60, 10, 3),
+            (5, 10, 2),
+        ] {
+            for drop in [false, true] {
+                let mut batcher = ShardBatcher::new(b, 0, w, drop, 0, 0);
+                let mut out = vec![];
+                let mut proven = vec![];
+                // One row at a time: the earliest moment each step is proven.
+                for row in stream(n, &[1]) {
+                    batcher.push(row, &mut out);
+                    for step in 0..batcher.steps() {
+                        if batcher.step_follows(step) && !proven.contains(&step) {
+                            proven.push(step);
+                        }
+                    }
+                }
+                batcher.finish(&mut out);
+                let steps = out.len() as u64;
+                let expected: Vec<u64> = (0..steps.saturating_sub(1)).collect();
+                assert_eq!(proven, expected, "n={n} b={b} w={w} drop={drop}");
+                assert!(steps == 0 || !batcher.step_follows(steps - 1));
+            }
+        }
     }
 
     /// A cluster job dealt on the executors (`crate::shuffle::deal`) hands
@@ -802,6 +844,16 @@ impl Batcher {
         match self {
             Batcher::Rows(b) => b.steps(),
             Batcher::Tokens(b) => b.steps(),
+        }
+    }
+
+    /// Whether the epoch is known to have a step after `step` (see
+    /// [`ShardBatcher::step_follows`]). A token budget's steps depend on
+    /// rows not read yet, so it answers only once a later batch is cut.
+    pub(crate) fn step_follows(&self, step: u64) -> bool {
+        match self {
+            Batcher::Rows(b) => b.step_follows(step),
+            Batcher::Tokens(_) => false,
         }
     }
 

@@ -35,6 +35,17 @@ pub(crate) struct BatchRows {
     pub(crate) step: u64,
 }
 
+impl BatchRows {
+    /// Bytes of input these rows keep alive (a slice keeps its whole
+    /// record batch).
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.pieces
+            .iter()
+            .map(RecordBatch::get_array_memory_size)
+            .sum()
+    }
+}
+
 /// Padding statistics of one batch.
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct PadStats {
@@ -734,7 +745,7 @@ impl Number for f64 {
     }
     #[inline(always)]
     fn to_f64(self) -> f64 {
-        f64::from(self)
+        self
     }
     fn to_i64(self) -> Option<i64> {
         None
@@ -751,7 +762,7 @@ impl Number for f16 {
     }
     #[inline(always)]
     fn to_f64(self) -> f64 {
-        self
+        f64::from(self)
     }
     fn to_i64(self) -> Option<i64> {
         None

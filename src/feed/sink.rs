@@ -35,13 +35,25 @@
 //! batches are cut. Round-robin repartitioning, which is timing dependent, is turned
 //! off for feeds.
 //!
+//! # Epoch ends
+//! Every batch says whether it is the epoch's last on this rank
+//! (`BatchMeta::last_in_epoch`), so that a consumer that stops after it
+//! without asking for another (a loop of `len(feed)` steps, PyTorch
+//! Lightning) is positioned at the next epoch's start. A batch is handed
+//! over as soon as the rows prove that a step follows it: for fixed batch
+//! sizes one more row after its chunk (with `drop_last`, the next complete
+//! chunk); under a token budget the next batch. Only the newest batch waits
+//! for that, so the first batch of an epoch comes one row (or one chunk)
+//! later and the steady state does not change.
+//!
 //! # Memory
 //! At most one chunk (`B × W` rows of record batches, by reference: a slice
 //! keeps its whole record batch), the first `W − 1` rows (copied), a length
-//! bucketing window, plus two buffered record batches per partition, plus
-//! the slot ring. What the batcher and bucketer hold is reserved from the
-//! session's pool after every record batch, and the ring's buffers before
-//! they are allocated, so one budget covers the feed.
+//! bucketing window, the newest batch's rows (above), plus two buffered
+//! record batches per partition, plus the slot ring. What the batcher, the
+//! bucketer and the newest batch hold is reserved from the session's pool
+//! after every record batch, and the ring's buffers before they are
+//! allocated, so one budget covers the feed.
 //!
 //! # Cancellation
 //! If the consumer goes away (the feed is dropped), the next hand-off fails
@@ -398,6 +410,10 @@ impl SinkRun {
             .register(&memory_pool);
         let mut pool = self.target.pool.lock().await;
         let mut ready = Vec::new();
+        // The newest batch, until the rows prove that another step follows
+        // it or the epoch ends: only then is it known whether it is the
+        // epoch's last (see "Epoch ends" above).
+        let mut newest: Option<BatchRows> = None;
         let (mut batches, mut rows) = (0u64, 0u64);
         let mut input_done = false;
         while !input_done {
@@ -414,15 +430,26 @@ impl SinkRun {
                 }
             }
             loop {
-                held.resize(
-                    batcher.held_bytes()
-                        + bucketer.as_ref().map_or(0, LengthBucketer::held_bytes),
-                );
                 for batch_rows in ready.drain(..) {
-                    rows += batch_rows.rows as u64;
-                    self.deliver(&mut pool, batch_rows).await?;
+                    if let Some(earlier) = newest.replace(batch_rows) {
+                        rows += earlier.rows as u64;
+                        self.deliver(&mut pool, earlier, false).await?;
+                        batches += 1;
+                    }
+                }
+                if let Some(step) = newest.as_ref().map(|b| b.step)
+                    && batcher.step_follows(step)
+                    && let Some(not_last) = newest.take()
+                {
+                    rows += not_last.rows as u64;
+                    self.deliver(&mut pool, not_last, false).await?;
                     batches += 1;
                 }
+                held.resize(
+                    batcher.held_bytes()
+                        + bucketer.as_ref().map_or(0, LengthBucketer::held_bytes)
+                        + newest.as_ref().map_or(0, BatchRows::held_bytes),
+                );
                 // Bucketed chunks one at a time, each delivered before the
                 // next is gathered.
                 match bucketer
@@ -437,8 +464,15 @@ impl SinkRun {
         }
         batcher.finish(&mut ready);
         for batch_rows in ready.drain(..) {
-            rows += batch_rows.rows as u64;
-            self.deliver(&mut pool, batch_rows).await?;
+            if let Some(earlier) = newest.replace(batch_rows) {
+                rows += earlier.rows as u64;
+                self.deliver(&mut pool, earlier, false).await?;
+                batches += 1;
+            }
+        }
+        if let Some(last) = newest.take() {
+            rows += last.rows as u64;
+            self.deliver(&mut pool, last, true).await?;
             batches += 1;
         }
         let steps = batcher.steps();
@@ -460,7 +494,12 @@ impl SinkRun {
     }
 
     /// Converts one batch into a free slot and hands it over.
-    async fn deliver(&self, pool: &mut SlotPool, rows: BatchRows) -> Result<()> {
+    async fn deliver(
+        &self,
+        pool: &mut SlotPool,
+        rows: BatchRows,
+        last_in_epoch: bool,
+    ) -> Result<()> {
         let stall = self.metrics.stall_time.timer();
         let stall_start = Instant::now();
         let mut slot = pool.acquire().await?;
@@ -478,6 +517,7 @@ impl SinkRun {
             epoch: rows.epoch,
             step: rows.step,
             rows: rows.rows,
+            last_in_epoch,
         };
         let batch = pool.lease(slot, meta);
         self.metrics.batches.add(1);

@@ -83,6 +83,94 @@ fn exact_batches_across_record_batch_and_file_boundaries() -> Result<()> {
     Ok(())
 }
 
+/// (epoch, step, last_in_epoch, next_position) of every batch.
+type EpochMarks = Vec<(u64, u64, bool, (u64, u64))>;
+
+fn epoch_marks(builder: FeedBuilder) -> Result<EpochMarks> {
+    let mut out = vec![];
+    for batch in builder.device(Device::Cpu).build()? {
+        let batch = batch?;
+        out.push((
+            batch.epoch(),
+            batch.step(),
+            batch.is_last_in_epoch(),
+            batch.next_position(),
+        ));
+    }
+    Ok(out)
+}
+
+/// Issue 35: a consumer that stops after an epoch's last batch without
+/// asking for another (Lightning, a loop of `len` steps) must be at the next
+/// epoch's start, so every batch says whether it is its epoch's last.
+#[test]
+fn every_batch_knows_whether_it_ends_its_epoch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1000, 3)?;
+    // Record batches of 7 rows: chunk ends never line up with them.
+    let session = session(2, 7)?;
+    let sql = format!(
+        "SELECT id, tokens FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let check = |builder: FeedBuilder, what: &str| -> Result<()> {
+        let marks = epoch_marks(builder.epochs(2))?;
+        for epoch in 0..2 {
+            let steps: Vec<_> = marks.iter().filter(|m| m.0 == epoch).collect();
+            assert!(!steps.is_empty(), "{what}: epoch {epoch} has batches");
+            for (i, &&(e, step, last, next)) in steps.iter().enumerate() {
+                let expect_last = i + 1 == steps.len();
+                assert_eq!(last, expect_last, "{what}: epoch {e} step {step}");
+                let expect_next = if last { (e + 1, 0) } else { (e, step + 1) };
+                assert_eq!(next, expect_next, "{what}: epoch {e} step {step}");
+            }
+        }
+        Ok(())
+    };
+    for (world, batch) in [(1, 64), (3, 50), (4, 250), (1, 1000), (2, 7)] {
+        for drop_last in [false, true] {
+            for rank in [0, world - 1] {
+                let what = format!("W={world} r={rank} B={batch} drop_last={drop_last}");
+                let feed = || {
+                    Feed::builder(&session, &sql)
+                        .batch_size(batch)
+                        .shard(rank, world)
+                        .drop_last(drop_last)
+                };
+                check(feed(), &what)?;
+                check(feed().shuffle(5), &format!("{what} shuffled"))?;
+                check(
+                    feed().shuffle(5).bucket_by_length(3),
+                    &format!("{what} bucketed"),
+                )?;
+            }
+        }
+    }
+    for world in [1, 3] {
+        let tokens = || Feed::builder(&session, &sql).shard(0, world).shuffle(2);
+        check(
+            tokens().batch_tokens(4096),
+            &format!("token budget, W={world}"),
+        )?;
+    }
+
+    // Resuming at the position after an epoch's last batch is the next
+    // epoch's start, in old checkpoints' form (epoch, steps) too.
+    let feed = || {
+        Feed::builder(&session, &sql)
+            .batch_size(64)
+            .shuffle(5)
+            .epochs(3)
+    };
+    let whole = epoch_marks(feed())?;
+    let steps = whole.iter().filter(|m| m.0 == 0).count() as u64;
+    assert_eq!(steps, 16);
+    let from_next = epoch_marks(feed().resume_at(1, 0))?;
+    assert_eq!(from_next, epoch_marks(feed().resume_at(0, steps))?);
+    assert_eq!(from_next, whole[steps as usize..].to_vec());
+    Ok(())
+}
+
 #[test]
 fn shards_are_disjoint_cover_the_epoch_and_have_equal_batch_counts() -> Result<()> {
     let dir = tempfile::tempdir()?;
