@@ -23,6 +23,7 @@ const BATCH: usize = 256;
 /// Rows fed and the growth of peak RSS over the feed.
 fn feed_under(
     limit: usize,
+    prefetch: usize,
     files: &str,
     spill: &std::path::Path,
 ) -> Result<(usize, u64)> {
@@ -38,7 +39,7 @@ fn feed_under(
     let before = common::rss_with_peak_reset().unwrap_or(0);
     let mut feed = Feed::builder(&session, &sql)
         .batch_size(BATCH)
-        .prefetch(4)
+        .prefetch(prefetch)
         .shuffle(11)
         .device(Device::Cpu)
         .column("x", ColumnSpec::new())
@@ -70,10 +71,18 @@ fn a_shuffled_image_feed_stays_within_its_memory_limit() -> Result<()> {
     }
     let decoded = ROWS * 3 * 64 * 64 * 4;
     let mut over = vec![];
-    for limit in [128 << 20, 256 << 20, 512 << 20] {
-        let (rows, grown) = feed_under(limit, &files, spill.path())?;
+    // Prefetch 16 at 128 MiB: 17 slots of 12.6 MB would be 214 MB, more than
+    // the whole budget; the ring fits itself to its share (issue 35).
+    for (limit, prefetch) in [
+        (128 << 20, 4),
+        (256 << 20, 4),
+        (512 << 20, 4),
+        (128 << 20, 16),
+    ] {
+        let (rows, grown) = feed_under(limit, prefetch, &files, spill.path())?;
         eprintln!(
-            "limit {} MiB: {rows} rows ({} MiB decoded), peak RSS grew {} MiB",
+            "limit {} MiB, prefetch {prefetch}: {rows} rows ({} MiB decoded), peak RSS grew \
+             {} MiB",
             limit >> 20,
             decoded >> 20,
             grown >> 20
@@ -85,7 +94,7 @@ fn a_shuffled_image_feed_stays_within_its_memory_limit() -> Result<()> {
         let bound = limit as u64 + (64 << 20);
         if grown > bound {
             over.push(format!(
-                "limit {limit}: peak RSS grew {grown} bytes, over {bound}"
+                "limit {limit}, prefetch {prefetch}: peak RSS grew {grown} bytes, over {bound}"
             ));
         }
     }

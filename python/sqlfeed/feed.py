@@ -332,7 +332,9 @@ class Feed:
 
     def stats(self) -> dict[str, Any]:
         """Metrics of the passes so far: rows/s, the share of time the loop
-        waited for data, H2D seconds, first-batch latency, seconds per epoch."""
+        waited for data, H2D seconds, first-batch latency, seconds per epoch,
+        and the prefetch depth the ring has (fewer than ``prefetch`` when its
+        batches did not fit its share of the memory limit)."""
         reports = list(self._reports)
         if self._pass is not None:
             reports.append(self._pass.report())
@@ -349,6 +351,9 @@ class Feed:
             "first_batch_s": [r["ttfb_s"] for r in reports],
             "epoch_seconds": [e for r in reports for e in r["epoch_seconds"]],
             "device": reports[-1]["device"] if reports else None,
+            # Batches prepared ahead: `prefetch`, or fewer where the ring was
+            # fitted to its share of the memory limit (heavy batches).
+            "prefetch": reports[-1]["prefetch"] if reports else self._options["prefetch"],
         }
 
     def __repr__(self) -> str:

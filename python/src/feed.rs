@@ -256,6 +256,7 @@ impl PyFeed {
             dict.set_item("stall_s", r.stall_s)?;
             dict.set_item("ttfb_s", r.ttfb_s)?;
             dict.set_item("padding_frac", r.padding_frac)?;
+            dict.set_item("prefetch", r.prefetch)?;
             dict.set_item("epoch_seconds", snapshot.epoch_seconds)?;
             dict.set_item("device", snapshot.device)?;
         }

@@ -299,6 +299,7 @@ fn result_json(report: &FeedReport, step_ms: f64, epoch_seconds: &[f64]) -> Stri
     if let Some(padding) = report.padding_frac {
         json.push_str(&format!(", \"padding_frac\": {}", number(padding)));
     }
+    json.push_str(&format!(", \"prefetch\": {}", report.prefetch));
     let epochs: Vec<String> = epoch_seconds.iter().map(|s| number(*s)).collect();
     json.push_str(&format!(", \"epoch_s\": [{}]", epochs.join(", ")));
     json.push('}');

@@ -294,6 +294,9 @@ pub(crate) struct Loans {
     queued: AtomicUsize,
     /// Whether the consumer is blocked waiting for the next batch.
     consumer_waiting: AtomicBool,
+    /// Slots the ring keeps now (`prefetch + 1`, fewer once fitted to its
+    /// memory share; see [`SlotPool`]).
+    ring_slots: AtomicUsize,
 }
 
 impl Loans {
@@ -310,6 +313,11 @@ impl Loans {
     /// The consumer starts or stops waiting for a batch.
     pub(crate) fn set_consumer_waiting(&self, waiting: bool) {
         self.consumer_waiting.store(waiting, Ordering::Release);
+    }
+
+    /// Slots the ring keeps now: the prefetch depth plus one.
+    pub(crate) fn ring_slots(&self) -> usize {
+        self.ring_slots.load(Ordering::Acquire)
     }
 
     /// Batches the training loop holds (taken and not released).
@@ -334,6 +342,10 @@ const BLOCKED_POLL: Duration = Duration::from_millis(25);
 /// of releasing a batch is not a deadlock.
 const BLOCKED_POLLS: u32 = 8;
 
+/// The fewest slots a fitted ring keeps: one for the batch the training loop
+/// holds while it asks for the next, one being filled.
+const MIN_RING_SLOTS: usize = 2;
+
 /// The slots of a feed and the channel through which released ones come
 /// back to the producer.
 ///
@@ -350,7 +362,13 @@ const BLOCKED_POLLS: u32 = 8;
 ///
 /// # Memory
 /// Every slot's host buffers are reserved from the session's pool *before*
-/// they are allocated; device buffers mirror them on CUDA.
+/// they are allocated; device buffers mirror them on CUDA. The ring's share
+/// of the budget is set aside when the feed starts; when the first batch
+/// shows that `prefetch + 1` slots of its size do not fit in that share, the
+/// ring keeps as many as do (at least [`MIN_RING_SLOTS`]) and says so once
+/// (a warning, and the feed's report). A slot that must grow later, past
+/// what the budget has, first retires free slots down to that minimum; only
+/// a batch that does not fit even then is an error.
 #[derive(Debug)]
 pub(crate) struct SlotPool {
     /// Released (and initially all) slots.
@@ -393,7 +411,10 @@ impl SlotPool {
             sized_slots: 0,
             base_slots: slots.max(1),
             total_slots: slots.max(1),
-            loans: Arc::new(Loans::default()),
+            loans: Arc::new(Loans {
+                ring_slots: AtomicUsize::new(slots.max(1)),
+                ..Loans::default()
+            }),
         }
     }
 
@@ -427,6 +448,9 @@ impl SlotPool {
         let needed = slot.capacity_after(&layouts);
         if needed > slot.reserved {
             if slot.reserved == 0 {
+                if self.sized_slots == 0 {
+                    self.fit_to_share(needed);
+                }
                 self.sized_slots += 1;
             }
             self.reserve(needed - slot.reserved)?;
@@ -436,6 +460,62 @@ impl SlotPool {
             }
         }
         slot.prepare(&self.backend, layouts)
+    }
+
+    /// Keeps only as many base slots of `per_slot` bytes as the ring's share
+    /// holds (at least [`MIN_RING_SLOTS`]). Called when the first slot is
+    /// sized: every other slot is free and empty then, so retiring them
+    /// frees nothing that is in use.
+    fn fit_to_share(&mut self, per_slot: usize) {
+        if self.unused_share == 0 || per_slot == 0 {
+            return;
+        }
+        let fit = (self.unused_share / per_slot).max(MIN_RING_SLOTS);
+        let wanted = self.base_slots;
+        while self.base_slots > fit && self.retire_free_slot() {}
+        if self.base_slots < wanted {
+            log::warn!(
+                "the feed's batches take {:.1} MB each: its prefetch ring keeps {} slots \
+                 (prefetch {}) instead of {} to fit its share of the memory limit \
+                 ({:.1} MB); raise --memory-limit for a deeper ring",
+                per_slot as f64 / 1e6,
+                self.base_slots,
+                self.base_slots - 1,
+                wanted,
+                self.unused_share as f64 / 1e6,
+            );
+        }
+    }
+
+    /// Frees one slot that is free now: a released extra, else a base slot
+    /// while more than [`MIN_RING_SLOTS`] remain; false when there is none
+    /// to retire. Freeing a released slot is what `give_back_extras` does.
+    fn retire_free_slot(&mut self) -> bool {
+        let extra = self.total_slots > self.base_slots;
+        if !extra && self.base_slots <= MIN_RING_SLOTS {
+            return false;
+        }
+        let Ok(slot) = self.free.try_recv() else {
+            return false;
+        };
+        if let Some(reservation) = &mut self.reservation {
+            reservation.shrink(slot.reserved.min(reservation.size()));
+        }
+        self.total_slots -= 1;
+        if !extra {
+            if slot.reserved > 0 {
+                self.sized_slots = self.sized_slots.saturating_sub(1);
+            }
+            self.base_slots -= 1;
+            self.loans
+                .ring_slots
+                .store(self.base_slots, Ordering::Release);
+        }
+        drop(slot);
+        if self.sized_slots >= self.base_slots {
+            self.give_back_share();
+        }
+        true
     }
 
     /// Returns the part of the ring's share that no slot took.
@@ -452,6 +532,22 @@ impl SlotPool {
         let bytes = bytes - from_share;
         if bytes == 0 {
             return Ok(());
+        }
+        if self.reservation.is_none() {
+            return Ok(());
+        }
+        // Past the share: free slots make room first (a batch grew, or the
+        // share was taken), down to the smallest ring.
+        loop {
+            let Some(reservation) = &mut self.reservation else {
+                return Ok(());
+            };
+            if reservation.try_grow(bytes).is_ok() {
+                return Ok(());
+            }
+            if !self.retire_free_slot() {
+                break;
+            }
         }
         let Some(reservation) = &mut self.reservation else {
             return Ok(());

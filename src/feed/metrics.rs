@@ -59,8 +59,8 @@ impl FeedMetrics {
         counter.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
     }
 
-    /// A consistent-enough snapshot.
-    pub(crate) fn report(&self) -> FeedReport {
+    /// A consistent-enough snapshot; `ring_slots` is the ring's size now.
+    pub(crate) fn report(&self, ring_slots: usize) -> FeedReport {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let secs = |ns: u64| ns as f64 / 1e9;
         let first = get(&self.first_batch_ns);
@@ -79,6 +79,7 @@ impl FeedMetrics {
                 let total = get(&self.padded_total);
                 (total > 0).then(|| get(&self.padding) as f64 / total as f64)
             },
+            prefetch: ring_slots.saturating_sub(1),
         }
     }
 }
@@ -108,6 +109,9 @@ pub struct FeedReport {
     pub ttfb_s: Option<f64>,
     /// Share of padded tensors' elements that are padding.
     pub padding_frac: Option<f64>,
+    /// Batches the ring prepares ahead now: the `prefetch` option, or fewer
+    /// once the ring was fitted to its share of the memory limit.
+    pub prefetch: usize,
 }
 
 impl FeedReport {

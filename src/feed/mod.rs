@@ -429,7 +429,7 @@ impl Feed {
 
     /// The metrics so far.
     pub fn report(&self) -> FeedReport {
-        self.metrics.report()
+        self.metrics.report(self.loans.ring_slots())
     }
 
     /// Seconds each finished epoch took, as (epoch, seconds): from planning

@@ -854,6 +854,60 @@ fn the_prefetch_ring_counts_against_the_memory_limit() -> Result<()> {
     Ok(())
 }
 
+/// Issue 35: a feed whose batches are too heavy for `prefetch + 1` slots in
+/// the ring's share of the budget keeps fewer slots and runs, instead of
+/// failing for a depth it chose itself; the report says how deep it is.
+#[test]
+fn heavy_batches_fit_the_prefetch_ring_to_its_memory_share() -> Result<()> {
+    use datafusion::execution::memory_pool::MemoryConsumer;
+    let limit = 64 << 20;
+    let session = Session::builder()
+        .memory_limit(limit)
+        .target_partitions(1)
+        .build()?;
+    let pool = &session.context().runtime_env().memory_pool;
+    // What a spilling shuffle would hold: the ring has its 16 MiB share and
+    // not much more.
+    let hog = MemoryConsumer::new("the rest of the query").register(pool);
+    hog.try_grow(40 << 20)?;
+    // 16 KiB per row, 4 MiB per batch: 9 slots would need 36 MiB.
+    let sql = "SELECT one_hot(value % 10, 4096) AS v FROM generate_series(1, 5120)";
+    let mut feed = Feed::builder(&session, sql)
+        .batch_size(256)
+        .prefetch(8)
+        .device(Device::Cpu)
+        .build()?;
+    let mut batches = 0;
+    for batch in feed.by_ref() {
+        assert_eq!(batch?.tensor("v")?.shape(), &[256, 4096]);
+        batches += 1;
+    }
+    assert_eq!(batches, 20);
+    let prefetch = feed.report().prefetch;
+    assert!(
+        (1..=3).contains(&prefetch),
+        "prefetch {prefetch} fits 16 MiB"
+    );
+    drop(feed);
+    drop(hog);
+    assert_eq!(pool.reserved(), 0);
+    // With room, the ring keeps the depth asked for.
+    let roomy = Feed::builder(&session, sql)
+        .batch_size(256)
+        .prefetch(2)
+        .device(Device::Cpu)
+        .build()?;
+    let report = {
+        let mut roomy = roomy;
+        for batch in roomy.by_ref() {
+            batch?;
+        }
+        roomy.report()
+    };
+    assert_eq!(report.prefetch, 2);
+    Ok(())
+}
+
 #[test]
 fn images_of_different_shapes_in_one_batch_name_the_row_and_the_fix() -> Result<()> {
     let dir = tempfile::tempdir()?;
