@@ -10,7 +10,10 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::Session;
 use crate::device::Device;
-use crate::feed::{ColumnSpec, Feed, FeedReport};
+use crate::feed::{ColumnSpec, Feed, FeedReport, NextBatch};
+
+/// How long the loop waits for a batch before it checks for SIGINT/SIGTERM.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Options of `sqlfeed feed`.
 #[derive(Debug, Clone, clap::Args)]
@@ -159,8 +162,20 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     let mut delivered = 0u64;
     let mut last_progress = Instant::now();
     while args.max_batches.is_none_or(|max| delivered < max) {
-        let Some(batch) = feed.next() else { break };
-        let batch = batch?;
+        let batch = match feed.next_within(SIGNAL_CHECK) {
+            NextBatch::Ready(batch) => batch,
+            NextBatch::Failed(err) => return Err(err.into()),
+            NextBatch::Finished => break,
+            NextBatch::Pending => {
+                if let Some(stop) = super::signals::requested() {
+                    return Err(super::signals::Stopped(stop).into());
+                }
+                continue;
+            }
+        };
+        if let Some(stop) = super::signals::requested() {
+            return Err(super::signals::Stopped(stop).into());
+        }
         if args.digest {
             let mut hash = Xxh3::new();
             for tensor in batch.tensors() {

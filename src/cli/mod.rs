@@ -10,6 +10,7 @@ mod feed;
 mod print;
 mod progress;
 mod repl;
+mod signals;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -24,7 +25,9 @@ pub use print::OutputFormat;
 pub use progress::ScanTotals;
 
 use crate::datagen::{self, GenOptions};
-use crate::session::{Session, parse_memory_size};
+use datafusion::common::runtime::SpawnedTask;
+
+use crate::session::{Session, SessionBuilder, parse_memory_size};
 
 /// SQL over Parquet into training batches; with no arguments, an interactive
 /// SQL shell.
@@ -290,30 +293,79 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run_async(cli))
+    if cli.is_interactive() || cli.is_server() {
+        return runtime.block_on(run_async(cli));
+    }
+    // Non-interactive commands stop cleanly on SIGINT / SIGTERM (see
+    // signals.rs); the handlers are installed before any work starts.
+    let ended = if let Some(SubCommand::Feed(args)) = &cli.command {
+        feed::check(args)?;
+        let session = runtime.block_on(async { client_builder(&cli).build() })?;
+        let _watch = {
+            let _context = runtime.enter();
+            SpawnedTask::spawn(signals::watch())
+        };
+        // The loop blocks, so it runs here, outside the runtime: dropping the
+        // feed then waits for its threads (and their cleanup).
+        match feed::run(&session, args) {
+            Ok(()) => Ended::Finished(ExitCode::SUCCESS),
+            Err(e) => match e.downcast_ref::<signals::Stopped>() {
+                Some(signals::Stopped(stop)) => Ended::Stopped(*stop),
+                None => return Err(e),
+            },
+        }
+    } else {
+        runtime.block_on(async {
+            tokio::select! {
+                outcome = run_async(cli) => outcome.map(Ended::Finished),
+                // Dropping the command's future cancels its query, and
+                // dropping its session removes the spill folder.
+                signal = signals::watch() => signal
+                    .context("cannot install the SIGINT/SIGTERM handlers")
+                    .map(Ended::Stopped),
+            }
+        })?
+    };
+    match ended {
+        Ended::Finished(code) => Ok(code),
+        Ended::Stopped(stop) => {
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            eprintln!("{}", stop.message());
+            Ok(ExitCode::from(stop.exit_code()))
+        }
+    }
 }
 
-async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Some(SubCommand::Gen(args)) = &cli.command {
-        let options = GenOptions {
-            rows: args.rows,
-            out: args.out.clone(),
-            files: args.files,
-            seed: args.seed,
-            features: args.features,
-            image_size: args.image_size,
-            row_group_rows: 8192,
-        };
-        let start = std::time::Instant::now();
-        let summary = datagen::generate(&options)?;
-        eprintln!(
-            "wrote {summary} to {} in {:.2}s",
-            args.out.display(),
-            start.elapsed().as_secs_f64()
-        );
-        return Ok(ExitCode::SUCCESS);
+/// How a non-interactive command ended.
+enum Ended {
+    /// It ran to its end (successfully or not, by its exit code).
+    Finished(ExitCode),
+    /// A signal stopped it.
+    Stopped(signals::Stop),
+}
+
+impl Cli {
+    /// The REPL: no statements, files or subcommand.
+    fn is_interactive(&self) -> bool {
+        self.commands.is_empty() && self.files.is_empty() && self.command.is_none()
     }
 
+    /// The scheduler or executor server, which keep the signals' default
+    /// action.
+    fn is_server(&self) -> bool {
+        #[cfg(feature = "ballista")]
+        if matches!(
+            self.command,
+            Some(SubCommand::Scheduler(_) | SubCommand::Executor(_))
+        ) {
+            return true;
+        }
+        false
+    }
+}
+
+/// The session options shared by every command.
+fn session_builder(cli: &Cli) -> SessionBuilder {
     let mut builder = Session::builder();
     if let Some(limit) = cli.memory_limit {
         builder = builder.memory_limit(limit);
@@ -337,14 +389,14 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(bytes) = cli.cache_max_size {
         builder = builder.cache_max_bytes(bytes as u64);
     }
-    #[cfg(feature = "ballista")]
-    match &cli.command {
-        Some(SubCommand::Scheduler(args)) => return run_scheduler(builder, args).await,
-        Some(SubCommand::Executor(args)) => {
-            return run_executor(builder, args, cli.memory_limit).await;
-        }
-        _ => {}
-    }
+    builder
+}
+
+/// The session of a command that runs queries or feeds (not a server): with
+/// the cluster options.
+fn client_builder(cli: &Cli) -> SessionBuilder {
+    #[allow(unused_mut)]
+    let mut builder = session_builder(cli);
     #[cfg(feature = "ballista")]
     if let Some(url) = &cli.cluster {
         builder = builder.cluster(url);
@@ -353,6 +405,41 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &cli.executor_cache_dir {
         builder = builder.executor_cache_dir(dir.display().to_string());
     }
+    builder
+}
+
+async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
+    if let Some(SubCommand::Gen(args)) = &cli.command {
+        let options = GenOptions {
+            rows: args.rows,
+            out: args.out.clone(),
+            files: args.files,
+            seed: args.seed,
+            features: args.features,
+            image_size: args.image_size,
+            row_group_rows: 8192,
+        };
+        let start = std::time::Instant::now();
+        let summary = datagen::generate(&options)?;
+        eprintln!(
+            "wrote {summary} to {} in {:.2}s",
+            args.out.display(),
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    #[cfg(feature = "ballista")]
+    match &cli.command {
+        Some(SubCommand::Scheduler(args)) => {
+            return run_scheduler(session_builder(&cli), args).await;
+        }
+        Some(SubCommand::Executor(args)) => {
+            return run_executor(session_builder(&cli), args, cli.memory_limit).await;
+        }
+        _ => {}
+    }
+    let builder = client_builder(&cli);
     if let Some(SubCommand::H2dBench(args)) = &cli.command {
         let device: crate::device::Device = args.device.parse()?;
         let rate = crate::device::raw_h2d_bytes_per_s(device, &args.sizes, args.iters)?;
@@ -370,18 +457,7 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
         scan(&session, args).await?;
         return Ok(ExitCode::SUCCESS);
     }
-    if let Some(SubCommand::Feed(args)) = &cli.command {
-        feed::check(args)?;
-        let session = builder.build()?;
-        // The feed runs on its own runtime and the loop blocks: leave ours.
-        let args = args.clone();
-        tokio::task::spawn_blocking(move || feed::run(&session, &args))
-            .await
-            .context("the feed loop panicked")??;
-        return Ok(ExitCode::SUCCESS);
-    }
-    let interactive =
-        cli.commands.is_empty() && cli.files.is_empty() && cli.command.is_none();
+    let interactive = cli.is_interactive();
     let mut exec = Executor {
         session: builder.build()?,
         format: cli.format,

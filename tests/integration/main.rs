@@ -20,6 +20,8 @@
 //! * `s3`: object-store queries against a real S3-compatible server (moto) on
 //!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
 //!   `SQLFEED_TEST_S3=require` (as in `.ci/run`).
+//! * `signals`: SIGINT / SIGTERM to a spilling feed or query: cancelled,
+//!   its spill folder and cache parts removed, one line, exit 130 / 143.
 //! * `spill`: what a killed process spilled is removed by the next session.
 
 mod azure;
@@ -39,5 +41,6 @@ mod local_sql;
 mod repl;
 mod s3;
 mod shuffle;
+mod signals;
 mod spill;
 mod verify;
