@@ -120,7 +120,10 @@ class Feed:
             ``RANK``/``WORLD_SIZE``) or None for one process.
         device: ``"auto"`` (cuda:0 when usable), ``"cpu"`` or ``"cuda:N"``.
         columns: per column ``{dtype, shape, scale, offset, pad_to, pad_value,
-            fill_null}``.
+            fill_null, unit}``; ``unit`` (``s``, ``ms``, ``us``, ``ns``)
+            rescales a timestamp, date or duration column, which is otherwise
+            int64 in its own unit (``{"dtype": "float64", "unit": "s"}``:
+            epoch seconds with the fraction).
         batch_tokens: pack variable-size batches of at most this many padded
             tokens instead of ``batch_size`` rows.
         bucket_by_length: sort windows of this many steps by length to cut
