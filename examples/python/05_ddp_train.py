@@ -1,6 +1,7 @@
 """Scenario 5: distributed data-parallel training with torchrun -- one shard per
 rank, equal batch counts (no hand-written padding), and a mid-epoch resume
-from a checkpoint that holds the feed's ``state_dict()``.
+from a checkpoint that holds the feed's ``state_dict()``, also on another
+number of ranks (elastic: preempted on 2 GPUs, back on 3).
 
     torchrun --standalone --nproc_per_node 2 examples/python/05_ddp_train.py --steps 300
     # preempted? the same command with --resume picks up at the next batch:
@@ -8,9 +9,14 @@ from a checkpoint that holds the feed's ``state_dict()``.
         --stop-after 120 --checkpoint /tmp/ckpt      # stops after step 120
     torchrun --standalone --nproc_per_node 2 examples/python/05_ddp_train.py --steps 300 \\
         --checkpoint /tmp/ckpt --resume             # continues at step 121
+    # or on 3 ranks: the epoch goes on from the same row of the same order
+    torchrun --standalone --nproc_per_node 3 examples/python/05_ddp_train.py --steps 300 \\
+        --checkpoint /tmp/ckpt --resume
 
 Trains a small CNN on the images (resized to 8x8) and labels of `sqlfeed gen` (gloo on the
-CPU, NCCL on GPUs). ``--step-log FILE`` writes each step's batch digest and loss.
+CPU, NCCL on GPUs). One checkpoint serves every rank: the model and optimizer are the same
+on all ranks (DDP), and so is the feed's state. ``--step-log FILE`` writes each step's batch
+digest, loss and sample ids.
 """
 
 import hashlib
@@ -43,7 +49,7 @@ dist.broadcast_object_list(files, src=0)  # rank 0 generated the data
 session = sqlfeed.Session(target_partitions=max(1, (os.cpu_count() or 2) // world))
 feed = session.feed(
     "SELECT image_to_tensor(image_resize(image_decode(image_png), 8, 8)) AS image, "
-    f"label % 10 AS y FROM '{files[0]}'",
+    f"label % 10 AS y, id FROM '{files[0]}'",
     batch_size=32,
     shuffle=1234,
     drop_last=True,
@@ -63,8 +69,8 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 step = 0
 checkpoint = Path(args.checkpoint)
 if args.resume:
-    state = torch.load(checkpoint / f"rank{rank}.pt", weights_only=False)
-    model.load_state_dict(state["model"])
+    state = torch.load(checkpoint / "state.pt", weights_only=False)
+    model.module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     feed.load_state_dict(json.loads(state["feed"]))  # a few numbers, nothing else
     step = state["step"]
@@ -81,24 +87,27 @@ while step < args.steps:
         step += 1
         if log:
             digest = hashlib.sha256(batch["image"].cpu().numpy().tobytes()).hexdigest()[:16]
-            log.write(f"{step} {feed.epoch} {digest} {loss.item():.6f}\n")
+            ids = ",".join(str(i) for i in batch["id"].tolist())
+            log.write(f"{step} {feed.epoch} {digest} {loss.item():.6f} {ids}\n")
         if step % 100 == 0 and rank == 0:
             print(f"step {step} (epoch {feed.epoch}): loss {loss.item():.3f}")
         if step == args.stop_after or step == args.steps:
             break
     if step == args.stop_after:
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "feed": json.dumps(feed.state_dict()),
-                "step": step,
-            },
-            checkpoint / f"rank{rank}.pt",
-        )
+        # Rank 0's state is every rank's, whatever the next run's world size.
         if rank == 0:
+            checkpoint.mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {
+                    "model": model.module.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "feed": json.dumps(feed.state_dict()),
+                    "step": step,
+                },
+                checkpoint / "state.pt",
+            )
             print(f"checkpointed after step {step} at {feed.state_dict()}")
+        dist.barrier()
         break
 if log:
     log.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlfeed import _sqlfeed
@@ -33,8 +33,9 @@ FORMATS = ("torch", "numpy", "jax", "dlpack")
 #: Keys a column spec may have.
 COLUMN_KEYS = ("dtype", "shape", "scale", "offset", "pad_to", "pad_value", "fill_null", "unit")
 
-#: Version of :meth:`Feed.state_dict`'s layout.
-STATE_VERSION = 1
+#: Version of :meth:`Feed.state_dict`'s layout (2 adds ``rows`` and
+#: ``skipped``; version 1 states still load).
+STATE_VERSION = 2
 
 
 def auto_shard() -> tuple[int, int]:
@@ -196,6 +197,12 @@ class Feed:
         # The position of the next batch.
         self._epoch = 0
         self._step = 0
+        # Rows of the epoch's order all ranks together consumed: the
+        # position under any shape (None: only the step is known, from a
+        # version 1 state of a token-budget feed).
+        self._rows: int | None = 0
+        # Global steps left out, by epoch (skip_steps).
+        self._skipped: dict[int, list[int]] = {}
         self._pass: Any = None
         self._len: int | None = None
         self._reports: list[dict[str, Any]] = []
@@ -213,7 +220,14 @@ class Feed:
         end = first + 1 if self._epochs is None else self._epochs
         if first >= end:
             return iter(())
-        options = dict(self._options, first_epoch=first, end_epoch=end, first_step=self._step)
+        options = dict(
+            self._options,
+            first_epoch=first,
+            end_epoch=end,
+            first_step=self._step,
+            first_row=self._rows,
+            skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
+        )
         raw = self._session._inner._start_feed(options)
         self._pass = raw
         return self._run(raw, end)
@@ -226,8 +240,9 @@ class Feed:
                 # an epoch's last batch without asking for another (Lightning,
                 # `zip(range(len(feed)), feed)`) is then at the next epoch.
                 self._epoch, self._step = batch.next_position
+                self._rows = batch.next_row_position[1]
                 yield convert(batch)
-            self._epoch, self._step = end, 0
+            self._epoch, self._step, self._rows = end, 0, 0
         finally:
             self._reports.append(raw.report())
             raw.close()
@@ -271,7 +286,7 @@ class Feed:
         before ``on_train_epoch_start``, where code calls ``set_epoch``.
         Batches taken from it still move the position, since they are the
         ones trained on."""
-        self._epoch, self._step = int(epoch), 0
+        self._epoch, self._step, self._rows = int(epoch), 0, 0
 
     @property
     def epoch(self) -> int:
@@ -296,12 +311,16 @@ class Feed:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feed is, as a small JSON-serialisable dict (the
-        StatefulDataLoader protocol): loading it in a new process resumes with
-        exactly the next batch."""
+        StatefulDataLoader protocol), the same on every rank: loading it in a
+        new process resumes with exactly the next batch — under the same
+        shape, or under another world size, batch size or token budget (see
+        :meth:`load_state_dict`)."""
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
             "step": self._step,
+            # Rows of the epoch's order consumed by all ranks together.
+            "rows": self._rows,
             "seed": self._options["shuffle"],
             "rank": self._rank,
             "world": self._world,
@@ -309,27 +328,72 @@ class Feed:
             "batch_tokens": self._options["batch_tokens"],
             "drop_last": self._options["drop_last"],
             "query": self._fingerprint(),
+            "skipped": {str(e): sorted(s) for e, s in sorted(self._skipped.items())},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continues from :meth:`state_dict`'s position. Refuses a state of
-        another query, seed, world size or batch size, whose steps mean other
-        rows."""
-        if state.get("version") != STATE_VERSION:
+        """Continues from :meth:`state_dict`'s position.
+
+        Under the same world size and batch size the batches are exactly the
+        uninterrupted run's. Under another world size, batch size, token
+        budget or ``drop_last`` (elastic resume: a job preempted on 2 GPUs
+        that comes back on 3) the epoch continues from the same row of the
+        same order, cut into this feed's batches: within the epoch no row is
+        fed twice and none is skipped, except the pads or drops the new
+        shape's last step needs; later epochs are a fresh run's with the new
+        shape. Every rank loads the one state (rank 0's is everyone's).
+        Refuses a state of another query or seed, whose rows are others."""
+        version = state.get("version")
+        if version not in (1, STATE_VERSION):
             raise _sqlfeed.PlanError(
-                f"feed state version {state.get('version')!r}: this sqlfeed reads "
-                f"version {STATE_VERSION}"
+                f"feed state version {version!r}: this sqlfeed reads versions 1 and "
+                f"{STATE_VERSION}"
             )
         expected = self.state_dict()
-        for key in ("query", "seed", "world", "batch_size", "batch_tokens", "drop_last"):
+        for key in ("query", "seed"):
             if state.get(key) != expected[key]:
                 raise _sqlfeed.PlanError(
                     f"the checkpoint's feed has {key}={state.get(key)!r} but this feed has "
-                    f"{key}={expected[key]!r}: its steps are other rows here; resume with "
-                    "the same query and settings, or start the feed anew"
+                    f"{key}={expected[key]!r}: its rows are others here; resume with the "
+                    "same query and seed, or start the feed anew"
                 )
+        epoch, step = int(state["epoch"]), int(state["step"])
+        rows = state.get("rows")
+        if version == 1 and state.get("batch_tokens") is None:
+            # A step of a fixed shape is `batch_size × world` rows.
+            rows = step * int(state["batch_size"]) * int(state["world"])
+        shape = ("world", "batch_size", "batch_tokens", "drop_last")
+        changed = [k for k in shape if state.get(k) != expected[k]]
+        if rows is None and changed:
+            raise _sqlfeed.PlanError(
+                f"the checkpoint's feed has {', '.join(f'{k}={state.get(k)!r}' for k in changed)} "
+                f"but this feed has {', '.join(f'{k}={expected[k]!r}' for k in changed)}, and "
+                "its version 1 state of a token-budget feed records steps, not rows: resume "
+                "it with the same settings, or start the epoch anew"
+            )
+        if changed and self._options["bucket_by_length"] is not None:
+            raise _sqlfeed.PlanError(
+                f"a bucket_by_length feed resumes only under its own shape; the checkpoint has "
+                f"{', '.join(f'{k}={state.get(k)!r}' for k in changed)}"
+            )
         self.close()
-        self._epoch, self._step = int(state["epoch"]), int(state["step"])
+        self._epoch, self._step = epoch, step
+        self._rows = None if rows is None else int(rows)
+        if changed and self._rows is not None and self._options["batch_tokens"] is None:
+            # Numbered as this shape's step the rows fall in (informative).
+            chunk = self._options["batch_size"] * self._world
+            self._step = self._rows // chunk
+        self._skipped = {int(e): list(s) for e, s in (state.get("skipped") or {}).items()}
+
+    def skip_steps(self, epoch: int, steps: Iterable[int]) -> None:
+        """Leaves out global steps ``steps`` of ``epoch`` (the batches of a loss
+        spike, after :meth:`load_state_dict` of a checkpoint before it) and
+        nothing else: every other batch stays where it was, so the rest of
+        the run is the uninterrupted one minus those steps, on every rank.
+        Kept in :meth:`state_dict`."""
+        self.close()
+        merged = set(self._skipped.get(int(epoch), [])) | {int(s) for s in steps}
+        self._skipped[int(epoch)] = sorted(merged)
 
     # -- metrics ---------------------------------------------------------------
 

@@ -83,8 +83,14 @@ pub(crate) struct FeedOptions {
     /// Epochs `first_epoch..end_epoch` run in this pass.
     first_epoch: u64,
     end_epoch: u64,
-    /// Step of `first_epoch` to start at (resume).
+    /// Step of `first_epoch` to start at (resume), or the number of the
+    /// first batch when `first_row` is given.
     first_step: u64,
+    /// Rows of `first_epoch`'s order consumed before (resume under any
+    /// shape); `None`: resume at `first_step` of this shape.
+    first_row: Option<u64>,
+    /// Global steps not handed over, as `(epoch, steps)`.
+    skip_steps: Vec<(u64, Vec<u64>)>,
     drop_last: bool,
     prefetch: usize,
     rank: usize,
@@ -107,10 +113,18 @@ impl FeedOptions {
             .prefetch(self.prefetch)
             .shard(self.rank, self.world)
             .epochs(self.end_epoch)
-            .resume_at(self.first_epoch, self.first_step)
             .device(self.device.parse::<Device>()?)
             .cache(self.cache)
             .run_id(self.run_id);
+        builder = match self.first_row {
+            Some(rows) => {
+                builder.resume_after_rows(self.first_epoch, rows, self.first_step)
+            }
+            None => builder.resume_at(self.first_epoch, self.first_step),
+        };
+        for (epoch, steps) in self.skip_steps {
+            builder = builder.skip_steps(epoch, steps);
+        }
         if let Some(seed) = self.shuffle {
             builder = builder.shuffle(seed);
         }
@@ -283,6 +297,10 @@ pub(crate) struct PyBatch {
     /// the epoch's last): the position a checkpoint taken after it stores.
     #[pyo3(get)]
     next_position: (u64, u64),
+    /// `(epoch, rows)` after this batch: rows of the epoch's order all ranks
+    /// together consumed (`(epoch + 1, 0)` after the epoch's last).
+    #[pyo3(get)]
+    next_row_position: (u64, u64),
     /// The tensors, in column order (masks after their column).
     tensors: Vec<Tensor>,
 }
@@ -295,6 +313,7 @@ impl PyBatch {
             rows: batch.rows(),
             last_in_epoch: batch.is_last_in_epoch(),
             next_position: batch.next_position(),
+            next_row_position: batch.next_row_position(),
             tensors: batch.tensors().to_vec(),
         }
     }

@@ -120,6 +120,8 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         cache: false,
         run_id: None,
         resume: None,
+        resume_rows: None,
+        skip_steps: vec![],
         // A small simulated training step, so that "consumer waited" says
         // how much of a fast model's time the feed would leave idle.
         step_ms: DEMO_STEP_MS,

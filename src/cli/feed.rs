@@ -62,9 +62,19 @@ pub struct FeedArgs {
     /// (default: $SQLFEED_RUN_ID, else $TORCHELASTIC_RUN_ID, else empty).
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
-    /// Resume at EPOCH:STEP of a checkpoint.
-    #[arg(long, value_name = "EPOCH:STEP")]
+    /// Resume at EPOCH:STEP of a checkpoint of the same world size and
+    /// batch size.
+    #[arg(long, value_name = "EPOCH:STEP", conflicts_with = "resume_rows")]
     pub resume: Option<String>,
+    /// Resume EPOCH after ROWS rows of its order, consumed by all ranks
+    /// together under any world size and batch size (the `resume_rows=`
+    /// that --digest prints after each batch): elastic resume.
+    #[arg(long, value_name = "EPOCH:ROWS")]
+    pub resume_rows: Option<String>,
+    /// Leave out global steps S1,S2,… of EPOCH (a loss spike's batches);
+    /// every other batch stays where it was. Repeatable.
+    #[arg(long, value_name = "EPOCH:S1,S2,…")]
+    pub skip_steps: Vec<String>,
     /// Simulated training step: sleep this long after each batch.
     #[arg(long, default_value_t = 0.0, value_name = "MS")]
     pub step_ms: f64,
@@ -98,6 +108,29 @@ fn parse_pair(text: &str, separator: char, what: &str) -> anyhow::Result<(u64, u
     })
 }
 
+/// `(rank, world)` of `--shard` (default 0/1).
+fn parse_shard(args: &FeedArgs) -> anyhow::Result<(usize, usize)> {
+    match &args.shard {
+        Some(shard) => {
+            let (rank, world) = parse_pair(shard, '/', "--shard")?;
+            Ok((rank as usize, world as usize))
+        }
+        None => Ok((0, 1)),
+    }
+}
+
+/// `EPOCH:S1,S2,…` of `--skip-steps`.
+fn parse_steps(text: &str) -> anyhow::Result<(u64, Vec<u64>)> {
+    let parsed = text.split_once(':').and_then(|(epoch, steps)| {
+        let steps: Option<Vec<u64>> =
+            steps.split(',').map(|s| s.trim().parse().ok()).collect();
+        Some((epoch.trim().parse().ok()?, steps?))
+    });
+    parsed.with_context(|| {
+        format!("--skip-steps '{text}' should look like EPOCH:S1,S2,…, e.g. 1:300,301")
+    })
+}
+
 /// Runs the feed and prints its report.
 pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     let device: Device = args.device.parse()?;
@@ -127,13 +160,20 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     if let Some(window) = args.bucket_by_length {
         builder = builder.bucket_by_length(window);
     }
-    if let Some(shard) = &args.shard {
-        let (rank, world) = parse_pair(shard, '/', "--shard")?;
-        builder = builder.shard(rank as usize, world as usize);
-    }
+    let (rank, world) = parse_shard(args)?;
+    builder = builder.shard(rank, world);
     if let Some(resume) = &args.resume {
         let (epoch, step) = parse_pair(resume, ':', "--resume")?;
         builder = builder.resume_at(epoch, step);
+    }
+    if let Some(resume) = &args.resume_rows {
+        let (epoch, rows) = parse_pair(resume, ':', "--resume-rows")?;
+        let chunk = (args.batch_size * parse_shard(args)?.1).max(1) as u64;
+        builder = builder.resume_after_rows(epoch, rows, rows / chunk);
+    }
+    for skip in &args.skip_steps {
+        let (epoch, steps) = parse_steps(skip)?;
+        builder = builder.skip_steps(epoch, steps);
     }
     for spec in &args.tensors {
         let (name, spec) = ColumnSpec::parse_named(spec)?;
@@ -185,9 +225,10 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
                 }
                 hash.update(&tensor.to_host_bytes()?);
             }
+            let (next_epoch, next_rows) = batch.next_row_position();
             writeln!(
                 out,
-                "batch epoch={} step={} rows={} digest={:016x}",
+                "batch epoch={} step={} rows={} digest={:016x} resume_rows={next_epoch}:{next_rows}",
                 batch.epoch(),
                 batch.step(),
                 batch.rows(),

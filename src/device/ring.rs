@@ -774,6 +774,7 @@ mod tests {
                 step: 0,
                 rows: 2,
                 last_in_epoch: false,
+                rows_after: 0,
             },
         );
         let x = batch.tensor("x")?.clone();
@@ -809,6 +810,7 @@ mod tests {
             step,
             rows: 1,
             last_in_epoch: false,
+            rows_after: 0,
         }
     }
 

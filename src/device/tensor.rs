@@ -51,6 +51,9 @@ pub struct BatchMeta {
     /// Whether this is this rank's last batch of `epoch`: the position after
     /// it is the start of the next epoch (see [`TensorBatch::next_position`]).
     pub last_in_epoch: bool,
+    /// Rows of the epoch's order consumed by all ranks together once this
+    /// step is (see [`TensorBatch::next_row_position`]).
+    pub rows_after: u64,
 }
 
 /// One batch of tensors on the feed's device.
@@ -118,6 +121,19 @@ impl TensorBatch {
             (self.meta.epoch + 1, 0)
         } else {
             (self.meta.epoch, self.meta.step + 1)
+        }
+    }
+
+    /// `(epoch, rows)` after this batch: the rows of the epoch's order that
+    /// all ranks together have consumed once its step is, the same on every
+    /// rank. [`crate::feed::FeedBuilder::resume_after_rows`] takes it under
+    /// any world size and batch size. After an epoch's last batch it is
+    /// `(epoch + 1, 0)`.
+    pub fn next_row_position(&self) -> (u64, u64) {
+        if self.meta.last_in_epoch {
+            (self.meta.epoch + 1, 0)
+        } else {
+            (self.meta.epoch, self.meta.rows_after)
         }
     }
 

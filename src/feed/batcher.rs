@@ -16,13 +16,61 @@
 //!   and split evenly: every rank gets one more batch of `R' / W` rows. With
 //!   `W = 1` that is the plain last partial batch.
 //!
-//! Resuming at step `k` skips the first `k` chunks without converting them.
+//! # Resuming
+//! An epoch can start after the first `R` rows of its order, consumed by all
+//! ranks together before a checkpoint ([`EpochStart::Rows`]): those rows
+//! are skipped without converting them and the chunks are cut from row `R`
+//! on, so a checkpoint taken under one world size and batch size resumes
+//! under any other — within the epoch no row is fed twice and none is
+//! skipped, except the pads or drops the new shape's last chunk needs (the
+//! pads are still the epoch's first rows). Resuming at step `k` of the same
+//! shape is `R = k·B·W` ([`EpochStart::Step`]). Every batch says how many
+//! rows of the order are consumed once its step is (`BatchRows::rows_after`),
+//! which is what a checkpoint records.
 
 use std::collections::VecDeque;
 
 use datafusion::arrow::array::RecordBatch;
 
 use super::convert::BatchRows;
+
+/// Where an epoch's batches start (see "Resuming" above).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EpochStart {
+    /// At step `k` of this feed's shape (what a token budget, whose steps
+    /// depend on the rows before them, resumes by).
+    Step(u64),
+    /// After the first `rows` rows of the epoch's order, consumed by all
+    /// ranks together under any shape; the first batch is step
+    /// `first_step`.
+    Rows {
+        /// Rows of the order consumed before.
+        rows: u64,
+        /// The step number of the first batch.
+        first_step: u64,
+    },
+}
+
+impl EpochStart {
+    /// The start of an epoch read from its beginning.
+    pub(crate) const BEGIN: EpochStart = EpochStart::Step(0);
+
+    /// Whether the start is a step boundary of fixed chunks of `chunk` rows
+    /// (what a dealt cluster job, whose steps are cut on the executors,
+    /// can resume at).
+    pub(crate) fn on_the_grid(self, chunk: usize) -> bool {
+        let (rows, _) = self.in_chunks(chunk);
+        rows.is_multiple_of(chunk.max(1) as u64)
+    }
+
+    /// `(rows to skip, first step)` for fixed chunks of `chunk` rows.
+    pub(crate) fn in_chunks(self, chunk: usize) -> (u64, u64) {
+        match self {
+            EpochStart::Step(step) => (step.saturating_mul(chunk as u64), step),
+            EpochStart::Rows { rows, first_step } => (rows, first_step),
+        }
+    }
+}
 
 /// See the module docs.
 #[derive(Debug)]
@@ -35,8 +83,12 @@ pub(crate) struct ShardBatcher {
     world: usize,
     /// Drop the final partial chunk.
     drop_last: bool,
-    /// Chunks to skip (resume).
-    skip_steps: u64,
+    /// Where the epoch starts, as given (for the end-of-epoch check).
+    start: EpochStart,
+    /// Rows of the order still to skip before the first chunk (resume).
+    skip_rows: u64,
+    /// Rows of the epoch's order seen so far, skipped ones included.
+    seen_rows: u64,
     /// The epoch (for messages).
     epoch: u64,
     /// Slices of the current chunk.
@@ -47,7 +99,7 @@ pub(crate) struct ShardBatcher {
     head: Vec<RecordBatch>,
     /// Rows in `head`.
     head_rows: usize,
-    /// Index of the current chunk (= the next step).
+    /// Number of the current chunk (= the next step).
     step: u64,
 }
 
@@ -58,20 +110,24 @@ impl ShardBatcher {
         world: usize,
         drop_last: bool,
         epoch: u64,
-        skip_steps: u64,
+        start: EpochStart,
     ) -> Self {
+        let (batch_rows, world) = (batch_rows.max(1), world.max(1));
+        let (skip_rows, step) = start.in_chunks(batch_rows * world);
         Self {
-            batch_rows: batch_rows.max(1),
+            batch_rows,
             rank,
-            world: world.max(1),
+            world,
             drop_last,
-            skip_steps,
+            start,
+            skip_rows,
+            seen_rows: 0,
             epoch,
             chunk: vec![],
             chunk_rows: 0,
             head: vec![],
             head_rows: 0,
-            step: 0,
+            step,
         }
     }
 
@@ -106,26 +162,56 @@ impl ShardBatcher {
             self.head.push(compact(&batch.slice(0, take)));
             self.head_rows += take;
         }
-        let mut offset = 0;
+        let before = self.seen_rows;
+        self.seen_rows += rows as u64;
+        // Rows consumed before a resume never enter a chunk.
+        let skipped = self.skip_rows.min(rows as u64) as usize;
+        self.skip_rows -= skipped as u64;
+        let mut offset = skipped;
         while offset < rows {
             let take = (self.chunk_capacity() - self.chunk_rows).min(rows - offset);
             self.chunk.push(batch.slice(offset, take));
             self.chunk_rows += take;
             offset += take;
             if self.chunk_rows == self.chunk_capacity() {
-                if self.step >= self.skip_steps {
-                    let start = self.rank * self.batch_rows;
-                    out.push(BatchRows {
-                        pieces: slice_rows(&self.chunk, start, self.batch_rows),
-                        rows: self.batch_rows,
-                        epoch: self.epoch,
-                        step: self.step,
-                    });
-                }
+                let start = self.rank * self.batch_rows;
+                out.push(BatchRows {
+                    pieces: slice_rows(&self.chunk, start, self.batch_rows),
+                    rows: self.batch_rows,
+                    epoch: self.epoch,
+                    step: self.step,
+                    rows_after: before + offset as u64,
+                });
                 self.chunk.clear();
                 self.chunk_rows = 0;
                 self.step += 1;
             }
+        }
+    }
+
+    /// After [`Self::finish`]: why the resume point lies beyond the epoch's
+    /// end, if it does. The end itself (a checkpoint after the last batch)
+    /// is a valid start of nothing.
+    pub(crate) fn beyond_the_end(&self) -> Option<String> {
+        let rows = self.seen_rows;
+        let chunk = self.chunk_capacity() as u64;
+        let steps = if self.drop_last {
+            rows / chunk
+        } else {
+            rows.div_ceil(chunk)
+        };
+        match self.start {
+            EpochStart::Step(step) if step > steps => Some(format!(
+                "cannot resume at epoch {} step {step}: the epoch has only {steps} steps \
+                 on this rank (resume at a step from 0 to {steps})",
+                self.epoch
+            )),
+            EpochStart::Rows { rows: at, .. } if at > rows => Some(format!(
+                "cannot resume epoch {} after {at} rows: its order has only {rows} rows \
+                 (the data changed since the checkpoint?)",
+                self.epoch
+            )),
+            _ => None,
         }
     }
 
@@ -157,14 +243,13 @@ impl ShardBatcher {
             missing -= take;
         }
         let per_rank = padded / self.world;
-        if self.step >= self.skip_steps {
-            out.push(BatchRows {
-                pieces: slice_rows(&sequence, self.rank * per_rank, per_rank),
-                rows: per_rank,
-                epoch: self.epoch,
-                step: self.step,
-            });
-        }
+        out.push(BatchRows {
+            pieces: slice_rows(&sequence, self.rank * per_rank, per_rank),
+            rows: per_rank,
+            epoch: self.epoch,
+            step: self.step,
+            rows_after: self.seen_rows,
+        });
         self.chunk_rows = 0;
         self.step += 1;
     }
@@ -248,7 +333,7 @@ mod tests {
         drop: bool,
         skip: u64,
     ) -> Vec<Vec<i64>> {
-        let mut batcher = ShardBatcher::new(b, r, w, drop, 0, skip);
+        let mut batcher = ShardBatcher::new(b, r, w, drop, 0, EpochStart::Step(skip));
         let mut out = vec![];
         for batch in stream(n, sizes) {
             batcher.push(batch, &mut out);
@@ -273,7 +358,7 @@ mod tests {
             (5, 10, 2),
         ] {
             for drop in [false, true] {
-                let mut batcher = ShardBatcher::new(b, 0, w, drop, 0, 0);
+                let mut batcher = ShardBatcher::new(b, 0, w, drop, 0, EpochStart::BEGIN);
                 let mut out = vec![];
                 let mut proven = vec![];
                 // One row at a time: the earliest moment each step is proven.
@@ -311,7 +396,8 @@ mod tests {
                                 drop_last: drop,
                             };
                             let rows = crate::shuffle::deal::dealt_rows(deal, sizes, r);
-                            let mut alone = ShardBatcher::new(b, 0, 1, false, 0, 0);
+                            let mut alone =
+                                ShardBatcher::new(b, 0, 1, false, 0, EpochStart::BEGIN);
                             let mut out = vec![];
                             for chunk in rows.chunks(3) {
                                 let ids: Vec<i64> =
@@ -387,7 +473,7 @@ mod tests {
 
     #[test]
     fn the_head_is_a_copy_not_the_whole_first_record_batch() {
-        let mut batcher = ShardBatcher::new(100, 0, 2, false, 0, 0);
+        let mut batcher = ShardBatcher::new(100, 0, 2, false, 0, EpochStart::BEGIN);
         let big = stream(1000, &[1000]).remove(0);
         let whole = big.get_array_memory_size();
         let mut out = vec![];
@@ -431,7 +517,19 @@ pub(crate) struct TokenBatcher {
     rank: usize,
     world: usize,
     drop_last: bool,
+    /// Steps not emitted (resume at a step of this shape).
     skip_steps: u64,
+    /// Rows of the order still to skip before packing (resume after rows).
+    skip_rows: u64,
+    /// Rows skipped that way, plus those of every closed batch: the rows of
+    /// the order consumed once the current step is.
+    consumed_rows: u64,
+    /// Number of the first step after a resume by rows.
+    first_step: u64,
+    /// Where the epoch starts, as given (for the end-of-epoch check).
+    start: EpochStart,
+    /// Rows of the epoch's order seen so far, skipped ones included.
+    seen_rows: u64,
     epoch: u64,
     /// Pieces of the batch being packed.
     current: Vec<RecordBatch>,
@@ -466,8 +564,12 @@ impl TokenBatcher {
         world: usize,
         drop_last: bool,
         epoch: u64,
-        skip_steps: u64,
+        start: EpochStart,
     ) -> Self {
+        let (skip_steps, skip_rows, first_step) = match start {
+            EpochStart::Step(step) => (step, 0, 0),
+            EpochStart::Rows { rows, first_step } => (0, rows, first_step),
+        };
         Self {
             budget: budget.max(1),
             column,
@@ -476,6 +578,11 @@ impl TokenBatcher {
             world: world.max(1),
             drop_last,
             skip_steps,
+            skip_rows,
+            consumed_rows: skip_rows,
+            first_step,
+            start,
+            seen_rows: 0,
             epoch,
             current: vec![],
             current_rows: 0,
@@ -487,7 +594,27 @@ impl TokenBatcher {
 
     /// Complete steps so far.
     pub(crate) fn steps(&self) -> u64 {
-        self.closed / self.world as u64
+        self.first_step + self.closed / self.world as u64
+    }
+
+    /// After [`Self::finish`]: why the resume point lies beyond the epoch's
+    /// end, if it does (see [`ShardBatcher::beyond_the_end`]).
+    pub(crate) fn beyond_the_end(&self) -> Option<String> {
+        match self.start {
+            EpochStart::Step(step) if step > self.steps() => Some(format!(
+                "cannot resume at epoch {} step {step}: the epoch has only {} steps \
+                 on this rank (resume at a step from 0 to {})",
+                self.epoch,
+                self.steps(),
+                self.steps()
+            )),
+            EpochStart::Rows { rows, .. } if rows > self.seen_rows => Some(format!(
+                "cannot resume epoch {} after {rows} rows: its order has only {} rows \
+                 (the data changed since the checkpoint?)",
+                self.epoch, self.seen_rows
+            )),
+            _ => None,
+        }
     }
 
     fn close(&mut self, out: &mut Vec<BatchRows>) {
@@ -495,7 +622,7 @@ impl TokenBatcher {
             return;
         }
         let index = self.closed;
-        let step = index / self.world as u64;
+        let step = self.first_step + index / self.world as u64;
         let pieces = std::mem::take(&mut self.current);
         if index % self.world as u64 == self.rank as u64 {
             self.own = Some(BatchRows {
@@ -503,20 +630,28 @@ impl TokenBatcher {
                 rows: self.current_rows,
                 epoch: self.epoch,
                 step,
+                rows_after: 0,
             });
         }
+        self.consumed_rows += self.current_rows as u64;
         self.current_rows = 0;
         self.current_longest = 0;
         self.closed += 1;
         if self.closed.is_multiple_of(self.world as u64)
-            && let Some(own) = self.own.take()
+            && let Some(mut own) = self.own.take()
             && own.step >= self.skip_steps
         {
+            own.rows_after = self.consumed_rows;
             out.push(own);
         }
     }
 
     pub(crate) fn push(&mut self, batch: RecordBatch, out: &mut Vec<BatchRows>) {
+        self.seen_rows += batch.num_rows() as u64;
+        // Rows consumed before a resume are not packed.
+        let skipped = self.skip_rows.min(batch.num_rows() as u64) as usize;
+        self.skip_rows -= skipped as u64;
+        let batch = batch.slice(skipped, batch.num_rows() - skipped);
         let array = std::sync::Arc::clone(batch.column(self.column));
         let mut run_start = 0;
         for row in 0..batch.num_rows() {
@@ -746,7 +881,8 @@ mod token_tests {
     #[test]
     fn token_budget_packs_rows_and_ranks_get_equal_counts() {
         let lengths = [3, 3, 3, 8, 1, 1, 1, 1, 20, 2, 2];
-        let mut batcher = TokenBatcher::new(10, 0, None, 0, 1, false, 0, 0);
+        let mut batcher =
+            TokenBatcher::new(10, 0, None, 0, 1, false, 0, EpochStart::BEGIN);
         let mut out = vec![];
         batcher.push(rows(&lengths[..5]), &mut out);
         batcher.push(rows(&lengths[5..]).slice(0, 6), &mut out);
@@ -761,7 +897,8 @@ mod token_tests {
         assert_eq!(sizes.iter().sum::<usize>(), lengths.len());
         // Two ranks: equal counts, disjoint.
         let run = |rank| {
-            let mut b = TokenBatcher::new(10, 0, None, rank, 2, false, 0, 0);
+            let mut b =
+                TokenBatcher::new(10, 0, None, rank, 2, false, 0, EpochStart::BEGIN);
             let mut out = vec![];
             b.push(rows(&lengths), &mut out);
             b.finish(&mut out);
@@ -844,6 +981,14 @@ impl Batcher {
         match self {
             Batcher::Rows(b) => b.steps(),
             Batcher::Tokens(b) => b.steps(),
+        }
+    }
+
+    /// After `finish`: why the resume point lies beyond the epoch's end.
+    pub(crate) fn beyond_the_end(&self) -> Option<String> {
+        match self {
+            Batcher::Rows(b) => b.beyond_the_end(),
+            Batcher::Tokens(b) => b.beyond_the_end(),
         }
     }
 

@@ -33,6 +33,9 @@ pub(crate) struct BatchRows {
     pub(crate) epoch: u64,
     /// The step (for messages).
     pub(crate) step: u64,
+    /// Rows of the epoch's order consumed by all ranks together once this
+    /// step is (what a checkpoint after it records).
+    pub(crate) rows_after: u64,
 }
 
 impl BatchRows {
@@ -901,6 +904,7 @@ mod tests {
             rows,
             epoch: 0,
             step: 0,
+            rows_after: 0,
         };
         let mut pool = SlotPool::new(Backend::Cpu, 1);
         let mut slot = pool.acquire().await?;

@@ -57,6 +57,7 @@ mod order;
 mod producer;
 mod sink;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant};
@@ -69,6 +70,7 @@ pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
 pub use sink::DeviceSinkExec;
 
+use self::batcher::EpochStart;
 use self::epoch_cache::EpochCache;
 use self::metrics::FeedMetrics;
 use self::producer::Producer;
@@ -96,7 +98,8 @@ pub struct FeedBuilder {
     rank: usize,
     world: usize,
     epochs: u64,
-    resume: (u64, u64),
+    /// The first epoch and where in it the feed starts.
+    resume: (u64, EpochStart),
     device: Option<Device>,
     columns: Vec<(String, ColumnSpec)>,
     token_budget: Option<usize>,
@@ -106,6 +109,8 @@ pub struct FeedBuilder {
     run_id: String,
     /// Partitions of an unshuffled feed's plan (see `order.rs`).
     order_lanes: usize,
+    /// Steps not handed over, by epoch.
+    skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
 }
 
 impl FeedBuilder {
@@ -197,9 +202,37 @@ impl FeedBuilder {
         self
     }
 
-    /// Starts at `step` of `epoch`, as an uninterrupted run would be there.
+    /// Starts at `step` of `epoch`, as an uninterrupted run of this world
+    /// size and batch size would be there.
     pub fn resume_at(mut self, epoch: u64, step: u64) -> Self {
-        self.resume = (epoch, step);
+        self.resume = (epoch, EpochStart::Step(step));
+        self
+    }
+
+    /// Starts `epoch` after the first `rows` rows of its order, which all
+    /// ranks together consumed before a checkpoint
+    /// ([`TensorBatch::next_row_position`]) under any world size and batch
+    /// size: the rest of the epoch's order is cut into this feed's batches,
+    /// so within the epoch no row is fed twice and none is skipped (but the
+    /// pads or drops of the new shape's last step), and later epochs are a
+    /// fresh run's. `first_step` numbers the first batch (the checkpoint's
+    /// next step; informative under a new shape). Not with
+    /// `bucket_by_length`, whose windows are cut from the epoch's start.
+    pub fn resume_after_rows(mut self, epoch: u64, rows: u64, first_step: u64) -> Self {
+        self.resume = (epoch, EpochStart::Rows { rows, first_step });
+        self
+    }
+
+    /// Leaves out this rank's batches of global steps `steps` of `epoch` —
+    /// the batches of a loss spike, when resuming from a checkpoint before
+    /// it — and nothing else: every other batch is where it was, so the run
+    /// is the uninterrupted one minus those steps. Adds to earlier calls.
+    pub fn skip_steps(
+        mut self,
+        epoch: u64,
+        steps: impl IntoIterator<Item = u64>,
+    ) -> Self {
+        self.skipped_steps.entry(epoch).or_default().extend(steps);
         self
     }
 
@@ -310,6 +343,17 @@ impl FeedBuilder {
         if self.epochs == 0 {
             return plan_error("epochs must be at least 1".into());
         }
+        if self.bucket_window.is_some()
+            && let (_, EpochStart::Rows { rows, .. }) = self.resume
+            && !self.resume.1.on_the_grid(self.batch_size * self.world)
+        {
+            return plan_error(format!(
+                "cannot resume a bucket_by_length feed after {rows} rows: its windows are \
+                 cut from the epoch's start, so it resumes only at a step of its own \
+                 batch size and world size ({} rows each)",
+                self.batch_size * self.world
+            ));
+        }
         if self.resume.0 >= self.epochs {
             return plan_error(format!(
                 "cannot resume at epoch {}: the feed has epochs 0..{}",
@@ -406,7 +450,7 @@ impl Feed {
             rank: 0,
             world: 1,
             epochs: 1,
-            resume: (0, 0),
+            resume: (0, EpochStart::BEGIN),
             device: None,
             columns: vec![],
             token_budget: None,
@@ -414,6 +458,7 @@ impl Feed {
             cache: false,
             run_id: String::new(),
             order_lanes: DEFAULT_ORDER_LANES,
+            skipped_steps: BTreeMap::new(),
         }
     }
 

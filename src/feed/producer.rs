@@ -11,6 +11,7 @@ use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 
+use super::batcher::EpochStart;
 use super::columns::{self, TensorColumn};
 use super::epoch_cache::{EpochCache, EpochQuery};
 use super::metrics::FeedMetrics;
@@ -57,7 +58,7 @@ impl Producer {
         init: &mut Option<mpsc::Sender<Result<Vec<TensorInfo>>>>,
     ) -> Result<()> {
         let options = &self.options;
-        let (first_epoch, first_step) = options.resume;
+        let first_epoch = options.resume.0;
         let mut epoch_start = Instant::now();
         let first_plan = self.plan_epoch(first_epoch).await?;
         let columns = columns::resolve(&first_plan.plan.schema(), &options.columns)?;
@@ -85,6 +86,7 @@ impl Producer {
                 seed: options.shuffle_seed.unwrap_or(0),
             },
             metrics: Arc::clone(&self.metrics),
+            skipped_steps: options.skipped_steps.clone(),
         });
         let mut plan = Some(first_plan);
         for epoch in first_epoch..options.epochs {
@@ -98,9 +100,10 @@ impl Producer {
                 Some(plan) => plan,
                 None => self.plan_epoch(epoch).await?,
             };
-            let skip = if epoch == first_epoch { first_step } else { 0 };
+            let start = self.epoch_start(epoch);
             let sink: Arc<dyn ExecutionPlan> = Arc::new(
-                DeviceSinkExec::new(input, Arc::clone(&target), epoch, skip).dealt(dealt),
+                DeviceSinkExec::new(input, Arc::clone(&target), epoch, start)
+                    .dealt(dealt),
             );
             catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
             if let Some(fill) = fill {
@@ -120,6 +123,24 @@ impl Producer {
             epoch_start = Instant::now();
         }
         Ok(())
+    }
+
+    /// Where `epoch`'s batches start: the resume point in the first epoch,
+    /// the beginning in later ones.
+    fn epoch_start(&self, epoch: u64) -> EpochStart {
+        match self.options.resume {
+            (first, start) if first == epoch => start,
+            _ => EpochStart::BEGIN,
+        }
+    }
+
+    /// Whether `epoch` may be dealt on the executors: its start is a step
+    /// of this shape (a resume under another shape is cut here).
+    #[cfg(feature = "ballista")]
+    fn start_on_the_grid(&self, epoch: u64) -> bool {
+        let options = &self.options;
+        self.epoch_start(epoch)
+            .on_the_grid(options.batch_size * options.world)
     }
 
     /// Whether the epoch runs as one cluster job shared by all ranks (every
@@ -244,7 +265,7 @@ impl Producer {
             df,
             scheduler,
             epoch,
-            fill.is_none(),
+            fill.is_none() && self.start_on_the_grid(epoch),
             Some(Arc::clone(&completed)),
         )?;
         let after: Option<AfterEpoch> = match fill {
@@ -331,7 +352,7 @@ impl Producer {
         {
             let (state, logical) = (df.clone()).into_parts();
             // A cache fill needs every row of the epoch here.
-            let may_deal = filling.is_none();
+            let may_deal = filling.is_none() && self.start_on_the_grid(epoch);
             let (plan, task_ctx, dealt) =
                 self.plan_cluster_epoch(df, scheduler.clone(), epoch, may_deal, None)?;
             // A miss: the job's rows (with their content hashes) are written

@@ -60,6 +60,7 @@
 //! and the stream ends with an error, dropping the input streams and with
 //! them every task of the query.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -84,7 +85,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::batcher::{Batcher, LengthBucketer, ShardBatcher, TokenBatcher};
+use super::batcher::{Batcher, EpochStart, LengthBucketer, ShardBatcher, TokenBatcher};
 use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
@@ -147,6 +148,9 @@ pub(crate) struct SinkTarget {
     pub(crate) batching: Batching,
     /// Feed-level counters.
     pub(crate) metrics: Arc<FeedMetrics>,
+    /// Steps not handed over, by epoch (a resume that skips the batches of
+    /// a loss spike; every other batch stays where it was).
+    pub(crate) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
 }
 
 impl fmt::Debug for SinkTarget {
@@ -170,8 +174,8 @@ pub struct DeviceSinkExec {
     target: Arc<SinkTarget>,
     /// The epoch this sink runs.
     epoch: u64,
-    /// Steps to skip (resume).
-    skip_steps: u64,
+    /// Where the epoch starts (resume).
+    start: EpochStart,
     /// The input is this rank's rows only (see [`DeviceSinkExec::dealt`]).
     dealt: bool,
     /// Cached plan properties.
@@ -193,7 +197,7 @@ impl DeviceSinkExec {
         input: Arc<dyn ExecutionPlan>,
         target: Arc<SinkTarget>,
         epoch: u64,
-        skip_steps: u64,
+        start: EpochStart,
     ) -> Self {
         let properties = PlanProperties::new(
             EquivalenceProperties::new(summary_schema()),
@@ -205,7 +209,7 @@ impl DeviceSinkExec {
             input,
             target,
             epoch,
-            skip_steps,
+            start,
             dealt: false,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -247,8 +251,12 @@ impl DisplayAs for DeviceSinkExec {
         if let Some(window) = b.bucket_window {
             fields.push(("bucket_by_length", window.to_string()));
         }
-        if self.skip_steps > 0 {
-            fields.push(("resume_step", self.skip_steps.to_string()));
+        match self.start {
+            EpochStart::Step(0) => {}
+            EpochStart::Step(step) => fields.push(("resume_step", step.to_string())),
+            EpochStart::Rows { rows, .. } => {
+                fields.push(("resume_after_rows", rows.to_string()))
+            }
         }
         let (prefix, separator) = match t {
             DisplayFormatType::TreeRender => ("", "\n"),
@@ -291,12 +299,10 @@ impl ExecutionPlan for DeviceSinkExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = crate::shuffle::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::new(
-            child,
-            Arc::clone(&self.target),
-            self.epoch,
-            self.skip_steps,
-        )))
+        Ok(Arc::new(
+            Self::new(child, Arc::clone(&self.target), self.epoch, self.start)
+                .dealt(self.dealt),
+        ))
     }
 
     fn execute(
@@ -314,7 +320,7 @@ impl ExecutionPlan for DeviceSinkExec {
             input: Arc::clone(&self.input),
             target: Arc::clone(&self.target),
             epoch: self.epoch,
-            skip_steps: self.skip_steps,
+            start: self.start,
             dealt: self.dealt,
             metrics,
         };
@@ -358,7 +364,7 @@ struct SinkRun {
     input: Arc<dyn ExecutionPlan>,
     target: Arc<SinkTarget>,
     epoch: u64,
-    skip_steps: u64,
+    start: EpochStart,
     dealt: bool,
     metrics: SinkMetrics,
 }
@@ -368,7 +374,7 @@ impl SinkRun {
         let memory_pool = Arc::clone(context.memory_pool());
         let mut input = ordered_input(&self.input, context)?;
         let b = self.target.batching;
-        let (epoch, skip) = (self.epoch, self.skip_steps);
+        let epoch = self.epoch;
         let length_column = b.length_column.map_or(0, |(index, _)| index);
         let mut batcher = match b.token_budget {
             Some(budget) => Batcher::Tokens(TokenBatcher::new(
@@ -379,11 +385,19 @@ impl SinkRun {
                 b.world,
                 b.drop_last,
                 epoch,
-                skip,
+                self.start,
             )),
-            // The deal on the executors cut the shard and the last step.
+            // The deal on the executors cut the shard and the last step, so
+            // the rows are this rank's: a step is `B` of them.
             None if self.dealt => {
-                Batcher::Rows(ShardBatcher::new(b.batch_rows, 0, 1, false, epoch, skip))
+                // The producer deals only resumes on the step grid.
+                let (skip, first_step) = self.start.in_chunks(b.batch_rows * b.world);
+                let steps_skipped = skip / (b.batch_rows * b.world) as u64;
+                let start = EpochStart::Rows {
+                    rows: steps_skipped * b.batch_rows as u64,
+                    first_step,
+                };
+                Batcher::Rows(ShardBatcher::new(b.batch_rows, 0, 1, false, epoch, start))
             }
             None => Batcher::Rows(ShardBatcher::new(
                 b.batch_rows,
@@ -391,7 +405,7 @@ impl SinkRun {
                 b.world,
                 b.drop_last,
                 epoch,
-                skip,
+                self.start,
             )),
         };
         let mut bucketer = b.bucket_window.map(|window| {
@@ -408,6 +422,8 @@ impl SinkRun {
         // spill to make room) from the session's one pool.
         let held = MemoryConsumer::new(format!("feed batcher (epoch {epoch})"))
             .register(&memory_pool);
+        let no_skips = BTreeSet::new();
+        let skipped = self.target.skipped_steps.get(&epoch).unwrap_or(&no_skips);
         let mut pool = self.target.pool.lock().await;
         let mut ready = Vec::new();
         // The newest batch, until the rows prove that another step follows
@@ -430,14 +446,17 @@ impl SinkRun {
                 }
             }
             loop {
-                for batch_rows in ready.drain(..) {
+                for batch_rows in ready.drain(..).filter(|b| !skipped.contains(&b.step)) {
                     if let Some(earlier) = newest.replace(batch_rows) {
                         rows += earlier.rows as u64;
                         self.deliver(&mut pool, earlier, false).await?;
                         batches += 1;
                     }
                 }
+                // With skipped steps, the step that follows might be one of
+                // them: only a later batch or the end proves "not last".
                 if let Some(step) = newest.as_ref().map(|b| b.step)
+                    && skipped.is_empty()
                     && batcher.step_follows(step)
                     && let Some(not_last) = newest.take()
                 {
@@ -463,7 +482,7 @@ impl SinkRun {
             }
         }
         batcher.finish(&mut ready);
-        for batch_rows in ready.drain(..) {
+        for batch_rows in ready.drain(..).filter(|b| !skipped.contains(&b.step)) {
             if let Some(earlier) = newest.replace(batch_rows) {
                 rows += earlier.rows as u64;
                 self.deliver(&mut pool, earlier, false).await?;
@@ -478,13 +497,8 @@ impl SinkRun {
         let steps = batcher.steps();
         // Resuming exactly at the end of an epoch (a checkpoint taken after
         // its last batch) yields nothing of it; beyond the end is an error.
-        if self.skip_steps > steps {
-            return plan_err!(
-                "cannot resume at epoch {} step {}: the epoch has only {steps} steps \
-                 on this rank (resume at a step from 0 to {steps})",
-                self.epoch,
-                self.skip_steps
-            );
+        if let Some(message) = batcher.beyond_the_end() {
+            return plan_err!("{message}");
         }
         let column = |v: u64| Arc::new(UInt64Array::from(vec![v])) as _;
         Ok(RecordBatch::try_new(
@@ -518,6 +532,16 @@ impl SinkRun {
             step: rows.step,
             rows: rows.rows,
             last_in_epoch,
+            // Dealt rows are this rank's only: a step of the global order is
+            // `B × W` of them (the last one's count is not needed, since the
+            // position after it is the next epoch's start).
+            rows_after: if self.dealt {
+                (rows.step + 1)
+                    * (self.target.batching.batch_rows * self.target.batching.world)
+                        as u64
+            } else {
+                rows.rows_after
+            },
         };
         let batch = pool.lease(slot, meta);
         self.metrics.batches.add(1);

@@ -1106,7 +1106,10 @@ fn cli_tensor_unit_feeds_float_epoch_seconds() -> Result<()> {
     for seconds in [1_700_000_000.123_456f64, -1.500_001, 0.0, -0.000_001] {
         hash.update(&seconds.to_ne_bytes());
     }
-    let expected = format!("batch epoch=0 step=0 rows=4 digest={:016x}", hash.digest());
+    let expected = format!(
+        "batch epoch=0 step=0 rows=4 digest={:016x} resume_rows=1:0",
+        hash.digest()
+    );
     let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("batch ")).collect();
     assert_eq!(lines, [expected.as_str()], "{out}");
     let (ok, _, err) = run(sqlfeed().args([

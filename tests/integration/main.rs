@@ -11,6 +11,8 @@
 //! * `cli`: the binary through `-c`, `-f`, formats, exit codes, `gen`, `demo`.
 //! * `contract`: the batch contract: held batches, a machine-independent
 //!   unshuffled order, per-epoch augmentations.
+//! * `elastic`: checkpoints resumed under another world size and batch size
+//!   (every row of the epoch once), skipped steps.
 //! * `feed`: training feeds: exact batches, shards, resume across processes,
 //!   tensor values, cancellation, bad input.
 //! * `http`: plain `http://` URLs refused by default, read with
@@ -32,6 +34,7 @@ mod cli;
 mod cluster;
 mod common;
 mod contract;
+mod elastic;
 mod examples;
 mod feed;
 mod function_docs;

@@ -1,0 +1,83 @@
+"""Elastic resume from Python (issue 33): one state, saved by any rank,
+resumes every rank of a run with another world size or batch size; skipped
+steps leave every other batch where it was."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+from conftest import require
+
+import sqlfeed
+
+
+def _feed(session, ids_data, **options):
+    options = dict(dict(batch_size=64, shuffle=5, device="cpu", format="numpy"), **options)
+    return session.feed(f"SELECT id FROM '{ids_data}/*.parquet'", **options)
+
+
+def test_a_two_rank_checkpoint_resumes_on_three_ranks_with_every_row_once(session, ids_data):
+    require("numpy", "numpy")
+    before = [_feed(session, ids_data, shard=(rank, 2)) for rank in (0, 1)]
+    consumed = collections.Counter()
+    for feed in before:
+        it = iter(feed)
+        for _ in range(4):
+            consumed.update(next(it)["id"].tolist())
+    states = [feed.state_dict() for feed in before]
+    assert states[0]["rows"] == 4 * 64 * 2
+    assert {k: v for k, v in states[0].items() if k != "rank"} == {
+        k: v for k, v in states[1].items() if k != "rank"
+    }, "every rank's state is the same"
+    state = json.loads(json.dumps(states[0]))
+    after = [_feed(session, ids_data, batch_size=96, shard=(rank, 3)) for rank in range(3)]
+    counts = []
+    for feed in after:
+        feed.load_state_dict(state)
+        batches = [b["id"].tolist() for b in feed]
+        counts.append(len(batches))
+        consumed.update(i for b in batches for i in b)
+        assert (feed.epoch, feed.step) == (1, 0)
+    assert len(set(counts)) == 1, f"equal batch counts per rank: {counts}"
+    assert set(consumed) == set(range(1000)), "no row skipped"
+    # 488 rows left in steps of 288: a padded last step of 200 rows + 1 pad.
+    assert sum(consumed.values()) == 1001
+    # The next epoch is a fresh 3-rank run's.
+    fresh = _feed(session, ids_data, batch_size=96, shard=(2, 3))
+    fresh.set_epoch(1)
+    again = list(after[2])
+    assert [b["id"].tolist() for b in again] == [b["id"].tolist() for b in fresh]
+
+
+def test_version_1_states_still_load(session, ids_data):
+    require("numpy", "numpy")
+    feed = _feed(session, ids_data, shard=(1, 2))
+    it = iter(feed)
+    for _ in range(3):
+        next(it)
+    state = feed.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("rows", "skipped")}
+    old["version"] = 1
+    resumed = _feed(session, ids_data, shard=(1, 2))
+    resumed.load_state_dict(old)
+    expected = [b["id"].tolist() for b in it]
+    assert [b["id"].tolist() for b in resumed] == expected
+    # Another query or seed is still refused, naming what differs.
+    other = _feed(session, ids_data, shuffle=6)
+    with pytest.raises(sqlfeed.PlanError, match="seed=5.*seed=6"):
+        other.load_state_dict(state)
+
+
+def test_skipped_steps_leave_the_other_batches_where_they_were(session, ids_data):
+    require("numpy", "numpy")
+    whole = [(b["id"].tolist()) for b in _feed(session, ids_data)]
+    feed = _feed(session, ids_data)
+    feed.skip_steps(0, [1, 5])
+    assert [b["id"].tolist() for b in feed] == [b for i, b in enumerate(whole) if i not in (1, 5)]
+    state = feed.state_dict()
+    assert state["skipped"] == {"0": [1, 5]}
+    resumed = _feed(session, ids_data)
+    resumed.load_state_dict(dict(state, epoch=0, step=0, rows=0))
+    assert len(list(resumed)) == len(whole) - 2, "the state keeps the skips"
