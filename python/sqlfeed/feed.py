@@ -203,6 +203,9 @@ class Feed:
         self._rows: int | None = 0
         # Global steps left out, by epoch (skip_steps).
         self._skipped: dict[int, list[int]] = {}
+        # The files the current (or last) pass's order is over, listed when
+        # it started: a checkpoint records them.
+        self._data: list[list[Any]] | None = None
         self._pass: Any = None
         self._len: int | None = None
         self._reports: list[dict[str, Any]] = []
@@ -220,6 +223,7 @@ class Feed:
         end = first + 1 if self._epochs is None else self._epochs
         if first >= end:
             return iter(())
+        self._data = _manifest(self._session, self._query)
         options = dict(
             self._options,
             first_epoch=first,
@@ -329,9 +333,15 @@ class Feed:
             "drop_last": self._options["drop_last"],
             "query": self._fingerprint(),
             "skipped": {str(e): sorted(s) for e, s in sorted(self._skipped.items())},
+            # [location, size, modified_ns(, e_tag)] of every file the
+            # order is over: listed when the pass started, or now.
+            "data": self._data if self._data is not None else self._list_data(),
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def _list_data(self) -> list[list[Any]]:
+        return _manifest(self._session, self._query)
+
+    def load_state_dict(self, state: Mapping[str, Any], on_data_change: str = "error") -> None:
         """Continues from :meth:`state_dict`'s position.
 
         Under the same world size and batch size the batches are exactly the
@@ -342,14 +352,19 @@ class Feed:
         fed twice and none is skipped, except the pads or drops the new
         shape's last step needs; later epochs are a fresh run's with the new
         shape. Every rank loads the one state (rank 0's is everyone's).
-        Refuses a state of another query or seed, whose rows are others."""
+        Refuses a state of another query or seed, whose rows are others.
+
+        The state lists the files the order was over. If files were added,
+        removed or changed since, the rest of the epoch would be another
+        order (a shuffle is over all rows): ``on_data_change="error"`` (the
+        default) refuses, naming the files; ``"restart_epoch"`` starts the
+        checkpoint's epoch anew over the data as it is now."""
         version = state.get("version")
         if version not in (1, STATE_VERSION):
             raise _sqlfeed.PlanError(
-                f"feed state version {version!r}: this sqlfeed reads versions 1 and "
-                f"{STATE_VERSION}"
+                f"feed state version {version!r}: this sqlfeed reads versions 1 and {STATE_VERSION}"
             )
-        expected = self.state_dict()
+        expected = dict(self.state_dict(), data=None)
         for key in ("query", "seed"):
             if state.get(key) != expected[key]:
                 raise _sqlfeed.PlanError(
@@ -357,8 +372,22 @@ class Feed:
                     f"{key}={expected[key]!r}: its rows are others here; resume with the "
                     "same query and seed, or start the feed anew"
                 )
+        if on_data_change not in ("error", "restart_epoch"):
+            raise _sqlfeed.PlanError(
+                f"on_data_change={on_data_change!r}: expected 'error' or 'restart_epoch'"
+            )
         epoch, step = int(state["epoch"]), int(state["step"])
         rows = state.get("rows")
+        changes = _data_changes(state.get("data"), self._list_data())
+        if changes and on_data_change == "error":
+            raise _sqlfeed.PlanError(
+                f"the data changed since the checkpoint ({changes}): the rest of epoch "
+                f"{epoch} would be another order. Resume over the files the checkpoint read, "
+                "or pass on_data_change='restart_epoch' to start the epoch anew over the data "
+                "as it is now"
+            )
+        if changes:
+            step, rows = 0, 0
         if version == 1 and state.get("batch_tokens") is None:
             # A step of a fixed shape is `batch_size × world` rows.
             rows = step * int(state["batch_size"]) * int(state["world"])
@@ -429,6 +458,40 @@ class Feed:
             f"shard=({self._rank}, {self._world}), epoch={self._epoch}, step={self._step}, "
             f"format={self._format!r})"
         )
+
+
+def _manifest(session: Session, query: str) -> list[list[Any]]:
+    """``[location, size, modified_ns(, e_tag)]`` of every file ``query`` reads."""
+    return [
+        [location, size, modified] + ([e_tag] if e_tag is not None else [])
+        for location, size, modified, e_tag in session._inner._input_files(query)
+    ]
+
+
+def _data_changes(before: list[list[Any]] | None, now: list[list[Any]]) -> str:
+    """What differs between two manifests, for a message ('' if nothing, or
+    if the state predates manifests)."""
+    if before is None:
+        return ""
+    then = {f[0]: list(f) for f in before}
+    current = {f[0]: list(f) for f in now}
+
+    def names(locations: list[str]) -> str:
+        shown = ", ".join(sorted(locations)[:3])
+        more = len(locations) - 3
+        return shown + (f" and {more} more" if more > 0 else "")
+
+    parts = []
+    added = [loc for loc in current if loc not in then]
+    removed = [loc for loc in then if loc not in current]
+    changed = [loc for loc in current if loc in then and current[loc] != then[loc]]
+    if added:
+        parts.append(f"{len(added)} added: {names(added)}")
+    if removed:
+        parts.append(f"{len(removed)} removed: {names(removed)}")
+    if changed:
+        parts.append(f"{len(changed)} changed (size or modification time): {names(changed)}")
+    return "; ".join(parts)
 
 
 def _converter(format: str) -> Any:

@@ -28,6 +28,10 @@ pub(crate) enum MemorySize {
     Text(String),
 }
 
+/// One file a query reads, as Python gets it: `(location, size,
+/// modified_ns, e_tag)`.
+type InputFileRow = (String, u64, i64, Option<String>);
+
 #[pymethods]
 impl PySession {
     #[new]
@@ -107,6 +111,22 @@ impl PySession {
             self.session.clone(),
             Arc::clone(&self.runtime),
         ))
+    }
+
+    /// The files `query` reads, as `(location, size, modified_ns, e_tag)`
+    /// sorted by location: what a feed's checkpoint records of its data.
+    fn _input_files(&self, py: Python<'_>, query: &str) -> PyResult<Vec<InputFileRow>> {
+        let session = self.session.clone();
+        let files = py
+            .detach(|| {
+                self.runtime
+                    .block_on(sqlfeed::feed::input_files(&session, query))
+            })
+            .py_err()?;
+        Ok(files
+            .into_iter()
+            .map(|f| (f.location, f.size, f.modified_ns, f.e_tag))
+            .collect())
     }
 
     /// Starts a feed pass; see `sqlfeed.Feed` (which calls this).

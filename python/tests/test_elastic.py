@@ -81,3 +81,38 @@ def test_skipped_steps_leave_the_other_batches_where_they_were(session, ids_data
     resumed = _feed(session, ids_data)
     resumed.load_state_dict(dict(state, epoch=0, step=0, rows=0))
     assert len(list(resumed)) == len(whole) - 2, "the state keeps the skips"
+
+
+def test_a_resume_over_changed_data_is_refused_naming_the_files(session, ids_data, tmp_path):
+    require("numpy", "numpy")
+    pa = require("pyarrow", "arrow")
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    shutil.copytree(ids_data, data)
+    query = f"SELECT id FROM '{data}/*.parquet'"
+    feed = session.feed(query, batch_size=64, shuffle=5, device="cpu", format="numpy")
+    it = iter(feed)
+    next(it)
+    state = json.loads(json.dumps(feed.state_dict()))
+    assert len(state["data"]) == 4 and all(f[1] > 0 for f in state["data"])
+    # The same files: resumes.
+    same = session.feed(query, batch_size=64, shuffle=5, device="cpu", format="numpy")
+    same.load_state_dict(state)
+    assert [b["id"].tolist() for b in same] == [b["id"].tolist() for b in it]
+    # An appended file moves every row of a shuffled epoch: refused by name.
+    pq.write_table(pa.table({"id": pa.array(range(1000, 1100), pa.int64())}), data / "new.parquet")
+    resumed = session.feed(query, batch_size=64, shuffle=5, device="cpu", format="numpy")
+    with pytest.raises(sqlfeed.PlanError, match=r"1 added: .*new\.parquet.*restart_epoch"):
+        resumed.load_state_dict(state)
+    # A rewritten file is named as changed.
+    pq.write_table(pa.table({"id": pa.array(range(7), pa.int64())}), data / "part-0.parquet")
+    with pytest.raises(sqlfeed.PlanError, match=r"changed .*part-0\.parquet"):
+        resumed.load_state_dict(state)
+    # Asked for, the epoch starts anew over the data as it is now.
+    resumed.load_state_dict(state, on_data_change="restart_epoch")
+    assert (resumed.epoch, resumed.step) == (0, 0)
+    ids = sorted(i for b in resumed for i in b["id"].tolist())
+    assert len(ids) == 750 + 7 + 100

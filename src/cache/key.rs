@@ -216,7 +216,7 @@ pub(crate) fn pin_assets(calls: Vec<AssetCall>) -> Result<Vec<AssetFile>> {
 }
 
 /// The files every file scan of `plan` reads.
-fn input_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<InputFile>> {
+pub(crate) fn input_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<InputFile>> {
     let mut files = Vec::new();
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<DataSourceExec>()

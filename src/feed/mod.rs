@@ -52,6 +52,7 @@ mod batcher;
 mod columns;
 mod convert;
 mod epoch_cache;
+mod inputs;
 mod metrics;
 mod order;
 mod producer;
@@ -66,6 +67,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
 pub use columns::ColumnSpec;
+pub use inputs::input_files;
 pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
 pub use sink::DeviceSinkExec;
