@@ -212,7 +212,7 @@ impl SessionBuilder {
         let config = self
             .engine_config(engine.memory_limit)
             .with_extension(Arc::clone(&cache));
-        let state = SessionStateBuilder::new()
+        let builder = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(Arc::clone(&engine.runtime))
             .with_default_features()
@@ -224,8 +224,11 @@ impl SessionBuilder {
             .with_physical_optimizer_rule(Arc::new(
                 crate::sql::file_errors::NameFileErrors,
             ))
-            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
-            .build();
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()));
+        // Ahead of DataFusion's planners, so that `['a', 'b']` is a constant
+        // when SQL is planned (the width of `one_hot` in the plan's schema).
+        // The cluster client's state is derived from this one and keeps them.
+        let state = sqlfeed_udfs::planner::with_expr_planners(builder).build();
         let (state, factory) = crate::sql::url_table::install(state);
         let functions = self.functions(&engine);
         #[cfg(feature = "ballista")]

@@ -349,3 +349,39 @@ async fn explain_tree_and_statistics_see_through_a_shuffle() -> Result<()> {
     assert_eq!(statistics.num_rows, Precision::Exact(300), "{statistics:?}");
     Ok(())
 }
+
+/// `['a', 'b']` is a constant at planning, so the plan's schema (what
+/// `DESCRIBE` and `DataFrame::schema` show) has `one_hot`'s real width
+/// before any optimization.
+#[tokio::test]
+async fn vocabulary_functions_have_their_width_in_the_unoptimized_schema() -> Result<()> {
+    let session = session()?;
+    collect(
+        &session,
+        "CREATE TABLE t AS SELECT * FROM (VALUES ('a'), ('c'), (NULL)) AS v(s)",
+    )
+    .await?;
+    let query = "SELECT one_hot(s, ['a','b','c']) AS v, label_encode(s, ['a','b']) AS l \
+                 FROM t";
+    let described = rows(&collect(&session, &format!("DESCRIBE {query}")).await?);
+    assert_eq!(described[0][0], "v");
+    assert!(
+        described[0][1].starts_with("FixedSizeList(3 x"),
+        "{described:?}"
+    );
+    assert_eq!(described[1][..2], ["l", "Int64"]);
+    let schema = session.sql(query).await?.schema().as_arrow().clone();
+    assert_eq!(
+        schema.field(0).data_type(),
+        &datafusion::arrow::datatypes::DataType::new_fixed_size_list(
+            datafusion::arrow::datatypes::DataType::Float32,
+            3,
+            false
+        )
+    );
+    assert_eq!(
+        schema.field(1).data_type(),
+        &datafusion::arrow::datatypes::DataType::Int64
+    );
+    Ok(())
+}

@@ -2,12 +2,13 @@
 //!
 //! Each family sits behind a cargo feature (all on by default) and every
 //! function is vectorised over Arrow arrays. [`register_all`] registers every
-//! enabled family on a context; [`functions`] lists them with their signatures
-//! for `\functions` in the REPL.
+//! enabled family on a context, with the [`planner`] that makes `['a', 'b']`
+//! a constant when SQL is planned; [`functions`] lists them with their
+//! signatures for `\functions` in the REPL.
 //!
 //! | family    | feature   | functions                          |
 //! |-----------|-----------|------------------------------------|
-//! | numeric   | `numeric` | `standardize`, `min_max_scale`, `clip`, `log1p`, `bucketize`, `one_hot`, `hash_bucket` |
+//! | numeric   | `numeric` | `standardize`, `min_max_scale`, `clip`, `log1p`, `bucketize`, `one_hot`, `label_encode`, `hash_bucket` |
 //! | image     | `image`   | `image_decode`, `try_image_decode`, `image_resize`, `image_center_crop`, `image_random_crop`, `image_random_flip`, `image_to_tensor` |
 //! | text      | `text`    | `tokenize`, `tokenize_pair`, `attention_mask`, `pad`, `truncate` |
 
@@ -18,6 +19,7 @@ pub mod augment;
 pub mod image;
 #[cfg(feature = "numeric")]
 pub mod numeric;
+pub mod planner;
 #[cfg(feature = "text")]
 pub mod text;
 
@@ -300,13 +302,20 @@ pub(crate) fn check_arity(
     )))
 }
 
-/// Registers every enabled function on `ctx`.
+/// Registers every enabled function on `ctx`, and puts this crate's
+/// expression planners ahead of DataFusion's
+/// ([`planner::register_expr_planners`]; a session built with a
+/// `SessionStateBuilder` can use [`planner::with_expr_planners`] instead).
 pub fn register_all(ctx: &SessionContext) -> Result<()> {
     register_all_with(ctx, &UdfOptions::default())
 }
 
-/// Registers every enabled function on `ctx`, configured by `options`.
+/// Registers every enabled function on `ctx`, configured by `options`, and
+/// the expression planners, as [`register_all`] does.
 pub fn register_all_with(ctx: &SessionContext, options: &UdfOptions) -> Result<()> {
+    // Vocabularies (`one_hot(v, ['a', 'b'])`) must be constants when the
+    // plan is built, or the plan's schema has the wrong width.
+    planner::register_expr_planners(ctx);
     for udf in scalar_functions_with(options) {
         ctx.register_udf(udf);
     }

@@ -1,7 +1,9 @@
-//! Encodings: `bucketize(x, boundaries)`, `one_hot(i, n)`,
-//! `hash_bucket(value, n [, seed])`.
+//! Encodings: `bucketize(x, boundaries)`, `one_hot(i, n)` and
+//! `one_hot(value, vocabulary [, 'zeros'])`, `hash_bucket(value, n [, seed])`.
 
 use std::sync::Arc;
+
+use super::vocabulary::{self, ONE_HOT_ENCODER, Vocabulary};
 
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, FixedSizeListArray, Float32Array, Int32Array, Int64Array,
@@ -17,6 +19,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 const BUCKETIZE: &str = "bucketize(x, [b0, b1, ...])";
 const ONE_HOT: &str = "one_hot(i, n)";
+/// Both forms, for messages that cannot tell which one was meant.
+const ONE_HOT_FORMS: &str =
+    "one_hot(i, n) or one_hot(value, ['a', 'b', ...] [, 'zeros'])";
 const HASH_BUCKET: &str = "hash_bucket(value, n [, seed])";
 /// Widest `one_hot` accepted: a larger `n` is almost surely a mistake and
 /// would allocate `n` floats per row.
@@ -167,6 +172,13 @@ impl ScalarUDFImpl for BucketizeFunc {
 
 /// `one_hot(i, n)`: a fixed-size list of `n` float32 with 1.0 at `i`; an `i`
 /// outside `[0, n)` is an error naming the row and the value.
+///
+/// `one_hot(value, ['a', 'b', ...] [, 'zeros'])`: the same list, as wide as
+/// the vocabulary, with 1.0 at the position of the string `value` in it
+/// (see [`super::vocabulary`]); a value outside the vocabulary is an error
+/// naming it, or an all-zero row with `'zeros'`. The second argument's type
+/// tells the forms apart: a list is a vocabulary. NULL gives a NULL row in
+/// both.
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct OneHotFunc {
     signature: Signature,
@@ -190,6 +202,49 @@ fn one_hot_width(value: Option<&ScalarValue>) -> Result<i32> {
     Ok(n as i32)
 }
 
+/// The width of `one_hot`'s vocabulary form: the vocabulary's length,
+/// within the same limit as `n`.
+fn vocabulary_width(vocabulary: &Vocabulary) -> Result<i32> {
+    let n = vocabulary.len();
+    if n as i64 > MAX_ONE_HOT {
+        return Err(DataFusionError::Plan(format!(
+            "one_hot: the vocabulary may have at most {MAX_ONE_HOT} entries, got {n}"
+        )));
+    }
+    Ok(n as i32)
+}
+
+/// The type of `one_hot`'s result: `width` float32 per row.
+fn one_hot_type(width: i32) -> DataType {
+    DataType::FixedSizeList(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        width,
+    )
+}
+
+/// `one_hot`'s rows from vocabulary codes (see [`vocabulary::encode`]):
+/// 1.0 at the code, all zeros for -1, NULL for NULL.
+fn one_hot_of_codes(codes: &Int64Array, width: i32) -> Result<FixedSizeListArray> {
+    let row_width = width as usize;
+    let mut values = vec![0f32; codes.len() * row_width];
+    for (row, code) in codes.iter().enumerate() {
+        // Codes are positions in the vocabulary, so below `width`: the
+        // `get_mut` only keeps a bug from becoming a panic.
+        if let Some(code) = code
+            && let Ok(code) = usize::try_from(code)
+            && let Some(slot) = values.get_mut(row * row_width + code)
+        {
+            *slot = 1.0;
+        }
+    }
+    Ok(FixedSizeListArray::try_new(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        width,
+        Arc::new(Float32Array::from(values)),
+        codes.nulls().cloned(),
+    )?)
+}
+
 impl ScalarUDFImpl for OneHotFunc {
     fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
         crate::documentation_of(self.name())
@@ -204,7 +259,20 @@ impl ScalarUDFImpl for OneHotFunc {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        super::check_arity("one_hot", ONE_HOT, arg_types.len(), &[2])?;
+        super::check_arity("one_hot", ONE_HOT_FORMS, arg_types.len(), &[2, 3])?;
+        if arg_types.len() == 3 || vocabulary::is_list(&arg_types[1]) {
+            return vocabulary::coerce(&ONE_HOT_ENCODER, arg_types);
+        }
+        let value = &arg_types[0];
+        if value.is_string()
+            || matches!(value, DataType::Dictionary(_, v) if v.is_string())
+        {
+            return Err(DataFusionError::Plan(format!(
+                "one_hot: the value is a string ({value}), so the second argument must \
+                 be its vocabulary, a constant list of strings: {}",
+                ONE_HOT_ENCODER.syntax
+            )));
+        }
         for (position, t) in arg_types.iter().enumerate() {
             if !(t.is_integer() || *t == DataType::Null) {
                 return Err(DataFusionError::Plan(format!(
@@ -223,19 +291,47 @@ impl ScalarUDFImpl for OneHotFunc {
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let n = one_hot_width(args.scalar_arguments.get(1).copied().flatten())?;
         let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
-        Ok(Arc::new(Field::new(
-            "one_hot",
-            DataType::FixedSizeList(
-                Arc::new(Field::new("item", DataType::Float32, false)),
-                n,
-            ),
-            nullable,
-        )))
+        let vocabulary_form = args.arg_fields.len() == 3
+            || args
+                .arg_fields
+                .get(1)
+                .is_some_and(|f| vocabulary::is_list(f.data_type()));
+        let n = if vocabulary_form {
+            if let Some(Some(option)) = args.scalar_arguments.get(2) {
+                vocabulary::on_unknown(&ONE_HOT_ENCODER, Some(Some(option)))?;
+            }
+            // The width is the vocabulary's length, so the vocabulary must
+            // be a literal when the logical plan is built: `['a', 'b']` is
+            // one from SQL planning on (`crate::planner`), and anything else
+            // is a plan error here rather than a schema of the wrong width.
+            vocabulary_width(&Vocabulary::try_new(
+                &ONE_HOT_ENCODER,
+                args.scalar_arguments.get(1).copied().flatten(),
+            )?)?
+        } else {
+            one_hot_width(args.scalar_arguments.get(1).copied().flatten())?
+        };
+        Ok(Arc::new(Field::new("one_hot", one_hot_type(n), nullable)))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        if args.args.len() == 3
+            || args
+                .args
+                .get(1)
+                .is_some_and(|a| vocabulary::is_list(&a.data_type()))
+        {
+            let (vocabulary, on_unknown) =
+                vocabulary::parameters(&ONE_HOT_ENCODER, &args.args)?;
+            let width = vocabulary_width(&vocabulary)?;
+            let values = args.args[0].to_array(args.number_rows)?;
+            let codes =
+                vocabulary::encode(&ONE_HOT_ENCODER, &values, &vocabulary, on_unknown)?;
+            return Ok(ColumnarValue::Array(Arc::new(one_hot_of_codes(
+                &codes, width,
+            )?)));
+        }
         let n = match args.args.get(1) {
             Some(ColumnarValue::Scalar(v)) => one_hot_width(Some(v))?,
             _ => {
@@ -399,7 +495,12 @@ fn hash_params(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::numeric::test_util::{query, query_error};
+    use crate::numeric::test_util::{
+        PENGUINS, penguins, query, query_error, query_table,
+    };
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::prelude::SessionContext;
 
     #[tokio::test]
     async fn bucketize_counts_boundaries_at_or_below() -> Result<()> {
@@ -460,6 +561,262 @@ mod tests {
         assert!(err.contains("n must be in 1..="), "{err}");
         let err = query_error("SELECT one_hot(x, x) FROM (VALUES (1)) AS t(x)").await;
         assert!(err.contains("constant"), "{err}");
+    }
+
+    /// The rows of a `one_hot` result, `None` for a NULL row.
+    fn one_hot_rows(out: &ArrayRef) -> Vec<Option<Vec<f32>>> {
+        let list = out.as_fixed_size_list();
+        (0..list.len())
+            .map(|row| {
+                list.is_valid(row).then(|| {
+                    let row = list.value(row);
+                    row.as_primitive::<datafusion::arrow::datatypes::Float32Type>()
+                        .values()
+                        .to_vec()
+                })
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn one_hot_of_utf8_is_as_wide_as_the_vocabulary() -> Result<()> {
+        let out = query(&format!(
+            "SELECT one_hot(s, {PENGUINS}) FROM \
+             (VALUES ('Gentoo'), ('Adelie'), (NULL), ('Chinstrap')) AS t(s)"
+        ))
+        .await?;
+        assert_eq!(out.data_type(), &one_hot_type(3));
+        assert_eq!(
+            one_hot_rows(&out),
+            vec![
+                Some(vec![0.0, 0.0, 1.0]),
+                Some(vec![1.0, 0.0, 0.0]),
+                None,
+                Some(vec![0.0, 1.0, 0.0]),
+            ]
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn one_hot_of_utf8_view_and_large_utf8() -> Result<()> {
+        for t in ["Utf8View", "LargeUtf8"] {
+            let out = query(&format!(
+                "SELECT one_hot(arrow_cast(s, '{t}'), {PENGUINS}) FROM \
+                 (VALUES ('Chinstrap'), (NULL)) AS t(s)"
+            ))
+            .await?;
+            assert_eq!(out.data_type(), &one_hot_type(3), "{t}");
+            assert_eq!(
+                one_hot_rows(&out),
+                vec![Some(vec![0.0, 1.0, 0.0]), None],
+                "{t}"
+            );
+        }
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn one_hot_of_dictionary_strings_maps_the_keys() -> Result<()> {
+        // Gentoo, NULL key, NULL dictionary value, Adelie, Chinstrap; the
+        // dictionary's 'Emperor' is unused, so it is no error.
+        let batch = penguins(vec![Some(0), None, Some(3), Some(2), Some(4)])?;
+        let out = query_table(
+            &format!("SELECT one_hot(species, {PENGUINS}) FROM t"),
+            batch,
+        )
+        .await?;
+        assert_eq!(out.data_type(), &one_hot_type(3));
+        assert_eq!(
+            one_hot_rows(&out),
+            vec![
+                Some(vec![0.0, 0.0, 1.0]),
+                None,
+                None,
+                Some(vec![1.0, 0.0, 0.0]),
+                Some(vec![0.0, 1.0, 0.0]),
+            ]
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn one_hot_unknown_value_names_value_row_and_vocabulary() -> Result<()> {
+        let err = query_error(&format!(
+            "SELECT one_hot(s, {PENGUINS}) FROM (VALUES ('Adelie'), ('Emperor')) AS t(s)"
+        ))
+        .await;
+        assert!(
+            err.contains(
+                "one_hot: value 'Emperor' in row 1 is not in the vocabulary \
+                 ['Adelie', 'Chinstrap', 'Gentoo']; add it to the vocabulary, or pass \
+                 'zeros' as the third argument"
+            ),
+            "{err}"
+        );
+        assert!(err.contains("Execution error"), "{err}");
+        // Through a dictionary: the row of the key, not of the dictionary value.
+        let batch = penguins(vec![Some(0), Some(0), Some(1)])?;
+        let err = query_table(
+            &format!("SELECT one_hot(species, {PENGUINS}) FROM t"),
+            batch,
+        )
+        .await
+        .expect_err("'Emperor' is not in the vocabulary")
+        .to_string();
+        assert!(err.contains("value 'Emperor' in row 2"), "{err}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn one_hot_zeros_option_gives_all_zero_rows_for_unknown_values() -> Result<()> {
+        let out = query(&format!(
+            "SELECT one_hot(s, {PENGUINS}, 'zeros') FROM \
+             (VALUES ('Emperor'), ('Gentoo'), (NULL)) AS t(s)"
+        ))
+        .await?;
+        assert_eq!(
+            one_hot_rows(&out),
+            vec![Some(vec![0.0; 3]), Some(vec![0.0, 0.0, 1.0]), None]
+        );
+        let batch = penguins(vec![Some(1), Some(2)])?;
+        let sql = format!("SELECT one_hot(species, {PENGUINS}, 'zeros') FROM t");
+        let out = query_table(&sql, batch).await?;
+        assert_eq!(
+            one_hot_rows(&out),
+            vec![Some(vec![0.0; 3]), Some(vec![1.0, 0.0, 0.0])]
+        );
+        // 'error' is the default, spelled out.
+        let err =
+            query_error(&format!("SELECT one_hot('Emperor', {PENGUINS}, 'error')")).await;
+        assert!(err.contains("value 'Emperor' in row 0"), "{err}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn one_hot_bad_vocabulary_or_option_is_a_plan_error() {
+        let err = query_error("SELECT one_hot('a', ['a', 'b', 'b'])").await;
+        assert!(
+            err.contains("Error during planning")
+                && err.contains(
+                    "'b' appears twice in the vocabulary, at positions 1 and 2"
+                ),
+            "{err}"
+        );
+        let err = query_error("SELECT one_hot('a', ['a'], 'ignore')").await;
+        assert!(
+            err.contains("Error during planning")
+                && err.contains("unknown option 'ignore'")
+                && err.contains("accepted: 'error' (the default) or 'zeros'"),
+            "{err}"
+        );
+        let err = query_error("SELECT one_hot('a', 3)").await;
+        assert!(
+            err.contains("the value is a string (Utf8)") && err.contains("vocabulary"),
+            "{err}"
+        );
+        let err = query_error("SELECT one_hot(1, ['a'])").await;
+        assert!(err.contains("the value must be a string"), "{err}");
+        let err = query_error("SELECT one_hot('a', [1, 2])").await;
+        assert!(err.contains("constant list of strings"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn one_hot_of_dictionary_column_plans_with_the_vocabulary_width() -> Result<()>
+    {
+        // The SQL path end to end on a dictionary column: the plan's schema,
+        // a grouping over the encoded column and a table created from it all
+        // see the vocabulary's width.
+        let ctx = SessionContext::new();
+        crate::register_all(&ctx)?;
+        let batch = penguins(vec![Some(0), Some(2), Some(0), None, Some(4)])?;
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
+        ctx.register_table("t", Arc::new(table))?;
+        let df = ctx
+            .sql(&format!("SELECT one_hot(species, {PENGUINS}) AS v FROM t"))
+            .await?;
+        let plan = df.create_physical_plan().await?;
+        assert_eq!(plan.schema().field(0).data_type(), &one_hot_type(3));
+        let grouped = ctx
+            .sql(&format!(
+                "SELECT v, count(*) AS n FROM (SELECT one_hot(species, {PENGUINS}) AS v \
+                 FROM t) GROUP BY v ORDER BY n DESC, v"
+            ))
+            .await?
+            .collect()
+            .await?;
+        let text = pretty_format_batches(&grouped)?.to_string();
+        assert!(text.contains("| [0.0, 0.0, 1.0] | 2 |"), "{text}");
+        ctx.sql(&format!(
+            "CREATE TABLE encoded AS SELECT one_hot(species, {PENGUINS}) AS v, \
+             label_encode(species, {PENGUINS}) AS l FROM t"
+        ))
+        .await?
+        .collect()
+        .await?;
+        let encoded = ctx.sql("SELECT v, l FROM encoded").await?.collect().await?;
+        assert_eq!(encoded[0].schema().field(0).data_type(), &one_hot_type(3));
+        assert_eq!(encoded.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+        Ok(())
+    }
+
+    /// A context with every function and the table `t (s VARCHAR)`.
+    async fn strings_table() -> Result<SessionContext> {
+        let ctx = SessionContext::new();
+        crate::register_all(&ctx)?;
+        ctx.sql("CREATE TABLE t AS SELECT * FROM (VALUES ('a'), ('c'), (NULL)) AS v(s)")
+            .await?
+            .collect()
+            .await?;
+        Ok(ctx)
+    }
+
+    #[tokio::test]
+    async fn vocabulary_functions_have_their_type_in_the_unoptimized_plan() -> Result<()>
+    {
+        let ctx = strings_table().await?;
+        let sql = "SELECT one_hot(s, ['a','b','c']) AS v, label_encode(s, ['a','b']) AS l \
+                   FROM t";
+        // The logical plan as SQL planning built it, before any optimizer
+        // rule: what `DataFrame::schema` shows.
+        let schema = ctx.sql(sql).await?.schema().as_arrow().clone();
+        assert_eq!(schema.field(0).data_type(), &one_hot_type(3));
+        assert_eq!(schema.field(1).data_type(), &DataType::Int64);
+        let described = ctx.sql(&format!("DESCRIBE {sql}")).await?.collect().await?;
+        let text = pretty_format_batches(&described)?.to_string();
+        assert!(
+            text.contains("| v           | FixedSizeList(3 x non-null Float32) |"),
+            "{text}"
+        );
+        assert!(text.contains("| l           | Int64 "), "{text}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn computed_vocabulary_is_a_plan_error() -> Result<()> {
+        let ctx = strings_table().await?;
+        for sql in [
+            "SELECT one_hot(s, make_array(s)) FROM t",
+            "SELECT label_encode(s, make_array(s)) FROM t",
+            "SELECT one_hot(s, make_array('a', 'b'), 'zeros') FROM t",
+            "SELECT one_hot(s, (SELECT array_agg(s) FROM t)) FROM t",
+        ] {
+            // At planning (`sql`), not once rows are read.
+            let err = ctx
+                .sql(sql)
+                .await
+                .expect_err("a computed vocabulary")
+                .to_string();
+            assert!(
+                err.contains("Error during planning")
+                    && err.contains(
+                        "the vocabulary must be a constant list of strings written in \
+                         the query, such as ['a', 'b']"
+                    ),
+                "{sql}: {err}"
+            );
+        }
+        Ok(())
     }
 
     #[tokio::test]

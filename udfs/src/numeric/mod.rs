@@ -8,6 +8,8 @@
 //! | `log1p(x)` | `ln(1 + x)`, accurate near 0 |
 //! | `bucketize(x, [b0, b1, …])` | int32: how many boundaries are `<= x` |
 //! | `one_hot(i, n)` | fixed-size list of `n` float32, 1.0 at `i` |
+//! | `one_hot(value, ['a', 'b', …] [, 'zeros'])` | the same, as wide as the vocabulary, 1.0 at the string `value`'s position |
+//! | `label_encode(value, ['a', 'b', …] [, '-1'])` | int64: the string `value`'s position in the vocabulary |
 //! | `hash_bucket(value, n [, seed])` | int64 in `[0, n)`, stable everywhere |
 //! | `feature_vector(x1, …, xn)` | fixed-size list of `n` float32: the row's features as one vector |
 //!
@@ -23,11 +25,20 @@
 //! for `x < -1` is NaN, ±inf pass through. `clip` keeps NaN as NaN (it is not
 //! in any interval) and clips ±inf to the bounds. `bucketize` puts NaN after
 //! every boundary (index = number of boundaries), like `numpy.digitize`.
+//!
+//! # Categorical strings
+//! `one_hot` and `label_encode` take strings (Utf8, LargeUtf8, Utf8View) or
+//! dictionary-encoded strings and a constant vocabulary. A value outside the
+//! vocabulary is an execution error naming it and its row, unless the third
+//! argument says what it becomes: `'zeros'` (an all-zero `one_hot` row) or
+//! `'-1'` (`label_encode`); `'error'` is the default spelled out. A
+//! duplicated or NULL vocabulary entry is a plan error.
 
 mod affine;
 mod elementwise;
 mod encode;
 mod vector;
+mod vocabulary;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::{DataFusionError, Result};
@@ -44,6 +55,7 @@ pub fn functions() -> Vec<ScalarUDF> {
         ScalarUDF::from(elementwise::Log1pFunc::new()),
         ScalarUDF::from(encode::BucketizeFunc::new()),
         ScalarUDF::from(encode::OneHotFunc::new()),
+        ScalarUDF::from(vocabulary::LabelEncodeFunc::new()),
         ScalarUDF::from(encode::HashBucketFunc::new()),
         ScalarUDF::from(vector::FeatureVectorFunc::new()),
     ]
@@ -125,14 +137,56 @@ pub fn infos() -> Vec<FunctionInfo> {
         ),
         info(
             "one_hot",
-            "one_hot(i, n)",
-            "fixed-size list of n float32 with 1.0 at index i",
+            "one_hot(i, n) | one_hot(value, ['a', 'b', ...] [, 'zeros'])",
+            "fixed-size list of float32 with 1.0 at index i (n wide), or at the position \
+             of the string value in the vocabulary (as wide as the vocabulary)",
             &[
-                ("i", "an integer in [0, n); NULL gives all zeros"),
+                ("i", "an integer in [0, n); NULL gives a NULL row"),
                 ("n", "a constant integer: the number of classes"),
+                (
+                    "value",
+                    "a string or dictionary-encoded string column; NULL gives a NULL row, \
+                     a value outside the vocabulary is an error naming it and its row",
+                ),
+                (
+                    "['a', 'b', ...]",
+                    "the vocabulary: a constant list of distinct strings, one per class",
+                ),
+                (
+                    "'zeros'",
+                    "optional: values outside the vocabulary give an all-zero row instead \
+                     of an error ('error', the default, can be spelled out)",
+                ),
             ],
-            "SELECT one_hot(2, 4) AS v;",
-            "+----------------------+\n| v                    |\n+----------------------+\n| [0.0, 0.0, 1.0, 0.0] |\n+----------------------+",
+            "SELECT one_hot(2, 4) AS v, one_hot('Gentoo', ['Adelie', 'Chinstrap', 'Gentoo']) AS s, one_hot('Emperor', ['Adelie', 'Chinstrap', 'Gentoo'], 'zeros') AS u;",
+            "+----------------------+-----------------+-----------------+\n\
+             | v                    | s               | u               |\n\
+             +----------------------+-----------------+-----------------+\n\
+             | [0.0, 0.0, 1.0, 0.0] | [0.0, 0.0, 1.0] | [0.0, 0.0, 0.0] |\n\
+             +----------------------+-----------------+-----------------+",
+        ),
+        info(
+            "label_encode",
+            "label_encode(value, ['a', 'b', ...] [, '-1'])",
+            "int64 position of the string value in the vocabulary (0-based)",
+            &[
+                (
+                    "value",
+                    "a string or dictionary-encoded string column; NULL gives NULL, a \
+                     value outside the vocabulary is an error naming it and its row",
+                ),
+                (
+                    "['a', 'b', ...]",
+                    "the vocabulary: a constant list of distinct strings",
+                ),
+                (
+                    "'-1'",
+                    "optional: values outside the vocabulary give -1 instead of an error \
+                     ('error', the default, can be spelled out)",
+                ),
+            ],
+            "SELECT label_encode('Gentoo', ['Adelie', 'Chinstrap', 'Gentoo']) AS l, label_encode('Emperor', ['Adelie', 'Chinstrap', 'Gentoo'], '-1') AS u;",
+            "+---+----+\n| l | u  |\n+---+----+\n| 2 | -1 |\n+---+----+",
         ),
         info(
             "hash_bucket",
@@ -178,7 +232,10 @@ fn float_type(
 
 #[cfg(test)]
 pub(crate) mod test_util {
-    use datafusion::arrow::array::ArrayRef;
+    use datafusion::arrow::array::{ArrayRef, DictionaryArray, StringArray};
+    use datafusion::arrow::datatypes::Int8Type;
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::datasource::MemTable;
     use datafusion::error::Result;
     use datafusion::prelude::SessionContext;
     use std::sync::Arc;
@@ -191,6 +248,43 @@ pub(crate) mod test_util {
         let batch =
             datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
         Ok(Arc::clone(batch.column(0)))
+    }
+
+    /// First column of `sql`'s result with every function registered and
+    /// `batch` as table `t`.
+    pub async fn query_table(sql: &str, batch: RecordBatch) -> Result<ArrayRef> {
+        let ctx = SessionContext::new();
+        crate::register_all(&ctx)?;
+        let table = MemTable::try_new(batch.schema(), vec![vec![batch]])?;
+        ctx.register_table("t", Arc::new(table))?;
+        let batches = ctx.sql(sql).await?.collect().await?;
+        let batch =
+            datafusion::arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+        Ok(Arc::clone(batch.column(0)))
+    }
+
+    /// The vocabulary of [`penguins`], as SQL.
+    pub const PENGUINS: &str = "['Adelie', 'Chinstrap', 'Gentoo']";
+
+    /// A batch with one dictionary-encoded column `species` (int8 keys) of
+    /// the rows `keys` name in the dictionary `Gentoo, Emperor, Adelie,
+    /// NULL, Chinstrap`: it holds a value outside [`PENGUINS`] ('Emperor',
+    /// key 1) and a NULL value (key 3).
+    pub fn penguins(keys: Vec<Option<i8>>) -> Result<RecordBatch> {
+        let dictionary = DictionaryArray::<Int8Type>::try_new(
+            keys.into(),
+            Arc::new(StringArray::from(vec![
+                Some("Gentoo"),
+                Some("Emperor"),
+                Some("Adelie"),
+                None,
+                Some("Chinstrap"),
+            ])),
+        )?;
+        Ok(RecordBatch::try_from_iter(vec![(
+            "species",
+            Arc::new(dictionary) as ArrayRef,
+        )])?)
     }
 
     /// The error text of `sql`.
