@@ -209,17 +209,36 @@ async fn timed<E: std::fmt::Display>(
     }
 }
 
+/// The platform rustc builds for by default (`host:` of `rustc -vV`).
+fn host_triple() -> Result<String, String> {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let output = std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .map_err(|e| format!("rustc -vV: {e}"))?;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("host: "))
+        .map(|host| host.trim().to_string())
+        .ok_or_else(|| "rustc -vV printed no host triple".to_string())
+}
+
 /// The `test_files` folder of the datafusion-sqllogictest crate in use, found
 /// with `cargo metadata` (it ships in the crate, not in this repository).
 pub fn datafusion_test_files() -> Result<PathBuf, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    // Offline, cargo can describe only the packages it has downloaded: those
+    // of this platform on a machine that built the tests and nothing else.
+    let host = host_triple()?;
     let output = std::process::Command::new(cargo)
         .args([
             "metadata",
             "--format-version",
             "1",
             "--offline",
+            "--filter-platform",
+            &host,
             "--manifest-path",
         ])
         .arg(&manifest)
