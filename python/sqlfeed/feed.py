@@ -325,6 +325,17 @@ class Feed:
             "step": self._step,
             # Rows of the epoch's order consumed by all ranks together.
             "rows": self._rows,
+            **self._settings(),
+            "skipped": {str(e): sorted(s) for e, s in sorted(self._skipped.items())},
+            # [location, size, modified_ns(, e_tag)] of every file the
+            # order is over: listed when the pass started, or now.
+            "data": self._data if self._data is not None else _manifest(self._session, self._query),
+        }
+
+    def _settings(self) -> dict[str, Any]:
+        """What a state's rows depend on: the query and seed (which pick the
+        order) and the shape (which cuts it into steps)."""
+        return {
             "seed": self._options["shuffle"],
             "rank": self._rank,
             "world": self._world,
@@ -332,14 +343,7 @@ class Feed:
             "batch_tokens": self._options["batch_tokens"],
             "drop_last": self._options["drop_last"],
             "query": self._fingerprint(),
-            "skipped": {str(e): sorted(s) for e, s in sorted(self._skipped.items())},
-            # [location, size, modified_ns(, e_tag)] of every file the
-            # order is over: listed when the pass started, or now.
-            "data": self._data if self._data is not None else self._list_data(),
         }
-
-    def _list_data(self) -> list[list[Any]]:
-        return _manifest(self._session, self._query)
 
     def load_state_dict(self, state: Mapping[str, Any], on_data_change: str = "error") -> None:
         """Continues from :meth:`state_dict`'s position.
@@ -364,7 +368,7 @@ class Feed:
             raise _sqlfeed.PlanError(
                 f"feed state version {version!r}: this sqlfeed reads versions 1 and {STATE_VERSION}"
             )
-        expected = dict(self.state_dict(), data=None)
+        expected = self._settings()
         for key in ("query", "seed"):
             if state.get(key) != expected[key]:
                 raise _sqlfeed.PlanError(
@@ -378,7 +382,7 @@ class Feed:
             )
         epoch, step = int(state["epoch"]), int(state["step"])
         rows = state.get("rows")
-        changes = _data_changes(state.get("data"), self._list_data())
+        changes = _data_changes(state.get("data"), _manifest(self._session, self._query))
         if changes and on_data_change == "error":
             raise _sqlfeed.PlanError(
                 f"the data changed since the checkpoint ({changes}): the rest of epoch "

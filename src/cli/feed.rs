@@ -168,7 +168,7 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     }
     if let Some(resume) = &args.resume_rows {
         let (epoch, rows) = parse_pair(resume, ':', "--resume-rows")?;
-        let chunk = (args.batch_size * parse_shard(args)?.1).max(1) as u64;
+        let chunk = (args.batch_size * world).max(1) as u64;
         builder = builder.resume_after_rows(epoch, rows, rows / chunk);
     }
     for skip in &args.skip_steps {
@@ -202,20 +202,15 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     let mut delivered = 0u64;
     let mut last_progress = Instant::now();
     while args.max_batches.is_none_or(|max| delivered < max) {
+        if let Some(stop) = super::signals::requested() {
+            return Err(super::signals::Stopped(stop).into());
+        }
         let batch = match feed.next_within(SIGNAL_CHECK) {
             NextBatch::Ready(batch) => batch,
             NextBatch::Failed(err) => return Err(err.into()),
             NextBatch::Finished => break,
-            NextBatch::Pending => {
-                if let Some(stop) = super::signals::requested() {
-                    return Err(super::signals::Stopped(stop).into());
-                }
-                continue;
-            }
+            NextBatch::Pending => continue,
         };
-        if let Some(stop) = super::signals::requested() {
-            return Err(super::signals::Stopped(stop).into());
-        }
         if args.digest {
             let mut hash = Xxh3::new();
             for tensor in batch.tensors() {

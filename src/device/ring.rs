@@ -533,36 +533,27 @@ impl SlotPool {
         if bytes == 0 {
             return Ok(());
         }
-        if self.reservation.is_none() {
-            return Ok(());
-        }
         // Past the share: free slots make room first (a batch grew, or the
         // share was taken), down to the smallest ring.
         loop {
             let Some(reservation) = &mut self.reservation else {
                 return Ok(());
             };
-            if reservation.try_grow(bytes).is_ok() {
+            let Err(e) = reservation.try_grow(bytes) else {
                 return Ok(());
-            }
+            };
+            let total = reservation.size() + bytes;
             if !self.retire_free_slot() {
-                break;
+                return Err(DataFusionError::ResourcesExhausted(format!(
+                    "the feed's prefetch ring of {} slots needs about {} MB of host memory \
+                     ({} MB for this batch), more than the memory limit leaves ({e}); lower \
+                     prefetch or the batch size, or raise --memory-limit",
+                    self.total_slots,
+                    total / 1_000_000,
+                    bytes / 1_000_000
+                )));
             }
         }
-        let Some(reservation) = &mut self.reservation else {
-            return Ok(());
-        };
-        reservation.try_grow(bytes).map_err(|e| {
-            let total = reservation.size() + bytes;
-            DataFusionError::ResourcesExhausted(format!(
-                "the feed's prefetch ring of {} slots needs about {} MB of host memory \
-                 ({} MB for this batch), more than the memory limit leaves ({e}); lower \
-                 prefetch or the batch size, or raise --memory-limit",
-                self.total_slots,
-                total / 1_000_000,
-                bytes / 1_000_000
-            ))
-        })
     }
 
     /// The backend of this pool.

@@ -63,6 +63,24 @@ impl EpochStart {
         rows.is_multiple_of(chunk.max(1) as u64)
     }
 
+    /// Why this start lies beyond the end of `epoch`, which had `steps`
+    /// steps on this rank and `rows` rows in its order, if it does. The end
+    /// itself (a checkpoint after the last batch) is a valid start of
+    /// nothing.
+    fn beyond_the_end(self, epoch: u64, steps: u64, rows: u64) -> Option<String> {
+        match self {
+            EpochStart::Step(step) if step > steps => Some(format!(
+                "cannot resume at epoch {epoch} step {step}: the epoch has only {steps} \
+                 steps on this rank (resume at a step from 0 to {steps})"
+            )),
+            EpochStart::Rows { rows: at, .. } if at > rows => Some(format!(
+                "cannot resume epoch {epoch} after {at} rows: its order has only {rows} \
+                 rows (the data changed since the checkpoint?)"
+            )),
+            _ => None,
+        }
+    }
+
     /// `(rows to skip, first step)` for fixed chunks of `chunk` rows.
     pub(crate) fn in_chunks(self, chunk: usize) -> (u64, u64) {
         match self {
@@ -190,8 +208,7 @@ impl ShardBatcher {
     }
 
     /// After [`Self::finish`]: why the resume point lies beyond the epoch's
-    /// end, if it does. The end itself (a checkpoint after the last batch)
-    /// is a valid start of nothing.
+    /// end, if it does (see [`EpochStart::beyond_the_end`]).
     pub(crate) fn beyond_the_end(&self) -> Option<String> {
         let rows = self.seen_rows;
         let chunk = self.chunk_capacity() as u64;
@@ -200,19 +217,7 @@ impl ShardBatcher {
         } else {
             rows.div_ceil(chunk)
         };
-        match self.start {
-            EpochStart::Step(step) if step > steps => Some(format!(
-                "cannot resume at epoch {} step {step}: the epoch has only {steps} steps \
-                 on this rank (resume at a step from 0 to {steps})",
-                self.epoch
-            )),
-            EpochStart::Rows { rows: at, .. } if at > rows => Some(format!(
-                "cannot resume epoch {} after {at} rows: its order has only {rows} rows \
-                 (the data changed since the checkpoint?)",
-                self.epoch
-            )),
-            _ => None,
-        }
+        self.start.beyond_the_end(self.epoch, steps, rows)
     }
 
     /// Bytes of input this batcher keeps between calls: the record batches
@@ -598,23 +603,10 @@ impl TokenBatcher {
     }
 
     /// After [`Self::finish`]: why the resume point lies beyond the epoch's
-    /// end, if it does (see [`ShardBatcher::beyond_the_end`]).
+    /// end, if it does (see [`EpochStart::beyond_the_end`]).
     pub(crate) fn beyond_the_end(&self) -> Option<String> {
-        match self.start {
-            EpochStart::Step(step) if step > self.steps() => Some(format!(
-                "cannot resume at epoch {} step {step}: the epoch has only {} steps \
-                 on this rank (resume at a step from 0 to {})",
-                self.epoch,
-                self.steps(),
-                self.steps()
-            )),
-            EpochStart::Rows { rows, .. } if rows > self.seen_rows => Some(format!(
-                "cannot resume epoch {} after {rows} rows: its order has only {} rows \
-                 (the data changed since the checkpoint?)",
-                self.epoch, self.seen_rows
-            )),
-            _ => None,
-        }
+        self.start
+            .beyond_the_end(self.epoch, self.steps(), self.seen_rows)
     }
 
     fn close(&mut self, out: &mut Vec<BatchRows>) {

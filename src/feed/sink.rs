@@ -430,7 +430,7 @@ impl SinkRun {
         // it or the epoch ends: only then is it known whether it is the
         // epoch's last (see "Epoch ends" above).
         let mut newest: Option<BatchRows> = None;
-        let (mut batches, mut rows) = (0u64, 0u64);
+        let mut handed = Handed::default();
         let mut input_done = false;
         while !input_done {
             match input.next().await {
@@ -446,13 +446,14 @@ impl SinkRun {
                 }
             }
             loop {
-                for batch_rows in ready.drain(..).filter(|b| !skipped.contains(&b.step)) {
-                    if let Some(earlier) = newest.replace(batch_rows) {
-                        rows += earlier.rows as u64;
-                        self.deliver(&mut pool, earlier, false).await?;
-                        batches += 1;
-                    }
-                }
+                self.hand_over_all_but_newest(
+                    &mut pool,
+                    &mut ready,
+                    &mut newest,
+                    skipped,
+                    &mut handed,
+                )
+                .await?;
                 // With skipped steps, the step that follows might be one of
                 // them: only a later batch or the end proves "not last".
                 if let Some(step) = newest.as_ref().map(|b| b.step)
@@ -460,9 +461,8 @@ impl SinkRun {
                     && batcher.step_follows(step)
                     && let Some(not_last) = newest.take()
                 {
-                    rows += not_last.rows as u64;
-                    self.deliver(&mut pool, not_last, false).await?;
-                    batches += 1;
+                    self.deliver(&mut pool, not_last, false, &mut handed)
+                        .await?;
                 }
                 held.resize(
                     batcher.held_bytes()
@@ -482,17 +482,16 @@ impl SinkRun {
             }
         }
         batcher.finish(&mut ready);
-        for batch_rows in ready.drain(..).filter(|b| !skipped.contains(&b.step)) {
-            if let Some(earlier) = newest.replace(batch_rows) {
-                rows += earlier.rows as u64;
-                self.deliver(&mut pool, earlier, false).await?;
-                batches += 1;
-            }
-        }
+        self.hand_over_all_but_newest(
+            &mut pool,
+            &mut ready,
+            &mut newest,
+            skipped,
+            &mut handed,
+        )
+        .await?;
         if let Some(last) = newest.take() {
-            rows += last.rows as u64;
-            self.deliver(&mut pool, last, true).await?;
-            batches += 1;
+            self.deliver(&mut pool, last, true, &mut handed).await?;
         }
         let steps = batcher.steps();
         // Resuming exactly at the end of an epoch (a checkpoint taken after
@@ -503,8 +502,27 @@ impl SinkRun {
         let column = |v: u64| Arc::new(UInt64Array::from(vec![v])) as _;
         Ok(RecordBatch::try_new(
             summary_schema(),
-            vec![column(steps), column(batches), column(rows)],
+            vec![column(steps), column(handed.batches), column(handed.rows)],
         )?)
+    }
+
+    /// Hands over the batches in `ready` (but skipped steps) except the
+    /// newest, which replaces `newest` until it is known whether it ends
+    /// the epoch.
+    async fn hand_over_all_but_newest(
+        &self,
+        pool: &mut SlotPool,
+        ready: &mut Vec<BatchRows>,
+        newest: &mut Option<BatchRows>,
+        skipped: &BTreeSet<u64>,
+        handed: &mut Handed,
+    ) -> Result<()> {
+        for batch_rows in ready.drain(..).filter(|b| !skipped.contains(&b.step)) {
+            if let Some(earlier) = newest.replace(batch_rows) {
+                self.deliver(pool, earlier, false, handed).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Converts one batch into a free slot and hands it over.
@@ -513,7 +531,10 @@ impl SinkRun {
         pool: &mut SlotPool,
         rows: BatchRows,
         last_in_epoch: bool,
+        handed: &mut Handed,
     ) -> Result<()> {
+        handed.batches += 1;
+        handed.rows += rows.rows as u64;
         let stall = self.metrics.stall_time.timer();
         let stall_start = Instant::now();
         let mut slot = pool.acquire().await?;
@@ -559,6 +580,15 @@ impl SinkRun {
             .send(FeedEvent::Batch(batch))
             .map_err(|_| DataFusionError::Execution("the feed was dropped".into()))
     }
+}
+
+/// What a sink run handed over so far.
+#[derive(Debug, Default)]
+struct Handed {
+    /// Batches.
+    batches: u64,
+    /// Rows in them.
+    rows: u64,
 }
 
 /// The input's rows in a deterministic order: see "Ordering" above.
