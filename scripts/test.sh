@@ -12,10 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo test --workspace "$@"
-# The extension (a cdylib) and the sqlfeed binary the Python tests use; the
-# same profile and features as the tests above, so nothing is built twice.
+# The libraries first: the extension (a cdylib) and the sqlfeed binary the
+# Python tests use, and the template plugin (examples/udf-plugin) the Rust
+# tests load; the same profile and features as the tests, so nothing is
+# built twice.
 cargo build --workspace --lib --bins
+cargo test --workspace "$@"
 
 python=${SQLFEED_PYTHON:-}
 if [[ -z "$python" ]]; then

@@ -32,17 +32,22 @@ from sqlfeed._sqlfeed import (
     cuda_device_count,
 )
 from sqlfeed.feed import Feed
+from sqlfeed.functions import Function, FunctionFailed, batch_udf, udf
 from sqlfeed.session import Session, SqlResult
 
 __all__ = [
     "Error",
     "ExecutionError",
     "Feed",
+    "Function",
+    "FunctionFailed",
     "InternalError",
     "PlanError",
     "ResourcesExhausted",
     "Session",
     "SqlResult",
     "__version__",
+    "batch_udf",
     "cuda_device_count",
+    "udf",
 ]

@@ -5,6 +5,7 @@ Use the documented wrappers in :mod:`sqlfeed` (``Session``, ``SqlResult``,
 feeds yield (:class:`Tensor`).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 __version__: str
@@ -37,8 +38,22 @@ class Session:
         spill_dir: str | None = None,
         batch_size: int | None = None,
         allow_http: bool | None = None,
+        plugins: list[str] = ...,
     ) -> None: ...
     def sql(self, query: str) -> SqlResult: ...
+    def _register_function(
+        self,
+        name: str,
+        invoke: Callable[[object, int, int, int | None], object],
+        returns: object,
+        inputs: object | None,
+        arg_count: int | None,
+        volatility: str,
+        identity: str,
+        costly: bool,
+        qualname: str,
+    ) -> None: ...
+    def _function_names(self) -> list[str]: ...
     def _start_feed(self, options: dict[str, Any]) -> RawFeed: ...
     def _input_files(self, query: str) -> list[tuple[str, int, int, str | None]]: ...
     @property

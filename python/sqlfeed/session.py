@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING, Any
 from sqlfeed import _sqlfeed
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow
 
     from sqlfeed.feed import Feed
+    from sqlfeed.functions import Function
 
 
 class Session:
@@ -33,6 +36,11 @@ class Session:
             endpoints of S3, GCS, Azure). Refused by default, with an error
             naming the URL, since what travels unencrypted can be altered on
             the way. None: ``$SQLFEED_ALLOW_HTTP=1`` allows it.
+        plugins: paths of Rust function plugins (``cdylib`` libraries built
+            with ``sqlfeed-plugin``, see ``examples/udf-plugin``) whose
+            functions SQL can call.
+        functions: Python functions made with :func:`sqlfeed.udf` or
+            :func:`sqlfeed.batch_udf`, registered as by :meth:`register`.
     """
 
     def __init__(
@@ -44,6 +52,8 @@ class Session:
         spill_dir: str | os.PathLike[str] | None = None,
         batch_size: int | None = None,
         allow_http: bool | None = None,
+        plugins: Sequence[str | os.PathLike[str]] = (),
+        functions: Sequence[Function] = (),
     ) -> None:
         self._inner = _sqlfeed.Session(
             memory_limit=memory_limit,
@@ -53,7 +63,25 @@ class Session:
             spill_dir=None if spill_dir is None else os.fspath(spill_dir),
             batch_size=batch_size,
             allow_http=allow_http,
+            plugins=[os.fspath(p) for p in plugins],
         )
+        for function in functions:
+            self.register(function)
+
+    def register(self, function: Function) -> None:
+        """Makes a Python function (from :func:`sqlfeed.udf` or
+        :func:`sqlfeed.batch_udf`) callable in this session's SQL under its
+        name; registering a function of the same name again replaces it.
+        Raises :class:`sqlfeed.PlanError` if the name is one of sqlfeed's or a
+        plugin's functions."""
+        from sqlfeed.functions import Function
+
+        if not isinstance(function, Function):
+            raise TypeError(
+                "register() takes a function made with @sqlfeed.udf(...) or "
+                f"@sqlfeed.batch_udf(...), not {function!r}"
+            )
+        function._register(self._inner)
 
     def sql(self, query: str) -> SqlResult:
         """Plans one statement of sqlfeed SQL (DataFusion SQL plus ``SHUFFLE``,

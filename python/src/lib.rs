@@ -7,11 +7,15 @@
 #![deny(unsafe_code)]
 
 // `unsafe` only where the extension meets C: the DLPack capsule protocol
-// (`dlpack`) and the one consumer-stream handle DLPack passes (`feed`).
+// (`dlpack`), the one consumer-stream handle DLPack passes (`feed`) and the
+// Arrow stream a Python function returns (`functions`).
 #[allow(unsafe_code)]
 mod dlpack;
 mod errors;
 mod feed;
+// `unsafe` once more: reading the Arrow C stream a Python function returns.
+#[allow(unsafe_code)]
+mod functions;
 mod result;
 mod session;
 
@@ -28,6 +32,7 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<feed::PyFeed>()?;
     m.add_class::<feed::PyBatch>()?;
     m.add_class::<feed::PyTensor>()?;
+    m.add_class::<functions::ArrowBatchExport>()?;
     m.add_function(wrap_pyfunction!(session::cuda_device_count, m)?)?;
     Ok(())
 }

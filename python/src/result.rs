@@ -33,14 +33,14 @@ pub(crate) struct PySqlResult {
     /// The session (its memory budget, cluster, …).
     session: Session,
     /// Where the stream's futures run.
-    runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<crate::session::SessionRuntime>,
 }
 
 impl PySqlResult {
     pub(crate) fn new(
         df: DataFrame,
         session: Session,
-        runtime: Arc<tokio::runtime::Runtime>,
+        runtime: Arc<crate::session::SessionRuntime>,
     ) -> Self {
         Self {
             df,
@@ -150,7 +150,7 @@ struct BlockingReader {
     /// `None` once finished or failed.
     stream: Option<SendableRecordBatchStream>,
     /// Runs the stream's futures (the consumer's thread only waits).
-    runtime: Arc<tokio::runtime::Runtime>,
+    runtime: Arc<crate::session::SessionRuntime>,
 }
 
 impl Iterator for BlockingReader {

@@ -16,7 +16,31 @@ pub(crate) struct PySession {
     /// The Rust session (cheap to clone: shared state).
     pub(crate) session: Session,
     /// Runs planning and result streams (feeds have runtimes of their own).
-    pub(crate) runtime: Arc<tokio::runtime::Runtime>,
+    pub(crate) runtime: Arc<SessionRuntime>,
+}
+
+/// The session's tokio runtime, which may be dropped anywhere: the last
+/// reference can go with a garbage collection that runs inside a Python
+/// function called on an engine thread, where waiting for a runtime's
+/// threads is not allowed. There it finishes in the background.
+pub(crate) struct SessionRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for SessionRuntime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("taken only in drop")
+    }
+}
+
+impl Drop for SessionRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// A memory size given as bytes or as text (`"4G"`, `"512M"`, `"25%"`).
@@ -43,6 +67,7 @@ impl PySession {
         spill_dir = None,
         batch_size = None,
         allow_http = None,
+        plugins = Vec::new(),
     ))]
     // One parameter per keyword of `sqlfeed.Session`: Python's signature.
     #[allow(clippy::too_many_arguments)]
@@ -55,6 +80,7 @@ impl PySession {
         spill_dir: Option<std::path::PathBuf>,
         batch_size: Option<usize>,
         allow_http: Option<bool>,
+        plugins: Vec<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let mut builder = Session::builder();
         if let Some(limit) = memory_limit {
@@ -84,12 +110,15 @@ impl PySession {
         if let Some(url) = cluster {
             builder = builder.cluster(url);
         }
+        for library in plugins {
+            builder = builder.load_plugin(library);
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .thread_name("sqlfeed-session")
             .enable_all()
             .build()
             .map_err(|e| PlanError::new_err(format!("cannot start threads: {e}")))?;
-        let runtime = Arc::new(runtime);
+        let runtime = Arc::new(SessionRuntime(Some(runtime)));
         // Building a cluster session dials the scheduler: not under the GIL,
         // and inside the runtime (Ballista's client needs one).
         let session = py.detach(|| {
@@ -135,6 +164,46 @@ impl PySession {
         py.detach(|| options.build(&session))
             .py_err()
             .map(PyFeed::new)
+    }
+
+    /// Registers a Python function (see `sqlfeed.functions`); replaces a
+    /// Python function of the same name, refuses to shadow any other.
+    #[pyo3(signature = (name, invoke, returns, inputs, arg_count, volatility, identity, costly, qualname))]
+    #[allow(clippy::too_many_arguments)]
+    fn _register_function(
+        &self,
+        name: String,
+        invoke: Py<PyAny>,
+        returns: Bound<'_, PyAny>,
+        inputs: Option<Bound<'_, PyAny>>,
+        arg_count: Option<usize>,
+        volatility: String,
+        identity: String,
+        costly: bool,
+        qualname: String,
+    ) -> PyResult<()> {
+        crate::functions::check_name_free(&self.session, &name).py_err()?;
+        let udf = crate::functions::python_udf(crate::functions::FunctionSpec {
+            name,
+            invoke,
+            returns,
+            inputs,
+            arg_count,
+            volatility,
+            identity,
+            costly,
+            qualname,
+        })?;
+        self.session.context().register_udf(udf.as_ref().clone());
+        Ok(())
+    }
+
+    /// Names of the session's scalar functions, sorted.
+    fn _function_names(&self) -> Vec<String> {
+        let state = self.session.context().state();
+        let mut names: Vec<String> = state.scalar_functions().keys().cloned().collect();
+        names.sort();
+        names
     }
 
     /// The memory budget in bytes.

@@ -16,6 +16,10 @@
 //!    `tokenizer.json`) as (location, xxh3-128 of its content), sorted by
 //!    location;
 //! 8. the keys of the cached tables read;
+//! 9. every user function the plan calls (a plugin's or a Python function,
+//!    [`sqlfeed_udfs::user::UserFunction`]) as (name, identity: the plugin
+//!    library's content hash, the Python function's code hash or declared
+//!    version), sorted by name;
 //!
 //! written as 32 hex digits.
 //!
@@ -38,7 +42,8 @@
 //! # Persistence
 //! Only data that is a pure function of files can be reused by another run. A
 //! plan that reads anything else (an in-memory table, a view over one) or
-//! calls a volatile function (`random()`, `now()`) gets a *session-only* key:
+//! calls a volatile function (`random()`, `now()`), or an aggregate function
+//! of a plugin (whose code has no identity in the plan), gets a *session-only* key:
 //! it is cached for this session and never written where another run could
 //! find it.
 
@@ -55,6 +60,7 @@ use datafusion::datasource::source_as_provider;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion_ffi::udaf::ForeignAggregateUDF;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::exec::CachedTable;
@@ -85,7 +91,11 @@ fn compute_for_build(
     inputs.dedup();
     assets.sort_by(|a, b| a.location.cmp(&b.location));
     assets.dedup_by(|a, b| a.location == b.location);
-    let (session_only_reason, cached_keys) = sources(logical)?;
+    let Sources {
+        session_only_reason,
+        cached_keys,
+        user_functions,
+    } = sources(logical)?;
 
     let mut hasher = Xxh3::new();
     let mut field = |bytes: &[u8]| {
@@ -109,6 +119,10 @@ fn compute_for_build(
     }
     for key in &cached_keys {
         field(key.as_bytes());
+    }
+    for (name, identity) in &user_functions {
+        field(name.as_bytes());
+        field(identity.as_bytes());
     }
     let mut hex = format!("{:032x}", hasher.digest128());
     if session_only_reason.is_some() {
@@ -243,11 +257,21 @@ pub(crate) fn input_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<InputFile
     Ok(files)
 }
 
-/// Why the plan's data is not a pure function of files (`None` if it is),
-/// and the keys of the cached tables it reads.
-fn sources(plan: &LogicalPlan) -> Result<(Option<String>, Vec<String>)> {
+/// What a plan's data comes from besides its files.
+struct Sources {
+    /// Why the data is not a pure function of files (`None` if it is).
+    session_only_reason: Option<String>,
+    /// The keys of the cached tables read.
+    cached_keys: Vec<String>,
+    /// (name, identity) of every user function called, sorted.
+    user_functions: BTreeMap<String, String>,
+}
+
+/// What `plan`'s data comes from besides its files (see [`Sources`]).
+fn sources(plan: &LogicalPlan) -> Result<Sources> {
     let mut reason = None;
     let mut cached = Vec::new();
+    let mut user_functions = BTreeMap::new();
     plan.apply_with_subqueries(|node| {
         if let LogicalPlan::TableScan(scan) = node {
             let provider = source_as_provider(&scan.source)?;
@@ -270,10 +294,38 @@ fn sources(plan: &LogicalPlan) -> Result<(Option<String>, Vec<String>)> {
             if expr.is_volatile() {
                 reason.get_or_insert(format!("calls the volatile {expr}"));
             }
+            expr.apply(|e| {
+                match e {
+                    Expr::ScalarFunction(call) => {
+                        if let Some(user) = sqlfeed_udfs::user::as_user_function(&call.func) {
+                            user_functions
+                                .insert(call.func.name().to_string(), user.identity().to_string());
+                        }
+                    }
+                    Expr::AggregateFunction(call) if is_plugin_aggregate(&call.func) => {
+                        reason.get_or_insert(format!(
+                            "calls the plugin aggregate {}, whose code the plan does not identify",
+                            call.func.name()
+                        ));
+                    }
+                    _ => {}
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    Ok((reason, cached))
+    Ok(Sources {
+        session_only_reason: reason,
+        cached_keys: cached,
+        user_functions,
+    })
+}
+
+/// Whether `udaf` is an aggregate function of a plugin.
+fn is_plugin_aggregate(udaf: &datafusion::logical_expr::AggregateUDF) -> bool {
+    let any: &dyn std::any::Any = udaf.inner().as_ref();
+    any.is::<ForeignAggregateUDF>()
 }
 
 fn is_file_table(provider: &dyn TableProvider) -> bool {

@@ -86,6 +86,16 @@ pub struct Cli {
     /// 8192x8192); larger headers are refused before any allocation.
     #[arg(long, value_name = "PIXELS")]
     pub max_image_pixels: Option<u64>,
+    /// Load the functions of this plugin library (a cdylib built with
+    /// sqlfeed-plugin; see examples/udf-plugin). Repeatable; also after a
+    /// subcommand.
+    #[arg(long = "load", value_name = "LIBRARY", global = true)]
+    pub plugins: Vec<PathBuf>,
+    /// Load every library in this folder as a plugin. Schedulers and
+    /// executors load plugins only this way (or with --load): a client names
+    /// functions, it never makes them load a path. Repeatable.
+    #[arg(long = "plugin-dir", value_name = "DIR", global = true)]
+    pub plugin_dirs: Vec<PathBuf>,
     /// Parallelism (default: number of cores).
     #[arg(long, value_name = "N")]
     pub target_partitions: Option<usize>,
@@ -112,6 +122,7 @@ const EXAMPLES: &str = "Examples:
   sqlfeed feed \"SELECT f0 AS x, label AS y FROM 'data/*.parquet'\" --shuffle-seed 42 --epochs 2
   sqlfeed scheduler --bind 127.0.0.1:50050 & sqlfeed executor --scheduler 127.0.0.1:50050 &
   sqlfeed --cluster df://127.0.0.1:50050 -c \"SELECT count(*) FROM 'data/*.parquet'\"
+  sqlfeed --load target/release/libmy_udfs.so -c \"SELECT my_fn(x) FROM 'data/*.parquet'\"
   sqlfeed                       # interactive shell";
 
 /// Subcommands.
@@ -388,6 +399,12 @@ fn session_builder(cli: &Cli) -> SessionBuilder {
     }
     if let Some(bytes) = cli.cache_max_size {
         builder = builder.cache_max_bytes(bytes as u64);
+    }
+    for dir in &cli.plugin_dirs {
+        builder = builder.plugin_dir(dir);
+    }
+    for library in &cli.plugins {
+        builder = builder.load_plugin(library);
     }
     builder
 }

@@ -47,6 +47,7 @@ use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{
     PhysicalExtensionCodec, PhysicalProtoConverterExtension,
 };
+use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
 
 use super::wire::WireNode;
 use crate::cache::CachedTable;
@@ -84,6 +85,29 @@ impl FunctionRegistry {
     }
 
     fn encode(&self, udf: &ScalarUDF, buf: &mut Vec<u8>) -> Result<bool> {
+        if let Some(user) = as_user_function(udf) {
+            return match user.origin() {
+                FunctionOrigin::Plugin { .. } => {
+                    encode(
+                        &WireNode::UserFunction {
+                            identity: user.identity().to_string(),
+                            origin: user.origin().describe(),
+                        },
+                        buf,
+                    )?;
+                    Ok(true)
+                }
+                FunctionOrigin::Python { .. } => plan_err!(
+                    "function '{}' is a {}, which cannot run on a Ballista cluster: \
+                     executors are sqlfeed processes without your Python interpreter. \
+                     Run this query on the embedded engine (Session() without cluster=), \
+                     or write the function as a Rust plugin (examples/udf-plugin) and \
+                     start the scheduler and executors with --plugin-dir",
+                    udf.name(),
+                    user.origin().describe()
+                ),
+            };
+        }
         if !self.functions.contains_key(udf.name()) {
             return Ok(false);
         }
@@ -102,6 +126,29 @@ impl FunctionRegistry {
                     env!("CARGO_PKG_VERSION")
                 ),
             },
+            Some(WireNode::UserFunction { identity, origin }) => {
+                let here = self
+                    .functions
+                    .get(name)
+                    .and_then(|f| as_user_function(f).map(|user| (Arc::clone(f), user)));
+                match here {
+                    Some((udf, user)) if user.identity() == identity => Ok(Some(udf)),
+                    Some((_, user)) => plan_err!(
+                        "function '{name}' differs between the client and this process: the \
+                         client's comes from {origin} (content {identity}), this process's \
+                         from {} (content {}). Give the client, the scheduler and every \
+                         executor the same build of the plugin",
+                        user.origin().describe(),
+                        user.identity()
+                    ),
+                    None => plan_err!(
+                        "function '{name}' of {origin} is not loaded in this process (sqlfeed \
+                         {}): start the scheduler and every executor with --plugin-dir \
+                         <folder> holding the same library (content {identity})",
+                        env!("CARGO_PKG_VERSION")
+                    ),
+                }
+            }
             Some(other) => {
                 internal_err!("expected a function payload for '{name}', got {other:?}")
             }
@@ -311,7 +358,9 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 Arc::new(PermuteExec::try_new_with_mode(input, mode)?)
             }
 
-            other @ (WireNode::Shuffle { .. } | WireNode::Function) => {
+            other @ (WireNode::Shuffle { .. }
+            | WireNode::Function
+            | WireNode::UserFunction { .. }) => {
                 return internal_err!("{other:?} is not a physical plan node");
             }
         })

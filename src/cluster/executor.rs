@@ -119,13 +119,21 @@ pub async fn run_executor(
     })?;
 
     let engine = session.engine()?;
-    let udfs = session.functions(&engine);
+    // Only the plugins of the executor's own `--plugin-dir`: a client names
+    // functions, it never makes an executor load a library.
+    let plugins = session.plugins()?;
+    let udfs = session.functions(&engine, &plugins)?;
     let functions = FunctionRegistry::new(udfs.clone());
     let mut registry = BallistaFunctionRegistry::default();
     for udf in udfs {
         registry
             .scalar_functions
             .insert(udf.name().to_string(), udf);
+    }
+    for udaf in SessionBuilder::aggregate_functions(&plugins) {
+        registry
+            .aggregate_functions
+            .insert(udaf.name().to_string(), udaf);
     }
     // Every task's runtime reads through sqlfeed's object stores and spills
     // into the work dir; Ballista adds the memory pool per task.

@@ -68,7 +68,9 @@ pub async fn run_scheduler(
         .map_err(|e| DataFusionError::Execution(format!("no local address: {e}")))?;
 
     let engine = session.engine()?;
-    let udfs = session.functions(&engine);
+    let plugins = session.plugins()?;
+    let udfs = session.functions(&engine, &plugins)?;
+    let udafs = SessionBuilder::aggregate_functions(&plugins);
     let functions = FunctionRegistry::new(udfs.clone());
     let runtime = Arc::clone(&engine.runtime);
     let planning_session = session.clone();
@@ -86,6 +88,9 @@ pub async fn run_scheduler(
                 .build();
             for udf in &udfs {
                 state.register_udf(Arc::clone(udf))?;
+            }
+            for udaf in &udafs {
+                state.register_udaf(Arc::clone(udaf))?;
             }
             Ok(state)
         });

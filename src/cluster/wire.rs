@@ -6,7 +6,7 @@
 //!  Envelope { version = 1; oneof node { shuffle = 2; shuffle_key = 3;
 //!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7;
 //!             range_bucket = 8; deal = 9; rank_shard = 10;
-//!             shared_entry_write = 11 } }
+//!             shared_entry_write = 11; user_function = 12 } }
 //! ```
 //!
 //! # Compatibility
@@ -94,6 +94,14 @@ pub enum WireNode {
 
     /// A sqlfeed function, resolved by name where it is decoded.
     Function,
+    /// A plugin's function, resolved by name where it is decoded and
+    /// checked to be the same code there (content hash of the library).
+    UserFunction {
+        /// `sqlfeed_udfs::user::UserFunction::identity` on the sender.
+        identity: String,
+        /// The library it came from on the sender, for messages.
+        origin: String,
+    },
 }
 
 /// Prefix of every payload sqlfeed's codecs write.
@@ -110,7 +118,7 @@ pub const WIRE_VERSION: u32 = 1;
 pub struct Envelope {
     #[prost(uint32, tag = "1")]
     pub version: u32,
-    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub node: Option<Node>,
 }
 
@@ -137,6 +145,17 @@ pub enum Node {
     RankShard(Empty),
     #[prost(message, tag = "11")]
     SharedEntryWrite(SharedEntryWrite),
+    #[prost(message, tag = "12")]
+    UserFunction(UserFunctionNode),
+}
+
+/// A plugin function (`WireNode::UserFunction`).
+#[derive(Clone, PartialEq, Message)]
+pub struct UserFunctionNode {
+    #[prost(string, tag = "1")]
+    pub identity: String,
+    #[prost(string, tag = "2")]
+    pub origin: String,
 }
 
 /// `SharedEntryWriteNode` (logical) and `SharedEntryWriteExec`.
@@ -428,6 +447,12 @@ fn to_message(node: &WireNode) -> Node {
             ranged: *ranged,
         }),
         WireNode::Function => Node::Function(Empty {}),
+        WireNode::UserFunction { identity, origin } => {
+            Node::UserFunction(UserFunctionNode {
+                identity: identity.clone(),
+                origin: origin.clone(),
+            })
+        }
     }
 }
 
@@ -515,6 +540,10 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             ranged: permute.ranged,
         },
         Node::Function(_) => WireNode::Function,
+        Node::UserFunction(f) => WireNode::UserFunction {
+            identity: f.identity,
+            origin: f.origin,
+        },
     })
 }
 
@@ -609,6 +638,10 @@ mod tests {
                 ranged: true,
             },
             WireNode::Function,
+            WireNode::UserFunction {
+                identity: "0123456789abcdef0123456789abcdef".into(),
+                origin: "plugin '/p/libp.so' (p 0.1.0)".into(),
+            },
         ]);
         nodes
     }

@@ -16,7 +16,10 @@
 //!   (`FROM 's3://bucket/*.parquet'`), see [`object_stores`]; plain `http://`
 //!   only with [`SessionBuilder::allow_http`];
 //! * **path tables** with checked Parquet footers, see [`url_table`];
-//! * the **functions** of `sqlfeed-udfs` plus sqlfeed's internal ones;
+//! * the **functions** of `sqlfeed-udfs` plus sqlfeed's internal ones, and
+//!   those of the **plugins** it loads ([`SessionBuilder::load_plugin`],
+//!   [`SessionBuilder::plugin_dir`], `CREATE FUNCTION … LANGUAGE rust`; see
+//!   [`plugins`]);
 //! * `target_partitions` = the number of cores.
 //!
 //! ```
@@ -32,6 +35,7 @@
 mod cgroup;
 use crate::cache::liveness;
 pub mod object_stores;
+pub mod plugins;
 
 use std::any::Any;
 use std::num::NonZeroUsize;
@@ -51,7 +55,7 @@ use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::{FairSpillPool, MemoryPool, TrackConsumersPool};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::RecordBatchStream;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -107,6 +111,10 @@ pub struct SessionBuilder {
     cluster: Option<String>,
     /// `sqlfeed.executor_cache_dir`.
     executor_cache_dir: Option<String>,
+    /// Plugin libraries to load, in order.
+    plugins: Vec<PathBuf>,
+    /// Folders whose every library is a plugin to load.
+    plugin_dirs: Vec<PathBuf>,
 }
 
 impl SessionBuilder {
@@ -185,6 +193,23 @@ impl SessionBuilder {
         self
     }
 
+    /// Loads the function plugin at `path` (a `cdylib` built with
+    /// `sqlfeed-plugin`, see `examples/udf-plugin`) when the session is
+    /// built: its functions are then called like sqlfeed's own. A library of
+    /// another DataFusion major version, or not a plugin at all, fails
+    /// `build` with an error naming it.
+    pub fn load_plugin(mut self, path: impl Into<PathBuf>) -> Self {
+        self.plugins.push(path.into());
+        self
+    }
+
+    /// Loads every library (`*.so`, `*.dylib`, `*.dll`) in `dir` as a
+    /// plugin; what executors and schedulers use (`--plugin-dir`).
+    pub fn plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugin_dirs.push(dir.into());
+        self
+    }
+
     /// Runs queries on the Ballista cluster whose scheduler is at `url`
     /// (`df://host:port`) instead of the embedded engine; see
     /// [`crate::cluster`]. `build` checks that the scheduler answers.
@@ -208,6 +233,8 @@ impl SessionBuilder {
     /// for a cluster session, the scheduler cannot be reached.
     pub fn build(self) -> Result<Session> {
         let engine = self.engine()?;
+        let plugins = self.plugins()?;
+        let functions = self.functions(&engine, &plugins)?;
         let cache = Arc::new(CacheStore::new(self.cache.clone()));
         let config = self
             .engine_config(engine.memory_limit)
@@ -224,13 +251,13 @@ impl SessionBuilder {
             .with_physical_optimizer_rule(Arc::new(
                 crate::sql::file_errors::NameFileErrors,
             ))
-            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()));
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+            .with_function_factory(Some(Arc::new(crate::sql::PluginFunctionFactory)));
         // Ahead of DataFusion's planners, so that `['a', 'b']` is a constant
         // when SQL is planned (the width of `one_hot` in the plan's schema).
         // The cluster client's state is derived from this one and keeps them.
         let state = sqlfeed_udfs::planner::with_expr_planners(builder).build();
         let (state, factory) = crate::sql::url_table::install(state);
-        let functions = self.functions(&engine);
         #[cfg(feature = "ballista")]
         let (state, cluster, standalone) = match self.cluster.as_deref() {
             Some("standalone") => {
@@ -257,6 +284,9 @@ impl SessionBuilder {
         // After the Ballista upgrade, which resets the function list.
         for udf in &functions {
             ctx.register_udf(udf.as_ref().clone());
+        }
+        for udaf in Self::aggregate_functions(&plugins) {
+            ctx.register_udaf(udaf.as_ref().clone());
         }
         Ok(Session {
             ctx,
@@ -346,19 +376,70 @@ impl SessionBuilder {
         config
     }
 
+    /// The plugins given with [`Self::load_plugin`] and [`Self::plugin_dir`].
+    pub(crate) fn plugins(&self) -> Result<Vec<Arc<plugins::Plugin>>> {
+        let mut loaded = Vec::new();
+        for dir in &self.plugin_dirs {
+            loaded.extend(plugins::load_dir(dir)?);
+        }
+        for path in &self.plugins {
+            loaded.push(plugins::load(path)?);
+        }
+        Ok(loaded)
+    }
+
     /// sqlfeed's functions (`sqlfeed-udfs` and the internal ones), reading
-    /// tokenizer files through `engine`'s object stores.
-    pub(crate) fn functions(&self, engine: &Engine) -> Vec<Arc<ScalarUDF>> {
+    /// tokenizer files through `engine`'s object stores, and the scalar
+    /// functions of `plugins`. A plugin function may not take the name of
+    /// another function: which one a query meant would depend on load order.
+    pub(crate) fn functions(
+        &self,
+        engine: &Engine,
+        plugins: &[Arc<plugins::Plugin>],
+    ) -> Result<Vec<Arc<ScalarUDF>>> {
         let udf_options = sqlfeed_udfs::UdfOptions {
             asset_reader: Some(Arc::new(object_stores::ObjectStoreAssetReader::new(
                 Arc::clone(&engine.registry),
             ))),
             ..self.udf_options.clone()
         };
-        sqlfeed_udfs::scalar_functions_with(&udf_options)
-            .into_iter()
-            .chain(sql::internal_functions())
-            .map(Arc::new)
+        let mut functions: Vec<Arc<ScalarUDF>> =
+            sqlfeed_udfs::scalar_functions_with(&udf_options)
+                .into_iter()
+                .chain(sql::internal_functions())
+                .map(Arc::new)
+                .collect();
+        let mut origins: std::collections::HashMap<String, String> = functions
+            .iter()
+            .map(|f| (f.name().to_string(), "sqlfeed".to_string()))
+            .collect();
+        for plugin in plugins {
+            let origin = format!("plugin '{}'", plugin.path.display());
+            let aggregates = plugin.aggregate.iter().map(|f| f.name().to_string());
+            let scalars = plugin.scalar.iter().map(|f| f.name().to_string());
+            for name in scalars.chain(aggregates) {
+                if let Some(first) = origins.insert(name.clone(), origin.clone()) {
+                    if first == origin {
+                        continue;
+                    }
+                    return Err(DataFusionError::Plan(format!(
+                        "{origin} defines a function '{name}', which {first} already has; \
+                         rename one of them (a query could not say which it means)"
+                    )));
+                }
+            }
+            functions.extend(plugin.scalar.iter().map(Arc::clone));
+        }
+        Ok(functions)
+    }
+
+    /// The aggregate functions of `plugins`.
+    pub(crate) fn aggregate_functions(
+        plugins: &[Arc<plugins::Plugin>],
+    ) -> Vec<Arc<AggregateUDF>> {
+        plugins
+            .iter()
+            .flat_map(|p| p.aggregate.iter().map(Arc::clone))
             .collect()
     }
 }
@@ -462,12 +543,53 @@ impl Session {
     /// Plans one statement of sqlfeed SQL (DataFusion SQL plus `SUMMARIZE`,
     /// `SAMPLE` and `DESCRIBE '<path>'`) into a [`DataFrame`].
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
-        catch_panic(sql::plan_sql(&self.ctx, sql)).await
+        let df = catch_panic(sql::plan_sql(&self.ctx, sql)).await?;
+        self.check_runs_here(df)
     }
 
     /// Plans one parsed statement.
     pub async fn plan(&self, statement: Statement) -> Result<DataFrame> {
-        catch_panic(sql::plan_statement(&self.ctx, statement)).await
+        let df = catch_panic(sql::plan_statement(&self.ctx, statement)).await?;
+        self.check_runs_here(df)
+    }
+
+    /// `df`, unless this is a cluster session and `df` calls a function
+    /// only this process has (a Python function): a Plan error naming it,
+    /// before anything is sent to the scheduler.
+    fn check_runs_here(&self, df: DataFrame) -> Result<DataFrame> {
+        #[cfg(feature = "ballista")]
+        if self.cluster.is_some() {
+            use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+            use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
+            let mut local = None;
+            df.logical_plan().apply_with_subqueries(|node| {
+                for expr in node.expressions() {
+                    expr.apply(|e| {
+                        if let datafusion::logical_expr::Expr::ScalarFunction(call) = e
+                            && let Some(user) = as_user_function(&call.func)
+                            && matches!(user.origin(), FunctionOrigin::Python { .. })
+                        {
+                            local.get_or_insert_with(|| {
+                                (call.func.name().to_string(), user.origin().describe())
+                            });
+                        }
+                        Ok(TreeNodeRecursion::Continue)
+                    })?;
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+            if let Some((name, origin)) = local {
+                return Err(DataFusionError::Plan(format!(
+                    "function '{name}' is a {origin}, which cannot run on a Ballista \
+                     cluster: executors are sqlfeed processes without your Python \
+                     interpreter. Run this query on the embedded engine (a session \
+                     without a cluster), or write the function as a Rust plugin \
+                     (examples/udf-plugin) and start the scheduler and executors with \
+                     --plugin-dir"
+                )));
+            }
+        }
+        Ok(df)
     }
 
     /// Runs `df` and collects its batches, turning a panic inside the engine

@@ -168,7 +168,7 @@ impl Drop for Cluster {
 
 /// Runs `command`, failing the test if it has not ended after `bound`;
 /// returns (success, stdout, stderr). Output is read while it runs.
-fn run_bounded(
+pub fn run_bounded(
     command: &mut std::process::Command,
     bound: Duration,
 ) -> (bool, String, String) {

@@ -18,6 +18,8 @@
 //! * `http`: plain `http://` URLs refused by default, read with
 //!   `--allow-http` / `SQLFEED_ALLOW_HTTP` / `allow_http` from a ranged-GET
 //!   server on 127.0.0.1.
+//! * `plugins`: Rust function plugins (`--load`, `CREATE FUNCTION … LANGUAGE
+//!   rust`, feeds, bad libraries, a cluster's `--plugin-dir`).
 //! * `repl`: the interactive shell through a pseudo-terminal.
 //! * `s3`: object-store queries against a real S3-compatible server (moto) on
 //!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
@@ -41,6 +43,7 @@ mod function_docs;
 mod globs;
 mod http;
 mod local_sql;
+mod plugins;
 mod repl;
 mod s3;
 mod shuffle;

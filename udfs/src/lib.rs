@@ -22,6 +22,7 @@ pub mod numeric;
 pub mod planner;
 #[cfg(feature = "text")]
 pub mod text;
+pub mod user;
 
 use std::fmt;
 use std::sync::Arc;
@@ -233,8 +234,11 @@ pub fn scalar_functions_with(options: &UdfOptions) -> Vec<ScalarUDF> {
 /// that an engine does well to run it in parallel on small batches and after
 /// any reordering of rows. Decided by the implementation's type, not by name,
 /// so that a user function registered under the same name is not mistaken
-/// for it.
+/// for it; a [`user::UserFunction`] says so itself.
 pub fn is_costly_per_row(udf: &ScalarUDF) -> bool {
+    if let Some(user) = user::as_user_function(udf) {
+        return user.is_costly();
+    }
     let any: &dyn std::any::Any = udf.inner().as_ref();
     #[cfg(feature = "image")]
     if any.is::<image::ImageDecodeFunc>()

@@ -1,0 +1,349 @@
+//! Write sqlfeed function plugins: scalar and aggregate DataFusion functions
+//! in a `cdylib` that `sqlfeed --load`, `CREATE FUNCTION … LANGUAGE rust`,
+//! `Session(plugins=…)` and cluster executors (`--plugin-dir`) load.
+//!
+//! ```text
+//!  your crate (cdylib)                         sqlfeed (host)
+//!  ───────────────────                         ──────────────
+//!  fn functions() -> Functions                 dlopen(lib)
+//!  export_plugin!(functions) ──► sqlfeed_plugin_header() ─► magic, plugin ABI,
+//!                                                           DataFusion major:
+//!                                                           refused by name if
+//!                                                           they differ
+//!                              ► sqlfeed_plugin_module() ─► FFI_ScalarUDF,
+//!                                                           FFI_AggregateUDF
+//!                                                           (datafusion-ffi)
+//! ```
+//!
+//! The functions themselves cross through `datafusion-ffi`, DataFusion's
+//! stable C ABI: Arrow arrays by the C data interface, errors as strings, no
+//! Rust layout shared. A plugin may be built by another `rustc` than the host,
+//! but against the same DataFusion **major** version (what `datafusion-ffi`
+//! promises to keep stable). The header is the one thing read before that is
+//! known, so it holds plain integers and bytes only, and this crate never
+//! changes its layout: a new layout gets a new [`PLUGIN_ABI`].
+//!
+//! ```ignore
+//! use std::sync::Arc;
+//! use sqlfeed_plugin::{Functions, export_plugin};
+//!
+//! fn functions() -> Functions {
+//!     Functions::new().scalar(Arc::new(my_scalar_udf())).costly_scalar(Arc::new(my_decoder()))
+//! }
+//! export_plugin!(functions);
+//! ```
+//!
+//! # Randomness per epoch
+//! A function that draws random numbers reads the feed's seed and epoch with
+//! [`epoch_seed`] from the `config_options` of its `ScalarFunctionArgs`, as
+//! sqlfeed's own `image_random_crop` does: the same (seed, feed seed, epoch)
+//! draws the same values on any machine and on resume.
+
+use std::sync::Arc;
+
+pub mod host;
+
+pub use datafusion;
+use datafusion::common::config::ConfigOptions;
+use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
+pub use datafusion_ffi;
+use datafusion_ffi::udaf::FFI_AggregateUDF;
+use datafusion_ffi::udf::FFI_ScalarUDF;
+
+/// First field of every [`PluginHeader`]: "SQLFEEDP" little-endian.
+pub const PLUGIN_MAGIC: u64 = u64::from_le_bytes(*b"SQLFEEDP");
+
+/// Version of [`PluginModule`]'s layout. The header's layout never changes.
+pub const PLUGIN_ABI: u32 = 1;
+
+/// The symbol of the `extern "C" fn() -> PluginHeader` a plugin exports.
+pub const HEADER_SYMBOL: &str = "sqlfeed_plugin_header";
+
+/// The symbol of the `extern "C" fn() -> PluginModule` a plugin exports.
+pub const MODULE_SYMBOL: &str = "sqlfeed_plugin_module";
+
+/// Bytes of each text field of [`PluginHeader`] (NUL-padded UTF-8).
+pub const HEADER_TEXT_BYTES: usize = 64;
+
+/// What a host reads first: whether the library is a sqlfeed plugin at all
+/// and which ABI and DataFusion it was built for. Plain integers and bytes,
+/// readable whatever DataFusion the library was built with.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PluginHeader {
+    /// [`PLUGIN_MAGIC`].
+    pub magic: u64,
+    /// [`PLUGIN_ABI`] of the `sqlfeed-plugin` the library was built with.
+    pub plugin_abi: u32,
+    /// `datafusion_ffi::version()`: the DataFusion major version.
+    pub datafusion_major: u32,
+    /// The full DataFusion version, e.g. `55.2.0`.
+    pub datafusion_version: [u8; HEADER_TEXT_BYTES],
+    /// The plugin crate's name.
+    pub plugin_name: [u8; HEADER_TEXT_BYTES],
+    /// The plugin crate's version.
+    pub plugin_version: [u8; HEADER_TEXT_BYTES],
+}
+
+impl PluginHeader {
+    /// The header of a plugin crate `name` `version` built with this crate.
+    pub fn new(name: &str, version: &str) -> Self {
+        Self {
+            magic: PLUGIN_MAGIC,
+            plugin_abi: PLUGIN_ABI,
+            datafusion_major: u32::try_from(datafusion_ffi::version())
+                .unwrap_or(u32::MAX),
+            datafusion_version: text_field(datafusion::DATAFUSION_VERSION),
+            plugin_name: text_field(name),
+            plugin_version: text_field(version),
+        }
+    }
+
+    /// The DataFusion version text.
+    pub fn datafusion_version(&self) -> String {
+        field_text(&self.datafusion_version)
+    }
+
+    /// The plugin crate's name.
+    pub fn plugin_name(&self) -> String {
+        field_text(&self.plugin_name)
+    }
+
+    /// The plugin crate's version.
+    pub fn plugin_version(&self) -> String {
+        field_text(&self.plugin_version)
+    }
+}
+
+/// `text` NUL-padded (cut at [`HEADER_TEXT_BYTES`] - 1 bytes).
+fn text_field(text: &str) -> [u8; HEADER_TEXT_BYTES] {
+    let mut field = [0u8; HEADER_TEXT_BYTES];
+    let len = text.len().min(HEADER_TEXT_BYTES - 1);
+    field[..len].copy_from_slice(&text.as_bytes()[..len]);
+    field
+}
+
+/// The text of a NUL-padded field, lossy if it is not UTF-8.
+fn field_text(field: &[u8; HEADER_TEXT_BYTES]) -> String {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
+/// One scalar function of a plugin and what sqlfeed should know about it.
+#[repr(C)]
+#[derive(Debug)]
+pub struct PluginScalarUDF {
+    /// The function, through DataFusion's stable ABI.
+    pub udf: FFI_ScalarUDF,
+    /// Whether a row costs far more than a column copy (decoding, resizing,
+    /// tokenizing): sqlfeed then runs it on several workers and, under
+    /// `SHUFFLE`, after the shuffle, on the rows that are kept.
+    pub costly: bool,
+}
+
+/// The functions of a plugin, after its header matched (layout version
+/// [`PLUGIN_ABI`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct PluginModule {
+    /// Whether listing the functions panicked (the panic went to stderr);
+    /// the counts are then 0.
+    pub failed: bool,
+    /// Number of scalar functions.
+    pub scalar_count: usize,
+    /// Scalar function `index` (< `scalar_count`), a new handle each call.
+    pub scalar: extern "C" fn(index: usize) -> PluginScalarUDF,
+    /// Number of aggregate functions.
+    pub aggregate_count: usize,
+    /// Aggregate function `index` (< `aggregate_count`), a new handle each call.
+    pub aggregate: extern "C" fn(index: usize) -> FFI_AggregateUDF,
+}
+
+/// The functions a plugin exports; see [`export_plugin!`].
+#[derive(Debug, Default)]
+pub struct Functions {
+    scalar: Vec<(Arc<ScalarUDF>, bool)>,
+    aggregate: Vec<Arc<AggregateUDF>>,
+}
+
+impl Functions {
+    /// No functions yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a scalar function that costs about what a column copy costs.
+    pub fn scalar(mut self, udf: Arc<ScalarUDF>) -> Self {
+        self.scalar.push((udf, false));
+        self
+    }
+
+    /// Adds a scalar function whose rows are costly (see
+    /// [`PluginScalarUDF::costly`]).
+    pub fn costly_scalar(mut self, udf: Arc<ScalarUDF>) -> Self {
+        self.scalar.push((udf, true));
+        self
+    }
+
+    /// Adds an aggregate function.
+    pub fn aggregate(mut self, udaf: Arc<AggregateUDF>) -> Self {
+        self.aggregate.push(udaf);
+        self
+    }
+
+    /// Number of scalar functions.
+    pub fn scalar_count(&self) -> usize {
+        self.scalar.len()
+    }
+
+    /// Number of aggregate functions.
+    pub fn aggregate_count(&self) -> usize {
+        self.aggregate.len()
+    }
+
+    /// Scalar function `index` through the stable ABI. An index out of range
+    /// (a host bug) gets the last function rather than a panic across `extern "C"`.
+    pub fn scalar_ffi(&self, index: usize) -> PluginScalarUDF {
+        let (udf, costly) = &self.scalar[index.min(self.scalar.len().saturating_sub(1))];
+        PluginScalarUDF {
+            udf: FFI_ScalarUDF::from(Arc::clone(udf)),
+            costly: *costly,
+        }
+    }
+
+    /// Aggregate function `index` through the stable ABI (see [`Self::scalar_ffi`]).
+    pub fn aggregate_ffi(&self, index: usize) -> FFI_AggregateUDF {
+        let udaf = &self.aggregate[index.min(self.aggregate.len().saturating_sub(1))];
+        FFI_AggregateUDF::from(Arc::clone(udaf))
+    }
+}
+
+/// Exports `sqlfeed_plugin_header` and `sqlfeed_plugin_module` for the
+/// functions `$functions()` returns (called once, on first load).
+#[macro_export]
+macro_rules! export_plugin {
+    ($functions:path) => {
+        static SQLFEED_PLUGIN_FUNCTIONS: ::std::sync::OnceLock<
+            ::std::option::Option<$crate::Functions>,
+        > = ::std::sync::OnceLock::new();
+
+        fn sqlfeed_plugin_functions() -> ::std::option::Option<&'static $crate::Functions>
+        {
+            SQLFEED_PLUGIN_FUNCTIONS
+                .get_or_init(|| ::std::panic::catch_unwind($functions).ok())
+                .as_ref()
+        }
+
+        /// sqlfeed's plugin header (see `sqlfeed_plugin::PluginHeader`).
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sqlfeed_plugin_header() -> $crate::PluginHeader {
+            $crate::PluginHeader::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+        }
+
+        /// sqlfeed's plugin module (see `sqlfeed_plugin::PluginModule`).
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sqlfeed_plugin_module() -> $crate::PluginModule {
+            extern "C" fn scalar(index: usize) -> $crate::PluginScalarUDF {
+                // Only called by a host that read `scalar_count` > 0 from a
+                // module that did not fail.
+                match sqlfeed_plugin_functions() {
+                    Some(functions) => functions.scalar_ffi(index),
+                    None => ::std::process::abort(),
+                }
+            }
+            extern "C" fn aggregate(
+                index: usize,
+            ) -> $crate::datafusion_ffi::udaf::FFI_AggregateUDF {
+                match sqlfeed_plugin_functions() {
+                    Some(functions) => functions.aggregate_ffi(index),
+                    None => ::std::process::abort(),
+                }
+            }
+            let functions = sqlfeed_plugin_functions();
+            $crate::PluginModule {
+                failed: functions.is_none(),
+                scalar_count: functions.map_or(0, $crate::Functions::scalar_count),
+                scalar,
+                aggregate_count: functions.map_or(0, $crate::Functions::aggregate_count),
+                aggregate,
+            }
+        }
+    };
+}
+
+/// Name of the configuration extension in which a feed tells functions the
+/// epoch they run in (`sqlfeed_augment.feed_seed`, `sqlfeed_augment.epoch`).
+pub const AUGMENT_PREFIX: &str = "sqlfeed_augment";
+
+/// The seed a seeded function draws with: `seed` itself outside a feed,
+/// else `seed` mixed with the feed's seed and the epoch, so that
+/// augmentations differ per epoch and reproduce on resume. Reads the
+/// `sqlfeed_augment` options wherever `config` got them: set by the host
+/// in-process, or as strings through `datafusion-ffi`.
+pub fn epoch_seed(seed: u64, config: &ConfigOptions) -> u64 {
+    let mut feed_seed = 0u64;
+    let mut epoch = None;
+    for entry in config.entries() {
+        let Some(value) = entry.value.as_deref() else {
+            continue;
+        };
+        match entry
+            .key
+            .strip_prefix(AUGMENT_PREFIX)
+            .and_then(|k| k.strip_prefix('.'))
+        {
+            Some("feed_seed") => feed_seed = value.parse().unwrap_or(0),
+            Some("epoch") => epoch = value.parse::<u64>().ok(),
+            _ => {}
+        }
+    }
+    mix_epoch_seed(seed, feed_seed, epoch)
+}
+
+/// [`epoch_seed`] from its parts.
+pub fn mix_epoch_seed(seed: u64, feed_seed: u64, epoch: Option<u64>) -> u64 {
+    match epoch {
+        Some(epoch) => splitmix64(seed ^ splitmix64(feed_seed ^ splitmix64(epoch))),
+        None => seed,
+    }
+}
+
+/// SplitMix64's finaliser: a bijection that spreads nearby inputs.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_texts_round_trip_and_are_cut() {
+        let header = PluginHeader::new("my-plugin", "1.2.3");
+        assert_eq!(header.plugin_name(), "my-plugin");
+        assert_eq!(header.plugin_version(), "1.2.3");
+        assert_eq!(header.datafusion_version(), datafusion::DATAFUSION_VERSION);
+        assert_eq!(
+            u64::from(header.datafusion_major),
+            datafusion_ffi::version()
+        );
+        let long = "x".repeat(200);
+        assert_eq!(
+            PluginHeader::new(&long, "1").plugin_name().len(),
+            HEADER_TEXT_BYTES - 1
+        );
+    }
+
+    #[test]
+    fn epoch_seed_is_the_seed_outside_a_feed_and_differs_per_epoch() {
+        let config = ConfigOptions::new();
+        assert_eq!(epoch_seed(7, &config), 7);
+        let one = mix_epoch_seed(7, 42, Some(1));
+        let two = mix_epoch_seed(7, 42, Some(2));
+        assert_ne!(one, two);
+        assert_eq!(one, mix_epoch_seed(7, 42, Some(1)));
+    }
+}

@@ -1,0 +1,325 @@
+//! Python functions as DataFusion scalar functions: `sqlfeed.udf` and
+//! `sqlfeed.batch_udf` register here.
+//!
+//! ```text
+//!  engine thread (any partition)             Python (sqlfeed/functions.py)
+//!  ─────────────────────────────             ─────────────────────────────
+//!  args ─► RecordBatch (one column per ─► attach GIL ─► _Invoker(batch, rows,
+//!          argument, named like it)                      feed_seed, epoch)
+//!                                                         │ concurrency=1: call here
+//!                                                         │ concurrency=N: a worker
+//!                                                         │   process (shared memory)
+//!  result column ◄─ check rows and type ◄─ Arrow C stream ◄┘ pa.Table, one column
+//! ```
+//!
+//! Both directions cross through the Arrow C stream interface, so no
+//! Arrow buffer is copied between Rust and pyarrow in this process. The GIL
+//! is held only while Python runs: a pool's Python code waits for its
+//! worker with the GIL released, so several partitions keep several
+//! workers busy.
+//!
+//! # Errors
+//! A raising function is an ExecutionError whose message the Python side
+//! wrote: the function, its origin, the batch, the traceback. A result of
+//! the wrong length or type is an ExecutionError naming the function, what
+//! it returned and what it declared.
+
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
+use datafusion::common::{exec_err, plan_err};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+use sqlfeed_udfs::augment::AugmentOptions;
+use sqlfeed_udfs::user::{FunctionOrigin, user_function};
+
+/// A Python function; see the module docs.
+pub(crate) struct PyFunction {
+    name: String,
+    signature: Signature,
+    return_type: DataType,
+    /// `sqlfeed.functions._Invoker`: `(batch, rows, feed_seed, epoch) -> pa.Table`.
+    invoke: Py<PyAny>,
+    /// `module.qualname`, for messages.
+    qualname: String,
+}
+
+impl std::fmt::Debug for PyFunction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyFunction")
+            .field("name", &self.name)
+            .field("qualname", &self.qualname)
+            .field("return_type", &self.return_type)
+            .finish()
+    }
+}
+
+impl PartialEq for PyFunction {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.invoke.as_ptr() == other.invoke.as_ptr()
+    }
+}
+
+impl Eq for PyFunction {}
+
+impl std::hash::Hash for PyFunction {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.qualname.hash(state);
+    }
+}
+
+impl ScalarUDFImpl for PyFunction {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(self.return_type.clone())
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let mut names = std::collections::HashSet::new();
+        let mut fields = Vec::with_capacity(args.args.len());
+        let mut arrays = Vec::with_capacity(args.args.len());
+        for (i, (value, field)) in args.args.iter().zip(&args.arg_fields).enumerate() {
+            let array = value.to_array(rows)?;
+            // Argument names key a batch function's input dict: unique ones.
+            let mut name = field.name().clone();
+            if !names.insert(name.clone()) {
+                name = format!("{name}_{i}");
+                names.insert(name.clone());
+            }
+            fields.push(Field::new(name, array.data_type().clone(), true));
+            arrays.push(array);
+        }
+        let batch = RecordBatch::try_new_with_options(
+            Arc::new(Schema::new(fields)),
+            arrays,
+            &RecordBatchOptions::new().with_row_count(Some(rows)),
+        )?;
+        let augment = args.config_options.extensions.get::<AugmentOptions>();
+        let feed_seed = augment.map_or(0, |a| a.feed_seed);
+        let epoch = augment.and_then(|a| a.epoch);
+        let result = Python::attach(|py| -> std::result::Result<ArrayRef, String> {
+            let export =
+                Py::new(py, ArrowBatchExport::new(batch)).map_err(|e| e.to_string())?;
+            let out = self
+                .invoke
+                .call1(py, (export, rows, feed_seed, epoch))
+                .map_err(|e| python_error_text(py, &e))?;
+            let mut batches = import_stream(out.bind(py))
+                .map_err(|e| python_error_text(py, &e))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?;
+            match (batches.len(), batches.pop()) {
+                (1, Some(batch)) if batch.num_columns() == 1 => {
+                    Ok(Arc::clone(batch.column(0)))
+                }
+                (n, _) => Err(format!(
+                    "sqlfeed's Python side returned {n} batches instead of one column; \
+                     this is a bug in sqlfeed"
+                )),
+            }
+        })
+        .map_err(DataFusionError::Execution)?;
+        if result.len() != rows {
+            return exec_err!(
+                "Python function '{}' ({}) returned {} values for {rows} rows; it must \
+                 return one value per row",
+                self.name,
+                self.qualname,
+                result.len()
+            );
+        }
+        if result.data_type() != &self.return_type {
+            return exec_err!(
+                "Python function '{}' ({}) returned {} but declares {}",
+                self.name,
+                self.qualname,
+                result.data_type(),
+                self.return_type
+            );
+        }
+        Ok(ColumnarValue::Array(result))
+    }
+}
+
+/// The message of a Python exception (sqlfeed's Python side puts the
+/// function, the batch and the traceback in it).
+fn python_error_text(py: Python<'_>, err: &PyErr) -> String {
+    let value = err.value(py);
+    match value.str() {
+        Ok(text) => text.to_string(),
+        Err(_) => err.to_string(),
+    }
+}
+
+/// One record batch offered through the Arrow PyCapsule stream protocol,
+/// once (a second read gets an empty stream of the same schema).
+#[pyclass(module = "sqlfeed._sqlfeed", name = "_ArrowBatch", frozen)]
+pub(crate) struct ArrowBatchExport {
+    schema: Arc<Schema>,
+    batch: Mutex<Option<RecordBatch>>,
+}
+
+impl ArrowBatchExport {
+    fn new(batch: RecordBatch) -> Self {
+        Self {
+            schema: batch.schema(),
+            batch: Mutex::new(Some(batch)),
+        }
+    }
+}
+
+#[pymethods]
+impl ArrowBatchExport {
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        let batch = self
+            .batch
+            .lock()
+            .map_err(|_| pyo3::exceptions::PyRuntimeError::new_err("poisoned"))?
+            .take();
+        let reader = datafusion::arrow::record_batch::RecordBatchIterator::new(
+            batch.into_iter().map(Ok),
+            Arc::clone(&self.schema),
+        );
+        let ffi = FFI_ArrowArrayStream::new(Box::new(reader));
+        PyCapsule::new_with_value(py, ffi, c"arrow_array_stream")
+    }
+}
+
+/// Reads `obj` (anything with `__arrow_c_stream__`: a pyarrow Table) as a
+/// stream of record batches.
+fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<ArrowArrayStreamReader> {
+    let capsule = obj.call_method0("__arrow_c_stream__")?;
+    let capsule = capsule.cast_into::<PyCapsule>()?;
+    let pointer = capsule.pointer_checked(Some(c"arrow_array_stream"))?;
+    // SAFETY: a capsule named "arrow_array_stream" holds a pointer to a live
+    // `ArrowArrayStream` (the PyCapsule interface's contract), alive while
+    // `capsule` is. `from_raw` moves the stream out and leaves a released
+    // one behind, so the capsule's destructor does not release it again.
+    let reader = unsafe { ArrowArrayStreamReader::from_raw(pointer.as_ptr().cast()) };
+    reader.map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+/// The schema of `obj`'s Arrow stream (an empty pyarrow Table).
+fn import_schema(obj: &Bound<'_, PyAny>) -> PyResult<Arc<Schema>> {
+    use datafusion::arrow::record_batch::RecordBatchReader;
+    Ok(import_stream(obj)?.schema())
+}
+
+/// What `sqlfeed.functions` registers: see `_sqlfeed.pyi`.
+pub(crate) struct FunctionSpec<'py> {
+    pub(crate) name: String,
+    pub(crate) invoke: Py<PyAny>,
+    /// An empty table whose one column has the return type.
+    pub(crate) returns: Bound<'py, PyAny>,
+    /// An empty table whose columns have the argument types; None = any.
+    pub(crate) inputs: Option<Bound<'py, PyAny>>,
+    /// Number of arguments when `inputs` is None; None = any number.
+    pub(crate) arg_count: Option<usize>,
+    pub(crate) volatility: String,
+    pub(crate) identity: String,
+    pub(crate) costly: bool,
+    pub(crate) qualname: String,
+}
+
+/// The function `spec` describes, as a sqlfeed user function.
+pub(crate) fn python_udf(spec: FunctionSpec<'_>) -> PyResult<Arc<ScalarUDF>> {
+    let plan_error = |message: String| crate::errors::PlanError::new_err(message);
+    let volatility = match spec.volatility.as_str() {
+        "immutable" => Volatility::Immutable,
+        "stable" => Volatility::Stable,
+        "volatile" => Volatility::Volatile,
+        other => {
+            return Err(plan_error(format!(
+                "function '{}': volatility must be 'immutable', 'stable' or 'volatile', \
+                 not '{other}'",
+                spec.name
+            )));
+        }
+    };
+    let returns = import_schema(&spec.returns)?;
+    let [return_field] = returns.fields().iter().collect::<Vec<_>>()[..] else {
+        return Err(plan_error(format!(
+            "function '{}': the return schema must have one field",
+            spec.name
+        )));
+    };
+    let signature = match (&spec.inputs, spec.arg_count) {
+        (Some(inputs), _) => {
+            let types = import_schema(inputs)?
+                .fields()
+                .iter()
+                .map(|f| f.data_type().clone())
+                .collect::<Vec<_>>();
+            if types.is_empty() {
+                Signature::nullary(volatility)
+            } else {
+                Signature::exact(types, volatility)
+            }
+        }
+        (None, Some(0)) => Signature::nullary(volatility),
+        (None, Some(n)) => Signature::any(n, volatility),
+        (None, None) => Signature::variadic_any(volatility),
+    };
+    let function = PyFunction {
+        name: spec.name,
+        signature,
+        return_type: return_field.data_type().clone(),
+        invoke: spec.invoke,
+        qualname: spec.qualname.clone(),
+    };
+    Ok(user_function(
+        ScalarUDF::new_from_impl(function),
+        spec.identity,
+        spec.costly,
+        FunctionOrigin::Python {
+            qualname: spec.qualname,
+        },
+    ))
+}
+
+/// A Plan error if `name` is taken by a function that is not a Python one.
+pub(crate) fn check_name_free(session: &sqlfeed::Session, name: &str) -> Result<()> {
+    let state = session.context().state();
+    if let Some(existing) = state.scalar_functions().get(name) {
+        let is_python = sqlfeed_udfs::user::as_user_function(existing)
+            .is_some_and(|f| matches!(f.origin(), FunctionOrigin::Python { .. }));
+        if !is_python {
+            return plan_err!(
+                "a function '{name}' exists already ({}); give the Python function \
+                 another name (name=...)",
+                match sqlfeed_udfs::user::as_user_function(existing) {
+                    Some(user) => user.origin().describe(),
+                    None => "one of sqlfeed's or DataFusion's".into(),
+                }
+            );
+        }
+    }
+    if state.aggregate_functions().contains_key(name) {
+        return plan_err!(
+            "an aggregate function '{name}' exists already; give the Python function \
+             another name (name=...)"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,334 @@
+"""Your own functions from Python (issue 27): scalar and batch functions in
+SQL and feeds, worker processes (concurrency), errors that name the function,
+dying workers, Ctrl-C, identities for the cache, seeds per epoch, Rust
+plugins from ``Session(plugins=...)``, and the refusal on a cluster.
+
+The functions are module-level ``def``s: worker processes import them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, require
+
+import sqlfeed
+
+pa = pytest.importorskip("pyarrow")
+pc = pytest.importorskip("pyarrow.compute")
+
+
+def _session(*functions, **options):
+    options.setdefault("memory_limit", "1G")
+    options.setdefault("target_partitions", 2)
+    return sqlfeed.Session(functions=list(functions), **options)
+
+
+# -- module-level functions (importable by workers) ----------------------------
+
+
+def plus_ten(x):
+    return pc.add(x, 10)
+
+
+def double_numpy(x):
+    return x * 2.0
+
+
+def where_am_i(x):
+    """The pid of the process that ran the batch, per row."""
+    return pa.array([os.getpid()] * len(x), pa.int64())
+
+
+def split_words(batch):
+    words = [len(c.split()) for c in batch["caption"]]
+    return {"words": words, "label2": batch["label"] * 2}
+
+
+def divide_by_zero(x):
+    return pc.divide(x, 0) if len(x) else x
+
+
+def one_short(x):
+    return x[1:]
+
+
+def die_on_seven(x):
+    if 7 in x.to_pylist():
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def the_seed(x, seed):
+    return pa.array([seed % 1000] * len(x), pa.int64())
+
+
+def slow_identity(x):
+    time.sleep(0.2)
+    return x
+
+
+# -- tests ----------------------------------------------------------------------
+
+
+def test_a_scalar_function_is_called_in_sql_over_arrow_arrays(ids_data):
+    f = sqlfeed.udf(pa.int64())(plus_ten)
+    session = _session(f)
+    table = session.sql(
+        f"SELECT id, plus_ten(id) AS y FROM '{ids_data}/*.parquet' ORDER BY id"
+    ).to_arrow()
+    assert table.column("y").to_pylist() == [i + 10 for i in range(1000)]
+    # Still a plain Python function.
+    assert f(pa.array([1])).to_pylist() == [11]
+
+
+def test_numpy_functions_and_declared_input_types_are_coerced(ids_data):
+    f = sqlfeed.udf(pa.float64(), input_types=[pa.float64()], batch_format="numpy")(double_numpy)
+    session = _session(f)
+    table = session.sql(
+        f"SELECT double_numpy(id) AS y FROM '{ids_data}/*.parquet' ORDER BY id LIMIT 3"
+    ).to_arrow()
+    assert table.column("y").to_pylist() == [0.0, 2.0, 4.0]
+
+
+def test_a_batch_function_returns_declared_columns_and_feeds_them(gen_data):
+    require("numpy", "numpy")
+    f = sqlfeed.batch_udf({"words": pa.int64(), "label2": pa.int64()})(split_words)
+    session = _session(f)
+    query = (
+        "SELECT b['words'] AS words, b['label2'] AS label2, caption, label FROM "
+        f"(SELECT split_words(caption, label) AS b, caption, label FROM '{gen_data}/*.parquet')"
+    )
+    rows = session.sql(query + " ORDER BY caption").to_pylist()
+    assert len(rows) == 2000
+    for row in rows[:50]:
+        assert row["words"] == len(row["caption"].split())
+        assert row["label2"] == 2 * row["label"]
+    feed = session.feed(
+        f"SELECT b['label2'] AS y FROM (SELECT split_words(caption, label) AS b "
+        f"FROM '{gen_data}/*.parquet')",
+        batch_size=100,
+        shuffle=3,
+        device="cpu",
+        format="numpy",
+    )
+    batches = list(feed)
+    assert len(batches) == 20
+    assert all(b["y"].shape == (100,) for b in batches)
+
+
+def test_a_raising_function_names_itself_with_the_traceback(ids_data):
+    session = _session(sqlfeed.udf(pa.float64())(divide_by_zero))
+    with pytest.raises(sqlfeed.ExecutionError) as err:
+        session.sql(f"SELECT divide_by_zero(id) FROM '{ids_data}/*.parquet'").to_arrow()
+    text = str(err.value)
+    assert "Python function 'divide_by_zero' (test_functions.divide_by_zero)" in text
+    assert "ArrowInvalid" in text and "divide by zero" in text
+    assert "Traceback (most recent call last)" in text
+    assert "test_functions.py" in text and "in divide_by_zero" in text
+
+
+def test_a_result_of_the_wrong_length_or_type_is_an_error(ids_data):
+    session = _session(sqlfeed.udf(pa.int64())(one_short))
+    with pytest.raises(sqlfeed.ExecutionError, match="values for a batch of .* rows"):
+        session.sql(f"SELECT one_short(id) FROM '{ids_data}/*.parquet'").to_arrow()
+    session = _session(sqlfeed.udf(pa.int64(), name="wrong_type")(lambda x: ["a"] * len(x)))
+    with pytest.raises(sqlfeed.ExecutionError, match="Python function 'wrong_type'.*returned"):
+        session.sql(f"SELECT wrong_type(id) FROM '{ids_data}/*.parquet'").to_arrow()
+
+
+def test_names_of_sqlfeed_functions_are_not_taken():
+    with pytest.raises(sqlfeed.PlanError, match="a function 'image_decode' exists already"):
+        _session(sqlfeed.udf(pa.int64(), name="image_decode")(plus_ten))
+    with pytest.raises(TypeError, match="register\\(\\) takes a function made with"):
+        _session(plus_ten)
+
+
+def test_concurrency_runs_batches_in_worker_processes_with_the_same_results(ids_data):
+    query = f"SELECT id, where_am_i(id) AS pid FROM '{ids_data}/*.parquet'"
+    pooled = sqlfeed.udf(pa.int64(), concurrency=2, costly=True)(where_am_i)
+    session = _session(pooled, batch_size=64)
+    try:
+        table = session.sql(query + " ORDER BY id").to_arrow()
+        pids = set(table.column("pid").to_pylist())
+        assert os.getpid() not in pids, "ran in this process"
+        assert len(pids) == 2, f"two workers shared the batches: {pids}"
+        assert sorted(pids) == sorted(pooled._pool.pids())
+    finally:
+        pooled.close()
+    # The same values as in-process.
+    f = sqlfeed.udf(pa.int64(), concurrency=2)(plus_ten)
+    in_process = sqlfeed.udf(pa.int64(), name="plus_ten_here")(plus_ten)
+    session = _session(f, in_process)
+    try:
+        table = session.sql(
+            f"SELECT plus_ten(id) AS a, plus_ten_here(id) AS b FROM '{ids_data}/*.parquet'"
+        ).to_arrow()
+        assert table.column("a").to_pylist() == table.column("b").to_pylist()
+    finally:
+        f.close()
+
+
+def test_a_function_workers_cannot_import_is_refused_with_what_to_do(ids_data):
+    session = _session(sqlfeed.udf(pa.int64(), name="lam", concurrency=2)(lambda x: x))
+    with pytest.raises(sqlfeed.ExecutionError, match="cannot be sent to worker processes"):
+        session.sql(f"SELECT lam(id) FROM '{ids_data}/*.parquet'").to_arrow()
+
+
+def test_a_worker_that_dies_is_an_error_not_a_hang(ids_data):
+    f = sqlfeed.udf(pa.int64(), concurrency=2)(die_on_seven)
+    session = _session(f)
+    try:
+        started = time.monotonic()
+        with pytest.raises(sqlfeed.ExecutionError) as err:
+            session.sql(f"SELECT die_on_seven(id) FROM '{ids_data}/*.parquet'").to_arrow()
+        assert time.monotonic() - started < 60
+        text = str(err.value)
+        assert "a worker process of Python function 'die_on_seven'" in text
+        assert "killed by SIGKILL" in text
+        # The pool starts a new worker: the next query runs.
+        table = session.sql(
+            f"SELECT die_on_seven(id) AS x FROM '{ids_data}/*.parquet' WHERE id > 7"
+        ).to_arrow()
+        assert table.num_rows == 992
+    finally:
+        f.close()
+
+
+def test_ctrl_c_stops_the_workers(tmp_path, ids_data):
+    script = tmp_path / "interrupted.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys, time
+            import pyarrow as pa
+            import sqlfeed
+
+            def slow(x):
+                time.sleep(0.2)
+                return x
+
+            if __name__ == "__main__":
+                f = sqlfeed.udf(pa.int64(), concurrency=2)(slow)
+                s = sqlfeed.Session(functions=[f], target_partitions=2, batch_size=16)
+                feed = s.feed("SELECT slow(id) AS x FROM '{ids_data}/*.parquet'",
+                              batch_size=16, device="cpu", format="numpy")
+                for i, batch in enumerate(feed):
+                    if i == 2:
+                        print("pids", *f._pool.pids(), flush=True)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = child.stdout.readline()
+        assert line.startswith("pids"), line
+        pids = [int(p) for p in line.split()[1:]]
+        assert len(pids) == 2
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 5
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in pids if _alive(p)]
+            time.sleep(0.1)
+        assert not alive, f"workers {alive} outlived the interrupted process"
+        assert child.returncode != 0
+    finally:
+        child.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "zombie" in status.read_text())
+
+
+def test_the_identity_follows_code_closures_and_versions():
+    def make(k):
+        def f(x):
+            return pc.add(x, k)
+
+        return f
+
+    ident = lambda fn, **kw: sqlfeed.udf(pa.int64(), name="f", **kw)(fn).identity  # noqa: E731
+    assert ident(make(1)) == ident(make(1))
+    assert ident(make(1)) != ident(make(2)), "a closed-over value changes it"
+    assert ident(plus_ten) != ident(one_short), "the code changes it"
+    assert ident(make(1), version="3") == ident(make(2), version="3")
+    assert ident(plus_ten) != ident(plus_ten, volatility="volatile")
+
+
+def test_a_cached_feed_misses_when_the_function_changes(tmp_path, ids_data):
+    def feed_ys(k):
+        def shifted(x):
+            return pc.add(x, k)
+
+        f = sqlfeed.udf(pa.int64(), name="shifted")(shifted)
+        session = sqlfeed.Session(functions=[f], cache_dir=tmp_path, target_partitions=2)
+        feed = session.feed(
+            f"SELECT shifted(id) AS y FROM '{ids_data}/*.parquet'",
+            batch_size=250,
+            device="cpu",
+            format="numpy",
+            cache=True,
+        )
+        return sorted(int(v) for b in feed for v in b["y"])
+
+    assert feed_ys(1) == [i + 1 for i in range(1000)]
+    assert feed_ys(1) == [i + 1 for i in range(1000)]
+    assert feed_ys(5) == [i + 5 for i in range(1000)], "a stale cache served old values"
+
+
+def test_a_seeded_function_gets_a_seed_per_epoch_that_repeats(ids_data):
+    f = sqlfeed.udf(pa.int64(), seeded=True, seed=9)(the_seed)
+    session = _session(f)
+
+    def seeds():
+        feed = session.feed(
+            f"SELECT the_seed(id) AS s FROM '{ids_data}/*.parquet'",
+            batch_size=500,
+            shuffle=2,
+            device="cpu",
+            format="numpy",
+            epochs=2,
+        )
+        return [int(b["s"][0]) for b in feed]
+
+    first = seeds()
+    assert len(first) == 4
+    assert first[0] == first[1] and first[2] == first[3]
+    assert first[0] != first[2], "both epochs got the same seed"
+    assert seeds() == first
+    # Outside a feed, the declared seed itself.
+    table = session.sql("SELECT the_seed(1) AS s").to_arrow()
+    assert table.column("s").to_pylist() == [9]
+
+
+def test_rust_plugins_load_from_python():
+    library = REPO / "target" / "debug" / "libsqlfeed_udf_plugin.so"
+    if not library.exists():
+        pytest.fail(f"{library} is missing: cargo build --workspace --lib (scripts/test.sh does)")
+    session = sqlfeed.Session(plugins=[library])
+    rows = session.sql("SELECT ngram_hash('abc', 2, 1000) AS g").to_pylist()
+    assert len(rows[0]["g"]) == 2
+    with pytest.raises(sqlfeed.PlanError, match="cannot load it as a shared library"):
+        sqlfeed.Session(plugins=[REPO / "README.md"])
+
+
+def test_python_functions_are_refused_on_a_cluster(ids_data):
+    session = sqlfeed.Session(cluster="standalone", functions=[sqlfeed.udf(pa.int64())(plus_ten)])
+    with pytest.raises(sqlfeed.PlanError, match="cannot run on a Ballista cluster"):
+        session.sql(f"SELECT plus_ten(id) FROM '{ids_data}/*.parquet'").to_arrow()

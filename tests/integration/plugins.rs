@@ -1,0 +1,335 @@
+//! Rust function plugins (`examples/udf-plugin`, built by the workspace) in
+//! real processes: `--load`, `CREATE FUNCTION … LANGUAGE rust`, feeds, bad
+//! libraries, and a 2-executor Ballista cluster loading the plugin from
+//! `--plugin-dir`, with a client whose library differs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use datafusion::error::Result;
+
+use crate::common::{gen_data, run, sqlfeed};
+
+/// The template plugin the workspace builds next to the `sqlfeed` binary.
+fn plugin() -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_sqlfeed"))
+        .parent()
+        .expect("the binary's folder")
+        .to_path_buf();
+    let library = dir.join(format!(
+        "{}sqlfeed_udf_plugin.{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_EXTENSION
+    ));
+    assert!(
+        library.exists(),
+        "{} is missing: build the workspace's libraries first (cargo build --workspace \
+         --lib; scripts/test.sh does)",
+        library.display()
+    );
+    library
+}
+
+/// What `ngram_hash(text, n, buckets)` returns, computed here.
+fn ngram_hash(text: &str, n: usize, buckets: u64) -> Vec<u64> {
+    let chars: Vec<char> = text.chars().collect();
+    chars
+        .windows(n)
+        .map(|gram| {
+            let gram: String = gram.iter().collect();
+            xxhash_rust::xxh3::xxh3_64(gram.as_bytes()) % buckets
+        })
+        .collect()
+}
+
+fn csv_with_plugin(args: &[&str], sql: &str) -> (bool, String, String) {
+    run(sqlfeed()
+        .arg("--load")
+        .arg(plugin())
+        .args(args)
+        .args(["--format", "csv", "-c", sql]))
+}
+
+#[test]
+fn a_loaded_plugin_function_computes_what_it_documents() {
+    let (ok, out, err) = csv_with_plugin(&[], "SELECT ngram_hash('héllo', 3, 1000) AS g");
+    assert!(ok, "{err}");
+    let expected = ngram_hash("héllo", 3, 1000)
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert_eq!(out, format!("g\n\"[{expected}]\"\n"));
+}
+
+#[test]
+fn create_function_registers_one_function_of_a_library() {
+    let library = plugin();
+    let create = format!(
+        "CREATE FUNCTION ngram_hash() LANGUAGE rust AS '{}'",
+        library.display()
+    );
+    let (ok, out, err) = run(sqlfeed().args([
+        "--format",
+        "csv",
+        "-c",
+        &create,
+        "-c",
+        "SELECT ngram_hash('abcd', 2, 7) AS g",
+    ]));
+    assert!(ok, "{err}");
+    let expected = ngram_hash("abcd", 2, 7)
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(out.ends_with(&format!("g\n\"[{expected}]\"\n")), "{out}");
+
+    // A name the library does not have: the error lists what it has.
+    let wrong = format!(
+        "CREATE FUNCTION nope() LANGUAGE rust AS '{}'",
+        library.display()
+    );
+    let (ok, _, err) = run(sqlfeed().args(["-c", &wrong]));
+    assert!(!ok);
+    assert!(err.contains("has no function 'nope'"), "{err}");
+    assert!(err.contains("ngram_hash, token_dropout"), "{err}");
+    // Another language: refused with what to do.
+    let (ok, _, err) =
+        run(sqlfeed().args(["-c", "CREATE FUNCTION f() LANGUAGE python AS 'x'"]));
+    assert!(!ok);
+    assert!(err.contains("not LANGUAGE python"), "{err}");
+    assert!(err.contains("session.register"), "{err}");
+}
+
+#[test]
+fn a_seeded_plugin_augmentation_differs_per_epoch_and_repeats_on_a_rerun() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(&dir.path().join("d"), 200, 2)?;
+    let sql = format!(
+        "SELECT token_dropout(arrow_cast(tokens, 'List(Int64)'), 0.5, 11) AS t, id AS y \
+         FROM '{}/d/*.parquet'",
+        dir.path().display()
+    );
+    // Unshuffled: both epochs read the rows in the same order, so only the
+    // augmentation can tell them apart.
+    let digests = || -> Vec<(String, String)> {
+        let (ok, out, err) = run(sqlfeed()
+            .arg("--load")
+            .arg(plugin())
+            .args([
+                "feed",
+                &sql,
+                "--device",
+                "cpu",
+                "--digest",
+                "--batch-size",
+                "50",
+            ])
+            .args(["--epochs", "2"]));
+        assert!(ok, "{err}");
+        out.lines()
+            .filter(|l| l.starts_with("batch "))
+            .map(|l| {
+                let field = |key: &str| {
+                    l.split(' ')
+                        .find_map(|f| f.strip_prefix(key))
+                        .unwrap_or_else(|| panic!("no {key} in {l}"))
+                        .to_string()
+                };
+                (field("epoch="), field("digest="))
+            })
+            .collect()
+    };
+    let first = digests();
+    assert_eq!(first.len(), 8, "{first:?}");
+    let epoch = |e: &str| -> Vec<String> {
+        first
+            .iter()
+            .filter(|(x, _)| x == e)
+            .map(|(_, d)| d.clone())
+            .collect()
+    };
+    let (zero, one) = (epoch("0"), epoch("1"));
+    assert_eq!(zero.len(), 4);
+    for (a, b) in zero.iter().zip(&one) {
+        assert_ne!(a, b, "epochs 0 and 1 dropped the same tokens: {first:?}");
+    }
+    assert_eq!(first, digests(), "a rerun gave other batches");
+    Ok(())
+}
+
+#[test]
+fn libraries_that_are_not_plugins_of_this_datafusion_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Not a library at all.
+    let text = dir.path().join("libtext.so");
+    std::fs::write(&text, "not an ELF file").expect("write");
+    let (ok, _, err) = run(sqlfeed().arg("--load").arg(&text).args(["-c", "SELECT 1"]));
+    assert!(!ok);
+    assert!(err.contains("libtext.so"), "{err}");
+    assert!(err.contains("cannot load it as a shared library"), "{err}");
+
+    // A shared library without sqlfeed's header, and one whose header says
+    // it was built against DataFusion 54: built here from C, as a plugin of
+    // another version would be laid out.
+    let source = dir.path().join("fake.c");
+    std::fs::write(
+        &source,
+        r#"
+#include <stdint.h>
+#include <string.h>
+struct header { uint64_t magic; uint32_t abi; uint32_t major;
+                char df[64]; char name[64]; char version[64]; };
+struct header sqlfeed_plugin_header(void) {
+    struct header h; memset(&h, 0, sizeof h);
+    memcpy(&h.magic, "SQLFEEDP", 8); h.abi = 1; h.major = 54;
+    strcpy(h.df, "54.0.0"); strcpy(h.name, "old-plugin"); strcpy(h.version, "0.3.0");
+    return h;
+}
+int not_a_plugin(void) { return 1; }
+"#,
+    )
+    .expect("write C");
+    let old = dir.path().join("libold.so");
+    let status = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&old)
+        .arg(&source)
+        .status()
+        .expect("a C compiler (cc) builds the fake plugin");
+    assert!(status.success());
+    let (ok, _, err) = run(sqlfeed().arg("--load").arg(&old).args(["-c", "SELECT 1"]));
+    assert!(!ok);
+    assert!(err.contains("libold.so"), "{err}");
+    assert!(
+        err.contains("old-plugin 0.3.0 was built against DataFusion 54.0.0"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "uses DataFusion {}",
+            datafusion::DATAFUSION_VERSION
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let zlib = [
+        "/lib/x86_64-linux-gnu/libz.so.1",
+        "/usr/lib/x86_64-linux-gnu/libz.so.1",
+    ]
+    .into_iter()
+    .map(Path::new)
+    .find(|p| p.exists());
+    if let Some(zlib) = zlib {
+        let (ok, _, err) =
+            run(sqlfeed().arg("--load").arg(zlib).args(["-c", "SELECT 1"]));
+        assert!(!ok);
+        assert!(err.contains("is not a sqlfeed plugin"), "{err}");
+    }
+
+    // Two libraries defining the same name: refused, not one chosen.
+    let (ok, _, err) = run(sqlfeed()
+        .arg("--load")
+        .arg(plugin())
+        .arg("--plugin-dir")
+        .arg(copy_plugin(dir.path(), "again", false))
+        .args(["-c", "SELECT 1"]));
+    assert!(!ok);
+    assert!(
+        err.contains("defines a function 'ngram_hash', which plugin"),
+        "{err}"
+    );
+}
+
+/// A copy of the plugin in `dir/name/`; `altered` appends a byte (the same
+/// code to the loader, another content to sqlfeed's identity check).
+fn copy_plugin(dir: &Path, name: &str, altered: bool) -> PathBuf {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let source = plugin();
+    let target = folder.join(source.file_name().expect("a file name"));
+    let mut bytes = std::fs::read(&source).expect("read the plugin");
+    if altered {
+        bytes.push(0);
+    }
+    std::fs::write(&target, bytes).expect("copy the plugin");
+    folder
+}
+
+#[cfg(feature = "ballista")]
+#[test]
+fn a_cluster_loads_plugins_from_its_folder_and_refuses_a_different_client_library()
+-> Result<()> {
+    use crate::cluster::{Cluster, run_bounded};
+
+    let dir = tempfile::tempdir()?;
+    gen_data(&dir.path().join("d"), 600, 3)?;
+    let plugins = copy_plugin(dir.path(), "plugins", false);
+    let plugins_arg = plugins.display().to_string();
+    let cluster = Cluster::start_with(
+        2,
+        &["--concurrent-tasks", "1", "--plugin-dir", &plugins_arg],
+        &["--plugin-dir", &plugins_arg],
+    );
+    let sql = format!(
+        "SELECT id, ngram_hash(caption, 3, 4096) AS g FROM '{}/d/*.parquet' ORDER BY id",
+        dir.path().display()
+    );
+    let client = |library: &Path| {
+        run_bounded(
+            sqlfeed()
+                .arg("--load")
+                .arg(library)
+                .args(["--cluster", &cluster.url(), "--target-partitions", "4"])
+                .args(["--format", "csv", "-c", &sql]),
+            Duration::from_secs(120),
+        )
+    };
+    let library = plugins.join(plugin().file_name().expect("name"));
+    let (ok, on_cluster, err) = client(&library);
+    assert!(ok, "{err}");
+    let (ok, embedded, err) = csv_with_plugin(&["--target-partitions", "4"], &sql);
+    assert!(ok, "{err}");
+    assert_eq!(on_cluster, embedded);
+    assert_eq!(on_cluster.lines().count(), 601);
+
+    // A client whose library differs by one byte: refused by content.
+    let other =
+        copy_plugin(dir.path(), "other", true).join(plugin().file_name().expect("name"));
+    let (ok, _, err) = client(&other);
+    assert!(!ok, "a different library ran");
+    assert!(
+        err.contains("function 'ngram_hash' differs between the client and this process"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[cfg(feature = "ballista")]
+#[test]
+fn a_cluster_without_the_plugin_names_the_missing_folder() -> Result<()> {
+    use crate::cluster::{Cluster, run_bounded};
+
+    let dir = tempfile::tempdir()?;
+    gen_data(&dir.path().join("d"), 100, 1)?;
+    let cluster = Cluster::start(1);
+    let sql = format!(
+        "SELECT ngram_hash(caption, 3, 16) AS g FROM '{}/d/*.parquet'",
+        dir.path().display()
+    );
+    let (ok, _, err) = run_bounded(
+        sqlfeed().arg("--load").arg(plugin()).args([
+            "--cluster",
+            &cluster.url(),
+            "-c",
+            &sql,
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(!ok);
+    assert!(err.contains("is not loaded in this process"), "{err}");
+    assert!(err.contains("--plugin-dir"), "{err}");
+    Ok(())
+}
