@@ -114,6 +114,7 @@ class _Worker:
         self.conn = parent
         self.request: shared_memory.SharedMemory | None = None
         self.response: shared_memory.SharedMemory | None = None
+        self.broken = False
 
     def call(self, table: Any, num_rows: int, seed: int | None) -> Any:
         import pyarrow as pa
@@ -133,6 +134,11 @@ class _Worker:
             raise WorkerDied(
                 f"{_describe_exit(self.process.exitcode)}; pid {self.process.pid}"
             ) from exc
+        except BaseException:
+            # Interrupted between request and reply (KeyboardInterrupt): the
+            # reply would be read as the next call's. Never reuse it.
+            self.broken = True
+            raise
         if reply[0] == "error":
             raise FunctionFailed(f"{reply[1]}\n(in worker process {self.process.pid})")
         _, name, out_size = reply
@@ -202,6 +208,11 @@ class WorkerPool:
                 f"{died}. If it was killed, it likely ran out of memory: lower "
                 "concurrency or the batch size"
             ) from None
+        except BaseException:
+            if worker is not None and worker.broken:
+                self._forget(worker)
+                worker = None
+            raise
         finally:
             self._idle.put(worker)
 
@@ -265,7 +276,7 @@ def _worker_main(conn: Any, spec: FunctionSpec, parent_pid: int) -> None:
                 view = request.buf[:size]
                 table = pa.ipc.open_stream(pa.py_buffer(view)).read_all()
                 out = apply(spec, table, num_rows, seed)
-                del table, view
+                del table, view  # the next request may resize the segment
                 out_size = _ipc_size(out)
                 if response is None or response.size < out_size:
                     _close(response, unlink=True)
@@ -273,6 +284,7 @@ def _worker_main(conn: Any, spec: FunctionSpec, parent_pid: int) -> None:
                         create=True, size=max(MIN_SEGMENT_BYTES, out_size + out_size // 2)
                     )
                 _write_ipc(out, response)
+                del out
                 conn.send(("ok", response.name, out_size))
             except FunctionFailed as failed:
                 conn.send(("error", str(failed)))

@@ -87,6 +87,7 @@ class Function:
         version: str | None,
         seeded: bool,
         seed: int,
+        inputs: Sequence[str] | None = None,
     ) -> None:
         import pyarrow as pa
 
@@ -116,7 +117,13 @@ class Function:
         self.input_types = (
             None if input_types is None else [_data_type(t, self.name) for t in input_types]
         )
-        self.arg_count = _arg_count(fn, seeded) if kind == "scalar" else None
+        self.inputs = None if inputs is None else [str(name) for name in inputs]
+        if self.inputs is not None and len(set(self.inputs)) != len(self.inputs):
+            raise ValueError(f"function '{self.name}': inputs has repeated names: {self.inputs}")
+        if kind == "scalar":
+            self.arg_count = _arg_count(fn, seeded)
+        else:
+            self.arg_count = None if self.inputs is None else len(self.inputs)
         self.version = version
         self.identity = _identity(self, version)
         self._pool: Any = None
@@ -169,6 +176,7 @@ class Function:
             batch_format=self.batch_format,
             return_type=self.return_type,
             seeded=self.seeded,
+            inputs=self.inputs,
         )
 
     def _register(self, session: Any) -> None:
@@ -214,6 +222,7 @@ class FunctionSpec:
         batch_format: str,
         return_type: Any,
         seeded: bool,
+        inputs: list[str] | None = None,
     ) -> None:
         self.fn = fn
         self.kind = kind
@@ -222,6 +231,7 @@ class FunctionSpec:
         self.batch_format = batch_format
         self.return_type = return_type
         self.seeded = seeded
+        self.inputs = inputs
 
 
 class FunctionFailed(Exception):
@@ -286,6 +296,7 @@ def udf(
 def batch_udf(
     output: Any,
     *,
+    inputs: Sequence[str] | None = None,
     name: str | None = None,
     batch_format: str = "numpy",
     volatility: str = "immutable",
@@ -297,8 +308,11 @@ def batch_udf(
 ) -> Callable[[Callable[..., Any]], Function]:
     """Makes a Python function over whole batches a sqlfeed function.
 
-    The function gets the call's arguments as one batch, keyed by argument
-    name (a column argument's name is the column's), and returns the columns
+    The function gets the call's arguments as one batch, keyed by the names
+    in ``inputs`` (in argument order; the call must pass that many), else by
+    the arguments' own names (a column argument's is the column's, but the
+    optimizer may rename what it rewrites: declare ``inputs`` when a function
+    relies on the keys), and returns the columns
     of ``output``: a dict of arrays (NumPy arrays, 2-D ones for list columns,
     lists, pyarrow arrays) or a ``pyarrow.RecordBatch``/``Table``, one value
     per input row. In SQL it returns a struct of ``output``'s fields.
@@ -306,6 +320,7 @@ def batch_udf(
     Args:
         output: the output columns: a ``pyarrow.Schema`` or a dict of name to
             type.
+        inputs: the names the arguments have in the batch, in order.
         batch_format: ``"numpy"`` (default; a dict of NumPy arrays, binary
             columns as object arrays of ``bytes``) or ``"pyarrow"`` (a
             ``pyarrow.RecordBatch``).
@@ -328,6 +343,7 @@ def batch_udf(
             version=version,
             seeded=seeded,
             seed=seed,
+            inputs=inputs,
         )
 
     return wrap
@@ -350,13 +366,13 @@ def apply(spec: FunctionSpec, table: pyarrow.Table, num_rows: int, seed: int | N
                 args = [c.to_numpy(zero_copy_only=False) for c in columns]
             result = spec.fn(*args, **kwargs)
         else:
+            names = spec.inputs if spec.inputs is not None else table.column_names
             if spec.batch_format == "numpy":
                 batch: Any = {
-                    n: c.to_numpy(zero_copy_only=False)
-                    for n, c in zip(table.column_names, columns, strict=True)
+                    n: c.to_numpy(zero_copy_only=False) for n, c in zip(names, columns, strict=True)
                 }
             else:
-                batch = pa.RecordBatch.from_arrays(columns, names=table.column_names)
+                batch = pa.RecordBatch.from_arrays(columns, names=names)
             result = spec.fn(batch, **kwargs)
     except Exception as exc:
         raise FunctionFailed(
@@ -513,6 +529,7 @@ def _identity(function: Function, version: str | None) -> str:
         function.volatility,
         str(function.seeded),
         str(function.seed),
+        str(function.inputs),
     ):
         digest.update(part.encode())
         digest.update(b"\0")

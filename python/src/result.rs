@@ -158,7 +158,12 @@ impl Iterator for BlockingReader {
 
     fn next(&mut self) -> Option<Self::Item> {
         let stream = self.stream.as_mut()?;
-        match self.runtime.block_on(stream.next()) {
+        // The consumer (pyarrow, Polars, DuckDB) may call with the GIL held;
+        // the query may run Python functions on engine threads, which need
+        // it: wait without it.
+        let runtime = &self.runtime;
+        let next = Python::attach(|py| py.detach(|| runtime.block_on(stream.next())));
+        match next {
             Some(Ok(batch)) => Some(Ok(batch)),
             Some(Err(err)) => {
                 self.stream = None;

@@ -17,9 +17,11 @@ EXAMPLES = REPO / "examples" / "python"
 SINGLE = [
     "01_read_inspect.py",
     "02_preprocess.py",
+    "02_preprocess_own.py",
     "03_prefetch_training.py",
     "04_global_shuffle.py",
     "06_text.py",
+    "06_text_own.py",
     "07_cache.py",
 ]
 

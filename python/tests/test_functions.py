@@ -47,7 +47,7 @@ def where_am_i(x):
 
 
 def split_words(batch):
-    words = [len(c.split()) for c in batch["caption"]]
+    words = [len(c.split()) for c in batch["text"]]
     return {"words": words, "label2": batch["label"] * 2}
 
 
@@ -84,6 +84,10 @@ def test_a_scalar_function_is_called_in_sql_over_arrow_arrays(ids_data):
         f"SELECT id, plus_ten(id) AS y FROM '{ids_data}/*.parquet' ORDER BY id"
     ).to_arrow()
     assert table.column("y").to_pylist() == [i + 10 for i in range(1000)]
+    # Read through the Arrow stream protocol (pyarrow may hold the GIL while
+    # it pulls batches): no deadlock with the function's own GIL use.
+    streamed = pa.table(session.sql(f"SELECT plus_ten(id) AS y FROM '{ids_data}/*.parquet'"))
+    assert sorted(streamed.column("y").to_pylist()) == [i + 10 for i in range(1000)]
     # Still a plain Python function.
     assert f(pa.array([1])).to_pylist() == [11]
 
@@ -99,7 +103,9 @@ def test_numpy_functions_and_declared_input_types_are_coerced(ids_data):
 
 def test_a_batch_function_returns_declared_columns_and_feeds_them(gen_data):
     require("numpy", "numpy")
-    f = sqlfeed.batch_udf({"words": pa.int64(), "label2": pa.int64()})(split_words)
+    f = sqlfeed.batch_udf({"words": pa.int64(), "label2": pa.int64()}, inputs=["text", "label"])(
+        split_words
+    )
     session = _session(f)
     query = (
         "SELECT b['words'] AS words, b['label2'] AS label2, caption, label FROM "
@@ -121,6 +127,9 @@ def test_a_batch_function_returns_declared_columns_and_feeds_them(gen_data):
     batches = list(feed)
     assert len(batches) == 20
     assert all(b["y"].shape == (100,) for b in batches)
+    # The declared inputs are the arity.
+    with pytest.raises(sqlfeed.PlanError, match="expected 2 arguments but received 1"):
+        session.sql(f"SELECT split_words(caption) FROM '{gen_data}/*.parquet'")
 
 
 def test_a_raising_function_names_itself_with_the_traceback(ids_data):

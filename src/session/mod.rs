@@ -33,6 +33,7 @@
 //! ```
 
 mod cgroup;
+mod create_function;
 use crate::cache::liveness;
 pub mod object_stores;
 pub mod plugins;
@@ -252,7 +253,9 @@ impl SessionBuilder {
                 crate::sql::file_errors::NameFileErrors,
             ))
             .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
-            .with_function_factory(Some(Arc::new(crate::sql::PluginFunctionFactory)));
+            .with_function_factory(Some(Arc::new(
+                create_function::PluginFunctionFactory,
+            )));
         // Ahead of DataFusion's planners, so that `['a', 'b']` is a constant
         // when SQL is planned (the width of `one_hot` in the plan's schema).
         // The cluster client's state is derived from this one and keeps them.

@@ -27,8 +27,6 @@
 //! `sql_ops/dialect.rs` example).
 
 mod cache_statements;
-mod create_function;
-pub use create_function::PluginFunctionFactory;
 mod explore;
 pub mod file_errors;
 mod folder_glob;

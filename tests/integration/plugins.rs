@@ -63,6 +63,18 @@ fn a_loaded_plugin_function_computes_what_it_documents() {
 }
 
 #[test]
+fn a_plugin_aggregate_merges_across_partitions() {
+    // 1, 2, 4, 8, 16, ... in 4 partitions: the geometric mean of 2^0..2^19
+    // is 2^9.5; non-positive values and NULLs are left out.
+    let sql = "SELECT round(geo_mean(CASE WHEN v = 0 THEN -1 ELSE power(2.0, v - 1) END), 6) AS g \
+               FROM (SELECT value AS v FROM range(0, 21))";
+    let (ok, out, err) = csv_with_plugin(&["--target-partitions", "4"], sql);
+    assert!(ok, "{err}");
+    let expected = (2f64.powf(9.5) * 1e6).round() / 1e6;
+    assert_eq!(out, format!("g\n{expected}\n"));
+}
+
+#[test]
 fn create_function_registers_one_function_of_a_library() {
     let library = plugin();
     let create = format!(
@@ -93,7 +105,7 @@ fn create_function_registers_one_function_of_a_library() {
     let (ok, _, err) = run(sqlfeed().args(["-c", &wrong]));
     assert!(!ok);
     assert!(err.contains("has no function 'nope'"), "{err}");
-    assert!(err.contains("ngram_hash, token_dropout"), "{err}");
+    assert!(err.contains("ngram_hash, token_dropout, geo_mean"), "{err}");
     // Another language: refused with what to do.
     let (ok, _, err) =
         run(sqlfeed().args(["-c", "CREATE FUNCTION f() LANGUAGE python AS 'x'"]));

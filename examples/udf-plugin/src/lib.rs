@@ -11,6 +11,8 @@
 //!   augmentation differs per epoch and reproduces on resume. Costly: under
 //!   `SHUFFLE` it runs after the shuffle, on the rows kept.
 //!
+//! * `geo_mean(x)`: an aggregate, the geometric mean of the positive values.
+//!
 //! See this folder's README for building and loading it.
 
 use std::sync::Arc;
@@ -18,10 +20,13 @@ use std::sync::Arc;
 use sqlfeed_plugin::datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Int64Builder, ListBuilder,
 };
-use sqlfeed_plugin::datafusion::arrow::datatypes::{DataType, Field, Int64Type};
+use sqlfeed_plugin::datafusion::arrow::datatypes::{
+    DataType, Field, Float64Type, Int64Type, UInt64Type,
+};
 use sqlfeed_plugin::datafusion::common::{Result, ScalarValue, exec_err, plan_err};
 use sqlfeed_plugin::datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    Accumulator, AggregateUDF, ColumnarValue, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility, create_udaf,
 };
 use sqlfeed_plugin::{Functions, epoch_seed, export_plugin};
 
@@ -30,6 +35,67 @@ fn functions() -> Functions {
     Functions::new()
         .scalar(Arc::new(ScalarUDF::from(NgramHash::new())))
         .costly_scalar(Arc::new(ScalarUDF::from(TokenDropout::new())))
+        .aggregate(Arc::new(geo_mean()))
+}
+
+/// `geo_mean(x)`: the geometric mean of the positive values of `x` (NULL
+/// if there are none), e.g. of per-file compression ratios or growth
+/// factors; computed as exp(mean(ln x)) so that it cannot overflow.
+pub fn geo_mean() -> AggregateUDF {
+    create_udaf(
+        "geo_mean",
+        vec![DataType::Float64],
+        Arc::new(DataType::Float64),
+        Volatility::Immutable,
+        Arc::new(|_| Ok(Box::new(GeoMean::default()))),
+        Arc::new(vec![DataType::Float64, DataType::UInt64]),
+    )
+}
+
+/// The running sum of logarithms and count of `geo_mean`.
+#[derive(Debug, Default)]
+struct GeoMean {
+    log_sum: f64,
+    count: u64,
+}
+
+impl Accumulator for GeoMean {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        for value in values[0].as_primitive::<Float64Type>().iter().flatten() {
+            if value > 0.0 {
+                self.log_sum += value.ln();
+                self.count += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        let sums = states[0].as_primitive::<Float64Type>();
+        let counts = states[1].as_primitive::<UInt64Type>();
+        for (sum, count) in sums.iter().zip(counts.iter()) {
+            self.log_sum += sum.unwrap_or(0.0);
+            self.count += count.unwrap_or(0);
+        }
+        Ok(())
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        Ok(vec![
+            ScalarValue::Float64(Some(self.log_sum)),
+            ScalarValue::UInt64(Some(self.count)),
+        ])
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        Ok(ScalarValue::Float64(
+            (self.count > 0).then(|| (self.log_sum / self.count as f64).exp()),
+        ))
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self)
+    }
 }
 
 export_plugin!(functions);
@@ -287,6 +353,7 @@ mod tests {
         let module = sqlfeed_plugin_module();
         assert!(!module.failed);
         assert_eq!(module.scalar_count, 2);
+        assert_eq!(module.aggregate_count, 1);
         let header = sqlfeed_plugin_header();
         assert_eq!(header.plugin_name(), "sqlfeed-udf-plugin");
     }

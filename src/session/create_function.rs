@@ -1,5 +1,5 @@
 //! `CREATE FUNCTION name(…) LANGUAGE rust AS '<library>'`: registers one
-//! function of a plugin library (see `crate::session::plugins`) through
+//! function of a plugin library (see [`super::plugins`]) through
 //! DataFusion's `FunctionFactory`.
 //!
 //! ```sql
@@ -20,7 +20,7 @@ use datafusion::execution::context::{FunctionFactory, RegisterFunction, SessionS
 use datafusion::logical_expr::{CreateFunction, Expr};
 use datafusion::scalar::ScalarValue;
 
-use crate::session::plugins;
+use super::plugins;
 
 /// The session's [`FunctionFactory`]: `LANGUAGE rust` plugins.
 #[derive(Debug, Default)]
