@@ -154,6 +154,19 @@ pub(crate) struct PyFeed {
     last: Mutex<Option<Snapshot>>,
 }
 
+impl Drop for PyFeed {
+    /// A feed dropped by Python's garbage collector: its threads stop with
+    /// the GIL released, since one may be waiting for it to finish a Python
+    /// function of the query.
+    fn drop(&mut self) {
+        let feed = self.inner.get_mut().ok().and_then(Option::take);
+        if let Some(feed) = feed {
+            // None while the interpreter shuts down: dropped as it is.
+            let _ = Python::try_attach(|py| py.detach(|| drop(feed)));
+        }
+    }
+}
+
 /// A feed's metrics, kept after the feed is gone.
 #[derive(Clone)]
 struct Snapshot {

@@ -19,10 +19,12 @@ pub(crate) struct PySession {
     pub(crate) runtime: Arc<SessionRuntime>,
 }
 
-/// The session's tokio runtime, which may be dropped anywhere: the last
-/// reference can go with a garbage collection that runs inside a Python
-/// function called on an engine thread, where waiting for a runtime's
-/// threads is not allowed. There it finishes in the background.
+/// The session's tokio runtime, which may be dropped anywhere: by a garbage
+/// collection inside a Python function that an engine thread runs (where
+/// waiting for a runtime's threads is not allowed), or by the main thread
+/// holding the GIL while an engine thread of a failed query still waits for
+/// it to finish a Python function (waiting would deadlock). So it never
+/// waits: its threads finish in the background.
 pub(crate) struct SessionRuntime(Option<tokio::runtime::Runtime>);
 
 impl std::ops::Deref for SessionRuntime {
@@ -35,9 +37,7 @@ impl std::ops::Deref for SessionRuntime {
 
 impl Drop for SessionRuntime {
     fn drop(&mut self) {
-        if let Some(runtime) = self.0.take()
-            && tokio::runtime::Handle::try_current().is_ok()
-        {
+        if let Some(runtime) = self.0.take() {
             runtime.shutdown_background();
         }
     }

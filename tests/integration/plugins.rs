@@ -255,6 +255,40 @@ int not_a_plugin(void) { return 1; }
     );
 }
 
+#[test]
+fn a_cache_entry_of_a_plugin_function_is_not_served_to_another_build() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(&dir.path().join("d"), 100, 1)?;
+    let cache = dir.path().join("cache");
+    let sql = format!(
+        "CACHE TABLE g AS SELECT ngram_hash(caption, 3, 16) AS g FROM '{}/d/*.parquet'",
+        dir.path().display()
+    );
+    let cache_table = |library: &Path| -> String {
+        let (ok, out, err) = run(sqlfeed()
+            .arg("--cache-dir")
+            .arg(&cache)
+            .arg("--load")
+            .arg(library)
+            .args(["--format", "csv", "-c", &sql]));
+        assert!(ok, "{err}");
+        out
+    };
+    let first = cache_table(&plugin());
+    assert!(first.contains("computed"), "{first}");
+    let again = cache_table(&plugin());
+    assert!(again.contains("reused from disk"), "{again}");
+    // The same code with another content hash (a rebuilt plugin): a miss.
+    let rebuilt = copy_plugin(dir.path(), "rebuilt", true)
+        .join(plugin().file_name().expect("name"));
+    let other = cache_table(&rebuilt);
+    assert!(
+        other.contains("computed"),
+        "a rebuilt plugin got the old entry: {other}"
+    );
+    Ok(())
+}
+
 /// A copy of the plugin in `dir/name/`; `altered` appends a byte (the same
 /// code to the loader, another content to sqlfeed's identity check).
 fn copy_plugin(dir: &Path, name: &str, altered: bool) -> PathBuf {
