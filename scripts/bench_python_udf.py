@@ -20,7 +20,6 @@ import time
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch.utils.data
 from PIL import Image
 
 SIDE = 64
@@ -106,33 +105,36 @@ def run_ray(data: str) -> tuple[int, float]:
     return rows, elapsed
 
 
-class _Batches(torch.utils.data.IterableDataset):
-    """The Parquet batches of every file, split among DataLoader workers."""
-
-    def __init__(self, data: str) -> None:
-        self.paths = files(data)
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        index = 0
-        for path in self.paths:
-            for record_batch in pq.ParquetFile(path).iter_batches(
-                batch_size=ENGINE_BATCH, columns=["image_jpeg", "label"]
-            ):
-                if index % workers == worker:
-                    yield preprocess(
-                        {
-                            "jpeg": record_batch.column(0).to_numpy(zero_copy_only=False),
-                            "label": record_batch.column(1).to_numpy(),
-                        }
-                    )
-                index += 1
-
-
 def run_loader(data: str) -> tuple[int, float]:
+    # Imported here, not at the top: sqlfeed's spawned workers import this
+    # script, and torch would slow their start.
+    import torch.utils.data
+
+    class Batches(torch.utils.data.IterableDataset):
+        """The Parquet batches of every file, split among DataLoader workers."""
+
+        def __init__(self, data: str) -> None:
+            self.paths = files(data)
+
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+            index = 0
+            for path in self.paths:
+                for record_batch in pq.ParquetFile(path).iter_batches(
+                    batch_size=ENGINE_BATCH, columns=["image_jpeg", "label"]
+                ):
+                    if index % workers == worker:
+                        yield preprocess(
+                            {
+                                "jpeg": record_batch.column(0).to_numpy(zero_copy_only=False),
+                                "label": record_batch.column(1).to_numpy(),
+                            }
+                        )
+                    index += 1
+
     started = time.perf_counter()
-    loader = torch.utils.data.DataLoader(_Batches(data), batch_size=None, num_workers=2)
+    loader = torch.utils.data.DataLoader(Batches(data), batch_size=None, num_workers=2)
     rows = 0
     pending = 0
     for batch in loader:

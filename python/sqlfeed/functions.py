@@ -182,14 +182,22 @@ class Function:
     def _register(self, session: Any) -> None:
         import pyarrow as pa
 
-        returns = pa.schema([pa.field("result", self.return_type)]).empty_table()
+        # Empty tables that carry the types (from_batches: no array is built,
+        # so pyarrow does not import pandas to check one).
+        returns = pa.Table.from_batches(
+            [], schema=pa.schema([pa.field("result", self.return_type)])
+        )
         inputs = (
             None
             if self.input_types is None
-            else pa.schema(
-                [pa.field(f"arg{i}", t) for i, t in enumerate(self.input_types)]
-            ).empty_table()
+            else pa.Table.from_batches(
+                [],
+                schema=pa.schema([pa.field(f"arg{i}", t) for i, t in enumerate(self.input_types)]),
+            )
         )
+        # "Costly" asks the engine to run the function on several threads:
+        # in this process they would only take turns at the GIL.
+        parallel = self.costly and self.concurrency > 1
         session._register_function(
             self.name,
             self._invoke,
@@ -198,7 +206,7 @@ class Function:
             self.arg_count,
             self.volatility,
             self.identity,
-            self.costly,
+            parallel,
             self.qualname,
         )
 
