@@ -44,7 +44,7 @@ class Session:
     def _register_function(
         self,
         name: str,
-        invoke: Callable[[object, int, int, int | None], object],
+        invoke: Callable[[object, int, int | None], object],
         returns: object,
         inputs: object | None,
         arg_count: int | None,
@@ -52,8 +52,8 @@ class Session:
         identity: str,
         costly: bool,
         qualname: str,
+        seed: int | None,
     ) -> None: ...
-    def _function_names(self) -> list[str]: ...
     def _start_feed(self, options: dict[str, Any]) -> RawFeed: ...
     def _input_files(self, query: str) -> list[tuple[str, int, int, str | None]]: ...
     @property

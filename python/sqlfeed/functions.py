@@ -107,7 +107,8 @@ class Function:
         self.costly = costly
         self.concurrency = concurrency
         self.seeded = seeded
-        self.seed = int(seed)
+        # A u64 in Rust; any Python int maps onto one.
+        self.seed = int(seed) & ((1 << 64) - 1)
         self.qualname = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', self.name)}"
         if kind == "scalar":
             self.return_type = _data_type(returns, self.name)
@@ -126,9 +127,20 @@ class Function:
             self.arg_count = None if self.inputs is None else len(self.inputs)
         self.version = version
         self.identity = _identity(self, version)
+        self.__doc__ = getattr(fn, "__doc__", None)
+        # What running the function needs (also what workers receive).
+        self._spec = FunctionSpec(
+            fn=fn,
+            kind=kind,
+            name=self.name,
+            qualname=self.qualname,
+            batch_format=batch_format,
+            return_type=self.return_type,
+            seeded=seeded,
+            inputs=self.inputs,
+        )
         self._pool: Any = None
         self._pool_lock = threading.Lock()
-        functools_update(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -148,36 +160,25 @@ class Function:
 
     # -- what the engine calls ----------------------------------------------
 
-    def _invoke(self, batch: Any, num_rows: int, feed_seed: int, epoch: int | None) -> Any:
+    def _invoke(self, batch: Any, num_rows: int, seed: int | None) -> Any:
         """Runs the function on one batch of arguments (an Arrow stream with
-        one column per argument) and returns a one-column ``pyarrow.Table``."""
+        one column per argument) and returns a one-column ``pyarrow.Table``.
+        ``seed``: for a seeded function, the declared seed mixed in Rust with
+        the feed's seed and epoch (as sqlfeed's own functions draw)."""
         import pyarrow as pa
 
         table = pa.table(batch)
-        seed = _epoch_seed(self.seed, feed_seed, epoch) if self.seeded else None
         if self.concurrency == 1:
-            return apply(self._spec(), table, num_rows, seed)
+            return apply(self._spec, table, num_rows, seed)
         with self._pool_lock:
             # Engine threads call at once: one pool for all of them.
             if self._pool is None:
                 from sqlfeed._workers import WorkerPool
 
-                self._pool = WorkerPool(self._spec(), self.concurrency)
+                self._pool = WorkerPool(self._spec, self.concurrency)
                 _POOLS.append(self)
             pool = self._pool
         return pool.call(table, num_rows, seed)
-
-    def _spec(self) -> FunctionSpec:
-        return FunctionSpec(
-            fn=self.fn,
-            kind=self.kind,
-            name=self.name,
-            qualname=self.qualname,
-            batch_format=self.batch_format,
-            return_type=self.return_type,
-            seeded=self.seeded,
-            inputs=self.inputs,
-        )
 
     def _register(self, session: Any) -> None:
         import pyarrow as pa
@@ -208,12 +209,8 @@ class Function:
             self.identity,
             parallel,
             self.qualname,
+            self.seed if self.seeded else None,
         )
-
-
-def functools_update(wrapper: Function, fn: Callable[..., Any]) -> None:
-    """Copies ``fn``'s docstring to the :class:`Function`."""
-    wrapper.__doc__ = getattr(fn, "__doc__", None)
 
 
 class FunctionSpec:
@@ -457,22 +454,6 @@ def _describe(value: Any) -> str:
     shape = getattr(value, "shape", None)
     kind = type(value).__name__
     return f"a {kind} of shape {shape}" if shape is not None else f"a {kind}"
-
-
-def _epoch_seed(seed: int, feed_seed: int, epoch: int | None) -> int:
-    """sqlfeed_plugin::mix_epoch_seed: ``seed`` outside a feed, else mixed
-    with the feed's seed and the epoch (the same as Rust functions draw)."""
-    if epoch is None:
-        return seed
-    return _splitmix64(seed ^ _splitmix64(feed_seed ^ _splitmix64(epoch)))
-
-
-def _splitmix64(x: int) -> int:
-    mask = (1 << 64) - 1
-    z = (x + 0x9E3779B97F4A7C15) & mask
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-    return z ^ (z >> 31)
 
 
 # -- declarations ------------------------------------------------------------

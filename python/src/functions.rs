@@ -4,8 +4,8 @@
 //! ```text
 //!  engine thread (any partition)             Python (sqlfeed/functions.py)
 //!  ─────────────────────────────             ─────────────────────────────
-//!  args ─► RecordBatch (one column per ─► attach GIL ─► _Invoker(batch, rows,
-//!          argument, named like it)                      feed_seed, epoch)
+//!  args ─► RecordBatch (one column per ─► attach GIL ─► Function._invoke(batch,
+//!          argument, named like it)                      rows, epoch seed)
 //!                                                         │ concurrency=1: call here
 //!                                                         │ concurrency=N: a worker
 //!                                                         │   process (shared memory)
@@ -36,7 +36,7 @@ use datafusion::logical_expr::{
 };
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use sqlfeed_udfs::augment::AugmentOptions;
+use sqlfeed_udfs::augment::epoch_seed;
 use sqlfeed_udfs::user::{FunctionOrigin, user_function};
 
 /// A Python function; see the module docs.
@@ -44,8 +44,11 @@ pub(crate) struct PyFunction {
     name: String,
     signature: Signature,
     return_type: DataType,
-    /// `sqlfeed.functions._Invoker`: `(batch, rows, feed_seed, epoch) -> pa.Table`.
+    /// `sqlfeed.Function._invoke`: `(batch, rows, seed) -> pa.Table`.
     invoke: Py<PyAny>,
+    /// The declared base seed of a seeded function (`seeded=True`): each
+    /// call gets it mixed with the feed's seed and epoch.
+    seed: Option<u64>,
     /// `module.qualname`, for messages.
     qualname: String,
 }
@@ -109,15 +112,14 @@ impl ScalarUDFImpl for PyFunction {
             arrays,
             &RecordBatchOptions::new().with_row_count(Some(rows)),
         )?;
-        let augment = args.config_options.extensions.get::<AugmentOptions>();
-        let feed_seed = augment.map_or(0, |a| a.feed_seed);
-        let epoch = augment.and_then(|a| a.epoch);
+        // The same mixing as sqlfeed's own seeded functions and plugins.
+        let seed = self.seed.map(|seed| epoch_seed(seed, &args.config_options));
         let result = Python::attach(|py| -> std::result::Result<ArrayRef, String> {
             let export =
                 Py::new(py, ArrowBatchExport::new(batch)).map_err(|e| e.to_string())?;
             let out = self
                 .invoke
-                .call1(py, (export, rows, feed_seed, epoch))
+                .call1(py, (export, rows, seed))
                 .map_err(|e| python_error_text(py, &e))?;
             let mut batches = import_stream(out.bind(py))
                 .map_err(|e| python_error_text(py, &e))?
@@ -240,6 +242,8 @@ pub(crate) struct FunctionSpec<'py> {
     pub(crate) identity: String,
     pub(crate) costly: bool,
     pub(crate) qualname: String,
+    /// The base seed of a seeded function, else None.
+    pub(crate) seed: Option<u64>,
 }
 
 /// The function `spec` describes, as a sqlfeed user function.
@@ -286,6 +290,7 @@ pub(crate) fn python_udf(spec: FunctionSpec<'_>) -> PyResult<Arc<ScalarUDF>> {
         signature,
         return_type: return_field.data_type().clone(),
         invoke: spec.invoke,
+        seed: spec.seed,
         qualname: spec.qualname.clone(),
     };
     Ok(user_function(

@@ -168,7 +168,7 @@ impl PySession {
 
     /// Registers a Python function (see `sqlfeed.functions`); replaces a
     /// Python function of the same name, refuses to shadow any other.
-    #[pyo3(signature = (name, invoke, returns, inputs, arg_count, volatility, identity, costly, qualname))]
+    #[pyo3(signature = (name, invoke, returns, inputs, arg_count, volatility, identity, costly, qualname, seed))]
     #[allow(clippy::too_many_arguments)]
     fn _register_function(
         &self,
@@ -181,6 +181,7 @@ impl PySession {
         identity: String,
         costly: bool,
         qualname: String,
+        seed: Option<u64>,
     ) -> PyResult<()> {
         crate::functions::check_name_free(&self.session, &name).py_err()?;
         let udf = crate::functions::python_udf(crate::functions::FunctionSpec {
@@ -193,17 +194,10 @@ impl PySession {
             identity,
             costly,
             qualname,
+            seed,
         })?;
         self.session.context().register_udf(udf.as_ref().clone());
         Ok(())
-    }
-
-    /// Names of the session's scalar functions, sorted.
-    fn _function_names(&self) -> Vec<String> {
-        let state = self.session.context().state();
-        let mut names: Vec<String> = state.scalar_functions().keys().cloned().collect();
-        names.sort();
-        names
     }
 
     /// The memory budget in bytes.

@@ -34,6 +34,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
+use sqlfeed_plugin::host::plugin_error;
 use sqlfeed_udfs::user::{FunctionOrigin, user_function};
 
 /// One loaded plugin library and its functions.
@@ -66,11 +67,6 @@ static LOADED: LazyLock<Mutex<HashMap<PathBuf, Arc<Plugin>>>> =
 
 /// File name endings of shared libraries on this platform.
 const LIBRARY_EXTENSIONS: &[&str] = &["so", "dylib", "dll"];
-
-/// A Plan error about plugin `path` (the user gave a bad library).
-fn plugin_error(path: &Path, message: impl std::fmt::Display) -> DataFusionError {
-    DataFusionError::Plan(format!("plugin '{}': {message}", path.display()))
-}
 
 /// Loads the plugin at `path` (once per process; see the module docs).
 pub fn load(path: &Path) -> Result<Arc<Plugin>> {

@@ -40,29 +40,19 @@ impl AugmentOptions {
 }
 
 impl ConfigExtension for AugmentOptions {
-    const PREFIX: &'static str = "sqlfeed_augment";
+    const PREFIX: &'static str = sqlfeed_plugin::AUGMENT_PREFIX;
 }
 
 /// The seed a seeded function draws with: `seed` itself outside a feed,
-/// else `seed` mixed with the feed's seed and the epoch.
+/// else `seed` mixed with the feed's seed and the epoch
+/// ([`sqlfeed_plugin::mix_epoch_seed`], what plugins draw with too).
 pub fn epoch_seed(seed: u64, config: &ConfigOptions) -> u64 {
     match config.extensions.get::<AugmentOptions>() {
-        Some(options) => match options.epoch {
-            Some(epoch) => {
-                splitmix64(seed ^ splitmix64(options.feed_seed ^ splitmix64(epoch)))
-            }
-            None => seed,
-        },
+        Some(options) => {
+            sqlfeed_plugin::mix_epoch_seed(seed, options.feed_seed, options.epoch)
+        }
         None => seed,
     }
-}
-
-/// SplitMix64's finaliser: a bijection that spreads nearby inputs.
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]
