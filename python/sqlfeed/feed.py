@@ -428,6 +428,34 @@ class Feed:
         merged = set(self._skipped.get(int(epoch), [])) | {int(s) for s in steps}
         self._skipped[int(epoch)] = sorted(merged)
 
+    def explain_batch(self, epoch: int, step: int, rank: int | None = None) -> list[dict[str, Any]]:
+        """Where each row of the batch at global step ``step`` of ``epoch``
+        (of ``rank``, default this feed's) came from, in batch order: a dict
+        ``{"file", "row_group", "row"}`` per row — the Parquet file, its row
+        group, and the row's index in the file. The batch is recomputed, not
+        logged: the feed runs again with its query reduced to where rows come
+        from (filters and the shuffle run, the preprocessing does not), so it
+        costs a fraction of an epoch, on any machine, any time after the run.
+        It is the batch this feed hands over there (after
+        :meth:`load_state_dict`, under its shape), or an uninterrupted run's.
+        Rows with identical content are interchangeable copies in a shuffled
+        order; the answer names one of them."""
+        rank = self._rank if rank is None else int(rank)
+        if not 0 <= rank < self._world:
+            raise _sqlfeed.PlanError(f"rank={rank}: the feed's ranks are 0..{self._world - 1}")
+        end = self._epoch + 1 if self._epochs is None else self._epochs
+        options = dict(
+            self._options,
+            rank=rank,
+            first_epoch=self._epoch,
+            end_epoch=max(end, self._epoch + 1),
+            first_step=self._step,
+            first_row=self._rows,
+            skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
+        )
+        rows = self._session._inner._explain_batch(options, int(epoch), int(step))
+        return [{"file": file, "row_group": group, "row": row} for file, group, row in rows]
+
     # -- metrics ---------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use sqlfeed::Session;
 use sqlfeed::device::{ConsumerStream, DType, Device, Tensor};
-use sqlfeed::feed::{ColumnSpec, Feed, FeedReport, NextBatch};
+use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch};
 
 use crate::dlpack;
 use crate::errors::{IntoPy, to_py};
@@ -107,6 +107,11 @@ pub(crate) struct FeedOptions {
 impl FeedOptions {
     /// Starts the pass.
     pub(crate) fn build(self, session: &Session) -> Result<Feed> {
+        self.builder(session)?.build()
+    }
+
+    /// The pass described, not started.
+    pub(crate) fn builder(self, session: &Session) -> Result<FeedBuilder> {
         let mut builder = Feed::builder(session, self.query)
             .batch_size(self.batch_size)
             .drop_last(self.drop_last)
@@ -141,7 +146,7 @@ impl FeedOptions {
             let (name, spec) = column_spec(options)?;
             builder = builder.column(name, spec);
         }
-        builder.build()
+        Ok(builder)
     }
 }
 

@@ -166,6 +166,27 @@ impl PySession {
             .map(PyFeed::new)
     }
 
+    /// Where each row of the batch at `(epoch, step)` of the pass `options`
+    /// describes came from, as `(file, row_group, row)`; see
+    /// `sqlfeed.Feed.explain_batch`.
+    fn _explain_batch(
+        &self,
+        py: Python<'_>,
+        options: FeedOptions,
+        epoch: u64,
+        step: u64,
+    ) -> PyResult<Vec<(String, usize, u64)>> {
+        let session = self.session.clone();
+        let origins = py
+            .detach(|| options.builder(&session)?.explain_batch(epoch, step))
+            .py_err()?;
+        Ok(origins
+            .rows
+            .into_iter()
+            .map(|row| (row.file, row.row_group, row.row))
+            .collect())
+    }
+
     /// Registers a Python function (see `sqlfeed.functions`); replaces a
     /// Python function of the same name, refuses to shadow any other.
     #[pyo3(signature = (name, invoke, returns, inputs, arg_count, volatility, identity, costly, qualname, seed))]

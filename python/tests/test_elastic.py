@@ -116,3 +116,45 @@ def test_a_resume_over_changed_data_is_refused_naming_the_files(session, ids_dat
     assert (resumed.epoch, resumed.step) == (0, 0)
     ids = sorted(i for b in resumed for i in b["id"].tolist())
     assert len(ids) == 750 + 7 + 100
+
+
+def _origin_ids(origins):
+    """The ids `explain_batch`'s rows name (ids_data: id = 250 x part + row)."""
+    ids = []
+    for origin in origins:
+        part = int(origin["file"].rsplit("/", 1)[1].removeprefix("part-").removesuffix(".parquet"))
+        assert origin["file"].startswith("file:///")
+        assert origin["row_group"] == 0, "pyarrow writes 250 rows as one row group"
+        ids.append(250 * part + origin["row"])
+    return ids
+
+
+def test_explain_batch_names_the_rows_of_the_batch(session, ids_data):
+    require("numpy", "numpy")
+    feed = _feed(session, ids_data, batch_size=48, shard=(1, 3), epochs=2)
+    batches = [(*b["_position"], b["id"].tolist()) for b in _with_positions(feed)]
+    assert len(batches) == 2 * 7
+    for epoch, step, ids in batches[5:9]:
+        assert _origin_ids(feed.explain_batch(epoch, step)) == ids, (epoch, step)
+    # Another rank's batch, as that rank's feed hands it over.
+    other = _feed(session, ids_data, batch_size=48, shard=(0, 3))
+    first = next(iter(other))["id"].tolist()
+    assert _origin_ids(feed.explain_batch(0, 0, rank=0)) == first
+    with pytest.raises(sqlfeed.PlanError, match="has no step 7"):
+        feed.explain_batch(0, 7)
+    with pytest.raises(sqlfeed.PlanError, match="ranks are 0..2"):
+        feed.explain_batch(0, 0, rank=3)
+
+
+def _with_positions(feed):
+    """Yields the feed's batches; the feed's position, read before each
+    batch, is that batch's (epoch, step)."""
+    it = iter(feed)
+    while True:
+        epoch, step = feed.epoch, feed.step
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        batch["_position"] = (epoch, step)
+        yield batch

@@ -122,6 +122,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         resume: None,
         resume_rows: None,
         skip_steps: vec![],
+        explain: None,
         // A small simulated training step, so that "consumer waited" says
         // how much of a fast model's time the feed would leave idle.
         step_ms: DEMO_STEP_MS,

@@ -75,6 +75,12 @@ pub struct FeedArgs {
     /// every other batch stays where it was. Repeatable.
     #[arg(long, value_name = "EPOCH:S1,S2,…")]
     pub skip_steps: Vec<String>,
+    /// Print where each row of the batch at EPOCH:STEP (of RANK, default
+    /// this --shard's) came from — its Parquet file, row group and row —
+    /// without running the query's preprocessing, instead of running the
+    /// feed.
+    #[arg(long, value_name = "EPOCH:STEP[:RANK]")]
+    pub explain: Option<String>,
     /// Simulated training step: sleep this long after each batch.
     #[arg(long, default_value_t = 0.0, value_name = "MS")]
     pub step_ms: f64,
@@ -131,6 +137,42 @@ fn parse_steps(text: &str) -> anyhow::Result<(u64, Vec<u64>)> {
     })
 }
 
+/// `EPOCH:STEP[:RANK]` of `--explain`.
+fn parse_position(text: &str) -> anyhow::Result<(u64, u64, Option<usize>)> {
+    let parts: Option<Vec<u64>> =
+        text.split(':').map(|p| p.trim().parse().ok()).collect();
+    match parts.as_deref() {
+        Some([epoch, step]) => Ok((*epoch, *step, None)),
+        Some([epoch, step, rank]) => Ok((*epoch, *step, Some(*rank as usize))),
+        _ => bail!(
+            "--explain '{text}' should look like EPOCH:STEP or EPOCH:STEP:RANK, e.g. 0:41:3"
+        ),
+    }
+}
+
+/// One line per row of the explained batch, tab-separated under a header.
+fn print_origins(origins: &crate::feed::BatchOrigins) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    eprintln!(
+        "batch epoch={} step={} rank={}: {} rows",
+        origins.epoch,
+        origins.step,
+        origins.rank,
+        origins.rows.len()
+    );
+    writeln!(out, "position\tfile\trow_group\trow")?;
+    for (position, row) in origins.rows.iter().enumerate() {
+        writeln!(
+            out,
+            "{position}\t{}\t{}\t{}",
+            row.file, row.row_group, row.row
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
 /// Runs the feed and prints its report.
 pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     let device: Device = args.device.parse()?;
@@ -178,6 +220,18 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     for spec in &args.tensors {
         let (name, spec) = ColumnSpec::parse_named(spec)?;
         builder = builder.column(name, spec);
+    }
+    if let Some(position) = &args.explain {
+        let (epoch, step, explained_rank) = parse_position(position)?;
+        let explained = explained_rank.unwrap_or(rank);
+        if explained >= world {
+            bail!(
+                "--explain rank {explained} is not a rank of --shard's world of {world}"
+            );
+        }
+        return print_origins(
+            &builder.shard(explained, world).explain_batch(epoch, step)?,
+        );
     }
     let mut feed = builder.build()?;
     let tensors: Vec<String> = feed

@@ -56,6 +56,7 @@ mod inputs;
 mod metrics;
 mod order;
 mod producer;
+mod provenance;
 mod sink;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,6 +71,7 @@ pub use columns::ColumnSpec;
 pub use inputs::input_files;
 pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
+pub use provenance::{BatchOrigins, RowOrigin};
 pub use sink::DeviceSinkExec;
 
 use self::batcher::EpochStart;
@@ -113,6 +115,9 @@ pub struct FeedBuilder {
     order_lanes: usize,
     /// Steps not handed over, by epoch.
     skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
+    /// Feed each row's origin (file id, row in file) instead of the query's
+    /// columns, on the embedded engine (see `provenance.rs`).
+    origins: bool,
 }
 
 impl FeedBuilder {
@@ -461,6 +466,7 @@ impl Feed {
             run_id: String::new(),
             order_lanes: DEFAULT_ORDER_LANES,
             skipped_steps: BTreeMap::new(),
+            origins: false,
         }
     }
 

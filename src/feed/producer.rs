@@ -6,8 +6,10 @@ use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
 use datafusion::common::plan_err;
+use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::logical_expr::ScalarUDF;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 
@@ -16,6 +18,7 @@ use super::columns::{self, TensorColumn};
 use super::epoch_cache::{EpochCache, EpochQuery};
 use super::metrics::FeedMetrics;
 use super::order;
+use super::provenance;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
 use super::{FeedBuilder, TensorInfo};
 use crate::device::{DType, SlotPool};
@@ -338,16 +341,24 @@ impl Producer {
             })
         };
         let (df, filling) = match query {
+            EpochQuery::Plain(df) if options.origins => {
+                let (state, plan) = df.into_parts();
+                let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+                let plan = provenance::origins_plan(plan, row_key)?;
+                (DataFrame::new(state, plan), None)
+            }
             EpochQuery::Plain(df) => (df, None),
             EpochQuery::Filling { df, finish, fill } => (df, Some((finish, fill))),
         };
         // With the epoch cache, epochs that read the entry run here, on the
         // embedded engine, also in a cluster session: the entry is on this
-        // machine (the first epoch computed it on the cluster).
+        // machine (the first epoch computed it on the cluster). So do the
+        // origins of a batch: the order is the same on either engine.
         let reads_local_cache = options.cache && filling.is_none();
+        let embedded = reads_local_cache || options.origins;
         #[cfg(feature = "ballista")]
         if self.shared_cluster_job()
-            && !reads_local_cache
+            && !embedded
             && let Some(scheduler) = options.session.cluster()
         {
             let (state, logical) = (df.clone()).into_parts();
@@ -383,7 +394,7 @@ impl Producer {
         }
         let (state, plan) = df.into_parts();
         #[cfg(feature = "ballista")]
-        let state = if reads_local_cache && options.session.cluster().is_some() {
+        let state = if embedded && options.session.cluster().is_some() {
             SessionStateBuilder::new_from_existing(state)
                 .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
                 .build()
@@ -426,7 +437,7 @@ impl Producer {
             order::check_deterministic_order(&physical)?;
         }
         #[cfg(feature = "ballista")]
-        let physical = if reads_local_cache {
+        let physical = if embedded {
             physical
         } else {
             crate::cluster::watched(&options.session, physical)

@@ -20,6 +20,8 @@
 //!   server on 127.0.0.1.
 //! * `plugins`: Rust function plugins (`--load`, `CREATE FUNCTION … LANGUAGE
 //!   rust`, feeds, bad libraries, a cluster's `--plugin-dir`).
+//! * `provenance`: `explain_batch` / `--explain` name the file, row group and
+//!   row of every row of a batch: the rows the feed hands over there.
 //! * `repl`: the interactive shell through a pseudo-terminal.
 //! * `s3`: object-store queries against a real S3-compatible server (moto) on
 //!   127.0.0.1; skipped unless `moto_server` is on PATH, required when
@@ -44,6 +46,7 @@ mod globs;
 mod http;
 mod local_sql;
 mod plugins;
+mod provenance;
 mod repl;
 mod s3;
 mod shuffle;

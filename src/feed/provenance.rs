@@ -1,0 +1,629 @@
+//! Batch provenance: the file, row group and row each row of a batch came
+//! from, without running the query's preprocessing.
+//!
+//! After a loss spike at step 41 213 the question is which samples made
+//! that batch. A feed's batches are a pure function of (query, data, seed,
+//! epoch, step, rank, world), so the answer can be computed again instead
+//! of being logged: [`FeedBuilder::explain_batch`] runs the same feed with
+//! its query reduced to where each row comes from, and reads the batch at
+//! that position.
+//!
+//! ```text
+//!  the feed's query                        the origins query
+//!  ────────────────                        ─────────────────
+//!  Projection: decode(b) AS x, y           Projection: origin_file, origin_row
+//!    Shuffle: key=[y, __row_0]               Shuffle: key=[y, __row_0]   (same key)
+//!      Projection: y, b AS __row_0             Projection: y, b AS __row_0,
+//!        Filter: w > 0                           __origin_file, __origin_row
+//!          TableScan: 'data/*.parquet'           Filter: w > 0
+//!                                                  Projection: *, id(input_file_name()),
+//!                                                    file_row_index()
+//!                                                    TableScan: 'data/*.parquet'
+//! ```
+//!
+//! # Why the batch is the feed's
+//! The origin columns ride along with the rows and are never part of a
+//! shuffle key ([`ShuffleKey::AllColumns`] becomes the same columns by
+//! name), so the shuffle puts every row where the feed puts it; the batch is
+//! then cut by the feed's own sink and batcher (shape, `drop_last`, the
+//! epoch's first rows padding the last step, resume by rows, skipped
+//! steps), so there is no second implementation of the batching rule to
+//! drift from the first. The row-wise functions whose results the feed's
+//! tensors hold are not in the origins query's output, so they do not run:
+//! [`crate::shuffle::late`] moves them above the shuffle and the optimizer
+//! drops them there. What the order needs still runs (filters, the columns
+//! the shuffle key hashes).
+//!
+//! Rows with equal content are interchangeable copies in the order (see
+//! [`crate::shuffle`]): which of them a batch holds is then not defined, and
+//! the answer names one of them.
+//!
+//! # What it follows
+//! Rows through scans of Parquet files, projections, filters, sorts,
+//! limits, aliases and `SHUFFLE`. A query whose rows are made from several
+//! input rows or from no file (joins, aggregates, unions, windows, `VALUES`,
+//! cached tables) is refused naming the operator.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, StringArray};
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema, not_impl_err, plan_err};
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::ListingTable;
+use datafusion::datasource::listing::PartitionedFile;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::physical_plan::parquet::{
+    DefaultParquetFileReaderFactory, ParquetFileReaderFactory,
+};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::datasource::{ViewTable, source_as_provider};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
+use datafusion::logical_expr::{
+    Expr, Extension, Filter, LogicalPlan, Projection, SubqueryAlias, cast, lit,
+};
+use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use datafusion::parquet::arrow::async_reader::AsyncFileReader;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+
+use super::FeedBuilder;
+use super::batcher::EpochStart;
+use crate::device::Device;
+use crate::shuffle::{ShuffleKey, ShuffleNode, row_key_hash};
+
+/// The origins query's column with each row's file, as [`file_id`] of its
+/// path in the object store.
+pub(crate) const ORIGIN_FILE_COLUMN: &str = "__sqlfeed_origin_file";
+/// The origins query's column with each row's index in its file.
+pub(crate) const ORIGIN_ROW_COLUMN: &str = "__sqlfeed_origin_row";
+/// The hidden columns that carry the file id and row index from the scan.
+const SCAN_FILE_COLUMN: &str = "__sqlfeed_scan_file";
+const SCAN_ROW_COLUMN: &str = "__sqlfeed_scan_row";
+
+/// Where one row of a batch came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowOrigin {
+    /// `scheme://host/path` of the Parquet file (as the feed's data
+    /// manifest names it).
+    pub file: String,
+    /// The row group of the file that holds the row.
+    pub row_group: usize,
+    /// The row's index in the file (from 0, across row groups).
+    pub row: u64,
+}
+
+/// What [`FeedBuilder::explain_batch`] found: the batch's position and the
+/// origin of each of its rows, in batch order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchOrigins {
+    /// The batch's epoch.
+    pub epoch: u64,
+    /// Its global step.
+    pub step: u64,
+    /// The rank it belongs to.
+    pub rank: usize,
+    /// One entry per row of the batch.
+    pub rows: Vec<RowOrigin>,
+}
+
+/// The `i64` a file's path becomes in [`ORIGIN_FILE_COLUMN`]: its content
+/// hash as a shuffle computes it (`sqlfeed_row_key`), folded into the
+/// non-negative `i64`s so that it is a tensor. Computed in SQL from
+/// `input_file_name()` and here from the listed files.
+fn file_ids(paths: &[&str]) -> Result<Vec<i64>> {
+    let array: Arc<dyn Array> = Arc::new(StringArray::from(paths.to_vec()));
+    let hashes = row_key_hash(&[array], 0)?;
+    Ok(hashes
+        .values()
+        .iter()
+        .map(|h| (h % i64::MAX as u64) as i64)
+        .collect())
+}
+
+/// The SQL expression of [`file_ids`] over the scan's file column.
+fn file_id_expr(row_key: Expr) -> Expr {
+    cast(
+        row_key % lit(i64::MAX as u64),
+        datafusion::arrow::datatypes::DataType::Int64,
+    )
+}
+
+/// `plan` (a feed's query, shuffled or not) reduced to the two origin
+/// columns of each row, in the same order; see the module docs.
+pub(crate) fn origins_plan(
+    plan: LogicalPlan,
+    row_key: Arc<datafusion::logical_expr::ScalarUDF>,
+) -> Result<LogicalPlan> {
+    // Hashed at the scan, so that a shuffle carries 8 bytes, not the path.
+    let file_id = file_id_expr(row_key.call(vec![lit(0i64), input_file_name()]));
+    let carried = carry_origins(plan, &file_id)?;
+    let schema = Arc::clone(carried.schema());
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        vec![
+            column_named(&schema, SCAN_FILE_COLUMN)?.alias(ORIGIN_FILE_COLUMN),
+            cast(
+                column_named(&schema, SCAN_ROW_COLUMN)?,
+                datafusion::arrow::datatypes::DataType::Int64,
+            )
+            .alias(ORIGIN_ROW_COLUMN),
+        ],
+        Arc::new(carried),
+    )?))
+}
+
+/// The column of `schema` called `name`, qualified as the schema has it.
+fn column_named(schema: &DFSchema, name: &str) -> Result<Expr> {
+    let index = schema
+        .fields()
+        .iter()
+        .position(|f| f.name() == name)
+        .ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "the origins plan lost its column {name} ({})",
+                schema.field_names().join(", ")
+            ))
+        })?;
+    Ok(Expr::Column(Column::from(schema.qualified_field(index))))
+}
+
+/// `plan` with each row's file (`file_id`, an expression of
+/// `input_file_name()`) and row index as its last two columns, rows and
+/// order unchanged.
+fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
+    match plan {
+        LogicalPlan::TableScan(scan) => {
+            let provider = source_as_provider(&scan.source)?;
+            // A folder glob's table is a view over the folders' files (see
+            // `crate::sql::url_table`): follow the rows into it.
+            if let Some(view) = provider.downcast_ref::<ViewTable>()
+                && scan.projection.is_none()
+                && scan.filters.is_empty()
+            {
+                let inner = carry_origins(view.logical_plan().clone(), file_id)?;
+                return Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+                    Arc::new(inner),
+                    scan.table_name.clone(),
+                )?));
+            }
+            check_parquet_files(scan.table_name.to_string(), provider.as_ref())?;
+            let schema = Arc::clone(&scan.projected_schema);
+            let mut exprs: Vec<Expr> = (0..schema.fields().len())
+                .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
+                .collect();
+            exprs.push(file_id.clone().alias(SCAN_FILE_COLUMN));
+            exprs.push(file_row_index().alias(SCAN_ROW_COLUMN));
+            Ok(LogicalPlan::Projection(Projection::try_new(
+                exprs,
+                Arc::new(LogicalPlan::TableScan(scan)),
+            )?))
+        }
+        LogicalPlan::Projection(projection) => {
+            let input = carry_origins(Arc::unwrap_or_clone(projection.input), file_id)?;
+            let mut exprs = projection.expr;
+            exprs.push(column_named(input.schema(), SCAN_FILE_COLUMN)?);
+            exprs.push(column_named(input.schema(), SCAN_ROW_COLUMN)?);
+            Ok(LogicalPlan::Projection(Projection::try_new(
+                exprs,
+                Arc::new(input),
+            )?))
+        }
+        LogicalPlan::Filter(filter) => {
+            let input = carry_origins(Arc::unwrap_or_clone(filter.input), file_id)?;
+            Ok(LogicalPlan::Filter(Filter::try_new(
+                filter.predicate,
+                Arc::new(input),
+            )?))
+        }
+        LogicalPlan::SubqueryAlias(alias) => {
+            let input = carry_origins(Arc::unwrap_or_clone(alias.input), file_id)?;
+            Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+                Arc::new(input),
+                alias.alias,
+            )?))
+        }
+        plan @ (LogicalPlan::Sort(_) | LogicalPlan::Limit(_)) => {
+            let input = carry_origins(single_input(&plan)?, file_id)?;
+            plan.with_new_exprs(plan.expressions(), vec![input])
+        }
+        LogicalPlan::Extension(Extension { node })
+            if node.as_any().downcast_ref::<ShuffleNode>().is_some() =>
+        {
+            let shuffle = node
+                .as_any()
+                .downcast_ref::<ShuffleNode>()
+                .expect("checked by the match guard");
+            // The key stays what it was: the origin columns must not move a
+            // row.
+            let key = match shuffle.key() {
+                ShuffleKey::AllColumns => ShuffleKey::Columns(
+                    shuffle
+                        .input()
+                        .schema()
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().clone())
+                        .collect(),
+                ),
+                key => key.clone(),
+            };
+            let input = carry_origins(shuffle.input().clone(), file_id)?;
+            Ok(LogicalPlan::Extension(Extension {
+                node: Arc::new(ShuffleNode::try_new_keyed(input, shuffle.spec(), key)?),
+            }))
+        }
+        other => not_impl_err!(
+            "explain_batch follows each row back to its Parquet file through scans, \
+             projections, filters, sorts, limits and SHUFFLE; this query's rows pass \
+             through {}, which makes a row from several input rows or from no file",
+            describe(&other)
+        ),
+    }
+}
+
+/// The one input of a single-input plan node.
+fn single_input(plan: &LogicalPlan) -> Result<LogicalPlan> {
+    match plan.inputs().as_slice() {
+        [input] => Ok((*input).clone()),
+        inputs => Err(DataFusionError::Internal(format!(
+            "{} has {} inputs, expected one",
+            plan.display(),
+            inputs.len()
+        ))),
+    }
+}
+
+/// A plan node's kind, as an error names it.
+fn describe(plan: &LogicalPlan) -> String {
+    match plan {
+        LogicalPlan::Extension(Extension { node }) => node.name().to_string(),
+        other => {
+            let line = other.display().to_string();
+            line.split(':').next().unwrap_or(&line).to_string()
+        }
+    }
+}
+
+/// Fails unless `source` is a table of Parquet files (the file row index
+/// is a Parquet reader's).
+fn check_parquet_files(table: String, provider: &dyn TableProvider) -> Result<()> {
+    let parquet = provider
+        .downcast_ref::<ListingTable>()
+        .is_some_and(|t| t.options().format.downcast_ref::<ParquetFormat>().is_some());
+    if parquet {
+        return Ok(());
+    }
+    plan_err!(
+        "explain_batch names the Parquet file and row of every row, but the query reads \
+         {table}, which is not a table of Parquet files (a cached table, a view or \
+         another format); explain the query that reads the files instead"
+    )
+}
+
+/// Every file `plan` scans, with its store.
+fn scanned_files(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Result<Vec<(ObjectStoreUrl, PartitionedFile)>> {
+    let mut files = vec![];
+    plan.apply(|node| {
+        if let Some(scan) = node.downcast_ref::<DataSourceExec>()
+            && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
+        {
+            for group in &config.file_groups {
+                for file in group.iter() {
+                    files.push((config.object_store_url.clone(), file.clone()));
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(files)
+}
+
+impl FeedBuilder {
+    /// Where each row of this rank's batch at `(epoch, step)` came from:
+    /// its Parquet file, row group and row, in batch order, without running
+    /// the query's preprocessing (see the [module docs](self)). The batch
+    /// is the one this feed — or an uninterrupted run of its shape, for a
+    /// position it does not reach — hands over there. Not for feeds cut by
+    /// `batch_tokens` or `bucket_by_length`, whose batches depend on the
+    /// lengths the functions compute.
+    ///
+    /// ```no_run
+    /// # fn main() -> datafusion::error::Result<()> {
+    /// use sqlfeed::feed::Feed;
+    /// let session = sqlfeed::Session::try_new()?;
+    /// let feed = Feed::builder(
+    ///     &session,
+    ///     "SELECT image_to_tensor(image_decode(jpeg)) AS x, label AS y FROM 'data/*.parquet'",
+    /// )
+    /// .shuffle(42)
+    /// .batch_size(256)
+    /// .shard(5, 8);
+    /// // The loss spiked at step 41 213 of epoch 3: what did rank 5 train on?
+    /// for row in feed.explain_batch(3, 41_213)?.rows {
+    ///     println!("{} row group {} row {}", row.file, row.row_group, row.row);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
+        if self.token_budget.is_some() || self.bucket_window.is_some() {
+            return not_impl_err!(
+                "explain_batch needs a feed of batch_size rows: batch_tokens and \
+                 bucket_by_length cut batches by the lengths the query's functions \
+                 compute"
+            );
+        }
+        if self
+            .skipped_steps
+            .get(&epoch)
+            .is_some_and(|steps| steps.contains(&step))
+        {
+            return plan_err!(
+                "step {step} of epoch {epoch} is skipped (skip_steps): no batch is \
+                 handed over there"
+            );
+        }
+        let mut origins = self.clone();
+        origins.origins = true;
+        origins.columns = vec![];
+        origins.device = Some(Device::Cpu);
+        origins.cache = false;
+        origins.prefetch = 2;
+        origins.epochs = origins.epochs.max(epoch + 1);
+        origins.resume = match self.resume {
+            // A resume under another shape numbers its steps from there.
+            (first, start @ EpochStart::Rows { first_step, .. })
+                if first == epoch && first_step <= step =>
+            {
+                (first, start)
+            }
+            _ => (epoch, EpochStart::Step(step)),
+        };
+        let feed = origins.build()?;
+        let mut found = None;
+        for batch in feed {
+            let batch = batch?;
+            if batch.epoch() != epoch || batch.step() > step {
+                break;
+            }
+            if batch.step() == step {
+                found = Some((
+                    batch
+                        .tensor(ORIGIN_FILE_COLUMN)?
+                        .as_slice::<i64>()?
+                        .to_vec(),
+                    batch.tensor(ORIGIN_ROW_COLUMN)?.as_slice::<i64>()?.to_vec(),
+                ));
+                break;
+            }
+        }
+        let Some((file_ids, rows)) = found else {
+            return plan_err!(
+                "epoch {epoch} has no step {step} for rank {} of {} (batch size {}{}): \
+                 the epoch ends before it",
+                self.rank,
+                self.world,
+                self.batch_size,
+                if self.drop_last { ", drop_last" } else { "" }
+            );
+        };
+        let files = self.block_on(self.origin_files())?;
+        let by_id: HashMap<i64, &OriginFile> =
+            files.iter().map(|file| (file.id, file)).collect();
+        let mut origins = Vec::with_capacity(rows.len());
+        for (id, row) in file_ids.into_iter().zip(rows) {
+            let file = by_id.get(&id).ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "batch row from a file with id {id} that the query does not list"
+                ))
+            })?;
+            let row = u64::try_from(row).map_err(|_| {
+                DataFusionError::Internal(format!("negative file row index {row}"))
+            })?;
+            origins.push(RowOrigin {
+                file: file.location.clone(),
+                row_group: file.row_group_of(row)?,
+                row,
+            });
+        }
+        Ok(BatchOrigins {
+            epoch,
+            step,
+            rank: self.rank,
+            rows: origins,
+        })
+    }
+
+    /// Runs `future` to completion on a runtime of its own (explain_batch
+    /// is called from synchronous code, as `build` is).
+    fn block_on<T>(&self, future: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                DataFusionError::ResourcesExhausted(format!(
+                    "cannot start a thread for explain_batch: {e}"
+                ))
+            })?
+            .block_on(future)
+    }
+
+    /// The files the feed's query scans, with their ids and row groups.
+    async fn origin_files(&self) -> Result<Vec<OriginFile>> {
+        let (state, plan) = self.session.sql(&self.sql).await?.into_parts();
+        let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+            .build();
+        let physical = state.create_physical_plan(&plan).await?;
+        let mut scanned = scanned_files(&physical)?;
+        scanned.sort_by(|a, b| {
+            (a.0.as_str(), &a.1.object_meta.location)
+                .cmp(&(b.0.as_str(), &b.1.object_meta.location))
+        });
+        scanned.dedup_by(|a, b| {
+            a.0 == b.0 && a.1.object_meta.location == b.1.object_meta.location
+        });
+        let paths: Vec<&str> = scanned
+            .iter()
+            .map(|(_, file)| file.object_meta.location.as_ref())
+            .collect();
+        let ids = file_ids(&paths)?;
+        let metrics = ExecutionPlanMetricsSet::new();
+        let mut files = Vec::with_capacity(scanned.len());
+        for ((store_url, file), id) in scanned.iter().zip(ids) {
+            let location = format!("{}{}", store_url.as_str(), file.object_meta.location);
+            let store = state.runtime_env().object_store(store_url)?;
+            let mut reader: Box<dyn AsyncFileReader> =
+                DefaultParquetFileReaderFactory::new(store).create_reader(
+                    0,
+                    file.clone(),
+                    None,
+                    &metrics,
+                )?;
+            let metadata =
+                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+                    .await
+                    .map_err(|e| {
+                        DataFusionError::Execution(format!(
+                            "cannot read the Parquet footer of {location}: {e}"
+                        ))
+                    })?;
+            let metadata = metadata.metadata();
+            let mut row_group_ends = Vec::with_capacity(metadata.num_row_groups());
+            let mut end = 0u64;
+            for group in metadata.row_groups() {
+                end += group.num_rows().max(0) as u64;
+                row_group_ends.push(end);
+            }
+            files.push(OriginFile {
+                id,
+                location,
+                row_group_ends,
+            });
+        }
+        Ok(files)
+    }
+}
+
+/// A file a feed's query scans, as [`FeedBuilder::explain_batch`] names it.
+struct OriginFile {
+    /// Its [`file_ids`] value.
+    id: i64,
+    /// `scheme://host/path`.
+    location: String,
+    /// The first row after each row group.
+    row_group_ends: Vec<u64>,
+}
+
+impl OriginFile {
+    /// The row group that holds file row `row`.
+    fn row_group_of(&self, row: u64) -> Result<usize> {
+        let group = self.row_group_ends.partition_point(|&end| end <= row);
+        if group == self.row_group_ends.len() {
+            return Err(DataFusionError::Execution(format!(
+                "row {row} of {} is beyond its {} rows: was the file rewritten while \
+                 the batch was explained?",
+                self.location,
+                self.row_group_ends.last().copied().unwrap_or(0)
+            )));
+        }
+        Ok(group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::logical_expr::LogicalPlanBuilder;
+
+    use super::*;
+    use crate::shuffle::ShuffleSpec;
+
+    fn write(path: &std::path::Path) -> Result<()> {
+        let ids = Int64Array::from_iter_values(0..10);
+        let batch = RecordBatch::try_from_iter(vec![(
+            "id",
+            Arc::new(ids) as datafusion::arrow::array::ArrayRef,
+        )])?;
+        let file = std::fs::File::create(path)?;
+        let mut writer =
+            datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
+        writer.write(&batch)?;
+        writer.close()?;
+        Ok(())
+    }
+
+    fn row_key() -> Arc<datafusion::logical_expr::ScalarUDF> {
+        Arc::new(datafusion::logical_expr::ScalarUDF::from(
+            crate::sql::RowKeyFunc::new(),
+        ))
+    }
+
+    /// The shuffle nodes of `plan`'s tree.
+    fn shuffles(plan: &LogicalPlan) -> Vec<ShuffleNode> {
+        let mut found = vec![];
+        let _ = plan.apply(|node| {
+            if let LogicalPlan::Extension(Extension { node }) = node
+                && let Some(shuffle) = node.as_any().downcast_ref::<ShuffleNode>()
+            {
+                found.push(shuffle.clone());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        });
+        found
+    }
+
+    #[tokio::test]
+    async fn origin_columns_never_join_a_shuffle_key() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        write(&dir.path().join("a.parquet"))?;
+        let session = crate::Session::try_new()?;
+        let sql = format!("SELECT id FROM '{}/a.parquet'", dir.path().display());
+        let (_, plan) = session.sql(&sql).await?.into_parts();
+        let spec = ShuffleSpec::Global { seed: 1, epoch: 0 };
+        // Keyed on every column as written: the same columns by name after.
+        let shuffled = LogicalPlanBuilder::from(LogicalPlan::Extension(Extension {
+            node: Arc::new(ShuffleNode::try_new(plan, spec)?),
+        }))
+        .build()?;
+        let origins = origins_plan(shuffled, row_key())?;
+        let [shuffle] = shuffles(&origins).try_into().expect("one shuffle");
+        assert_eq!(shuffle.key(), &ShuffleKey::Columns(vec!["id".into()]));
+        assert_eq!(
+            origins.schema().field_names(),
+            [ORIGIN_FILE_COLUMN, ORIGIN_ROW_COLUMN]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn file_ids_are_non_negative_tensor_values_and_distinct() -> Result<()> {
+        let ids = file_ids(&["tmp/pv/part-00000.parquet", "a"])?;
+        assert!(ids.iter().all(|id| *id >= 0));
+        assert_ne!(ids[0], ids[1]);
+        Ok(())
+    }
+
+    #[test]
+    fn rows_fall_in_their_row_group() -> Result<()> {
+        let file = OriginFile {
+            id: 0,
+            location: "file:///f.parquet".into(),
+            row_group_ends: vec![100, 200, 250],
+        };
+        let groups: Vec<usize> = [0, 99, 100, 199, 200, 249]
+            .iter()
+            .map(|row| file.row_group_of(*row))
+            .collect::<Result<_>>()?;
+        assert_eq!(groups, [0, 0, 1, 1, 2, 2]);
+        let err = file.row_group_of(250).expect_err("beyond the file");
+        assert!(err.to_string().contains("beyond its 250 rows"), "{err}");
+        Ok(())
+    }
+}

@@ -1,0 +1,255 @@
+//! Batch provenance (issue 33, item 4): `explain_batch` names the file, row
+//! group and row of every row of a batch, and they are the rows the feed
+//! hands over there, without running the query's preprocessing.
+
+use std::path::Path;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::error::Result;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
+use sqlfeed::Session;
+use sqlfeed::device::Device;
+use sqlfeed::feed::{BatchOrigins, Feed, FeedBuilder};
+
+use crate::common::{arc, run, sqlfeed};
+
+/// Rows per file and per row group of [`ids`].
+const FILE_ROWS: i64 = 250;
+const GROUP_ROWS: usize = 100;
+
+/// 1000 ids in 4 files of 3 row groups: id = 250 × file + row in file.
+fn ids(dir: &Path) -> Result<()> {
+    for file in 0..4 {
+        let ids = Int64Array::from_iter_values(file * FILE_ROWS..(file + 1) * FILE_ROWS);
+        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(GROUP_ROWS))
+            .build();
+        let out = std::fs::File::create(dir.join(format!("part-{file}.parquet")))?;
+        let mut writer = ArrowWriter::try_new(out, batch.schema(), Some(props))?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    Ok(())
+}
+
+fn session() -> Result<Session> {
+    Session::builder()
+        .target_partitions(2)
+        .batch_size(7)
+        .memory_limit(256 << 20)
+        .build()
+}
+
+/// The id each origin names, checking its row group on the way.
+fn origin_ids(origins: &BatchOrigins) -> Vec<i64> {
+    origins
+        .rows
+        .iter()
+        .map(|origin| {
+            let name = origin.file.rsplit('/').next().unwrap_or_default();
+            let file: i64 = name
+                .trim_start_matches("part-")
+                .trim_end_matches(".parquet")
+                .parse()
+                .unwrap_or_else(|_| panic!("unexpected file {}", origin.file));
+            assert!(origin.file.starts_with("file:///"), "{}", origin.file);
+            assert_eq!(
+                origin.row_group,
+                origin.row as usize / GROUP_ROWS,
+                "{origin:?}"
+            );
+            file * FILE_ROWS + origin.row as i64
+        })
+        .collect()
+}
+
+/// Every batch the feed hands over: (epoch, step, ids).
+fn fed(builder: FeedBuilder) -> Result<Vec<(u64, u64, Vec<i64>)>> {
+    let mut out = vec![];
+    for batch in builder.device(Device::Cpu).build()? {
+        let batch = batch?;
+        let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
+        out.push((batch.epoch(), batch.step(), ids));
+    }
+    Ok(out)
+}
+
+/// Checks that `explain_batch` gives the ids of every batch `builder` feeds.
+fn check_every_batch(builder: &FeedBuilder) -> Result<usize> {
+    let batches = fed(builder.clone())?;
+    assert!(!batches.is_empty());
+    for (epoch, step, ids) in &batches {
+        let origins = builder.explain_batch(*epoch, *step)?;
+        assert_eq!((origins.epoch, origins.step), (*epoch, *step));
+        assert_eq!(&origin_ids(&origins), ids, "epoch {epoch} step {step}");
+    }
+    Ok(batches.len())
+}
+
+#[test]
+fn explained_rows_are_the_rows_of_the_batch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    let glob = format!("{}/*.parquet", dir.path().display());
+    // Shuffled, two ranks, a padded last step (1000 = 7 × 128 + 104), two
+    // epochs (another order each); and the same query unshuffled, filtered.
+    for rank in 0..2 {
+        let shuffled = Feed::builder(&session, format!("SELECT id FROM '{glob}'"))
+            .shuffle(11)
+            .batch_size(64)
+            .shard(rank, 2)
+            .epochs(2);
+        assert_eq!(check_every_batch(&shuffled)?, 2 * 8);
+    }
+    let filtered = Feed::builder(
+        &session,
+        format!("SELECT id FROM '{glob}' WHERE id % 3 <> 0 ORDER BY id DESC"),
+    )
+    .batch_size(50)
+    .drop_last(true)
+    .shard(2, 3);
+    assert_eq!(check_every_batch(&filtered)?, 666 / 150);
+    let unordered = Feed::builder(
+        &session,
+        format!("SELECT id, id * 2 AS twice FROM '{glob}'"),
+    )
+    .batch_size(33)
+    .shard(1, 2);
+    check_every_batch(&unordered)?;
+    Ok(())
+}
+
+#[test]
+fn explained_batches_follow_an_elastic_resume_and_a_folder_glob() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("day=1"))?;
+    ids(&dir.path().join("day=1"))?;
+    let session = session()?;
+    // A wildcard in a folder makes the table a view over the folders' files.
+    let sql = format!("SELECT id FROM '{}/day=*/*.parquet'", dir.path().display());
+    let resumed = Feed::builder(&session, sql)
+        .shuffle(5)
+        .batch_size(40)
+        .shard(2, 3)
+        .resume_after_rows(0, 333, 2);
+    assert_eq!(
+        check_every_batch(&resumed)?,
+        (1000 - 333usize).div_ceil(120)
+    );
+    Ok(())
+}
+
+#[test]
+fn explaining_runs_no_preprocessing() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    // Every row's `broken` fails to compute, so the feed itself fails; its
+    // batches' origins need only `id` and are still explained.
+    let sql = format!(
+        "SELECT id, CAST(CAST(id AS VARCHAR) || 'x' AS BIGINT) AS broken \
+         FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    for shuffle in [None, Some(3)] {
+        let mut builder = Feed::builder(&session, &sql).batch_size(64);
+        if let Some(seed) = shuffle {
+            builder = builder.shuffle(seed);
+        }
+        let err = fed(builder.clone()).expect_err("the feed computes `broken`");
+        assert!(err.to_string().contains("Cannot cast"), "{err}");
+        let origins = builder.explain_batch(0, 3)?;
+        assert_eq!(origins.rows.len(), 64);
+        let ids = origin_ids(&origins);
+        if shuffle.is_none() {
+            // Unshuffled: 4 lanes over the 4 files, taken in turns of the
+            // session's 7-row batches.
+            assert!(ids.iter().all(|id| (0..1000).contains(id)), "{ids:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn what_cannot_be_explained_says_why() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    let glob = format!("{}/*.parquet", dir.path().display());
+    let plain =
+        Feed::builder(&session, format!("SELECT id FROM '{glob}'")).batch_size(100);
+    let err = plain
+        .explain_batch(0, 10)
+        .expect_err("10 steps of 100 rows");
+    assert!(err.to_string().contains("has no step 10"), "{err}");
+    let err = plain
+        .clone()
+        .skip_steps(0, [4])
+        .explain_batch(0, 4)
+        .expect_err("skipped");
+    assert!(err.to_string().contains("is skipped"), "{err}");
+    let grouped = Feed::builder(
+        &session,
+        format!("SELECT id % 10 AS id FROM '{glob}' GROUP BY id % 10 ORDER BY 1"),
+    )
+    .batch_size(4);
+    let err = grouped.explain_batch(0, 0).expect_err("aggregated rows");
+    assert!(err.to_string().contains("Aggregate"), "{err}");
+    let err = plain
+        .clone()
+        .batch_tokens(100)
+        .explain_batch(0, 0)
+        .expect_err("token budget");
+    assert!(err.to_string().contains("batch_tokens"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn the_cli_explains_a_batch_of_another_rank() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let sql = format!("SELECT id FROM '{}/*.parquet'", dir.path().display());
+    let (ok, out, err) = run(sqlfeed().args([
+        "feed",
+        &sql,
+        "--shuffle-seed",
+        "9",
+        "--batch-size",
+        "16",
+        "--shard",
+        "0/2",
+        "--explain",
+        "0:5:1",
+    ]));
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("batch epoch=0 step=5 rank=1: 16 rows"),
+        "{err}"
+    );
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("position\tfile\trow_group\trow"));
+    let cli: Vec<(String, u64)> = lines
+        .map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            (
+                fields[1].to_string(),
+                fields[3].parse().expect("a row index"),
+            )
+        })
+        .collect();
+    let session = Session::try_new()?;
+    let api = Feed::builder(&session, &sql)
+        .shuffle(9)
+        .batch_size(16)
+        .shard(1, 2)
+        .explain_batch(0, 5)?;
+    let api: Vec<(String, u64)> = api.rows.into_iter().map(|r| (r.file, r.row)).collect();
+    assert_eq!(cli, api);
+    let (ok, _, err) = run(sqlfeed().args(["feed", &sql, "--explain", "0:x"]));
+    assert!(!ok);
+    assert!(err.contains("should look like EPOCH:STEP"), "{err}");
+    Ok(())
+}
