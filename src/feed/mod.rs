@@ -115,9 +115,10 @@ pub struct FeedBuilder {
     order_lanes: usize,
     /// Steps not handed over, by epoch.
     skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
-    /// Feed each row's origin (file id, row in file) instead of the query's
-    /// columns, on the embedded engine (see `provenance.rs`).
-    origins: bool,
+    /// `Some(kept)`: feed each row's origin (file id, row in file) and the
+    /// output columns `kept` instead of the query's columns, on the
+    /// embedded engine (see `provenance.rs`).
+    origins: Option<Vec<String>>,
 }
 
 impl FeedBuilder {
@@ -466,7 +467,7 @@ impl Feed {
             run_id: String::new(),
             order_lanes: DEFAULT_ORDER_LANES,
             skipped_steps: BTreeMap::new(),
-            origins: false,
+            origins: None,
         }
     }
 

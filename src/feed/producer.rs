@@ -341,10 +341,10 @@ impl Producer {
             })
         };
         let (df, filling) = match query {
-            EpochQuery::Plain(df) if options.origins => {
+            EpochQuery::Plain(df) if let Some(kept) = &options.origins => {
                 let (state, plan) = df.into_parts();
                 let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
-                let plan = provenance::origins_plan(plan, row_key)?;
+                let plan = provenance::origins_plan(plan, row_key, kept)?;
                 (DataFrame::new(state, plan), None)
             }
             EpochQuery::Plain(df) => (df, None),
@@ -355,7 +355,7 @@ impl Producer {
         // machine (the first epoch computed it on the cluster). So do the
         // origins of a batch: the order is the same on either engine.
         let reads_local_cache = options.cache && filling.is_none();
-        let embedded = reads_local_cache || options.origins;
+        let embedded = reads_local_cache || options.origins.is_some();
         #[cfg(feature = "ballista")]
         if self.shared_cluster_job()
             && !embedded

@@ -40,9 +40,11 @@
 //!
 //! # What it follows
 //! Rows through scans of Parquet files, projections, filters, sorts,
-//! limits, aliases and `SHUFFLE`. A query whose rows are made from several
-//! input rows or from no file (joins, aggregates, unions, windows, `VALUES`,
-//! cached tables) is refused naming the operator.
+//! limits, aliases, `UNION ALL` and `SHUFFLE`. A query whose rows are made from several
+//! input rows or from no file (joins, aggregates, windows, `VALUES`, cached
+//! tables) is refused naming the operator. A feed cut by `batch_tokens` or
+//! `bucket_by_length` keeps its variable-length column (its lengths cut the
+//! batches), so the function computing it runs too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -64,7 +66,7 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
 use datafusion::logical_expr::{
-    Expr, Extension, Filter, LogicalPlan, Projection, SubqueryAlias, cast, lit,
+    Expr, Extension, Filter, LogicalPlan, Projection, SubqueryAlias, Union, cast, lit,
 };
 use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
@@ -134,24 +136,30 @@ fn file_id_expr(row_key: Expr) -> Expr {
 }
 
 /// `plan` (a feed's query, shuffled or not) reduced to the two origin
-/// columns of each row, in the same order; see the module docs.
+/// columns of each row and its output columns named in `kept`, in the same
+/// order; see the module docs.
 pub(crate) fn origins_plan(
     plan: LogicalPlan,
     row_key: Arc<datafusion::logical_expr::ScalarUDF>,
+    kept: &[String],
 ) -> Result<LogicalPlan> {
     // Hashed at the scan, so that a shuffle carries 8 bytes, not the path.
     let file_id = file_id_expr(row_key.call(vec![lit(0i64), input_file_name()]));
     let carried = carry_origins(plan, &file_id)?;
     let schema = Arc::clone(carried.schema());
+    let mut outputs = vec![
+        column_named(&schema, SCAN_FILE_COLUMN)?.alias(ORIGIN_FILE_COLUMN),
+        cast(
+            column_named(&schema, SCAN_ROW_COLUMN)?,
+            datafusion::arrow::datatypes::DataType::Int64,
+        )
+        .alias(ORIGIN_ROW_COLUMN),
+    ];
+    for name in kept {
+        outputs.push(column_named(&schema, name)?);
+    }
     Ok(LogicalPlan::Projection(Projection::try_new(
-        vec![
-            column_named(&schema, SCAN_FILE_COLUMN)?.alias(ORIGIN_FILE_COLUMN),
-            cast(
-                column_named(&schema, SCAN_ROW_COLUMN)?,
-                datafusion::arrow::datatypes::DataType::Int64,
-            )
-            .alias(ORIGIN_ROW_COLUMN),
-        ],
+        outputs,
         Arc::new(carried),
     )?))
 }
@@ -230,6 +238,17 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
             let input = carry_origins(single_input(&plan)?, file_id)?;
             plan.with_new_exprs(plan.expressions(), vec![input])
         }
+        LogicalPlan::Union(union) => {
+            let inputs = union
+                .inputs
+                .into_iter()
+                .map(|input| {
+                    carry_origins(Arc::unwrap_or_clone(input), file_id).map(Arc::new)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // As the SQL planner builds it: the analyzer coerces the types.
+            Ok(LogicalPlan::Union(Union::try_new_with_loose_types(inputs)?))
+        }
         LogicalPlan::Extension(Extension { node })
             if node.as_any().downcast_ref::<ShuffleNode>().is_some() =>
         {
@@ -258,8 +277,9 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
         }
         other => not_impl_err!(
             "explain_batch follows each row back to its Parquet file through scans, \
-             projections, filters, sorts, limits and SHUFFLE; this query's rows pass \
-             through {}, which makes a row from several input rows or from no file",
+             projections, filters, sorts, limits, UNION ALL and SHUFFLE; this query's \
+             rows pass through {}, which makes a row from several input rows or from \
+             no file",
             describe(&other)
         ),
     }
@@ -329,9 +349,9 @@ impl FeedBuilder {
     /// its Parquet file, row group and row, in batch order, without running
     /// the query's preprocessing (see the [module docs](self)). The batch
     /// is the one this feed — or an uninterrupted run of its shape, for a
-    /// position it does not reach — hands over there. Not for feeds cut by
-    /// `batch_tokens` or `bucket_by_length`, whose batches depend on the
-    /// lengths the functions compute.
+    /// position it does not reach — hands over there. Feeds cut by
+    /// `batch_tokens` or `bucket_by_length` also compute their
+    /// variable-length column, whose lengths cut the batches.
     ///
     /// ```no_run
     /// # fn main() -> datafusion::error::Result<()> {
@@ -352,13 +372,6 @@ impl FeedBuilder {
     /// # }
     /// ```
     pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
-        if self.token_budget.is_some() || self.bucket_window.is_some() {
-            return not_impl_err!(
-                "explain_batch needs a feed of batch_size rows: batch_tokens and \
-                 bucket_by_length cut batches by the lengths the query's functions \
-                 compute"
-            );
-        }
         if self
             .skipped_steps
             .get(&epoch)
@@ -369,9 +382,21 @@ impl FeedBuilder {
                  handed over there"
             );
         }
+        // Batches cut by length need the one variable-length column the
+        // batcher measures (and so the function that computes it).
+        let kept = if self.token_budget.is_some() || self.bucket_window.is_some() {
+            self.block_on(self.variable_length_outputs())?
+        } else {
+            vec![]
+        };
         let mut origins = self.clone();
-        origins.origins = true;
-        origins.columns = vec![];
+        origins.columns = self
+            .columns
+            .iter()
+            .filter(|(name, _)| kept.contains(name))
+            .cloned()
+            .collect();
+        origins.origins = Some(kept);
         origins.device = Some(Device::Cpu);
         origins.cache = false;
         origins.prefetch = 2;
@@ -452,6 +477,31 @@ impl FeedBuilder {
                 ))
             })?
             .block_on(future)
+    }
+
+    /// The query's output columns that become padded tensors (lists and
+    /// binaries): what `batch_tokens` and `bucket_by_length` measure.
+    async fn variable_length_outputs(&self) -> Result<Vec<String>> {
+        use datafusion::arrow::datatypes::DataType;
+        let df = self.session.sql(&self.sql).await?;
+        Ok(df
+            .schema()
+            .fields()
+            .iter()
+            .filter(|field| {
+                matches!(
+                    field.data_type(),
+                    DataType::List(_)
+                        | DataType::LargeList(_)
+                        | DataType::ListView(_)
+                        | DataType::LargeListView(_)
+                        | DataType::Binary
+                        | DataType::LargeBinary
+                        | DataType::BinaryView
+                )
+            })
+            .map(|field| field.name().clone())
+            .collect())
     }
 
     /// The files the feed's query scans, with their ids and row groups.
@@ -592,7 +642,7 @@ mod tests {
             node: Arc::new(ShuffleNode::try_new(plan, spec)?),
         }))
         .build()?;
-        let origins = origins_plan(shuffled, row_key())?;
+        let origins = origins_plan(shuffled, row_key(), &[])?;
         let [shuffle] = shuffles(&origins).try_into().expect("one shuffle");
         assert_eq!(shuffle.key(), &ShuffleKey::Columns(vec!["id".into()]));
         assert_eq!(

@@ -198,12 +198,48 @@ fn what_cannot_be_explained_says_why() -> Result<()> {
     .batch_size(4);
     let err = grouped.explain_batch(0, 0).expect_err("aggregated rows");
     assert!(err.to_string().contains("Aggregate"), "{err}");
-    let err = plain
-        .clone()
-        .batch_tokens(100)
-        .explain_batch(0, 0)
-        .expect_err("token budget");
-    assert!(err.to_string().contains("batch_tokens"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn batches_cut_by_length_and_unions_are_explained() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    let glob = format!("{}/*.parquet", dir.path().display());
+    // 1..=17 tokens per row, computed in SQL: the batcher measures them.
+    let tokens = format!(
+        "SELECT id, array_repeat(CAST(id AS INT), CAST(id % 17 + 1 AS BIGINT)) AS tokens \
+         FROM '{glob}'"
+    );
+    let budget = Feed::builder(&session, &tokens)
+        .shuffle(4)
+        .batch_tokens(256)
+        .shard(1, 2);
+    let bucketed = Feed::builder(&session, &tokens)
+        .shuffle(4)
+        .batch_size(24)
+        .bucket_by_length(4)
+        .shard(0, 2);
+    for builder in [budget, bucketed] {
+        let batches = fed(builder.clone())?;
+        assert!(batches.len() > 10);
+        for (epoch, step, ids) in batches.iter().step_by(5) {
+            let origins = builder.explain_batch(*epoch, *step)?;
+            assert_eq!(&origin_ids(&origins), ids, "step {step}");
+        }
+    }
+    // UNION ALL of two filtered halves, shuffled.
+    let union = Feed::builder(
+        &session,
+        format!(
+            "SELECT id FROM '{glob}' WHERE id < 400 UNION ALL \
+             SELECT id FROM '{glob}' WHERE id >= 400 AND id % 2 = 0"
+        ),
+    )
+    .shuffle(8)
+    .batch_size(32);
+    assert_eq!(check_every_batch(&union)?, 700usize.div_ceil(32));
     Ok(())
 }
 
