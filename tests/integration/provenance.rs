@@ -289,3 +289,27 @@ fn the_cli_explains_a_batch_of_another_rank() -> Result<()> {
     assert!(err.contains("should look like EPOCH:STEP"), "{err}");
     Ok(())
 }
+
+/// A cluster feed's batches are explained on the embedded engine: the
+/// order is a function of (query, data, seed, epoch), not of the engine.
+#[cfg(feature = "ballista")]
+#[test]
+fn batches_of_a_cluster_feed_are_explained() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()?;
+    let sql = format!("SELECT id FROM '{}/*.parquet'", dir.path().display());
+    for rank in 0..2 {
+        let feed = Feed::builder(&session, &sql)
+            .shuffle(21)
+            .batch_size(100)
+            .drop_last(true)
+            .run_id("provenance")
+            .shard(rank, 2);
+        assert_eq!(check_every_batch(&feed)?, 5);
+    }
+    Ok(())
+}
