@@ -123,7 +123,7 @@ def _origin_ids(origins):
     ids = []
     for origin in origins:
         part = int(origin["file"].rsplit("/", 1)[1].removeprefix("part-").removesuffix(".parquet"))
-        assert origin["file"].startswith("file:///")
+        assert origin["file"].startswith("file:/")
         assert origin["row_group"] == 0, "pyarrow writes 250 rows as one row group"
         ids.append(250 * part + origin["row"])
     return ids

@@ -230,18 +230,26 @@ pub(crate) fn pin_assets(calls: Vec<AssetCall>) -> Result<Vec<AssetFile>> {
 }
 
 /// The files every file scan of `plan` reads.
+/// How a manifest ([`InputFile::location`]) names the file at `path` of
+/// the store `store` (`file:/data/a.parquet`, `s3://bucket/a.parquet`).
+pub(crate) fn file_location(
+    store: &datafusion::execution::object_store::ObjectStoreUrl,
+    path: &object_store::path::Path,
+) -> String {
+    format!("{}/{path}", store.as_str().trim_end_matches('/'))
+}
+
 pub(crate) fn input_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<InputFile>> {
     let mut files = Vec::new();
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<DataSourceExec>()
             && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
         {
-            let store = config.object_store_url.as_str().trim_end_matches('/');
             for group in &config.file_groups {
                 for file in group.iter() {
                     let meta = &file.object_meta;
                     files.push(InputFile {
-                        location: format!("{store}/{}", meta.location),
+                        location: file_location(&config.object_store_url, &meta.location),
                         size: meta.size,
                         modified_ns: meta
                             .last_modified

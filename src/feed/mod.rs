@@ -48,6 +48,7 @@
 //! threads named `sqlfeed-<id>`), so the training loop may be synchronous
 //! and the feed never competes with an application's runtime for workers.
 
+mod appended;
 mod batcher;
 mod columns;
 mod convert;
@@ -119,6 +120,8 @@ pub struct FeedBuilder {
     /// output columns `kept` instead of the query's columns, on the
     /// embedded engine (see `provenance.rs`).
     origins: Option<Vec<String>>,
+    /// An epoch continued over appended data (see `appended.rs`).
+    appended: Option<appended::Appended>,
 }
 
 impl FeedBuilder {
@@ -228,6 +231,37 @@ impl FeedBuilder {
     /// `bucket_by_length`, whose windows are cut from the epoch's start.
     pub fn resume_after_rows(mut self, epoch: u64, rows: u64, first_step: u64) -> Self {
         self.resume = (epoch, EpochStart::Rows { rows, first_step });
+        self
+    }
+
+    /// Continues `epoch` — whose order over the files `old_files` (as
+    /// [`input_files`] names them in a checkpoint's manifest) all ranks had
+    /// consumed `rows` rows of at a checkpoint — over the data as it is now,
+    /// with files added since: the epoch's batches are then every row of
+    /// the old files not consumed plus every row of the added ones, in a
+    /// fresh order that is a pure function of (seed, epoch, rows, old files,
+    /// data); later epochs are a fresh run's over all of it. Combine with
+    /// [`FeedBuilder::resume_after_rows`] to resume a checkpoint taken inside
+    /// the continued epoch (its rows count from the continuation). Shuffled
+    /// feeds only; an old file that is gone or holds fewer rows is an error
+    /// naming it. See `appended.rs`.
+    pub fn continue_over_appended(
+        mut self,
+        epoch: u64,
+        old_files: impl IntoIterator<Item = impl Into<String>>,
+        rows: u64,
+    ) -> Self {
+        let mut old_files: Vec<String> = old_files.into_iter().map(Into::into).collect();
+        old_files.sort();
+        old_files.dedup();
+        self.appended = Some(appended::Appended {
+            epoch,
+            old_files,
+            rows,
+        });
+        if self.resume.0 != epoch {
+            self.resume = (epoch, EpochStart::BEGIN);
+        }
         self
     }
 
@@ -369,6 +403,23 @@ impl FeedBuilder {
                 self.epochs - 1
             ));
         }
+        if let Some(appended) = &self.appended {
+            if self.shuffle_seed.is_none() {
+                return plan_error(
+                    "an unshuffled feed cannot continue an epoch over appended data: its \
+                     order over partitions changes when files join the listing, so the \
+                     rows consumed before cannot be found again; start the epoch anew"
+                        .into(),
+                );
+            }
+            if self.resume.0 != appended.epoch {
+                return plan_error(format!(
+                    "the feed resumes at epoch {} but continues epoch {} over appended \
+                     data: both must name the checkpoint's epoch",
+                    self.resume.0, appended.epoch
+                ));
+            }
+        }
         if self.prefetch == 0 {
             return plan_error("prefetch must be at least 1".into());
         }
@@ -468,6 +519,7 @@ impl Feed {
             order_lanes: DEFAULT_ORDER_LANES,
             skipped_steps: BTreeMap::new(),
             origins: None,
+            appended: None,
         }
     }
 

@@ -329,7 +329,17 @@ impl Producer {
                 .plan_executor_cached_epoch(scheduler.clone(), spec, epoch, &dir)
                 .await;
         }
-        let query = if options.cache {
+        let continued = options.appended.as_ref().filter(|a| a.epoch == epoch);
+        let query = if let (Some(appended), Some(seed)) =
+            (continued, options.shuffle_seed)
+        {
+            // Not cached: the continued epoch is another set of rows.
+            EpochQuery::Plain(
+                appended
+                    .remaining(&options.session, &options.sql, seed)
+                    .await?,
+            )
+        } else if options.cache {
             self.cache
                 .epoch_query(&options.session, &options.sql, spec, self.cache_layout())
                 .await?
@@ -355,7 +365,9 @@ impl Producer {
         // machine (the first epoch computed it on the cluster). So do the
         // origins of a batch: the order is the same on either engine.
         let reads_local_cache = options.cache && filling.is_none();
-        let embedded = reads_local_cache || options.origins.is_some();
+        // A continued epoch joins against rows held here.
+        let embedded =
+            reads_local_cache || options.origins.is_some() || continued.is_some();
         #[cfg(feature = "ballista")]
         if self.shared_cluster_job()
             && !embedded

@@ -90,8 +90,8 @@ const SCAN_ROW_COLUMN: &str = "__sqlfeed_scan_row";
 /// Where one row of a batch came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowOrigin {
-    /// `scheme://host/path` of the Parquet file (as the feed's data
-    /// manifest names it).
+    /// The Parquet file, as the feed's data manifest ([`super::input_files`])
+    /// names it: `file:/data/part-0.parquet`, `s3://bucket/part-0.parquet`.
     pub file: String,
     /// The row group of the file that holds the row.
     pub row_group: usize,
@@ -128,7 +128,7 @@ fn file_ids(paths: &[&str]) -> Result<Vec<i64>> {
 }
 
 /// The SQL expression of [`file_ids`] over the scan's file column.
-fn file_id_expr(row_key: Expr) -> Expr {
+pub(crate) fn file_id_expr(row_key: Expr) -> Expr {
     cast(
         row_key % lit(i64::MAX as u64),
         datafusion::arrow::datatypes::DataType::Int64,
@@ -310,7 +310,10 @@ fn describe(plan: &LogicalPlan) -> String {
 
 /// Fails unless `source` is a table of Parquet files (the file row index
 /// is a Parquet reader's).
-fn check_parquet_files(table: String, provider: &dyn TableProvider) -> Result<()> {
+pub(crate) fn check_parquet_files(
+    table: String,
+    provider: &dyn TableProvider,
+) -> Result<()> {
     let parquet = provider
         .downcast_ref::<ListingTable>()
         .is_some_and(|t| t.options().format.downcast_ref::<ParquetFormat>().is_some());
@@ -506,29 +509,17 @@ impl FeedBuilder {
 
     /// The files the feed's query scans, with their ids and row groups.
     async fn origin_files(&self) -> Result<Vec<OriginFile>> {
-        let (state, plan) = self.session.sql(&self.sql).await?.into_parts();
-        let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
-            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
-            .build();
-        let physical = state.create_physical_plan(&plan).await?;
-        let mut scanned = scanned_files(&physical)?;
-        scanned.sort_by(|a, b| {
-            (a.0.as_str(), &a.1.object_meta.location)
-                .cmp(&(b.0.as_str(), &b.1.object_meta.location))
-        });
-        scanned.dedup_by(|a, b| {
-            a.0 == b.0 && a.1.object_meta.location == b.1.object_meta.location
-        });
-        let paths: Vec<&str> = scanned
-            .iter()
-            .map(|(_, file)| file.object_meta.location.as_ref())
-            .collect();
-        let ids = file_ids(&paths)?;
+        let (state, scanned) = scanned(&self.session, &self.sql).await?;
         let metrics = ExecutionPlanMetricsSet::new();
         let mut files = Vec::with_capacity(scanned.len());
-        for ((store_url, file), id) in scanned.iter().zip(ids) {
-            let location = format!("{}{}", store_url.as_str(), file.object_meta.location);
-            let store = state.runtime_env().object_store(store_url)?;
+        for ScannedFile {
+            store_url,
+            file,
+            location,
+            id,
+        } in scanned
+        {
+            let store = state.runtime_env().object_store(&store_url)?;
             let mut reader: Box<dyn AsyncFileReader> =
                 DefaultParquetFileReaderFactory::new(store).create_reader(
                     0,
@@ -561,11 +552,74 @@ impl FeedBuilder {
     }
 }
 
+/// A file a query scans.
+struct ScannedFile {
+    /// Its store.
+    store_url: ObjectStoreUrl,
+    /// The file as the scan reads it.
+    file: PartitionedFile,
+    /// As the data manifest names it.
+    location: String,
+    /// Its [`file_ids`] value.
+    id: i64,
+}
+
+/// The files `sql` scans when planned on the embedded engine, in location
+/// order, and the state that planned it.
+async fn scanned(
+    session: &crate::Session,
+    sql: &str,
+) -> Result<(datafusion::execution::SessionState, Vec<ScannedFile>)> {
+    let (state, plan) = session.sql(sql).await?.into_parts();
+    let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
+        .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+        .build();
+    let physical = state.create_physical_plan(&plan).await?;
+    let mut files: Vec<(ObjectStoreUrl, PartitionedFile, String)> =
+        scanned_files(&physical)?
+            .into_iter()
+            .map(|(store_url, file)| {
+                let location = crate::cache::key::file_location(
+                    &store_url,
+                    &file.object_meta.location,
+                );
+                (store_url, file, location)
+            })
+            .collect();
+    files.sort_by(|a, b| a.2.cmp(&b.2));
+    files.dedup_by(|a, b| a.2 == b.2);
+    let paths: Vec<&str> = files
+        .iter()
+        .map(|(_, file, _)| file.object_meta.location.as_ref())
+        .collect();
+    let ids = file_ids(&paths)?;
+    let scanned = files
+        .into_iter()
+        .zip(ids)
+        .map(|((store_url, file, location), id)| ScannedFile {
+            store_url,
+            file,
+            location,
+            id,
+        })
+        .collect();
+    Ok((state, scanned))
+}
+
+/// `(location, id)` of every file `sql` scans, in location order.
+pub(crate) async fn scanned_file_ids(
+    session: &crate::Session,
+    sql: &str,
+) -> Result<Vec<(String, i64)>> {
+    let (_, scanned) = scanned(session, sql).await?;
+    Ok(scanned.into_iter().map(|f| (f.location, f.id)).collect())
+}
+
 /// A file a feed's query scans, as [`FeedBuilder::explain_batch`] names it.
 struct OriginFile {
     /// Its [`file_ids`] value.
     id: i64,
-    /// `scheme://host/path`.
+    /// As the data manifest names it.
     location: String,
     /// The first row after each row group.
     row_group_ends: Vec<u64>,

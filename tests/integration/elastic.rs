@@ -299,3 +299,94 @@ fn the_cli_prints_row_positions_and_resumes_from_them_under_another_shape() {
         "{err}"
     );
 }
+
+/// `scheme://host/path` of the files `sql` reads, as a checkpoint lists them.
+fn manifest(session: &Session, sql: &str) -> Result<Vec<String>> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let files = runtime.block_on(sqlfeed::feed::input_files(session, sql))?;
+    Ok(files.into_iter().map(|f| f.location).collect())
+}
+
+#[test]
+fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sql = ids(dir.path())?;
+    let session = session()?;
+    let feed = |batch: usize, rank: usize, world: usize| {
+        Feed::builder(&session, &sql)
+            .batch_size(batch)
+            .shuffle(6)
+            .epochs(2)
+            .shard(rank, world)
+    };
+    // Two ranks of 64 stop after global step 2: 384 rows consumed.
+    let before: Vec<Vec<Fed>> = ranks(2, |rank| feed(64, rank, 2))?
+        .into_iter()
+        .map(|rank| rank.into_iter().take(3).collect())
+        .collect();
+    let (epoch, rows) = before[0][2].3;
+    assert_eq!((epoch, rows), (0, 384));
+    let old_files = manifest(&session, &sql)?;
+    // A fifth file, ids 1000..1250, is appended; three ranks of 50 go on.
+    let added = Int64Array::from_iter_values(1000..1250);
+    write_parquet(
+        &dir.path().join("part-4.parquet"),
+        &RecordBatch::try_from_iter(vec![("id", arc(added))])?,
+    )?;
+    let continued = |rank: usize| {
+        feed(50, rank, 3).continue_over_appended(epoch, old_files.clone(), rows)
+    };
+    let after = ranks(3, continued)?;
+    let per_rank: Vec<usize> = after
+        .iter()
+        .map(|r| r.iter().filter(|b| b.0 == 0).count())
+        .collect();
+    assert_eq!(per_rank, [6, 6, 6], "866 rows in steps of 150: 6 per rank");
+    let counts = counts(&[&before, &after], 0);
+    assert_eq!(counts.len(), 1250, "every old and new row is fed");
+    let twice: Vec<&i64> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| id)
+        .collect();
+    // 866 = 5 × 150 + 116: the last step is padded to 117 with the
+    // continued order's first row.
+    assert_eq!(twice.len(), 1, "only a pad is fed twice: {twice:?}");
+    let first_continued = after[0][0].2[0];
+    assert_eq!(*twice[0], first_continued);
+    // The continued order mixes new and old rows from its first batch.
+    let first_step: Vec<i64> = after.iter().flat_map(|r| r[0].2.clone()).collect();
+    let new = first_step.iter().filter(|id| **id >= 1000).count();
+    assert!(
+        (15..75).contains(&new),
+        "{new} of 150 rows new (expected ≈ 43)"
+    );
+    // Epoch 1 is a fresh run's over all five files.
+    let fresh = ranks(3, |rank| feed(50, rank, 3))?;
+    for rank in 0..3 {
+        let later = |run: &[Fed]| -> Vec<Fed> {
+            run.iter().filter(|b| b.0 == 1).cloned().collect()
+        };
+        assert_eq!(later(&after[rank]), later(&fresh[rank]), "epoch 1");
+    }
+    // A checkpoint inside the continued epoch resumes it exactly.
+    let (_, rows_in) = after[1][2].3;
+    let resumed = fed(continued(1).resume_after_rows(epoch, rows_in, 3))?;
+    assert_eq!(resumed, after[1][3..].to_vec());
+    // A removed old file, an unshuffled feed: refused by name.
+    std::fs::remove_file(dir.path().join("part-2.parquet"))?;
+    let err = fed(continued(0)).unwrap_err().to_string();
+    assert!(
+        err.contains("part-2.parquet") && err.contains("no longer read"),
+        "{err}"
+    );
+    let err = fed(Feed::builder(&session, &sql).continue_over_appended(
+        0,
+        old_files.clone(),
+        rows,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("unshuffled feed cannot continue"), "{err}");
+    Ok(())
+}

@@ -54,7 +54,7 @@ fn origin_ids(origins: &BatchOrigins) -> Vec<i64> {
                 .trim_end_matches(".parquet")
                 .parse()
                 .unwrap_or_else(|_| panic!("unexpected file {}", origin.file));
-            assert!(origin.file.starts_with("file:///"), "{}", origin.file);
+            assert!(origin.file.starts_with("file:/"), "{}", origin.file);
             assert_eq!(
                 origin.row_group,
                 origin.row as usize / GROUP_ROWS,

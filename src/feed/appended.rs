@@ -1,0 +1,278 @@
+//! Continuing a shuffled epoch over appended data: after a checkpoint, files
+//! were added; the rest of the epoch is every row of the old files that the
+//! checkpoint's ranks had not consumed, plus every row of the new files.
+//!
+//! ```text
+//!  checkpoint: epoch e, R rows consumed of the order over the old files
+//!
+//!  1. consumed = the first R rows of (query SHUFFLE (seed, e)) that come
+//!     from an old file, as (file, row)      (the origins query, see
+//!     `provenance.rs`: no preprocessing, only the shuffle key's columns)
+//!  2. the epoch's rest:
+//!       TableScan → Projection: *, file id, file row
+//!                 → anti join consumed (file, row)    (a MemTable)
+//!                 → Projection: *
+//!       … the query as written …
+//!       SHUFFLE (seed', e), seed' = f(seed, e, R, old files)
+//! ```
+//!
+//! # Why the consumed rows are the old order's first rows
+//! A global shuffle sorts rows by a content key, so the rows of the old
+//! files keep their relative order when rows of new files are added: the
+//! old order is the new order without the new rows. The consumed rows are
+//! therefore the first `R` rows of the new order that come from old files,
+//! found by one run of the origins query.
+//!
+//! # Why the rest is shuffled anew
+//! Sorted by the epoch's key, the new rows whose keys fall below the
+//! consumed ones would all come first: a burst of only new data. The rest is
+//! instead ordered by a seed mixed from (seed, epoch, R, the old files), a
+//! fresh uniform order that is again a pure function of the data and the
+//! checkpoint. Later epochs are a fresh run's over all the data.
+//!
+//! # Limits
+//! Shuffled feeds only: an unshuffled order over partitions changes when a
+//! file joins the listing, so its old order cannot be recomputed. The
+//! consumed rows are held in memory (16 bytes each). A checkpoint taken in a
+//! continued epoch records the continuation, and resumes it; data appended
+//! a second time within the same epoch is refused.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, JoinType, plan_err};
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::{
+    MemTable, ViewTable, provider_as_source, source_as_provider,
+};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF, SubqueryAlias, cast, col, lit,
+};
+use datafusion::physical_plan::collect;
+
+use super::provenance::{self, ORIGIN_FILE_COLUMN};
+use crate::Session;
+use crate::shuffle::{ShuffleSpec, shuffle};
+
+/// A checkpoint's epoch continued over data to which files were added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Appended {
+    /// The epoch the checkpoint was in.
+    pub(crate) epoch: u64,
+    /// Every file the checkpoint's order was over, as its manifest names
+    /// them ([`super::input_files`]).
+    pub(crate) old_files: Vec<String>,
+    /// Rows of that order all ranks together consumed.
+    pub(crate) rows: u64,
+}
+
+/// The consumed rows' table and its columns.
+const CONSUMED_TABLE: &str = "__sqlfeed_consumed";
+const CONSUMED_FILE: &str = "__sqlfeed_consumed_file";
+const CONSUMED_ROW: &str = "__sqlfeed_consumed_row";
+/// The scan's file id and row, joined against the consumed rows.
+const SCAN_FILE: &str = "__sqlfeed_appended_file";
+const SCAN_ROW: &str = "__sqlfeed_appended_row";
+
+impl Appended {
+    /// The rest of the epoch: `sql`'s rows less the consumed ones, shuffled
+    /// by the continuation's seed (see the module docs).
+    pub(crate) async fn remaining(
+        &self,
+        session: &Session,
+        sql: &str,
+        seed: u64,
+    ) -> Result<DataFrame> {
+        let old_ids = self.old_file_ids(session, sql).await?;
+        let consumed = self.consumed(session, sql, seed, &old_ids).await?;
+        let (state, plan) = session.sql(sql).await?.into_parts();
+        let plan = exclude(plan, &consumed)?;
+        shuffle(
+            DataFrame::new(state, plan),
+            ShuffleSpec::Global {
+                seed: self.continued_seed(seed),
+                epoch: self.epoch,
+            },
+        )
+    }
+
+    /// The seed of the rest's order: the feed's mixed with the checkpoint.
+    fn continued_seed(&self, seed: u64) -> u64 {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+        hasher.update(&self.epoch.to_le_bytes());
+        hasher.update(&self.rows.to_le_bytes());
+        for file in &self.old_files {
+            hasher.update(file.as_bytes());
+            hasher.update(&[0]);
+        }
+        hasher.digest()
+    }
+
+    /// The ids (`provenance::file_ids`) of the old files, each checked to
+    /// be still among the files `sql` reads.
+    async fn old_file_ids(&self, session: &Session, sql: &str) -> Result<Vec<i64>> {
+        let files = provenance::scanned_file_ids(session, sql).await?;
+        let by_location: HashMap<&str, i64> = files
+            .iter()
+            .map(|(location, id)| (location.as_str(), *id))
+            .collect();
+        self.old_files
+            .iter()
+            .map(|old| {
+                by_location.get(old.as_str()).copied().ok_or_else(|| {
+                    DataFusionError::Plan(format!(
+                        "cannot continue epoch {} over the data as it is now: {old}, which \
+                         the checkpoint's order was over, is no longer read by the query; \
+                         only added files can be continued over (start the epoch anew \
+                         instead)",
+                        self.epoch
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// The first `rows` rows of the epoch's order that come from an old
+    /// file, as a table of (file id, row).
+    async fn consumed(
+        &self,
+        session: &Session,
+        sql: &str,
+        seed: u64,
+        old_ids: &[i64],
+    ) -> Result<RecordBatch> {
+        let spec = ShuffleSpec::Global {
+            seed,
+            epoch: self.epoch,
+        };
+        let (state, plan) = shuffle(session.sql(sql).await?, spec)?.into_parts();
+        let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+        let origins = provenance::origins_plan(plan, row_key, &[])?;
+        let old: Vec<Expr> = old_ids.iter().map(|id| lit(*id)).collect();
+        let plan = LogicalPlanBuilder::from(origins)
+            .filter(col(ORIGIN_FILE_COLUMN).in_list(old, false))?
+            .limit(0, Some(usize::try_from(self.rows).unwrap_or(usize::MAX)))?
+            .build()?;
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+            .build();
+        let physical = state.create_physical_plan(&plan).await?;
+        let batches = collect(physical, state.task_ctx()).await?;
+        let mut files = Vec::with_capacity(self.rows as usize);
+        let mut rows = Vec::with_capacity(self.rows as usize);
+        for batch in &batches {
+            files.extend(int64_column(batch, 0)?.values().iter().copied());
+            rows.extend(int64_column(batch, 1)?.values().iter().copied());
+        }
+        if files.len() as u64 != self.rows {
+            return plan_err!(
+                "the checkpoint consumed {} rows of epoch {}, but the files it was over hold \
+                 only {} rows now: they were rewritten, so the epoch cannot be continued \
+                 (start it anew instead)",
+                self.rows,
+                self.epoch,
+                files.len()
+            );
+        }
+        Ok(RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new(CONSUMED_FILE, DataType::Int64, false),
+                Field::new(CONSUMED_ROW, DataType::Int64, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(files)),
+                Arc::new(Int64Array::from(rows)),
+            ],
+        )?)
+    }
+}
+
+fn int64_column(batch: &RecordBatch, index: usize) -> Result<&Int64Array> {
+    batch
+        .column(index)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .ok_or_else(|| {
+            DataFusionError::Internal("an origins column is not Int64".to_string())
+        })
+}
+
+/// `plan` without the rows in `consumed`: every scan of Parquet files
+/// anti-joined with it on (file id, row), its schema unchanged.
+fn exclude(plan: LogicalPlan, consumed: &RecordBatch) -> Result<LogicalPlan> {
+    let table = Arc::new(MemTable::try_new(
+        consumed.schema(),
+        vec![vec![consumed.clone()]],
+    )?);
+    let file_id = provenance::file_id_expr(
+        Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()))
+            .call(vec![lit(0i64), input_file_name()]),
+    );
+    exclude_below(plan, &table, &file_id)
+}
+
+fn exclude_below(
+    plan: LogicalPlan,
+    consumed: &Arc<MemTable>,
+    file_id: &Expr,
+) -> Result<LogicalPlan> {
+    Ok(plan
+        .transform_up(|node| {
+            let LogicalPlan::TableScan(scan) = &node else {
+                return Ok(Transformed::no(node));
+            };
+            let provider = source_as_provider(&scan.source)?;
+            // A folder glob's table is a view over the folders' files.
+            if let Some(view) = provider.downcast_ref::<ViewTable>()
+                && scan.projection.is_none()
+                && scan.filters.is_empty()
+            {
+                let inner =
+                    exclude_below(view.logical_plan().clone(), consumed, file_id)?;
+                return Ok(Transformed::yes(LogicalPlan::SubqueryAlias(
+                    SubqueryAlias::try_new(Arc::new(inner), scan.table_name.clone())?,
+                )));
+            }
+            provenance::check_parquet_files(
+                scan.table_name.to_string(),
+                provider.as_ref(),
+            )?;
+            let schema = Arc::clone(&scan.projected_schema);
+            let columns: Vec<Expr> = (0..schema.fields().len())
+                .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
+                .collect();
+            let mut with_origin = columns.clone();
+            with_origin.push(file_id.clone().alias(SCAN_FILE));
+            with_origin.push(cast(file_row_index(), DataType::Int64).alias(SCAN_ROW));
+            let consumed_scan = LogicalPlanBuilder::scan(
+                CONSUMED_TABLE,
+                provider_as_source(Arc::clone(consumed) as _),
+                None,
+            )?
+            .build()?;
+            let rest = LogicalPlanBuilder::from(node.clone())
+                .project(with_origin)?
+                .join(
+                    consumed_scan,
+                    JoinType::LeftAnti,
+                    (
+                        vec![Column::from_name(SCAN_FILE), Column::from_name(SCAN_ROW)],
+                        vec![
+                            Column::new(Some(CONSUMED_TABLE), CONSUMED_FILE),
+                            Column::new(Some(CONSUMED_TABLE), CONSUMED_ROW),
+                        ],
+                    ),
+                    None,
+                )?
+                .project(columns)?
+                .build()?;
+            Ok(Transformed::yes(rest))
+        })?
+        .data)
+}
