@@ -203,6 +203,9 @@ class Feed:
         self._rows: int | None = 0
         # Global steps left out, by epoch (skip_steps).
         self._skipped: dict[int, list[int]] = {}
+        # An epoch continued over appended data: {"epoch", "data" (the
+        # checkpoint's manifest), "rows" (of its order consumed)}.
+        self._appended: dict[str, Any] | None = None
         # The files the current (or last) pass's order is over, listed when
         # it started: a checkpoint records them.
         self._data: list[list[Any]] | None = None
@@ -231,6 +234,7 @@ class Feed:
             first_step=self._step,
             first_row=self._rows,
             skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
+            appended=self._appended_option(first),
         )
         raw = self._session._inner._start_feed(options)
         self._pass = raw
@@ -291,6 +295,7 @@ class Feed:
         Batches taken from it still move the position, since they are the
         ones trained on."""
         self._epoch, self._step, self._rows = int(epoch), 0, 0
+        self._appended = None
 
     @property
     def epoch(self) -> int:
@@ -327,6 +332,9 @@ class Feed:
             "rows": self._rows,
             **self._settings(),
             "skipped": {str(e): sorted(s) for e, s in sorted(self._skipped.items())},
+            # The checkpoint's epoch continues over appended data: the rows
+            # above count from the continuation.
+            "appended": self._appended if self._appended_option(self._epoch) else None,
             # [location, size, modified_ns(, e_tag)] of every file the
             # order is over: listed when the pass started, or now.
             "data": self._data if self._data is not None else _manifest(self._session, self._query),
@@ -362,7 +370,13 @@ class Feed:
         removed or changed since, the rest of the epoch would be another
         order (a shuffle is over all rows): ``on_data_change="error"`` (the
         default) refuses, naming the files; ``"restart_epoch"`` starts the
-        checkpoint's epoch anew over the data as it is now."""
+        checkpoint's epoch anew over the data as it is now; ``"continue"``
+        (shuffled feeds, files only added) goes on with every row of the old
+        files not yet consumed plus every row of the added files, in a fresh
+        order that is a pure function of the data, the seed and the
+        checkpoint: no row is fed twice in the epoch and every new row is in
+        it; later epochs cover everything. A checkpoint taken in such an
+        epoch records that, and resumes it."""
         version = state.get("version")
         if version not in (1, STATE_VERSION):
             raise _sqlfeed.PlanError(
@@ -376,22 +390,50 @@ class Feed:
                     f"{key}={expected[key]!r}: its rows are others here; resume with the "
                     "same query and seed, or start the feed anew"
                 )
-        if on_data_change not in ("error", "restart_epoch"):
+        if on_data_change not in ("error", "restart_epoch", "continue"):
             raise _sqlfeed.PlanError(
-                f"on_data_change={on_data_change!r}: expected 'error' or 'restart_epoch'"
+                f"on_data_change={on_data_change!r}: expected 'error', 'restart_epoch' or "
+                "'continue'"
             )
         epoch, step = int(state["epoch"]), int(state["step"])
         rows = state.get("rows")
-        changes = _data_changes(state.get("data"), _manifest(self._session, self._query))
+        appended = state.get("appended")
+        if appended is not None and int(appended["epoch"]) != epoch:
+            appended = None
+        before = state.get("data")
+        added, removed, rewritten = _diff(before, _manifest(self._session, self._query))
+        changes = _describe(added, removed, rewritten)
         if changes and on_data_change == "error":
             raise _sqlfeed.PlanError(
                 f"the data changed since the checkpoint ({changes}): the rest of epoch "
                 f"{epoch} would be another order. Resume over the files the checkpoint read, "
-                "or pass on_data_change='restart_epoch' to start the epoch anew over the data "
-                "as it is now"
+                "pass on_data_change='continue' to go on over the files added (the rows not "
+                "yet consumed plus the new ones), or on_data_change='restart_epoch' to start "
+                "the epoch anew over the data as it is now"
             )
-        if changes:
-            step, rows = 0, 0
+        if changes and on_data_change == "restart_epoch":
+            step, rows, appended = 0, 0, None
+        elif changes:
+            if removed or rewritten:
+                raise _sqlfeed.PlanError(
+                    f"cannot continue epoch {epoch} over the data as it is now "
+                    f"({_describe([], removed, rewritten)}): only added files can be "
+                    "continued over; resume over the files the checkpoint read, or pass "
+                    "on_data_change='restart_epoch'"
+                )
+            if appended is not None:
+                raise _sqlfeed.PlanError(
+                    f"files were added again ({changes}) during epoch {epoch}, which already "
+                    "continues over added files: pass on_data_change='restart_epoch'"
+                )
+            if self._options["shuffle"] is None or rows is None:
+                raise _sqlfeed.PlanError(
+                    "on_data_change='continue' needs a shuffled feed whose state records rows "
+                    "(an unshuffled order over partitions changes when files are added): pass "
+                    "on_data_change='restart_epoch'"
+                )
+            appended = {"epoch": epoch, "data": before, "rows": int(rows)}
+            rows = 0
         if version == 1 and state.get("batch_tokens") is None:
             # A step of a fixed shape is `batch_size × world` rows.
             rows = step * int(state["batch_size"]) * int(state["world"])
@@ -417,6 +459,14 @@ class Feed:
             chunk = self._options["batch_size"] * self._world
             self._step = self._rows // chunk
         self._skipped = {int(e): list(s) for e, s in (state.get("skipped") or {}).items()}
+        self._appended = appended
+
+    def _appended_option(self, first_epoch: int) -> tuple[int, list[str], int] | None:
+        """The Rust feed's continuation, for a pass starting at ``first_epoch``."""
+        appended = self._appended
+        if appended is None or int(appended["epoch"]) != first_epoch:
+            return None
+        return (int(appended["epoch"]), [f[0] for f in appended["data"]], int(appended["rows"]))
 
     def skip_steps(self, epoch: int, steps: Iterable[int]) -> None:
         """Leaves out global steps ``steps`` of ``epoch`` (the batches of a loss
@@ -452,6 +502,7 @@ class Feed:
             first_step=self._step,
             first_row=self._rows,
             skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
+            appended=self._appended_option(self._epoch),
         )
         rows = self._session._inner._explain_batch(options, int(epoch), int(step))
         return [{"file": file, "row_group": group, "row": row} for file, group, row in rows]
@@ -500,13 +551,23 @@ def _manifest(session: Session, query: str) -> list[list[Any]]:
     ]
 
 
-def _data_changes(before: list[list[Any]] | None, now: list[list[Any]]) -> str:
-    """What differs between two manifests, for a message ('' if nothing, or
-    if the state predates manifests)."""
+def _diff(
+    before: list[list[Any]] | None, now: list[list[Any]]
+) -> tuple[list[str], list[str], list[str]]:
+    """(added, removed, rewritten) locations between two manifests (nothing if
+    the state predates manifests)."""
     if before is None:
-        return ""
+        return [], [], []
     then = {f[0]: list(f) for f in before}
     current = {f[0]: list(f) for f in now}
+    added = [loc for loc in current if loc not in then]
+    removed = [loc for loc in then if loc not in current]
+    rewritten = [loc for loc in current if loc in then and current[loc] != then[loc]]
+    return added, removed, rewritten
+
+
+def _describe(added: list[str], removed: list[str], rewritten: list[str]) -> str:
+    """A manifest difference, for a message ('' if none)."""
 
     def names(locations: list[str]) -> str:
         shown = ", ".join(sorted(locations)[:3])
@@ -514,15 +575,12 @@ def _data_changes(before: list[list[Any]] | None, now: list[list[Any]]) -> str:
         return shown + (f" and {more} more" if more > 0 else "")
 
     parts = []
-    added = [loc for loc in current if loc not in then]
-    removed = [loc for loc in then if loc not in current]
-    changed = [loc for loc in current if loc in then and current[loc] != then[loc]]
     if added:
         parts.append(f"{len(added)} added: {names(added)}")
     if removed:
         parts.append(f"{len(removed)} removed: {names(removed)}")
-    if changed:
-        parts.append(f"{len(changed)} changed (size or modification time): {names(changed)}")
+    if rewritten:
+        parts.append(f"{len(rewritten)} changed (size or modification time): {names(rewritten)}")
     return "; ".join(parts)
 
 

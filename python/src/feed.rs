@@ -91,6 +91,8 @@ pub(crate) struct FeedOptions {
     first_row: Option<u64>,
     /// Global steps not handed over, as `(epoch, steps)`.
     skip_steps: Vec<(u64, Vec<u64>)>,
+    /// `(epoch, old files, rows)`: the epoch continues over appended data.
+    appended: Option<(u64, Vec<String>, u64)>,
     drop_last: bool,
     prefetch: usize,
     rank: usize,
@@ -127,6 +129,9 @@ impl FeedOptions {
             }
             None => builder.resume_at(self.first_epoch, self.first_step),
         };
+        if let Some((epoch, old_files, rows)) = self.appended {
+            builder = builder.continue_over_appended(epoch, old_files, rows);
+        }
         for (epoch, steps) in self.skip_steps {
             builder = builder.skip_steps(epoch, steps);
         }

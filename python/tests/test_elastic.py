@@ -158,3 +158,55 @@ def _with_positions(feed):
             return
         batch["_position"] = (epoch, step)
         yield batch
+
+
+def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path):
+    require("numpy", "numpy")
+    pa = pytest.importorskip("pyarrow")
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "ids"
+    shutil.copytree(ids_data, data)
+    before = [_feed(session, data, shard=(rank, 2)) for rank in (0, 1)]
+    consumed = collections.Counter()
+    for feed in before:
+        it = iter(feed)
+        for _ in range(3):
+            consumed.update(next(it)["id"].tolist())
+    state = json.loads(json.dumps(before[0].state_dict()))
+    assert state["rows"] == 384 and state["appended"] is None
+    added = pa.table({"id": pa.array(range(1000, 1250), pa.int64())})
+    pq.write_table(added, data / "part-4.parquet")
+    with pytest.raises(sqlfeed.PlanError, match=r"1 added: .*part-4.*on_data_change='continue'"):
+        _feed(session, data).load_state_dict(state)
+    after = [_feed(session, data, batch_size=50, shard=(rank, 3)) for rank in range(3)]
+    for feed in after:
+        feed.load_state_dict(state, on_data_change="continue")
+    # Rank 1 stops after 2 batches of the continued epoch; its checkpoint
+    # (which records the continuation) resumes on a new feed.
+    it = iter(after[1])
+    head = [next(it)["id"].tolist() for _ in range(2)]
+    inner = json.loads(json.dumps(after[1].state_dict()))
+    assert inner["appended"]["rows"] == 384 and inner["rows"] == 300
+    resumed = _feed(session, data, batch_size=50, shard=(1, 3))
+    resumed.load_state_dict(inner)
+    rest = [b["id"].tolist() for b in resumed]
+    assert head + rest == [b["id"].tolist() for b in _continued(session, data, state, 1)]
+    for rank in (0, 2):
+        consumed.update(i for b in after[rank] for i in b["id"].tolist())
+    consumed.update(i for b in head + rest for i in b)
+    assert set(consumed) == set(range(1250)), "every old and new row"
+    # 866 rows left in steps of 150: one pad in the padded last step.
+    assert sum(consumed.values()) == 1251
+    # Only added files can be continued over.
+    (data / "part-2.parquet").unlink()
+    with pytest.raises(sqlfeed.PlanError, match=r"1 removed: .*part-2.*only added files"):
+        _feed(session, data).load_state_dict(state, on_data_change="continue")
+
+
+def _continued(session, data, state, rank):
+    feed = _feed(session, data, batch_size=50, shard=(rank, 3))
+    feed.load_state_dict(state, on_data_change="continue")
+    return list(feed)

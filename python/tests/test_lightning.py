@@ -211,7 +211,7 @@ def test_batches_know_their_epochs_end(session, ids_data):
         feed = _feed(session, ids_data, drop_last=drop_last, format="dlpack")
         raw = feed._session._inner._start_feed(
             dict(feed._options, first_epoch=0, end_epoch=2, first_step=0)
-            | dict(first_row=0, skip_steps=[])
+            | dict(first_row=0, skip_steps=[], appended=None)
         )
         marks = [(b.epoch, b.step, b.last_in_epoch, b.next_position) for b in raw]
         steps = 1000 // BATCH if drop_last else STEPS

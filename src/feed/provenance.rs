@@ -375,6 +375,12 @@ impl FeedBuilder {
     /// # }
     /// ```
     pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
+        if self.appended.as_ref().is_some_and(|a| a.epoch == epoch) {
+            return not_impl_err!(
+                "explain_batch does not yet follow rows through epoch {epoch}, which \
+                 continues over appended data (continue_over_appended)"
+            );
+        }
         if self
             .skipped_steps
             .get(&epoch)
