@@ -32,7 +32,9 @@
 //!
 //! # Limits
 //! Shuffled feeds only: an unshuffled order over partitions changes when a
-//! file joins the listing, so its old order cannot be recomputed. The
+//! file joins the listing, so its old order cannot be recomputed. Each row
+//! of a file must be read once (a `UNION ALL` of the same files is
+//! refused): a consumed row is known by its file and row. The
 //! consumed rows are held in memory (16 bytes each). A checkpoint taken in a
 //! continued epoch records the continuation, and resumes it; data appended
 //! a second time within the same epoch is refused.
@@ -118,9 +120,18 @@ impl Appended {
     /// be still among the files `sql` reads.
     async fn old_file_ids(&self, session: &Session, sql: &str) -> Result<Vec<i64>> {
         let files = provenance::scanned_file_ids(session, sql).await?;
+        if let Some((twice, _, _)) = files.iter().find(|(_, _, scans)| *scans > 1) {
+            return plan_err!(
+                "the query reads {twice} in more than one scan (a UNION ALL or a join of \
+                 the same files?): a consumed row is known by its file and row, so its \
+                 copies could not be told apart; epoch {} cannot be continued over \
+                 appended data, start it anew instead",
+                self.epoch
+            );
+        }
         let by_location: HashMap<&str, i64> = files
             .iter()
-            .map(|(location, id)| (location.as_str(), *id))
+            .map(|(location, id, _)| (location.as_str(), *id))
             .collect();
         self.old_files
             .iter()

@@ -327,20 +327,23 @@ pub(crate) fn check_parquet_files(
     )
 }
 
-/// Every file `plan` scans, with its store.
+/// Every file `plan` scans, with its store and the number of the scan
+/// (one file may be read in byte ranges by several partitions of a scan).
 fn scanned_files(
     plan: &Arc<dyn ExecutionPlan>,
-) -> Result<Vec<(ObjectStoreUrl, PartitionedFile)>> {
+) -> Result<Vec<(ObjectStoreUrl, PartitionedFile, usize)>> {
     let mut files = vec![];
+    let mut scans = 0;
     plan.apply(|node| {
         if let Some(scan) = node.downcast_ref::<DataSourceExec>()
             && let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>()
         {
             for group in &config.file_groups {
                 for file in group.iter() {
-                    files.push((config.object_store_url.clone(), file.clone()));
+                    files.push((config.object_store_url.clone(), file.clone(), scans));
                 }
             }
+            scans += 1;
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
@@ -399,6 +402,8 @@ impl FeedBuilder {
             vec![]
         };
         let mut origins = self.clone();
+        // Another epoch's continuation does not change this one.
+        origins.appended = None;
         origins.columns = self
             .columns
             .iter()
@@ -523,6 +528,7 @@ impl FeedBuilder {
             file,
             location,
             id,
+            ..
         } in scanned
         {
             let store = state.runtime_env().object_store(&store_url)?;
@@ -568,6 +574,8 @@ struct ScannedFile {
     location: String,
     /// Its [`file_ids`] value.
     id: i64,
+    /// How many scans of the plan read it.
+    scans: usize,
 }
 
 /// The files `sql` scans when planned on the embedded engine, in location
@@ -581,30 +589,37 @@ async fn scanned(
         .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
         .build();
     let physical = state.create_physical_plan(&plan).await?;
-    let mut files: Vec<(ObjectStoreUrl, PartitionedFile, String)> =
+    let mut files: Vec<(ObjectStoreUrl, PartitionedFile, String, usize)> =
         scanned_files(&physical)?
             .into_iter()
-            .map(|(store_url, file)| {
+            .map(|(store_url, file, scan)| {
                 let location = crate::cache::key::file_location(
                     &store_url,
                     &file.object_meta.location,
                 );
-                (store_url, file, location)
+                (store_url, file, location, scan)
             })
             .collect();
-    files.sort_by(|a, b| a.2.cmp(&b.2));
+    files.sort_by(|a, b| (&a.2, a.3).cmp(&(&b.2, b.3)));
+    files.dedup_by(|a, b| a.2 == b.2 && a.3 == b.3);
+    // One entry per (file, scan) now: count the scans that read each file.
+    let mut scans: HashMap<String, usize> = HashMap::new();
+    for (_, _, location, _) in &files {
+        *scans.entry(location.clone()).or_default() += 1;
+    }
     files.dedup_by(|a, b| a.2 == b.2);
     let paths: Vec<&str> = files
         .iter()
-        .map(|(_, file, _)| file.object_meta.location.as_ref())
+        .map(|(_, file, _, _)| file.object_meta.location.as_ref())
         .collect();
     let ids = file_ids(&paths)?;
     let scanned = files
         .into_iter()
         .zip(ids)
-        .map(|((store_url, file, location), id)| ScannedFile {
+        .map(|((store_url, file, location, _), id)| ScannedFile {
             store_url,
             file,
+            scans: scans.get(&location).copied().unwrap_or(1),
             location,
             id,
         })
@@ -612,13 +627,17 @@ async fn scanned(
     Ok((state, scanned))
 }
 
-/// `(location, id)` of every file `sql` scans, in location order.
+/// `(location, id, scans reading it)` of every file `sql` scans, in
+/// location order.
 pub(crate) async fn scanned_file_ids(
     session: &crate::Session,
     sql: &str,
-) -> Result<Vec<(String, i64)>> {
+) -> Result<Vec<(String, i64, usize)>> {
     let (_, scanned) = scanned(session, sql).await?;
-    Ok(scanned.into_iter().map(|f| (f.location, f.id)).collect())
+    Ok(scanned
+        .into_iter()
+        .map(|f| (f.location, f.id, f.scans))
+        .collect())
 }
 
 /// A file a feed's query scans, as [`FeedBuilder::explain_batch`] names it.

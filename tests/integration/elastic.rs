@@ -373,7 +373,13 @@ fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Resul
     let (_, rows_in) = after[1][2].3;
     let resumed = fed(continued(1).resume_after_rows(epoch, rows_in, 3))?;
     assert_eq!(resumed, after[1][3..].to_vec());
-    // A removed old file, an unshuffled feed: refused by name.
+    // A query that reads its files twice, a removed old file, an unshuffled
+    // feed: refused, saying why.
+    let twice = Feed::builder(&session, format!("{sql} UNION ALL {sql}"))
+        .shuffle(6)
+        .continue_over_appended(epoch, old_files.clone(), rows);
+    let err = fed(twice).unwrap_err().to_string();
+    assert!(err.contains("in more than one scan"), "{err}");
     std::fs::remove_file(dir.path().join("part-2.parquet"))?;
     let err = fed(continued(0)).unwrap_err().to_string();
     assert!(
