@@ -493,28 +493,16 @@ impl FeedBuilder {
             .block_on(future)
     }
 
-    /// The query's output columns that become padded tensors (lists and
-    /// binaries): what `batch_tokens` and `bucket_by_length` measure.
+    /// The query's output columns that become padded tensors, by the
+    /// feed's own column rules: what `batch_tokens` and `bucket_by_length`
+    /// measure.
     async fn variable_length_outputs(&self) -> Result<Vec<String>> {
-        use datafusion::arrow::datatypes::DataType;
         let df = self.session.sql(&self.sql).await?;
-        Ok(df
-            .schema()
-            .fields()
-            .iter()
-            .filter(|field| {
-                matches!(
-                    field.data_type(),
-                    DataType::List(_)
-                        | DataType::LargeList(_)
-                        | DataType::ListView(_)
-                        | DataType::LargeListView(_)
-                        | DataType::Binary
-                        | DataType::LargeBinary
-                        | DataType::BinaryView
-                )
-            })
-            .map(|field| field.name().clone())
+        let columns = super::columns::resolve(df.schema().as_arrow(), &self.columns)?;
+        Ok(columns
+            .into_iter()
+            .filter(|column| column.mask_name.is_some())
+            .map(|column| column.name.to_string())
             .collect())
     }
 

@@ -28,7 +28,8 @@ fn ids(dir: &Path) -> Result<String> {
     Ok(format!("SELECT id FROM '{}/*.parquet'", dir.display()))
 }
 
-fn session() -> Result<Session> {
+/// The small-batch session of the elastic and provenance tests.
+pub(crate) fn session() -> Result<Session> {
     Session::builder()
         .target_partitions(2)
         .batch_size(7)

@@ -13,6 +13,7 @@ use sqlfeed::device::Device;
 use sqlfeed::feed::{BatchOrigins, Feed, FeedBuilder};
 
 use crate::common::{arc, run, sqlfeed};
+use crate::elastic::session;
 
 /// Rows per file and per row group of [`ids`].
 const FILE_ROWS: i64 = 250;
@@ -32,14 +33,6 @@ fn ids(dir: &Path) -> Result<()> {
         writer.close()?;
     }
     Ok(())
-}
-
-fn session() -> Result<Session> {
-    Session::builder()
-        .target_partitions(2)
-        .batch_size(7)
-        .memory_limit(256 << 20)
-        .build()
 }
 
 /// The id each origin names, checking its row group on the way.
