@@ -121,6 +121,10 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         run_id: None,
         resume: None,
         resume_rows: None,
+        resume_from: None,
+        on_data_change: None,
+        save_checkpoint: None,
+        checkpoint_every: None,
         skip_steps: vec![],
         explain: None,
         // A small simulated training step, so that "consumer waited" says

@@ -2,6 +2,7 @@
 //! reports throughput, time to first batch and starvation.
 
 use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -10,7 +11,7 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::Session;
 use crate::device::Device;
-use crate::feed::{ColumnSpec, Feed, FeedReport, NextBatch};
+use crate::feed::{Checkpoint, ColumnSpec, Feed, FeedReport, NextBatch, OnDataChange};
 
 /// How long the loop waits for a batch before it checks for SIGINT/SIGTERM.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
@@ -71,6 +72,27 @@ pub struct FeedArgs {
     /// that --digest prints after each batch): elastic resume.
     #[arg(long, value_name = "EPOCH:ROWS")]
     pub resume_rows: Option<String>,
+    /// Resume from a checkpoint file that --save-checkpoint (or Python's
+    /// `json.dump(feed.state_dict())`) wrote, under this run's shard and
+    /// batch settings, which may differ from the checkpoint's. Another
+    /// query or seed is refused.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["resume", "resume_rows"])]
+    pub resume_from: Option<PathBuf>,
+    /// With --resume-from, when the files the query reads changed since the
+    /// checkpoint: `error` (refuse, naming the files), `restart_epoch`
+    /// (start the checkpoint's epoch anew), `continue` (go on over added
+    /// files: the rows not yet consumed plus the new ones).
+    #[arg(long, value_name = "WHAT", requires = "resume_from")]
+    pub on_data_change: Option<String>,
+    /// Write where the feed is to FILE (JSON, the format of Python's
+    /// `state_dict()`) when the run stops — at the end, after
+    /// --max-batches, on Ctrl-C or SIGTERM — and every --checkpoint-every
+    /// batches; written whole or not at all.
+    #[arg(long, value_name = "FILE")]
+    pub save_checkpoint: Option<PathBuf>,
+    /// With --save-checkpoint, also write it every N batches.
+    #[arg(long, value_name = "N", requires = "save_checkpoint")]
+    pub checkpoint_every: Option<u64>,
     /// Leave out global steps S1,S2,… of EPOCH (a loss spike's batches);
     /// every other batch stays where it was. Repeatable.
     #[arg(long, value_name = "EPOCH:S1,S2,…")]
@@ -173,6 +195,18 @@ fn print_origins(origins: &crate::feed::BatchOrigins) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes the feed's checkpoint to `path` through a temporary file renamed
+/// over it, so that a run killed while writing leaves the previous one.
+fn save_checkpoint(feed: &Feed, path: &Path) -> anyhow::Result<()> {
+    let json = feed.checkpoint()?.to_json();
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".partial");
+    let temporary = PathBuf::from(temporary);
+    std::fs::write(&temporary, json.as_bytes())
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .with_context(|| format!("cannot write the checkpoint {}", path.display()))
+}
+
 /// Runs the feed and prints its report.
 pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     let device: Device = args.device.parse()?;
@@ -212,6 +246,22 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         let (epoch, rows) = parse_pair(resume, ':', "--resume-rows")?;
         let chunk = (args.batch_size * world).max(1) as u64;
         builder = builder.resume_after_rows(epoch, rows, rows / chunk);
+    }
+    if let Some(path) = &args.resume_from {
+        let bytes = std::fs::read(path).with_context(|| {
+            format!(
+                "cannot read the checkpoint --resume-from {}",
+                path.display()
+            )
+        })?;
+        // Bytes that are not text are not a checkpoint either: say that.
+        let json = String::from_utf8_lossy(&bytes);
+        let checkpoint = Checkpoint::from_json(&json, &path.display().to_string())?;
+        let on_data_change: OnDataChange = match &args.on_data_change {
+            Some(what) => what.parse()?,
+            None => OnDataChange::Error,
+        };
+        builder = builder.resume_from(checkpoint, on_data_change);
     }
     for skip in &args.skip_steps {
         let (epoch, steps) = parse_steps(skip)?;
@@ -257,6 +307,9 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
     let mut last_progress = Instant::now();
     while args.max_batches.is_none_or(|max| delivered < max) {
         if let Some(stop) = super::signals::requested() {
+            if let Some(path) = &args.save_checkpoint {
+                save_checkpoint(&feed, path)?;
+            }
             return Err(super::signals::Stopped(stop).into());
         }
         let batch = match feed.next_within(SIGNAL_CHECK) {
@@ -289,6 +342,11 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         }
         drop(batch);
         delivered += 1;
+        if let (Some(path), Some(every)) = (&args.save_checkpoint, args.checkpoint_every)
+            && delivered.is_multiple_of(every.max(1))
+        {
+            save_checkpoint(&feed, path)?;
+        }
         if let Some(bar) = &progress
             && last_progress.elapsed() > Duration::from_millis(200)
         {
@@ -302,6 +360,9 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
                 100.0 * report.wait_frac()
             ));
         }
+    }
+    if let Some(path) = &args.save_checkpoint {
+        save_checkpoint(&feed, path)?;
     }
     let report = feed.report();
     if let Some(bar) = progress {

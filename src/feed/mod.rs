@@ -50,6 +50,7 @@
 
 mod appended;
 mod batcher;
+mod checkpoint;
 mod columns;
 mod convert;
 mod epoch_cache;
@@ -68,6 +69,10 @@ use std::time::{Duration, Instant};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
+pub use checkpoint::{
+    AppendedState, CHECKPOINT_VERSION, Checkpoint, FeedShape, ManifestEntry,
+    OnDataChange, ResumePoint, query_fingerprint,
+};
 pub use columns::ColumnSpec;
 pub use inputs::input_files;
 pub use metrics::FeedReport;
@@ -81,6 +86,7 @@ use self::metrics::FeedMetrics;
 use self::producer::Producer;
 use self::sink::FeedEvent;
 use crate::Session;
+use crate::cache::InputFile;
 use crate::device::{Backend, DType, Device, Loans, SlotPool, TensorBatch};
 
 /// The prefetch ring's share of a finite memory limit, set aside when the
@@ -122,6 +128,9 @@ pub struct FeedBuilder {
     origins: Option<Vec<String>>,
     /// An epoch continued over appended data (see `appended.rs`).
     appended: Option<appended::Appended>,
+    /// A checkpoint to resume, resolved against the data when the feed is
+    /// built (see `checkpoint.rs`).
+    checkpoint: Option<(Checkpoint, OnDataChange)>,
 }
 
 impl FeedBuilder {
@@ -265,6 +274,120 @@ impl FeedBuilder {
         self
     }
 
+    /// Resumes `checkpoint` ([`Feed::checkpoint`], or Python's
+    /// `state_dict()`): the next batch is the one after the checkpoint's,
+    /// under this feed's world size, batch size and token budget, which may
+    /// differ from the checkpoint's (the epoch then goes on from the same row
+    /// of the same order). Replaces `resume_at`, `resume_after_rows`,
+    /// `continue_over_appended` and earlier skipped steps. When the feed is
+    /// built the checkpoint is checked against it — another query or seed
+    /// is an error saying what differs — and its data manifest against the
+    /// files the query reads now: a change is handled as `on_data_change`
+    /// says ([`OnDataChange`]).
+    pub fn resume_from(
+        mut self,
+        checkpoint: Checkpoint,
+        on_data_change: OnDataChange,
+    ) -> Self {
+        self.checkpoint = Some((checkpoint, on_data_change));
+        self
+    }
+
+    /// What a checkpoint's rows depend on, of this feed.
+    fn shape(&self) -> FeedShape {
+        FeedShape {
+            query: query_fingerprint(&self.sql),
+            seed: self.shuffle_seed,
+            world: self.world,
+            batch_size: self.batch_size,
+            batch_tokens: self.token_budget,
+            drop_last: self.drop_last,
+            bucketed: self.bucket_window.is_some(),
+        }
+    }
+
+    /// Applies the checkpoint given to [`FeedBuilder::resume_from`], if any,
+    /// against the files the query reads now (`now`).
+    fn resolve_checkpoint(mut self, now: &[InputFile]) -> Result<Self> {
+        let Some((checkpoint, on_data_change)) = self.checkpoint.take() else {
+            return Ok(self);
+        };
+        let point = checkpoint.resume_point(&self.shape(), now, on_data_change)?;
+        self.resume = match point.rows {
+            Some(rows) => (
+                point.epoch,
+                EpochStart::Rows {
+                    rows,
+                    first_step: point.step,
+                },
+            ),
+            None => (point.epoch, EpochStart::Step(point.step)),
+        };
+        self.skipped_steps = point.skipped;
+        self.appended = point.appended.map(|appended| {
+            let mut old_files: Vec<String> =
+                appended.data.into_iter().map(|f| f.0.location).collect();
+            old_files.sort();
+            old_files.dedup();
+            appended::Appended {
+                epoch: appended.epoch,
+                old_files,
+                rows: appended.rows,
+            }
+        });
+        Ok(self)
+    }
+
+    /// The checkpoint of this feed at its start, over the data `data`:
+    /// what [`Feed::checkpoint`] fills in as batches are handed over.
+    fn checkpoint_at_start(&self, data: &[InputFile]) -> Checkpoint {
+        let (epoch, start) = self.resume;
+        let (step, rows) = match start {
+            EpochStart::Rows { rows, first_step } => (first_step, Some(rows)),
+            // A token budget's steps have no fixed number of rows.
+            EpochStart::Step(step) => (
+                step,
+                self.token_budget
+                    .is_none()
+                    .then(|| step * (self.batch_size * self.world) as u64),
+            ),
+        };
+        let appended = self.appended.as_ref().map(|appended| AppendedState {
+            epoch: appended.epoch,
+            // The old files are unchanged (a continuation refuses others).
+            data: data
+                .iter()
+                .filter(|f| appended.old_files.binary_search(&f.location).is_ok())
+                .cloned()
+                .map(ManifestEntry)
+                .collect(),
+            rows: appended.rows,
+        });
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            epoch,
+            step,
+            rows,
+            seed: self.shuffle_seed,
+            rank: self.rank,
+            world: self.world,
+            batch_size: self.batch_size,
+            batch_tokens: self.token_budget,
+            drop_last: self.drop_last,
+            query: query_fingerprint(&self.sql),
+            skipped: self
+                .skipped_steps
+                .iter()
+                .filter(|(_, steps)| !steps.is_empty())
+                .map(|(epoch, steps)| {
+                    (epoch.to_string(), steps.iter().copied().collect())
+                })
+                .collect(),
+            appended,
+            data: Some(data.iter().cloned().map(ManifestEntry).collect()),
+        }
+    }
+
     /// Leaves out this rank's batches of global steps `steps` of `epoch` —
     /// the batches of a loss spike, when resuming from a checkpoint before
     /// it — and nothing else: every other batch is where it was, so the run
@@ -292,7 +415,7 @@ impl FeedBuilder {
 
     /// Checks the options, opens the device, plans the query, checks that
     /// every column can become a tensor and starts producing batches.
-    pub fn build(self) -> Result<Feed> {
+    pub fn build(mut self) -> Result<Feed> {
         self.validate()?;
         let device = self.device.unwrap_or_else(Device::auto);
         let backend = Backend::try_new(device)?;
@@ -314,6 +437,20 @@ impl FeedBuilder {
                     "cannot start feed threads: {e}"
                 ))
             })?;
+        // The files the order is over, listed once as the feed starts: its
+        // checkpoints record them, so that a resume over changed data is
+        // noticed (an explain's feed is internal and takes none).
+        let checkpoint = match self.origins {
+            Some(_) => None,
+            None => {
+                let data = list_inputs(&runtime, &self.session, &self.sql)?;
+                if self.checkpoint.is_some() {
+                    self = self.resolve_checkpoint(&data)?;
+                    self.validate()?;
+                }
+                Some(self.checkpoint_at_start(&data))
+            }
+        };
         let metrics = Arc::new(FeedMetrics::new());
         let memory_pool = &self.session.context().runtime_env().memory_pool;
         let ring_memory =
@@ -353,6 +490,7 @@ impl FeedBuilder {
             epoch_seconds: vec![],
             finished: false,
             waiting_since: None,
+            checkpoint,
         };
         drop(pool);
         // Planning errors (bad SQL, missing files, untensorable columns) are
@@ -484,6 +622,9 @@ pub struct Feed {
     finished: bool,
     /// When the consumer started waiting for the batch it waits for.
     waiting_since: Option<Instant>,
+    /// The checkpoint after the batch last handed over (`None` for an
+    /// explain's internal feed).
+    checkpoint: Option<Checkpoint>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -520,6 +661,7 @@ impl Feed {
             skipped_steps: BTreeMap::new(),
             origins: None,
             appended: None,
+            checkpoint: None,
         }
     }
 
@@ -558,6 +700,18 @@ impl Feed {
             pool: Weak::clone(&self.pool),
             thread_name: self.thread_name.clone(),
         }
+    }
+
+    /// Where the feed is: the checkpoint after the batch last handed over
+    /// (before the first, the feed's start), the same on every rank. A feed
+    /// built with [`FeedBuilder::resume_from`] of it yields exactly the next
+    /// batch this one would, under the same shape, or goes on from the same
+    /// row under another world size, batch size or token budget.
+    /// [`Checkpoint::to_json`] is the format of Python's `state_dict()`.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        self.checkpoint.clone().ok_or_else(|| {
+            DataFusionError::Internal("an explain's feed has no checkpoint".into())
+        })
     }
 
     /// The next batch, waiting at most `timeout` for it: for callers that
@@ -613,6 +767,9 @@ impl Feed {
                     FeedMetrics::add(&metrics.batches, 1);
                     FeedMetrics::add(&metrics.rows, batch.rows() as u64);
                     FeedMetrics::add(&metrics.bytes, batch.nbytes() as u64);
+                    if let Some(checkpoint) = &mut self.checkpoint {
+                        advance(checkpoint, &batch);
+                    }
                     let since_build = metrics.started.elapsed().as_nanos() as u64;
                     let _ = metrics.first_batch_ns.compare_exchange(
                         u64::MAX,
@@ -645,6 +802,41 @@ impl Feed {
             }
         }
     }
+}
+
+/// Moves `checkpoint` past `batch`, just handed over.
+fn advance(checkpoint: &mut Checkpoint, batch: &TensorBatch) {
+    let (epoch, step) = batch.next_position();
+    let (_, rows) = batch.next_row_position();
+    checkpoint.epoch = epoch;
+    checkpoint.step = step;
+    checkpoint.rows = Some(rows);
+    // A continuation over appended data ends with its epoch.
+    if checkpoint
+        .appended
+        .as_ref()
+        .is_some_and(|appended| appended.epoch != epoch)
+    {
+        checkpoint.appended = None;
+    }
+}
+
+/// The files the query `sql` reads now (its data manifest), listed on the
+/// feed's runtime: `build` may be called from within another runtime, where
+/// blocking on a future is not allowed.
+fn list_inputs(
+    runtime: &tokio::runtime::Runtime,
+    session: &Session,
+    sql: &str,
+) -> Result<Vec<InputFile>> {
+    let (sender, receiver) = mpsc::channel();
+    let (session, sql) = (session.clone(), sql.to_string());
+    runtime.spawn(async move {
+        let _ = sender.send(input_files(&session, &sql).await);
+    });
+    receiver.recv().map_err(|_| {
+        DataFusionError::Internal("the feed stopped while listing its files".into())
+    })?
 }
 
 /// What [`Feed::next_within`] found.

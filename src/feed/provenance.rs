@@ -378,6 +378,14 @@ impl FeedBuilder {
     /// # }
     /// ```
     pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
+        if self.checkpoint.is_some() {
+            // The batch of the feed as resumed, over the data as it is now.
+            let now = self.block_on(super::input_files(&self.session, &self.sql))?;
+            return self
+                .clone()
+                .resolve_checkpoint(&now)?
+                .explain_batch(epoch, step);
+        }
         if self.appended.as_ref().is_some_and(|a| a.epoch == epoch) {
             return not_impl_err!(
                 "explain_batch does not yet follow rows through epoch {epoch}, which \

@@ -11,7 +11,7 @@ use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::error::Result;
 use sqlfeed::Session;
 use sqlfeed::device::Device;
-use sqlfeed::feed::{Feed, FeedBuilder};
+use sqlfeed::feed::{Checkpoint, Feed, FeedBuilder, OnDataChange};
 
 use crate::common::{arc, run, sqlfeed, write_parquet};
 
@@ -396,4 +396,212 @@ fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Resul
     .to_string();
     assert!(err.contains("unshuffled feed cannot continue"), "{err}");
     Ok(())
+}
+
+/// Every batch of `feed` after the first `taken` and the feed's checkpoint
+/// after them, as a run stopped there would leave it.
+fn taken_and_checkpoint(
+    builder: FeedBuilder,
+    taken: usize,
+) -> Result<(Vec<Fed>, Checkpoint)> {
+    let mut feed = builder.device(Device::Cpu).build()?;
+    let mut out = vec![];
+    for _ in 0..taken {
+        let batch = feed.next().expect("a batch")?;
+        let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
+        out.push((batch.epoch(), batch.step(), ids, batch.next_row_position()));
+    }
+    Ok((out, feed.checkpoint()?))
+}
+
+#[test]
+fn a_checkpoint_resumes_another_shape_and_refuses_another_query_or_seed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sql = ids(dir.path())?;
+    let session = session()?;
+    let feed = |batch: usize, rank: usize, world: usize| {
+        Feed::builder(&session, &sql)
+            .batch_size(batch)
+            .shuffle(5)
+            .epochs(2)
+            .shard(rank, world)
+    };
+    // Before any batch the checkpoint is the feed's start.
+    let (_, start) = taken_and_checkpoint(feed(64, 0, 2), 0)?;
+    assert_eq!((start.epoch, start.step, start.rows), (0, 0, Some(0)));
+    assert_eq!(start.data.as_ref().map(Vec::len), Some(4));
+    // Two ranks of 64 stop after global step 3; their checkpoints are one.
+    let (_, zero) = taken_and_checkpoint(feed(64, 0, 2), 4)?;
+    let (_, one) = taken_and_checkpoint(feed(64, 1, 2), 4)?;
+    assert_eq!((zero.epoch, zero.step, zero.rows), (0, 4, Some(512)));
+    assert_eq!(Checkpoint { rank: 0, ..one }, zero);
+    let checkpoint = Checkpoint::from_json(&zero.to_json(), "rank 0's checkpoint")?;
+    // Same shape: exactly the uninterrupted run's next batches.
+    let uninterrupted = fed(feed(64, 1, 2))?;
+    let resumed =
+        fed(feed(64, 1, 2).resume_from(checkpoint.clone(), OnDataChange::Error))?;
+    assert_eq!(resumed, uninterrupted[4..].to_vec());
+    // Three ranks of 96: the rows after the 512th, as resume_after_rows cuts
+    // them (whose exactness a_checkpoint_resumes_under_another_world_size…
+    // checks row by row); 512 rows are step 1 of 288-row steps.
+    for rank in 0..3 {
+        let resumed =
+            fed(feed(96, rank, 3).resume_from(checkpoint.clone(), OnDataChange::Error))?;
+        let by_rows = fed(feed(96, rank, 3).resume_after_rows(0, 512, 1))?;
+        assert_eq!(resumed, by_rows, "rank {rank} of 3");
+    }
+    // Another seed or query: refused, saying what differs.
+    let err = fed(feed(64, 0, 2)
+        .shuffle(6)
+        .resume_from(checkpoint.clone(), OnDataChange::Continue))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("seed=5 but this feed has seed=6"), "{err}");
+    let err = fed(Feed::builder(&session, format!("{sql} WHERE id > 3"))
+        .shuffle(5)
+        .resume_from(checkpoint.clone(), OnDataChange::Error))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("query=") && err.contains("same query and seed"),
+        "{err}"
+    );
+
+    // A fifth file is appended.
+    let added = Int64Array::from_iter_values(1000..1250);
+    write_parquet(
+        &dir.path().join("part-4.parquet"),
+        &RecordBatch::try_from_iter(vec![("id", arc(added))])?,
+    )?;
+    let err = fed(feed(64, 0, 2).resume_from(checkpoint.clone(), OnDataChange::Error))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("1 added: file:")
+            && err.contains("part-4.parquet")
+            && err.contains("--on-data-change continue"),
+        "{err}"
+    );
+    // Restarting the epoch is a fresh run's epoch over five files.
+    let restarted =
+        fed(feed(64, 0, 2).resume_from(checkpoint.clone(), OnDataChange::RestartEpoch))?;
+    assert_eq!(restarted, fed(feed(64, 0, 2))?);
+    // Continuing is continue_over_appended with the checkpoint's files.
+    let old_files: Vec<String> = checkpoint
+        .data
+        .iter()
+        .flatten()
+        .map(|f| f.0.location.clone())
+        .collect();
+    let continued = |rank: usize| {
+        feed(50, rank, 3).resume_from(checkpoint.clone(), OnDataChange::Continue)
+    };
+    let (first, inside) = taken_and_checkpoint(continued(2), 2)?;
+    let by_files = fed(feed(50, 2, 3).continue_over_appended(0, old_files, 512))?;
+    assert_eq!(first, by_files[..2].to_vec());
+    // A checkpoint inside the continued epoch records the continuation and
+    // the five files, so it resumes over them without a word.
+    let appended = inside.appended.clone().expect("a continuation");
+    assert_eq!(
+        (appended.epoch, appended.rows, appended.data.len()),
+        (0, 512, 4)
+    );
+    assert_eq!(inside.data.as_ref().map(Vec::len), Some(5));
+    let rest = fed(feed(50, 2, 3).resume_from(inside, OnDataChange::Error))?;
+    assert_eq!(rest, by_files[2..].to_vec());
+    // A changed old file cannot be continued over.
+    write_parquet(
+        &dir.path().join("part-1.parquet"),
+        &RecordBatch::try_from_iter(vec![("id", arc(Int64Array::from(vec![1, 2])))])?,
+    )?;
+    let err = fed(continued(0)).unwrap_err().to_string();
+    assert!(
+        err.contains("1 changed (size or modification time): file:")
+            && err.contains("part-1.parquet")
+            && err.contains("only added files"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_cli_saves_a_checkpoint_and_resumes_it_under_another_shape() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sql = ids(dir.path()).expect("data");
+    let checkpoint = dir.path().join("checkpoint.json");
+    let checkpoint = checkpoint.to_str().expect("utf-8 path");
+    let seeded = |seed: &str, args: &[&str]| -> (bool, Vec<String>, String) {
+        let mut command = sqlfeed();
+        command
+            .args([
+                "feed",
+                &sql,
+                "--device",
+                "cpu",
+                "--digest",
+                "--shuffle-seed",
+                seed,
+            ])
+            .args(args);
+        let (ok, out, err) = run(&mut command);
+        let lines = out
+            .lines()
+            .filter(|l| l.starts_with("batch "))
+            .map(|l| l.split(" resume_rows").next().unwrap_or(l).to_string())
+            .collect();
+        (ok, lines, err)
+    };
+    let feed = |args: &[&str]| seeded("4", args);
+    let (ok, _, err) = feed(&[
+        "--batch-size",
+        "50",
+        "--shard",
+        "0/2",
+        "--max-batches",
+        "3",
+        "--save-checkpoint",
+        checkpoint,
+    ]);
+    assert!(ok, "{err}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(checkpoint).expect("written"))
+            .expect("JSON");
+    assert_eq!(
+        (saved["epoch"].as_u64(), saved["rows"].as_u64()),
+        (Some(0), Some(300))
+    );
+    for rank in 0..3 {
+        let shard = format!("{rank}/3");
+        let shape = ["--batch-size", "70", "--shard", &shard];
+        let (ok, resumed, err) =
+            feed(&[&shape[..], &["--resume-from", checkpoint]].concat());
+        assert!(ok, "{err}");
+        let (ok, by_rows, err) =
+            feed(&[&shape[..], &["--resume-rows", "0:300"]].concat());
+        assert!(ok, "{err}");
+        assert_eq!(resumed, by_rows, "rank {rank} of 3");
+        assert_eq!(
+            resumed.len(),
+            4,
+            "700 rows in steps of 210: 3 full, 1 padded"
+        );
+    }
+    // Another seed is refused; a file that is not a checkpoint is named.
+    let (ok, _, err) = seeded("9", &["--resume-from", checkpoint]);
+    assert!(
+        !ok && err.contains("seed=4 but this feed has seed=9"),
+        "{err}"
+    );
+    let not_one = dir.path().join("part-0.parquet");
+    let not_one = not_one.to_str().expect("utf-8 path");
+    let (ok, _, err) = feed(&["--resume-from", not_one]);
+    assert!(
+        !ok && err.contains("is not a sqlfeed feed checkpoint"),
+        "{err}"
+    );
+    let (ok, _, err) = feed(&["--resume-from", checkpoint, "--on-data-change", "skip"]);
+    assert!(
+        !ok && err.contains("expected 'error', 'restart_epoch' or 'continue'"),
+        "{err}"
+    );
 }

@@ -1,0 +1,667 @@
+//! A feed's checkpoint: where the feed is in its epoch's order, what that
+//! order is a function of, and how a later feed — of another world size,
+//! batch size or token budget, over data that may have grown — goes on from
+//! it.
+//!
+//! ```text
+//!  Feed::checkpoint()                         (after the batch last handed over)
+//!      │  { version, epoch, step, rows,        ← position, the same on every rank
+//!      │    query (sha-256 of the SQL), seed,  ← what picks the order
+//!      │    rank, world, batch_size,           ← the shape that cut it
+//!      │    batch_tokens, drop_last,
+//!      │    skipped, appended,                 ← steps left out, continuation
+//!      │    data: [[location, size, mtime(, e_tag)], …] }  ← listed at start
+//!      ▼
+//!  JSON (Python's `state_dict`, `sqlfeed feed --save-checkpoint`)
+//!      ▼
+//!  Checkpoint::resume_point(here, data now, on_data_change)
+//!      │  refuses another query or seed; diffs the manifest:
+//!      │    unchanged → the same epoch from `rows`, cut into this shape
+//!      │    changed   → error naming the files | restart the epoch |
+//!      │                continue over the added files (`appended.rs`)
+//!      ▼
+//!  ResumePoint → FeedBuilder (resume_after_rows / skip_steps /
+//!                             continue_over_appended)
+//! ```
+//!
+//! The format is Python's `Feed.state_dict()` (version 2, which also reads
+//! version 1), so a checkpoint written by the CLI or a Rust program resumes
+//! a Python feed and the other way round. Rank 0's checkpoint is every
+//! rank's: only `rank` differs between ranks, and it is informative.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::str::FromStr;
+
+use datafusion::error::{DataFusionError, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::cache::InputFile;
+
+/// The checkpoint format this sqlfeed writes; it also reads version 1.
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// A feed's position and what it depends on; see the module docs. Written
+/// by [`super::Feed::checkpoint`], read by
+/// [`super::FeedBuilder::resume_from`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The format's version ([`CHECKPOINT_VERSION`]).
+    pub version: u32,
+    /// The epoch of the next batch.
+    pub epoch: u64,
+    /// The global step (within `epoch`) of the next batch.
+    pub step: u64,
+    /// Rows of the epoch's order consumed by all ranks together (absent in
+    /// version 1 states of token-budget feeds, which count steps only).
+    #[serde(default)]
+    pub rows: Option<u64>,
+    /// The shuffle seed (`None`: unshuffled).
+    pub seed: Option<u64>,
+    /// The rank that wrote it (informative: any rank resumes from it).
+    pub rank: usize,
+    /// The world size it was written under.
+    pub world: usize,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// The token budget of a token-budget feed.
+    #[serde(default)]
+    pub batch_tokens: Option<usize>,
+    /// Whether the last partial step is dropped.
+    pub drop_last: bool,
+    /// [`query_fingerprint`] of the feed's SQL.
+    pub query: String,
+    /// Global steps left out, by epoch (keys are epochs, as JSON wants
+    /// string keys).
+    #[serde(default)]
+    pub skipped: BTreeMap<String, Vec<u64>>,
+    /// The epoch continues over appended data (see `appended.rs`); `rows`
+    /// count from the continuation.
+    #[serde(default)]
+    pub appended: Option<AppendedState>,
+    /// The files the order is over, listed when the feed started (absent in
+    /// states that predate manifests: then data changes go unnoticed).
+    #[serde(default)]
+    pub data: Option<Vec<ManifestEntry>>,
+}
+
+/// A continuation over appended data, as a checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendedState {
+    /// The epoch that continues.
+    pub epoch: u64,
+    /// The files of the order before the files were added.
+    pub data: Vec<ManifestEntry>,
+    /// Rows of that order consumed before the continuation.
+    pub rows: u64,
+}
+
+/// One file of a checkpoint's manifest: in JSON the array
+/// `[location, size, modified_ns]` or `[location, size, modified_ns, e_tag]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ManifestJson", into = "ManifestJson")]
+pub struct ManifestEntry(pub InputFile);
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum ManifestJson {
+    Tagged(String, u64, i64, String),
+    Plain(String, u64, i64),
+}
+
+impl From<ManifestJson> for ManifestEntry {
+    fn from(json: ManifestJson) -> Self {
+        let (location, size, modified_ns, e_tag) = match json {
+            ManifestJson::Tagged(l, s, m, e) => (l, s, m, Some(e)),
+            ManifestJson::Plain(l, s, m) => (l, s, m, None),
+        };
+        ManifestEntry(InputFile {
+            location,
+            size,
+            modified_ns,
+            e_tag,
+        })
+    }
+}
+
+impl From<ManifestEntry> for ManifestJson {
+    fn from(ManifestEntry(file): ManifestEntry) -> Self {
+        match file.e_tag {
+            Some(e_tag) => {
+                ManifestJson::Tagged(file.location, file.size, file.modified_ns, e_tag)
+            }
+            None => ManifestJson::Plain(file.location, file.size, file.modified_ns),
+        }
+    }
+}
+
+/// What a resume does when the data changed since the checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDataChange {
+    /// Refuse, naming the files (the default).
+    #[default]
+    Error,
+    /// Start the checkpoint's epoch anew over the data as it is now.
+    RestartEpoch,
+    /// Go on over the added files: every row of the old files not yet
+    /// consumed plus every row of the added ones (shuffled feeds; files only
+    /// added).
+    Continue,
+}
+
+impl FromStr for OnDataChange {
+    type Err = DataFusionError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "error" => Ok(Self::Error),
+            "restart_epoch" | "restart-epoch" => Ok(Self::RestartEpoch),
+            "continue" => Ok(Self::Continue),
+            other => Err(DataFusionError::Plan(format!(
+                "on_data_change={other:?}: expected 'error', 'restart_epoch' or 'continue'"
+            ))),
+        }
+    }
+}
+
+/// How a message names a choice of [`OnDataChange`], in every front end's
+/// spelling.
+fn choice(name: &str) -> String {
+    format!("on_data_change='{name}' (--on-data-change {name})")
+}
+
+/// What a checkpoint's rows depend on, of the feed that resumes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedShape {
+    /// [`query_fingerprint`] of the feed's SQL.
+    pub query: String,
+    /// The shuffle seed.
+    pub seed: Option<u64>,
+    /// World size.
+    pub world: usize,
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Token budget.
+    pub batch_tokens: Option<usize>,
+    /// Whether the last partial step is dropped.
+    pub drop_last: bool,
+    /// Whether batches are bucketed by length (windows cut from the epoch's
+    /// start: resumable only under the same shape).
+    pub bucketed: bool,
+}
+
+/// Where a feed resumed from a checkpoint starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The first epoch.
+    pub epoch: u64,
+    /// The global step of the first batch (of this shape's steps).
+    pub step: u64,
+    /// Rows of the epoch's order already consumed (`None`: start at `step`
+    /// of the checkpoint's own shape).
+    pub rows: Option<u64>,
+    /// Global steps left out, by epoch.
+    pub skipped: BTreeMap<u64, BTreeSet<u64>>,
+    /// The epoch continues over appended data.
+    pub appended: Option<AppendedState>,
+}
+
+/// The short sha-256 of a feed's SQL that a checkpoint records: the hex of
+/// its first 8 bytes (Python's `hashlib.sha256(sql).hexdigest()[:16]`).
+pub fn query_fingerprint(sql: &str) -> String {
+    Sha256::digest(sql.as_bytes())[..8]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+impl Checkpoint {
+    /// Reads a checkpoint from JSON; `origin` names where it came from in
+    /// the error.
+    pub fn from_json(json: &str, origin: &str) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "{origin} is not a sqlfeed feed checkpoint: {e} (it is the JSON that \
+                 Feed.state_dict() or `sqlfeed feed --save-checkpoint` writes)"
+            ))
+        })
+    }
+
+    /// The checkpoint as JSON.
+    pub fn to_json(&self) -> String {
+        // A struct of strings, numbers, maps and arrays always serialises.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Where a feed of shape `here`, over the data listed `now`, resumes
+    /// this checkpoint. Under the same shape the batches are exactly the
+    /// uninterrupted run's. Under another world size, batch size, token
+    /// budget or `drop_last` the epoch goes on from the same row of the same
+    /// order, cut into `here`'s batches. Refuses another query or seed
+    /// (its rows are others); a change of the data is handled as
+    /// `on_data_change` says.
+    pub fn resume_point(
+        &self,
+        here: &FeedShape,
+        now: &[InputFile],
+        on_data_change: OnDataChange,
+    ) -> Result<ResumePoint> {
+        let plan_error = |message: String| Err(DataFusionError::Plan(message));
+        if self.version != 1 && self.version != CHECKPOINT_VERSION {
+            return plan_error(format!(
+                "feed checkpoint version {}: this sqlfeed reads versions 1 and \
+                 {CHECKPOINT_VERSION}",
+                self.version
+            ));
+        }
+        if self.query != here.query {
+            return plan_error(format!(
+                "the checkpoint's feed has query={:?} but this feed has query={:?} (the \
+                 sha-256 of the SQL text): its rows are others here; resume with the same \
+                 query and seed, or start the feed anew",
+                self.query, here.query
+            ));
+        }
+        if self.seed != here.seed {
+            let seed = |s: Option<u64>| s.map_or("None".to_string(), |s| s.to_string());
+            return plan_error(format!(
+                "the checkpoint's feed has seed={} but this feed has seed={}: its rows \
+                 are others here; resume with the same query and seed, or start the \
+                 feed anew",
+                seed(self.seed),
+                seed(here.seed)
+            ));
+        }
+        let mut step = self.step;
+        let mut rows = self.rows;
+        let mut appended = self
+            .appended
+            .clone()
+            .filter(|appended| appended.epoch == self.epoch);
+        let (added, removed, rewritten) = diff(self.data.as_deref(), now);
+        let changes = describe(&added, &removed, &rewritten);
+        if !changes.is_empty() {
+            match on_data_change {
+                OnDataChange::Error => {
+                    return plan_error(format!(
+                        "the data changed since the checkpoint ({changes}): the rest of \
+                         epoch {} would be another order. Resume over the files the \
+                         checkpoint read, pass {} to go on over the files added (the \
+                         rows not yet consumed plus the new ones), or {} to start the \
+                         epoch anew over the data as it is now",
+                        self.epoch,
+                        choice("continue"),
+                        choice("restart_epoch")
+                    ));
+                }
+                OnDataChange::RestartEpoch => {
+                    step = 0;
+                    rows = Some(0);
+                    appended = None;
+                }
+                OnDataChange::Continue => {
+                    if !removed.is_empty() || !rewritten.is_empty() {
+                        return plan_error(format!(
+                            "cannot continue epoch {} over the data as it is now ({}): \
+                             only added files can be continued over; resume over the \
+                             files the checkpoint read, or pass {}",
+                            self.epoch,
+                            describe(&[], &removed, &rewritten),
+                            choice("restart_epoch")
+                        ));
+                    }
+                    if appended.is_some() {
+                        return plan_error(format!(
+                            "files were added again ({changes}) during epoch {}, which \
+                             already continues over added files: pass {}",
+                            self.epoch,
+                            choice("restart_epoch")
+                        ));
+                    }
+                    let (Some(consumed), Some(_)) = (rows, here.seed) else {
+                        return plan_error(format!(
+                            "{} needs a shuffled feed whose checkpoint records rows (an \
+                             unshuffled order over partitions changes when files are \
+                             added): pass {}",
+                            choice("continue"),
+                            choice("restart_epoch")
+                        ));
+                    };
+                    appended = Some(AppendedState {
+                        epoch: self.epoch,
+                        data: self.data.clone().unwrap_or_default(),
+                        rows: consumed,
+                    });
+                    rows = Some(0);
+                }
+            }
+        }
+        if self.version == 1 && self.batch_tokens.is_none() {
+            // A step of a fixed shape is `batch_size × world` rows.
+            rows = Some(self.step * (self.batch_size * self.world) as u64);
+        }
+        let mut theirs = vec![];
+        let mut ours = vec![];
+        let mut compare = |key: &str, them: String, us: String| {
+            if them != us {
+                theirs.push(format!("{key}={them}"));
+                ours.push(format!("{key}={us}"));
+            }
+        };
+        compare("world", self.world.to_string(), here.world.to_string());
+        compare(
+            "batch_size",
+            self.batch_size.to_string(),
+            here.batch_size.to_string(),
+        );
+        let tokens = |t: Option<usize>| t.map_or("None".to_string(), |t| t.to_string());
+        compare(
+            "batch_tokens",
+            tokens(self.batch_tokens),
+            tokens(here.batch_tokens),
+        );
+        compare(
+            "drop_last",
+            self.drop_last.to_string(),
+            here.drop_last.to_string(),
+        );
+        let reshaped = !theirs.is_empty();
+        if reshaped && rows.is_none() {
+            return plan_error(format!(
+                "the checkpoint's feed has {} but this feed has {}, and its version 1 \
+                 state of a token-budget feed records steps, not rows: resume it with \
+                 the same settings, or start the epoch anew",
+                theirs.join(", "),
+                ours.join(", ")
+            ));
+        }
+        if reshaped && here.bucketed {
+            return plan_error(format!(
+                "a bucket_by_length feed resumes only under its own shape; the \
+                 checkpoint has {}",
+                theirs.join(", ")
+            ));
+        }
+        if reshaped
+            && let Some(rows) = rows
+            && here.batch_tokens.is_none()
+        {
+            // Numbered as this shape's step the rows fall in (informative).
+            step = rows / (here.batch_size * here.world).max(1) as u64;
+        }
+        let mut skipped = BTreeMap::new();
+        for (epoch, steps) in &self.skipped {
+            let epoch: u64 = epoch.parse().map_err(|_| {
+                DataFusionError::Plan(format!(
+                    "the checkpoint's skipped steps are keyed by {epoch:?}, not an epoch \
+                     number"
+                ))
+            })?;
+            skipped.insert(epoch, steps.iter().copied().collect());
+        }
+        Ok(ResumePoint {
+            epoch: self.epoch,
+            step,
+            rows,
+            skipped,
+            appended,
+        })
+    }
+}
+
+/// `(added, removed, rewritten)` locations between two manifests (nothing
+/// if the checkpoint predates manifests).
+fn diff(
+    before: Option<&[ManifestEntry]>,
+    now: &[InputFile],
+) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let Some(before) = before else {
+        return (vec![], vec![], vec![]);
+    };
+    let then: BTreeMap<&str, &InputFile> = before
+        .iter()
+        .map(|f| (f.0.location.as_str(), &f.0))
+        .collect();
+    let current: BTreeMap<&str, &InputFile> =
+        now.iter().map(|f| (f.location.as_str(), f)).collect();
+    let added = current
+        .keys()
+        .filter(|loc| !then.contains_key(*loc))
+        .map(|loc| loc.to_string())
+        .collect();
+    let removed = then
+        .keys()
+        .filter(|loc| !current.contains_key(*loc))
+        .map(|loc| loc.to_string())
+        .collect();
+    let rewritten = current
+        .iter()
+        .filter(|(loc, file)| then.get(*loc).is_some_and(|old| old != *file))
+        .map(|(loc, _)| loc.to_string())
+        .collect();
+    (added, removed, rewritten)
+}
+
+/// A manifest difference, for a message (`""` if none).
+fn describe(added: &[String], removed: &[String], rewritten: &[String]) -> String {
+    fn names(locations: &[String]) -> String {
+        let mut sorted: Vec<&str> = locations.iter().map(String::as_str).collect();
+        sorted.sort_unstable();
+        let shown = sorted[..sorted.len().min(3)].join(", ");
+        match sorted.len().saturating_sub(3) {
+            0 => shown,
+            more => format!("{shown} and {more} more"),
+        }
+    }
+    let mut parts = vec![];
+    if !added.is_empty() {
+        parts.push(format!("{} added: {}", added.len(), names(added)));
+    }
+    if !removed.is_empty() {
+        parts.push(format!("{} removed: {}", removed.len(), names(removed)));
+    }
+    if !rewritten.is_empty() {
+        parts.push(format!(
+            "{} changed (size or modification time): {}",
+            rewritten.len(),
+            names(rewritten)
+        ));
+    }
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(location: &str, size: u64) -> InputFile {
+        InputFile {
+            location: location.into(),
+            size,
+            modified_ns: 7,
+            e_tag: None,
+        }
+    }
+
+    fn shape() -> FeedShape {
+        FeedShape {
+            query: query_fingerprint("SELECT 1"),
+            seed: Some(3),
+            world: 2,
+            batch_size: 4,
+            batch_tokens: None,
+            drop_last: false,
+            bucketed: false,
+        }
+    }
+
+    fn checkpoint(data: &[InputFile]) -> Checkpoint {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            epoch: 1,
+            step: 5,
+            rows: Some(40),
+            seed: Some(3),
+            rank: 0,
+            world: 2,
+            batch_size: 4,
+            batch_tokens: None,
+            drop_last: false,
+            query: query_fingerprint("SELECT 1"),
+            skipped: BTreeMap::from([("1".to_string(), vec![2, 3])]),
+            appended: None,
+            data: Some(data.iter().cloned().map(ManifestEntry).collect()),
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_is_pythons_short_sha256() {
+        // hashlib.sha256(b"SELECT 1").hexdigest()[:16]
+        assert_eq!(query_fingerprint("SELECT 1"), "e004ebd5b5532a4b");
+    }
+
+    #[test]
+    fn the_json_is_pythons_state_dict() -> Result<()> {
+        let mut tagged = file("s3://b/a.parquet", 10);
+        tagged.e_tag = Some("\"x\"".into());
+        let checkpoint = checkpoint(&[file("file:/d/a.parquet", 5), tagged]);
+        let json = checkpoint.to_json();
+        assert!(json.contains(r#"["file:/d/a.parquet",5,7]"#), "{json}");
+        assert!(
+            json.contains(r#"["s3://b/a.parquet",10,7,"\"x\""]"#),
+            "{json}"
+        );
+        assert!(json.contains(r#""skipped":{"1":[2,3]}"#), "{json}");
+        assert_eq!(Checkpoint::from_json(&json, "test")?, checkpoint);
+        // A version 1 state: no rows, no manifest, no continuation.
+        let v1 = r#"{"version": 1, "epoch": 0, "step": 3, "seed": null, "rank": 1,
+            "world": 2, "batch_size": 4, "batch_tokens": null, "drop_last": true,
+            "query": "abc", "skipped": {}}"#;
+        let read = Checkpoint::from_json(v1, "v1")?;
+        assert_eq!((read.rows, read.data), (None, None));
+        Ok(())
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_checkpoint_is_named() {
+        let err = Checkpoint::from_json("{\"epoch\": 1}", "ckpt.json").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("ckpt.json is not a sqlfeed feed checkpoint"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_new_shape_goes_on_from_the_same_row() -> Result<()> {
+        let data = [file("file:/d/a.parquet", 5)];
+        let same =
+            checkpoint(&data).resume_point(&shape(), &data, OnDataChange::Error)?;
+        assert_eq!((same.epoch, same.step, same.rows), (1, 5, Some(40)));
+        assert_eq!(same.skipped[&1], BTreeSet::from([2, 3]));
+        let three_ranks = FeedShape {
+            world: 3,
+            batch_size: 6,
+            ..shape()
+        };
+        let point =
+            checkpoint(&data).resume_point(&three_ranks, &data, OnDataChange::Error)?;
+        // 40 rows are step 2 of 18-row steps.
+        assert_eq!((point.step, point.rows), (2, Some(40)));
+        let bucketed = FeedShape {
+            bucketed: true,
+            ..three_ranks
+        };
+        let err = checkpoint(&data)
+            .resume_point(&bucketed, &data, OnDataChange::Error)
+            .unwrap_err();
+        assert!(err.to_string().contains("world=2, batch_size=4"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn another_query_or_seed_is_refused() {
+        let data = [file("file:/d/a.parquet", 5)];
+        let other_seed = FeedShape {
+            seed: Some(4),
+            ..shape()
+        };
+        let err = checkpoint(&data)
+            .resume_point(&other_seed, &data, OnDataChange::Continue)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("seed=3 but this feed has seed=4"),
+            "{err}"
+        );
+        let other_query = FeedShape {
+            query: query_fingerprint("SELECT 2"),
+            ..shape()
+        };
+        let err = checkpoint(&data)
+            .resume_point(&other_query, &data, OnDataChange::Continue)
+            .unwrap_err();
+        assert!(err.to_string().contains("query="), "{err}");
+    }
+
+    #[test]
+    fn changed_data_is_refused_restarted_or_continued() -> Result<()> {
+        let before = [file("file:/d/a.parquet", 5), file("file:/d/b.parquet", 5)];
+        let added = [
+            before[0].clone(),
+            before[1].clone(),
+            file("file:/d/c.parquet", 9),
+        ];
+        let err = checkpoint(&before)
+            .resume_point(&shape(), &added, OnDataChange::Error)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("1 added: file:/d/c.parquet): the rest of epoch 1"),
+            "{err}"
+        );
+        let restart = checkpoint(&before).resume_point(
+            &shape(),
+            &added,
+            OnDataChange::RestartEpoch,
+        )?;
+        assert_eq!((restart.epoch, restart.step, restart.rows), (1, 0, Some(0)));
+        let go_on =
+            checkpoint(&before).resume_point(&shape(), &added, OnDataChange::Continue)?;
+        let appended = go_on.appended.expect("a continuation");
+        assert_eq!(
+            (appended.epoch, appended.rows, go_on.rows),
+            (1, 40, Some(0))
+        );
+        assert_eq!(appended.data.len(), 2);
+        let rewritten = [file("file:/d/a.parquet", 6), before[1].clone()];
+        let err = checkpoint(&before)
+            .resume_point(&shape(), &rewritten, OnDataChange::Continue)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("1 changed (size or modification time): file:/d/a.parquet"),
+            "{err}"
+        );
+        let unshuffled = FeedShape {
+            seed: None,
+            ..shape()
+        };
+        let mut unshuffled_checkpoint = checkpoint(&before);
+        unshuffled_checkpoint.seed = None;
+        let err = unshuffled_checkpoint
+            .resume_point(&unshuffled, &added, OnDataChange::Continue)
+            .unwrap_err();
+        assert!(err.to_string().contains("needs a shuffled feed"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn on_data_change_names_its_choices() {
+        assert_eq!(
+            "restart-epoch".parse::<OnDataChange>().ok(),
+            Some(OnDataChange::RestartEpoch)
+        );
+        let err = "resume".parse::<OnDataChange>().unwrap_err();
+        assert!(err.to_string().contains("'restart_epoch'"), "{err}");
+    }
+}
