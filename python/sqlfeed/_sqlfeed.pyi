@@ -28,6 +28,9 @@ class InternalError(Error):
 def cuda_device_count() -> int:
     """The number of usable CUDA devices (0 without a driver)."""
 
+def query_fingerprint(sql: str) -> str:
+    """The short sha-256 of a feed's SQL that its checkpoints record."""
+
 class Session:
     def __init__(
         self,
@@ -59,6 +62,13 @@ class Session:
     def _explain_batch(
         self, options: dict[str, Any], epoch: int, step: int
     ) -> list[tuple[str, int, int]]: ...
+    def _resume_point(
+        self,
+        query: str,
+        state: str,
+        shape: tuple[int | None, int, int, int | None, bool, bool],
+        on_data_change: str,
+    ) -> tuple[int, int, int | None, list[tuple[int, list[int]]], str | None]: ...
     @property
     def memory_limit(self) -> int: ...
     @property

@@ -17,7 +17,7 @@ would have yielded from there.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -316,7 +316,7 @@ class Feed:
         return self._world
 
     def _fingerprint(self) -> str:
-        return hashlib.sha256(self._query.encode()).hexdigest()[:16]
+        return _sqlfeed.query_fingerprint(self._query)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the feed is, as a small JSON-serialisable dict (the
@@ -377,89 +377,23 @@ class Feed:
         checkpoint: no row is fed twice in the epoch and every new row is in
         it; later epochs cover everything. A checkpoint taken in such an
         epoch records that, and resumes it."""
-        version = state.get("version")
-        if version not in (1, STATE_VERSION):
-            raise _sqlfeed.PlanError(
-                f"feed state version {version!r}: this sqlfeed reads versions 1 and {STATE_VERSION}"
-            )
-        expected = self._settings()
-        for key in ("query", "seed"):
-            if state.get(key) != expected[key]:
-                raise _sqlfeed.PlanError(
-                    f"the checkpoint's feed has {key}={state.get(key)!r} but this feed has "
-                    f"{key}={expected[key]!r}: its rows are others here; resume with the "
-                    "same query and seed, or start the feed anew"
-                )
-        if on_data_change not in ("error", "restart_epoch", "continue"):
-            raise _sqlfeed.PlanError(
-                f"on_data_change={on_data_change!r}: expected 'error', 'restart_epoch' or "
-                "'continue'"
-            )
-        epoch, step = int(state["epoch"]), int(state["step"])
-        rows = state.get("rows")
-        appended = state.get("appended")
-        if appended is not None and int(appended["epoch"]) != epoch:
-            appended = None
-        before = state.get("data")
-        added, removed, rewritten = _diff(before, _manifest(self._session, self._query))
-        changes = _describe(added, removed, rewritten)
-        if changes and on_data_change == "error":
-            raise _sqlfeed.PlanError(
-                f"the data changed since the checkpoint ({changes}): the rest of epoch "
-                f"{epoch} would be another order. Resume over the files the checkpoint read, "
-                "pass on_data_change='continue' to go on over the files added (the rows not "
-                "yet consumed plus the new ones), or on_data_change='restart_epoch' to start "
-                "the epoch anew over the data as it is now"
-            )
-        if changes and on_data_change == "restart_epoch":
-            step, rows, appended = 0, 0, None
-        elif changes:
-            if removed or rewritten:
-                raise _sqlfeed.PlanError(
-                    f"cannot continue epoch {epoch} over the data as it is now "
-                    f"({_describe([], removed, rewritten)}): only added files can be "
-                    "continued over; resume over the files the checkpoint read, or pass "
-                    "on_data_change='restart_epoch'"
-                )
-            if appended is not None:
-                raise _sqlfeed.PlanError(
-                    f"files were added again ({changes}) during epoch {epoch}, which already "
-                    "continues over added files: pass on_data_change='restart_epoch'"
-                )
-            if self._options["shuffle"] is None or rows is None:
-                raise _sqlfeed.PlanError(
-                    "on_data_change='continue' needs a shuffled feed whose state records rows "
-                    "(an unshuffled order over partitions changes when files are added): pass "
-                    "on_data_change='restart_epoch'"
-                )
-            appended = {"epoch": epoch, "data": before, "rows": int(rows)}
-            rows = 0
-        if version == 1 and state.get("batch_tokens") is None:
-            # A step of a fixed shape is `batch_size × world` rows.
-            rows = step * int(state["batch_size"]) * int(state["world"])
-        shape = ("world", "batch_size", "batch_tokens", "drop_last")
-        changed = [k for k in shape if state.get(k) != expected[k]]
-        if rows is None and changed:
-            raise _sqlfeed.PlanError(
-                f"the checkpoint's feed has {', '.join(f'{k}={state.get(k)!r}' for k in changed)} "
-                f"but this feed has {', '.join(f'{k}={expected[k]!r}' for k in changed)}, and "
-                "its version 1 state of a token-budget feed records steps, not rows: resume "
-                "it with the same settings, or start the epoch anew"
-            )
-        if changed and self._options["bucket_by_length"] is not None:
-            raise _sqlfeed.PlanError(
-                f"a bucket_by_length feed resumes only under its own shape; the checkpoint has "
-                f"{', '.join(f'{k}={state.get(k)!r}' for k in changed)}"
-            )
+        epoch, step, rows, skipped, appended = self._session._inner._resume_point(
+            self._query,
+            json.dumps(dict(state)),
+            (
+                self._options["shuffle"],
+                self._world,
+                self._options["batch_size"],
+                self._options["batch_tokens"],
+                self._options["drop_last"],
+                self._options["bucket_by_length"] is not None,
+            ),
+            on_data_change,
+        )
         self.close()
-        self._epoch, self._step = epoch, step
-        self._rows = None if rows is None else int(rows)
-        if changed and self._rows is not None and self._options["batch_tokens"] is None:
-            # Numbered as this shape's step the rows fall in (informative).
-            chunk = self._options["batch_size"] * self._world
-            self._step = self._rows // chunk
-        self._skipped = {int(e): list(s) for e, s in (state.get("skipped") or {}).items()}
-        self._appended = appended
+        self._epoch, self._step, self._rows = epoch, step, rows
+        self._skipped = {e: list(s) for e, s in skipped}
+        self._appended = None if appended is None else json.loads(appended)
 
     def _appended_option(self, first_epoch: int) -> tuple[int, list[str], int] | None:
         """The Rust feed's continuation, for a pass starting at ``first_epoch``."""
@@ -549,39 +483,6 @@ def _manifest(session: Session, query: str) -> list[list[Any]]:
         [location, size, modified] + ([e_tag] if e_tag is not None else [])
         for location, size, modified, e_tag in session._inner._input_files(query)
     ]
-
-
-def _diff(
-    before: list[list[Any]] | None, now: list[list[Any]]
-) -> tuple[list[str], list[str], list[str]]:
-    """(added, removed, rewritten) locations between two manifests (nothing if
-    the state predates manifests)."""
-    if before is None:
-        return [], [], []
-    then = {f[0]: list(f) for f in before}
-    current = {f[0]: list(f) for f in now}
-    added = [loc for loc in current if loc not in then]
-    removed = [loc for loc in then if loc not in current]
-    rewritten = [loc for loc in current if loc in then and current[loc] != then[loc]]
-    return added, removed, rewritten
-
-
-def _describe(added: list[str], removed: list[str], rewritten: list[str]) -> str:
-    """A manifest difference, for a message ('' if none)."""
-
-    def names(locations: list[str]) -> str:
-        shown = ", ".join(sorted(locations)[:3])
-        more = len(locations) - 3
-        return shown + (f" and {more} more" if more > 0 else "")
-
-    parts = []
-    if added:
-        parts.append(f"{len(added)} added: {names(added)}")
-    if removed:
-        parts.append(f"{len(removed)} removed: {names(removed)}")
-    if rewritten:
-        parts.append(f"{len(rewritten)} changed (size or modification time): {names(rewritten)}")
-    return "; ".join(parts)
 
 
 def _converter(format: str) -> Any:

@@ -34,5 +34,6 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<feed::PyTensor>()?;
     m.add_class::<functions::ArrowBatchExport>()?;
     m.add_function(wrap_pyfunction!(session::cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(session::query_fingerprint, m)?)?;
     Ok(())
 }

@@ -56,6 +56,12 @@ pub(crate) enum MemorySize {
 /// modified_ns, e_tag)`.
 type InputFileRow = (String, u64, i64, Option<String>);
 
+/// `(seed, world, batch_size, batch_tokens, drop_last, bucketed)` of a feed.
+type FeedShapeArgs = (Option<u64>, usize, usize, Option<usize>, bool, bool);
+
+/// `(epoch, step, rows, skipped steps by epoch, continuation as JSON)`.
+type ResumePointRow = (u64, u64, Option<u64>, Vec<(u64, Vec<u64>)>, Option<String>);
+
 #[pymethods]
 impl PySession {
     #[new]
@@ -158,6 +164,59 @@ impl PySession {
             .collect())
     }
 
+    /// Where a feed of `query` and shape `(seed, world, batch_size,
+    /// batch_tokens, drop_last, bucketed)` resumes the checkpoint `state`
+    /// (JSON) over the data as it is now: `(epoch, step, rows, skipped,
+    /// appended)`, `appended` as JSON; see `sqlfeed.Feed.load_state_dict`
+    /// and `sqlfeed::feed::Checkpoint::resume_point`, whose rule this is.
+    fn _resume_point(
+        &self,
+        py: Python<'_>,
+        query: &str,
+        state: &str,
+        shape: FeedShapeArgs,
+        on_data_change: &str,
+    ) -> PyResult<ResumePointRow> {
+        let (seed, world, batch_size, batch_tokens, drop_last, bucketed) = shape;
+        let here = sqlfeed::feed::FeedShape {
+            query: sqlfeed::feed::query_fingerprint(query),
+            seed,
+            world,
+            batch_size,
+            batch_tokens,
+            drop_last,
+            bucketed,
+        };
+        let on_data_change: sqlfeed::feed::OnDataChange =
+            on_data_change.parse().py_err()?;
+        let checkpoint =
+            sqlfeed::feed::Checkpoint::from_json(state, "the state").py_err()?;
+        let session = self.session.clone();
+        let now = py
+            .detach(|| {
+                self.runtime
+                    .block_on(sqlfeed::feed::input_files(&session, query))
+            })
+            .py_err()?;
+        let point = checkpoint
+            .resume_point(&here, &now, on_data_change)
+            .py_err()?;
+        let appended = point
+            .appended
+            .map(|appended| serde_json::to_string(&appended).unwrap_or_default());
+        Ok((
+            point.epoch,
+            point.step,
+            point.rows,
+            point
+                .skipped
+                .into_iter()
+                .map(|(epoch, steps)| (epoch, steps.into_iter().collect()))
+                .collect(),
+            appended,
+        ))
+    }
+
     /// Starts a feed pass; see `sqlfeed.Feed` (which calls this).
     fn _start_feed(&self, py: Python<'_>, options: FeedOptions) -> PyResult<PyFeed> {
         let session = self.session.clone();
@@ -240,6 +299,12 @@ impl PySession {
             self.session.spill_folder().display()
         )
     }
+}
+
+/// The short sha-256 of a feed's SQL that its checkpoints record.
+#[pyfunction]
+pub(crate) fn query_fingerprint(sql: &str) -> String {
+    sqlfeed::feed::query_fingerprint(sql)
 }
 
 /// The number of usable CUDA devices (0 without a driver).

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import collections
 import json
+import subprocess
 
 import pytest
-from conftest import require
+from conftest import require, sqlfeed_bin
 
 import sqlfeed
 
@@ -210,3 +211,51 @@ def _continued(session, data, state, rank):
     feed = _feed(session, data, batch_size=50, shard=(rank, 3))
     feed.load_state_dict(state, on_data_change="continue")
     return list(feed)
+
+
+def test_checkpoints_cross_between_the_cli_and_python(session, ids_data, tmp_path):
+    require("numpy", "numpy")
+    query = f"SELECT id FROM '{ids_data}/*.parquet'"
+
+    def cli(*args):
+        return subprocess.run(
+            [str(sqlfeed_bin()), "feed", query, "--device", "cpu", "--shuffle-seed", "5", *args],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        ).stdout
+
+    saved = tmp_path / "cli.json"
+    cli(
+        "--batch-size",
+        "64",
+        "--shard",
+        "0/2",
+        "--max-batches",
+        "4",
+        "--save-checkpoint",
+        str(saved),
+    )
+    feed = _feed(session, ids_data, shard=(0, 2))
+    it = iter(feed)
+    for _ in range(4):
+        next(it)
+    # The CLI writes exactly the state Python's feed has there.
+    assert json.loads(saved.read_text()) == json.loads(json.dumps(feed.state_dict()))
+    # And reads Python's: three ranks of 96 go on from row 512 (488 rows
+    # left in steps of 288: two steps each).
+    written = tmp_path / "python.json"
+    written.write_text(json.dumps(feed.state_dict()))
+    for rank in range(3):
+        resumed = _feed(session, ids_data, batch_size=96, shard=(rank, 3))
+        resumed.load_state_dict(json.loads(saved.read_text()))
+        python_digests = [b["id"].tolist() for b in resumed]
+        lines = cli(
+            "--batch-size", "96", "--shard", f"{rank}/3", "--resume-from", str(written), "--digest"
+        ).splitlines()
+        steps = [line for line in lines if line.startswith("batch ")]
+        assert len(steps) == len(python_digests) == 2, lines
+    # A state that is not a checkpoint is named.
+    with pytest.raises(sqlfeed.PlanError, match="the state is not a sqlfeed feed checkpoint"):
+        feed.load_state_dict({"epoch": 0})

@@ -39,6 +39,10 @@
 //! - **Resume**: `resume_at(e, k)` yields exactly what an uninterrupted run
 //!   yields from epoch `e` step `k` on, because every batch is a pure
 //!   function of `(query, data, seed, epoch, step, rank, world, batch size)`.
+//!   [`Feed::checkpoint`] records the position as rows of the epoch's order
+//!   with what the order depends on; [`FeedBuilder::resume_from`] resumes
+//!   it under any world size and batch size and checks the query, seed and
+//!   data (see `checkpoint.rs`).
 //! - **Cancellation**: dropping the feed stops the query, its tasks and its
 //!   threads before `drop` returns; tensors still held keep their slot alive
 //!   until they are dropped.
