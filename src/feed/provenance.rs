@@ -52,7 +52,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, StringArray};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema, not_impl_err, plan_err};
+use datafusion::common::{Column, DFSchema, ScalarValue, not_impl_err, plan_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::listing::PartitionedFile;
@@ -76,7 +76,7 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use super::FeedBuilder;
 use super::batcher::EpochStart;
 use crate::device::Device;
-use crate::shuffle::{ShuffleKey, ShuffleNode, row_key_hash};
+use crate::shuffle::{CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash};
 
 /// The origins query's column with each row's file, as [`file_id`] of its
 /// path in the object store.
@@ -86,6 +86,8 @@ pub(crate) const ORIGIN_ROW_COLUMN: &str = "__sqlfeed_origin_row";
 /// The hidden columns that carry the file id and row index from the scan.
 const SCAN_FILE_COLUMN: &str = "__sqlfeed_scan_file";
 const SCAN_ROW_COLUMN: &str = "__sqlfeed_scan_row";
+/// The content hash a shuffle of the origins query orders by.
+const ORIGIN_HASH_COLUMN: &str = "__sqlfeed_origin_hash";
 
 /// Where one row of a batch came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +147,7 @@ pub(crate) fn origins_plan(
 ) -> Result<LogicalPlan> {
     // Hashed at the scan, so that a shuffle carries 8 bytes, not the path.
     let file_id = file_id_expr(row_key.call(vec![lit(0i64), input_file_name()]));
-    let carried = carry_origins(plan, &file_id)?;
+    let carried = carry_origins(plan, &Carry { file_id, row_key })?;
     let schema = Arc::clone(carried.schema());
     let mut outputs = vec![
         column_named(&schema, SCAN_FILE_COLUMN)?.alias(ORIGIN_FILE_COLUMN),
@@ -179,10 +181,17 @@ fn column_named(schema: &DFSchema, name: &str) -> Result<Expr> {
     Ok(Expr::Column(Column::from(schema.qualified_field(index))))
 }
 
-/// `plan` with each row's file (`file_id`, an expression of
-/// `input_file_name()`) and row index as its last two columns, rows and
-/// order unchanged.
-fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
+/// What [`carry_origins`] adds and hashes with.
+struct Carry {
+    /// Each row's file: an expression of `input_file_name()`.
+    file_id: Expr,
+    /// `sqlfeed_row_key`, which hashes a shuffle's key as the shuffle does.
+    row_key: Arc<datafusion::logical_expr::ScalarUDF>,
+}
+
+/// `plan` with each row's file (`carry.file_id`) and row index as its last
+/// two columns, rows and order unchanged.
+fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
     match plan {
         LogicalPlan::TableScan(scan) => {
             let provider = source_as_provider(&scan.source)?;
@@ -192,7 +201,7 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
                 && scan.projection.is_none()
                 && scan.filters.is_empty()
             {
-                let inner = carry_origins(view.logical_plan().clone(), file_id)?;
+                let inner = carry_origins(view.logical_plan().clone(), carry)?;
                 return Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
                     Arc::new(inner),
                     scan.table_name.clone(),
@@ -203,7 +212,7 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
             let mut exprs: Vec<Expr> = (0..schema.fields().len())
                 .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
                 .collect();
-            exprs.push(file_id.clone().alias(SCAN_FILE_COLUMN));
+            exprs.push(carry.file_id.clone().alias(SCAN_FILE_COLUMN));
             exprs.push(file_row_index().alias(SCAN_ROW_COLUMN));
             Ok(LogicalPlan::Projection(Projection::try_new(
                 exprs,
@@ -211,7 +220,7 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
             )?))
         }
         LogicalPlan::Projection(projection) => {
-            let input = carry_origins(Arc::unwrap_or_clone(projection.input), file_id)?;
+            let input = carry_origins(Arc::unwrap_or_clone(projection.input), carry)?;
             let mut exprs = projection.expr;
             exprs.push(column_named(input.schema(), SCAN_FILE_COLUMN)?);
             exprs.push(column_named(input.schema(), SCAN_ROW_COLUMN)?);
@@ -221,21 +230,21 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
             )?))
         }
         LogicalPlan::Filter(filter) => {
-            let input = carry_origins(Arc::unwrap_or_clone(filter.input), file_id)?;
+            let input = carry_origins(Arc::unwrap_or_clone(filter.input), carry)?;
             Ok(LogicalPlan::Filter(Filter::try_new(
                 filter.predicate,
                 Arc::new(input),
             )?))
         }
         LogicalPlan::SubqueryAlias(alias) => {
-            let input = carry_origins(Arc::unwrap_or_clone(alias.input), file_id)?;
+            let input = carry_origins(Arc::unwrap_or_clone(alias.input), carry)?;
             Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
                 Arc::new(input),
                 alias.alias,
             )?))
         }
         plan @ (LogicalPlan::Sort(_) | LogicalPlan::Limit(_)) => {
-            let input = carry_origins(single_input(&plan)?, file_id)?;
+            let input = carry_origins(single_input(&plan)?, carry)?;
             plan.with_new_exprs(plan.expressions(), vec![input])
         }
         LogicalPlan::Union(union) => {
@@ -243,7 +252,7 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
                 .inputs
                 .into_iter()
                 .map(|input| {
-                    carry_origins(Arc::unwrap_or_clone(input), file_id).map(Arc::new)
+                    carry_origins(Arc::unwrap_or_clone(input), carry).map(Arc::new)
                 })
                 .collect::<Result<Vec<_>>>()?;
             // As the SQL planner builds it: the analyzer coerces the types.
@@ -256,21 +265,26 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
                 .as_any()
                 .downcast_ref::<ShuffleNode>()
                 .expect("checked by the match guard");
-            // The key stays what it was: the origin columns must not move a
-            // row.
-            let key = match shuffle.key() {
-                ShuffleKey::AllColumns => ShuffleKey::Columns(
-                    shuffle
-                        .input()
-                        .schema()
-                        .fields()
+            let input = carry_origins(shuffle.input().clone(), carry)?;
+            let key = match (shuffle.spec(), shuffle.key()) {
+                // A local shuffle's order does not depend on the rows' content.
+                (ShuffleSpec::Local { .. }, key) | (_, key @ ShuffleKey::ContentHash(_)) => {
+                    key.clone()
+                }
+                (ShuffleSpec::Global { .. }, ShuffleKey::AllColumns) => {
+                    let schema = shuffle.input().schema();
+                    let key = (0..schema.fields().len())
+                        .map(|i| Expr::Column(Column::from(schema.qualified_field(i))));
+                    return keyed_by_content_hash(input, key.collect(), carry, shuffle.spec());
+                }
+                (ShuffleSpec::Global { .. }, ShuffleKey::Columns(names)) => {
+                    let key = names
                         .iter()
-                        .map(|f| f.name().clone())
-                        .collect(),
-                ),
-                key => key.clone(),
+                        .map(|name| column_named(shuffle.input().schema(), name))
+                        .collect::<Result<Vec<_>>>()?;
+                    return keyed_by_content_hash(input, key, carry, shuffle.spec());
+                }
             };
-            let input = carry_origins(shuffle.input().clone(), file_id)?;
             Ok(LogicalPlan::Extension(Extension {
                 node: Arc::new(ShuffleNode::try_new_keyed(input, shuffle.spec(), key)?),
             }))
@@ -283,6 +297,40 @@ fn carry_origins(plan: LogicalPlan, file_id: &Expr) -> Result<LogicalPlan> {
             describe(&other)
         ),
     }
+}
+
+/// `input` (a shuffle's input with its origin columns) shuffled by the
+/// content hash of `key` — the hash the query's own shuffle orders by, so
+/// the rows come in its order — with the hash computed before the shuffle.
+/// Only the 8-byte hash, the origins and what the rest of the plan reads go
+/// through the shuffle (see `ShuffleNode::necessary_children_exprs`), not
+/// the key's columns (a 3 KB image). The result has `input`'s columns.
+fn keyed_by_content_hash(
+    input: LogicalPlan,
+    key: Vec<Expr>,
+    carry: &Carry,
+    spec: ShuffleSpec,
+) -> Result<LogicalPlan> {
+    let schema = Arc::clone(input.schema());
+    let columns: Vec<Expr> = (0..schema.fields().len())
+        .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
+        .collect();
+    let mut args = vec![lit(ScalarValue::UInt64(Some(CONTENT_HASH_SEED)))];
+    args.extend(key);
+    let mut hashed = columns.clone();
+    hashed.push(carry.row_key.call(args).alias(ORIGIN_HASH_COLUMN));
+    let hashed = LogicalPlan::Projection(Projection::try_new(hashed, Arc::new(input))?);
+    let shuffled = LogicalPlan::Extension(Extension {
+        node: Arc::new(ShuffleNode::try_new_keyed(
+            hashed,
+            spec,
+            ShuffleKey::ContentHash(ORIGIN_HASH_COLUMN.to_string()),
+        )?),
+    });
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        columns,
+        Arc::new(shuffled),
+    )?))
 }
 
 /// The one input of a single-input plan node.
@@ -719,11 +767,31 @@ mod tests {
         .build()?;
         let origins = origins_plan(shuffled, row_key(), &[])?;
         let [shuffle] = shuffles(&origins).try_into().expect("one shuffle");
-        assert_eq!(shuffle.key(), &ShuffleKey::Columns(vec!["id".into()]));
+        assert_eq!(
+            shuffle.key(),
+            &ShuffleKey::ContentHash(ORIGIN_HASH_COLUMN.into())
+        );
+        // The hash is of the query's columns as written, nothing else.
+        let LogicalPlan::Projection(hashed) = shuffle.input() else {
+            panic!("the hash is computed below the shuffle: {}", shuffle.input());
+        };
+        let hash = hashed.expr.last().expect("the hash");
+        let hashed_columns: Vec<String> = hash
+            .column_refs()
+            .into_iter()
+            .map(|c| c.name.clone())
+            .collect();
+        assert_eq!(hashed_columns, ["id"]);
         assert_eq!(
             origins.schema().field_names(),
             [ORIGIN_FILE_COLUMN, ORIGIN_ROW_COLUMN]
         );
+        // Optimized, only the origins and the hash go through the shuffle.
+        let optimized = session.context().state().optimize(&origins)?;
+        let [shuffle] = shuffles(&optimized).try_into().expect("one shuffle");
+        let mut through = shuffle.input().schema().field_names();
+        through.sort();
+        assert_eq!(through, [ORIGIN_HASH_COLUMN, SCAN_FILE_COLUMN, SCAN_ROW_COLUMN]);
         Ok(())
     }
 

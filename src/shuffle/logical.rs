@@ -163,6 +163,27 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
         self.with_input(inputs.swap_remove(0))
     }
 
+    fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+        // A shuffle passes its input's columns through; the order needs the
+        // key's columns too. Columns neither read above nor hashed are not
+        // moved through it (a provenance query keys by a content hash and
+        // drops the key's wide columns before the shuffle). An all-columns
+        // key hashes every column, so none may go.
+        let schema = self.input.schema();
+        let mut needed: Vec<usize> = match &self.key {
+            ShuffleKey::AllColumns => return Some(vec![(0..schema.fields().len()).collect()]),
+            key => key
+                .columns()
+                .iter()
+                .map(|name| schema.fields().iter().position(|f| f.name() == name))
+                .collect::<Option<Vec<usize>>>()?,
+        };
+        needed.extend_from_slice(output_columns);
+        needed.sort_unstable();
+        needed.dedup();
+        Some(vec![needed])
+    }
+
     fn supports_limit_pushdown(&self) -> bool {
         // A LIMIT above a shuffle takes a random subset; pushing it below
         // would take the first rows and shuffle only those.
