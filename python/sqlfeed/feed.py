@@ -213,6 +213,7 @@ class Feed:
         self._len: int | None = None
         self._reports: list[dict[str, Any]] = []
         self._converter = _converter(format)
+        self._importer = _importer(format)
 
     # -- iteration ---------------------------------------------------------
 
@@ -226,7 +227,6 @@ class Feed:
         end = first + 1 if self._epochs is None else self._epochs
         if first >= end:
             return iter(())
-        self._data = _manifest(self._session, self._query)
         options = dict(
             self._options,
             first_epoch=first,
@@ -237,19 +237,30 @@ class Feed:
             appended=self._appended_option(first),
         )
         raw = self._session._inner._start_feed(options)
+        # The files the pass's order is over, as the feed listed them when
+        # it started: what a checkpoint records.
+        self._data = json.loads(raw._checkpoint())["data"]
         self._pass = raw
         return self._run(raw, end)
 
     def _run(self, raw: Any, end: int) -> Iterator[dict[str, Any]]:
-        convert = self._converter
+        # The position is set before a batch is handed out: a loop that stops
+        # after an epoch's last batch without asking for another (Lightning,
+        # `zip(range(len(feed)), feed)`) is then at the next epoch.
         try:
-            for batch in raw:
-                # Set before the batch is handed out: a loop that stops after
-                # an epoch's last batch without asking for another (Lightning,
-                # `zip(range(len(feed)), feed)`) is then at the next epoch.
-                self._epoch, self._step = batch.next_position
-                self._rows = batch.next_row_position[1]
-                yield convert(batch)
+            if self._importer is not None:
+                # One call per batch: the tensors are made in Rust.
+                take = raw._next_dict
+                importer, by_capsule, host_only, stream = self._importer
+                while (taken := take(importer, by_capsule, host_only, stream)) is not None:
+                    batch, self._epoch, self._step, self._rows = taken
+                    yield batch
+            else:
+                convert = self._converter
+                for batch in raw:
+                    self._epoch, self._step = batch.next_position
+                    self._rows = batch.next_row_position[1]
+                    yield convert(batch)
             self._epoch, self._step, self._rows = end, 0, 0
         finally:
             self._reports.append(raw.report())
@@ -483,6 +494,31 @@ def _manifest(session: Session, query: str) -> list[list[Any]]:
         [location, size, modified] + ([e_tag] if e_tag is not None else [])
         for location, size, modified, e_tag in session._inner._input_files(query)
     ]
+
+
+def _importer(format: str) -> tuple[Any, bool, bool, Any] | None:
+    """``(importer, by_capsule, host_only, stream)`` with which the extension
+    makes a batch's framework tensors itself, in one call per batch
+    (``RawFeed._next_dict``); ``None``: the batch goes through
+    :func:`_converter`."""
+    if format == "torch":
+        import torch
+
+        # What torch.from_dlpack does with a producer's capsule, without the
+        # Python around it; a torch without it takes the protocol path.
+        from_capsule = getattr(torch._C, "_from_dlpack", None)
+        if from_capsule is None:
+            return None
+
+        def stream(ordinal: int) -> int:
+            return torch.cuda.current_stream(ordinal).cuda_stream
+
+        return from_capsule, True, False, stream
+    if format == "numpy":
+        import numpy
+
+        return numpy.from_dlpack, False, True, None
+    return None
 
 
 def _converter(format: str) -> Any:

@@ -7,6 +7,10 @@
 //!        ▼
 //!  Batch {name: Tensor} ─► framework.from_dlpack(tensor) ─► __dlpack__(stream=…)
 //!                           capsule over the slot's memory, no copy
+//!
+//!  Feed._next_dict(importer) ─► the same wait, then per tensor in Rust:
+//!        capsule ─► importer(capsule) (torch._C._from_dlpack) ─► {name: tensor}
+//!        one call from Python per batch (format='torch' and 'numpy')
 //! ```
 //! A `Tensor` keeps its batch's slot on loan (the batch contract): the feed
 //! reuses the memory only after every `Tensor` object and every DLPack
@@ -18,13 +22,13 @@ use std::time::Duration;
 use datafusion::error::Result;
 use pyo3::exceptions::{PyBufferError, PyStopIteration};
 use pyo3::prelude::*;
-use pyo3::types::PyCapsule;
+use pyo3::types::{PyCapsule, PyDict};
 use sqlfeed::Session;
-use sqlfeed::device::{ConsumerStream, DType, Device, Tensor};
+use sqlfeed::device::{ConsumerStream, DType, Device, Tensor, TensorBatch};
 use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch};
 
 use crate::dlpack;
-use crate::errors::{IntoPy, to_py};
+use crate::errors::{IntoPy, PlanError, to_py};
 
 /// How long one wait for a batch lasts before Ctrl-C is checked.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
@@ -196,6 +200,43 @@ impl Snapshot {
 }
 
 impl PyFeed {
+    /// The next batch (`None` at the end), waiting with the GIL released
+    /// and checking for Ctrl-C between waits; a finished, failed or
+    /// interrupted feed is dropped without the GIL.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<TensorBatch>> {
+        loop {
+            let polled = py.detach(|| {
+                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_mut() {
+                    Some(feed) => feed.next_within(SIGNAL_CHECK),
+                    None => NextBatch::Finished,
+                }
+            });
+            match polled {
+                NextBatch::Ready(batch) => return Ok(Some(batch)),
+                NextBatch::Failed(err) => {
+                    let feed = self.take();
+                    py.detach(|| drop(feed));
+                    return Err(to_py(err));
+                }
+                NextBatch::Finished => {
+                    let feed = self.take();
+                    py.detach(|| drop(feed));
+                    return Ok(None);
+                }
+                NextBatch::Pending => {
+                    if let Err(interrupt) = py.check_signals() {
+                        // Ctrl-C: stop the query and its threads now, then
+                        // let the KeyboardInterrupt through.
+                        let feed = self.take();
+                        py.detach(|| drop(feed));
+                        return Err(interrupt);
+                    }
+                }
+            }
+        }
+    }
+
     pub(crate) fn new(feed: Feed) -> Self {
         Self {
             inner: Mutex::new(Some(feed)),
@@ -222,36 +263,81 @@ impl PyFeed {
     }
 
     fn __next__(&self, py: Python<'_>) -> PyResult<PyBatch> {
-        loop {
-            let polled = py.detach(|| {
-                let mut guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                match guard.as_mut() {
-                    Some(feed) => feed.next_within(SIGNAL_CHECK),
-                    None => NextBatch::Finished,
-                }
-            });
-            match polled {
-                NextBatch::Ready(batch) => return Ok(PyBatch::new(batch)),
-                NextBatch::Failed(err) => {
-                    let feed = self.take();
-                    py.detach(|| drop(feed));
-                    return Err(to_py(err));
-                }
-                NextBatch::Finished => {
-                    let feed = self.take();
-                    py.detach(|| drop(feed));
-                    return Err(PyStopIteration::new_err(()));
-                }
-                NextBatch::Pending => {
-                    if let Err(interrupt) = py.check_signals() {
-                        // Ctrl-C: stop the query and its threads now, then
-                        // let the KeyboardInterrupt through.
-                        let feed = self.take();
-                        py.detach(|| drop(feed));
-                        return Err(interrupt);
-                    }
-                }
+        match self.next_batch(py)? {
+            Some(batch) => Ok(PyBatch::new(batch)),
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    /// The next batch as a dict of framework tensors, made here in one call
+    /// (no `Batch` or `Tensor` objects, no `__dlpack__` round trips):
+    /// `importer` is called once per tensor, with its DLPack capsule when
+    /// `by_capsule` (torch's `_C._from_dlpack`), else with the tensor
+    /// (`numpy.from_dlpack`, which then must be on the host: `host_only`).
+    /// `stream(ordinal)` gives the consumer's current CUDA stream handle for
+    /// a capsule of a CUDA tensor (torch's `current_stream().cuda_stream`),
+    /// asked once per batch. Returns `(tensors, next_epoch, next_step,
+    /// next_rows)` — the position after the batch — or `None` at the end.
+    #[pyo3(signature = (importer, by_capsule, host_only, stream = None))]
+    fn _next_dict<'py>(
+        &self,
+        py: Python<'py>,
+        importer: &Bound<'py, PyAny>,
+        by_capsule: bool,
+        host_only: bool,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<(Bound<'py, PyDict>, u64, u64, u64)>> {
+        let Some(batch) = self.next_batch(py)? else {
+            return Ok(None);
+        };
+        let (next_epoch, next_step) = batch.next_position();
+        let next_rows = batch.next_row_position().1;
+        let tensors = PyDict::new(py);
+        let mut consumer = None;
+        for tensor in batch.tensors() {
+            let device = tensor.device();
+            if host_only && device != Device::Cpu {
+                return Err(PlanError::new_err(format!(
+                    "format='numpy' needs host tensors; '{}' is on {device}: use \
+                     device='cpu' or format='torch'/'jax'",
+                    tensor.name()
+                )));
             }
+            let imported = if by_capsule {
+                let consumer = match consumer {
+                    Some(consumer) => consumer,
+                    None => {
+                        let handle = match (device, stream) {
+                            (Device::Cuda(ordinal), Some(stream)) => {
+                                // As torch.from_dlpack asks: its handle 0 (the
+                                // legacy default stream) is DLPack's 1.
+                                match stream.call1((ordinal,))?.extract::<i64>()? {
+                                    0 => Some(1),
+                                    handle => Some(handle),
+                                }
+                            }
+                            _ => None,
+                        };
+                        *consumer.insert(consumer_stream(device, handle)?)
+                    }
+                };
+                importer.call1((dlpack::capsule(py, tensor, consumer, true)?,))?
+            } else {
+                importer.call1((PyTensor::new(tensor.clone()),))?
+            };
+            tensors.set_item(tensor.name(), imported)?;
+        }
+        Ok(Some((tensors, next_epoch, next_step, next_rows)))
+    }
+
+    /// The pass's checkpoint as JSON (after the batch last handed over;
+    /// `None` once the pass is over): its data manifest is the listing the
+    /// pass's order is over.
+    fn _checkpoint(&self) -> PyResult<Option<String>> {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref() {
+            Some(feed) => Ok(Some(feed.checkpoint().py_err()?.to_json())),
+            None => Ok(None),
         }
     }
 

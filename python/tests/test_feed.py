@@ -108,6 +108,28 @@ def test_tensors_arrive_without_a_copy(session, ids_data):
     feed.close()
 
 
+def test_torch_and_numpy_batches_are_made_in_one_call_with_the_protocols_result(session, ids_data):
+    torch = require("torch", "torch")
+    np = require("numpy", "numpy")
+    query = f"SELECT id, CAST(id AS FLOAT) / 2 AS half FROM '{ids_data}/*.parquet'"
+    options = dict(batch_size=64, shuffle=3, device="cpu")
+    direct = session.feed(query, format="torch", **options)
+    # torch has _C._from_dlpack: the extension makes the tensors itself.
+    assert direct._importer is not None
+    protocol = session.feed(query, format="dlpack", **options)
+    as_numpy = session.feed(query, format="numpy", **options)
+    batches = 0
+    for made, raw, array in zip(direct, protocol, as_numpy, strict=True):
+        assert list(made) == list(raw) == list(array) == ["id", "half"]
+        for name in made:
+            assert torch.equal(made[name], torch.from_dlpack(raw[name]))
+            assert np.array_equal(array[name], made[name].numpy())
+        assert not array["id"].flags.writeable, "versioned exports are read-only"
+        batches += 1
+    assert batches == 16
+    assert direct.state_dict() == protocol.state_dict() == as_numpy.state_dict()
+
+
 def test_holding_every_batch_of_an_epoch_keeps_each_valid(session, ids_data):
     torch = require("torch", "torch")
     feed = session.feed(

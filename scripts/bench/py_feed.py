@@ -26,6 +26,12 @@ p = argparse.ArgumentParser()
 p.add_argument("--workload", choices=["W2", "W4", "W5"], required=True)
 p.add_argument("--data", required=True)
 p.add_argument("--step-ms", type=float, default=0.0)
+p.add_argument(
+    "--protocol",
+    action="store_true",
+    help="tensors through torch.from_dlpack per tensor (the path before the extension made "
+    "them in one call per batch), for an A/B of the two",
+)
 args = p.parse_args()
 meta = json.load(open(f"{args.data}/_meta.json"))
 files = f"'{args.data}/*.parquet'"
@@ -48,6 +54,8 @@ else:
 feed = session.feed(
     query, batch_size=256, drop_last=True, prefetch=8, device="cpu", columns=columns
 )
+if args.protocol:
+    feed._importer = None
 
 rows = 0
 out_bytes = 0

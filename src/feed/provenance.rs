@@ -76,7 +76,9 @@ use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use super::FeedBuilder;
 use super::batcher::EpochStart;
 use crate::device::Device;
-use crate::shuffle::{CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash};
+use crate::shuffle::{
+    CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash,
+};
 
 /// The origins query's column with each row's file, as [`file_id`] of its
 /// path in the object store.
@@ -268,14 +270,18 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
             let input = carry_origins(shuffle.input().clone(), carry)?;
             let key = match (shuffle.spec(), shuffle.key()) {
                 // A local shuffle's order does not depend on the rows' content.
-                (ShuffleSpec::Local { .. }, key) | (_, key @ ShuffleKey::ContentHash(_)) => {
-                    key.clone()
-                }
+                (ShuffleSpec::Local { .. }, key)
+                | (_, key @ ShuffleKey::ContentHash(_)) => key.clone(),
                 (ShuffleSpec::Global { .. }, ShuffleKey::AllColumns) => {
                     let schema = shuffle.input().schema();
                     let key = (0..schema.fields().len())
                         .map(|i| Expr::Column(Column::from(schema.qualified_field(i))));
-                    return keyed_by_content_hash(input, key.collect(), carry, shuffle.spec());
+                    return keyed_by_content_hash(
+                        input,
+                        key.collect(),
+                        carry,
+                        shuffle.spec(),
+                    );
                 }
                 (ShuffleSpec::Global { .. }, ShuffleKey::Columns(names)) => {
                     let key = names
@@ -773,7 +779,10 @@ mod tests {
         );
         // The hash is of the query's columns as written, nothing else.
         let LogicalPlan::Projection(hashed) = shuffle.input() else {
-            panic!("the hash is computed below the shuffle: {}", shuffle.input());
+            panic!(
+                "the hash is computed below the shuffle: {}",
+                shuffle.input()
+            );
         };
         let hash = hashed.expr.last().expect("the hash");
         let hashed_columns: Vec<String> = hash
@@ -791,7 +800,10 @@ mod tests {
         let [shuffle] = shuffles(&optimized).try_into().expect("one shuffle");
         let mut through = shuffle.input().schema().field_names();
         through.sort();
-        assert_eq!(through, [ORIGIN_HASH_COLUMN, SCAN_FILE_COLUMN, SCAN_ROW_COLUMN]);
+        assert_eq!(
+            through,
+            [ORIGIN_HASH_COLUMN, SCAN_FILE_COLUMN, SCAN_ROW_COLUMN]
+        );
         Ok(())
     }
 

@@ -163,7 +163,10 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
         self.with_input(inputs.swap_remove(0))
     }
 
-    fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
+    fn necessary_children_exprs(
+        &self,
+        output_columns: &[usize],
+    ) -> Option<Vec<Vec<usize>>> {
         // A shuffle passes its input's columns through; the order needs the
         // key's columns too. Columns neither read above nor hashed are not
         // moved through it (a provenance query keys by a content hash and
@@ -171,7 +174,9 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
         // key hashes every column, so none may go.
         let schema = self.input.schema();
         let mut needed: Vec<usize> = match &self.key {
-            ShuffleKey::AllColumns => return Some(vec![(0..schema.fields().len()).collect()]),
+            ShuffleKey::AllColumns => {
+                return Some(vec![(0..schema.fields().len()).collect()]);
+            }
             key => key
                 .columns()
                 .iter()
