@@ -30,6 +30,9 @@ use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch};
 use crate::dlpack;
 use crate::errors::{IntoPy, PlanError, to_py};
 
+/// A batch of framework tensors by name and `(epoch, step, rows)` after it.
+type MadeBatch<'py> = (Bound<'py, PyDict>, u64, u64, u64);
+
 /// How long one wait for a batch lasts before Ctrl-C is checked.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
@@ -286,7 +289,7 @@ impl PyFeed {
         by_capsule: bool,
         host_only: bool,
         stream: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Option<(Bound<'py, PyDict>, u64, u64, u64)>> {
+    ) -> PyResult<Option<MadeBatch<'py>>> {
         let Some(batch) = self.next_batch(py)? else {
             return Ok(None);
         };
