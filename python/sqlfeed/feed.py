@@ -471,6 +471,10 @@ class Feed:
             "rows": rows,
             "rows_per_s": rows / wall if wall else 0.0,
             "wait_share": wait / wall if wall else 0.0,
+            # Running totals (what sqlfeed.metrics takes intervals of).
+            "wall_s": wall,
+            "wait_s": wait,
+            "bytes": sum(r["bytes"] for r in reports),
             "h2d_s": sum(r["h2d_s"] for r in reports),
             "first_batch_s": [r["ttfb_s"] for r in reports],
             "epoch_seconds": [e for r in reports for e in r["epoch_seconds"]],

@@ -11,6 +11,7 @@ import torch.utils.data
 
 from sqlfeed import _sqlfeed
 from sqlfeed.feed import Feed
+from sqlfeed.metrics import _meter_for
 
 
 class FeedDataset(torch.utils.data.IterableDataset):
@@ -39,3 +40,13 @@ class FeedDataset(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.feed.load_state_dict(state)
+
+
+def log_to_tensorboard(writer: Any, feed: Feed, step: int, prefix: str = "sqlfeed") -> None:
+    """Writes what ``feed`` did since this writer's last call
+    (:meth:`sqlfeed.metrics.FeedMeter.sample`: rows/s, wait share, MB/s,
+    H2D seconds, prefetch depth, epoch, step) as scalars ``prefix/<name>``
+    at global step ``step`` of a ``torch.utils.tensorboard.SummaryWriter``
+    (or anything with its ``add_scalar``). Call it every N training steps."""
+    for name, value in _meter_for(feed, writer).sample().items():
+        writer.add_scalar(f"{prefix}/{name}", value, step)

@@ -1,0 +1,140 @@
+"""A feed's metrics where trainers look: per interval for TensorBoard and
+Lightning, as running totals for Prometheus.
+
+``feed.stats()`` gives totals over the passes so far. A long run wants the
+last minutes instead — did the loop start waiting after epoch 3? —
+so :class:`FeedMeter` takes the difference between two of them::
+
+    meter = FeedMeter(feed)
+    for step, batch in enumerate(feed):
+        ...
+        if step % 100 == 0:
+            print(meter.sample())  # rows/s, wait share, MB/s since the last sample
+
+``sqlfeed.torch.log_to_tensorboard(writer, feed, step)`` writes the same
+numbers to a ``SummaryWriter``, ``sqlfeed.lightning.FeedMetrics`` logs them
+from a Lightning ``Trainer``, and :func:`write_prometheus` writes the totals
+in Prometheus' text format for node_exporter's textfile collector.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from sqlfeed.feed import Feed
+
+#: The running totals an interval is the difference of.
+_TOTALS = ("rows", "batches", "bytes", "wall_s", "wait_s", "h2d_s")
+
+
+class FeedMeter:
+    """What a feed did between two calls of :meth:`sample`. The first
+    sample covers everything since the meter was made, or with
+    ``from_start`` everything the feed did before too."""
+
+    def __init__(self, feed: Feed, from_start: bool = False) -> None:
+        self._feed = feed
+        self._last = dict.fromkeys(_TOTALS, 0.0) if from_start else self._totals()
+
+    def _totals(self) -> dict[str, float]:
+        stats = self._feed.stats()
+        return {key: float(stats[key]) for key in _TOTALS}
+
+    def sample(self) -> dict[str, float]:
+        """Since the last sample: ``rows_per_s``, ``batches_per_s``,
+        ``mb_per_s`` (of tensors), ``wait_share`` (of the feed's running
+        time, the share the loop waited for a batch: near 0 when the feed
+        keeps up), ``h2d_s`` (seconds of host-to-device copies), and now:
+        ``prefetch`` (the ring's depth), ``epoch`` and ``step`` (of the next
+        batch). Rates are 0 over an interval in which no pass ran."""
+        now = self._totals()
+        delta = {key: now[key] - self._last[key] for key in _TOTALS}
+        self._last = now
+        wall = delta["wall_s"]
+
+        def rate(value: float) -> float:
+            return value / wall if wall > 0 else 0.0
+
+        return {
+            "rows_per_s": rate(delta["rows"]),
+            "batches_per_s": rate(delta["batches"]),
+            "mb_per_s": rate(delta["bytes"]) / 1e6,
+            "wait_share": rate(delta["wait_s"]),
+            "h2d_s": delta["h2d_s"],
+            "prefetch": float(self._feed.stats()["prefetch"]),
+            "epoch": float(self._feed.epoch),
+            "step": float(self._feed.step),
+        }
+
+
+#: (name, type, help, stats key) of the Prometheus metrics.
+_PROMETHEUS = (
+    ("sqlfeed_rows_total", "counter", "Rows the feed handed over.", "rows"),
+    ("sqlfeed_batches_total", "counter", "Batches the feed handed over.", "batches"),
+    ("sqlfeed_bytes_total", "counter", "Bytes of tensors the feed handed over.", "bytes"),
+    ("sqlfeed_running_seconds_total", "counter", "Seconds a pass of the feed ran.", "wall_s"),
+    (
+        "sqlfeed_wait_seconds_total",
+        "counter",
+        "Seconds the training loop waited for a batch.",
+        "wait_s",
+    ),
+    ("sqlfeed_h2d_seconds_total", "counter", "Seconds of host-to-device copies.", "h2d_s"),
+    ("sqlfeed_prefetch_batches", "gauge", "Batches the prefetch ring holds ahead.", "prefetch"),
+)
+
+
+def _label_value(value: object) -> str:
+    text = str(value)
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(feed: Feed, labels: Mapping[str, object] | None = None) -> str:
+    """The feed's running totals in Prometheus' text exposition format,
+    labelled with its ``rank`` and ``world`` and ``labels``."""
+    stats = feed.stats()
+    all_labels: dict[str, object] = {"rank": feed.rank, "world": feed.world}
+    all_labels.update(labels or {})
+    rendered = ",".join(f'{name}="{_label_value(value)}"' for name, value in all_labels.items())
+    lines = []
+    for name, kind, help_text, key in _PROMETHEUS:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name}{{{rendered}}} {float(stats[key])!r}")
+    for name, help_text, value in (
+        ("sqlfeed_epoch", "The epoch of the next batch.", feed.epoch),
+        ("sqlfeed_step", "The step (within the epoch) of the next batch.", feed.step),
+    ):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines.append(f"{name}{{{rendered}}} {float(value)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def write_prometheus(
+    feed: Feed, path: str | os.PathLike[str], labels: Mapping[str, object] | None = None
+) -> None:
+    """Writes :func:`prometheus_text` to ``path`` whole (a temporary file
+    renamed over it), as node_exporter's textfile collector wants: call it
+    every few hundred steps of a long run."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile(
+        "w", dir=folder, prefix=".sqlfeed-", suffix=".prom", delete=False
+    ) as out:
+        out.write(prometheus_text(feed, labels))
+        written = out.name
+    os.replace(written, path)
+
+
+def _meter_for(feed: Feed, owner: Any) -> FeedMeter:
+    """The meter ``owner`` (a writer, a callback) samples ``feed`` with:
+    each owner sees its own intervals, the first from the feed's start."""
+    meters: dict[int, tuple[Any, FeedMeter]] = feed.__dict__.setdefault("_meters", {})
+    kept = meters.get(id(owner))
+    if kept is None or kept[0] is not owner:
+        kept = (owner, FeedMeter(feed, from_start=True))
+        meters[id(owner)] = kept
+    return kept[1]

@@ -1,0 +1,131 @@
+"""A feed's metrics where trainers look (issue 34): intervals of
+``feed.stats()`` for TensorBoard and Lightning, running totals for
+Prometheus. The numbers are read back by the tools' own readers."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import require
+
+from sqlfeed.metrics import FeedMeter, prometheus_text, write_prometheus
+
+BATCH = 64  # 1000 ids: 16 batches per epoch
+
+
+def _feed(session, ids_data, **options):
+    options = dict(dict(batch_size=BATCH, shuffle=3, device="cpu", format="numpy"), **options)
+    return session.feed(f"SELECT id FROM '{ids_data}/*.parquet'", **options)
+
+
+def test_a_meter_reports_each_interval_on_its_own(session, ids_data):
+    require("numpy", "numpy")
+    feed = _feed(session, ids_data)
+    meter = FeedMeter(feed)
+    it = iter(feed)
+    for _ in range(5):
+        next(it)
+    first = meter.sample()
+    assert first["rows_per_s"] > 0 and first["batches_per_s"] > 0
+    assert 0.0 <= first["wait_share"] <= 1.0
+    assert (first["epoch"], first["step"]) == (0, 5)
+    # Nothing taken since: the pass runs, the interval has no rows.
+    idle = meter.sample()
+    assert idle["rows_per_s"] == 0.0 and idle["batches_per_s"] == 0.0
+    rest = sum(1 for _ in it)
+    assert rest == 11
+    last = meter.sample()
+    assert last["rows_per_s"] > 0 and (last["epoch"], last["step"]) == (1, 0)
+
+
+def test_tensorboard_events_hold_the_intervals(session, ids_data, tmp_path):
+    require("numpy", "numpy")
+    require("torch", "torch")
+    require("tensorboard", "tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from sqlfeed.torch import log_to_tensorboard
+
+    feed = _feed(session, ids_data)
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for step, _batch in enumerate(feed):
+        if step % 4 == 3:
+            log_to_tensorboard(writer, feed, step)
+    writer.close()
+    accumulator = EventAccumulator(str(tmp_path))
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"sqlfeed/rows_per_s", "sqlfeed/wait_share", "sqlfeed/mb_per_s"} <= tags
+    rates = accumulator.Scalars("sqlfeed/rows_per_s")
+    assert [event.step for event in rates] == [3, 7, 11, 15]
+    assert all(event.value > 0 for event in rates)
+    steps = accumulator.Scalars("sqlfeed/step")
+    assert [event.value for event in steps] == [4, 8, 12, 0], "the next batch's step"
+
+
+def test_prometheus_text_holds_the_totals(session, ids_data, tmp_path):
+    require("numpy", "numpy")
+    feed = _feed(session, ids_data, shard=(1, 2))
+    it = iter(feed)
+    for _ in range(3):
+        next(it)
+    path = tmp_path / "sqlfeed.prom"
+    write_prometheus(feed, path, labels={"job": 'train "a"'})
+    text = path.read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["sqlfeed.prom"], "written whole, by a rename"
+    assert "# TYPE sqlfeed_rows_total counter" in text
+    sample = re.compile(r'^(\w+)\{rank="1",world="2",job="train \\"a\\""\} (\S+)$')
+    values = {}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            match = sample.match(line)
+            assert match, line
+            values[match.group(1)] = float(match.group(2))
+    assert values["sqlfeed_rows_total"] == 3 * BATCH
+    assert values["sqlfeed_batches_total"] == 3
+    assert values["sqlfeed_bytes_total"] == 3 * BATCH * 8
+    assert values["sqlfeed_step"] == 3
+    assert values["sqlfeed_wait_seconds_total"] <= values["sqlfeed_running_seconds_total"]
+    assert prometheus_text(feed).count("sqlfeed_epoch{") == 1
+
+
+def test_a_lightning_callback_logs_through_the_trainers_logger(session, ids_data, tmp_path):
+    torch = require("torch", "torch")
+    lightning = require("lightning", "lightning")
+    import csv
+
+    from sqlfeed.lightning import FeedMetrics
+    from sqlfeed.torch import FeedDataset
+
+    class Model(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, batch_idx):
+            return ((self.w - 1.0) ** 2).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    feed = _feed(session, ids_data, format="torch")
+    logger = lightning.pytorch.loggers.CSVLogger(str(tmp_path), name="run")
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=logger,
+        log_every_n_steps=1,
+        callbacks=[FeedMetrics(feed, every_n_steps=4)],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
+    loader = torch.utils.data.DataLoader(FeedDataset(feed), batch_size=None)
+    trainer.fit(Model(), loader)
+    with open(f"{logger.log_dir}/metrics.csv") as rows:
+        logged = [row for row in csv.DictReader(rows) if row.get("sqlfeed/rows_per_s")]
+    assert [int(row["step"]) for row in logged] == [4, 8, 12, 16], "once per 4 steps"
+    assert all(float(row["sqlfeed/rows_per_s"]) > 0 for row in logged)
