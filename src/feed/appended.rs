@@ -79,8 +79,8 @@ const CONSUMED_TABLE: &str = "__sqlfeed_consumed";
 const CONSUMED_FILE: &str = "__sqlfeed_consumed_file";
 const CONSUMED_ROW: &str = "__sqlfeed_consumed_row";
 /// The scan's file id and row, joined against the consumed rows.
-const SCAN_FILE: &str = "__sqlfeed_appended_file";
-const SCAN_ROW: &str = "__sqlfeed_appended_row";
+pub(super) const SCAN_FILE: &str = "__sqlfeed_appended_file";
+pub(super) const SCAN_ROW: &str = "__sqlfeed_appended_row";
 
 impl Appended {
     /// The rest of the epoch: `sql`'s rows less the consumed ones, shuffled

@@ -12,19 +12,24 @@
 //!  the feed's query                        the origins query
 //!  ────────────────                        ─────────────────
 //!  Projection: decode(b) AS x, y           Projection: origin_file, origin_row
-//!    Shuffle: key=[y, __row_0]               Shuffle: key=[y, __row_0]   (same key)
-//!      Projection: y, b AS __row_0             Projection: y, b AS __row_0,
-//!        Filter: w > 0                           __origin_file, __origin_row
-//!          TableScan: 'data/*.parquet'           Filter: w > 0
-//!                                                  Projection: *, id(input_file_name()),
-//!                                                    file_row_index()
-//!                                                    TableScan: 'data/*.parquet'
+//!    Shuffle: key=[y, __row_0]               Shuffle: key=content hash h
+//!      Projection: y, b AS __row_0             Projection: …, h = row_key(0, y, __row_0)
+//!        Filter: w > 0                           Projection: y, b AS __row_0,
+//!          TableScan: 'data/*.parquet'             __origin_file, __origin_row
+//!                                                  Filter: w > 0
+//!                                                    Projection: *, id(input_file_name()),
+//!                                                      file_row_index()
+//!                                                      TableScan: 'data/*.parquet'
 //! ```
 //!
 //! # Why the batch is the feed's
 //! The origin columns ride along with the rows and are never part of a
-//! shuffle key ([`ShuffleKey::AllColumns`] becomes the same columns by
-//! name), so the shuffle puts every row where the feed puts it; the batch is
+//! shuffle key: the origins query's shuffle orders by the content hash of
+//! the feed's own key columns ([`ShuffleKey::AllColumns`]: every column of
+//! the shuffle's input as written), computed below it — the hash the feed's
+//! shuffle computes — so it puts every row where the feed puts it. Only the
+//! 8-byte hash and the origins go through that shuffle: the key's wide
+//! columns (an image) stop at the hash. The batch is
 //! then cut by the feed's own sink and batcher (shape, `drop_last`, the
 //! epoch's first rows padding the last step, resume by rows, skipped
 //! steps), so there is no second implementation of the batching rule to
@@ -40,7 +45,9 @@
 //!
 //! # What it follows
 //! Rows through scans of Parquet files, projections, filters, sorts,
-//! limits, aliases, `UNION ALL` and `SHUFFLE`. A query whose rows are made from several
+//! limits, aliases, `UNION ALL` and `SHUFFLE`, and through the anti join of
+//! an epoch continued over appended data (`appended.rs`), whose scans carry
+//! each row's file and row already. A query whose rows are made from several
 //! input rows or from no file (joins, aggregates, windows, `VALUES`, cached
 //! tables) is refused naming the operator. A feed cut by `batch_tokens` or
 //! `bucket_by_length` keeps its variable-length column (its lengths cut the
@@ -52,7 +59,9 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, StringArray};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema, ScalarValue, not_impl_err, plan_err};
+use datafusion::common::{
+    Column, DFSchema, JoinType, ScalarValue, not_impl_err, plan_err,
+};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::listing::PartitionedFile;
@@ -73,8 +82,8 @@ use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 
-use super::FeedBuilder;
 use super::batcher::EpochStart;
+use super::{FeedBuilder, appended};
 use crate::device::Device;
 use crate::shuffle::{
     CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash,
@@ -219,6 +228,30 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
             Ok(LogicalPlan::Projection(Projection::try_new(
                 exprs,
                 Arc::new(LogicalPlan::TableScan(scan)),
+            )?))
+        }
+        // A scan of an epoch continued over appended data (`appended.rs`):
+        // its rows already carry their file and row through the anti join
+        // that leaves out the consumed ones.
+        LogicalPlan::Projection(projection)
+            if let LogicalPlan::Join(join) = projection.input.as_ref()
+                && join.join_type == JoinType::LeftAnti
+                && join
+                    .schema
+                    .has_column_with_unqualified_name(appended::SCAN_FILE)
+                && join
+                    .schema
+                    .has_column_with_unqualified_name(appended::SCAN_ROW) =>
+        {
+            let schema = Arc::clone(projection.input.schema());
+            let mut exprs = projection.expr;
+            exprs.push(
+                column_named(&schema, appended::SCAN_FILE)?.alias(SCAN_FILE_COLUMN),
+            );
+            exprs.push(column_named(&schema, appended::SCAN_ROW)?.alias(SCAN_ROW_COLUMN));
+            Ok(LogicalPlan::Projection(Projection::try_new(
+                exprs,
+                projection.input,
             )?))
         }
         LogicalPlan::Projection(projection) => {
@@ -440,12 +473,6 @@ impl FeedBuilder {
                 .resolve_checkpoint(&now)?
                 .explain_batch(epoch, step);
         }
-        if self.appended.as_ref().is_some_and(|a| a.epoch == epoch) {
-            return not_impl_err!(
-                "explain_batch does not yet follow rows through epoch {epoch}, which \
-                 continues over appended data (continue_over_appended)"
-            );
-        }
         if self
             .skipped_steps
             .get(&epoch)
@@ -464,8 +491,9 @@ impl FeedBuilder {
             vec![]
         };
         let mut origins = self.clone();
-        // Another epoch's continuation does not change this one.
-        origins.appended = None;
+        // Another epoch's continuation does not change this one; this
+        // epoch's is followed through its anti join.
+        origins.appended = self.appended.clone().filter(|a| a.epoch == epoch);
         origins.columns = self
             .columns
             .iter()

@@ -10,7 +10,7 @@ use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
 use sqlfeed::Session;
 use sqlfeed::device::Device;
-use sqlfeed::feed::{BatchOrigins, Feed, FeedBuilder};
+use sqlfeed::feed::{BatchOrigins, Feed, FeedBuilder, OnDataChange};
 
 use crate::common::{arc, run, sqlfeed};
 use crate::elastic::session;
@@ -22,16 +22,22 @@ const GROUP_ROWS: usize = 100;
 /// 1000 ids in 4 files of 3 row groups: id = 250 × file + row in file.
 fn ids(dir: &Path) -> Result<()> {
     for file in 0..4 {
-        let ids = Int64Array::from_iter_values(file * FILE_ROWS..(file + 1) * FILE_ROWS);
-        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
-        let props = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(GROUP_ROWS))
-            .build();
-        let out = std::fs::File::create(dir.join(format!("part-{file}.parquet")))?;
-        let mut writer = ArrowWriter::try_new(out, batch.schema(), Some(props))?;
-        writer.write(&batch)?;
-        writer.close()?;
+        ids_file(dir, file)?;
     }
+    Ok(())
+}
+
+/// `part-{file}.parquet`: ids 250 × file + row, in row groups of 100.
+fn ids_file(dir: &Path, file: i64) -> Result<()> {
+    let ids = Int64Array::from_iter_values(file * FILE_ROWS..(file + 1) * FILE_ROWS);
+    let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(GROUP_ROWS))
+        .build();
+    let out = std::fs::File::create(dir.join(format!("part-{file}.parquet")))?;
+    let mut writer = ArrowWriter::try_new(out, batch.schema(), Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
     Ok(())
 }
 
@@ -131,6 +137,36 @@ fn explained_batches_follow_an_elastic_resume_and_a_folder_glob() -> Result<()> 
     assert_eq!(
         check_every_batch(&resumed)?,
         (1000 - 333usize).div_ceil(120)
+    );
+    Ok(())
+}
+
+#[test]
+fn batches_of_an_epoch_continued_over_appended_data_are_explained() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    let sql = format!("SELECT id FROM '{}/*.parquet'", dir.path().display());
+    let feed = |rank: usize| {
+        Feed::builder(&session, &sql)
+            .shuffle(8)
+            .batch_size(40)
+            .epochs(2)
+            .shard(rank, 2)
+    };
+    // Rank 0 stops after 3 global steps (240 rows); a fifth file arrives.
+    let mut stopped = feed(0).device(Device::Cpu).build()?;
+    for _ in 0..3 {
+        stopped.next().expect("a batch")?;
+    }
+    let checkpoint = stopped.checkpoint()?;
+    drop(stopped);
+    ids_file(dir.path(), 4)?;
+    // Epoch 0 goes on over 1010 rows (the anti join), epoch 1 over 1250.
+    let continued = feed(1).resume_from(checkpoint, OnDataChange::Continue);
+    assert_eq!(
+        check_every_batch(&continued)?,
+        (1250 - 240usize).div_ceil(80) + 1250usize.div_ceil(80)
     );
     Ok(())
 }
