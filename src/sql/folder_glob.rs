@@ -38,6 +38,8 @@ use futures::TryStreamExt;
 use glob::{MatchOptions, Pattern};
 use object_store::{ObjectMeta, ObjectStore};
 
+use super::table_formats::{TableRoot, table_roots};
+
 /// Characters that make a path component a pattern.
 const GLOB_CHARS: [char; 3] = ['*', '?', '['];
 
@@ -108,7 +110,7 @@ impl FolderGlob {
     pub(super) async fn expand(
         &self,
         store: &dyn ObjectStore,
-    ) -> Result<Vec<ObjectMeta>> {
+    ) -> Result<(Vec<ObjectMeta>, Vec<TableRoot>)> {
         let prefix = self.base.prefix();
         let options = MatchOptions {
             require_literal_separator: true,
@@ -119,6 +121,9 @@ impl FolderGlob {
             .try_collect()
             .await
             .map_err(|e| DataFusionError::ObjectStore(Box::new(e)))?;
+        // Delta and Iceberg tables under the base, whose files are not to be
+        // read as loose Parquet (see `table_formats.rs`).
+        let roots = table_roots(&listed);
         let mut matched: Vec<ObjectMeta> = listed
             .into_iter()
             .filter(|meta| {
@@ -127,7 +132,7 @@ impl FolderGlob {
             })
             .collect();
         matched.sort_by(|a, b| a.location.cmp(&b.location));
-        Ok(matched)
+        Ok((matched, roots))
     }
 
     /// One table path per folder that holds matches, up to its first

@@ -37,6 +37,7 @@ mod parallel_projection;
 mod planner;
 pub mod rules;
 mod shuffle_clause;
+mod table_formats;
 pub mod url_table;
 pub mod verify;
 

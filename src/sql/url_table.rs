@@ -10,7 +10,9 @@
 //! ```text
 //!  FROM 'data/month=*/part-*.parquet'
 //!       │
-//!       ▼ list (names the URL on failure; empty → error naming the glob)
+//!       ▼ list (names the URL on failure; empty → error naming the glob;
+//!       │       a Delta Lake or Iceberg table's folder → error, see
+//!       │       `table_formats.rs`)
 //!  [file 1] [file 2] … [file n]         every footer fetched concurrently,
 //!       │       │           │           a panic in the reader caught per file
 //!       ▼       ▼           ▼
@@ -49,6 +51,9 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 
 use super::folder_glob::FolderGlob;
+use super::table_formats::{
+    TableRoot, refuse_reads_in_tables, table_error, table_roots_at,
+};
 use crate::panics::panic_message;
 
 /// Resolves path- and URL-named tables; see the module docs.
@@ -120,6 +125,7 @@ impl UrlTableFactory for ParquetUrlTableFactory {
         let state = self.state()?;
         let store = state.runtime_env().object_store(&table_url)?;
         let files = list_files(&state, url, &table_url, store.as_ref()).await?;
+        refuse_table_folders(url, &table_url, &files, store.as_ref()).await?;
         if files.is_empty() {
             return plan_err!(
                 "no files match '{url}': check the path and the glob pattern"
@@ -166,10 +172,11 @@ async fn folder_glob_table(
     glob: FolderGlob,
 ) -> Result<Arc<dyn TableProvider>> {
     let store = state.runtime_env().object_store(glob.base())?;
-    let files = glob
+    let (files, tables) = glob
         .expand(store.as_ref())
         .await
         .map_err(|e| list_error(url, e))?;
+    refuse_glob_in_tables(url, &glob, tables, &files, store.as_ref()).await?;
     let parquet: Vec<ObjectMeta> = files
         .into_iter()
         .filter(|f| f.location.as_ref().ends_with(".parquet"))
@@ -214,10 +221,11 @@ pub async fn list_parquet_files(
     let (table_url, store, files) = match FolderGlob::parse(url)? {
         Some(glob) => {
             let store = state.runtime_env().object_store(glob.base())?;
-            let files = glob
+            let (files, tables) = glob
                 .expand(store.as_ref())
                 .await
                 .map_err(|e| list_error(url, e))?;
+            refuse_glob_in_tables(url, &glob, tables, &files, store.as_ref()).await?;
             (glob.base().clone(), store, files)
         }
         None => {
@@ -225,6 +233,7 @@ pub async fn list_parquet_files(
             check_local_path_exists(url, &table_url)?;
             let store = state.runtime_env().object_store(&table_url)?;
             let files = list_files(state, url, &table_url, store.as_ref()).await?;
+            refuse_table_folders(url, &table_url, &files, store.as_ref()).await?;
             (table_url, store, files)
         }
     };
@@ -272,6 +281,40 @@ fn parse_table_url(url: &str) -> Result<ListingTableUrl> {
             ListingTableUrl::try_new(base, Some(pattern)).map_err(|e| invalid(&e))
         }
     }
+}
+
+/// Refuses `url`, whose listing under `table_url` is `files`, when it reads
+/// a Delta Lake or Iceberg table's folder (a file named alone is read).
+async fn refuse_table_folders(
+    url: &str,
+    table_url: &ListingTableUrl,
+    files: &[ObjectMeta],
+    store: &dyn object_store::ObjectStore,
+) -> Result<()> {
+    if let [file] = files
+        && file.location == *table_url.prefix()
+    {
+        return Ok(());
+    }
+    // The folder read is the table's or one of its partitions: refused even
+    // when its first level holds no file (an Iceberg table's `data/`).
+    match table_roots_at(store, table_url.prefix()).await.first() {
+        Some(table) => Err(table_error(url, table)),
+        None => Ok(()),
+    }
+}
+
+/// Refuses a folder glob whose matches lie in a Delta Lake or Iceberg table:
+/// one found under its base (`tables`), or at the base or its parent.
+async fn refuse_glob_in_tables(
+    url: &str,
+    glob: &FolderGlob,
+    mut tables: Vec<TableRoot>,
+    files: &[ObjectMeta],
+    store: &dyn object_store::ObjectStore,
+) -> Result<()> {
+    tables.extend(table_roots_at(store, glob.base().prefix()).await);
+    refuse_reads_in_tables(url, &tables, files)
 }
 
 /// A local path without glob characters must exist: say so by name.

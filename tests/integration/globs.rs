@@ -95,3 +95,52 @@ async fn wildcards_in_partition_folders_filter_partitions() -> Result<()> {
     assert!(err.contains("after a key=value folder"), "{err}");
     Ok(())
 }
+
+/// Issue 30, item 0: a Delta Lake or Iceberg table's folder keeps the files
+/// that later commits removed; read as loose Parquet it would count them.
+/// Every way of naming such a folder is refused, saying what it is.
+#[tokio::test]
+async fn delta_and_iceberg_table_folders_are_refused_not_read_wrong() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().display();
+    // The layout the deltalake package writes: an overwrite left the old
+    // file in place, only removed in the log.
+    let delta = dir.path().join("events");
+    ids(&delta.join("part-00000-old.parquet"), &[1, 2, 3])?;
+    ids(&delta.join("day=1/part-00001-new.parquet"), &[4])?;
+    std::fs::create_dir_all(delta.join("_delta_log"))?;
+    std::fs::write(delta.join("_delta_log/00000000000000000000.json"), "{}")?;
+    for table in [
+        format!("{d}/events"),
+        format!("{d}/events/"),
+        format!("{d}/events/*.parquet"),
+        format!("{d}/events/day=1/*.parquet"),
+        format!("{d}/events/*/*.parquet"),
+        format!("{d}/*/*.parquet"),
+    ] {
+        let err = query(&format!("SELECT count(*) FROM '{table}'"))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("Delta Lake table at") && err.contains("events"),
+            "{table}: {err}"
+        );
+    }
+    let iceberg = dir.path().join("ice");
+    ids(&iceberg.join("data/00000-0.parquet"), &[5])?;
+    std::fs::create_dir_all(iceberg.join("metadata"))?;
+    std::fs::write(iceberg.join("metadata/v1.metadata.json"), "{}")?;
+    let err = query(&format!("SELECT count(*) FROM '{d}/ice'"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Apache Iceberg table at"), "{err}");
+    // A file named explicitly is read as the file it is.
+    let one = query(&format!(
+        "SELECT count(*) FROM '{d}/events/part-00000-old.parquet'"
+    ))
+    .await?;
+    assert_eq!(one, [["3"]]);
+    Ok(())
+}
