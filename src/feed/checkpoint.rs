@@ -338,7 +338,7 @@ impl Checkpoint {
         }
         if self.version == 1 && self.batch_tokens.is_none() {
             // A step of a fixed shape is `batch_size × world` rows.
-            rows = Some(self.step * (self.batch_size * self.world) as u64);
+            rows = Some(step * (self.batch_size * self.world) as u64);
         }
         let mut theirs = vec![];
         let mut ours = vec![];
@@ -625,6 +625,13 @@ mod tests {
             OnDataChange::RestartEpoch,
         )?;
         assert_eq!((restart.epoch, restart.step, restart.rows), (1, 0, Some(0)));
+        // A version 1 state counts its rows from its step: the restarted one's.
+        let mut v1 = checkpoint(&before);
+        (v1.version, v1.rows) = (1, None);
+        let restart = v1.resume_point(&shape(), &added, OnDataChange::RestartEpoch)?;
+        assert_eq!((restart.step, restart.rows), (0, Some(0)));
+        let same = v1.resume_point(&shape(), &before, OnDataChange::Error)?;
+        assert_eq!((same.step, same.rows), (5, Some(40)));
         let go_on =
             checkpoint(&before).resume_point(&shape(), &added, OnDataChange::Continue)?;
         let appended = go_on.appended.expect("a continuation");
