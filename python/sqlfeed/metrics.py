@@ -39,8 +39,8 @@ class FeedMeter:
         self._feed = feed
         self._last = dict.fromkeys(_TOTALS, 0.0) if from_start else self._totals()
 
-    def _totals(self) -> dict[str, float]:
-        stats = self._feed.stats()
+    def _totals(self, stats: dict[str, Any] | None = None) -> dict[str, float]:
+        stats = self._feed.stats() if stats is None else stats
         return {key: float(stats[key]) for key in _TOTALS}
 
     def sample(self) -> dict[str, float]:
@@ -50,7 +50,8 @@ class FeedMeter:
         keeps up), ``h2d_s`` (seconds of host-to-device copies), and now:
         ``prefetch`` (the ring's depth), ``epoch`` and ``step`` (of the next
         batch). Rates are 0 over an interval in which no pass ran."""
-        now = self._totals()
+        stats = self._feed.stats()
+        now = self._totals(stats)
         delta = {key: now[key] - self._last[key] for key in _TOTALS}
         self._last = now
         wall = delta["wall_s"]
@@ -64,7 +65,7 @@ class FeedMeter:
             "mb_per_s": rate(delta["bytes"]) / 1e6,
             "wait_share": rate(delta["wait_s"]),
             "h2d_s": delta["h2d_s"],
-            "prefetch": float(self._feed.stats()["prefetch"]),
+            "prefetch": float(stats["prefetch"]),
             "epoch": float(self._feed.epoch),
             "step": float(self._feed.step),
         }

@@ -62,6 +62,22 @@ type FeedShapeArgs = (Option<u64>, usize, usize, Option<usize>, bool, bool);
 /// `(epoch, step, rows, skipped steps by epoch, continuation as JSON)`.
 type ResumePointRow = (u64, u64, Option<u64>, Vec<(u64, Vec<u64>)>, Option<String>);
 
+impl PySession {
+    /// The files `query` reads (its data manifest), listed without the GIL.
+    fn input_files(
+        &self,
+        py: Python<'_>,
+        query: &str,
+    ) -> PyResult<Vec<sqlfeed::cache::InputFile>> {
+        let session = self.session.clone();
+        py.detach(|| {
+            self.runtime
+                .block_on(sqlfeed::feed::input_files(&session, query))
+        })
+        .py_err()
+    }
+}
+
 #[pymethods]
 impl PySession {
     #[new]
@@ -151,14 +167,8 @@ impl PySession {
     /// The files `query` reads, as `(location, size, modified_ns, e_tag)`
     /// sorted by location: what a feed's checkpoint records of its data.
     fn _input_files(&self, py: Python<'_>, query: &str) -> PyResult<Vec<InputFileRow>> {
-        let session = self.session.clone();
-        let files = py
-            .detach(|| {
-                self.runtime
-                    .block_on(sqlfeed::feed::input_files(&session, query))
-            })
-            .py_err()?;
-        Ok(files
+        Ok(self
+            .input_files(py, query)?
             .into_iter()
             .map(|f| (f.location, f.size, f.modified_ns, f.e_tag))
             .collect())
@@ -191,13 +201,7 @@ impl PySession {
             on_data_change.parse().py_err()?;
         let checkpoint =
             sqlfeed::feed::Checkpoint::from_json(state, "the state").py_err()?;
-        let session = self.session.clone();
-        let now = py
-            .detach(|| {
-                self.runtime
-                    .block_on(sqlfeed::feed::input_files(&session, query))
-            })
-            .py_err()?;
+        let now = self.input_files(py, query)?;
         let point = checkpoint
             .resume_point(&here, &now, on_data_change)
             .py_err()?;

@@ -10,7 +10,7 @@ use std::path::Path;
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::error::Result;
 use sqlfeed::Session;
-use sqlfeed::device::Device;
+use sqlfeed::device::{Device, TensorBatch};
 use sqlfeed::feed::{Checkpoint, Feed, FeedBuilder, OnDataChange};
 
 use crate::common::{arc, run, sqlfeed, write_parquet};
@@ -38,13 +38,17 @@ pub(crate) fn session() -> Result<Session> {
 }
 
 fn fed(builder: FeedBuilder) -> Result<Vec<Fed>> {
-    let mut out = vec![];
-    for batch in builder.device(Device::Cpu).build()? {
-        let batch = batch?;
-        let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
-        out.push((batch.epoch(), batch.step(), ids, batch.next_row_position()));
-    }
-    Ok(out)
+    builder
+        .device(Device::Cpu)
+        .build()?
+        .map(|b| record(&b?))
+        .collect()
+}
+
+/// What a test keeps of a batch.
+fn record(batch: &TensorBatch) -> Result<Fed> {
+    let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
+    Ok((batch.epoch(), batch.step(), ids, batch.next_row_position()))
 }
 
 /// Every rank's batches of a run of `world` ranks of `batch` rows.
@@ -407,9 +411,7 @@ fn taken_and_checkpoint(
     let mut feed = builder.device(Device::Cpu).build()?;
     let mut out = vec![];
     for _ in 0..taken {
-        let batch = feed.next().expect("a batch")?;
-        let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
-        out.push((batch.epoch(), batch.step(), ids, batch.next_row_position()));
+        out.push(record(&feed.next().expect("a batch")?)?);
     }
     Ok((out, feed.checkpoint()?))
 }
