@@ -209,6 +209,10 @@ class Feed:
         # The files the current (or last) pass's order is over, listed when
         # it started: a checkpoint records them.
         self._data: list[list[Any]] | None = None
+        # The Delta Lake tables the query names without a version, and the
+        # versions the first pass pinned them to (or the loaded state's):
+        # every later pass and a resume read those versions.
+        self._delta_versions: dict[str, int] | None = None
         self._pass: Any = None
         self._len: int | None = None
         self._reports: list[dict[str, Any]] = []
@@ -235,11 +239,15 @@ class Feed:
             first_row=self._rows,
             skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
             appended=self._appended_option(first),
+            delta_versions=self._delta_versions,
         )
         raw = self._session._inner._start_feed(options)
         # The files the pass's order is over, as the feed listed them when
-        # it started: what a checkpoint records.
-        self._data = json.loads(raw._checkpoint())["data"]
+        # it started, and the Delta versions it read: what a checkpoint
+        # records.
+        checkpoint = json.loads(raw._checkpoint())
+        self._data = checkpoint["data"]
+        self._delta_versions = checkpoint.get("delta_versions", {})
         self._pass = raw
         return self._run(raw, end)
 
@@ -349,6 +357,9 @@ class Feed:
             # [location, size, modified_ns(, e_tag)] of every file the
             # order is over: listed when the pass started, or now.
             "data": self._data if self._data is not None else _manifest(self._session, self._query),
+            # {table: version} of the Delta Lake tables the query names
+            # without a version: a resume reads these versions again.
+            **({"delta_versions": self._delta_versions} if self._delta_versions else {}),
         }
 
     def _settings(self) -> dict[str, Any]:
@@ -405,6 +416,7 @@ class Feed:
         self._epoch, self._step, self._rows = epoch, step, rows
         self._skipped = {e: list(s) for e, s in skipped}
         self._appended = None if appended is None else json.loads(appended)
+        self._delta_versions = dict(state.get("delta_versions") or {}) or None
 
     def _appended_option(self, first_epoch: int) -> tuple[int, list[str], int] | None:
         """The Rust feed's continuation, for a pass starting at ``first_epoch``."""

@@ -111,6 +111,9 @@ pub(crate) struct FeedOptions {
     cache: bool,
     order_lanes: Option<usize>,
     run_id: String,
+    /// The Delta Lake tables' versions an earlier pass (or the loaded state)
+    /// pinned; `None`: pin them at their newest now.
+    delta_versions: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl FeedOptions {
@@ -153,6 +156,9 @@ impl FeedOptions {
         }
         if let Some(lanes) = self.order_lanes {
             builder = builder.order_lanes(lanes);
+        }
+        if let Some(versions) = self.delta_versions {
+            builder = builder.delta_versions(versions);
         }
         for options in &self.columns {
             let (name, spec) = column_spec(options)?;

@@ -64,15 +64,21 @@ type ResumePointRow = (u64, u64, Option<u64>, Vec<(u64, Vec<u64>)>, Option<Strin
 
 impl PySession {
     /// The files `query` reads (its data manifest), listed without the GIL.
+    /// The Delta Lake tables `query` names are read at `delta_versions`
+    /// (a checkpoint's pins; empty: their newest versions).
     fn input_files(
         &self,
         py: Python<'_>,
         query: &str,
+        delta_versions: &std::collections::BTreeMap<String, u64>,
     ) -> PyResult<Vec<sqlfeed::cache::InputFile>> {
         let session = self.session.clone();
         py.detach(|| {
-            self.runtime
-                .block_on(sqlfeed::feed::input_files(&session, query))
+            self.runtime.block_on(sqlfeed::feed::input_files_at(
+                &session,
+                query,
+                delta_versions,
+            ))
         })
         .py_err()
     }
@@ -168,7 +174,7 @@ impl PySession {
     /// sorted by location: what a feed's checkpoint records of its data.
     fn _input_files(&self, py: Python<'_>, query: &str) -> PyResult<Vec<InputFileRow>> {
         Ok(self
-            .input_files(py, query)?
+            .input_files(py, query, &Default::default())?
             .into_iter()
             .map(|f| (f.location, f.size, f.modified_ns, f.e_tag))
             .collect())
@@ -201,7 +207,7 @@ impl PySession {
             on_data_change.parse().py_err()?;
         let checkpoint =
             sqlfeed::feed::Checkpoint::from_json(state, "the state").py_err()?;
-        let now = self.input_files(py, query)?;
+        let now = self.input_files(py, query, &checkpoint.delta_versions)?;
         let point = checkpoint
             .resume_point(&here, &now, on_data_change)
             .py_err()?;

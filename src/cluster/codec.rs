@@ -250,6 +250,14 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
                  without --cluster"
             );
         }
+        #[cfg(feature = "delta")]
+        if node.as_ref().is::<crate::sql::delta::DeltaSnapshotTable>() {
+            return plan_err!(
+                "table '{table_ref}' is a Delta Lake table, which sqlfeed cannot send to a \
+                 cluster yet (its scan has no form in the cluster's wire format); run \
+                 without --cluster"
+            );
+        }
         self.inner.try_encode_table_provider(table_ref, node, buf)
     }
 

@@ -83,6 +83,11 @@ pub struct Checkpoint {
     /// states that predate manifests: then data changes go unnoticed).
     #[serde(default)]
     pub data: Option<Vec<ManifestEntry>>,
+    /// The Delta Lake tables the query names without a version, by name as
+    /// written, and the version the feed pinned each to: a resume reads
+    /// them again, even after newer commits (absent when it reads none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub delta_versions: BTreeMap<String, u64>,
 }
 
 /// A continuation over appended data, as a checkpoint records it.
@@ -511,6 +516,7 @@ mod tests {
             skipped: BTreeMap::from([("1".to_string(), vec![2, 3])]),
             appended: None,
             data: Some(data.iter().cloned().map(ManifestEntry).collect()),
+            delta_versions: BTreeMap::new(),
         }
     }
 

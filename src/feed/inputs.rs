@@ -29,6 +29,25 @@ pub async fn input_files(session: &Session, sql: &str) -> Result<Vec<InputFile>>
     Ok(files)
 }
 
+/// [`input_files`] with the Delta Lake tables `sql` names without a version
+/// read at `delta_versions` (a checkpoint's pins, see `sql::delta`) where
+/// given, else at their newest versions.
+pub async fn input_files_at(
+    session: &Session,
+    sql: &str,
+    delta_versions: &std::collections::BTreeMap<String, u64>,
+) -> Result<Vec<InputFile>> {
+    #[cfg(feature = "delta")]
+    if !delta_versions.is_empty() {
+        let state = session.context().state();
+        let (pinned, _) =
+            crate::sql::delta::pin_versions(&state, sql, delta_versions).await?;
+        return input_files(session, &pinned).await;
+    }
+    let _ = delta_versions;
+    input_files(session, sql).await
+}
+
 #[cfg(test)]
 mod tests {
     use datafusion::arrow::array::{Int64Array, RecordBatch};

@@ -78,7 +78,7 @@ pub use checkpoint::{
     OnDataChange, ResumePoint, query_fingerprint,
 };
 pub use columns::ColumnSpec;
-pub use inputs::input_files;
+pub use inputs::{input_files, input_files_at};
 pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
 pub use provenance::{BatchOrigins, RowOrigin};
@@ -135,6 +135,11 @@ pub struct FeedBuilder {
     /// A checkpoint to resume, resolved against the data when the feed is
     /// built (see `checkpoint.rs`).
     checkpoint: Option<(Checkpoint, OnDataChange)>,
+    /// The SQL as written, when `sql` is it with Delta Lake versions pinned
+    /// (see `sql::delta`).
+    user_sql: Option<String>,
+    /// The pinned Delta Lake tables, by name as written, and their versions.
+    delta_versions: BTreeMap<String, u64>,
 }
 
 impl FeedBuilder {
@@ -297,10 +302,47 @@ impl FeedBuilder {
         self
     }
 
+    /// The SQL as the user wrote it (before Delta versions were pinned):
+    /// what a checkpoint's query fingerprint is of.
+    fn query_sql(&self) -> &str {
+        self.user_sql.as_deref().unwrap_or(&self.sql)
+    }
+
+    /// Pins the Delta Lake tables the query names without a version (see
+    /// `sql::delta`): at the resume checkpoint's versions, else at their
+    /// newest now. The feed then reads `'…@v<n>'` every epoch.
+    #[cfg(feature = "delta")]
+    fn pin_delta_versions(&mut self, runtime: &tokio::runtime::Runtime) -> Result<()> {
+        let pins = match &self.checkpoint {
+            Some((checkpoint, _)) => checkpoint.delta_versions.clone(),
+            None => self.delta_versions.clone(),
+        };
+        let state = self.session.context().state();
+        let sql = self.sql.clone();
+        let (pinned, versions) = on_runtime(runtime, async move {
+            crate::sql::delta::pin_versions(&state, &sql, &pins).await
+        })?;
+        if !versions.is_empty() {
+            self.user_sql = Some(std::mem::replace(&mut self.sql, pinned));
+            self.delta_versions = versions;
+        }
+        Ok(())
+    }
+
+    /// Reads the Delta Lake tables the query names without a version at
+    /// these versions (by name as written; a checkpoint's
+    /// `delta_versions`) instead of pinning them at their newest when the
+    /// feed is built. A checkpoint given to [`FeedBuilder::resume_from`]
+    /// brings its own.
+    pub fn delta_versions(mut self, versions: BTreeMap<String, u64>) -> Self {
+        self.delta_versions = versions;
+        self
+    }
+
     /// What a checkpoint's rows depend on, of this feed.
     fn shape(&self) -> FeedShape {
         FeedShape {
-            query: query_fingerprint(&self.sql),
+            query: query_fingerprint(self.query_sql()),
             seed: self.shuffle_seed,
             world: self.world,
             batch_size: self.batch_size,
@@ -378,7 +420,7 @@ impl FeedBuilder {
             batch_size: self.batch_size,
             batch_tokens: self.token_budget,
             drop_last: self.drop_last,
-            query: query_fingerprint(&self.sql),
+            query: query_fingerprint(self.query_sql()),
             skipped: self
                 .skipped_steps
                 .iter()
@@ -389,6 +431,7 @@ impl FeedBuilder {
                 .collect(),
             appended,
             data: Some(data.iter().cloned().map(ManifestEntry).collect()),
+            delta_versions: self.delta_versions.clone(),
         }
     }
 
@@ -444,6 +487,10 @@ impl FeedBuilder {
         // The files the order is over, listed once as the feed starts: its
         // checkpoints record them, so that a resume over changed data is
         // noticed (an explain's feed is internal and takes none).
+        #[cfg(feature = "delta")]
+        if self.user_sql.is_none() {
+            self.pin_delta_versions(&runtime)?;
+        }
         let checkpoint = match self.origins {
             Some(_) => None,
             None => {
@@ -666,6 +713,8 @@ impl Feed {
             origins: None,
             appended: None,
             checkpoint: None,
+            user_sql: None,
+            delta_versions: BTreeMap::new(),
         }
     }
 
@@ -826,20 +875,28 @@ fn advance(checkpoint: &mut Checkpoint, batch: &TensorBatch) {
 }
 
 /// The files the query `sql` reads now (its data manifest), listed on the
-/// feed's runtime: `build` may be called from within another runtime, where
-/// blocking on a future is not allowed.
+/// feed's runtime.
 fn list_inputs(
     runtime: &tokio::runtime::Runtime,
     session: &Session,
     sql: &str,
 ) -> Result<Vec<InputFile>> {
-    let (sender, receiver) = mpsc::channel();
     let (session, sql) = (session.clone(), sql.to_string());
+    on_runtime(runtime, async move { input_files(&session, &sql).await })
+}
+
+/// Runs `work` to its end on the feed's runtime: `build` may be called from
+/// within another runtime, where blocking on a future is not allowed.
+fn on_runtime<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    let (sender, receiver) = mpsc::channel();
     runtime.spawn(async move {
-        let _ = sender.send(input_files(&session, &sql).await);
+        let _ = sender.send(work.await);
     });
     receiver.recv().map_err(|_| {
-        DataFusionError::Internal("the feed stopped while listing its files".into())
+        DataFusionError::Internal("the feed stopped while planning its query".into())
     })?
 }
 

@@ -409,8 +409,8 @@ pub(crate) fn check_parquet_files(
     }
     plan_err!(
         "explain_batch names the Parquet file and row of every row, but the query reads \
-         {table}, which is not a table of Parquet files (a cached table, a view or \
-         another format); explain the query that reads the files instead"
+         {table}, which is not a table of Parquet files (a cached table, a view, a \
+         Delta Lake table or another format); explain the query that reads the files instead"
     )
 }
 

@@ -6,6 +6,8 @@
 //! | `SUMMARIZE <table>`                | per-column profile: counts, nulls, distinct, min/max, mean, stddev, quartiles |
 //! | `SAMPLE <table> <n> [SEED <s>]`    | `n` uniform random rows, the same for the same seed and data |
 //! | `DESCRIBE <table>`                 | column names, types and nullability            |
+//! | `DESCRIBE HISTORY '<path>'`        | a Delta Lake table's commits, newest first (see [`delta`]) |
+//! | `FROM '<path>' VERSION AS OF n`    | a Delta Lake table at version `n` (also `TIMESTAMP AS OF '…'`, `'<path>@v<n>'`) |
 //! | `<query> SHUFFLE [SEED s] [EPOCH e]` | the rows in a seeded global random order (see [`crate::shuffle`]); wherever a query ends (see `shuffle_clause.rs`) |
 //! | `<query> LOCAL SHUFFLE BUFFER n [SEED s]` | a streaming shuffle buffer per partition; the same places |
 //! | `CACHE TABLE name AS <query>`      | materialise once into the epoch cache (see [`crate::cache`]) |
@@ -27,6 +29,8 @@
 //! `sql_ops/dialect.rs` example).
 
 mod cache_statements;
+#[cfg(feature = "delta")]
+pub mod delta;
 mod explore;
 pub mod file_errors;
 mod folder_glob;
@@ -65,6 +69,8 @@ pub enum Statement {
     DataFusion(Box<DFStatement>),
     /// `DESCRIBE <table>` for a path or a query (names go to DataFusion).
     Describe(TableTarget),
+    /// `DESCRIBE HISTORY '<path>'`: a Delta Lake table's commits.
+    DescribeHistory(String),
     /// `SUMMARIZE <table>`.
     Summarize(TableTarget),
     /// `SAMPLE <table> <rows> [SEED <seed>]`.
@@ -152,6 +158,8 @@ fn parse_with_dialect(
         if tokens.iter().all(|t| is_blank(&t.token)) {
             continue;
         }
+        #[cfg(feature = "delta")]
+        let tokens = delta::rewrite_time_travel(tokens)?;
         let tokens = shuffle_clause::rewrite(tokens)?;
         let mut parser = DFParserBuilder::new(ParserInput::Tokens(tokens))
             .with_dialect(dialect)
@@ -270,6 +278,22 @@ fn parse_one(parser: &mut DFParser<'_>) -> Result<Statement> {
         }
         "DESCRIBE" | "DESC" => {
             let after = parser.parser.peek_nth_token(1);
+            if matches!(&after.token, Token::Word(w) if w.value.eq_ignore_ascii_case("HISTORY"))
+            {
+                parser.parser.next_token();
+                parser.parser.next_token();
+                let next = parser.parser.peek_token();
+                let Token::SingleQuotedString(path) = &next.token else {
+                    return Err(parse_error(format!(
+                        "DESCRIBE HISTORY '<Delta table path or URL>': expected a quoted \
+                         path, found {next} at Line: {}, Column: {}",
+                        next.span.start.line, next.span.start.column
+                    )));
+                };
+                let path = path.clone();
+                parser.parser.next_token();
+                return Ok(Statement::DescribeHistory(path));
+            }
             if matches!(after.token, Token::SingleQuotedString(_) | Token::LParen) {
                 parser.parser.next_token();
                 Ok(Statement::Describe(parse_target(parser)?))
@@ -438,6 +462,7 @@ pub(crate) async fn plan_statement(
                 .await
         }
         Statement::Describe(target) => explore::describe(ctx, &target).await,
+        Statement::DescribeHistory(path) => describe_history(ctx, &path).await,
         Statement::Summarize(target) => explore::summarize(ctx, &target).await,
         Statement::Sample { target, rows, seed } => {
             explore::sample(ctx, &target, rows, seed).await
@@ -450,6 +475,23 @@ pub(crate) async fn plan_statement(
         }
         Statement::ClearCache => cache_statements::clear_cache(ctx),
         Statement::Verify(spec) => verify::verify(ctx, &spec).await,
+    }
+}
+
+/// `DESCRIBE HISTORY '<path>'`.
+async fn describe_history(ctx: &SessionContext, path: &str) -> Result<DataFrame> {
+    #[cfg(feature = "delta")]
+    {
+        let history = delta::history(&ctx.state(), path).await?;
+        ctx.read_batch(history)
+    }
+    #[cfg(not(feature = "delta"))]
+    {
+        let _ = ctx;
+        plan_err!(
+            "DESCRIBE HISTORY '{path}' reads a Delta Lake table's log, and this sqlfeed \
+             was built without Delta Lake support (the `delta` feature)"
+        )
     }
 }
 

@@ -1,5 +1,6 @@
-//! Folders that are tables of a format sqlfeed does not read yet: Delta Lake
-//! and Apache Iceberg.
+//! Folders that are tables, not loose Parquet files: Delta Lake and Apache
+//! Iceberg. A Delta table's own folder is read as the table (`delta.rs`);
+//! what is refused here is reading inside one, or an Iceberg table.
 //!
 //! A Delta table is a folder of Parquet files plus a `_delta_log/` that says
 //! which of them make the current version: an overwrite or a delete leaves
@@ -8,13 +9,16 @@
 //! written with 100,000 rows and overwritten with 50,000 counts 150,000).
 //! An Iceberg table keeps its data files under `data/` and the snapshot that
 //! picks them in `metadata/*.metadata.json`, with the same hazard. So a
-//! `FROM '…'` that reads such a folder is refused, naming the table and
-//! what to do, instead of being read wrong:
+//! `FROM '…'` that reads such a folder as files is refused, naming the table
+//! and what to do, instead of being read wrong:
 //!
 //! ```text
-//!  FROM 'tables/events/'            the folder (or its parent) holds
-//!  FROM 'tables/events/*.parquet'   _delta_log/ or metadata/*.metadata.json
-//!  FROM 'tables/events/day=1/'                                  → refused
+//!  FROM 'tables/events/'            a Delta table's folder: read as the table
+//!                                   (`delta.rs`; refused without the feature)
+//!  FROM 'tables/events/'            an Iceberg table's folder      → refused
+//!  FROM 'tables/events/*.parquet'   the folder (or its parent) holds
+//!  FROM 'tables/events/day=1/'      _delta_log/ or metadata/*.metadata.json
+//!                                                                  → refused
 //!  FROM 'tables/*/*.parquet'        a folder glob's recursive listing holds
 //!                                   a table that a match lies in → refused
 //! ```
@@ -139,12 +143,21 @@ pub(super) fn table_error(url: &str, (root, format): &TableRoot) -> DataFusionEr
 }
 
 fn delta_error(url: &str, table: &str) -> DataFusionError {
+    let how = if cfg!(feature = "delta") {
+        format!(
+            "Read the table itself: FROM '/{table}/' (with WHERE on its partition \
+             columns), or one version of it: FROM '/{table}/' VERSION AS OF <n>"
+        )
+    } else {
+        "This sqlfeed was built without Delta Lake support (the `delta` feature): \
+         rebuild with it, or read the current version's files by name (the deltalake \
+         package's DeltaTable(path).file_uris())"
+            .to_string()
+    };
     DataFusionError::Plan(format!(
-        "'{url}' reads the Delta Lake table at '{table}' (it has a {DELTA_LOG}/ folder) as \
-         loose Parquet files, which would include the rows of files that later commits \
-         removed. sqlfeed does not read Delta tables yet: read the current version's \
-         files by name (the deltalake package's DeltaTable(path).file_uris()), or write \
-         the version you want as plain Parquet"
+        "'{url}' reads inside the Delta Lake table at '{table}' (it has a {DELTA_LOG}/ \
+         folder) as loose Parquet files, which would include the rows of files that \
+         later commits removed. {how}"
     ))
 }
 

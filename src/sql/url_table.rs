@@ -11,8 +11,9 @@
 //!  FROM 'data/month=*/part-*.parquet'
 //!       │
 //!       ▼ list (names the URL on failure; empty → error naming the glob;
-//!       │       a Delta Lake or Iceberg table's folder → error, see
-//!       │       `table_formats.rs`)
+//!       │       a Delta Lake table's folder → its table, see `delta.rs`;
+//!       │       a Delta partition folder or an Iceberg table → error,
+//!       │       see `table_formats.rs`)
 //!  [file 1] [file 2] … [file n]         every footer fetched concurrently,
 //!       │       │           │           a panic in the reader caught per file
 //!       ▼       ▼           ▼
@@ -101,7 +102,7 @@ impl ParquetUrlTableFactory {
 }
 
 /// Whether a table name is meant as a path or URL rather than a catalog name.
-fn looks_like_path(name: &str) -> bool {
+pub(super) fn looks_like_path(name: &str) -> bool {
     name.contains("://")
         || name.contains('/')
         || name.contains('*')
@@ -117,6 +118,12 @@ impl UrlTableFactory for ParquetUrlTableFactory {
         if !looks_like_path(url) {
             return Ok(None);
         }
+        #[cfg(feature = "delta")]
+        if let Some((table, at)) = super::delta::split_version(url) {
+            return super::delta::open(&self.state()?, table, at)
+                .await
+                .map(Some);
+        }
         if let Some(glob) = FolderGlob::parse(url)? {
             return folder_glob_table(&self.state()?, url, glob).await.map(Some);
         }
@@ -124,6 +131,16 @@ impl UrlTableFactory for ParquetUrlTableFactory {
         check_local_path_exists(url, &table_url)?;
         let state = self.state()?;
         let store = state.runtime_env().object_store(&table_url)?;
+        // A Delta table's folder is read as the table (its newest version),
+        // never as the loose files it holds.
+        #[cfg(feature = "delta")]
+        if !url.contains(['*', '?', '['])
+            && super::delta::is_table(store.as_ref(), table_url.prefix()).await
+        {
+            return super::delta::open(&state, url, super::delta::DeltaAt::Latest)
+                .await
+                .map(Some);
+        }
         let files = list_files(&state, url, &table_url, store.as_ref()).await?;
         refuse_table_folders(url, &table_url, &files, store.as_ref()).await?;
         if files.is_empty() {

@@ -38,6 +38,8 @@ mod cli;
 mod cluster;
 mod common;
 mod contract;
+#[cfg(feature = "delta")]
+mod delta;
 mod elastic;
 mod examples;
 mod feed;

@@ -1,0 +1,543 @@
+//! Delta Lake tables, read through `deltalake-core`'s DataFusion provider,
+//! at a version that a feed pins.
+//!
+//! A Delta table is a folder of Parquet files plus a `_delta_log/` that says
+//! which files make each version: an overwrite or a delete leaves the old
+//! files in place, removed only in the log. So a folder with a log is never
+//! listed as loose files; it is opened as the table it is, at the version
+//! its name asks for:
+//!
+//! ```text
+//!  FROM 'tables/events/'                     newest version (pinned by a feed)
+//!  FROM 'tables/events/' VERSION AS OF 3     version 3      ─┐ rewritten at the
+//!  FROM 'tables/events/' TIMESTAMP AS OF '…' newest ≤ time  ─┤ token level into
+//!  FROM 'tables/events/@v3'                  version 3      ◄┘ Databricks' `@v`
+//!  FROM 'tables/events/@2026-01-02T00:00:00Z' newest at or before the time
+//!  FROM 'tables/events/@latest'              newest, never pinned
+//!       │
+//!       ▼ log replay (deltalake-core) ── a version older than the newest:
+//!       │                                every file it needs must still exist
+//!       ▼                                (VACUUM removes them) → else an error
+//!  DeltaSnapshotTable { DeltaScan provider, table, version }
+//! ```
+//!
+//! # Pinned in feeds
+//! A table named without a version is read at its newest version, which
+//! moves when someone commits. A feed reads the same rows every epoch and
+//! resumes on the same rows, so when it is built [`pin_versions`] resolves
+//! each such table once and rewrites its name to `'…@v<n>'`; the versions go
+//! into its checkpoints, and a resume reads them again even if the table
+//! moved on (and says so in the log). `'…@latest'` opts out.
+//!
+//! # What is not yet supported
+//! The provider is `deltalake-core`'s, so deletion vectors and column
+//! mapping read correctly; what needs the file and row of every row
+//! (`explain_batch`, provenance) is refused by name. Delta tables on a
+//! Ballista cluster are not supported yet: the provider's scan has no
+//! codec in sqlfeed's cluster wire format.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use datafusion::arrow::array::{
+    Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::catalog::{Session as CatalogSession, TableProvider};
+use datafusion::common::{Statistics, plan_err};
+use datafusion::datasource::listing::ListingTableUrl;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
+use deltalake_core::DeltaTable;
+use deltalake_core::kernel::Version;
+use deltalake_core::logstore::{LogStore, StorageConfig, default_logstore};
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+/// The folder that marks a Delta Lake table.
+const DELTA_LOG: &str = "_delta_log";
+
+/// Which version of a table a name asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum DeltaAt {
+    /// The newest version (pinned by a feed when named without a suffix).
+    Latest,
+    /// Exactly this version.
+    Version(Version),
+    /// The newest version committed at or before this time.
+    Timestamp(DateTime<Utc>),
+}
+
+impl std::fmt::Display for DeltaAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeltaAt::Latest => write!(f, "the newest version"),
+            DeltaAt::Version(v) => write!(f, "version {v}"),
+            DeltaAt::Timestamp(t) => write!(f, "the version as of {}", t.to_rfc3339()),
+        }
+    }
+}
+
+/// Splits `'…@v3'`, `'…@latest'` and `'…@<RFC 3339 time>'` into the table
+/// and the version asked for; `None` when the name has no such suffix (an
+/// `@` elsewhere in a path is part of the path).
+pub(crate) fn split_version(name: &str) -> Option<(&str, DeltaAt)> {
+    let (table, suffix) = name.rsplit_once('@')?;
+    if table.is_empty() {
+        return None;
+    }
+    let at = if suffix.eq_ignore_ascii_case("latest") {
+        DeltaAt::Latest
+    } else if let Some(digits) = suffix.strip_prefix('v')
+        && !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+    {
+        DeltaAt::Version(digits.parse().ok()?)
+    } else {
+        DeltaAt::Timestamp(
+            DateTime::parse_from_rfc3339(suffix)
+                .ok()?
+                .with_timezone(&Utc),
+        )
+    };
+    Some((table, at))
+}
+
+/// Whether the folder `prefix` of `store` holds a `_delta_log/`.
+pub(crate) async fn is_table(store: &dyn ObjectStore, prefix: &Path) -> bool {
+    let log = prefix.clone().join(DELTA_LOG);
+    store
+        .list(Some(&log))
+        .next()
+        .await
+        .is_some_and(|first| first.is_ok())
+}
+
+/// The URL of the table folder `name` (a path or URL), with the store that
+/// holds it, from `state`'s registry (so S3, GCS, Azure and HTTP are read
+/// with the session's own credentials and endpoints).
+fn table_location(
+    state: &SessionState,
+    name: &str,
+) -> Result<(url::Url, Arc<dyn ObjectStore>, Path)> {
+    let folder = if name.ends_with('/') {
+        name.to_string()
+    } else {
+        format!("{name}/")
+    };
+    let listing = ListingTableUrl::parse(&folder).map_err(|e| {
+        DataFusionError::Plan(format!("'{name}' is not a valid path or URL: {e}"))
+    })?;
+    let store = state.runtime_env().object_store(&listing)?;
+    let url: &url::Url = listing.as_ref();
+    Ok((url.clone(), store, listing.prefix().clone()))
+}
+
+/// Opens the Delta table `name` at `at` with `state`'s object stores.
+async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTable> {
+    let (url, root_store, prefix) = table_location(state, name)?;
+    if !is_table(root_store.as_ref(), &prefix).await {
+        return plan_err!(
+            "'{name}' is not a Delta Lake table: it has no {DELTA_LOG}/ folder (a version \
+             suffix such as @v3 or VERSION AS OF applies to Delta tables only)"
+        );
+    }
+    let storage = StorageConfig::default();
+    let prefixed = storage
+        .decorate_store(Arc::clone(&root_store), &url)
+        .map_err(|e| delta_error(name, at, e))?;
+    let log_store = default_logstore(Arc::new(prefixed), root_store, &url, &storage);
+    let mut table = DeltaTable::new(log_store);
+    let loaded = match at {
+        DeltaAt::Latest => table.load().await,
+        DeltaAt::Version(version) => table.load_version(*version).await,
+        DeltaAt::Timestamp(time) => table.load_with_datetime(*time).await,
+    };
+    if let Err(e) = loaded {
+        let newest = match table.get_latest_version().await {
+            Ok(newest) => format!(" (its newest version is {newest})"),
+            Err(_) => String::new(),
+        };
+        return Err(DataFusionError::Plan(format!(
+            "cannot read {at} of the Delta Lake table '{name}'{newest}: {e}; DESCRIBE \
+             HISTORY '{name}' lists its versions"
+        )));
+    }
+    Ok(table)
+}
+
+fn delta_error(name: &str, at: &DeltaAt, e: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Plan(format!(
+        "cannot read {at} of the Delta Lake table '{name}': {e}"
+    ))
+}
+
+/// The loaded version of `table`.
+fn loaded_version(name: &str, table: &DeltaTable) -> Result<Version> {
+    table.version().ok_or_else(|| {
+        DataFusionError::Internal(format!("the Delta table '{name}' loaded no version"))
+    })
+}
+
+/// Fails naming the first file of `table`'s loaded version that is gone: an
+/// old version's files are deleted by VACUUM once no newer version needs
+/// them, and reading it would fail later, in the middle of a feed.
+async fn check_files_exist(name: &str, table: &DeltaTable) -> Result<()> {
+    let version = loaded_version(name, table)?;
+    let store = table.log_store().object_store(None);
+    let paths: Vec<Path> = table
+        .snapshot()
+        .map_err(|e| delta_error(name, &DeltaAt::Version(version), e))?
+        .log_data()
+        .into_iter()
+        .map(|file| file.object_store_path())
+        .collect();
+    let mut heads = futures::stream::iter(paths)
+        .map(|path| {
+            let store = Arc::clone(&store);
+            async move { (store.head(&path).await, path) }
+        })
+        .buffer_unordered(32);
+    while let Some((head, path)) = heads.next().await {
+        match head {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => {
+                return plan_err!(
+                    "version {version} of the Delta Lake table '{name}' can no longer be \
+                     read: its file '{path}' is gone (VACUUM deletes the files that only \
+                     old versions need). Read a newer version (DESCRIBE HISTORY '{name}' \
+                     lists them), or resume with on_data_change='restart_epoch' to start \
+                     the epoch over on the newest one"
+                );
+            }
+            Err(e) => return Err(delta_error(name, &DeltaAt::Version(version), e)),
+        }
+    }
+    Ok(())
+}
+
+/// The table `name` at `at`, as a DataFusion table provider.
+pub(crate) async fn open(
+    state: &SessionState,
+    name: &str,
+    at: DeltaAt,
+) -> Result<Arc<dyn TableProvider>> {
+    let table = load(state, name, &at).await?;
+    let version = loaded_version(name, &table)?;
+    if at != DeltaAt::Latest {
+        check_files_exist(name, &table).await?;
+    }
+    let inner = table
+        .table_provider()
+        .with_session(Arc::new(state.clone()))
+        .await?;
+    Ok(Arc::new(DeltaSnapshotTable {
+        inner,
+        table: name.to_string(),
+        version,
+    }))
+}
+
+/// One version of a Delta table: `deltalake-core`'s provider, with the
+/// table and version it reads (the epoch cache keys on them: deletion
+/// vectors change a version's rows without changing its Parquet files).
+#[derive(Debug)]
+pub struct DeltaSnapshotTable {
+    inner: Arc<dyn TableProvider>,
+    table: String,
+    version: Version,
+}
+
+impl DeltaSnapshotTable {
+    /// The table as named in the query, and the version read.
+    pub fn identity(&self) -> String {
+        format!("delta {} v{}", self.table, self.version)
+    }
+}
+
+#[async_trait]
+impl TableProvider for DeltaSnapshotTable {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        self.inner.table_type()
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn CatalogSession,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.inner.scan(state, projection, filters, limit).await
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        self.inner.statistics()
+    }
+}
+
+/// `DESCRIBE HISTORY '<table>'`: one row per commit, newest first.
+pub(crate) async fn history(state: &SessionState, name: &str) -> Result<RecordBatch> {
+    let table = load(state, name, &DeltaAt::Latest).await?;
+    let newest = loaded_version(name, &table)?;
+    let commits: Vec<_> = table
+        .history(None)
+        .try_collect()
+        .await
+        .map_err(|e| delta_error(name, &DeltaAt::Latest, e))?;
+    let mut versions = vec![];
+    let mut times = vec![];
+    let mut operations = vec![];
+    let mut parameters = vec![];
+    let mut engines = vec![];
+    // Newest first and consecutive: the log keeps every commit since its
+    // oldest retained one.
+    for (back, commit) in commits.iter().enumerate() {
+        versions.push(newest as i64 - back as i64);
+        times.push(commit.timestamp);
+        operations.push(commit.operation.clone());
+        parameters.push(
+            commit
+                .operation_parameters
+                .as_ref()
+                .map(|p| serde_json::to_string(p).unwrap_or_default()),
+        );
+        engines.push(commit.engine_info.clone());
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("version", DataType::Int64, false),
+        Field::new(
+            "timestamp",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new("operation", DataType::Utf8, true),
+        Field::new("operation_parameters", DataType::Utf8, true),
+        Field::new("engine_info", DataType::Utf8, true),
+    ]));
+    Ok(RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(versions)),
+            Arc::new(TimestampMillisecondArray::from(times).with_timezone("UTC")),
+            Arc::new(StringArray::from(operations)),
+            Arc::new(StringArray::from(parameters)),
+            Arc::new(StringArray::from(engines)),
+        ],
+    )?)
+}
+
+/// Rewrites `'<table>' VERSION AS OF <n>` and `'<table>' TIMESTAMP AS OF
+/// '<time>'` into `'<table>@v<n>'` and `'<table>@<time>'` (the generic
+/// dialect has no time travel; the Databricks suffix is what the table
+/// factory reads).
+pub(crate) fn rewrite_time_travel(
+    mut tokens: Vec<datafusion::sql::sqlparser::tokenizer::TokenWithSpan>,
+) -> Result<Vec<datafusion::sql::sqlparser::tokenizer::TokenWithSpan>> {
+    let significant =
+        |tokens: &[datafusion::sql::sqlparser::tokenizer::TokenWithSpan],
+         from: usize|
+         -> Vec<usize> {
+            (from..tokens.len())
+                .filter(|&i| {
+                    !matches!(tokens[i].token, Token::Whitespace(_) | Token::EOF)
+                })
+                .take(5)
+                .collect()
+        };
+    let word = |token: &Token, w: &str| matches!(token, Token::Word(x) if x.value.eq_ignore_ascii_case(w));
+    let mut at = 0;
+    while at < tokens.len() {
+        let Token::SingleQuotedString(table) = &tokens[at].token else {
+            at += 1;
+            continue;
+        };
+        let next = significant(&tokens, at + 1);
+        let [kind, as_, of, value] = match next.as_slice() {
+            [a, b, c, d, ..] => [*a, *b, *c, *d],
+            _ => break,
+        };
+        let travel = word(&tokens[as_].token, "AS") && word(&tokens[of].token, "OF");
+        let suffix = if travel && word(&tokens[kind].token, "VERSION") {
+            match &tokens[value].token {
+                Token::Number(n, _) if n.bytes().all(|b| b.is_ascii_digit()) => {
+                    format!("v{n}")
+                }
+                other => {
+                    return plan_err!(
+                        "VERSION AS OF takes a version number (0, 1, …), found {other}"
+                    );
+                }
+            }
+        } else if travel && word(&tokens[kind].token, "TIMESTAMP") {
+            match &tokens[value].token {
+                Token::SingleQuotedString(time) => {
+                    let parsed = parse_time(time)?;
+                    parsed.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+                }
+                other => {
+                    return plan_err!(
+                        "TIMESTAMP AS OF takes a quoted time ('2026-01-02T03:04:05Z'), \
+                         found {other}"
+                    );
+                }
+            }
+        } else {
+            at += 1;
+            continue;
+        };
+        if split_version(table).is_some() {
+            return plan_err!(
+                "'{table}' already names a version; remove its @ suffix or the AS OF clause"
+            );
+        }
+        let renamed = format!("{table}@{suffix}");
+        tokens[at].token = Token::SingleQuotedString(renamed);
+        tokens.drain(at + 1..=value);
+        at += 1;
+    }
+    Ok(tokens)
+}
+
+/// A time as `TIMESTAMP AS OF` takes it: RFC 3339, or a date and time
+/// without a zone (UTC), or a date (midnight UTC).
+fn parse_time(text: &str) -> Result<DateTime<Utc>> {
+    if let Ok(time) = DateTime::parse_from_rfc3339(text) {
+        return Ok(time.with_timezone(&Utc));
+    }
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(time) = chrono::NaiveDateTime::parse_from_str(text, format) {
+            return Ok(time.and_utc());
+        }
+    }
+    if let Ok(date) = chrono::NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(date.and_time(chrono::NaiveTime::MIN).and_utc());
+    }
+    plan_err!(
+        "TIMESTAMP AS OF '{text}': not a time; write '2026-01-02T03:04:05Z', \
+         '2026-01-02 03:04:05' (UTC) or '2026-01-02'"
+    )
+}
+
+/// The Delta tables `sql` names without a version, pinned: each at
+/// `pins[name]` if given (a checkpoint's), else at its newest version now.
+/// Returns `sql` with each such name rewritten to `'…@v<n>'`, and the
+/// versions by name (see the module docs).
+pub async fn pin_versions(
+    state: &SessionState,
+    sql: &str,
+    pins: &BTreeMap<String, u64>,
+) -> Result<(String, BTreeMap<String, u64>)> {
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize() else {
+        // Not ours to report: the planner says what is wrong with it.
+        return Ok((sql.to_string(), BTreeMap::new()));
+    };
+    let mut versions = BTreeMap::new();
+    let mut out = String::with_capacity(sql.len());
+    for token in tokens {
+        if let Token::SingleQuotedString(name) = &token
+            && super::url_table::looks_like_path(name)
+            && split_version(name).is_none()
+            && !name.contains(['*', '?', '['])
+            && let Ok((_, store, prefix)) = table_location(state, name)
+            && is_table(store.as_ref(), &prefix).await
+        {
+            let version = match pins.get(name.as_str()) {
+                Some(pinned) => {
+                    let newest = load(state, name, &DeltaAt::Latest).await?;
+                    let newest = loaded_version(name, &newest)?;
+                    if newest != *pinned {
+                        log::info!(
+                            "the Delta table '{name}' is at version {newest} now; the \
+                             feed reads version {pinned}, which its checkpoint pinned"
+                        );
+                    }
+                    *pinned
+                }
+                None => {
+                    let table = load(state, name, &DeltaAt::Latest).await?;
+                    loaded_version(name, &table)?
+                }
+            };
+            versions.insert(name.clone(), version);
+            out.push_str(
+                &Token::SingleQuotedString(format!("{name}@v{version}")).to_string(),
+            );
+        } else {
+            out.push_str(&token.to_string());
+        }
+    }
+    Ok((out, versions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_suffix_is_read_only_where_it_is_one() {
+        assert_eq!(
+            split_version("t/events@v12"),
+            Some(("t/events", DeltaAt::Version(12)))
+        );
+        assert_eq!(
+            split_version("t/events@LATEST"),
+            Some(("t/events", DeltaAt::Latest))
+        );
+        assert!(matches!(
+            split_version("s3://b/t@2026-01-02T03:04:05Z"),
+            Some(("s3://b/t", DeltaAt::Timestamp(_)))
+        ));
+        assert_eq!(split_version("t/user@host/x.parquet"), None);
+        assert_eq!(split_version("t/events@v"), None);
+        assert_eq!(split_version("@v1"), None);
+    }
+
+    fn rewritten(sql: &str) -> Result<String> {
+        let tokens = Tokenizer::new(&GenericDialect {}, sql)
+            .tokenize_with_location()
+            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+        Ok(rewrite_time_travel(tokens)?
+            .iter()
+            .map(|t| t.token.to_string())
+            .collect())
+    }
+
+    #[test]
+    fn time_travel_clauses_become_version_suffixes() -> Result<()> {
+        assert_eq!(
+            rewritten("SELECT * FROM 't/e' VERSION AS OF 3 WHERE x = 1")?,
+            "SELECT * FROM 't/e@v3' WHERE x = 1"
+        );
+        assert_eq!(
+            rewritten("SELECT * FROM 't/e' timestamp as of '2026-01-02' AS a")?,
+            "SELECT * FROM 't/e@2026-01-02T00:00:00Z' AS a"
+        );
+        assert_eq!(rewritten("SELECT 'version' AS v")?, "SELECT 'version' AS v");
+        let err = rewritten("SELECT * FROM 't/e' VERSION AS OF 'x'").unwrap_err();
+        assert!(err.to_string().contains("takes a version number"), "{err}");
+        let err = rewritten("SELECT * FROM 't/e' TIMESTAMP AS OF 'soon'").unwrap_err();
+        assert!(err.to_string().contains("not a time"), "{err}");
+        let err = rewritten("SELECT * FROM 't/e@v1' VERSION AS OF 2").unwrap_err();
+        assert!(err.to_string().contains("already names a version"), "{err}");
+        Ok(())
+    }
+}
