@@ -460,6 +460,7 @@ class Feed:
             first_row=self._rows,
             skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
             appended=self._appended_option(self._epoch),
+            delta_versions=self._delta_versions,
         )
         rows = self._session._inner._explain_batch(options, int(epoch), int(step))
         return [{"file": file, "row_group": group, "row": row} for file, group, row in rows]

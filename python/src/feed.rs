@@ -112,7 +112,8 @@ pub(crate) struct FeedOptions {
     order_lanes: Option<usize>,
     run_id: String,
     /// The Delta Lake tables' versions an earlier pass (or the loaded state)
-    /// pinned; `None`: pin them at their newest now.
+    /// pinned; `None` or absent: pin them at their newest now.
+    #[pyo3(default)]
     delta_versions: Option<std::collections::BTreeMap<String, u64>>,
 }
 
