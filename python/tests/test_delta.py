@@ -69,6 +69,8 @@ def test_a_table_reads_each_version_exactly_as_written(session, events):
     assert _ids(session, f"SELECT id FROM '{events}' TIMESTAMP AS OF '{before_second}'") == list(
         range(1000)
     )
+    with pytest.raises(sqlfeed.PlanError, match="has no version as of 2001-01-01"):
+        session.sql(f"SELECT id FROM '{events}' TIMESTAMP AS OF '2001-01-01'").to_pylist()
 
 
 def test_wrong_versions_and_reads_inside_a_table_are_errors_naming_them(session, events):

@@ -259,7 +259,13 @@ impl SessionBuilder {
         // Ahead of DataFusion's planners, so that `['a', 'b']` is a constant
         // when SQL is planned (the width of `one_hot` in the plan's schema).
         // The cluster client's state is derived from this one and keeps them.
-        let state = sqlfeed_udfs::planner::with_expr_planners(builder).build();
+        #[cfg_attr(not(feature = "delta"), allow(unused_mut))]
+        let mut state = sqlfeed_udfs::planner::with_expr_planners(builder).build();
+        #[cfg(feature = "delta")]
+        state.table_factories_mut().insert(
+            "DELTA".to_string(),
+            Arc::new(crate::sql::delta::DeltaTableFactory),
+        );
         let (state, factory) = crate::sql::url_table::install(state);
         #[cfg(feature = "ballista")]
         let (state, cluster, standalone) = match self.cluster.as_deref() {

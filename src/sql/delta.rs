@@ -45,12 +45,16 @@ use datafusion::arrow::array::{
     Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use datafusion::catalog::{Session as CatalogSession, TableProvider};
-use datafusion::common::{Statistics, plan_err};
+use datafusion::catalog::{
+    Session as CatalogSession, TableProvider, TableProviderFactory,
+};
+use datafusion::common::{Statistics, internal_err, plan_err};
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
-use datafusion::logical_expr::{Expr, TableProviderFilterPushDown, TableType};
+use datafusion::logical_expr::{
+    CreateExternalTable, Expr, TableProviderFilterPushDown, TableType,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer};
@@ -170,7 +174,39 @@ async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTab
              HISTORY '{name}' lists its versions"
         )));
     }
+    if let DeltaAt::Timestamp(time) = at {
+        check_committed_by(name, &table, *time).await?;
+    }
     Ok(table)
+}
+
+/// Fails when `table`'s loaded version was committed after `time`:
+/// deltalake answers a time before the first commit with the first
+/// version, which did not exist then. The commit's time is its log file's,
+/// as deltalake's own search compares.
+async fn check_committed_by(
+    name: &str,
+    table: &DeltaTable,
+    time: DateTime<Utc>,
+) -> Result<()> {
+    let version = loaded_version(name, table)?;
+    let commit = deltalake_core::logstore::commit_uri_from_version(Some(version));
+    let committed = table
+        .log_store()
+        .object_store(None)
+        .head(&commit)
+        .await
+        .map_err(|e| delta_error(name, &DeltaAt::Timestamp(time), e))?
+        .last_modified;
+    if committed > time {
+        return plan_err!(
+            "the Delta Lake table '{name}' has no version as of {}: its oldest readable \
+             version ({version}) was committed at {}",
+            time.to_rfc3339(),
+            committed.to_rfc3339()
+        );
+    }
+    Ok(())
 }
 
 fn delta_error(name: &str, at: &DeltaAt, e: impl std::fmt::Display) -> DataFusionError {
@@ -291,6 +327,37 @@ impl TableProvider for DeltaSnapshotTable {
 
     fn statistics(&self) -> Option<Statistics> {
         self.inner.statistics()
+    }
+}
+
+/// `CREATE EXTERNAL TABLE name STORED AS DELTA LOCATION '<path>'`: the
+/// table at the version its location names (`'…@v3'`), else at its newest
+/// version when the statement runs; the catalog table keeps that version
+/// until it is created again (a feed's checkpoint lists its files, so a
+/// resume after a re-creation over a newer version is noticed).
+#[derive(Debug, Default)]
+pub struct DeltaTableFactory;
+
+#[async_trait]
+impl TableProviderFactory for DeltaTableFactory {
+    async fn create(
+        &self,
+        state: &dyn CatalogSession,
+        cmd: &CreateExternalTable,
+    ) -> Result<Arc<dyn TableProvider>> {
+        let Some(state) = state.as_any().downcast_ref::<SessionState>() else {
+            return internal_err!("a Delta table is created in a SessionState");
+        };
+        let [location] = cmd.locations.as_slice() else {
+            return plan_err!(
+                "CREATE EXTERNAL TABLE {} STORED AS DELTA takes one LOCATION, got {}",
+                cmd.name,
+                cmd.locations.len()
+            );
+        };
+        let (table, at) =
+            split_version(location).unwrap_or((location.as_str(), DeltaAt::Latest));
+        open(state, table, at).await
     }
 }
 

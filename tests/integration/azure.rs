@@ -173,5 +173,20 @@ async fn azure_paths_folder_globs_and_partitions() -> Result<()> {
     let (ok, _, err) = query("SELECT * FROM 'az://data/none/*/*.parquet'");
     assert!(!ok);
     assert!(err.contains("az://data/none/*/*.parquet"), "{err}");
+
+    // A Delta Lake table (issue 30), at its newest version and an older one.
+    #[cfg(feature = "delta")]
+    {
+        crate::delta::three_versions(&local.path().join("events")).await?;
+        crate::s3::upload_tree(az.as_ref(), &local.path().join("events"), "lake/events")
+            .await?;
+        let (ok, out, err) = query("SELECT count(*) AS n FROM 'az://data/lake/events/'");
+        assert!(ok, "{err}");
+        assert_eq!(out, "n\n50\n", "never the files the overwrite removed");
+        let (ok, out, err) =
+            query("SELECT count(*) AS n FROM 'az://data/lake/events' VERSION AS OF 1");
+        assert!(ok, "{err}");
+        assert_eq!(out, "n\n150\n");
+    }
     Ok(())
 }

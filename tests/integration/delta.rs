@@ -95,6 +95,24 @@ async fn a_delta_folder_is_read_as_its_table_at_the_version_asked_for() -> Resul
         .collect();
     assert_eq!(versions, [2, 1, 0]);
 
+    // A catalog table, at the version its location names.
+    session
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE ev STORED AS DELTA LOCATION '{t}@v1'"
+        ))
+        .await?
+        .collect()
+        .await?;
+    assert_eq!(ids(&session, "SELECT id FROM ev").await?.len(), 150);
+    session
+        .sql(&format!(
+            "CREATE EXTERNAL TABLE now STORED AS DELTA LOCATION '{t}'"
+        ))
+        .await?
+        .collect()
+        .await?;
+    assert_eq!(ids(&session, "SELECT id FROM now").await?.len(), 50);
+
     let err = session
         .sql(&format!("SELECT id FROM '{t}@v7'"))
         .await

@@ -296,7 +296,7 @@ async fn tokenizers_load_from_s3_urls() -> Result<()> {
 
 /// Uploads every file under `local` to `prefix`, folders included.
 #[cfg(feature = "delta")]
-async fn upload_tree(
+pub(crate) async fn upload_tree(
     store: &dyn ObjectStore,
     local: &std::path::Path,
     prefix: &str,
