@@ -226,24 +226,40 @@ fn loaded_version(name: &str, table: &DeltaTable) -> Result<Version> {
 /// old version's files are deleted by VACUUM once no newer version needs
 /// them, and reading it would fail later, in the middle of a feed.
 async fn check_files_exist(name: &str, table: &DeltaTable) -> Result<()> {
-    let version = loaded_version(name, table)?;
     let store = table.log_store().object_store(None);
+    version_files(name, table, &store, &Path::default()).await?;
+    Ok(())
+}
+
+/// The files of `table`'s loaded version, as `store` (where the table is
+/// at `prefix`) lists them; a missing one is an error naming it (see
+/// [`check_files_exist`]).
+async fn version_files(
+    name: &str,
+    table: &DeltaTable,
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+) -> Result<Vec<object_store::ObjectMeta>> {
+    let version = loaded_version(name, table)?;
     let paths: Vec<Path> = table
         .snapshot()
         .map_err(|e| delta_error(name, &DeltaAt::Version(version), e))?
         .log_data()
         .into_iter()
-        .map(|file| file.object_store_path())
+        .map(|file| {
+            Path::from_iter(prefix.parts().chain(file.object_store_path().parts()))
+        })
         .collect();
     let mut heads = futures::stream::iter(paths)
         .map(|path| {
-            let store = Arc::clone(&store);
+            let store = Arc::clone(store);
             async move { (store.head(&path).await, path) }
         })
-        .buffer_unordered(32);
+        .buffered(32);
+    let mut files = vec![];
     while let Some((head, path)) = heads.next().await {
         match head {
-            Ok(_) => {}
+            Ok(meta) => files.push(meta),
             Err(object_store::Error::NotFound { .. }) => {
                 return plan_err!(
                     "version {version} of the Delta Lake table '{name}' can no longer be \
@@ -256,7 +272,34 @@ async fn check_files_exist(name: &str, table: &DeltaTable) -> Result<()> {
             Err(e) => return Err(delta_error(name, &DeltaAt::Version(version), e)),
         }
     }
-    Ok(())
+    Ok(files)
+}
+
+/// `VERIFY` of the table `name` at `at`: the Parquet files of that version,
+/// in the log's order, with the store they are read from.
+pub(crate) async fn verify_files(
+    state: &SessionState,
+    name: &str,
+    at: DeltaAt,
+) -> Result<(Arc<dyn ObjectStore>, Vec<super::VerifyFile>)> {
+    let (_, store, prefix) = table_location(state, name)?;
+    let table = load(state, name, &at).await?;
+    let base = name.trim_end_matches('/');
+    let files = version_files(name, &table, &store, &prefix)
+        .await?
+        .into_iter()
+        .map(|meta| {
+            let display = match meta.location.prefix_match(&prefix) {
+                Some(rest) => {
+                    let rest: Vec<_> = rest.map(|p| p.as_ref().to_string()).collect();
+                    format!("{base}/{}", rest.join("/"))
+                }
+                None => meta.location.to_string(),
+            };
+            super::VerifyFile { display, meta }
+        })
+        .collect();
+    Ok((store, files))
 }
 
 /// The table `name` at `at`, as a DataFusion table provider.

@@ -226,8 +226,9 @@ async fn folder_glob_table(
 }
 
 /// The Parquet files a path, glob or URL names (as `FROM '…'` would read
-/// them), in path order, with the store they are read from and the name each
-/// is shown by. No files, or none of them Parquet, is an error naming `url`.
+/// them), in path order, with the store they are read from and the name
+/// each is shown by; of a Delta Lake table, its version's files in the log's
+/// order. No files, or none of them Parquet, is an error naming `url`.
 pub async fn list_parquet_files(
     state: &SessionState,
     url: &str,
@@ -235,6 +236,10 @@ pub async fn list_parquet_files(
     Arc<dyn object_store::ObjectStore>,
     Vec<crate::sql::VerifyFile>,
 )> {
+    #[cfg(feature = "delta")]
+    if let Some((table, at)) = super::delta::split_version(url) {
+        return super::delta::verify_files(state, table, at).await;
+    }
     let (table_url, store, files) = match FolderGlob::parse(url)? {
         Some(glob) => {
             let store = state.runtime_env().object_store(glob.base())?;
@@ -249,6 +254,17 @@ pub async fn list_parquet_files(
             let table_url = parse_table_url(url)?;
             check_local_path_exists(url, &table_url)?;
             let store = state.runtime_env().object_store(&table_url)?;
+            #[cfg(feature = "delta")]
+            if !url.contains(['*', '?', '['])
+                && super::delta::is_table(store.as_ref(), table_url.prefix()).await
+            {
+                return super::delta::verify_files(
+                    state,
+                    url,
+                    super::delta::DeltaAt::Latest,
+                )
+                .await;
+            }
             let files = list_files(state, url, &table_url, store.as_ref()).await?;
             refuse_table_folders(url, &table_url, &files, store.as_ref()).await?;
             (table_url, store, files)

@@ -95,6 +95,17 @@ async fn a_delta_folder_is_read_as_its_table_at_the_version_asked_for() -> Resul
         .collect();
     assert_eq!(versions, [2, 1, 0]);
 
+    // VERIFY reads every page of the version's files, and only those.
+    for (target, files) in [(format!("{t}"), 1), (format!("{t}@v1"), 2)] {
+        let verified = session
+            .sql(&format!("VERIFY '{target}'"))
+            .await?
+            .collect()
+            .await?;
+        let rows: usize = verified.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(rows, files, "VERIFY '{target}'");
+    }
+
     // A catalog table, at the version its location names.
     session
         .sql(&format!(
@@ -180,6 +191,27 @@ fn a_feed_pins_its_version_and_its_checkpoint_resumes_on_it() -> Result<()> {
         .resume_from(Checkpoint::from_json(&json, "test")?, OnDataChange::Error)
         .build()?;
     assert_eq!(fed(resumed)?, whole[3..]);
+    // Elastic: the checkpoint resumes on 3 ranks of 4 rows, still on
+    // version 2: the epoch's other rows, each once (plus the pads of the
+    // last step), none of the new commit's.
+    let mut rest: Vec<i64> = vec![];
+    for rank in 0..3 {
+        let resumed = Feed::builder(&session, &sql)
+            .batch_size(4)
+            .shuffle(11)
+            .shard(rank, 3)
+            .device(Device::Cpu)
+            .resume_from(Checkpoint::from_json(&json, "test")?, OnDataChange::Error)
+            .build()?;
+        rest.extend(fed(resumed)?.concat());
+    }
+    let mut seen: Vec<i64> = first.concat();
+    seen.extend(&rest);
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen, (0..50).collect::<Vec<_>>());
+    assert!(rest.len() - (50 - 24) < 12, "at most one step of pads");
+
     // A new feed reads the newest version.
     let fresh: usize = fed(builder().epochs(1).build()?)?
         .iter()
