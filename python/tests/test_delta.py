@@ -175,3 +175,32 @@ def test_the_cli_and_the_cache_key_on_the_version(session, events, tmp_path):
     _write(events, range(7000, 7010), "append")
     after = sorted(i for b in _feed(session, events, cache=True) for i in b["id"].tolist())
     assert after == sorted(cached[0] + list(range(7000, 7010)))
+
+
+def test_partitions_are_pruned_by_the_log_and_read_as_columns(session, tmp_path):
+    deltalake = require("deltalake", "deltalake")
+    pa = require("pyarrow", "arrow")
+    table = tmp_path / "by_day"
+    ids = list(range(300))
+    days = [i % 3 for i in ids]
+    deltalake.write_deltalake(
+        str(table),
+        pa.table({"id": pa.array(ids, pa.int64()), "day": pa.array(days, pa.int32())}),
+        partition_by=["day"],
+    )
+    rows = session.sql(
+        f"SELECT day, count(*) AS n, sum(id) AS s FROM '{table}' WHERE day >= 1 GROUP BY day ORDER BY day"
+    )
+    assert rows.to_pylist() == [
+        {"day": 1, "n": 100, "s": sum(i for i in ids if i % 3 == 1)},
+        {"day": 2, "n": 100, "s": sum(i for i in ids if i % 3 == 2)},
+    ]
+    # The filter on the partition column reaches the scan: one file per day.
+    plan = "\n".join(
+        r["plan"]
+        for r in session.sql(f"EXPLAIN SELECT id FROM '{table}' WHERE day = 2").to_pylist()
+    )
+    assert "day=2/" in plan and "day=0" not in plan and "day=1" not in plan, plan
+    # A partition folder read as loose files is refused, naming the table.
+    with pytest.raises(sqlfeed.PlanError, match="reads inside the Delta Lake table"):
+        session.sql(f"SELECT * FROM '{table}/day=1/'").to_pylist()
