@@ -61,6 +61,14 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ),
     ("DESCRIBE <table>", "column names, types, nullability"),
     (
+        "FROM '<delta table>' VERSION AS OF n",
+        "a Delta Lake table at a version (or TIMESTAMP AS OF '…', '<path>@vN')",
+    ),
+    (
+        "DESCRIBE HISTORY '<delta table>'",
+        "a Delta Lake table's commits: version, time, operation",
+    ),
+    (
         "SUMMARIZE <table>",
         "per column: count, nulls, distinct, min, max, mean, stddev, quartiles",
     ),

@@ -27,7 +27,7 @@ use super::command::COMMANDS;
 use super::exec::{Executor, Flow};
 
 /// Statements of ours that sqlparser does not know as keywords.
-const OUR_KEYWORDS: &[&str] = &["SUMMARIZE", "SAMPLE", "SEED"];
+const OUR_KEYWORDS: &[&str] = &["SUMMARIZE", "SAMPLE", "SEED", "HISTORY"];
 
 /// Names offered by completion, refreshed after every statement.
 #[derive(Debug, Default)]

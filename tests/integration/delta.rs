@@ -137,6 +137,25 @@ async fn a_delta_folder_is_read_as_its_table_at_the_version_asked_for() -> Resul
         .unwrap_err()
         .to_string();
     assert!(err.contains("reads inside the Delta Lake table"), "{err}");
+    // A damaged data file of the version is an error naming the file.
+    for entry in std::fs::read_dir(&table)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "parquet") {
+            let mut bytes = std::fs::read(&path)?;
+            let half = bytes.len() / 2;
+            bytes[4..half].iter_mut().for_each(|b| *b ^= 0xa5);
+            std::fs::write(&path, bytes)?;
+        }
+    }
+    let err = session
+        .sql(&format!("SELECT sum(id) FROM '{t}'"))
+        .await?
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&format!("'{t}/part-")), "{err}");
+
     let err = session
         .sql(&format!("DESCRIBE HISTORY '{}'", dir.path().display()))
         .await
