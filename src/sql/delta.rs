@@ -265,8 +265,8 @@ async fn version_files(
                     "version {version} of the Delta Lake table '{name}' can no longer be \
                      read: its file '{path}' is gone (VACUUM deletes the files that only \
                      old versions need). Read a newer version (DESCRIBE HISTORY '{name}' \
-                     lists them), or resume with on_data_change='restart_epoch' to start \
-                     the epoch over on the newest one"
+                     lists them); a checkpoint pinned to this one resumes only once the \
+                     files are restored"
                 );
             }
             Err(e) => return Err(delta_error(name, &DeltaAt::Version(version), e)),
