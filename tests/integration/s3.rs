@@ -116,7 +116,8 @@ fn store(endpoint: &str, bucket: &str) -> Arc<dyn ObjectStore> {
     )
 }
 
-async fn upload_dir(
+/// Uploads every file under `local` to `prefix`, folders included.
+pub(crate) async fn upload_tree(
     store: &dyn ObjectStore,
     local: &std::path::Path,
     prefix: &str,
@@ -128,14 +129,17 @@ async fn upload_dir(
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string();
-        let bytes = std::fs::read(&path)?;
-        store
-            .put(
-                &ObjectPath::from(format!("{prefix}/{name}")),
-                PutPayload::from(bytes),
-            )
-            .await
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        if path.is_dir() {
+            Box::pin(upload_tree(store, &path, &format!("{prefix}/{name}"))).await?;
+        } else {
+            store
+                .put(
+                    &ObjectPath::from(format!("{prefix}/{name}")),
+                    PutPayload::from(std::fs::read(&path)?),
+                )
+                .await
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+        }
     }
     Ok(())
 }
@@ -162,9 +166,9 @@ async fn s3_globs_hive_partitions_summarize_and_errors() -> Result<()> {
     gen_data(&local.path().join("flat"), 500, 3)?;
     gen_data(&local.path().join("month=1"), 120, 1)?;
     gen_data(&local.path().join("month=2"), 80, 1)?;
-    upload_dir(s3.as_ref(), &local.path().join("flat"), "flat").await?;
-    upload_dir(s3.as_ref(), &local.path().join("month=1"), "hive/month=1").await?;
-    upload_dir(s3.as_ref(), &local.path().join("month=2"), "hive/month=2").await?;
+    upload_tree(s3.as_ref(), &local.path().join("flat"), "flat").await?;
+    upload_tree(s3.as_ref(), &local.path().join("month=1"), "hive/month=1").await?;
+    upload_tree(s3.as_ref(), &local.path().join("month=2"), "hive/month=2").await?;
     s3.put(
         &ObjectPath::from("broken/x.parquet"),
         PutPayload::from_static(b"PAR1 but not really"),
@@ -291,35 +295,6 @@ async fn tokenizers_load_from_s3_urls() -> Result<()> {
         !err.contains("secret-never-printed"),
         "a secret leaked: {err}"
     );
-    Ok(())
-}
-
-/// Uploads every file under `local` to `prefix`, folders included.
-#[cfg(feature = "delta")]
-pub(crate) async fn upload_tree(
-    store: &dyn ObjectStore,
-    local: &std::path::Path,
-    prefix: &str,
-) -> Result<()> {
-    for entry in std::fs::read_dir(local)? {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string();
-        if path.is_dir() {
-            Box::pin(upload_tree(store, &path, &format!("{prefix}/{name}"))).await?;
-        } else {
-            store
-                .put(
-                    &ObjectPath::from(format!("{prefix}/{name}")),
-                    PutPayload::from(std::fs::read(&path)?),
-                )
-                .await
-                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-        }
-    }
     Ok(())
 }
 
