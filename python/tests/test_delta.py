@@ -189,7 +189,8 @@ def test_partitions_are_pruned_by_the_log_and_read_as_columns(session, tmp_path)
         partition_by=["day"],
     )
     rows = session.sql(
-        f"SELECT day, count(*) AS n, sum(id) AS s FROM '{table}' WHERE day >= 1 GROUP BY day ORDER BY day"
+        f"SELECT day, count(*) AS n, sum(id) AS s FROM '{table}' WHERE day >= 1 "
+        "GROUP BY day ORDER BY day"
     )
     assert rows.to_pylist() == [
         {"day": 1, "n": 100, "s": sum(i for i in ids if i % 3 == 1)},
