@@ -269,8 +269,8 @@ pub(crate) fn input_files(plan: &Arc<dyn ExecutionPlan>) -> Result<Vec<InputFile
 struct Sources {
     /// Why the data is not a pure function of files (`None` if it is).
     session_only_reason: Option<String>,
-    /// The keys of the cached tables read, and the versions of the Delta
-    /// Lake tables read.
+    /// The keys of the cached tables read, and the definitions of other
+    /// tables that have one.
     cached_keys: Vec<String>,
     /// (name, identity) of every user function called, sorted.
     user_functions: BTreeMap<String, String>,
@@ -292,15 +292,17 @@ fn sources(plan: &LogicalPlan) -> Result<Sources> {
                         scan.table_name
                     ));
                 }
-            } else if let Some(identity) = delta_identity(provider.as_ref()) {
-                // Its files are in the physical plan; the version names
-                // what deletion vectors keep of them.
-                cached.push(identity);
             } else if !is_file_table(provider.as_ref()) {
                 reason.get_or_insert(format!(
                     "reads {}, which is not a file table",
                     scan.table_name
                 ));
+                // What the table says defines it (a Delta table: its
+                // version, which names what deletion vectors keep of the
+                // files the physical plan lists).
+                if let Some(definition) = provider.get_table_definition() {
+                    cached.push(definition.to_string());
+                }
             }
         }
         for expr in node.expressions() {
@@ -343,17 +345,6 @@ fn is_plugin_aggregate(udaf: &datafusion::logical_expr::AggregateUDF) -> bool {
 
 fn is_file_table(provider: &dyn TableProvider) -> bool {
     provider.is::<ListingTable>()
-}
-
-/// The table and version of a Delta Lake table.
-fn delta_identity(provider: &dyn TableProvider) -> Option<String> {
-    #[cfg(feature = "delta")]
-    if let Some(table) = provider.downcast_ref::<crate::sql::delta::DeltaSnapshotTable>()
-    {
-        return Some(table.identity());
-    }
-    let _ = provider;
-    None
 }
 
 #[cfg(test)]

@@ -319,26 +319,21 @@ pub(crate) async fn open(
         .await?;
     Ok(Arc::new(DeltaSnapshotTable {
         inner,
-        table: name.to_string(),
-        version,
+        definition: format!(
+            "CREATE EXTERNAL TABLE STORED AS DELTA LOCATION '{}@v{version}'",
+            name.replace('\'', "''")
+        ),
     }))
 }
 
 /// One version of a Delta table: `deltalake-core`'s provider, with the
-/// table and version it reads (the epoch cache keys on them: deletion
-/// vectors change a version's rows without changing its Parquet files).
+/// table and version it reads as its definition (the epoch cache keys on
+/// it: deletion vectors change a version's rows without changing its
+/// Parquet files).
 #[derive(Debug)]
 pub struct DeltaSnapshotTable {
     inner: Arc<dyn TableProvider>,
-    table: String,
-    version: Version,
-}
-
-impl DeltaSnapshotTable {
-    /// The table as named in the query, and the version read.
-    pub fn identity(&self) -> String {
-        format!("delta {} v{}", self.table, self.version)
-    }
+    definition: String,
 }
 
 #[async_trait]
@@ -349,6 +344,10 @@ impl TableProvider for DeltaSnapshotTable {
 
     fn table_type(&self) -> TableType {
         self.inner.table_type()
+    }
+
+    fn get_table_definition(&self) -> Option<&str> {
+        Some(&self.definition)
     }
 
     async fn scan(
@@ -564,7 +563,7 @@ pub async fn pin_versions(
     let mut out = String::with_capacity(sql.len());
     for token in tokens {
         if let Token::SingleQuotedString(name) = &token
-            && super::url_table::looks_like_path(name)
+            && super::looks_like_path(name)
             && split_version(name).is_none()
             && !name.contains(['*', '?', '['])
             && let Ok((_, store, prefix)) = table_location(state, name)

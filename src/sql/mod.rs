@@ -413,6 +413,17 @@ fn parse_target(parser: &mut DFParser<'_>) -> Result<TableTarget> {
     }
 }
 
+/// Whether a table name is meant as a path or URL rather than a catalog name.
+pub(crate) fn looks_like_path(name: &str) -> bool {
+    name.contains("://")
+        || name.contains('/')
+        || name.contains('*')
+        || name.ends_with(".parquet")
+        || name.ends_with(".csv")
+        || name.ends_with(".json")
+        || name.ends_with(".arrow")
+}
+
 /// A seed for `SAMPLE` or `SHUFFLE` without `SEED`: different on every run.
 pub(crate) fn fresh_seed() -> u64 {
     let nanos = std::time::SystemTime::now()

@@ -52,6 +52,7 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use object_store::ObjectMeta;
 
 use super::folder_glob::FolderGlob;
+use super::looks_like_path;
 use super::table_formats::{
     TableRoot, refuse_reads_in_tables, table_error, table_roots_at,
 };
@@ -99,17 +100,6 @@ impl ParquetUrlTableFactory {
                 )
             })
     }
-}
-
-/// Whether a table name is meant as a path or URL rather than a catalog name.
-pub(super) fn looks_like_path(name: &str) -> bool {
-    name.contains("://")
-        || name.contains('/')
-        || name.contains('*')
-        || name.ends_with(".parquet")
-        || name.ends_with(".csv")
-        || name.ends_with(".json")
-        || name.ends_with(".arrow")
 }
 
 #[async_trait]
