@@ -144,8 +144,8 @@ fn table_location(
     Ok((url.clone(), store, listing.prefix().clone()))
 }
 
-/// Opens the Delta table `name` at `at` with `state`'s object stores.
-async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTable> {
+/// The Delta table `name`, not loaded yet, on `state`'s object stores.
+async fn unloaded(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTable> {
     let (url, root_store, prefix) = table_location(state, name)?;
     if !is_table(root_store.as_ref(), &prefix).await {
         return plan_err!(
@@ -158,7 +158,22 @@ async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTab
         .decorate_store(Arc::clone(&root_store), &url)
         .map_err(|e| delta_error(name, at, e))?;
     let log_store = default_logstore(Arc::new(prefixed), root_store, &url, &storage);
-    let mut table = DeltaTable::new(log_store);
+    Ok(DeltaTable::new(log_store))
+}
+
+/// The newest version of the Delta table `name`: a listing of its log,
+/// without replaying it.
+async fn newest_version(state: &SessionState, name: &str) -> Result<Version> {
+    unloaded(state, name, &DeltaAt::Latest)
+        .await?
+        .get_latest_version()
+        .await
+        .map_err(|e| delta_error(name, &DeltaAt::Latest, e))
+}
+
+/// Opens the Delta table `name` at `at` with `state`'s object stores.
+async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTable> {
+    let mut table = unloaded(state, name, at).await?;
     let loaded = match at {
         DeltaAt::Latest => table.load().await,
         DeltaAt::Version(version) => table.load_version(*version).await,
@@ -310,7 +325,15 @@ pub(crate) async fn open(
 ) -> Result<Arc<dyn TableProvider>> {
     let table = load(state, name, &at).await?;
     let version = loaded_version(name, &table)?;
-    if at != DeltaAt::Latest {
+    // Only versions older than the newest can have lost files to VACUUM
+    // (a feed's pinned table is opened every epoch: no HEADs in the usual
+    // case).
+    if at != DeltaAt::Latest
+        && table
+            .get_latest_version()
+            .await
+            .is_ok_and(|newest| newest > version)
+    {
         check_files_exist(name, &table).await?;
     }
     let inner = table
@@ -569,10 +592,9 @@ pub async fn pin_versions(
             && let Ok((_, store, prefix)) = table_location(state, name)
             && is_table(store.as_ref(), &prefix).await
         {
+            let newest = newest_version(state, name).await?;
             let version = match pins.get(name.as_str()) {
                 Some(pinned) => {
-                    let newest = load(state, name, &DeltaAt::Latest).await?;
-                    let newest = loaded_version(name, &newest)?;
                     if newest != *pinned {
                         log::info!(
                             "the Delta table '{name}' is at version {newest} now; the \
@@ -581,10 +603,7 @@ pub async fn pin_versions(
                     }
                     *pinned
                 }
-                None => {
-                    let table = load(state, name, &DeltaAt::Latest).await?;
-                    loaded_version(name, &table)?
-                }
+                None => newest,
             };
             versions.insert(name.clone(), version);
             out.push_str(
