@@ -217,6 +217,13 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
             };
             return encode(&wire, buf);
         }
+        if any.is::<crate::shuffle::mix::MixNode>() {
+            return datafusion::common::plan_err!(
+                "MIX runs on the embedded engine only for now: a cluster session cannot \
+                 send a mixture to its scheduler; run this query in a session without \
+                 a cluster"
+            );
+        }
         if let Some(write) = any.downcast_ref::<SharedEntryWriteNode>() {
             let wire = WireNode::SharedEntryWrite {
                 dir: write.dir().to_string(),
@@ -451,6 +458,26 @@ mod tests {
 
     fn registry() -> FunctionRegistry {
         FunctionRegistry::new(sqlfeed_udfs::scalar_functions().into_iter().map(Arc::new))
+    }
+
+    #[test]
+    fn a_mixture_is_refused_by_name() -> Result<()> {
+        let logical = SqlfeedLogicalCodec::new(registry());
+        let input = LogicalPlan::EmptyRelation(EmptyRelation {
+            produce_one_row: true,
+            schema: Arc::new(datafusion::common::DFSchema::empty()),
+        });
+        let spec =
+            crate::shuffle::mix::MixSpec::new(vec!["a".into()], &[1.0], None, None, None);
+        let node = Extension {
+            node: Arc::new(crate::shuffle::mix::MixNode::try_new(vec![input], spec)?),
+        };
+        let err = logical
+            .try_encode(&node, &mut vec![])
+            .expect_err("a mixture cannot go to the scheduler")
+            .to_string();
+        assert!(err.contains("MIX runs on the embedded engine"), "{err}");
+        Ok(())
     }
 
     #[test]

@@ -60,6 +60,7 @@ mod convert;
 mod epoch_cache;
 mod inputs;
 mod metrics;
+mod mixture;
 mod order;
 mod producer;
 mod provenance;
@@ -490,6 +491,13 @@ impl FeedBuilder {
         #[cfg(feature = "delta")]
         if self.user_sql.is_none() {
             self.pin_delta_versions(&runtime)?;
+        }
+        {
+            let (session, sql) = (self.session.clone(), self.sql.clone());
+            let (shuffled, cached) = (self.shuffle_seed.is_some(), self.cache);
+            on_runtime(&runtime, async move {
+                mixture::check(&session, &sql, shuffled, cached).await
+            })?;
         }
         let checkpoint = match self.origins {
             Some(_) => None,

@@ -93,6 +93,7 @@ mod key;
 pub mod late;
 mod local;
 mod logical;
+pub mod mix;
 mod permute;
 mod planner;
 mod range;

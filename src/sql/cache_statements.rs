@@ -38,8 +38,7 @@ pub(super) async fn cache_table(
 ) -> Result<DataFrame> {
     let text = query.to_string();
     let state = ctx.state();
-    let plan =
-        super::shuffle_clause::apply_markers(state.statement_to_plan(query).await?)?;
+    let plan = super::apply_markers(state.statement_to_plan(query).await?)?;
     let table_name = name.to_string();
     let existing = ctx.table_provider(table_name.as_str()).await.ok();
     if let Some(existing) = &existing

@@ -35,10 +35,7 @@ async fn select_all(ctx: &SessionContext, target: &TableTarget) -> Result<DataFr
         .await?
         .into_parts();
     // A `(query)` target may hold a rewritten SHUFFLE clause.
-    Ok(DataFrame::new(
-        state,
-        super::shuffle_clause::apply_markers(plan)?,
-    ))
+    Ok(DataFrame::new(state, super::apply_markers(plan)?))
 }
 
 /// `DESCRIBE <target>`: the same columns as DataFusion's `DESCRIBE <name>`.

@@ -37,6 +37,7 @@ mod folder_glob;
 pub mod function_docs;
 mod functions;
 pub mod lanes;
+mod mix_clause;
 mod parallel_projection;
 mod planner;
 pub mod rules;
@@ -160,6 +161,7 @@ fn parse_with_dialect(
         }
         #[cfg(feature = "delta")]
         let tokens = delta::rewrite_time_travel(tokens)?;
+        let tokens = mix_clause::rewrite(tokens)?;
         let tokens = shuffle_clause::rewrite(tokens)?;
         let mut parser = DFParserBuilder::new(ParserInput::Tokens(tokens))
             .with_dialect(dialect)
@@ -460,6 +462,14 @@ pub async fn plan_sql(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
     }
 }
 
+/// Puts the operators of sqlfeed's clauses (`SHUFFLE`, `MIX`) where the
+/// token rewrites marked them, anywhere in `plan`.
+pub(crate) fn apply_markers(
+    plan: datafusion::logical_expr::LogicalPlan,
+) -> Result<datafusion::logical_expr::LogicalPlan> {
+    mix_clause::apply_markers(shuffle_clause::apply_markers(plan)?)
+}
+
 /// Plans one statement into a DataFrame.
 pub(crate) async fn plan_statement(
     ctx: &SessionContext,
@@ -469,8 +479,7 @@ pub(crate) async fn plan_statement(
         Statement::DataFusion(statement) => {
             let state = ctx.state();
             let plan = state.statement_to_plan(*statement).await?;
-            ctx.execute_logical_plan(shuffle_clause::apply_markers(plan)?)
-                .await
+            ctx.execute_logical_plan(apply_markers(plan)?).await
         }
         Statement::Describe(target) => explore::describe(ctx, &target).await,
         Statement::DescribeHistory(path) => describe_history(ctx, &path).await,

@@ -1,5 +1,6 @@
 //! [`SqlfeedQueryPlanner`]: DataFusion's physical planner with sqlfeed's
-//! extension planners: `SHUFFLE` (crate::shuffle) and, on a cluster, the
+//! extension planners: `SHUFFLE` (crate::shuffle), `MIX`
+//! (crate::shuffle::mix) and, on a cluster, the
 //! executor cache's writes (`crate::cache::shared`).
 
 use std::sync::Arc;
@@ -17,11 +18,13 @@ use datafusion::physical_planner::{
 use datafusion_session::Session;
 
 use crate::shuffle::ShuffleExtensionPlanner;
+use crate::shuffle::mix::MixExtensionPlanner;
 
 /// DataFusion's planner with sqlfeed's extension planners.
 #[derive(Debug, Default)]
 pub struct SqlfeedQueryPlanner {
     shuffle: ShuffleExtensionPlanner,
+    mix: MixExtensionPlanner,
 }
 
 impl SqlfeedQueryPlanner {
@@ -29,6 +32,7 @@ impl SqlfeedQueryPlanner {
     pub fn embedded() -> Self {
         Self {
             shuffle: ShuffleExtensionPlanner::embedded(),
+            mix: MixExtensionPlanner::embedded(),
         }
     }
 
@@ -36,6 +40,7 @@ impl SqlfeedQueryPlanner {
     pub fn stage_shaped() -> Self {
         Self {
             shuffle: ShuffleExtensionPlanner::stage_shaped(),
+            mix: MixExtensionPlanner::stage_shaped(),
         }
     }
 }
@@ -49,6 +54,7 @@ impl QueryPlanner for SqlfeedQueryPlanner {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let planners: Vec<Arc<dyn ExtensionPlanner + Send + Sync>> = vec![
             Arc::new(self.shuffle),
+            Arc::new(self.mix),
             #[cfg(feature = "ballista")]
             Arc::new(CachePlanner),
         ];

@@ -47,21 +47,21 @@ const GLOBAL_ALIAS: &str = "__sqlfeed_shuffle_";
 /// Prefix of the derived-table alias of a local shuffle.
 const LOCAL_ALIAS: &str = "__sqlfeed_local_shuffle_";
 
-fn word(token: &Token) -> Option<String> {
+pub(super) fn word(token: &Token) -> Option<String> {
     match token {
         Token::Word(w) if w.quote_style.is_none() => Some(w.value.to_ascii_uppercase()),
         _ => None,
     }
 }
 
-fn position(token: &TokenWithSpan) -> String {
+pub(super) fn position(token: &TokenWithSpan) -> String {
     format!(
         "Line: {}, Column: {}",
         token.span.start.line, token.span.start.column
     )
 }
 
-fn is_blank(token: &Token) -> bool {
+pub(super) fn is_blank(token: &Token) -> bool {
     matches!(token, Token::Whitespace(_) | Token::EOF)
 }
 
@@ -294,7 +294,7 @@ fn sample_parts(
 }
 
 /// `SELECT * FROM `, the start of both rewrites, at `span`.
-fn select_star_from(span: Span) -> Vec<TokenWithSpan> {
+pub(super) fn select_star_from(span: Span) -> Vec<TokenWithSpan> {
     each_then_space(
         span,
         [
@@ -306,7 +306,7 @@ fn select_star_from(span: Span) -> Vec<TokenWithSpan> {
 }
 
 /// `tokens`, each followed by a space, at `span` (where errors point).
-fn each_then_space(
+pub(super) fn each_then_space(
     span: Span,
     tokens: impl IntoIterator<Item = Token>,
 ) -> Vec<TokenWithSpan> {

@@ -47,6 +47,7 @@ mod function_docs;
 mod globs;
 mod http;
 mod local_sql;
+mod mix;
 mod plugins;
 mod provenance;
 mod repl;

@@ -1,0 +1,449 @@
+//! [`MixExec`]: interleaves the sources of a mixture, each read as its
+//! epoch's window of passes, in the turns of [`Interleave`].
+//!
+//! ```text
+//!                      MixExec: rows in the turns of the interleave;
+//!                        │      each source's rows in its window's order
+//!        ┌───────────────┼──────────────────────┐
+//!   source 0          source 1             source 2   (one task each)
+//!   pass p: skip s    pass q ─► pass q+1   (quota 0:
+//!   take quota        take quota            not run)
+//!     ShuffleExec       ShuffleExec ShuffleExec
+//!       <source 0>        <source 1>  <source 1>   (seed of the source,
+//!                                                   epoch = pass)
+//! ```
+//!
+//! # Order
+//! A pure function of (the sources' rows, weights, rows per epoch, seed,
+//! epoch): each pass is a global shuffle (content-keyed, so the same on any
+//! number of partitions), the window says which of its rows the epoch takes,
+//! and the interleave says which source each position takes its next row
+//! from. The output is one partition.
+//!
+//! # Memory
+//! Each source's passes run one after another in a task of their own, so
+//! the sources' shuffles (a barrier each) run side by side; their memory is
+//! reserved by the shuffles below, from the session's pool, and spills
+//! there. Between a source's task and the interleave are at most two
+//! batches. Output batches are gathered (`interleave`) from slices of the
+//! sources' batches: the rows are copied once.
+//!
+//! # Errors
+//! A source's error ends the stream, with the source's name; a source that
+//! gives fewer rows than its window (its data changed since it was counted)
+//! is an error that says so.
+//!
+//! # Metrics
+//! `output_rows`, `elapsed_compute`, and `rows_<source>` per source.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef};
+use datafusion::arrow::compute::interleave;
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{exec_err, internal_err};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::{
+    RecordBatchReceiverStream, RecordBatchStreamAdapter,
+};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+};
+use futures::StreamExt;
+
+use super::pattern::{Interleave, Window};
+
+/// One source of a [`MixExec`]: its passes (single-partition plans, each
+/// the source in one pass's order) and how many rows to skip and take.
+#[derive(Debug, Clone)]
+pub struct MixSource {
+    /// The `source` name, for errors and metrics.
+    pub name: String,
+    /// Pass `window.first_pass + i` is `passes[i]`.
+    pub passes: Vec<Arc<dyn ExecutionPlan>>,
+    /// Which rows of the passes the epoch takes.
+    pub window: Window,
+}
+
+/// Interleaves [`MixSource`]s; see the module docs.
+#[derive(Debug)]
+pub struct MixExec {
+    sources: Vec<MixSource>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl MixExec {
+    /// Mixes `sources`, whose passes all have `schema`'s columns (nullability
+    /// may differ: the output's columns are nullable where any source's is).
+    pub fn try_new(sources: Vec<MixSource>, schema: SchemaRef) -> Result<Self> {
+        let mut fields: Vec<Field> =
+            schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        for source in &sources {
+            if source.passes.len() as u64 != source.window.passes {
+                return internal_err!(
+                    "mixture source '{}' has {} pass plans for a window of {} passes",
+                    source.name,
+                    source.passes.len(),
+                    source.window.passes
+                );
+            }
+            for pass in &source.passes {
+                let pass_schema = pass.schema();
+                if pass_schema.fields().len() != fields.len() {
+                    return internal_err!(
+                        "mixture source '{}' has {} columns, the mixture {}",
+                        source.name,
+                        pass_schema.fields().len(),
+                        fields.len()
+                    );
+                }
+                for (field, theirs) in fields.iter_mut().zip(pass_schema.fields()) {
+                    if theirs.is_nullable() {
+                        *field = field.clone().with_nullable(true);
+                    }
+                }
+            }
+        }
+        let schema =
+            Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            sources,
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The sources, with their windows.
+    pub fn sources(&self) -> &[MixSource] {
+        &self.sources
+    }
+}
+
+impl DisplayAs for MixExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "MixExec: ")?;
+        let parts: Vec<String> = self
+            .sources
+            .iter()
+            .map(|s| {
+                format!(
+                    "{}: take {} from pass {} (skip {}, {} passes)",
+                    s.name,
+                    s.window.take,
+                    s.window.first_pass,
+                    s.window.skip,
+                    s.window.passes
+                )
+            })
+            .collect();
+        write!(f, "{}", parts.join("; "))
+    }
+}
+
+impl ExecutionPlan for MixExec {
+    fn name(&self) -> &str {
+        "MixExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.sources.iter().flat_map(|s| s.passes.iter()).collect()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false; self.children().len()]
+    }
+
+    // Each pass is one partition in its shuffle order, read in full.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false; self.children().len()]
+    }
+
+    fn required_input_distribution(
+        &self,
+    ) -> Vec<datafusion::physical_plan::Distribution> {
+        vec![
+            datafusion::physical_plan::Distribution::SinglePartition;
+            self.children().len()
+        ]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != self.children().len() {
+            return internal_err!(
+                "MixExec has {} children, got {}",
+                self.children().len(),
+                children.len()
+            );
+        }
+        let mut children = children.into_iter();
+        let sources = self
+            .sources
+            .iter()
+            .map(|s| MixSource {
+                name: s.name.clone(),
+                passes: children.by_ref().take(s.passes.len()).collect(),
+                window: s.window,
+            })
+            .collect();
+        Ok(Arc::new(Self::try_new(sources, Arc::clone(&self.schema))?))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("MixExec has one partition, asked for {partition}");
+        }
+        let mut readers = Vec::with_capacity(self.sources.len());
+        for source in &self.sources {
+            let counter = MetricBuilder::new(&self.metrics)
+                .counter(format!("rows_{}", source.name), partition);
+            readers.push(SourceReader {
+                name: source.name.clone(),
+                stream: source_stream(source, &self.schema, Arc::clone(&context)),
+                batches: VecDeque::new(),
+                offset: 0,
+                rows: counter,
+            });
+        }
+        let quotas = self.sources.iter().map(|s| s.window.take).collect();
+        let mixer = Mixer {
+            readers,
+            interleave: Interleave::new(quotas),
+            batch_size: context.session_config().batch_size().max(1),
+            schema: Arc::clone(&self.schema),
+            baseline: BaselineMetrics::new(&self.metrics, partition),
+        };
+        let output = futures::stream::unfold(Some(mixer), |mixer| async move {
+            let mut mixer = mixer?;
+            match mixer.next_batch().await {
+                Ok(Some(batch)) => Some((Ok(batch), Some(mixer))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            output,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
+
+/// A source's window as one stream: its passes in turn, the first `skip`
+/// rows dropped, `take` rows in all, each batch cast to the mixture's schema
+/// (nullability only). Runs in a task of its own.
+fn source_stream(
+    source: &MixSource,
+    schema: &SchemaRef,
+    context: Arc<TaskContext>,
+) -> SendableRecordBatchStream {
+    let mut builder = RecordBatchReceiverStream::builder(Arc::clone(schema), 2);
+    let sender = builder.tx();
+    let (passes, window, schema) =
+        (source.passes.clone(), source.window, Arc::clone(schema));
+    builder.spawn(async move {
+        let (mut skip, mut left) = (window.skip, window.take);
+        for pass in passes {
+            if left == 0 {
+                break;
+            }
+            let mut stream = pass.execute(0, Arc::clone(&context))?;
+            while let Some(batch) = stream.next().await {
+                let batch = batch?;
+                let rows = batch.num_rows() as u64;
+                if skip >= rows {
+                    skip -= rows;
+                    continue;
+                }
+                let length = (rows - skip).min(left);
+                let slice = batch.slice(skip as usize, length as usize);
+                let slice =
+                    RecordBatch::try_new(Arc::clone(&schema), slice.columns().to_vec())?;
+                skip = 0;
+                left -= length;
+                if sender.send(Ok(slice)).await.is_err() {
+                    // The mixture was dropped: stop reading.
+                    return Ok(());
+                }
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    });
+    builder.build()
+}
+
+/// The rows of one source not yet handed out.
+struct SourceReader {
+    name: String,
+    stream: SendableRecordBatchStream,
+    batches: VecDeque<RecordBatch>,
+    /// Rows of the front batch already handed out.
+    offset: usize,
+    rows: Count,
+}
+
+impl SourceReader {
+    /// Rows buffered and not yet handed out.
+    fn buffered(&self) -> usize {
+        self.batches.iter().map(|b| b.num_rows()).sum::<usize>() - self.offset
+    }
+
+    /// Reads until `rows` rows are buffered.
+    async fn fill(&mut self, rows: usize) -> Result<()> {
+        let mut buffered = self.buffered();
+        while buffered < rows {
+            match self.stream.next().await {
+                Some(Ok(batch)) => {
+                    buffered += batch.num_rows();
+                    self.batches.push_back(batch);
+                }
+                Some(Err(e)) => {
+                    return Err(DataFusionError::Context(
+                        format!("mixture source '{}'", self.name),
+                        Box::new(e),
+                    ));
+                }
+                None => {
+                    return exec_err!(
+                        "mixture source '{}' ended {} rows short of its share: its data \
+                         changed after it was counted (run the query again)",
+                        self.name,
+                        rows - buffered
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Hands out the interleave's turns as output batches.
+struct Mixer {
+    readers: Vec<SourceReader>,
+    interleave: Interleave,
+    batch_size: usize,
+    schema: SchemaRef,
+    baseline: BaselineMetrics,
+}
+
+impl Mixer {
+    async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
+        let left = self.interleave.total() - self.interleave.position();
+        let rows = (self.batch_size as u64).min(left) as usize;
+        if rows == 0 {
+            return Ok(None);
+        }
+        let turns: Vec<usize> = self.interleave.by_ref().take(rows).collect();
+        let mut wanted = vec![0usize; self.readers.len()];
+        for &k in &turns {
+            wanted[k] += 1;
+        }
+        for (reader, &want) in self.readers.iter_mut().zip(&wanted) {
+            if want > 0 {
+                reader.fill(want).await?;
+            }
+        }
+        let timer = self.baseline.elapsed_compute().timer();
+        // The slices the turns read: (reader, batch) in a flat list, and for
+        // each reader where its next row is.
+        let mut slices: Vec<&RecordBatch> = vec![];
+        let mut cursor: Vec<(usize, usize)> = vec![(0, 0); self.readers.len()];
+        let mut first_slice = vec![0usize; self.readers.len()];
+        for (k, reader) in self.readers.iter().enumerate() {
+            first_slice[k] = slices.len();
+            cursor[k] = (first_slice[k], reader.offset);
+            let mut need = wanted[k];
+            let mut offset = reader.offset;
+            for batch in &reader.batches {
+                if need == 0 {
+                    break;
+                }
+                slices.push(batch);
+                need = need.saturating_sub(batch.num_rows() - offset);
+                offset = 0;
+            }
+        }
+        let mut indices = Vec::with_capacity(rows);
+        for &k in &turns {
+            let (slice, row) = &mut cursor[k];
+            if *row >= slices[*slice].num_rows() {
+                *slice += 1;
+                *row = 0;
+            }
+            indices.push((*slice, *row));
+            *row += 1;
+        }
+        let columns = (0..self.schema.fields().len())
+            .map(|c| {
+                let arrays: Vec<&dyn Array> =
+                    slices.iter().map(|b| b.column(c).as_ref()).collect();
+                interleave(&arrays, &indices)
+            })
+            .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+        let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        // Advance each reader past what it gave.
+        for (k, reader) in self.readers.iter_mut().enumerate() {
+            if wanted[k] == 0 {
+                continue;
+            }
+            reader.rows.add(wanted[k]);
+            let (slice, row) = cursor[k];
+            let consumed_batches = slice - first_slice[k];
+            reader.batches.drain(..consumed_batches);
+            reader.offset = row;
+            if reader
+                .batches
+                .front()
+                .is_some_and(|b| b.num_rows() == reader.offset)
+            {
+                reader.batches.pop_front();
+                reader.offset = 0;
+            }
+        }
+        timer.done();
+        self.baseline.record_output(batch.num_rows());
+        Ok(Some(batch))
+    }
+}

@@ -1,0 +1,173 @@
+//! Physical planning of [`MixNode`]s: count the sources, size their shares,
+//! and plan each share's passes as global shuffles under a [`MixExec`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::common::stats::Precision;
+use datafusion::common::{ScalarValue, plan_err};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::functions_aggregate::count::count;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode, lit,
+};
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+use datafusion_session::Session;
+
+use super::exec::{MixExec, MixSource};
+use super::logical::MixNode;
+use super::pattern::{Window, quotas};
+use super::source_seed;
+use crate::shuffle::{KeySource, plan_global_shuffle};
+
+/// Turns [`MixNode`] into the plan drawn in `exec.rs`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MixExtensionPlanner {
+    /// A cluster's scheduler plans here: mixtures run embedded only.
+    stage_shaped: bool,
+}
+
+impl MixExtensionPlanner {
+    /// The planner of the embedded engine.
+    pub fn embedded() -> Self {
+        Self {
+            stage_shaped: false,
+        }
+    }
+
+    /// The planner of a Ballista scheduler, which refuses mixtures.
+    pub fn stage_shaped() -> Self {
+        Self { stage_shaped: true }
+    }
+}
+
+/// The rows `logical` gives: exact statistics when the plan has them (a
+/// Parquet scan without filters), else a `count(*)` query, which reads only
+/// the columns the source's filters need.
+async fn count_rows(
+    logical: &LogicalPlan,
+    physical: &Arc<dyn ExecutionPlan>,
+    session: &dyn Session,
+) -> Result<u64> {
+    // The context is not `Send`: it is gone before the first await.
+    let known = {
+        let context = StatisticsContext::new();
+        context
+            .compute(physical.as_ref(), &StatisticsArgs::new())?
+            .num_rows
+    };
+    if let Precision::Exact(rows) = known {
+        return Ok(rows as u64);
+    }
+    let counting = LogicalPlanBuilder::from(logical.clone())
+        .aggregate(
+            Vec::<datafusion::logical_expr::Expr>::new(),
+            vec![count(lit(1))],
+        )?
+        .build()?;
+    let plan = session.create_physical_plan(&counting).await?;
+    let batches = collect(plan, session.task_ctx()).await?;
+    let value = batches
+        .first()
+        .filter(|b| b.num_rows() == 1)
+        .map(|b| ScalarValue::try_from_array(b.column(0), 0))
+        .transpose()?;
+    match value {
+        Some(ScalarValue::Int64(Some(rows))) => Ok(rows.max(0) as u64),
+        other => Err(DataFusionError::Internal(format!(
+            "count(*) of a mixture source gave {other:?}"
+        ))),
+    }
+}
+
+/// The most passes one source may need in one epoch: each pass is a full
+/// shuffle of the source, so a share thousands of times the source is better
+/// served by a bigger source (or a smaller `ROWS`).
+pub const MAX_PASSES: u64 = 1024;
+
+#[async_trait]
+impl ExtensionPlanner for MixExtensionPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(mix) = node.as_any().downcast_ref::<MixNode>() else {
+            return Ok(None);
+        };
+        if self.stage_shaped {
+            return plan_err!(
+                "MIX runs on the embedded engine only: a cluster session cannot plan a \
+                 mixture yet; run it in a session without --cluster"
+            );
+        }
+        let spec = mix.spec();
+        let feed = session
+            .config()
+            .options()
+            .extensions
+            .get::<sqlfeed_udfs::augment::AugmentOptions>()
+            .filter(|options| options.epoch.is_some());
+        let seed = spec.seed.or(feed.map(|f| f.feed_seed)).unwrap_or(0);
+        let epoch = spec.epoch.or(feed.and_then(|f| f.epoch)).unwrap_or(0);
+        let mut counts = Vec::with_capacity(physical_inputs.len());
+        for (logical, physical) in logical_inputs.iter().zip(physical_inputs) {
+            counts.push(count_rows(logical, physical, session).await?);
+        }
+        let rows = spec.rows.unwrap_or_else(|| counts.iter().sum());
+        let quotas = quotas(&spec.weights(), rows)?;
+        let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
+            MemoryLimit::Finite(bytes) => bytes,
+            _ => usize::MAX / 2,
+        };
+        let batch_size = session.config().batch_size();
+        let mut sources = Vec::with_capacity(quotas.len());
+        for (k, ((name, input), (&count, &quota))) in spec
+            .names
+            .iter()
+            .zip(physical_inputs)
+            .zip(counts.iter().zip(&quotas))
+            .enumerate()
+        {
+            let window = Window::of(count, quota, epoch).map_err(|e| {
+                DataFusionError::Context(format!("mixture source '{name}'"), Box::new(e))
+            })?;
+            if window.passes > MAX_PASSES {
+                return plan_err!(
+                    "mixture source '{name}' has {count} rows for a share of {quota} rows \
+                     per epoch: {} passes over it; at most {MAX_PASSES} are planned. Give it \
+                     more rows, a smaller weight, or the mixture fewer ROWS",
+                    window.passes
+                );
+            }
+            let source_seed = source_seed(seed, k);
+            let passes = (0..window.passes)
+                .map(|i| {
+                    plan_global_shuffle(
+                        Arc::clone(input),
+                        KeySource::AllColumns,
+                        source_seed,
+                        window.first_pass + i,
+                        memory_limit,
+                        batch_size,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?;
+            sources.push(MixSource {
+                name: name.clone(),
+                passes,
+                window,
+            });
+        }
+        let schema = Arc::new(mix.arrow_schema());
+        Ok(Some(Arc::new(MixExec::try_new(sources, schema)?)))
+    }
+}

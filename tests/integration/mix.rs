@@ -1,0 +1,302 @@
+//! `MIX` (issue 28): weighted mixtures of sources, stratified in every batch
+//! on every rank, a pure function of (data, weights, rows, seed, epoch), and
+//! resumable in feeds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use datafusion::arrow::array::{Int32Array, Int64Array, RecordBatch};
+use datafusion::error::Result;
+use sqlfeed::Session;
+use sqlfeed::device::Device;
+use sqlfeed::feed::Feed;
+
+use crate::common::{arc, collect, rows, write_parquet};
+
+/// Ids of `web` start here, of `code` at 10 000 and of `math` at 20 000.
+fn source_of(id: i64) -> usize {
+    (id / 10_000) as usize
+}
+
+/// Quotas of [`mixture`]: 0.6, 0.25 and 0.15 of 400 rows.
+const QUOTAS: [u64; 3] = [240, 100, 60];
+
+/// Three sources: `web` 600 rows in two files (down-sampled to 240 per
+/// epoch), `code` 50 rows (repeated to 100), `math` 200 of 400 rows after a
+/// filter (60 per epoch).
+fn mixture(dir: &Path, extra: &str) -> Result<String> {
+    for (name, start, rows, files) in [
+        ("web", 0, 600, 2),
+        ("code", 10_000, 50, 1),
+        ("math", 20_000, 400, 1),
+    ] {
+        std::fs::create_dir_all(dir.join(name))?;
+        let per_file = rows / files;
+        for file in 0..files {
+            let first = start + file * per_file;
+            let ids = Int64Array::from_iter_values(first..first + per_file);
+            let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
+            write_parquet(&dir.join(name).join(format!("part-{file}.parquet")), &batch)?;
+        }
+    }
+    let d = dir.display();
+    Ok(format!(
+        "MIX (SELECT id FROM '{d}/web/*.parquet') AS web WEIGHT 0.6, \
+             (SELECT id FROM '{d}/code/*.parquet') AS code WEIGHT 0.25, \
+             (SELECT id FROM '{d}/math/*.parquet' WHERE id % 2 = 0) AS math WEIGHT 0.15 \
+         ROWS 400 {extra}"
+    ))
+}
+
+async fn ids(session: &Session, sql: &str) -> Result<Vec<i64>> {
+    Ok(rows(&collect(session, sql).await?)
+        .into_iter()
+        .map(|row| row[0].parse().expect("an id"))
+        .collect())
+}
+
+fn session(partitions: usize, batch_size: usize) -> Result<Session> {
+    Session::builder()
+        .target_partitions(partitions)
+        .batch_size(batch_size)
+        .memory_limit(256 << 20)
+        .build()
+}
+
+#[tokio::test]
+async fn every_epoch_takes_each_share_covers_before_repeating_and_names_sources()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mix = mixture(dir.path(), "SEED 5")?;
+    let session = session(2, 64)?;
+    let mut web_seen: BTreeMap<i64, u32> = BTreeMap::new();
+    for epoch in 0..3 {
+        let ids = ids(&session, &format!("SELECT id FROM ({mix} EPOCH {epoch})")).await?;
+        let mut counts = [0u64; 3];
+        let mut per_id: BTreeMap<i64, u32> = BTreeMap::new();
+        for &id in &ids {
+            counts[source_of(id)] += 1;
+            *per_id.entry(id).or_default() += 1;
+        }
+        assert_eq!(counts, QUOTAS, "epoch {epoch}");
+        // Down-sampled: no web row twice in an epoch within one pass (epoch
+        // 2 crosses from web's first pass into its second, where a row of
+        // the first's tail may come again); repeated: every code row exactly
+        // twice; filtered: only even math ids.
+        for (&id, &n) in &per_id {
+            match source_of(id) {
+                0 if epoch < 2 => assert_eq!(n, 1, "web row {id} in epoch {epoch}"),
+                0 => assert!(n <= 2, "web row {id} ×{n} in epoch {epoch}"),
+                1 => assert_eq!(n, 2, "code row {id} in epoch {epoch}"),
+                _ => assert!(id % 2 == 0 && n == 1, "math row {id} ×{n}"),
+            }
+        }
+        assert_eq!(per_id.keys().filter(|&&id| source_of(id) == 1).count(), 50);
+        for id in ids.iter().filter(|&&id| source_of(id) == 0) {
+            *web_seen.entry(*id).or_default() += 1;
+        }
+        if epoch == 1 {
+            // Epochs 0 and 1 are disjoint slices of web's first pass.
+            assert!(web_seen.values().all(|&n| n == 1));
+            assert_eq!(web_seen.len(), 480);
+        }
+    }
+    // Three epochs of 240 cover all 600 web rows.
+    assert_eq!(web_seen.len(), 600);
+    // The source column names each row's source.
+    let named = rows(
+        &collect(
+            &session,
+            &format!("SELECT source, count(*), count(DISTINCT id) FROM ({mix}) GROUP BY source ORDER BY source"),
+        )
+        .await?,
+    );
+    assert_eq!(
+        named,
+        vec![
+            vec!["code", "100", "50"],
+            vec!["math", "60", "60"],
+            vec!["web", "240", "240"],
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_order_is_the_same_on_any_partitions_and_batch_size_and_new_each_epoch()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mix = mixture(dir.path(), "SEED 9")?;
+    let one = ids(&session(1, 8192)?, &format!("SELECT id FROM ({mix})")).await?;
+    let many = ids(&session(4, 7)?, &format!("SELECT id FROM ({mix})")).await?;
+    assert_eq!(one, many);
+    let other_epoch =
+        ids(&session(2, 64)?, &format!("SELECT id FROM ({mix} EPOCH 1)")).await?;
+    assert_ne!(one, other_epoch);
+    let other_seed = ids(
+        &session(2, 64)?,
+        &format!("SELECT id FROM ({})", mixture(dir.path(), "SEED 10")?),
+    )
+    .await?;
+    assert_ne!(one, other_seed);
+    Ok(())
+}
+
+/// Every batch of 16 rows on each of 2 ranks holds each source's share
+/// (16 × q/400: 9.6, 4 and 2.4) within 2 rows, in every epoch.
+#[test]
+fn every_batch_on_every_rank_holds_each_share() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mix = mixture(dir.path(), "SEED 3")?;
+    let session = session(2, 64)?;
+    let (batch, world) = (16u64, 2);
+    let mut batches = 0;
+    for rank in 0..world {
+        let feed = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+            .batch_size(batch as usize)
+            .drop_last(true)
+            .shard(rank, world)
+            .epochs(2)
+            .device(Device::Cpu)
+            .build()?;
+        for fed in feed {
+            let fed = fed?;
+            let ids = fed.tensor("id")?.as_slice::<i64>()?.to_vec();
+            let mut counts = [0u64; 3];
+            for id in ids {
+                counts[source_of(id)] += 1;
+            }
+            for (k, &count) in counts.iter().enumerate() {
+                let share = (QUOTAS[k] * batch) as f64 / 400.0;
+                assert!(
+                    (count as f64 - share).abs() < 2.0,
+                    "rank {rank} epoch {} step {}: source {k} has {count} rows, share {share}",
+                    fed.epoch(),
+                    fed.step()
+                );
+                assert!(count > 0, "source {k} missing from a batch");
+            }
+            batches += 1;
+        }
+    }
+    // 400 rows: 12 global steps of 32 per epoch, 2 epochs, 2 ranks.
+    assert_eq!(batches, 12 * 2 * 2);
+    Ok(())
+}
+
+#[test]
+fn a_resumed_feed_gives_the_same_batches_and_epochs_differ() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mix = mixture(dir.path(), "SEED 4")?;
+    let session = session(2, 64)?;
+    let run = |resume: Option<(u64, u64)>| -> Result<Vec<(u64, u64, Vec<i64>)>> {
+        let mut builder = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+            .batch_size(10)
+            .epochs(2)
+            .device(Device::Cpu);
+        if let Some((epoch, step)) = resume {
+            builder = builder.resume_at(epoch, step);
+        }
+        builder
+            .build()?
+            .map(|b| {
+                let b = b?;
+                Ok((
+                    b.epoch(),
+                    b.step(),
+                    b.tensor("id")?.as_slice::<i64>()?.to_vec(),
+                ))
+            })
+            .collect()
+    };
+    let whole = run(None)?;
+    let resumed = run(Some((1, 7)))?;
+    let from = whole
+        .iter()
+        .position(|(e, s, _)| (*e, *s) == (1, 7))
+        .expect("epoch 1 step 7");
+    assert_eq!(resumed, whole[from..].to_vec());
+    // In a feed the mixture takes the feed's epoch: epoch 1 is a new draw.
+    let epoch = |e: u64| -> Vec<i64> {
+        whole
+            .iter()
+            .filter(|(x, _, _)| *x == e)
+            .flat_map(|(_, _, ids)| ids.clone())
+            .collect()
+    };
+    assert_ne!(epoch(0), epoch(1));
+    assert_eq!(epoch(0).len(), 400);
+    Ok(())
+}
+
+#[test]
+fn feeds_that_would_undo_a_mixture_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mix = mixture(dir.path(), "")?;
+    let session = session(2, 64)?;
+    let shuffled = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+        .shuffle(1)
+        .device(Device::Cpu)
+        .build()
+        .map(|_| ())
+        .expect_err("a shuffled feed over a mixture is refused")
+        .to_string();
+    assert!(
+        shuffled.contains("without a shuffle") && shuffled.contains("SEED"),
+        "{shuffled}"
+    );
+    let cached = Feed::builder(&session, mix.clone())
+        .cache(true)
+        .device(Device::Cpu)
+        .build()
+        .map(|_| ())
+        .expect_err("a cached feed over a mixture is refused")
+        .to_string();
+    assert!(cached.contains("epoch cache"), "{cached}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn sources_are_aligned_to_the_first_or_refused_by_name() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ints = Int32Array::from_iter_values(0..5);
+    write_parquet(
+        &dir.path().join("narrow.parquet"),
+        &RecordBatch::try_from_iter(vec![("n", arc(ints))])?,
+    )?;
+    let d = dir.path().display();
+    let session = session(2, 64)?;
+    // An Int32 source after an Int64 one is cast, and takes the first's name.
+    let mixed = rows(
+        &collect(
+            &session,
+            &format!(
+                "SELECT arrow_typeof(v), count(*) FROM (MIX \
+                 (SELECT value AS v FROM generate_series(1, 5)) WEIGHT 1, \
+                 (SELECT n FROM '{d}/narrow.parquet') WEIGHT 1) GROUP BY 1"
+            ),
+        )
+        .await?,
+    );
+    assert_eq!(mixed, vec![vec!["Int64", "10"]]);
+    let err = collect(
+        &session,
+        "MIX (SELECT 1 AS a, 2 AS b) WEIGHT 1, (SELECT 1 AS a) AS other WEIGHT 1",
+    )
+    .await
+    .expect_err("different columns")
+    .to_string();
+    assert!(err.contains("column"), "{err}");
+    let empty = collect(
+        &session,
+        "MIX (SELECT 1 AS a) WEIGHT 1, (SELECT 1 AS a WHERE false) AS nothing WEIGHT 1 ROWS 4",
+    )
+    .await
+    .expect_err("a source without rows")
+    .to_string();
+    assert!(
+        empty.contains("'nothing'") && empty.contains("no rows"),
+        "{empty}"
+    );
+    Ok(())
+}
