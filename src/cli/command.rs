@@ -81,6 +81,10 @@ pub const STATEMENTS: &[(&str, &str)] = &[
         "the rows in a seeded global random order",
     ),
     (
+        "MIX (<query>) [AS name] WEIGHT w, … [ROWS n] [SEED s] [EPOCH e]",
+        "a weighted mixture of sources, each's share in every batch; `source` names it",
+    ),
+    (
         "CACHE TABLE <name> AS <query>",
         "materialise once (memory, then disk); reused by later runs",
     ),

@@ -243,4 +243,32 @@ mod tests {
             assert_eq!(counts, quotas);
         }
     }
+
+    /// Two sources: any window of `B` rows holds `⌊q·B/N⌋` or `⌈q·B/N⌉`.
+    #[test]
+    fn two_sources_keep_every_window_within_one_row() {
+        let mut rng = crate::rand::SplitMix64::new(11);
+        for _ in 0..100 {
+            let total = 2 + rng.below(2000);
+            let first = rng.below(total + 1);
+            let quotas = vec![first, total - first];
+            let turns: Vec<usize> = Interleave::new(quotas.clone()).collect();
+            let mut prefix = vec![0u64];
+            for &k in &turns {
+                prefix.push(prefix.last().copied().unwrap_or(0) + u64::from(k == 0));
+            }
+            for window in [1u64, 3, 8, 16, 100] {
+                let share = first * window;
+                let (low, high) = (share / total, share.div_ceil(total));
+                for start in 0..total.saturating_sub(window) {
+                    let count =
+                        prefix[(start + window) as usize] - prefix[start as usize];
+                    assert!(
+                        (low..=high).contains(&count),
+                        "{quotas:?}: {count} of source 0 in rows {start}..+{window}"
+                    );
+                }
+            }
+        }
+    }
 }
