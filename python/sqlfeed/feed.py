@@ -470,7 +470,9 @@ class Feed:
     def stats(self) -> dict[str, Any]:
         """Metrics of the passes so far: rows/s, the share of time the loop
         waited for data, H2D seconds, first-batch latency, seconds per epoch,
-        and the prefetch depth the ring has (fewer than ``prefetch`` when its
+        for a ``MIX`` query the realised rows and share of each source per
+        epoch (``{"mixture": {epoch: {source: {"rows", "share"}}}}``), and the
+        prefetch depth the ring has (fewer than ``prefetch`` when its
         batches did not fit its share of the memory limit)."""
         reports = list(self._reports)
         if self._pass is not None:
@@ -491,6 +493,16 @@ class Feed:
             "h2d_s": sum(r["h2d_s"] for r in reports),
             "first_batch_s": [r["ttfb_s"] for r in reports],
             "epoch_seconds": [e for r in reports for e in r["epoch_seconds"]],
+            # A MIX query: each finished epoch's rows per source and their
+            # share of the epoch (all ranks together).
+            "mixture": {
+                epoch: {
+                    source: {"rows": n, "share": n / max(1, sum(m for _, m in given))}
+                    for source, n in given
+                }
+                for r in reports
+                for epoch, given in r.get("epoch_mixtures", [])
+            },
             "device": reports[-1]["device"] if reports else None,
             # Batches prepared ahead: `prefetch`, or fewer where the ring was
             # fitted to its share of the memory limit (heavy batches).

@@ -196,6 +196,7 @@ impl Drop for PyFeed {
 struct Snapshot {
     report: FeedReport,
     epoch_seconds: Vec<(u64, f64)>,
+    epoch_mixtures: Vec<(u64, Vec<(String, u64)>)>,
     device: String,
 }
 
@@ -204,6 +205,7 @@ impl Snapshot {
         Self {
             report: feed.report(),
             epoch_seconds: feed.epoch_seconds().to_vec(),
+            epoch_mixtures: feed.epoch_mixtures().to_vec(),
             device: feed.device().to_string(),
         }
     }
@@ -391,6 +393,7 @@ impl PyFeed {
             dict.set_item("padding_frac", r.padding_frac)?;
             dict.set_item("prefetch", r.prefetch)?;
             dict.set_item("epoch_seconds", snapshot.epoch_seconds)?;
+            dict.set_item("epoch_mixtures", snapshot.epoch_mixtures)?;
             dict.set_item("device", snapshot.device)?;
         }
         Ok(dict.into_any().unbind())

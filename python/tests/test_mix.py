@@ -51,6 +51,10 @@ def test_every_batch_holds_the_shares_and_a_state_dict_resumes_it(session, ids_d
     epoch0 = {i for b in batches[:25] for i in b if i >= 900}
     epoch1 = {i for b in batches[25:] for i in b if i >= 900}
     assert len(epoch0) == 50 and len(epoch1) == 50 and epoch0.isdisjoint(epoch1)
+    mixture = feed.stats()["mixture"]
+    assert sorted(mixture) == [0, 1]
+    assert mixture[1]["low"] == {"rows": 150, "share": 0.75}
+    assert mixture[1]["high"] == {"rows": 50, "share": 0.25}
     resumed = _feed(session, ids_data)
     resumed.load_state_dict(json.loads(json.dumps(state)))
     assert [b["id"].tolist() for b in resumed] == rest

@@ -547,6 +547,7 @@ impl FeedBuilder {
             tensors: vec![],
             epoch_plans: vec![],
             epoch_seconds: vec![],
+            epoch_mixtures: vec![],
             finished: false,
             waiting_since: None,
             checkpoint,
@@ -677,6 +678,8 @@ pub struct Feed {
     epoch_plans: Vec<(u64, String)>,
     /// Seconds each finished epoch took, as (epoch, seconds).
     epoch_seconds: Vec<(u64, f64)>,
+    /// Rows each mixture source gave each finished epoch.
+    epoch_mixtures: Vec<(u64, Vec<(String, u64)>)>,
     /// No more batches will come.
     finished: bool,
     /// When the consumer started waiting for the batch it waits for.
@@ -746,6 +749,13 @@ impl Feed {
     /// entry).
     pub fn epoch_seconds(&self) -> &[(u64, f64)] {
         &self.epoch_seconds
+    }
+
+    /// For a feed over a `MIX`: the rows each source gave each finished
+    /// epoch, as (epoch, [(source, rows)]) — the realised proportions (of
+    /// the whole epoch, all ranks together).
+    pub fn epoch_mixtures(&self) -> &[(u64, Vec<(String, u64)>)] {
+        &self.epoch_mixtures
     }
 
     /// The physical plan of each finished epoch with its metrics (the feed's
@@ -844,7 +854,11 @@ impl Feed {
                     epoch,
                     plan,
                     seconds,
+                    mixture,
                 }) => {
+                    if !mixture.is_empty() {
+                        self.epoch_mixtures.push((epoch, mixture));
+                    }
                     self.epoch_plans.push((epoch, plan));
                     self.epoch_seconds.push((epoch, seconds));
                     // Still waiting for a batch, since the same moment.

@@ -120,6 +120,7 @@ impl Producer {
                 .to_string();
             let _ = events.send(FeedEvent::EpochEnd {
                 epoch,
+                mixture: crate::shuffle::mix::mixture_rows(&sink),
                 plan: rendered,
                 seconds: epoch_start.elapsed().as_secs_f64(),
             });

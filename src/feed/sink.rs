@@ -104,6 +104,9 @@ pub(crate) enum FeedEvent {
         /// Seconds from the start of the epoch's planning to its last batch
         /// (the first epoch includes filling the cache).
         seconds: f64,
+        /// Rows each source of a `MIX` gave the epoch, by name (empty
+        /// without a mixture).
+        mixture: Vec<(String, u64)>,
     },
     /// The feed failed.
     Error(DataFusionError),

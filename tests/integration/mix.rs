@@ -152,14 +152,14 @@ fn every_batch_on_every_rank_holds_each_share() -> Result<()> {
     let (batch, world) = (16u64, 2);
     let mut batches = 0;
     for rank in 0..world {
-        let feed = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+        let mut feed = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
             .batch_size(batch as usize)
             .drop_last(true)
             .shard(rank, world)
             .epochs(2)
             .device(Device::Cpu)
             .build()?;
-        for fed in feed {
+        for fed in feed.by_ref() {
             let fed = fed?;
             let ids = fed.tensor("id")?.as_slice::<i64>()?.to_vec();
             let mut counts = [0u64; 3];
@@ -178,6 +178,17 @@ fn every_batch_on_every_rank_holds_each_share() -> Result<()> {
             }
             batches += 1;
         }
+        // The realised rows per source of each epoch (all ranks together).
+        let given: Vec<(String, u64)> = ["web", "code", "math"]
+            .iter()
+            .zip(QUOTAS)
+            .map(|(name, rows)| (name.to_string(), rows))
+            .collect();
+        assert_eq!(
+            feed.epoch_mixtures(),
+            &[(0, given.clone()), (1, given)],
+            "rank {rank}"
+        );
     }
     // 400 rows: 12 global steps of 32 per epoch, 2 epochs, 2 ranks.
     assert_eq!(batches, 12 * 2 * 2);

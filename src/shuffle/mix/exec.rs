@@ -136,6 +136,33 @@ impl MixExec {
     pub fn sources(&self) -> &[MixSource] {
         &self.sources
     }
+
+    /// Rows each source gave so far, by name, in the sources' order.
+    pub fn rows_given(&self) -> Vec<(String, u64)> {
+        let metrics = self.metrics.clone_inner();
+        self.sources
+            .iter()
+            .map(|s| {
+                let rows = metrics
+                    .sum_by_name(&format!("rows_{}", s.name))
+                    .map_or(0, |v| v.as_usize() as u64);
+                (s.name.clone(), rows)
+            })
+            .collect()
+    }
+}
+
+/// Rows each source of the first mixture in `plan` (from the top) gave, by
+/// name; empty when `plan` has no mixture. A feed reports them per epoch.
+pub fn mixture_rows(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, u64)> {
+    if let Some(mix) = plan.downcast_ref::<MixExec>() {
+        return mix.rows_given();
+    }
+    plan.children()
+        .into_iter()
+        .map(mixture_rows)
+        .find(|rows| !rows.is_empty())
+        .unwrap_or_default()
 }
 
 impl DisplayAs for MixExec {

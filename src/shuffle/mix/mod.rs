@@ -54,7 +54,7 @@ pub mod logical;
 pub mod pattern;
 pub mod planner;
 
-pub use exec::{MixExec, MixSource};
+pub use exec::{MixExec, MixSource, mixture_rows};
 pub use logical::{MixNode, MixSpec};
 pub use planner::MixExtensionPlanner;
 
