@@ -37,6 +37,10 @@ extensions_options! {
         /// and read by later epochs' jobs (`crate::cache::shared`). Empty:
         /// the entry is kept in each rank's local cache.
         pub executor_cache_dir: String, default = String::new()
+        /// Rows per global step (batch size × world) of the feed the plan
+        /// runs for, in which a `MIX`'s weight schedules count their steps;
+        /// 0 outside a feed.
+        pub feed_step_rows: u64, default = 0
     }
 }
 

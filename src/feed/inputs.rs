@@ -17,7 +17,21 @@ use crate::cache::InputFile;
 /// their sizes, modification times and entity tags.
 pub async fn input_files(session: &Session, sql: &str) -> Result<Vec<InputFile>> {
     let (state, plan) = session.sql(sql).await?.into_parts();
+    // Only the files matter here: a MIX whose weights change by step plans
+    // with any step size (the feed's comes with each epoch's plan).
+    let mut config = state.config().clone();
+    let mut options = config
+        .options()
+        .extensions
+        .get::<crate::config::SqlfeedOptions>()
+        .cloned()
+        .unwrap_or_default();
+    if options.feed_step_rows == 0 {
+        options.feed_step_rows = 1;
+        config.options_mut().extensions.insert(options);
+    }
     let state = SessionStateBuilder::new_from_existing(state)
+        .with_config(config)
         .with_query_planner(std::sync::Arc::new(
             crate::sql::SqlfeedQueryPlanner::embedded(),
         ))

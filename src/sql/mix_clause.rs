@@ -2,7 +2,11 @@
 //!
 //! ```text
 //! MIX (<query>) [AS name] WEIGHT w, (<query>) [AS name] WEIGHT w …
-//!     [ROWS n] [SEED s] [EPOCH e]
+//!     [ROWS n] [SEED s] [EPOCH e] [BATCH g]
+//!
+//! w: a number, or STEPS (step: weight, …) — piecewise linear in the global
+//!    step (of g rows; in a feed its batch size × world), constant outside
+//!    the points; two points at one step make a jump
 //! ```
 //!
 //! wherever a query can stand: a statement, a subquery or CTE body, after
@@ -55,6 +59,9 @@ struct Marker {
     rows: Option<u64>,
     seed: Option<u64>,
     epoch: Option<u64>,
+    /// Per source: (step, weight) points, empty for a fixed weight.
+    schedules: Vec<Vec<(u64, f64)>>,
+    step_rows: Option<u64>,
 }
 
 /// Words before `MIX` at which a query starts.
@@ -156,6 +163,8 @@ fn rewrite_one(
         rows: None,
         seed: None,
         epoch: None,
+        schedules: vec![],
+        step_rows: None,
     };
     let mut at = next(start + 1);
     loop {
@@ -211,6 +220,23 @@ fn rewrite_one(
             }
         };
         let value = next(weight_word + 1);
+        let k = marker.names.len();
+        marker.names.push(name.unwrap_or_else(|| k.to_string()));
+        if let Some(steps) = value
+            && word(&tokens[steps].token).as_deref() == Some("STEPS")
+        {
+            // WEIGHT STEPS (step: weight, …)
+            let (points, after) = schedule_points(tokens, steps)?;
+            marker.weights.push(points[0].1);
+            marker.schedules.resize(k, vec![]);
+            marker.schedules.push(points);
+            at = after;
+            match at {
+                Some(i) if tokens[i].token == Token::Comma => at = next(i + 1),
+                _ => break,
+            }
+            continue;
+        }
         let weight = match value.map(|v| &tokens[v].token) {
             Some(Token::Number(text, _)) => text.parse::<f64>().ok(),
             _ => None,
@@ -222,8 +248,6 @@ fn rewrite_one(
                 position(&tokens[weight_word])
             ))
         })?;
-        let k = marker.names.len();
-        marker.names.push(name.unwrap_or_else(|| k.to_string()));
         marker.weights.push(weight);
         at = value.and_then(|v| next(v + 1));
         match at {
@@ -237,6 +261,7 @@ fn rewrite_one(
             Some("ROWS") => &mut marker.rows,
             Some("SEED") => &mut marker.seed,
             Some("EPOCH") => &mut marker.epoch,
+            Some("BATCH") => &mut marker.step_rows,
             _ => break,
         };
         let what = word(&tokens[i].token).unwrap_or_default();
@@ -259,7 +284,16 @@ fn rewrite_one(
             pair[0]
         )));
     }
-    if !marker.weights.iter().any(|w| *w > 0.0) {
+    if !marker.schedules.is_empty() {
+        marker.schedules.resize(marker.names.len(), vec![]);
+    } else if marker.step_rows.is_some() {
+        return Err(parse_error(format!(
+            "MIX at {}: BATCH gives the rows of a step for weights by step \
+             (WEIGHT STEPS (step: weight, …)), and no source has them",
+            position(mix)
+        )));
+    }
+    if marker.schedules.is_empty() && !marker.weights.iter().any(|w| *w > 0.0) {
         return Err(parse_error(format!(
             "MIX at {}: every weight is 0; give a source a positive weight",
             position(mix)
@@ -309,6 +343,65 @@ fn rewrite_one(
     Ok((out, end))
 }
 
+/// A schedule's (step, weight) points.
+type Points = Vec<(u64, f64)>;
+
+/// `STEPS (step: weight, …)` from the `STEPS` at `steps`: the points and
+/// where the next significant token is.
+fn schedule_points(
+    tokens: &[TokenWithSpan],
+    steps: usize,
+) -> Result<(Points, Option<usize>)> {
+    let next = |from: usize| (from..tokens.len()).find(|&i| !is_blank(&tokens[i].token));
+    let syntax = || {
+        parse_error(format!(
+            "MIX: WEIGHT STEPS at {} takes (step: weight, …), e.g. STEPS (0: 0.6, 10000: 0.3)",
+            position(&tokens[steps])
+        ))
+    };
+    let open = next(steps + 1)
+        .filter(|&i| tokens[i].token == Token::LParen)
+        .ok_or_else(syntax)?;
+    let mut points = vec![];
+    let mut at = next(open + 1);
+    loop {
+        let (Some(step_at), Some(colon)) = (at, at.and_then(|i| next(i + 1))) else {
+            return Err(syntax());
+        };
+        if tokens[colon].token != Token::Colon {
+            return Err(syntax());
+        }
+        let step = number_u64(tokens, Some(step_at), "a schedule's step")?;
+        let value = next(colon + 1);
+        let weight = match value.map(|v| &tokens[v].token) {
+            Some(Token::Number(text, _)) => text.parse::<f64>().ok(),
+            _ => None,
+        }
+        .filter(|w| w.is_finite() && *w >= 0.0)
+        .ok_or_else(|| {
+            parse_error(format!(
+                "MIX: the weight at step {step} (at {}) must be a non-negative number",
+                position(&tokens[colon])
+            ))
+        })?;
+        if let Some(&(last, _)) = points.last()
+            && step < last
+        {
+            return Err(parse_error(format!(
+                "MIX: a schedule's steps must not go back: step {step} after step {last} (at {})",
+                position(&tokens[step_at])
+            )));
+        }
+        points.push((step, weight));
+        at = value.and_then(|v| next(v + 1));
+        match at.map(|i| &tokens[i].token) {
+            Some(Token::Comma) => at = at.and_then(|i| next(i + 1)),
+            Some(Token::RParen) => return Ok((points, at.and_then(|i| next(i + 1)))),
+            _ => return Err(syntax()),
+        }
+    }
+}
+
 /// The spec a rewritten alias carries, if it is one of ours.
 fn spec_of_alias(alias: &str) -> Option<MixSpec> {
     let hex = alias.strip_prefix(ALIAS)?;
@@ -317,13 +410,16 @@ fn spec_of_alias(alias: &str) -> Option<MixSpec> {
         .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
         .collect::<Option<Vec<u8>>>()?;
     let marker: Marker = serde_json::from_slice(&bytes).ok()?;
-    Some(MixSpec::new(
-        marker.names,
-        &marker.weights,
-        marker.rows,
-        marker.seed,
-        marker.epoch,
-    ))
+    Some(
+        MixSpec::new(
+            marker.names,
+            &marker.weights,
+            marker.rows,
+            marker.seed,
+            marker.epoch,
+        )
+        .with_schedules(&marker.schedules, marker.step_rows),
+    )
 }
 
 /// The branches of a (nested) `UNION ALL`.
@@ -408,6 +504,40 @@ mod tests {
             "WITH m AS (MIX ((SELECT 1)) WEIGHT 1) SELECT * FROM m",
         ] {
             assert!(rewritten(sql)?.contains(ALIAS), "{sql}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn weights_by_step_and_the_step_size_are_carried() -> Result<()> {
+        let sql = rewritten(
+            "MIX (SELECT 1) AS a WEIGHT STEPS (0: 0.8, 10: 0.8, 10: 0.2), (SELECT 2) AS b \
+             WEIGHT 0.5 BATCH 32",
+        )?;
+        let alias = sql
+            .split_whitespace()
+            .find(|w| w.starts_with(ALIAS))
+            .expect("alias");
+        let spec = spec_of_alias(alias).expect("spec");
+        assert_eq!(
+            spec.schedules(),
+            Some(vec![vec![(0, 0.8), (10, 0.8), (10, 0.2)], vec![]])
+        );
+        assert_eq!(spec.step_rows, Some(32));
+        for (sql, expected) in [
+            ("MIX (SELECT 1) WEIGHT STEPS 0.5", "takes (step: weight"),
+            (
+                "MIX (SELECT 1) WEIGHT STEPS (5: 1, 4: 1)",
+                "must not go back",
+            ),
+            (
+                "MIX (SELECT 1) WEIGHT STEPS (5: x)",
+                "must be a non-negative number",
+            ),
+            ("MIX (SELECT 1) WEIGHT 1 BATCH 8", "no source has them"),
+        ] {
+            let err = rewritten(sql).expect_err(sql).to_string();
+            assert!(err.contains(expected), "{sql}: {err}");
         }
         Ok(())
     }

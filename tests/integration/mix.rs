@@ -311,3 +311,86 @@ async fn sources_are_aligned_to_the_first_or_refused_by_name() -> Result<()> {
     );
     Ok(())
 }
+
+/// Weights by step: `a` 0.8 until step 5, then 0.2, in steps of the feed's
+/// global batch (10 rows × 2 ranks): every global step holds 16 and 4 rows
+/// before the jump and 4 and 16 from it on, across the epoch boundary
+/// (epochs of 150 rows end mid-step), and a resumed rank gets the same.
+#[test]
+fn weights_by_step_follow_the_feeds_global_steps() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    mixture(dir.path(), "")?;
+    let d = dir.path().display();
+    let sql = format!(
+        "SELECT id FROM (MIX (SELECT id FROM '{d}/web/*.parquet') AS a \
+         WEIGHT STEPS (0: 0.8, 5: 0.8, 5: 0.2), \
+         (SELECT id FROM '{d}/code/*.parquet') AS b WEIGHT STEPS (0: 0.2, 5: 0.2, 5: 0.8) \
+         ROWS 150 SEED 2)"
+    );
+    let session = session(2, 64)?;
+    let rank =
+        |r: usize, resume: Option<(u64, u64)>| -> Result<Vec<(u64, u64, Vec<i64>)>> {
+            let mut builder = Feed::builder(&session, sql.clone())
+                .batch_size(10)
+                .shard(r, 2)
+                .epochs(2)
+                .device(Device::Cpu);
+            if let Some((e, s)) = resume {
+                builder = builder.resume_at(e, s);
+            }
+            builder
+                .build()?
+                .map(|b| {
+                    let b = b?;
+                    Ok((
+                        b.epoch(),
+                        b.step(),
+                        b.tensor("id")?.as_slice::<i64>()?.to_vec(),
+                    ))
+                })
+                .collect()
+        };
+    let (zero, one) = (rank(0, None)?, rank(1, None)?);
+    assert_eq!(zero.len(), one.len());
+    // Global steps run on over epochs: 7.5 steps per epoch.
+    let mut stream: Vec<i64> = vec![];
+    for epoch in 0..2 {
+        for ((_, _, a), (_, _, b)) in zero.iter().zip(&one).filter(|(x, _)| x.0 == epoch)
+        {
+            stream.extend(a);
+            stream.extend(b);
+        }
+        // The padded last step repeats the epoch's first rows: cut it.
+        stream.truncate(150 * (epoch as usize + 1));
+    }
+    for (step, rows) in stream.chunks_exact(20).enumerate() {
+        let a = rows.iter().filter(|&&id| source_of(id) == 0).count();
+        assert_eq!(a, if step < 5 { 16 } else { 4 }, "global step {step}");
+    }
+    let from = zero
+        .iter()
+        .position(|(e, s, _)| (*e, *s) == (0, 6))
+        .expect("step 6");
+    assert_eq!(rank(0, Some((0, 6)))?, zero[from..].to_vec());
+    Ok(())
+}
+
+#[tokio::test]
+async fn weights_by_step_outside_a_feed_need_a_step_size() -> Result<()> {
+    let session = session(2, 64)?;
+    let mix =
+        "MIX (SELECT 1 AS a) WEIGHT STEPS (0: 1, 2: 0), (SELECT 2 AS a) WEIGHT 1 ROWS 8";
+    let err = collect(&session, mix)
+        .await
+        .expect_err("no BATCH")
+        .to_string();
+    assert!(err.contains("BATCH <rows>"), "{err}");
+    let ids = rows(&collect(&session, &format!("SELECT a FROM ({mix} BATCH 4)")).await?);
+    // Step 0 (rows 0-3): weights 1 and 1; step 1: 0.5 and 1; step 2 on: 0 and 1.
+    let ones: Vec<usize> = ids
+        .chunks(4)
+        .map(|c| c.iter().filter(|r| r[0] == "1").count())
+        .collect();
+    assert_eq!(ones, vec![2, 1]);
+    Ok(())
+}

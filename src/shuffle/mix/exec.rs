@@ -61,7 +61,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::pattern::{Interleave, Window};
+use super::pattern::{Turns, Window};
 
 /// One source of a [`MixExec`]: its passes (single-partition plans, each
 /// the source in one pass's order) and how many rows to skip and take.
@@ -79,6 +79,8 @@ pub struct MixSource {
 #[derive(Debug)]
 pub struct MixExec {
     sources: Vec<MixSource>,
+    /// The epoch's turns, from its first position.
+    turns: Turns,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -87,7 +89,11 @@ pub struct MixExec {
 impl MixExec {
     /// Mixes `sources`, whose passes all have `schema`'s columns (nullability
     /// may differ: the output's columns are nullable where any source's is).
-    pub fn try_new(sources: Vec<MixSource>, schema: SchemaRef) -> Result<Self> {
+    pub fn try_new(
+        sources: Vec<MixSource>,
+        turns: Turns,
+        schema: SchemaRef,
+    ) -> Result<Self> {
         let mut fields: Vec<Field> =
             schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         for source in &sources {
@@ -126,6 +132,7 @@ impl MixExec {
         ));
         Ok(Self {
             sources,
+            turns,
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -245,7 +252,11 @@ impl ExecutionPlan for MixExec {
                 window: s.window,
             })
             .collect();
-        Ok(Arc::new(Self::try_new(sources, Arc::clone(&self.schema))?))
+        Ok(Arc::new(Self::try_new(
+            sources,
+            self.turns.clone(),
+            Arc::clone(&self.schema),
+        )?))
     }
 
     fn execute(
@@ -268,10 +279,10 @@ impl ExecutionPlan for MixExec {
                 rows: counter,
             });
         }
-        let quotas = self.sources.iter().map(|s| s.window.take).collect();
         let mixer = Mixer {
             readers,
-            interleave: Interleave::new(quotas),
+            turns: self.turns.clone(),
+            left: self.sources.iter().map(|s| s.window.take).sum(),
             batch_size: context.session_config().batch_size().max(1),
             schema: Arc::clone(&self.schema),
             baseline: BaselineMetrics::new(&self.metrics, partition),
@@ -389,7 +400,9 @@ impl SourceReader {
 /// Hands out the interleave's turns as output batches.
 struct Mixer {
     readers: Vec<SourceReader>,
-    interleave: Interleave,
+    turns: Turns,
+    /// Rows of the epoch not yet handed out.
+    left: u64,
     batch_size: usize,
     schema: SchemaRef,
     baseline: BaselineMetrics,
@@ -397,12 +410,23 @@ struct Mixer {
 
 impl Mixer {
     async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
-        let left = self.interleave.total() - self.interleave.position();
-        let rows = (self.batch_size as u64).min(left) as usize;
+        let rows = (self.batch_size as u64).min(self.left) as usize;
         if rows == 0 {
             return Ok(None);
         }
-        let turns: Vec<usize> = self.interleave.by_ref().take(rows).collect();
+        self.left -= rows as u64;
+        let mut turns: Vec<usize> = Vec::with_capacity(rows);
+        while turns.len() < rows {
+            match self.turns.next_turn()? {
+                Some(k) => turns.push(k),
+                None => {
+                    return internal_err!(
+                        "a mixture's turns ended {} rows early",
+                        rows - turns.len()
+                    );
+                }
+            }
+        }
         let mut wanted = vec![0usize; self.readers.len()];
         for &k in &turns {
             wanted[k] += 1;

@@ -22,6 +22,12 @@ pub struct MixSpec {
     pub seed: Option<u64>,
     /// `EPOCH e`; without it the feed's epoch, or 0 outside a feed.
     pub epoch: Option<u64>,
+    /// Each source's weight schedule as (step, weight bits) points; empty
+    /// for a fixed weight.
+    schedule_bits: Vec<Vec<(u64, u64)>>,
+    /// `BATCH g`: rows per global step of the schedules; without it the
+    /// feed's batch size × world.
+    pub step_rows: Option<u64>,
 }
 
 impl MixSpec {
@@ -39,7 +45,39 @@ impl MixSpec {
             rows,
             seed,
             epoch,
+            schedule_bits: vec![],
+            step_rows: None,
         }
+    }
+
+    /// The same spec with weight schedules (one per source, empty for a
+    /// fixed weight) counted in steps of `step_rows` rows.
+    pub fn with_schedules(
+        mut self,
+        schedules: &[Vec<(u64, f64)>],
+        step_rows: Option<u64>,
+    ) -> Self {
+        self.schedule_bits = schedules
+            .iter()
+            .map(|points| points.iter().map(|(s, w)| (*s, w.to_bits())).collect())
+            .collect();
+        self.step_rows = step_rows;
+        self
+    }
+
+    /// Each source's schedule points, when any source has a schedule.
+    pub fn schedules(&self) -> Option<Vec<Vec<(u64, f64)>>> {
+        self.schedule_bits.iter().any(|p| !p.is_empty()).then(|| {
+            self.schedule_bits
+                .iter()
+                .map(|points| {
+                    points
+                        .iter()
+                        .map(|(s, b)| (*s, f64::from_bits(*b)))
+                        .collect()
+                })
+                .collect()
+        })
     }
 
     /// Each source's weight.
@@ -149,10 +187,18 @@ impl UserDefinedLogicalNodeCore for MixNode {
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        let shown = |v: Option<u64>| v.map_or("feed's".to_string(), |v| v.to_string());
+        let shown =
+            |v: Option<u64>| v.map_or("feed's or 0".to_string(), |v| v.to_string());
         write!(f, "Mix: ")?;
         for (name, weight) in self.spec.names.iter().zip(self.spec.weights()) {
             write!(f, "{name}={weight}, ")?;
+        }
+        if let Some(schedules) = self.spec.schedules() {
+            for (name, points) in self.spec.names.iter().zip(schedules) {
+                if !points.is_empty() {
+                    write!(f, "{name} by step {points:?}, ")?;
+                }
+            }
         }
         write!(
             f,

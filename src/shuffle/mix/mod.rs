@@ -44,10 +44,18 @@
 //! shuffle of a source whose window straddles two passes. Sources run side
 //! by side (see [`exec`]).
 //!
+//! # Weights by step
+//! `WEIGHT STEPS (step: weight, …)` makes a source's weight piecewise linear
+//! in the global step (rows of the feed's batch size × world, or `BATCH g`),
+//! counted over the run. Quotas then come from the summed shares
+//! ([`pattern::ScheduledMix`]): the rows each source has given after `R`
+//! run rows are its targets apportioned by largest remainder, so each
+//! epoch's windows start where the last one's ended, and within the epoch
+//! the source furthest behind its target goes next.
+//!
 //! # Not yet
-//! Weights that change with the step, the epoch cache (a feed with
-//! `cache` refuses a mixture), late materialisation, and cluster sessions
-//! (refused when planned).
+//! The epoch cache (a feed with `cache` refuses a mixture), late
+//! materialisation, and cluster sessions (refused when planned).
 
 pub mod exec;
 pub mod logical;

@@ -59,7 +59,14 @@ impl Window {
     /// The window of a source of `rows` rows with `quota` rows per epoch in
     /// `epoch`; a quota from a source without rows is an error.
     pub fn of(rows: u64, quota: u64, epoch: u64) -> Result<Self> {
-        if quota == 0 {
+        Self::span(rows, u128::from(epoch) * u128::from(quota), quota)
+    }
+
+    /// The window of `take` rows from position `start` of the passes of a
+    /// source of `rows` rows; rows taken from a source without rows are an
+    /// error.
+    pub fn span(rows: u64, start: u128, take: u64) -> Result<Self> {
+        if take == 0 {
             return Ok(Self {
                 first_pass: 0,
                 passes: 0,
@@ -69,11 +76,10 @@ impl Window {
         }
         if rows == 0 {
             return plan_err!(
-                "it has no rows, but its weight asks for {quota} rows per epoch"
+                "it has no rows, but its weight asks for {take} rows per epoch"
             );
         }
-        let start = u128::from(epoch) * u128::from(quota);
-        let end = start + u128::from(quota);
+        let end = start + u128::from(take);
         let (rows_wide, first) = (u128::from(rows), start / u128::from(rows));
         let last = (end - 1) / rows_wide;
         let narrow = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
@@ -81,7 +87,7 @@ impl Window {
             first_pass: narrow(first),
             passes: narrow(last - first + 1),
             skip: narrow(start % rows_wide),
-            take: quota,
+            take,
         })
     }
 }
@@ -155,6 +161,247 @@ impl Iterator for Interleave {
         self.taken[k] += 1;
         self.position += 1;
         Some(k)
+    }
+}
+
+/// A source's weight as a function of the global step: piecewise linear
+/// through its points `(step, weight)`, constant before the first and after
+/// the last. Two points at one step are a jump: the later one holds from
+/// that step on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    points: Vec<(u64, f64)>,
+}
+
+impl Schedule {
+    /// A schedule through `points`, which must be in step order, with
+    /// finite, non-negative weights.
+    pub fn try_new(points: Vec<(u64, f64)>) -> Result<Self> {
+        if points.is_empty() {
+            return plan_err!(
+                "a weight schedule needs at least one (step: weight) point"
+            );
+        }
+        if let Some(pair) = points.windows(2).find(|p| p[1].0 < p[0].0) {
+            return plan_err!(
+                "a weight schedule's steps must not go back: step {} after step {}",
+                pair[1].0,
+                pair[0].0
+            );
+        }
+        if let Some((step, w)) = points.iter().find(|(_, w)| !w.is_finite() || *w < 0.0) {
+            return plan_err!(
+                "a schedule's weights must be finite and not negative, got {w} at step {step}"
+            );
+        }
+        Ok(Self { points })
+    }
+
+    /// A weight that never changes.
+    pub fn constant(weight: f64) -> Self {
+        Self {
+            points: vec![(0, weight)],
+        }
+    }
+
+    /// The weight at `step`.
+    pub fn at(&self, step: u64) -> f64 {
+        // The last point at or before `step`, and the first after it.
+        let after = self.points.partition_point(|(s, _)| *s <= step);
+        match (
+            after.checked_sub(1).map(|i| self.points[i]),
+            self.points.get(after),
+        ) {
+            (None, Some(&(_, w))) => w,
+            (Some((_, w)), None) => w,
+            (Some((s0, w0)), Some(&(s1, w1))) => {
+                let t = (step - s0) as f64 / (s1 - s0) as f64;
+                w0 + (w1 - w0) * t
+            }
+            (None, None) => 0.0,
+        }
+    }
+}
+
+/// Weights that change with the global step (`step_rows` rows each, counted
+/// over the run: row `r` of epoch `e` is run row `e·N + r`).
+///
+/// Source `k`'s *target* after `R` run rows is `T_k(R)`, the sum over those
+/// rows of its weight share at their step. The rows each source has given
+/// at an epoch's start are `T(e·N)` apportioned by largest remainder
+/// ([`ScheduledMix::counts_at`], a pure function of the schedule up to that
+/// row); within the epoch the source furthest behind its target takes the
+/// next position, never beyond the epoch's end count. So each source's
+/// window in its passes starts where the last epoch's ended, and a schedule
+/// changed for later steps changes nothing before them.
+#[derive(Debug, Clone)]
+pub struct ScheduledMix {
+    schedules: Vec<Schedule>,
+    step_rows: u64,
+}
+
+impl ScheduledMix {
+    /// The mix of `schedules` with steps of `step_rows` rows (at least 1).
+    pub fn try_new(schedules: Vec<Schedule>, step_rows: u64) -> Result<Self> {
+        if step_rows == 0 {
+            return plan_err!("a weight schedule's steps must hold at least 1 row");
+        }
+        Ok(Self {
+            schedules,
+            step_rows,
+        })
+    }
+
+    /// Each source's share of the rows of `step` (summing to 1); all zero
+    /// weights are an error naming the step.
+    pub fn shares(&self, step: u64) -> Result<Vec<f64>> {
+        let weights: Vec<f64> = self.schedules.iter().map(|s| s.at(step)).collect();
+        let total: f64 = weights.iter().sum();
+        if total <= 0.0 {
+            return plan_err!("every source's weight is 0 at step {step}");
+        }
+        Ok(weights.into_iter().map(|w| w / total).collect())
+    }
+
+    /// `T(rows)`: each source's target after `rows` run rows.
+    pub fn targets(&self, rows: u128) -> Result<Vec<f64>> {
+        let step_rows = u128::from(self.step_rows);
+        let mut targets = vec![0.0; self.schedules.len()];
+        let whole_steps = rows / step_rows;
+        let mut step = 0u128;
+        // Runs of steps between schedule points have linear weights, but
+        // the shares are normalised per step: sum step by step (a few
+        // million steps take milliseconds).
+        while step < whole_steps {
+            let shares = self.shares(u64::try_from(step).unwrap_or(u64::MAX))?;
+            for (t, share) in targets.iter_mut().zip(shares) {
+                *t += share * step_rows as f64;
+            }
+            step += 1;
+        }
+        let partial = rows % step_rows;
+        if partial > 0 {
+            let shares = self.shares(u64::try_from(whole_steps).unwrap_or(u64::MAX))?;
+            for (t, share) in targets.iter_mut().zip(shares) {
+                *t += share * partial as f64;
+            }
+        }
+        Ok(targets)
+    }
+
+    /// Rows each source has given after `rows` run rows: `T(rows)`
+    /// apportioned by largest remainder (ties to the earlier source).
+    pub fn counts_at(&self, rows: u128) -> Result<Vec<u64>> {
+        let targets = self.targets(rows)?;
+        let mut counts: Vec<u64> = targets.iter().map(|t| t.floor() as u64).collect();
+        let given: u128 = counts.iter().map(|&c| u128::from(c)).sum();
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (ra, rb) = (
+                targets[a] - targets[a].floor(),
+                targets[b] - targets[b].floor(),
+            );
+            rb.total_cmp(&ra)
+        });
+        let missing = rows.saturating_sub(given) as usize;
+        for &k in order.iter().cycle().take(missing) {
+            counts[k] += 1;
+        }
+        Ok(counts)
+    }
+
+    /// The turns of the `rows` positions from run row `first` on, starting
+    /// from the counts `start` and ending at `end` (both from
+    /// [`counts_at`](Self::counts_at)).
+    pub fn turns(
+        &self,
+        first: u128,
+        rows: u64,
+        start: Vec<u64>,
+        end: Vec<u64>,
+    ) -> Result<ScheduledTurns> {
+        Ok(ScheduledTurns {
+            targets: self.targets(first)?,
+            mix: self.clone(),
+            row: first,
+            end_row: first + u128::from(rows),
+            counts: start,
+            end,
+            shares: None,
+        })
+    }
+}
+
+/// The turns of a scheduled mixture over one epoch (see [`ScheduledMix`]).
+#[derive(Debug, Clone)]
+pub struct ScheduledTurns {
+    mix: ScheduledMix,
+    targets: Vec<f64>,
+    row: u128,
+    end_row: u128,
+    counts: Vec<u64>,
+    end: Vec<u64>,
+    /// The shares of the step `row` is in.
+    shares: Option<(u128, Vec<f64>)>,
+}
+
+impl ScheduledTurns {
+    /// The source of the next position; `None` after the last; an error
+    /// when a step has no positive weight.
+    pub fn next_turn(&mut self) -> Result<Option<usize>> {
+        if self.row >= self.end_row {
+            return Ok(None);
+        }
+        let step = self.row / u128::from(self.mix.step_rows);
+        if self.shares.as_ref().is_none_or(|(s, _)| *s != step) {
+            let shares = self.mix.shares(u64::try_from(step).unwrap_or(u64::MAX))?;
+            self.shares = Some((step, shares));
+        }
+        if let Some((_, shares)) = &self.shares {
+            for (t, share) in self.targets.iter_mut().zip(shares) {
+                *t += share;
+            }
+        }
+        // The source furthest behind its target that still has rows left in
+        // this epoch.
+        let mut best: Option<(usize, f64)> = None;
+        for (k, (&count, &end)) in self.counts.iter().zip(&self.end).enumerate() {
+            if count >= end {
+                continue;
+            }
+            let lag = self.targets[k] - count as f64;
+            if best.is_none_or(|(_, l)| lag > l) {
+                best = Some((k, lag));
+            }
+        }
+        let Some((k, _)) = best else {
+            return plan_err!(
+                "a scheduled mixture ran out of rows at run row {}",
+                self.row
+            );
+        };
+        self.counts[k] += 1;
+        self.row += 1;
+        Ok(Some(k))
+    }
+}
+
+/// Which source each position of an epoch takes its next row from.
+#[derive(Debug, Clone)]
+pub enum Turns {
+    /// Fixed weights: the quota interleave.
+    Fixed(Interleave),
+    /// Weights by step.
+    Scheduled(ScheduledTurns),
+}
+
+impl Turns {
+    /// The next position's source; `None` after the epoch's last row.
+    pub fn next_turn(&mut self) -> Result<Option<usize>> {
+        match self {
+            Turns::Fixed(interleave) => Ok(interleave.next()),
+            Turns::Scheduled(turns) => turns.next_turn(),
+        }
     }
 }
 
@@ -242,6 +489,56 @@ mod tests {
             }
             assert_eq!(counts, quotas);
         }
+    }
+
+    #[test]
+    fn schedules_interpolate_and_jump() -> Result<()> {
+        let linear = Schedule::try_new(vec![(0, 0.6), (100, 0.2)])?;
+        assert_eq!(linear.at(0), 0.6);
+        assert!((linear.at(50) - 0.4).abs() < 1e-12);
+        assert_eq!(linear.at(100), 0.2);
+        assert_eq!(linear.at(10_000), 0.2);
+        let jump = Schedule::try_new(vec![(0, 0.8), (10, 0.8), (10, 0.2)])?;
+        assert_eq!((jump.at(9), jump.at(10), jump.at(11)), (0.8, 0.2, 0.2));
+        assert!(Schedule::try_new(vec![(5, 1.0), (4, 1.0)]).is_err());
+        assert!(Schedule::try_new(vec![]).is_err());
+        Ok(())
+    }
+
+    /// A jump at step 10 of 20-row steps: every step before holds 16 and
+    /// 4 rows, every step from 10 on 4 and 16, exactly (the shares are whole
+    /// rows), also across an epoch boundary.
+    #[test]
+    fn a_scheduled_mix_holds_each_steps_shares() -> Result<()> {
+        let mix = ScheduledMix::try_new(
+            vec![
+                Schedule::try_new(vec![(0, 0.8), (10, 0.8), (10, 0.2)])?,
+                Schedule::try_new(vec![(0, 0.2), (10, 0.2), (10, 0.8)])?,
+            ],
+            20,
+        )?;
+        let epoch_rows = 150u128; // epochs cut steps in the middle
+        let mut all = vec![];
+        for epoch in 0..3u128 {
+            let (first, last) = (epoch * epoch_rows, (epoch + 1) * epoch_rows);
+            let (start, end) = (mix.counts_at(first)?, mix.counts_at(last)?);
+            let mut scheduled = mix.turns(first, 150, start.clone(), end.clone())?;
+            let mut turns = vec![];
+            while let Some(k) = scheduled.next_turn()? {
+                turns.push(k);
+            }
+            for k in 0..2 {
+                let given = turns.iter().filter(|&&t| t == k).count() as u64;
+                assert_eq!(given, end[k] - start[k]);
+            }
+            all.extend(turns);
+        }
+        for (step, rows) in all.chunks_exact(20).enumerate() {
+            let first = rows.iter().filter(|&&k| k == 0).count();
+            let expected = if step < 10 { 16 } else { 4 };
+            assert_eq!(first, expected, "step {step}");
+        }
+        Ok(())
     }
 
     /// Two sources: any window of `B` rows holds `⌊q·B/N⌋` or `⌈q·B/N⌉`.

@@ -20,7 +20,7 @@ use datafusion_session::Session;
 
 use super::exec::{MixExec, MixSource};
 use super::logical::MixNode;
-use super::pattern::{Window, quotas};
+use super::pattern::{Interleave, Schedule, ScheduledMix, Turns, Window, quotas};
 use super::source_seed;
 use crate::shuffle::{KeySource, plan_global_shuffle};
 
@@ -123,21 +123,74 @@ impl ExtensionPlanner for MixExtensionPlanner {
             counts.push(count_rows(logical, physical, session).await?);
         }
         let rows = spec.rows.unwrap_or_else(|| counts.iter().sum());
-        let quotas = quotas(&spec.weights(), rows)?;
+        // Each source's window: where in its passes the epoch starts, and
+        // how many rows it takes; and the turns.
+        let (starts, takes, turns) = match spec.schedules() {
+            None => {
+                let quotas = quotas(&spec.weights(), rows)?;
+                let starts = quotas
+                    .iter()
+                    .map(|&q| u128::from(epoch) * u128::from(q))
+                    .collect::<Vec<_>>();
+                let turns = Turns::Fixed(Interleave::new(quotas.clone()));
+                (starts, quotas, turns)
+            }
+            Some(points) => {
+                let step_rows = spec
+                    .step_rows
+                    .or_else(|| {
+                        session
+                            .config()
+                            .options()
+                            .extensions
+                            .get::<crate::config::SqlfeedOptions>()
+                            .map(|o| o.feed_step_rows)
+                            .filter(|&rows| rows > 0)
+                    })
+                    .ok_or_else(|| {
+                        DataFusionError::Plan(
+                            "a MIX with weights by step needs the rows of a step: in a feed \
+                             they are its batch size × world; elsewhere add BATCH <rows> to \
+                             the mixture"
+                                .into(),
+                        )
+                    })?;
+                let schedules = points
+                    .into_iter()
+                    .zip(spec.weights())
+                    .map(|(points, weight)| {
+                        if points.is_empty() {
+                            Ok(Schedule::constant(weight))
+                        } else {
+                            Schedule::try_new(points)
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let mix = ScheduledMix::try_new(schedules, step_rows)?;
+                let first = u128::from(epoch) * u128::from(rows);
+                let start = mix.counts_at(first)?;
+                let end = mix.counts_at(first + u128::from(rows))?;
+                let takes: Vec<u64> =
+                    end.iter().zip(&start).map(|(e, s)| e - s).collect();
+                let starts = start.iter().map(|&s| u128::from(s)).collect();
+                let turns = Turns::Scheduled(mix.turns(first, rows, start, end)?);
+                (starts, takes, turns)
+            }
+        };
         let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
             MemoryLimit::Finite(bytes) => bytes,
             _ => usize::MAX / 2,
         };
         let batch_size = session.config().batch_size();
-        let mut sources = Vec::with_capacity(quotas.len());
-        for (k, ((name, input), (&count, &quota))) in spec
+        let mut sources = Vec::with_capacity(takes.len());
+        for (k, ((name, input), (&count, (&start, &quota)))) in spec
             .names
             .iter()
             .zip(physical_inputs)
-            .zip(counts.iter().zip(&quotas))
+            .zip(counts.iter().zip(starts.iter().zip(&takes)))
             .enumerate()
         {
-            let window = Window::of(count, quota, epoch).map_err(|e| {
+            let window = Window::span(count, start, quota).map_err(|e| {
                 DataFusionError::Context(format!("mixture source '{name}'"), Box::new(e))
             })?;
             if window.passes > MAX_PASSES {
@@ -168,6 +221,6 @@ impl ExtensionPlanner for MixExtensionPlanner {
             });
         }
         let schema = Arc::new(mix.arrow_schema());
-        Ok(Some(Arc::new(MixExec::try_new(sources, schema)?)))
+        Ok(Some(Arc::new(MixExec::try_new(sources, turns, schema)?)))
     }
 }
