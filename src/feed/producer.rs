@@ -173,15 +173,6 @@ impl Producer {
         // embedded feed's partitions.
         let mut config = state.config().clone();
         crate::config::deterministic_config(&mut config, self.partition_order());
-        // A MIX's weight schedules count steps of this feed's global batch.
-        let mut sqlfeed_options = config
-            .options()
-            .extensions
-            .get::<crate::config::SqlfeedOptions>()
-            .cloned()
-            .unwrap_or_default();
-        sqlfeed_options.feed_step_rows = (options.batch_size * options.world) as u64;
-        config.options_mut().extensions.insert(sqlfeed_options);
         let state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();

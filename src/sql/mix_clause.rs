@@ -237,12 +237,7 @@ fn rewrite_one(
             }
             continue;
         }
-        let weight = match value.map(|v| &tokens[v].token) {
-            Some(Token::Number(text, _)) => text.parse::<f64>().ok(),
-            _ => None,
-        }
-        .filter(|w| w.is_finite() && *w >= 0.0)
-        .ok_or_else(|| {
+        let weight = weight_at(tokens, value).ok_or_else(|| {
             parse_error(format!(
                 "MIX: WEIGHT at {} takes a non-negative number (a share: 0.6, or 3 against 1)",
                 position(&tokens[weight_word])
@@ -343,6 +338,15 @@ fn rewrite_one(
     Ok((out, end))
 }
 
+/// The weight at `at`: a finite, non-negative number.
+fn weight_at(tokens: &[TokenWithSpan], at: Option<usize>) -> Option<f64> {
+    match at.map(|i| &tokens[i].token) {
+        Some(Token::Number(text, _)) => text.parse::<f64>().ok(),
+        _ => None,
+    }
+    .filter(|w| w.is_finite() && *w >= 0.0)
+}
+
 /// A schedule's (step, weight) points.
 type Points = Vec<(u64, f64)>;
 
@@ -373,12 +377,7 @@ fn schedule_points(
         }
         let step = number_u64(tokens, Some(step_at), "a schedule's step")?;
         let value = next(colon + 1);
-        let weight = match value.map(|v| &tokens[v].token) {
-            Some(Token::Number(text, _)) => text.parse::<f64>().ok(),
-            _ => None,
-        }
-        .filter(|w| w.is_finite() && *w >= 0.0)
-        .ok_or_else(|| {
+        let weight = weight_at(tokens, value).ok_or_else(|| {
             parse_error(format!(
                 "MIX: the weight at step {step} (at {}) must be a non-negative number",
                 position(&tokens[colon])

@@ -55,6 +55,22 @@ async fn ids(session: &Session, sql: &str) -> Result<Vec<i64>> {
         .collect())
 }
 
+/// (epoch, step, ids) of every batch of `builder`'s feed on the CPU.
+fn fed(builder: sqlfeed::feed::FeedBuilder) -> Result<Vec<(u64, u64, Vec<i64>)>> {
+    builder
+        .device(Device::Cpu)
+        .build()?
+        .map(|b| {
+            let b = b?;
+            Ok((
+                b.epoch(),
+                b.step(),
+                b.tensor("id")?.as_slice::<i64>()?.to_vec(),
+            ))
+        })
+        .collect()
+}
+
 fn session(partitions: usize, batch_size: usize) -> Result<Session> {
     Session::builder()
         .target_partitions(partitions)
@@ -203,22 +219,11 @@ fn a_resumed_feed_gives_the_same_batches_and_epochs_differ() -> Result<()> {
     let run = |resume: Option<(u64, u64)>| -> Result<Vec<(u64, u64, Vec<i64>)>> {
         let mut builder = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
             .batch_size(10)
-            .epochs(2)
-            .device(Device::Cpu);
+            .epochs(2);
         if let Some((epoch, step)) = resume {
             builder = builder.resume_at(epoch, step);
         }
-        builder
-            .build()?
-            .map(|b| {
-                let b = b?;
-                Ok((
-                    b.epoch(),
-                    b.step(),
-                    b.tensor("id")?.as_slice::<i64>()?.to_vec(),
-                ))
-            })
-            .collect()
+        fed(builder)
     };
     let whole = run(None)?;
     let resumed = run(Some((1, 7)))?;
@@ -333,22 +338,11 @@ fn weights_by_step_follow_the_feeds_global_steps() -> Result<()> {
             let mut builder = Feed::builder(&session, sql.clone())
                 .batch_size(10)
                 .shard(r, 2)
-                .epochs(2)
-                .device(Device::Cpu);
+                .epochs(2);
             if let Some((e, s)) = resume {
                 builder = builder.resume_at(e, s);
             }
-            builder
-                .build()?
-                .map(|b| {
-                    let b = b?;
-                    Ok((
-                        b.epoch(),
-                        b.step(),
-                        b.tensor("id")?.as_slice::<i64>()?.to_vec(),
-                    ))
-                })
-                .collect()
+            fed(builder)
         };
     let (zero, one) = (rank(0, None)?, rank(1, None)?);
     assert_eq!(zero.len(), one.len());
