@@ -37,14 +37,14 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Extension, LogicalPlan, SubqueryAlias};
+use datafusion::logical_expr::{Extension, LogicalPlan};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan};
 
 use super::parse_error;
 use super::shuffle_clause::{
-    each_then_space, is_blank, position, select_star_from, word,
+    each_then_space, is_blank, position, replace_under_marked_aliases, select_star_from,
+    word,
 };
 use crate::shuffle::mix::{MixNode, MixSpec, SOURCE_COLUMN};
 
@@ -436,39 +436,24 @@ fn union_branches(plan: &LogicalPlan, out: &mut Vec<LogicalPlan>) {
 /// Puts a [`MixNode`] in place of the `UNION ALL` under every derived table
 /// that [`rewrite`] made, anywhere in `plan`.
 pub(crate) fn apply_markers(plan: LogicalPlan) -> Result<LogicalPlan> {
-    plan.transform_up_with_subqueries(|node| {
-        let LogicalPlan::SubqueryAlias(alias) = &node else {
-            return Ok(Transformed::no(node));
-        };
-        let Some(spec) = spec_of_alias(alias.alias.table()) else {
-            return Ok(Transformed::no(node));
-        };
+    replace_under_marked_aliases(plan, |alias, input| {
+        let spec = spec_of_alias(alias)?;
         let mut branches = vec![];
-        union_branches(&alias.input, &mut branches);
-        let mix = MixNode::try_new(branches, spec)?;
-        let mixed = LogicalPlan::Extension(Extension {
-            node: Arc::new(mix),
-        });
-        let wrapped = SubqueryAlias::try_new(Arc::new(mixed), alias.alias.clone())?;
-        Ok(Transformed::yes(LogicalPlan::SubqueryAlias(wrapped)))
+        union_branches(input, &mut branches);
+        Some(MixNode::try_new(branches, spec).map(|mix| {
+            LogicalPlan::Extension(Extension {
+                node: Arc::new(mix),
+            })
+        }))
     })
-    .map(|t| t.data)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
 
     fn rewritten(sql: &str) -> Result<String> {
-        let tokens = Tokenizer::new(&GenericDialect {}, sql)
-            .tokenize_with_location()
-            .map_err(|e| parse_error(e.to_string()))?;
-        Ok(rewrite(tokens)?
-            .iter()
-            .map(|t| t.token.to_string())
-            .collect::<String>())
+        super::super::shuffle_clause::rewritten_with(sql, rewrite)
     }
 
     #[test]

@@ -510,34 +510,55 @@ fn spec_of_alias(alias: &str) -> Option<ShuffleSpec> {
 /// Puts a [`ShuffleNode`] under every derived table that [`rewrite`] made,
 /// anywhere in `plan` (subqueries, views and `EXPLAIN` included).
 pub(crate) fn apply_markers(plan: LogicalPlan) -> Result<LogicalPlan> {
+    replace_under_marked_aliases(plan, |alias, input| {
+        let spec = spec_of_alias(alias)?;
+        Some(crate::shuffle::shuffle_plan(input.clone(), spec))
+    })
+}
+
+/// Replaces the input of every derived table in `plan` (subqueries, views
+/// and `EXPLAIN` included) for which `replace(alias, input)` gives a plan:
+/// how a token rewrite's marker becomes its operator.
+pub(super) fn replace_under_marked_aliases(
+    plan: LogicalPlan,
+    replace: impl Fn(&str, &LogicalPlan) -> Option<Result<LogicalPlan>>,
+) -> Result<LogicalPlan> {
     plan.transform_up_with_subqueries(|node| {
         let LogicalPlan::SubqueryAlias(alias) = &node else {
             return Ok(Transformed::no(node));
         };
-        let Some(spec) = spec_of_alias(alias.alias.table()) else {
+        let Some(replaced) = replace(alias.alias.table(), &alias.input) else {
             return Ok(Transformed::no(node));
         };
-        let shuffled = crate::shuffle::shuffle_plan(alias.input.as_ref().clone(), spec)?;
-        let wrapped = SubqueryAlias::try_new(Arc::new(shuffled), alias.alias.clone())?;
+        let wrapped = SubqueryAlias::try_new(Arc::new(replaced?), alias.alias.clone())?;
         Ok(Transformed::yes(LogicalPlan::SubqueryAlias(wrapped)))
     })
     .map(|t| t.data)
 }
 
+/// `sql`'s tokens through `rewrite`, printed back (for the rewrites' tests).
+#[cfg(test)]
+pub(super) fn rewritten_with(
+    sql: &str,
+    rewrite: fn(Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>>,
+) -> Result<String> {
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
+    let tokens = Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize_with_location()
+        .map_err(|e| parse_error(e.to_string()))?;
+    Ok(rewrite(tokens)?
+        .iter()
+        .map(|t| t.token.to_string())
+        .collect::<String>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::sql::sqlparser::dialect::GenericDialect;
-    use datafusion::sql::sqlparser::tokenizer::Tokenizer;
 
     fn rewritten(sql: &str) -> Result<String> {
-        let tokens = Tokenizer::new(&GenericDialect {}, sql)
-            .tokenize_with_location()
-            .map_err(|e| parse_error(e.to_string()))?;
-        Ok(rewrite(tokens)?
-            .iter()
-            .map(|t| t.token.to_string())
-            .collect::<String>())
+        rewritten_with(sql, rewrite)
     }
 
     #[test]

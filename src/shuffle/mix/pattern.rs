@@ -21,10 +21,17 @@ pub fn quotas(weights: &[f64], rows: u64) -> Result<Vec<u64>> {
         return plan_err!("a mixture needs a source with a positive weight");
     }
     let exact: Vec<f64> = weights.iter().map(|w| w / total * rows as f64).collect();
-    let mut quotas: Vec<u64> = exact.iter().map(|x| x.floor() as u64).collect();
-    let given: u64 = quotas.iter().sum();
+    Ok(largest_remainder(&exact, u128::from(rows)))
+}
+
+/// `exact` shares of `rows` rounded to whole rows that sum to `rows`:
+/// each share rounded down, then one more row to each of the largest
+/// remainders (ties to the earlier share); a zero share gets no row.
+fn largest_remainder(exact: &[f64], rows: u128) -> Vec<u64> {
+    let mut rounded: Vec<u64> = exact.iter().map(|x| x.floor() as u64).collect();
+    let given: u128 = rounded.iter().map(|&r| u128::from(r)).sum();
     let mut by_remainder: Vec<usize> =
-        (0..weights.len()).filter(|&k| weights[k] > 0.0).collect();
+        (0..exact.len()).filter(|&k| exact[k] > 0.0).collect();
     // Largest remainder first; stable, so ties keep the sources' order.
     by_remainder.sort_by(|&a, &b| {
         let (ra, rb) = (exact[a] - exact[a].floor(), exact[b] - exact[b].floor());
@@ -32,9 +39,9 @@ pub fn quotas(weights: &[f64], rows: u64) -> Result<Vec<u64>> {
     });
     let missing = rows.saturating_sub(given);
     for k in by_remainder.iter().cycle().take(missing as usize) {
-        quotas[*k] += 1;
+        rounded[*k] += 1;
     }
-    Ok(quotas)
+    rounded
 }
 
 /// The rows one source gives one epoch: positions `[epoch × quota,
@@ -119,16 +126,6 @@ impl Interleave {
             taken,
             position: 0,
         }
-    }
-
-    /// Rows of the epoch, all sources together.
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// Rows handed out so far.
-    pub fn position(&self) -> u64 {
-        self.position
     }
 }
 
@@ -292,43 +289,32 @@ impl ScheduledMix {
     /// Rows each source has given after `rows` run rows: `T(rows)`
     /// apportioned by largest remainder (ties to the earlier source).
     pub fn counts_at(&self, rows: u128) -> Result<Vec<u64>> {
-        let targets = self.targets(rows)?;
-        let mut counts: Vec<u64> = targets.iter().map(|t| t.floor() as u64).collect();
-        let given: u128 = counts.iter().map(|&c| u128::from(c)).sum();
-        let mut order: Vec<usize> = (0..targets.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (ra, rb) = (
-                targets[a] - targets[a].floor(),
-                targets[b] - targets[b].floor(),
-            );
-            rb.total_cmp(&ra)
-        });
-        let missing = rows.saturating_sub(given) as usize;
-        for &k in order.iter().cycle().take(missing) {
-            counts[k] += 1;
-        }
-        Ok(counts)
+        Ok(largest_remainder(&self.targets(rows)?, rows))
     }
 
-    /// The turns of the `rows` positions from run row `first` on, starting
-    /// from the counts `start` and ending at `end` (both from
-    /// [`counts_at`](Self::counts_at)).
-    pub fn turns(
+    /// Epoch `epoch` of `rows` rows: the rows each source has given at its
+    /// start and at its end, and its turns.
+    pub fn epoch(
         &self,
-        first: u128,
+        epoch: u64,
         rows: u64,
-        start: Vec<u64>,
-        end: Vec<u64>,
-    ) -> Result<ScheduledTurns> {
-        Ok(ScheduledTurns {
-            targets: self.targets(first)?,
+    ) -> Result<(Vec<u64>, Vec<u64>, ScheduledTurns)> {
+        let first = u128::from(epoch) * u128::from(rows);
+        let targets = self.targets(first)?;
+        let start = largest_remainder(&targets, first);
+        // Summed from row 0 like the next epoch's start, so that the two
+        // agree to the last bit.
+        let end = self.counts_at(first + u128::from(rows))?;
+        let turns = ScheduledTurns {
+            targets,
             mix: self.clone(),
             row: first,
             end_row: first + u128::from(rows),
-            counts: start,
-            end,
+            counts: start.clone(),
+            end: end.clone(),
             shares: None,
-        })
+        };
+        Ok((start, end, turns))
     }
 }
 
@@ -517,12 +503,10 @@ mod tests {
             ],
             20,
         )?;
-        let epoch_rows = 150u128; // epochs cut steps in the middle
         let mut all = vec![];
-        for epoch in 0..3u128 {
-            let (first, last) = (epoch * epoch_rows, (epoch + 1) * epoch_rows);
-            let (start, end) = (mix.counts_at(first)?, mix.counts_at(last)?);
-            let mut scheduled = mix.turns(first, 150, start.clone(), end.clone())?;
+        // Epochs of 150 rows cut steps in the middle.
+        for epoch in 0..3 {
+            let (start, end, mut scheduled) = mix.epoch(epoch, 150)?;
             let mut turns = vec![];
             while let Some(k) = scheduled.next_turn()? {
                 turns.push(k);

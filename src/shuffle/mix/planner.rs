@@ -167,13 +167,11 @@ impl ExtensionPlanner for MixExtensionPlanner {
                     })
                     .collect::<Result<Vec<_>>>()?;
                 let mix = ScheduledMix::try_new(schedules, step_rows)?;
-                let first = u128::from(epoch) * u128::from(rows);
-                let start = mix.counts_at(first)?;
-                let end = mix.counts_at(first + u128::from(rows))?;
+                let (start, end, turns) = mix.epoch(epoch, rows)?;
                 let takes: Vec<u64> =
                     end.iter().zip(&start).map(|(e, s)| e - s).collect();
                 let starts = start.iter().map(|&s| u128::from(s)).collect();
-                let turns = Turns::Scheduled(mix.turns(first, rows, start, end)?);
+                let turns = Turns::Scheduled(turns);
                 (starts, takes, turns)
             }
         };
