@@ -61,7 +61,6 @@ mod fill;
 mod identity;
 pub mod key;
 pub(crate) mod liveness;
-#[cfg(feature = "ballista")]
 pub mod shared;
 mod tee;
 

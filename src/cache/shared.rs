@@ -40,7 +40,6 @@ use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ballista_core::extension::SessionConfigExt;
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::FileWriter;
@@ -218,7 +217,14 @@ pub struct SharedEntryWriteExec {
     input: Arc<dyn ExecutionPlan>,
     dir: String,
     content_hash: usize,
+    /// The job a task runs in, which names its folder.
+    job_of: JobOf,
 }
+
+/// The name of the job a task runs in, if it runs in one: a cluster's
+/// executors learn it from the job's settings (`crate::cluster`'s codec
+/// installs the reader); elsewhere the folder is `local`.
+pub type JobOf = fn(&TaskContext) -> Option<String>;
 
 impl SharedEntryWriteExec {
     /// Writes `input`'s partitions into the entry folder `dir`.
@@ -228,7 +234,14 @@ impl SharedEntryWriteExec {
             input,
             dir,
             content_hash,
+            job_of: |_| None,
         })
+    }
+
+    /// The same writer, naming its folder after the job `job_of` reads.
+    pub fn with_job_of(mut self, job_of: JobOf) -> Self {
+        self.job_of = job_of;
+        self
     }
 
     /// The entry folder.
@@ -294,7 +307,9 @@ impl ExecutionPlan for SharedEntryWriteExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = crate::shuffle::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(child, self.dir.clone())?))
+        Ok(Arc::new(
+            Self::try_new(child, self.dir.clone())?.with_job_of(self.job_of),
+        ))
     }
 
     fn execute(
@@ -304,13 +319,8 @@ impl ExecutionPlan for SharedEntryWriteExec {
     ) -> Result<SendableRecordBatchStream> {
         // One folder per job: a retried job writes apart from the one it
         // replaces, and the rank commits the one that completed.
-        let job = context
-            .session_config()
-            .ballista_config()
-            .settings()
-            .get(ballista_core::config::BALLISTA_JOB_NAME)
+        let job = (self.job_of)(&context)
             .filter(|name| !name.is_empty())
-            .cloned()
             .unwrap_or_else(|| "local".to_string());
         let folder = Path::new(&self.dir).join(job);
         let input = self.input.execute(partition, context)?;

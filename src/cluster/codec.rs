@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use ballista_core::extension::SessionConfigExt;
 use ballista_core::serde::{
     BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec,
 };
@@ -356,7 +357,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             }
             WireNode::RankShard => Arc::new(RankShardExec::try_new(input)?),
             WireNode::SharedEntryWrite { dir } => {
-                Arc::new(SharedEntryWriteExec::try_new(input, dir)?)
+                Arc::new(SharedEntryWriteExec::try_new(input, dir)?.with_job_of(job_name))
             }
             WireNode::LocalShuffle { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
@@ -446,6 +447,16 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         }
         self.inner.try_encode_udf(node, buf)
     }
+}
+
+/// The Ballista job a task runs in (its folder in the executor cache).
+fn job_name(context: &TaskContext) -> Option<String> {
+    context
+        .session_config()
+        .ballista_config()
+        .settings()
+        .get(ballista_core::config::BALLISTA_JOB_NAME)
+        .cloned()
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ mod balance;
 mod codec;
 mod executor;
 mod retry;
+mod scale_out;
 mod scheduler;
 mod shared_job;
 mod standalone;
@@ -190,17 +191,6 @@ pub(crate) fn client_state(
         .build()
         .upgrade_for_ballista(address.grpc_url())?;
     Ok((state, address))
-}
-
-/// `plan` guarded by a [`JobWatchExec`] when `session` runs on a cluster.
-pub(crate) fn watched(
-    session: &crate::Session,
-    plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-) -> Arc<dyn datafusion::physical_plan::ExecutionPlan> {
-    match session.cluster() {
-        Some(scheduler) => Arc::new(JobWatchExec::new(plan, scheduler.clone())),
-        None => plan,
-    }
 }
 
 /// `config` with Ballista's settings as sqlfeed uses them, and sqlfeed's

@@ -167,7 +167,7 @@ pub struct SharedJobExec {
 
 /// Where a [`SharedJobExec`] reports the job it read once the job
 /// succeeded: its name (with a retry's suffix) and its result's rows.
-pub type CompletedJob = Arc<Mutex<Option<(String, u64)>>>;
+pub use crate::session::CompletedJob;
 
 impl fmt::Debug for SharedJobExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

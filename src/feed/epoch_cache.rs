@@ -71,12 +71,10 @@ pub(super) struct EpochCache {
     filling_finish: std::sync::Mutex<Option<Vec<Expr>>>,
     /// An earlier epoch of this feed wrote an executor-kept entry (which
     /// rank 0 commits when that epoch ended).
-    #[cfg(feature = "ballista")]
     wrote_shared_entry: std::sync::atomic::AtomicBool,
     /// The committed parts of the executor-kept entry and the finish step,
     /// once found: later epochs read them without planning the query again
     /// (which lists its files and keys its result).
-    #[cfg(feature = "ballista")]
     shared_parts: std::sync::OnceLock<(std::path::PathBuf, Vec<Expr>)>,
 }
 
@@ -195,7 +193,6 @@ impl EpochCache {
 
 /// An entry the executors are writing (`crate::cache::shared`): committed
 /// once the epoch ended.
-#[cfg(feature = "ballista")]
 pub(super) struct SharedFill {
     /// The shared cache folder.
     pub(super) dir: std::path::PathBuf,
@@ -203,7 +200,6 @@ pub(super) struct SharedFill {
     pub(super) key: String,
 }
 
-#[cfg(feature = "ballista")]
 impl EpochCache {
     /// The epoch, shuffled by `spec`, of a cached cluster feed whose entry
     /// the executors keep in the shared folder `dir`: a scan of the
@@ -258,7 +254,6 @@ impl EpochCache {
 
 /// The epoch shuffled by `spec` over the executor-kept parts in the folder
 /// `parts`, finished by `finish`.
-#[cfg(feature = "ballista")]
 async fn read_parts(
     session: &Session,
     parts: &std::path::Path,
@@ -278,7 +273,6 @@ async fn read_parts(
 }
 
 /// The committed parts of entry `key` in `dir`, once rank 0 committed them.
-#[cfg(feature = "ballista")]
 async fn wait_for_commit(dir: &std::path::Path, key: &str) -> Result<std::path::PathBuf> {
     // As long as a rank waits for rank 0's job (`SharedJobExec`).
     const COMMIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);

@@ -65,6 +65,7 @@ mod order;
 mod producer;
 mod provenance;
 mod sink;
+mod source;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +91,7 @@ use self::epoch_cache::EpochCache;
 use self::metrics::FeedMetrics;
 use self::producer::Producer;
 use self::sink::FeedEvent;
+use self::source::EpochSource;
 use crate::Session;
 use crate::cache::InputFile;
 use crate::device::{Backend, DType, Device, Loans, SlotPool, TensorBatch};
@@ -527,7 +529,10 @@ impl FeedBuilder {
         let pool = Arc::new(tokio::sync::Mutex::new(pool));
         let (events_tx, events) = mpsc::channel();
         let (init_tx, init_rx) = mpsc::channel();
+        let source =
+            EpochSource::choose(&self.session, self.cache, self.shuffle_seed.is_some());
         let producer = Producer {
+            source,
             options: self,
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),

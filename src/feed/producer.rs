@@ -20,9 +20,10 @@ use super::metrics::FeedMetrics;
 use super::order;
 use super::provenance;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
+use super::source::EpochSource;
 use super::{FeedBuilder, TensorInfo};
 use crate::device::{DType, SlotPool};
-use crate::session::catch_panic;
+use crate::session::{CompletedJob, EpochJob, EpochJobPlan, ScaleOut, catch_panic};
 use crate::shuffle::{ShuffleSpec, shuffle};
 
 /// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.
@@ -32,6 +33,8 @@ pub(super) struct Producer {
     pub(super) metrics: Arc<FeedMetrics>,
     /// The epoch cache (with `cache(true)`).
     pub(super) cache: EpochCache,
+    /// Where the epochs run.
+    pub(super) source: EpochSource,
 }
 
 impl Producer {
@@ -140,51 +143,31 @@ impl Producer {
 
     /// Whether `epoch` may be dealt on the executors: its start is a step
     /// of this shape (a resume under another shape is cut here).
-    #[cfg(feature = "ballista")]
     fn start_on_the_grid(&self, epoch: u64) -> bool {
         let options = &self.options;
         self.epoch_start(epoch)
             .on_the_grid(options.batch_size * options.world)
     }
 
-    /// Whether the epoch runs as one cluster job shared by all ranks (every
-    /// feed of a cluster session, see [`crate::cluster::SharedJobExec`]):
-    /// its result partitions are read in partition order, so an unshuffled
-    /// feed's order is as deterministic as on the embedded engine.
-    #[cfg(feature = "ballista")]
-    fn shared_cluster_job(&self) -> bool {
-        self.options.session.cluster().is_some()
-    }
-
-    /// The epoch's query as the one cluster job all ranks of the run read.
-    #[cfg(feature = "ballista")]
+    /// The epoch's query as the one job on the session's cluster that all
+    /// ranks of the run read: its result partitions are read in partition
+    /// order, so an unshuffled feed's order is as deterministic as on the
+    /// embedded engine.
     fn plan_cluster_epoch(
         &self,
-        df: datafusion::dataframe::DataFrame,
-        scheduler: crate::cluster::SchedulerAddress,
+        scale_out: &Arc<dyn ScaleOut>,
+        query: DataFrame,
         epoch: u64,
         may_deal: bool,
-        completed: Option<crate::cluster::CompletedJob>,
-    ) -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>, bool)> {
+        completed: Option<CompletedJob>,
+    ) -> Result<EpochJobPlan> {
         let options = &self.options;
-        let (state, plan) = df.into_parts();
-        // The scheduler plans the job with this rank's settings: the same
-        // lanes as an embedded epoch, so its result partitions are the
-        // embedded feed's partitions.
-        let mut config = state.config().clone();
-        crate::config::deterministic_config(&mut config, self.partition_order());
-        let state = SessionStateBuilder::new_from_existing(state)
-            .with_config(config)
-            .build();
-        let plan = state.optimize(&plan)?;
-        // Dealt on the executors, each rank fetches its own batches only;
-        // batches by token budget or length buckets depend on the whole
+        // Batches by token budget or length buckets depend on the whole
         // stream, and one rank has nothing to deal.
         let deal = (may_deal
             && options.world >= 2
             && options.token_budget.is_none()
-            && options.bucket_window.is_none()
-            && crate::cluster::SharedJobExec::can_deal(&plan))
+            && options.bucket_window.is_none())
         .then_some(crate::shuffle::Deal {
             batch_rows: options.batch_size,
             world: options.world,
@@ -192,58 +175,23 @@ impl Producer {
         });
         // The cache changes the job's result (each row's content hash comes
         // with it): ranks of a cached and an uncached run must not share it.
-        let run = xxhash_rust::xxh3::xxh3_64(
-            format!(
-                "{}\0{:?}\0{}\0{}\0{}\0{:?}",
-                options.sql,
-                options.shuffle_seed,
-                options.run_id,
-                options.cache,
-                options.order_lanes,
-                deal
-            )
-            .as_bytes(),
+        let run = format!(
+            "{}\0{:?}\0{}\0{}\0{}",
+            options.sql,
+            options.shuffle_seed,
+            options.run_id,
+            options.cache,
+            options.order_lanes,
         );
-        let job_name = format!("sqlfeed-feed-{run:016x}-e{epoch}");
-        // Each attempt is the epoch's job, watched for lost executors; a
-        // loss re-runs it and skips what this rank already consumed.
-        let (rank, session) = (options.rank, options.session.clone());
-        let (attempt_state, attempt_scheduler) = (state.clone(), scheduler.clone());
-        let attempts: Arc<crate::cluster::AttemptFactory> = Arc::new(move |attempt| {
-            let mut job = crate::cluster::SharedJobExec::try_new(
-                &attempt_state,
-                &plan,
-                attempt_scheduler.clone(),
-                job_name.clone(),
-                rank,
-                attempt,
-                deal,
-            )?;
-            if let Some(completed) = &completed {
-                job = job.reporting_completion(Arc::clone(completed));
-            }
-            let job: Arc<dyn ExecutionPlan> = Arc::new(job);
-            Ok(crate::cluster::watched(&session, job))
-        });
-        let job: Arc<dyn ExecutionPlan> = Arc::new(
-            crate::cluster::ExactRetryExec::try_new(attempts, scheduler)?,
-        );
-        Ok((job, Arc::new(TaskContext::from(&state)), deal.is_some()))
-    }
-
-    /// The shared folder of executor-kept cache entries, if the session
-    /// has one (`sqlfeed.executor_cache_dir`).
-    #[cfg(feature = "ballista")]
-    fn executor_cache_dir(&self) -> Option<String> {
-        let state = self.options.session.context().state_ref();
-        let state = state.read();
-        state
-            .config()
-            .options()
-            .extensions
-            .get::<crate::config::SqlfeedOptions>()
-            .map(|o| o.executor_cache_dir.clone())
-            .filter(|dir| !dir.is_empty())
+        scale_out.epoch_job(EpochJob {
+            query,
+            partition_order: self.partition_order(),
+            run,
+            epoch,
+            rank: options.rank,
+            deal,
+            completed,
+        })
     }
 
     /// A cached, shuffled cluster epoch whose entry the executors keep in
@@ -251,10 +199,9 @@ impl Producer {
     /// it computes the rows (not dealt: every row passes the writing tasks
     /// once), later epochs' jobs scan it (dealt as usual); rank 0 commits
     /// the entry when the first epoch ended.
-    #[cfg(feature = "ballista")]
     async fn plan_executor_cached_epoch(
         &self,
-        scheduler: crate::cluster::SchedulerAddress,
+        scale_out: &Arc<dyn ScaleOut>,
         spec: ShuffleSpec,
         epoch: u64,
         dir: &str,
@@ -264,10 +211,10 @@ impl Producer {
             .cache
             .executor_epoch(&options.session, &options.sql, spec, dir)
             .await?;
-        let completed: crate::cluster::CompletedJob = Arc::default();
-        let (plan, task_ctx, dealt) = self.plan_cluster_epoch(
+        let completed: CompletedJob = Arc::default();
+        let job = self.plan_cluster_epoch(
+            scale_out,
             df,
-            scheduler,
             epoch,
             fill.is_none() && self.start_on_the_grid(epoch),
             Some(Arc::clone(&completed)),
@@ -285,10 +232,10 @@ impl Producer {
             _ => None,
         };
         Ok(EpochPlan {
-            plan,
-            task_ctx,
+            plan: job.plan,
+            task_ctx: job.task_ctx,
             fill: None,
-            dealt,
+            dealt: job.dealt,
             after,
         })
     }
@@ -308,8 +255,7 @@ impl Producer {
     /// What an unshuffled feed's cache entry layout depends on: the ordered
     /// partitions an embedded epoch reads, or a cluster job's one stream.
     fn cache_layout(&self) -> String {
-        #[cfg(feature = "ballista")]
-        if self.shared_cluster_job() {
+        if self.source.scale_out().is_some() {
             return "cluster".to_string();
         }
         self.options.order_lanes.to_string()
@@ -321,13 +267,11 @@ impl Producer {
         let spec = options
             .shuffle_seed
             .map(|seed| ShuffleSpec::Global { seed, epoch });
-        #[cfg(feature = "ballista")]
-        if let (Some(scheduler), Some(spec), true) =
-            (options.session.cluster(), spec, options.cache)
-            && let Some(dir) = self.executor_cache_dir()
+        if let (EpochSource::ExecutorCache { scale_out, dir }, Some(spec)) =
+            (&self.source, spec)
         {
             return self
-                .plan_executor_cached_epoch(scheduler.clone(), spec, epoch, &dir)
+                .plan_executor_cached_epoch(scale_out, spec, epoch, dir)
                 .await;
         }
         let continued = options.appended.as_ref().filter(|a| a.epoch == epoch);
@@ -369,16 +313,15 @@ impl Producer {
         // A continued epoch joins against rows held here.
         let embedded =
             reads_local_cache || options.origins.is_some() || continued.is_some();
-        #[cfg(feature = "ballista")]
-        if self.shared_cluster_job()
-            && !embedded
-            && let Some(scheduler) = options.session.cluster()
-        {
+        if let Some(scale_out) = self.source.scale_out().filter(|_| !embedded) {
             let (state, logical) = (df.clone()).into_parts();
             // A cache fill needs every row of the epoch here.
             let may_deal = filling.is_none() && self.start_on_the_grid(epoch);
-            let (plan, task_ctx, dealt) =
-                self.plan_cluster_epoch(df, scheduler.clone(), epoch, may_deal, None)?;
+            let EpochJobPlan {
+                plan,
+                task_ctx,
+                dealt,
+            } = self.plan_cluster_epoch(scale_out, df, epoch, may_deal, None)?;
             // A miss: the job's rows (with their content hashes) are written
             // into the entry here, as they arrive, and finished on the way.
             return Ok(match filling {
@@ -406,8 +349,8 @@ impl Producer {
             });
         }
         let (state, plan) = df.into_parts();
-        #[cfg(feature = "ballista")]
-        let state = if embedded && options.session.cluster().is_some() {
+        // Here, also in a cluster session: with the embedded planner.
+        let state = if self.source.scale_out().is_some() {
             SessionStateBuilder::new_from_existing(state)
                 .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
                 .build()
@@ -458,12 +401,6 @@ impl Producer {
         if options.shuffle_seed.is_none() {
             order::check_deterministic_order(&physical)?;
         }
-        #[cfg(feature = "ballista")]
-        let physical = if embedded {
-            physical
-        } else {
-            crate::cluster::watched(&options.session, physical)
-        };
         Ok(EpochPlan {
             plan: physical,
             task_ctx: Arc::new(TaskContext::from(&state)),

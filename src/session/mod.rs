@@ -34,6 +34,7 @@
 
 mod cgroup;
 mod create_function;
+mod scale_out;
 use crate::cache::liveness;
 pub mod object_stores;
 pub mod plugins;
@@ -68,6 +69,7 @@ pub use crate::sql::url_table::list_parquet_files;
 use crate::sql::{self, Statement};
 pub use crate::sql::{file_errors, url_table};
 pub use object_stores::{ALLOW_HTTP_ENV, IoCounters, ObjectStoreLimits};
+pub use scale_out::{CompletedJob, EpochJob, EpochJobPlan, InstallScaleOut, ScaleOut};
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever
 /// is lower) used as the memory limit when none is given.
@@ -107,9 +109,9 @@ pub struct SessionBuilder {
     udf_options: sqlfeed_udfs::UdfOptions,
     /// Where and how much `CACHE TABLE` and cached feeds keep.
     cache: CacheOptions,
-    /// `df://host:port` of a Ballista scheduler; `None` = embedded engine.
-    #[cfg(feature = "ballista")]
-    cluster: Option<String>,
+    /// Where queries run instead of this process (a Ballista cluster,
+    /// installed by `crate::cluster`); `None` = the embedded engine.
+    scale_out: Option<Arc<dyn InstallScaleOut>>,
     /// `sqlfeed.executor_cache_dir`.
     executor_cache_dir: Option<String>,
     /// Plugin libraries to load, in order.
@@ -211,20 +213,18 @@ impl SessionBuilder {
         self
     }
 
-    /// Runs queries on the Ballista cluster whose scheduler is at `url`
-    /// (`df://host:port`) instead of the embedded engine; see
-    /// [`crate::cluster`]. `build` checks that the scheduler answers.
-    /// `"standalone"` starts a scheduler and an executor in this process.
-    #[cfg(feature = "ballista")]
-    pub fn cluster(mut self, url: impl Into<String>) -> Self {
-        self.cluster = Some(url.into());
+    /// Runs the session's queries through `installer` instead of the
+    /// embedded engine (what `SessionBuilder::cluster` does; see
+    /// [`scale_out`](self::scale_out)).
+    pub fn with_scale_out(mut self, installer: Arc<dyn InstallScaleOut>) -> Self {
+        self.scale_out = Some(installer);
         self
     }
 
     /// A folder every executor and rank of the cluster reaches: cached,
     /// shuffled cluster feeds keep their entries there, on the executors'
     /// side (`sqlfeed.executor_cache_dir`, see `crate::cache::shared`).
-    #[cfg(feature = "ballista")]
+    /// Only a session on a cluster uses it.
     pub fn executor_cache_dir(mut self, dir: impl Into<String>) -> Self {
         self.executor_cache_dir = Some(dir.into());
         self
@@ -267,23 +267,17 @@ impl SessionBuilder {
             Arc::new(crate::sql::delta::DeltaTableFactory),
         );
         let (state, factory) = crate::sql::url_table::install(state);
-        #[cfg(feature = "ballista")]
-        let (state, cluster, standalone) = match self.cluster.as_deref() {
-            Some("standalone") => {
-                let mut embedded = self.clone();
-                embedded.cluster = None;
-                let standalone = crate::cluster::Standalone::start(&embedded, 1, 0)?;
-                let url = standalone.address().to_string();
-                let (state, address) =
-                    crate::cluster::client_state(state, &url, functions.clone())?;
-                (state, Some(address), Some(standalone))
+        let (state, scale_out) = match &self.scale_out {
+            Some(installer) => {
+                let embedded = SessionBuilder {
+                    scale_out: None,
+                    ..self.clone()
+                };
+                let (state, scale_out) =
+                    installer.install(&embedded, state, functions.clone())?;
+                (state, Some(scale_out))
             }
-            Some(url) => {
-                let (state, address) =
-                    crate::cluster::client_state(state, url, functions.clone())?;
-                (state, Some(address), None)
-            }
-            None => (state, None, None),
+            None => (state, None),
         };
         let ctx = SessionContext::new_with_state(state);
         factory.session_store().with_state(ctx.state_weak_ref());
@@ -303,10 +297,7 @@ impl SessionBuilder {
             io: engine.io,
             memory_limit: engine.memory_limit,
             spill_folder: engine.spill_folder,
-            #[cfg(feature = "ballista")]
-            cluster,
-            #[cfg(feature = "ballista")]
-            _standalone: standalone,
+            scale_out,
         })
     }
 
@@ -483,12 +474,9 @@ pub struct Session {
     /// The folder spill files go to, locked and kept while any clone of the
     /// session lives (removed with the last one).
     spill_folder: Arc<liveness::LiveFolder>,
-    /// The scheduler this session's queries run on (`None` = embedded).
-    #[cfg(feature = "ballista")]
-    cluster: Option<crate::cluster::SchedulerAddress>,
-    /// The in-process cluster of `cluster("standalone")`, kept alive.
-    #[cfg(feature = "ballista")]
-    _standalone: Option<Arc<crate::cluster::Standalone>>,
+    /// Where this session's queries run instead of this process (`None` =
+    /// embedded); it keeps an in-process cluster alive.
+    scale_out: Option<Arc<dyn ScaleOut>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -528,10 +516,9 @@ impl Session {
         self.spill_folder.path()
     }
 
-    /// The scheduler this session runs on, or `None` for the embedded engine.
-    #[cfg(feature = "ballista")]
-    pub fn cluster(&self) -> Option<&crate::cluster::SchedulerAddress> {
-        self.cluster.as_ref()
+    /// Where this session's queries run, or `None` for the embedded engine.
+    pub fn scale_out(&self) -> Option<&Arc<dyn ScaleOut>> {
+        self.scale_out.as_ref()
     }
 
     /// Counters of bytes read from object stores (local files included).
@@ -566,8 +553,7 @@ impl Session {
     /// only this process has (a Python function): a Plan error naming it,
     /// before anything is sent to the scheduler.
     fn check_runs_here(&self, df: DataFrame) -> Result<DataFrame> {
-        #[cfg(feature = "ballista")]
-        if self.cluster.is_some() {
+        if self.scale_out.is_some() {
             use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
             use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
             let mut local = None;
@@ -604,8 +590,7 @@ impl Session {
     /// Runs `df` and collects its batches, turning a panic inside the engine
     /// or a dependency into an error.
     pub async fn collect(&self, df: DataFrame) -> Result<Vec<RecordBatch>> {
-        #[cfg(feature = "ballista")]
-        if self.cluster.is_some() {
+        if self.scale_out.is_some() {
             let plan = catch_panic(df.create_physical_plan()).await?;
             let stream = self.execute_stream(plan)?;
             return catch_panic(datafusion::physical_plan::common::collect(stream)).await;
@@ -619,8 +604,10 @@ impl Session {
         &self,
         plan: Arc<dyn ExecutionPlan>,
     ) -> Result<SendableRecordBatchStream> {
-        #[cfg(feature = "ballista")]
-        let plan = crate::cluster::watched(self, plan);
+        let plan = match &self.scale_out {
+            Some(scale_out) => scale_out.watch(plan),
+            None => plan,
+        };
         let task_ctx = self.ctx.task_ctx();
         let stream = std::panic::catch_unwind(AssertUnwindSafe(|| {
             datafusion::physical_plan::execute_stream(plan, task_ctx)

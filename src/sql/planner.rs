@@ -55,7 +55,6 @@ impl QueryPlanner for SqlfeedQueryPlanner {
         let planners: Vec<Arc<dyn ExtensionPlanner + Send + Sync>> = vec![
             Arc::new(self.shuffle),
             Arc::new(self.mix),
-            #[cfg(feature = "ballista")]
             Arc::new(CachePlanner),
         ];
         DefaultPhysicalPlanner::with_extension_planners(planners)
@@ -65,11 +64,9 @@ impl QueryPlanner for SqlfeedQueryPlanner {
 }
 
 /// Plans the executor cache's write node (`crate::cache::shared`).
-#[cfg(feature = "ballista")]
 #[derive(Debug, Default, Clone, Copy)]
 struct CachePlanner;
 
-#[cfg(feature = "ballista")]
 #[async_trait]
 impl ExtensionPlanner for CachePlanner {
     async fn plan_extension(

@@ -1,0 +1,96 @@
+//! The one seam through which a session's queries run somewhere other than
+//! this process: a Ballista cluster today (`crate::cluster`, the only
+//! implementation), installed when the session is built.
+//!
+//! ```text
+//!   SessionBuilder ─ with_scale_out(installer) ─► build()
+//!        │ embedded SessionState (functions, planners, stores, budget)
+//!        ▼
+//!   InstallScaleOut::install ──► (client SessionState, Arc<dyn ScaleOut>)
+//!        │
+//!   Session ── execute_stream ──► ScaleOut::watch(plan)      (lost executors named)
+//!        │
+//!   feed ── EpochSource::Cluster ──► ScaleOut::epoch_job(…)  (one job all ranks read)
+//! ```
+//!
+//! `session` and `feed` know only these traits; nothing outside
+//! `crate::cluster` names Ballista. The cluster module adds the public
+//! switches on top (`SessionBuilder::cluster`, `Session::cluster`), the way
+//! Ballista's own `SessionConfigExt` extends DataFusion's types.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::dataframe::DataFrame;
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::ScalarUDF;
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::SessionBuilder;
+use crate::config::PartitionOrder;
+use crate::shuffle::Deal;
+
+/// Turns a session being built into one whose queries run elsewhere.
+pub trait InstallScaleOut: Send + Sync + fmt::Debug {
+    /// The client state made from the embedded `state` (which has sqlfeed's
+    /// planners, stores and budget), and the scale-out the session keeps.
+    /// `embedded` is the builder without this installer: what an in-process
+    /// cluster builds its own sessions from. The caller registers
+    /// `functions` again on the returned state.
+    fn install(
+        &self,
+        embedded: &SessionBuilder,
+        state: SessionState,
+        functions: Vec<Arc<ScalarUDF>>,
+    ) -> Result<(SessionState, Arc<dyn ScaleOut>)>;
+}
+
+/// Where a session's queries run when not in this process.
+pub trait ScaleOut: Send + Sync + fmt::Debug {
+    /// For the implementation's own accessors (`Session::cluster`).
+    fn as_any(&self) -> &dyn Any;
+
+    /// `plan`, whose result this process reads from elsewhere, guarded so
+    /// that a lost scheduler or executor is an error naming it, never a hang.
+    fn watch(&self, plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan>;
+
+    /// One epoch of a feed as the one job all ranks of the run read.
+    fn epoch_job(&self, job: EpochJob) -> Result<EpochJobPlan>;
+}
+
+/// Set to `(job name, rows)` when the epoch's job completed (the executor
+/// cache commits the entry that job wrote).
+pub type CompletedJob = Arc<Mutex<Option<(String, u64)>>>;
+
+/// What a feed asks of [`ScaleOut::epoch_job`].
+pub struct EpochJob {
+    /// The epoch's query, not yet optimized.
+    pub query: DataFrame,
+    /// What the job's plan must keep of its partitions' order.
+    pub partition_order: PartitionOrder,
+    /// The run's identity (query, seed, run id, cache, lanes): ranks of
+    /// one run name the same job, other runs never share it.
+    pub run: String,
+    /// The epoch.
+    pub epoch: u64,
+    /// This rank.
+    pub rank: usize,
+    /// Deal each rank its own batches on the executors, where the plan
+    /// allows it; `None` streams the whole epoch to every rank.
+    pub deal: Option<Deal>,
+    /// Told the completed job, when given.
+    pub completed: Option<CompletedJob>,
+}
+
+/// The plan of an epoch job and the context to run it in.
+pub struct EpochJobPlan {
+    /// Streams the epoch (or, dealt, this rank's rows) from the job.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// The context the plan runs in.
+    pub task_ctx: Arc<TaskContext>,
+    /// The plan yields this rank's rows only.
+    pub dealt: bool,
+}
