@@ -75,13 +75,6 @@ pub struct Cli {
     /// entries beyond it are removed (default 20G).
     #[arg(long, value_parser = parse_byte_size, value_name = "SIZE")]
     pub cache_max_size: Option<usize>,
-    /// With --cluster: a folder every executor and rank reaches (a shared
-    /// file system) where a cached, shuffled feed's entry is written by the
-    /// executors computing the first epoch and read by later epochs' jobs,
-    /// instead of each rank's local cache.
-    #[cfg(feature = "ballista")]
-    #[arg(long, value_name = "DIR", requires = "cluster")]
-    pub executor_cache_dir: Option<PathBuf>,
     /// Largest image image_decode accepts, in pixels (default 67108864 =
     /// 8192x8192); larger headers are refused before any allocation.
     #[arg(long, value_name = "PIXELS")]
@@ -106,12 +99,10 @@ pub struct Cli {
     /// Print the elapsed time after each table result (always on in the REPL).
     #[arg(long)]
     pub timing: bool,
-    /// Run queries and feeds on the Ballista cluster whose scheduler is at
-    /// this address (df://host:port) instead of the embedded engine;
-    /// `standalone` starts a scheduler and an executor in this process.
+    /// `--cluster`, `--executor-cache-dir`.
     #[cfg(feature = "ballista")]
-    #[arg(long, value_name = "df://HOST:PORT", env = "SQLFEED_CLUSTER")]
-    pub cluster: Option<String>,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 const EXAMPLES: &str = "Examples:
@@ -145,66 +136,10 @@ pub enum SubCommand {
     /// Measure raw pinned host-to-device copy bandwidth, the yardstick of a
     /// feed's H2D rate (needs a CUDA device).
     H2dBench(H2dArgs),
-    /// Run a Ballista scheduler with sqlfeed's functions and operators.
+    /// `scheduler`, `executor`.
     #[cfg(feature = "ballista")]
-    Scheduler(SchedulerArgs),
-    /// Run a Ballista executor with sqlfeed's functions and operators.
-    #[cfg(feature = "ballista")]
-    Executor(ExecutorArgs),
-}
-
-/// Options of `sqlfeed scheduler`.
-#[cfg(feature = "ballista")]
-#[derive(Debug, Clone, clap::Args)]
-pub struct SchedulerArgs {
-    /// Address to listen on; port 0 picks a free port (printed at start).
-    #[arg(long, default_value = "127.0.0.1:50050")]
-    pub bind: std::net::SocketAddr,
-    /// Allow binding to an address other than loopback (the scheduler has no
-    /// authentication: anyone who reaches the port can run queries).
-    #[arg(long)]
-    pub allow_remote: bool,
-    /// Host name executors and clients use for this scheduler (default: the
-    /// bind address).
-    #[arg(long, value_name = "HOST")]
-    pub external_host: Option<String>,
-    /// Seconds without a heartbeat after which an executor counts as lost
-    /// and its tasks run elsewhere.
-    #[arg(long, default_value_t = 20, value_name = "SECONDS")]
-    pub executor_timeout: u64,
-}
-
-/// Options of `sqlfeed executor`.
-#[cfg(feature = "ballista")]
-#[derive(Debug, Clone, clap::Args)]
-pub struct ExecutorArgs {
-    /// The scheduler to register with (HOST:PORT or df://HOST:PORT).
-    #[arg(long, default_value = "127.0.0.1:50050")]
-    pub scheduler: String,
-    /// Address to serve shuffle files on (Arrow Flight); port 0 picks a
-    /// free port.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    pub bind: std::net::SocketAddr,
-    /// gRPC port of the executor (0 picks a free port).
-    #[arg(long, default_value_t = 0, value_name = "PORT")]
-    pub grpc_port: u16,
-    /// Allow binding to an address other than loopback.
-    #[arg(long)]
-    pub allow_remote: bool,
-    /// Host name others fetch this executor's shuffle files from (default:
-    /// the bind address).
-    #[arg(long, value_name = "HOST")]
-    pub external_host: Option<String>,
-    /// Tasks run at once (default: the number of cores).
-    #[arg(long, default_value_t = 0, value_name = "N")]
-    pub concurrent_tasks: usize,
-    /// Folder for shuffle files and spills (default: a temporary folder
-    /// removed at exit).
-    #[arg(long, value_name = "DIR")]
-    pub work_dir: Option<PathBuf>,
-    /// Seconds between heartbeats to the scheduler.
-    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
-    pub heartbeat_interval: u64,
+    #[command(flatten)]
+    Cluster(crate::cluster::ClusterCommand),
 }
 
 /// Options of `sqlfeed scan`.
@@ -304,7 +239,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    if cli.is_interactive() || cli.is_server() {
+    // The servers keep the signals' default action.
+    #[cfg(feature = "ballista")]
+    if let Some(SubCommand::Cluster(server)) = &cli.command {
+        return runtime.block_on(server.run(session_builder(&cli), cli.memory_limit));
+    }
+    if cli.is_interactive() {
         return runtime.block_on(run_async(cli));
     }
     // Non-interactive commands stop cleanly on SIGINT / SIGTERM (see
@@ -360,19 +300,6 @@ impl Cli {
     fn is_interactive(&self) -> bool {
         self.commands.is_empty() && self.files.is_empty() && self.command.is_none()
     }
-
-    /// The scheduler or executor server, which keep the signals' default
-    /// action.
-    fn is_server(&self) -> bool {
-        #[cfg(feature = "ballista")]
-        if matches!(
-            self.command,
-            Some(SubCommand::Scheduler(_) | SubCommand::Executor(_))
-        ) {
-            return true;
-        }
-        false
-    }
 }
 
 /// The session options shared by every command.
@@ -412,16 +339,9 @@ fn session_builder(cli: &Cli) -> SessionBuilder {
 /// The session of a command that runs queries or feeds (not a server): with
 /// the cluster options.
 fn client_builder(cli: &Cli) -> SessionBuilder {
-    #[allow(unused_mut)]
-    let mut builder = session_builder(cli);
+    let builder = session_builder(cli);
     #[cfg(feature = "ballista")]
-    if let Some(url) = &cli.cluster {
-        builder = builder.cluster(url);
-    }
-    #[cfg(feature = "ballista")]
-    if let Some(dir) = &cli.executor_cache_dir {
-        builder = builder.executor_cache_dir(dir.display().to_string());
-    }
+    let builder = cli.cluster.install(builder);
     builder
 }
 
@@ -446,16 +366,6 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
-    #[cfg(feature = "ballista")]
-    match &cli.command {
-        Some(SubCommand::Scheduler(args)) => {
-            return run_scheduler(session_builder(&cli), args).await;
-        }
-        Some(SubCommand::Executor(args)) => {
-            return run_executor(session_builder(&cli), args, cli.memory_limit).await;
-        }
-        _ => {}
-    }
     let builder = client_builder(&cli);
     if let Some(SubCommand::H2dBench(args)) = &cli.command {
         let device: crate::device::Device = args.device.parse()?;
@@ -520,71 +430,6 @@ async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
             break;
         }
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Refuses a non-loopback address unless `allowed` (`--allow-remote`).
-#[cfg(feature = "ballista")]
-fn check_bind(
-    what: &str,
-    address: std::net::IpAddr,
-    allowed: bool,
-) -> anyhow::Result<()> {
-    if address.is_loopback() || allowed {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "the {what} would listen on {address}, which other machines can reach, and \
-         Ballista has no authentication; pass --allow-remote to do it anyway, on a \
-         trusted network"
-    )
-}
-
-#[cfg(feature = "ballista")]
-async fn run_scheduler(
-    builder: crate::SessionBuilder,
-    args: &SchedulerArgs,
-) -> anyhow::Result<ExitCode> {
-    check_bind("scheduler", args.bind.ip(), args.allow_remote)?;
-    let options = crate::cluster::SchedulerOptions {
-        bind: args.bind,
-        external_host: args.external_host.clone(),
-        executor_timeout_seconds: args.executor_timeout,
-    };
-    crate::cluster::run_scheduler(builder, options, |address| {
-        // Scripts and tests read the port from this line.
-        println!(
-            "sqlfeed scheduler listening on df://{address} (start executors with \
-             `sqlfeed executor --scheduler {address}`)"
-        );
-        let _ = std::io::Write::flush(&mut std::io::stdout());
-    })
-    .await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(feature = "ballista")]
-async fn run_executor(
-    builder: crate::SessionBuilder,
-    args: &ExecutorArgs,
-    memory_limit: Option<usize>,
-) -> anyhow::Result<ExitCode> {
-    check_bind("executor", args.bind.ip(), args.allow_remote)?;
-    let scheduler = crate::cluster::SchedulerAddress::parse(&args.scheduler)?;
-    let mut options = crate::cluster::ExecutorOptions::new(scheduler.clone());
-    options.bind_host = args.bind.ip().to_string();
-    options.flight_port = args.bind.port();
-    options.grpc_port = args.grpc_port;
-    options.external_host = args.external_host.clone();
-    options.concurrent_tasks = args.concurrent_tasks;
-    options.work_dir = args.work_dir.clone();
-    options.heartbeat_seconds = args.heartbeat_interval;
-    options.memory_limit = memory_limit;
-    crate::cluster::run_executor(builder, options, |flight| {
-        println!("sqlfeed executor serving {flight}, registering with {scheduler}");
-        let _ = std::io::Write::flush(&mut std::io::stdout());
-    })
-    .await?;
     Ok(ExitCode::SUCCESS)
 }
 

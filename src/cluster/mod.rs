@@ -39,6 +39,7 @@
 //! failing functions) are carried to the client with the executor's message.
 
 mod balance;
+mod cli;
 mod codec;
 mod executor;
 mod retry;
@@ -61,6 +62,7 @@ use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::ScalarUDF;
 
 pub use balance::BalanceScanRows;
+pub use cli::{ClusterArgs, ClusterCommand, ExecutorArgs, SchedulerArgs};
 pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec};
 pub use executor::{ExecutorOptions, run_executor};
 pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
