@@ -3,15 +3,53 @@
 //! of one module (`cache::key` → `cache::exec`, never back). A cycle means
 //! two concerns that cannot be read, tested or moved apart.
 //!
+//! The top-level modules are also layered ([`LAYERS`]): a module imports
+//! only from layers below its own, so `session` cannot reach up into
+//! `cluster` (it knows the cluster only through its `ScaleOut` seam) and
+//! `cluster` cannot reach into `feed`.
+//!
 //! The graph is read from the sources: every `crate::<module>[::<file>]`
 //! and (inside a module's file) `super::<file>` path in code, comments and
-//! `#[cfg(test)]` modules left out. `mod.rs` is its module itself (what a
-//! file takes from it is the module's shared core, not another concern).
+//! `#[cfg(test)]` modules left out; `crate::<Name>` of a re-export in
+//! `lib.rs` (`crate::Session`) counts as the module it comes from. `mod.rs`
+//! is its module itself (what a file takes from it is the module's shared
+//! core, not another concern).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// The top-level modules from the bottom up: each imports only from the
+/// layers before its own. A new module must be placed here.
+const LAYERS: &[&[&str]] = &[
+    &["config", "rand", "panics"],
+    &["device", "datagen", "shuffle"],
+    &["cache"],
+    &["sql"],
+    &["session"],
+    &["cluster"],
+    &["feed"],
+    &["cli"],
+];
+
+/// `Name` → `module` for every `pub use module::{Name, …};` of `lib.rs`.
+fn root_reexports(src: &Path) -> BTreeMap<String, String> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap_or_default();
+    let mut names = BTreeMap::new();
+    for line in lib.lines() {
+        let Some(rest) = line.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((module, items)) = rest.trim_end_matches(';').split_once("::") else {
+            continue;
+        };
+        for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
+            names.insert(item.trim().to_string(), module.to_string());
+        }
+    }
+    names
+}
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -76,6 +114,7 @@ fn graph(src: &Path) -> Graph {
         src.join(module).join(format!("{name}.rs")).exists()
             || src.join(module).join(name).is_dir()
     };
+    let reexports = root_reexports(src);
     let mut edges = Graph::new();
     for file in &files {
         let module = module_of(src, file);
@@ -90,6 +129,11 @@ fn graph(src: &Path) -> Graph {
             None => top.clone(),
         };
         let code = code_of(&std::fs::read_to_string(file).unwrap_or_default());
+        for (name, module) in &reexports {
+            if module != &top && code.contains(&format!("crate::{name}")) {
+                edges.entry(top.clone()).or_default().insert(module.clone());
+            }
+        }
         for path in paths_after(&code, "crate::") {
             match path.as_slice() {
                 [other, ..] if !other.is_empty() && *other != top => {
@@ -196,6 +240,56 @@ fn modules_import_each_other_without_cycles() {
             );
         }
     }
+}
+
+/// The edges between top-level modules that do not go down [`LAYERS`],
+/// and the modules it does not place.
+fn upward_arrows(edges: &Graph) -> Vec<String> {
+    let layer = |module: &str| LAYERS.iter().position(|layer| layer.contains(&module));
+    let mut wrong = vec![];
+    for (from, targets) in edges.iter().filter(|(n, _)| !n.contains("::")) {
+        for to in targets {
+            match (layer(from), layer(to)) {
+                (Some(a), Some(b)) if b < a => {}
+                (Some(_), Some(_)) => wrong.push(format!("{from} → {to}")),
+                (None, _) => wrong.push(format!("{from} is in no layer")),
+                (_, None) => wrong.push(format!("{to} is in no layer")),
+            }
+        }
+    }
+    wrong.dedup();
+    wrong
+}
+
+#[test]
+fn modules_import_only_from_the_layers_below_theirs() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = graph(&src);
+    // Known edges, one through a re-export of lib.rs.
+    assert!(edges["cluster"].contains("session"), "{edges:?}");
+    assert!(edges["feed"].contains("device"), "{edges:?}");
+    let wrong = upward_arrows(&edges);
+    assert!(
+        wrong.is_empty(),
+        "imports that do not go down the layers of LAYERS: {}",
+        wrong.join(", ")
+    );
+}
+
+#[test]
+fn an_upward_arrow_is_found() {
+    let mut edges = Graph::new();
+    for (a, b) in [
+        ("feed", "session"),
+        ("session", "cluster"),
+        ("cli", "novel"),
+    ] {
+        edges.entry(a.into()).or_default().insert(b.into());
+    }
+    assert_eq!(
+        upward_arrows(&edges),
+        ["novel is in no layer", "session → cluster"]
+    );
 }
 
 #[test]
