@@ -85,7 +85,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::batcher::{Batcher, EpochStart, LengthBucketer, ShardBatcher, TokenBatcher};
+use super::batcher::{Batcher, Cut, EpochStart, LengthBucketer, Shard, Tokens};
 use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
@@ -379,38 +379,29 @@ impl SinkRun {
         let b = self.target.batching;
         let epoch = self.epoch;
         let length_column = b.length_column.map_or(0, |(index, _)| index);
-        let mut batcher = match b.token_budget {
-            Some(budget) => Batcher::Tokens(TokenBatcher::new(
+        let cut = match b.token_budget {
+            Some(budget) => Cut::Tokens(Tokens {
                 budget,
-                length_column,
-                b.length_column.and_then(|(_, pad_to)| pad_to),
-                b.rank,
-                b.world,
-                b.drop_last,
-                epoch,
-                self.start,
-            )),
+                column: length_column,
+                pad_to: b.length_column.and_then(|(_, pad_to)| pad_to),
+                rank: b.rank,
+                world: b.world,
+                drop_last: b.drop_last,
+            }),
             // The deal on the executors cut the shard and the last step, so
             // the rows are this rank's: a step is `B` of them.
-            None if self.dealt => {
-                // The producer deals only resumes on the step grid.
-                let (skip, first_step) = self.start.in_chunks(b.batch_rows * b.world);
-                let steps_skipped = skip / (b.batch_rows * b.world) as u64;
-                let start = EpochStart::Rows {
-                    rows: steps_skipped * b.batch_rows as u64,
-                    first_step,
-                };
-                Batcher::Rows(ShardBatcher::new(b.batch_rows, 0, 1, false, epoch, start))
-            }
-            None => Batcher::Rows(ShardBatcher::new(
-                b.batch_rows,
-                b.rank,
-                b.world,
-                b.drop_last,
-                epoch,
-                self.start,
-            )),
+            None if self.dealt => Cut::Dealt {
+                batch_rows: b.batch_rows,
+                world: b.world,
+            },
+            None => Cut::Shard(Shard {
+                batch_rows: b.batch_rows,
+                rank: b.rank,
+                world: b.world,
+                drop_last: b.drop_last,
+            }),
         };
+        let mut batcher = Batcher::new(cut, epoch, self.start);
         let mut bucketer = b.bucket_window.map(|window| {
             LengthBucketer::new(
                 window,
