@@ -296,7 +296,7 @@ impl ExecutionPlan for SharedEntryWriteExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(crate::shuffle::first_input_statistics(
+        Ok(crate::exec::first_input_statistics(
             input_stats,
             &self.schema(),
         ))
@@ -306,7 +306,7 @@ impl ExecutionPlan for SharedEntryWriteExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::shuffle::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(
             Self::try_new(child, self.dir.clone())?.with_job_of(self.job_of),
         ))

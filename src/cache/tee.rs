@@ -141,7 +141,7 @@ impl ExecutionPlan for CacheFillExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(crate::shuffle::first_input_statistics(
+        Ok(crate::exec::first_input_statistics(
             input_stats,
             &self.schema(),
         ))
@@ -151,7 +151,7 @@ impl ExecutionPlan for CacheFillExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::shuffle::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::try_new(
             child,
             Arc::clone(&self.fill),

@@ -118,7 +118,7 @@ impl Executor {
         let start = Instant::now();
         let mut counted = 0;
         let df = self.session.plan(statement).await?;
-        let plan = crate::session::catch_panic(df.create_physical_plan()).await?;
+        let plan = crate::exec::catch_panic(df.create_physical_plan()).await?;
         let schema = plan.schema();
         let progress = self.progress.then(|| {
             Progress::start(ScanTotals::of(&plan), self.session.io_counters_arc())

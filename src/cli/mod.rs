@@ -216,7 +216,7 @@ pub fn main() -> ExitCode {
         .unwrap_or_else(|panic| {
             Err(anyhow::anyhow!(
                 "sqlfeed panicked: {}. This is a bug; please report it",
-                crate::panics::panic_message(&panic)
+                crate::exec::panic_message(&panic)
             ))
         });
     match outcome {

@@ -193,7 +193,7 @@ impl ExecutionPlan for ExactRetryExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let first = crate::shuffle::single_child(self.name(), &children)?;
+        let first = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self {
             first,
             attempts: Arc::clone(&self.attempts),

@@ -27,7 +27,7 @@
 //! budgets, a cache fill that needs every row) are fetched whole, and the
 //! rank cuts its shard with the embedded feed's batcher; unshuffled lanes
 //! are interleaved in turns of rows as the embedded sink does
-//! (`crate::sql::lanes`), so either way a cluster rank's batches are
+//! (`crate::exec::lanes`), so either way a cluster rank's batches are
 //! exactly an embedded rank's.
 //!
 //! Ballista 55 gives a task only its own partitions' locations and numbers
@@ -412,7 +412,7 @@ struct JobRequest {
     schema: SchemaRef,
     /// `None`: the result partitions in turn (a shuffle's key ranges);
     /// `Some(T)`: unshuffled lanes, interleaved in turns of `T` rows
-    /// (`crate::sql::lanes`), as the embedded feed reads its partitions.
+    /// (`crate::exec::lanes`), as the embedded feed reads its partitions.
     lane_turn_rows: Option<usize>,
     /// Set when the job deals its rows to `W` ranks: this rank reads the
     /// partitions `j` with `j mod W = rank` only.
@@ -624,7 +624,7 @@ impl JobRequest {
             )),
             Some(turn_rows) => {
                 let lanes = streams.into_iter().map(|s| spawn_buffered(s, 2)).collect();
-                crate::sql::lanes::interleave_lanes(
+                crate::exec::lanes::interleave_lanes(
                     Arc::clone(&self.schema),
                     lanes,
                     turn_rows,

@@ -164,7 +164,7 @@ impl ExecutionPlan for JobWatchExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(crate::shuffle::first_input_statistics(
+        Ok(crate::exec::first_input_statistics(
             input_stats,
             &self.schema(),
         ))
@@ -174,7 +174,7 @@ impl ExecutionPlan for JobWatchExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::shuffle::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::new(child, self.scheduler.clone())))
     }
 

@@ -8,7 +8,7 @@
 //!   `target_partitions`: DataFusion then assigns files and row-group ranges
 //!   to partitions in path order by the same rule on every machine, and the
 //!   sink interleaves the partitions in turns of rows in partition order (see
-//!   `crate::sql::lanes`). The turn is the session's batch size, fixed too
+//!   `crate::exec::lanes`). The turn is the session's batch size, fixed too
 //!   (the session default, never derived from the machine).
 //! - **Plans that merge by arrival are refused.** Operators that combine
 //!   partitions in the order batches happen to arrive (a hash or round-robin

@@ -23,7 +23,8 @@ use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
 use super::source::EpochSource;
 use super::{FeedBuilder, TensorInfo};
 use crate::device::{DType, SlotPool};
-use crate::session::{CompletedJob, EpochJob, EpochJobPlan, ScaleOut, catch_panic};
+use crate::exec::catch_panic;
+use crate::session::{CompletedJob, EpochJob, EpochJobPlan, ScaleOut};
 use crate::shuffle::{ShuffleSpec, shuffle};
 
 /// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.

@@ -30,7 +30,7 @@
 //! Deterministic for a fixed plan: a one-partition input (a global
 //! `SHUFFLE`, an `ORDER BY`) is read in order; several partitions are
 //! interleaved in turns of the session's batch size in rows, in partition
-//! order (`crate::sql::lanes`), which depends only on each partition's own
+//! order (`crate::exec::lanes`), which depends only on each partition's own
 //! (deterministic) row sequence, never on timing or on how its record
 //! batches are cut. Round-robin repartitioning, which is timing dependent, is turned
 //! off for feeds.
@@ -301,7 +301,7 @@ impl ExecutionPlan for DeviceSinkExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::shuffle::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(
             Self::new(child, Arc::clone(&self.target), self.epoch, self.start)
                 .dealt(self.dealt),
@@ -598,7 +598,7 @@ fn ordered_input(
     let lanes = (0..partitions)
         .map(|p| Ok(spawn_buffered(input.execute(p, Arc::clone(&context))?, 2)))
         .collect::<Result<Vec<_>>>()?;
-    Ok(crate::sql::lanes::interleave_lanes(
+    Ok(crate::exec::lanes::interleave_lanes(
         input.schema(),
         lanes,
         turn_rows,

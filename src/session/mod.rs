@@ -39,15 +39,11 @@ use crate::cache::liveness;
 pub mod object_stores;
 pub mod plugins;
 
-use std::any::Any;
 use std::num::NonZeroUsize;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
@@ -59,12 +55,11 @@ use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::RecordBatchStream;
 use datafusion::prelude::{SessionConfig, SessionContext};
-use futures::{FutureExt, Stream};
 
 use crate::cache::{CacheOptions, CacheStore};
 pub use crate::config::{PartitionOrder, SqlfeedOptions, deterministic_config};
+use crate::exec::{catch_panic, catching_panics, panic_error};
 pub use crate::sql::url_table::list_parquet_files;
 use crate::sql::{self, Statement};
 pub use crate::sql::{file_errors, url_table};
@@ -613,7 +608,7 @@ impl Session {
             datafusion::physical_plan::execute_stream(plan, task_ctx)
         }))
         .map_err(|panic| panic_error(&panic))??;
-        Ok(Box::pin(PanicCatchingStream { inner: stream }))
+        Ok(catching_panics(stream))
     }
 }
 
@@ -720,59 +715,6 @@ fn num_cores() -> usize {
         .unwrap_or(1)
 }
 
-fn panic_error(panic: &Box<dyn Any + Send>) -> DataFusionError {
-    DataFusionError::Execution(format!(
-        "the query engine panicked: {}. This is a bug in sqlfeed or a dependency, \
-         usually triggered by unusual input data; please report it",
-        crate::panics::panic_message(panic)
-    ))
-}
-
-/// Runs `fut`, turning a panic into an error (see [`panic_error`]).
-pub(crate) async fn catch_panic<T>(
-    fut: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    match AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(result) => result,
-        Err(panic) => Err(panic_error(&panic)),
-    }
-}
-
-/// A record-batch stream whose panics (from a dependency, e.g. a reader
-/// meeting corrupt data) become one error item, after which it ends.
-struct PanicCatchingStream {
-    inner: SendableRecordBatchStream,
-}
-
-impl Stream for PanicCatchingStream {
-    type Item = Result<RecordBatch>;
-
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Self::Item>> {
-        let inner = &mut self.inner;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll_next(cx)))
-        {
-            Ok(poll) => poll,
-            Err(panic) => {
-                self.inner = Box::pin(
-                    datafusion::physical_plan::stream::EmptyRecordBatchStream::new(
-                        self.inner.schema(),
-                    ),
-                );
-                Poll::Ready(Some(Err(panic_error(&panic))))
-            }
-        }
-    }
-}
-
-impl RecordBatchStream for PanicCatchingStream {
-    fn schema(&self) -> SchemaRef {
-        self.inner.schema()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -806,27 +748,6 @@ mod tests {
             .collect(session.sql("SELECT 40 + 2 AS answer").await?)
             .await?;
         assert_eq!(batches[0].num_rows(), 1);
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn panics_in_streams_become_errors() -> Result<()> {
-        use futures::StreamExt;
-        let schema = Arc::new(datafusion::arrow::datatypes::Schema::empty());
-        let panicking =
-            futures::stream::poll_fn(|_| -> Poll<Option<Result<RecordBatch>>> {
-                panic!("corrupt page")
-            });
-        let inner: SendableRecordBatchStream = Box::pin(
-            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
-                schema, panicking,
-            ),
-        );
-        let mut stream = PanicCatchingStream { inner };
-        let first = stream.next().await.expect("one item");
-        let err = first.expect_err("the panic becomes an error");
-        assert!(err.to_string().contains("corrupt page"), "{err}");
-        assert!(stream.next().await.is_none());
         Ok(())
     }
 }

@@ -315,7 +315,7 @@ impl ExecutionPlan for DealExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::try_new(child, self.deal, self.ranges)?))
     }
 
@@ -620,7 +620,7 @@ impl ExecutionPlan for RankShardExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::try_new(child)?))
     }
 

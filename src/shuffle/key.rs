@@ -316,14 +316,17 @@ impl ExecutionPlan for ShuffleKeyExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(super::rows_passed_through(input_stats, &self.schema()))
+        Ok(crate::exec::rows_passed_through(
+            input_stats,
+            &self.schema(),
+        ))
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(
             Self::try_new(child, self.seed, self.epoch)?
                 .with_source(self.source.clone())?,

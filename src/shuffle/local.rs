@@ -248,7 +248,7 @@ impl ExecutionPlan for LocalShuffleExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(crate::shuffle::first_input_statistics(
+        Ok(crate::exec::first_input_statistics(
             input_stats,
             &self.schema(),
         ))
@@ -258,7 +258,7 @@ impl ExecutionPlan for LocalShuffleExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::new(child, self.buffer_rows, self.seed)))
     }
 

@@ -296,14 +296,14 @@ impl ExecutionPlan for PermuteExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(super::rows_passed_through(input_stats, &self.schema))
+        Ok(crate::exec::rows_passed_through(input_stats, &self.schema))
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::try_new_with_mode(child, self.mode)?))
     }
 

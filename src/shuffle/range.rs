@@ -254,7 +254,7 @@ impl ExecutionPlan for RangeBucketExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        let statistics = super::rows_passed_through(input_stats, &self.schema);
+        let statistics = crate::exec::rows_passed_through(input_stats, &self.schema);
         Ok(if self.counted {
             Arc::new(Arc::unwrap_or_clone(statistics).to_inexact())
         } else {
@@ -266,7 +266,7 @@ impl ExecutionPlan for RangeBucketExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(Self::try_new_counted(
             child,
             self.partitions,

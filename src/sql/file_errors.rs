@@ -477,6 +477,6 @@ fn reader_panicked(file: &str, panic: &Box<dyn std::any::Any + Send>) -> DataFus
     DataFusionError::Execution(format!(
         "cannot read the data of '{file}': the Parquet reader panicked on it ({}). The \
          file is damaged: restore it from its source, or exclude it from the path",
-        crate::panics::panic_message(panic)
+        crate::exec::panic_message(panic)
     ))
 }

@@ -36,7 +36,6 @@ pub mod file_errors;
 mod folder_glob;
 pub mod function_docs;
 mod functions;
-pub mod lanes;
 mod mix_clause;
 mod parallel_projection;
 mod planner;

@@ -226,7 +226,7 @@ impl ExecutionPlan for ParallelProjectionExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        Ok(crate::shuffle::rows_passed_through(
+        Ok(crate::exec::rows_passed_through(
             input_stats,
             &self.schema(),
         ))
@@ -236,7 +236,7 @@ impl ExecutionPlan for ParallelProjectionExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::shuffle::single_child(self.name(), &children)?;
+        let child = crate::exec::single_child(self.name(), &children)?;
         let projection = ProjectionExec::try_new(self.exprs.clone(), child)?;
         Ok(Arc::new(Self::new(
             &projection,
@@ -309,7 +309,7 @@ impl ExecutionPlan for ParallelProjectionExec {
                     if e.is_panic() {
                         DataFusionError::Execution(format!(
                             "a function panicked: {}",
-                            crate::panics::panic_message(&e.into_panic())
+                            crate::exec::panic_message(&e.into_panic())
                         ))
                     } else {
                         DataFusionError::Execution(format!(

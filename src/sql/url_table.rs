@@ -56,7 +56,7 @@ use super::looks_like_path;
 use super::table_formats::{
     TableRoot, refuse_reads_in_tables, table_error, table_roots_at,
 };
-use crate::panics::panic_message;
+use crate::exec::panic_message;
 
 /// Resolves path- and URL-named tables; see the module docs.
 #[derive(Debug, Default)]

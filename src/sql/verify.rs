@@ -509,7 +509,7 @@ async fn verify_file(shared: &Arc<Shared>, file: &VerifyFile) -> Result<FileRepo
                             "row group {}, column '{column}': the Parquet reader panicked \
                              on it ({})",
                             chunk.row_group,
-                            crate::panics::panic_message(&e.into_panic())
+                            crate::exec::panic_message(&e.into_panic())
                         )],
                         images: 0,
                         read_error_at: Some(format!(

@@ -1,0 +1,15 @@
+//! The operator toolkit every operator module shares (`shuffle`, `cache`,
+//! `sql`, `cluster`, `feed`): a leaf that imports nothing of the crate.
+//!
+//! - [`plan`]: the scaffolding of single-input operators (their one child,
+//!   the statistics of operators that pass rows through);
+//! - [`lanes`]: an unshuffled query's partitions read as one stream, in
+//!   turns of rows (the feed's and a cluster job's order);
+//! - [`panics`]: panics turned into errors, in one place.
+
+pub(crate) mod lanes;
+pub(crate) mod panics;
+pub(crate) mod plan;
+
+pub(crate) use panics::{catch_panic, catching_panics, panic_error, panic_message};
+pub(crate) use plan::{first_input_statistics, rows_passed_through, single_child};
