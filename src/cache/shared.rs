@@ -9,7 +9,7 @@
 //!  Projection: finish (image_to_tensor)        Projection: finish
 //!    SharedEntryWriteExec ──▶ <dir>/<key>/       Shuffle: key = content hash
 //!      Projection: image_resize(decode(…))         DataSourceExec: the parts
-//!        ShuffleExec (ranged)                        (Arrow IPC, <dir>/<key>/<job>/)
+//!        ShuffleMergeExec (ranged)                        (Arrow IPC, <dir>/<key>/<job>/)
 //!          …
 //!  rank 0, when the epoch ended:  <dir>/<key>/COMMITTED = "<job>"
 //! ```

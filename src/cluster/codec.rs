@@ -11,7 +11,7 @@
 //!  client                       scheduler                      executor
 //!  ShuffleNode ──logical──►     ShuffleNode ─plan─► stages ──physical──►
 //!  tokenize()    codec          ShuffleKeyExec, PermuteExec,  ShuffleKeyExec,
-//!                               ShuffleExec, tokenize()       PermuteExec, tokenize()
+//!                               ShuffleMergeExec, tokenize()       PermuteExec, tokenize()
 //! ```
 //!
 //! # Wire format
@@ -55,7 +55,7 @@ use crate::cache::CachedTable;
 use crate::cache::shared::{SharedEntryWriteExec, SharedEntryWriteNode};
 use crate::shuffle::{
     DealExec, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, RankShardExec,
-    ShuffleExec, ShuffleKeyExec, ShuffleNode,
+    ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
 };
 
 fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
@@ -346,9 +346,9 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 epoch,
                 batch_rows,
                 ranged,
-            } => {
-                Arc::new(ShuffleExec::new(input, seed, epoch, batch_rows).ranged(ranged))
-            }
+            } => Arc::new(
+                ShuffleMergeExec::new(input, seed, epoch, batch_rows).ranged(ranged),
+            ),
             WireNode::RangeBucket { ranges, counted } => {
                 Arc::new(RangeBucketExec::try_new_counted(input, ranges, counted)?)
             }
@@ -395,7 +395,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 epoch: key.epoch(),
                 source: key.source().clone(),
             }
-        } else if let Some(root) = plan.downcast_ref::<ShuffleExec>() {
+        } else if let Some(root) = plan.downcast_ref::<ShuffleMergeExec>() {
             WireNode::ShuffleRoot {
                 seed: root.seed(),
                 epoch: root.epoch(),
@@ -521,14 +521,14 @@ mod tests {
             datafusion::arrow::datatypes::Schema::empty(),
         )));
         let root: Arc<dyn ExecutionPlan> =
-            Arc::new(ShuffleExec::new(Arc::clone(&empty), 7, 3, 512));
+            Arc::new(ShuffleMergeExec::new(Arc::clone(&empty), 7, 3, 512));
         let mut buf = vec![];
         physical.try_encode(Arc::clone(&root), &mut buf, &converter)?;
         let back = physical.try_decode(&buf, &[empty], &task, &converter)?;
         let back = back
             .as_ref()
-            .downcast_ref::<ShuffleExec>()
-            .expect("a ShuffleExec");
+            .downcast_ref::<ShuffleMergeExec>()
+            .expect("a ShuffleMergeExec");
         assert_eq!((back.seed(), back.epoch(), back.batch_rows()), (7, 3, 512));
 
         // Functions travel by name and resolve in the receiving registry.

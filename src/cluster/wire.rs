@@ -44,7 +44,7 @@ pub enum WireNode {
         /// Where the content hash comes from.
         source: KeySource,
     },
-    /// `ShuffleExec`.
+    /// `ShuffleMergeExec`.
     ShuffleRoot {
         /// The seed.
         seed: u64,
@@ -52,7 +52,7 @@ pub enum WireNode {
         epoch: u64,
         /// Batch size of its subtree.
         batch_rows: usize,
-        /// Over key ranges, one per partition (`ShuffleExec::ranged`).
+        /// Over key ranges, one per partition (`ShuffleMergeExec::ranged`).
         ranged: bool,
     },
     /// `RangeBucketExec`.
@@ -286,7 +286,7 @@ pub struct Positions {
     pub positions: Vec<u64>,
 }
 
-/// `ShuffleExec`.
+/// `ShuffleMergeExec`.
 #[derive(Clone, PartialEq, Message)]
 pub struct ShuffleRoot {
     #[prost(uint64, tag = "1")]

@@ -57,7 +57,7 @@ fn arrival_order_operator(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     let name = plan.name();
     match name {
         // The order is established here; what is below cannot change it.
-        "SortPreservingMergeExec" | "ShuffleExec" | "PermuteExec" => return None,
+        "SortPreservingMergeExec" | "ShuffleMergeExec" | "PermuteExec" => return None,
         "SortExec" if plan.output_partitioning().partition_count() == 1 => return None,
         "RepartitionExec" | "CoalescePartitionsExec" => {
             return Some(format!("{name}: {}", plan.output_partitioning()));

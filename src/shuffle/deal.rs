@@ -9,7 +9,7 @@
 //!             count row per range: (k, this task's rows in range 0, 1, …)
 //!           ── hash exchange on the range ──────────────────────────────
 //!  stage 3: PermuteExec (ranged): sorts range k, count rows first
-//!           ShuffleExec (ranged)
+//!           ShuffleMergeExec (ranged)
 //!           DealExec: sums the count rows → offset of range k and epoch
 //!             size N; row g of the epoch → rank partition (below)
 //!           ── hash exchange on the rank partition ─────────────────────
@@ -178,7 +178,7 @@ impl DealShape {
 /// partitions and why counts travel in the data.
 #[derive(Debug)]
 pub struct DealExec {
-    /// A ranged [`super::ShuffleExec`] over counted ranges.
+    /// A ranged [`super::ShuffleMergeExec`] over counted ranges.
     input: Arc<dyn ExecutionPlan>,
     deal: Deal,
     ranges: usize,

@@ -9,15 +9,15 @@
 //! removes such repartitions again; [`crate::sql::ParallelProjectionExec`]
 //! gives costly functions above a shuffle their parallelism back, in order.
 //!
-//! A [ranged](ShuffleExec::ranged) shuffle (a cluster feed's parallel final
+//! A [ranged](ShuffleMergeExec::ranged) shuffle (a cluster feed's parallel final
 //! stage) has one partition per key range and its order is "the partitions
 //! in turn"; the rule refuses a plan where an operator above merges or
 //! reorders them, rather than let the order be lost.
 //!
 //! ```text
 //!  ProjectionExec                        ProjectionExec
-//!    RepartitionExec: RoundRobinBatch      ShuffleExec
-//!      ShuffleExec                 ──►       …
+//!    RepartitionExec: RoundRobinBatch      ShuffleMergeExec
+//!      ShuffleMergeExec                 ──►       …
 //!        …
 //! ```
 
@@ -31,12 +31,12 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
-use super::{DealExec, RankShardExec, ShuffleExec};
+use super::{DealExec, RankShardExec, ShuffleMergeExec};
 
-/// Whether `plan` streams a global shuffle's order: a [`ShuffleExec`], or a
+/// Whether `plan` streams a global shuffle's order: a [`ShuffleMergeExec`], or a
 /// single-partition, order-keeping operator over one.
 fn carries_shuffle_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    if plan.as_ref().downcast_ref::<ShuffleExec>().is_some()
+    if plan.as_ref().downcast_ref::<ShuffleMergeExec>().is_some()
         || plan.as_ref().downcast_ref::<RankShardExec>().is_some()
     {
         return true;
@@ -134,12 +134,12 @@ fn dealt_input(shard: &RankShardExec) -> Result<&DealExec> {
     }
 }
 
-/// Fails if a [ranged](ShuffleExec::ranged) shuffle sits under an operator
+/// Fails if a [ranged](ShuffleMergeExec::ranged) shuffle sits under an operator
 /// that does not keep each partition's order and the partitions as they are
 /// (a coalesce, a repartition, a sort, a limit over all partitions): its
 /// order lives in "partition 0, then 1, …" and would be lost silently.
 fn check_ranged_shuffles(plan: &Arc<dyn ExecutionPlan>, keeps_order: bool) -> Result<()> {
-    if let Some(shuffle) = plan.as_ref().downcast_ref::<ShuffleExec>()
+    if let Some(shuffle) = plan.as_ref().downcast_ref::<ShuffleMergeExec>()
         && shuffle.is_ranged()
         && !keeps_order
     {

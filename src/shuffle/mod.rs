@@ -39,7 +39,7 @@
 
 //! # Data flow
 //! ```text
-//!  ShuffleExec: runs the operators below with batches sized to the budget
+//!  ShuffleMergeExec: runs the operators below with batches sized to the budget
 //!  input partitions (scan, filters, UDFs …)
 //!    p0        p1       …   pN-1
 //!    │         │            │
@@ -87,12 +87,12 @@
 mod content_hash;
 mod copies;
 pub(crate) mod deal;
-mod exec;
 mod keep_order;
 mod key;
 pub mod late;
 mod local;
 mod logical;
+mod merge;
 pub mod mix;
 mod permute;
 mod planner;
@@ -103,7 +103,6 @@ use datafusion::error::Result;
 
 pub use content_hash::row_key_hash;
 pub use deal::{Deal, DealExec, RANK_ROUTE_COLUMN, RankShardExec};
-pub use exec::{ShuffleExec, shuffle_batch_rows};
 pub use keep_order::KeepShuffleOrder;
 pub use key::{
     CONTENT_HASH_SEED, KeySource, SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed,
@@ -114,6 +113,7 @@ pub use late::{
 };
 pub use local::LocalShuffleExec;
 pub use logical::{ShuffleKey, ShuffleNode};
+pub use merge::{ShuffleMergeExec, shuffle_batch_rows};
 pub use permute::{PermuteExec, PermuteMode};
 pub use planner::{
     FinalStage, ShuffleExtensionPlanner, plan_global_shuffle, plan_sorted_shuffle,

@@ -20,7 +20,7 @@ use datafusion_session::Session;
 use super::{
     Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
     RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec, RankShardExec,
-    SHUFFLE_KEY_COLUMN, ShuffleExec, ShuffleKey, ShuffleKeyExec, ShuffleNode,
+    SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
     ShuffleSpec, shuffle_batch_rows,
 };
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -64,7 +64,7 @@ fn batch_rows_for(
 
 /// The global shuffle on one machine: key (content hashes from `source`),
 /// then [`PermuteExec`] (index sort and gather,
-/// spilling sorted runs), under a [`ShuffleExec`] whose batch size fits
+/// spilling sorted runs), under a [`ShuffleMergeExec`] whose batch size fits
 /// `memory_limit`.
 pub fn plan_global_shuffle(
     input: Arc<dyn ExecutionPlan>,
@@ -78,7 +78,7 @@ pub fn plan_global_shuffle(
     let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
-    Ok(Arc::new(ShuffleExec::new(
+    Ok(Arc::new(ShuffleMergeExec::new(
         permuted, seed, epoch, batch_rows,
     )))
 }
@@ -119,7 +119,7 @@ impl FinalStage {
 /// key, hash exchange on the content key (every copy of a row lands in one
 /// partition, where its copies can be numbered), [`PermuteExec`] per
 /// partition (copies spread, the final key kept), order-preserving merge by
-/// the final key (under [`ShuffleExec`]), drop the key. This is the plan
+/// the final key (under [`ShuffleMergeExec`]), drop the key. This is the plan
 /// distributed execution cuts into stages (the exchange and the
 /// per-partition permutations on executors, the merge on the final stage).
 ///
@@ -127,7 +127,7 @@ impl FinalStage {
 /// per-partition permutation a [`RangeBucketExec`] routes every row to the
 /// partition owning its key's range, a second hash exchange moves it there,
 /// and a [`PermuteMode::Ranged`] sort per partition under a ranged
-/// [`ShuffleExec`] gives `ranges` output partitions whose concatenation in
+/// [`ShuffleMergeExec`] gives `ranges` output partitions whose concatenation in
 /// partition order is the same order (see `range.rs`).
 pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
@@ -174,7 +174,7 @@ pub fn plan_sorted_shuffle(
             PermuteMode::Ranged,
         )?);
         let shuffled: Arc<dyn ExecutionPlan> =
-            Arc::new(ShuffleExec::new(sorted, seed, epoch, batch_rows).ranged(true));
+            Arc::new(ShuffleMergeExec::new(sorted, seed, epoch, batch_rows).ranged(true));
         match deal {
             None => shuffled,
             Some(deal) => {
@@ -196,11 +196,11 @@ pub fn plan_sorted_shuffle(
     } else {
         let merged: Arc<dyn ExecutionPlan> =
             Arc::new(SortPreservingMergeExec::new(ordering, permuted));
-        // ShuffleExec sits right on the merge and requires the key order of
+        // ShuffleMergeExec sits right on the merge and requires the key order of
         // its input, so no optimizer pass may replace the merge with an
         // unordered coalesce when nothing above asks for an order (the key is
         // dropped above it, where no ordering on it can be stated).
-        Arc::new(ShuffleExec::new(merged, seed, epoch, batch_rows))
+        Arc::new(ShuffleMergeExec::new(merged, seed, epoch, batch_rows))
     };
     let schema = shuffled.schema();
     let projection: Vec<(Arc<dyn PhysicalExpr>, String)> = schema

@@ -8,7 +8,7 @@
 //!      │ RepartitionExec: Hash(__sqlfeed_range_bucket, P)   ◄── a stage boundary
 //!      ▼   (Ballista's shuffle files)
 //!  PermuteExec (Ranged, per partition: sort by final key)
-//!  ShuffleExec (ranged): output partition i = range i in key order
+//!  ShuffleMergeExec (ranged): output partition i = range i in key order
 //!  global order = partitions 0, 1, …, P-1 read in turn
 //! ```
 //!

@@ -683,7 +683,7 @@ fn epoch_plans_carry_the_sink_metrics() -> Result<()> {
         plan.contains("batches=10") && plan.contains("output_rows=100"),
         "{plan}"
     );
-    assert!(plan.contains("ShuffleExec: seed=3, epoch=0"), "{plan}");
+    assert!(plan.contains("ShuffleMergeExec: seed=3, epoch=0"), "{plan}");
     Ok(())
 }
 

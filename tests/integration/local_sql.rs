@@ -334,7 +334,7 @@ async fn explain_tree_and_statistics_see_through_a_shuffle() -> Result<()> {
         .collect::<Vec<_>>()
         .join("\n");
     for expected in [
-        "ShuffleExec",
+        "ShuffleMergeExec",
         "PermuteExec",
         "ShuffleKeyExec",
         "ParallelProjectionExec",

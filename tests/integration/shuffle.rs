@@ -146,7 +146,7 @@ async fn shuffle_larger_than_memory_spills_and_cleans_up() -> Result<()> {
     );
     let analyzed = rows(&collect(&s, &format!("EXPLAIN ANALYZE {query}")).await?);
     let plan = &analyzed[0][1];
-    assert!(plan.contains("ShuffleExec: seed=5, epoch=0"), "{plan}");
+    assert!(plan.contains("ShuffleMergeExec: seed=5, epoch=0"), "{plan}");
     assert!(plan.contains("ShuffleKeyExec"), "{plan}");
     let spills: u64 = plan
         .match_indices("spill_count=")
@@ -805,7 +805,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
                 "RankShardExec",
                 "DealExec",
                 "RangeBucketExec",
-                "ShuffleExec",
+                "ShuffleMergeExec",
             ] {
                 assert!(tree.contains(operator), "{operator}: {tree}");
             }

@@ -8,7 +8,7 @@
 //!   source 0          source 1             source 2   (one task each)
 //!   pass p: skip s    pass q ─► pass q+1   (quota 0:
 //!   take quota        take quota            not run)
-//!     ShuffleExec       ShuffleExec ShuffleExec
+//!     ShuffleMergeExec       ShuffleMergeExec ShuffleMergeExec
 //!       <source 0>        <source 1>  <source 1>   (seed of the source,
 //!                                                   epoch = pass)
 //! ```

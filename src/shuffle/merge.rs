@@ -1,13 +1,13 @@
-//! [`ShuffleExec`]: the root of a global shuffle's operators.
+//! [`ShuffleMergeExec`]: the root of a global shuffle's operators.
 //!
 //! ```text
-//!  ProjectionExec (drop key)                   (stage-shaped plan; on one
-//!    ShuffleExec: seed, epoch, batch_rows  ◄──  machine one PermuteExec over
-//!      SortPreservingMergeExec (key)            all partitions takes the
-//!        PermuteExec (per partition)            merge's place and drops the
-//!          RepartitionExec (hash of key)        key itself)
-//!            ShuffleKeyExec (seed, epoch)   ShuffleExec runs its subtree with
-//!              <input>                      batch_size = batch_rows
+//!  ProjectionExec (drop key)                        (stage-shaped plan; on one
+//!    ShuffleMergeExec: seed, epoch, batch_rows  ◄──  machine one PermuteExec over
+//!      SortPreservingMergeExec (key)                 all partitions takes the
+//!        PermuteExec (per partition)                 merge's place and drops the
+//!          RepartitionExec (hash of key)             key itself)
+//!            ShuffleKeyExec (seed, epoch)       ShuffleMergeExec runs its subtree
+//!              <input>                          with batch_size = batch_rows
 //! ```
 //!
 //! # Why a batch size of its own
@@ -16,12 +16,12 @@
 //! DataFusion's default 8192-row batches of wide rows (token lists, image
 //! bytes) that fixed cost alone can exceed a small memory budget, and a
 //! shuffle of a dataset 4× the budget then fails instead of spilling.
-//! `ShuffleExec` therefore runs its subtree with batches sized so that those
+//! `ShuffleMergeExec` therefore runs its subtree with batches sized so that those
 //! merge buffers take a bounded share of the budget ([`shuffle_batch_rows`]).
 //!
 //! # Error handling, ordering, memory
 //! Errors pass through. The output is one partition in shuffle order, or,
-//! [`ranged`](ShuffleExec::ranged), one partition per key range, whose
+//! [`ranged`](ShuffleMergeExec::ranged), one partition per key range, whose
 //! concatenation in partition order is the shuffle order (the parallel final
 //! stage of a cluster feed, see `range.rs`). All memory is reserved by the
 //! operators below, from the session's pool.
@@ -98,7 +98,7 @@ pub fn shuffle_batch_rows(
 /// batch size and passes its one ordered stream on (or, ranged, one key
 /// range per partition, read in turn). Module docs: the plans it roots.
 #[derive(Debug)]
-pub struct ShuffleExec {
+pub struct ShuffleMergeExec {
     /// The key → sort → merge → projection subtree.
     input: Arc<dyn ExecutionPlan>,
     /// The seed.
@@ -113,7 +113,7 @@ pub struct ShuffleExec {
     ranged: bool,
 }
 
-impl ShuffleExec {
+impl ShuffleMergeExec {
     /// Wraps a planned shuffle subtree.
     pub fn new(
         input: Arc<dyn ExecutionPlan>,
@@ -157,7 +157,7 @@ impl ShuffleExec {
     }
 }
 
-impl DisplayAs for ShuffleExec {
+impl DisplayAs for ShuffleMergeExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let (seed, epoch, rows) = (self.seed, self.epoch, self.batch_rows);
         match t {
@@ -170,7 +170,7 @@ impl DisplayAs for ShuffleExec {
             _ => {
                 write!(
                     f,
-                    "ShuffleExec: seed={seed}, epoch={epoch}, batch_rows={rows}"
+                    "ShuffleMergeExec: seed={seed}, epoch={epoch}, batch_rows={rows}"
                 )?;
                 if self.ranged {
                     write!(f, ", ranged=true")?;
@@ -181,9 +181,9 @@ impl DisplayAs for ShuffleExec {
     }
 }
 
-impl ExecutionPlan for ShuffleExec {
+impl ExecutionPlan for ShuffleMergeExec {
     fn name(&self) -> &str {
-        "ShuffleExec"
+        "ShuffleMergeExec"
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
