@@ -239,44 +239,88 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    // The servers keep the signals' default action.
-    #[cfg(feature = "ballista")]
-    if let Some(SubCommand::Cluster(server)) = &cli.command {
-        return runtime.block_on(server.run(session_builder(&cli), cli.memory_limit));
-    }
-    if cli.is_interactive() {
-        return runtime.block_on(run_async(cli));
-    }
-    // Non-interactive commands stop cleanly on SIGINT / SIGTERM (see
-    // signals.rs); the handlers are installed before any work starts.
-    let ended = if let Some(SubCommand::Feed(args)) = &cli.command {
-        feed::check(args)?;
-        let session = runtime.block_on(async { client_builder(&cli).build() })?;
-        let _watch = {
-            let _context = runtime.enter();
-            SpawnedTask::spawn(signals::watch())
-        };
-        // The loop blocks, so it runs here, outside the runtime: dropping the
-        // feed then waits for its threads (and their cleanup).
-        match feed::run(&session, args) {
-            Ok(()) => Ended::Finished(ExitCode::SUCCESS),
-            Err(e) => match e.downcast_ref::<signals::Stopped>() {
-                Some(signals::Stopped(stop)) => Ended::Stopped(*stop),
-                None => return Err(e),
-            },
+    // One decision per command. Commands other than the servers and the
+    // REPL stop cleanly on SIGINT / SIGTERM (see signals.rs); the handlers
+    // are installed before any work starts.
+    match &cli.command {
+        // The servers keep the signals' default action.
+        #[cfg(feature = "ballista")]
+        Some(SubCommand::Cluster(server)) => {
+            runtime.block_on(server.run(session_builder(&cli), cli.memory_limit))
         }
-    } else {
-        runtime.block_on(async {
-            tokio::select! {
-                outcome = run_async(cli) => outcome.map(Ended::Finished),
-                // Dropping the command's future cancels its query, and
-                // dropping its session removes the spill folder.
-                signal = signals::watch() => signal
-                    .context("cannot install the SIGINT/SIGTERM handlers")
-                    .map(Ended::Stopped),
-            }
-        })?
+        Some(SubCommand::Feed(args)) => {
+            feed::check(args)?;
+            let ended = feed_until_stopped(&runtime, &cli, args)?;
+            report_end(runtime, ended)
+        }
+        Some(SubCommand::Gen(args)) => until_stopped(runtime, async { generate(args) }),
+        Some(SubCommand::H2dBench(args)) => {
+            until_stopped(runtime, async { h2d_bench(args) })
+        }
+        Some(SubCommand::Scan(args)) => until_stopped(runtime, async {
+            scan(&client_builder(&cli).build()?, args).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+        Some(SubCommand::Demo(args)) => until_stopped(runtime, async {
+            demo::run(&mut executor(&cli)?, args).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+        Some(SubCommand::Verify(args)) => {
+            until_stopped(runtime, async { verify(&mut executor(&cli)?, args).await })
+        }
+        None if cli.is_interactive() => runtime.block_on(async {
+            repl::run(&mut executor(&cli)?).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+        None => until_stopped(runtime, statements(&cli)),
+    }
+}
+
+/// Runs `command` until it ends or a signal stops it.
+fn until_stopped(
+    runtime: tokio::runtime::Runtime,
+    command: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+) -> anyhow::Result<ExitCode> {
+    let ended = runtime.block_on(async {
+        tokio::select! {
+            outcome = command => outcome.map(Ended::Finished),
+            // Dropping the command's future cancels its query, and
+            // dropping its session removes the spill folder.
+            signal = signals::watch() => signal
+                .context("cannot install the SIGINT/SIGTERM handlers")
+                .map(Ended::Stopped),
+        }
+    })?;
+    report_end(runtime, ended)
+}
+
+/// Runs the feed until it ends or a signal stops it.
+fn feed_until_stopped(
+    runtime: &tokio::runtime::Runtime,
+    cli: &Cli,
+    args: &feed::FeedArgs,
+) -> anyhow::Result<Ended> {
+    let session = runtime.block_on(async { client_builder(cli).build() })?;
+    let _watch = {
+        let _context = runtime.enter();
+        SpawnedTask::spawn(signals::watch())
     };
+    // The loop blocks, so it runs here, outside the runtime: dropping the
+    // feed then waits for its threads (and their cleanup).
+    match feed::run(&session, args) {
+        Ok(()) => Ok(Ended::Finished(ExitCode::SUCCESS)),
+        Err(e) => match e.downcast_ref::<signals::Stopped>() {
+            Some(signals::Stopped(stop)) => Ok(Ended::Stopped(*stop)),
+            None => Err(e),
+        },
+    }
+}
+
+/// The exit code of a command that `ended`; a stop is reported in one line.
+fn report_end(
+    runtime: tokio::runtime::Runtime,
+    ended: Ended,
+) -> anyhow::Result<ExitCode> {
     match ended {
         Ended::Finished(code) => Ok(code),
         Ended::Stopped(stop) => {
@@ -345,79 +389,75 @@ fn client_builder(cli: &Cli) -> SessionBuilder {
     builder
 }
 
-async fn run_async(cli: Cli) -> anyhow::Result<ExitCode> {
-    if let Some(SubCommand::Gen(args)) = &cli.command {
-        let options = GenOptions {
-            rows: args.rows,
-            out: args.out.clone(),
-            files: args.files,
-            seed: args.seed,
-            features: args.features,
-            image_size: args.image_size,
-            row_group_rows: 8192,
-        };
-        let start = std::time::Instant::now();
-        let summary = datagen::generate(&options)?;
-        eprintln!(
-            "wrote {summary} to {} in {:.2}s",
-            args.out.display(),
-            start.elapsed().as_secs_f64()
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
+/// `sqlfeed gen`.
+fn generate(args: &GenArgs) -> anyhow::Result<ExitCode> {
+    let options = GenOptions {
+        rows: args.rows,
+        out: args.out.clone(),
+        files: args.files,
+        seed: args.seed,
+        features: args.features,
+        image_size: args.image_size,
+        row_group_rows: 8192,
+    };
+    let start = std::time::Instant::now();
+    let summary = datagen::generate(&options)?;
+    eprintln!(
+        "wrote {summary} to {} in {:.2}s",
+        args.out.display(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
 
-    let builder = client_builder(&cli);
-    if let Some(SubCommand::H2dBench(args)) = &cli.command {
-        let device: crate::device::Device = args.device.parse()?;
-        let rate = crate::device::raw_h2d_bytes_per_s(device, &args.sizes, args.iters)?;
-        eprintln!(
-            "raw pinned cuMemcpyHtoDAsync on {device}: {:.2} GB/s ({} rounds of {:?} bytes)",
-            rate / 1e9,
-            args.iters,
-            args.sizes
-        );
-        println!("RESULT {{\"h2d_bytes_per_s\": {rate:.0}}}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Some(SubCommand::Scan(args)) = &cli.command {
-        let session = builder.build()?;
-        scan(&session, args).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
+/// `sqlfeed h2d-bench`.
+fn h2d_bench(args: &H2dArgs) -> anyhow::Result<ExitCode> {
+    let device: crate::device::Device = args.device.parse()?;
+    let rate = crate::device::raw_h2d_bytes_per_s(device, &args.sizes, args.iters)?;
+    eprintln!(
+        "raw pinned cuMemcpyHtoDAsync on {device}: {:.2} GB/s ({} rounds of {:?} bytes)",
+        rate / 1e9,
+        args.iters,
+        args.sizes
+    );
+    println!("RESULT {{\"h2d_bytes_per_s\": {rate:.0}}}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The statement runner of the REPL, `-c`, `-f`, `demo` and `verify`.
+fn executor(cli: &Cli) -> anyhow::Result<Executor> {
     let interactive = cli.is_interactive();
-    let mut exec = Executor {
-        session: builder.build()?,
+    Ok(Executor {
+        session: client_builder(cli).build()?,
         format: cli.format,
         max_rows: cli.max_rows.unwrap_or(if interactive { 40 } else { 0 }),
         timing: cli.timing || interactive,
         progress: std::io::stderr().is_terminal(),
-    };
+    })
+}
 
-    if let Some(SubCommand::Demo(args)) = &cli.command {
-        demo::run(&mut exec, args).await?;
-        return Ok(ExitCode::SUCCESS);
+/// `sqlfeed verify`: exit status 1 if any file is damaged.
+async fn verify(exec: &mut Executor, args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    let statement = crate::sql::Statement::Verify(crate::sql::VerifySpec {
+        path: args.path.clone(),
+        decode: args.decode.clone(),
+    });
+    let damaged = exec
+        .run_statement_counting(statement, crate::sql::verify::damaged_files)
+        .await?;
+    if damaged > 0 {
+        eprintln!(
+            "sqlfeed verify: {damaged} damaged file{}",
+            if damaged == 1 { "" } else { "s" }
+        );
+        return Ok(ExitCode::FAILURE);
     }
-    if let Some(SubCommand::Verify(args)) = &cli.command {
-        let statement = crate::sql::Statement::Verify(crate::sql::VerifySpec {
-            path: args.path.clone(),
-            decode: args.decode.clone(),
-        });
-        let damaged = exec
-            .run_statement_counting(statement, crate::sql::verify::damaged_files)
-            .await?;
-        if damaged > 0 {
-            eprintln!(
-                "sqlfeed verify: {damaged} damaged file{}",
-                if damaged == 1 { "" } else { "s" }
-            );
-            return Ok(ExitCode::FAILURE);
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    if interactive {
-        repl::run(&mut exec).await?;
-        return Ok(ExitCode::SUCCESS);
-    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `-c` statements, then `-f` files, until one says `\q`.
+async fn statements(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let mut exec = executor(cli)?;
     for text in &cli.commands {
         if exec.run_text(text).await? == Flow::Quit {
             return Ok(ExitCode::SUCCESS);
