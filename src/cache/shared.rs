@@ -43,18 +43,13 @@ use std::sync::Arc;
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::common::DFSchemaRef;
 use datafusion::common::exec_err;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DFSchemaRef, Statistics};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
-};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 
 use crate::shuffle::CONTENT_HASH_COLUMN;
@@ -264,20 +259,9 @@ impl ExecutionPlan for SharedEntryWriteExec {
         "SharedEntryWriteExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
+    crate::exec::input_properties!(input);
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    crate::exec::one_input_children!(input);
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
@@ -287,20 +271,7 @@ impl ExecutionPlan for SharedEntryWriteExec {
         vec![false]
     }
 
-    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(partition)]
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(crate::exec::first_input_statistics(
-            input_stats,
-            &self.schema(),
-        ))
-    }
+    crate::exec::statistics_of_one_input!(first_input_statistics);
 
     fn with_new_children(
         self: Arc<Self>,

@@ -44,3 +44,66 @@ pub(crate) fn single_child(
         ))),
     }
 }
+
+/// The `ExecutionPlan` methods of an operator over the one input in its
+/// field `$input` that evaluates no expressions of its own: `children` and
+/// `apply_expressions`. Used inside `impl ExecutionPlan for …`.
+macro_rules! one_input_children {
+    ($input:ident) => {
+        fn children(
+            &self,
+        ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![&self.$input]
+        }
+
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::error::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+}
+pub(crate) use one_input_children;
+
+/// `properties`: those of the one input in the field `$input` (an operator
+/// that keeps its input's partitioning, order and boundedness).
+macro_rules! input_properties {
+    ($input:ident) => {
+        fn properties(
+            &self,
+        ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            self.$input.properties()
+        }
+    };
+}
+pub(crate) use input_properties;
+
+/// `child_stats_requests` and `statistics_from_inputs` of an operator whose
+/// statistics come from its one input's, for the same partition, through
+/// `$from` ([`first_input_statistics`] or [`rows_passed_through`]).
+macro_rules! statistics_of_one_input {
+    ($from:ident) => {
+        fn child_stats_requests(
+            &self,
+            partition: Option<usize>,
+        ) -> Vec<datafusion::physical_plan::statistics::ChildStats> {
+            vec![datafusion::physical_plan::statistics::ChildStats::At(
+                partition,
+            )]
+        }
+
+        fn statistics_from_inputs(
+            &self,
+            input_stats: &[std::sync::Arc<datafusion::common::Statistics>],
+            _args: &datafusion::physical_plan::statistics::StatisticsArgs,
+        ) -> datafusion::error::Result<std::sync::Arc<datafusion::common::Statistics>> {
+            Ok($crate::exec::$from(input_stats, &self.schema()))
+        }
+    };
+}
+pub(crate) use statistics_of_one_input;

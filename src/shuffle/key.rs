@@ -23,17 +23,14 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::Statistics;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -291,36 +288,14 @@ impl ExecutionPlan for ShuffleKeyExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    crate::exec::one_input_children!(input);
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
     }
 
     // One key per row: the input's row counts.
-    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(partition)]
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(crate::exec::rows_passed_through(
-            input_stats,
-            &self.schema(),
-        ))
-    }
+    crate::exec::statistics_of_one_input!(rows_passed_through);
 
     fn with_new_children(
         self: Arc<Self>,

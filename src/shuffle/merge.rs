@@ -31,17 +31,14 @@ use std::sync::Arc;
 
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Schema};
-use datafusion::common::Statistics;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{
     LexOrdering, OrderingRequirements, PhysicalExpr, PhysicalSortExpr,
 };
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan,
 };
 
 /// Smallest batch a shuffle uses, whatever the budget.
@@ -186,20 +183,9 @@ impl ExecutionPlan for ShuffleMergeExec {
         "ShuffleMergeExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
+    crate::exec::input_properties!(input);
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    crate::exec::one_input_children!(input);
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
@@ -239,20 +225,7 @@ impl ExecutionPlan for ShuffleMergeExec {
         })]
     }
 
-    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(partition)]
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(crate::exec::first_input_statistics(
-            input_stats,
-            &self.schema(),
-        ))
-    }
+    crate::exec::statistics_of_one_input!(first_input_statistics);
 
     fn with_new_children(
         self: Arc<Self>,

@@ -83,7 +83,6 @@ use datafusion::arrow::compute::{filter_record_batch, interleave, take_record_ba
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
 use datafusion::common::internal_err;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -239,16 +238,7 @@ impl ExecutionPlan for PermuteExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    crate::exec::one_input_children!(input);
 
     // All input partitions are read here, in parallel; nothing to gain from
     // more, and no exchange is wanted in front.
