@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::exec_datafusion_err;
+use datafusion::error::Result;
 
 use super::entry;
 
@@ -65,11 +66,11 @@ pub(super) fn evict(entries_dir: &Path, tmp: &Path, max_bytes: u64, keep: Option
 
 pub(super) fn create_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| {
-        DataFusionError::Execution(format!(
+        exec_datafusion_err!(
             "cannot create cache directory '{}': {e}. Set --cache-dir \
              (SessionBuilder::cache_dir) to a writable folder",
             dir.display()
-        ))
+        )
     })
 }
 

@@ -36,6 +36,7 @@ use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::common::exec_err;
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::Xxh3;
@@ -214,9 +215,9 @@ impl PartWriters {
                 match receiver.blocking_recv() {
                     Some(ToWriter::Batch(slot, batch)) => {
                         let writer = writers.get_mut(slot).ok_or_else(|| {
-                            DataFusionError::Internal(format!(
+                            internal_datafusion_err!(
                                 "cache part writer has no part at position {slot}"
-                            ))
+                            )
                         })?;
                         writer.write(&batch)?;
                     }
@@ -246,9 +247,7 @@ impl PartWriters {
         // The thread stopped early: its result says why.
         match self.join().await {
             Err(e) => Err(e),
-            Ok(_) => Err(DataFusionError::Internal(
-                "cache part writer ended before it was finished".into(),
-            )),
+            Ok(_) => internal_err!("cache part writer ended before it was finished"),
         }
     }
 
@@ -261,12 +260,13 @@ impl PartWriters {
     }
 
     async fn join(&mut self) -> Result<Vec<PartManifest>> {
-        let task = self.task.take().ok_or_else(|| {
-            DataFusionError::Internal("cache part writer joined twice".into())
-        })?;
-        task.join().await.map_err(|e| {
-            DataFusionError::Execution(format!("a cache writer thread failed: {e}"))
-        })?
+        let task = self
+            .task
+            .take()
+            .ok_or_else(|| internal_datafusion_err!("cache part writer joined twice"))?;
+        task.join()
+            .await
+            .map_err(|e| exec_datafusion_err!("a cache writer thread failed: {e}"))?
     }
 }
 
@@ -279,15 +279,15 @@ pub(crate) async fn blocking<T: Send + 'static>(
     SpawnedTask::spawn_blocking(work)
         .join()
         .await
-        .map_err(|e| DataFusionError::Execution(format!("{what} failed: {e}")))?
+        .map_err(|e| exec_datafusion_err!("{what} failed: {e}"))?
 }
 
 fn write_error(path: &Path, e: std::io::Error) -> DataFusionError {
-    DataFusionError::Execution(format!(
+    exec_datafusion_err!(
         "cannot write cache file '{}': {e}. Free disk space, or point --cache-dir \
          (SessionBuilder::cache_dir) at a larger disk",
         path.display()
-    ))
+    )
 }
 
 /// A writer that hashes and counts what passes through it.
@@ -314,7 +314,7 @@ impl<W: Write> Write for HashingWriter<W> {
 pub(crate) fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
     let path = dir.join(MANIFEST);
     let text = serde_json::to_vec_pretty(manifest)
-        .map_err(|e| DataFusionError::Internal(format!("cache manifest: {e}")))?;
+        .map_err(|e| internal_datafusion_err!("cache manifest: {e}"))?;
     std::fs::write(&path, text).map_err(|e| write_error(&path, e))
 }
 
@@ -535,7 +535,7 @@ mod tests {
         let manifest = write_entry(dir.path())?;
         assert_eq!(manifest.rows(), 30);
         let opened = open(dir.path(), "k", Verify::Checksums)
-            .map_err(|e| DataFusionError::Internal(format!("should open: {e:?}")))?;
+            .map_err(|e| internal_datafusion_err!("should open: {e:?}"))?;
         assert_eq!(opened.schema, batch(0, 1).schema());
         let reader = FileReader::try_new(
             PositionedReader::new(Arc::clone(&opened.parts[1])),

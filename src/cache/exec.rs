@@ -36,8 +36,9 @@ use datafusion::catalog::{Session as CatalogSession, TableProvider};
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Statistics, project_schema};
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_err};
 use datafusion::datasource::TableType;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
@@ -286,9 +287,7 @@ impl ExecutionPlan for CacheScanExec {
         if children.is_empty() {
             Ok(self)
         } else {
-            Err(DataFusionError::Internal(
-                "CacheScanExec is a leaf and takes no children".into(),
-            ))
+            internal_err!("CacheScanExec is a leaf and takes no children")
         }
     }
 
@@ -298,10 +297,10 @@ impl ExecutionPlan for CacheScanExec {
         _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let part = self.parts.get(partition).ok_or_else(|| {
-            DataFusionError::Internal(format!(
+            internal_datafusion_err!(
                 "CacheScanExec has {} partitions, asked for {partition}",
                 self.parts.len()
-            ))
+            )
         })?;
         let schema = self.properties.eq_properties.schema();
         let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
@@ -336,11 +335,11 @@ impl ExecutionPlan for CacheScanExec {
                 }
             }
             let read_error = |e: datafusion::arrow::error::ArrowError| {
-                DataFusionError::Execution(format!(
+                exec_datafusion_err!(
                     "cannot read cache file '{}': {e}. The cache entry may have been \
                      damaged since it was opened; CLEAR CACHE and rerun",
                     path.display()
-                ))
+                )
             };
             let mut reader = FileReader::try_new(PositionedReader::new(file), projection)
                 .map_err(read_error)?;

@@ -29,8 +29,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::internal_datafusion_err;
 use datafusion::common::{exec_err, internal_err};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
 use super::entry::{PartManifest, PartWriters};
@@ -133,7 +134,7 @@ impl EntryFill {
     /// The writer of input partition `input`; each is handed out once.
     pub(crate) fn partition(self: &Arc<Self>, input: usize) -> Result<PartitionWriter> {
         let layout = self.layout.get().ok_or_else(|| {
-            DataFusionError::Internal("cache fill: partition before layout".into())
+            internal_datafusion_err!("cache fill: partition before layout")
         })?;
         // A plan without partitions still writes its one (empty) part.
         let inputs = layout.inputs.max(1);
@@ -155,9 +156,7 @@ impl EntryFill {
         let dir = {
             let work = self.work.lock().unwrap_or_else(|p| p.into_inner());
             work.as_ref()
-                .ok_or_else(|| {
-                    DataFusionError::Internal("cache fill already committed".into())
-                })?
+                .ok_or_else(|| internal_datafusion_err!("cache fill already committed"))?
                 .path()
                 .to_path_buf()
         };

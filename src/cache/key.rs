@@ -51,13 +51,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
+use datafusion::common::internal_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::source_as_provider;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::udaf::ForeignAggregateUDF;
@@ -214,10 +215,10 @@ pub(crate) fn pin_assets(calls: Vec<AssetCall>) -> Result<Vec<AssetFile>> {
         .into_iter()
         .map(|call| {
             let reader = sqlfeed_udfs::reads_assets(&call.function).ok_or_else(|| {
-                DataFusionError::Internal(format!(
+                internal_datafusion_err!(
                     "{} no longer reads assets",
                     call.function.name()
-                ))
+                )
             })?;
             let pinned = reader.pin_asset(&call.location)?;
             Ok(AssetFile {

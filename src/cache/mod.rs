@@ -73,7 +73,8 @@ use std::time::Instant;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::common::exec_err;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
+use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
@@ -360,11 +361,11 @@ impl CacheStore {
         self.sweep_once();
         let prefix = format!("{}-{}-", std::process::id(), key.hex);
         let work = LiveFolder::create(&self.tmp_dir(), &prefix).map_err(|e| {
-            DataFusionError::Execution(format!(
+            exec_datafusion_err!(
                 "cannot create a folder in the cache directory '{}': {e}. Set \
                  --cache-dir (SessionBuilder::cache_dir) to a writable folder",
                 self.tmp_dir().display()
-            ))
+            )
         })?;
         let memory = MemoryShare {
             reservation: Mutex::new(reservation),
@@ -443,9 +444,7 @@ impl CacheStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
-            .ok_or_else(|| {
-                DataFusionError::Internal("cache fill committed twice".into())
-            })?;
+            .ok_or_else(|| internal_datafusion_err!("cache fill committed twice"))?;
         let (key, query, final_dir) =
             (fill.key.clone(), fill.query.as_str(), &fill.final_dir);
         let manifest = Manifest {
@@ -476,10 +475,10 @@ impl CacheStore {
         let (at, hex) = (dir.clone(), key.hex.clone());
         let opened = blocking("opening a cache entry", move || {
             entry::open(&at, &hex, verify).map_err(|e| {
-                DataFusionError::Execution(format!(
+                exec_datafusion_err!(
                     "cache entry '{}' cannot be opened right after writing it: {e:?}",
                     at.display()
-                ))
+                )
             })
         })
         .await?;
@@ -579,11 +578,11 @@ impl CacheStore {
         create_dir(&parent)?;
         let dir = LiveFolder::create(&parent, &format!("{}-", std::process::id()))
             .map_err(|e| {
-                DataFusionError::Execution(format!(
+                exec_datafusion_err!(
                     "cannot create a session folder in '{}': {e}. Set --cache-dir \
                      (SessionBuilder::cache_dir) to a writable folder",
                     parent.display()
-                ))
+                )
             })?;
         let path = dir.path().to_path_buf();
         *folder = Some(dir);
@@ -701,9 +700,9 @@ async fn compute(
         }));
     }
     for task in tasks {
-        task.join().await.map_err(|e| {
-            DataFusionError::Execution(format!("a cache writer task failed: {e}"))
-        })??;
+        task.join()
+            .await
+            .map_err(|e| exec_datafusion_err!("a cache writer task failed: {e}"))??;
     }
     Ok(())
 }

@@ -45,6 +45,7 @@ use datafusion::arrow::datatypes::{SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::common::DFSchemaRef;
 use datafusion::common::exec_err;
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
@@ -105,9 +106,7 @@ pub fn commit(dir: &Path, key: &str, job: &str, rows: u64) -> Result<()> {
     let temporary = entry.join(format!(".{COMMITTED}.{}", std::process::id()));
     std::fs::write(&temporary, job)
         .and_then(|()| std::fs::rename(&temporary, entry.join(COMMITTED)))
-        .map_err(|e| {
-            DataFusionError::Execution(format!("cannot commit {}: {e}", entry.display()))
-        })
+        .map_err(|e| exec_datafusion_err!("cannot commit {}: {e}", entry.display()))
 }
 
 /// The complete parts in `folder`.
@@ -163,9 +162,9 @@ impl SharedEntryWriteNode {
 
 fn content_hash_index(schema: &SchemaRef) -> Result<usize> {
     schema.index_of(CONTENT_HASH_COLUMN).map_err(|_| {
-        DataFusionError::Internal(format!(
+        internal_datafusion_err!(
             "an executor cache entry is written from rows with {CONTENT_HASH_COLUMN}"
-        ))
+        )
     })
 }
 
@@ -196,10 +195,10 @@ impl UserDefinedLogicalNodeCore for SharedEntryWriteNode {
         inputs: Vec<LogicalPlan>,
     ) -> Result<Self> {
         let [input] = <[LogicalPlan; 1]>::try_from(inputs).map_err(|inputs| {
-            DataFusionError::Internal(format!(
+            internal_datafusion_err!(
                 "SharedEntryWrite has one input, got {}",
                 inputs.len()
-            ))
+            )
         })?;
         Self::try_new(input, self.dir.clone())
     }
@@ -340,11 +339,11 @@ struct PartWriter {
 
 impl PartWriter {
     fn error(&self, what: impl fmt::Display) -> DataFusionError {
-        DataFusionError::Execution(format!(
+        exec_datafusion_err!(
             "writing the executor cache part of partition {} into {}: {what}",
             self.partition,
             self.folder.display()
-        ))
+        )
     }
 
     fn write(&mut self, batch: &RecordBatch) -> Result<()> {

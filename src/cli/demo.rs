@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use datafusion::common::internal_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 
 use super::exec::Executor;
@@ -144,7 +145,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
     let session = exec.session.clone();
     tokio::task::spawn_blocking(move || super::feed::run(&session, &feed))
         .await
-        .map_err(|e| DataFusionError::Internal(format!("the feed loop panicked: {e}")))?
+        .map_err(|e| internal_datafusion_err!("the feed loop panicked: {e}"))?
         .map_err(|e| DataFusionError::External(e.into()))?;
     Ok(())
 }

@@ -17,7 +17,8 @@ use ballista_executor::execution_engine::{
 use ballista_executor::executor_process::{
     ExecutorProcessConfig, start_executor_process,
 };
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{config_datafusion_err, exec_datafusion_err};
+use datafusion::error::Result;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
@@ -94,10 +95,7 @@ pub async fn run_executor(
     let (work_dir, _temp) = match &options.work_dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "cannot create work dir '{}': {e}",
-                    dir.display()
-                ))
+                exec_datafusion_err!("cannot create work dir '{}': {e}", dir.display())
             })?;
             (dir.clone(), None)
         }
@@ -105,17 +103,12 @@ pub async fn run_executor(
             let temp = tempfile::Builder::new()
                 .prefix("sqlfeed-executor-")
                 .tempdir()
-                .map_err(|e| {
-                    DataFusionError::Execution(format!("cannot create a work dir: {e}"))
-                })?;
+                .map_err(|e| exec_datafusion_err!("cannot create a work dir: {e}"))?;
             (temp.path().to_path_buf(), Some(temp))
         }
     };
     let work_dir_text = work_dir.to_str().map(str::to_owned).ok_or_else(|| {
-        DataFusionError::Configuration(format!(
-            "work dir '{}' is not valid UTF-8",
-            work_dir.display()
-        ))
+        config_datafusion_err!("work dir '{}' is not valid UTF-8", work_dir.display())
     })?;
 
     let engine = session.engine()?;
@@ -181,10 +174,7 @@ pub async fn run_executor(
     };
     on_ready(&format!("{advertised}:{flight_port}"));
     start_executor_process(Arc::new(config)).await.map_err(|e| {
-        DataFusionError::Execution(format!(
-            "executor stopped: {e} (scheduler {})",
-            options.scheduler
-        ))
+        exec_datafusion_err!("executor stopped: {e} (scheduler {})", options.scheduler)
     })
 }
 

@@ -56,7 +56,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{config_datafusion_err, exec_datafusion_err};
+use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::ScalarUDF;
@@ -91,10 +92,10 @@ impl SchedulerAddress {
     /// Parses `df://host[:port]` or `host[:port]`.
     pub fn parse(url: &str) -> Result<Self> {
         let invalid = |why: &str| {
-            DataFusionError::Configuration(format!(
+            config_datafusion_err!(
                 "invalid scheduler address '{url}': {why}; expected df://host:port, \
                  e.g. df://127.0.0.1:{DEFAULT_SCHEDULER_PORT}"
-            ))
+            )
         };
         let rest = match url.split_once("://") {
             Some(("df", rest)) => rest,
@@ -141,12 +142,15 @@ impl SchedulerAddress {
     /// it opens within `timeout`.
     pub fn check_reachable(&self, timeout: Duration) -> Result<()> {
         let unreachable = |why: String| {
-            DataFusionError::Execution(format!(
+            exec_datafusion_err!(
                 "cannot reach the sqlfeed scheduler at {self}: {why}. Start one with \
                  `sqlfeed scheduler --bind {}:{}` and at least one `sqlfeed executor \
                  --scheduler {}:{}`, or run without --cluster",
-                self.host, self.port, self.host, self.port
-            ))
+                self.host,
+                self.port,
+                self.host,
+                self.port
+            )
         };
         let addresses = (self.host.as_str(), self.port)
             .to_socket_addrs()
@@ -222,12 +226,11 @@ pub(crate) fn with_codecs(
 /// before binding it (Ballista's executor). Another process may take it in
 /// between; binding then fails with an error naming the port.
 pub(crate) fn free_port(host: &str) -> Result<u16> {
-    let listener = std::net::TcpListener::bind((host, 0)).map_err(|e| {
-        DataFusionError::Execution(format!("cannot find a free port on {host}: {e}"))
-    })?;
+    let listener = std::net::TcpListener::bind((host, 0))
+        .map_err(|e| exec_datafusion_err!("cannot find a free port on {host}: {e}"))?;
     Ok(listener
         .local_addr()
-        .map_err(|e| DataFusionError::Execution(format!("no local address: {e}")))?
+        .map_err(|e| exec_datafusion_err!("no local address: {e}"))?
         .port())
 }
 

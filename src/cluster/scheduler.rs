@@ -14,7 +14,8 @@ use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::{
     create_scheduler, start_grpc_service_with_listener,
 };
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::exec_datafusion_err;
+use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::registry::FunctionRegistry as _;
@@ -58,14 +59,11 @@ pub async fn run_scheduler(
     let listener = tokio::net::TcpListener::bind(options.bind)
         .await
         .map_err(|e| {
-            DataFusionError::Execution(format!(
-                "the scheduler cannot listen on {}: {e}",
-                options.bind
-            ))
+            exec_datafusion_err!("the scheduler cannot listen on {}: {e}", options.bind)
         })?;
     let bound = listener
         .local_addr()
-        .map_err(|e| DataFusionError::Execution(format!("no local address: {e}")))?;
+        .map_err(|e| exec_datafusion_err!("no local address: {e}"))?;
 
     let engine = session.engine()?;
     let plugins = session.plugins()?;
@@ -132,19 +130,15 @@ pub async fn run_scheduler(
     };
     let cluster = BallistaCluster::new_from_config(&config)
         .await
-        .map_err(|e| {
-            DataFusionError::Execution(format!("cannot start the scheduler: {e}"))
-        })?;
+        .map_err(|e| exec_datafusion_err!("cannot start the scheduler: {e}"))?;
     let scheduler =
         create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, Arc::new(config))
             .await
-            .map_err(|e| {
-                DataFusionError::Execution(format!("cannot start the scheduler: {e}"))
-            })?;
+            .map_err(|e| exec_datafusion_err!("cannot start the scheduler: {e}"))?;
     on_ready(bound);
     start_grpc_service_with_listener(listener, scheduler)
         .await
-        .map_err(|e| DataFusionError::Execution(format!("the scheduler stopped: {e}")))
+        .map_err(|e| exec_datafusion_err!("the scheduler stopped: {e}"))
 }
 
 /// The scheduler's physical optimizer rules: the embedded engine's without

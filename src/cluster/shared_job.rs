@@ -59,6 +59,7 @@ use ballista_core::serde::protobuf::{
     ExecuteQueryParams, GetJobStatusParams, KeyValuePair, PartitionLocation,
 };
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::exec_datafusion_err;
 use datafusion::common::internal_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::{DataFusionError, Result};
@@ -196,11 +197,10 @@ impl SharedJobExec {
         deal: Option<crate::shuffle::Deal>,
     ) -> Result<Self> {
         if deal.is_some() && !Self::can_deal(plan) {
-            return Err(DataFusionError::Internal(
+            return internal_err!(
                 "only a job whose result is a global SHUFFLE under projections can be \
                  dealt to ranks"
-                    .to_string(),
-            ));
+            );
         }
         let job_name = if attempt == 0 {
             job_name
@@ -421,10 +421,12 @@ struct JobRequest {
 
 impl JobRequest {
     fn error(&self, what: impl fmt::Display) -> DataFusionError {
-        DataFusionError::Execution(format!(
+        exec_datafusion_err!(
             "rank {} of feed job '{}' on {}: {what}",
-            self.rank, self.job_name, self.scheduler
-        ))
+            self.rank,
+            self.job_name,
+            self.scheduler
+        )
     }
 
     async fn client(&self) -> Result<SchedulerGrpcClient<tonic::transport::Channel>> {

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::common::exec_err;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_datafusion_err, resources_datafusion_err};
+use datafusion::error::Result;
 
 use super::{
     ExecutorOptions, SchedulerAddress, SchedulerOptions, executors as registered,
@@ -46,9 +47,9 @@ impl Standalone {
             .enable_all()
             .build()
             .map_err(|e| {
-                DataFusionError::ResourcesExhausted(format!(
+                resources_datafusion_err!(
                     "cannot start the standalone cluster's threads: {e}"
-                ))
+                )
             })?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let scheduler_session = session.clone();
@@ -69,9 +70,7 @@ impl Standalone {
         let bound = ready_rx
             .recv_timeout(Duration::from_secs(30))
             .map_err(|_| {
-                DataFusionError::Execution(
-                    "the standalone scheduler did not start".into(),
-                )
+                exec_datafusion_err!("the standalone scheduler did not start")
             })??;
         let address = SchedulerAddress {
             host: bound.ip().to_string(),
@@ -84,9 +83,9 @@ impl Standalone {
             .prefix("sqlfeed-standalone-")
             .tempdir()
             .map_err(|e| {
-                DataFusionError::Execution(format!(
+                exec_datafusion_err!(
                     "cannot create the standalone executors' work folder: {e}"
-                ))
+                )
             })?;
         for i in 0..wanted {
             let mut options = ExecutorOptions::new(address.clone());

@@ -43,6 +43,7 @@ use ballista_core::serde::protobuf::CancelJobParams;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::exec_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::{
@@ -266,7 +267,7 @@ fn tidy_job_error(error: DataFusionError) -> DataFusionError {
         return error;
     };
     let message = inner[..close].replace("\\\"", "\"").replace("\\n", "\n");
-    DataFusionError::Execution(format!("{job} failed on the cluster: {message}"))
+    exec_datafusion_err!("{job} failed on the cluster: {message}")
 }
 
 /// Resolves with the error to report once an executor known to the job is
@@ -357,9 +358,8 @@ pub(crate) async fn rest_get<T: serde::de::DeserializeOwned>(
     scheduler: &SchedulerAddress,
     path: &str,
 ) -> Result<T> {
-    let failed = |e: String| {
-        DataFusionError::Execution(format!("GET {path} on {scheduler} failed: {e}"))
-    };
+    let failed =
+        |e: String| exec_datafusion_err!("GET {path} on {scheduler} failed: {e}");
     // One client (and connection pool) for the process.
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     let client = match CLIENT.get() {
@@ -410,6 +410,7 @@ async fn cancel(scheduler: &SchedulerAddress, job_id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::common::plan_datafusion_err;
 
     #[test]
     fn the_executor_list_reads_ballistas_json()
@@ -430,12 +431,11 @@ mod tests {
 
     #[test]
     fn job_errors_keep_the_job_and_the_innermost_message() {
-        let raw = DataFusionError::Execution(
+        let raw = exec_datafusion_err!(
             "Job 038HCQE74Y000 failed: Job failed due to stage 1 failed: Task failed due to \
              runtime execution error: DataFusionError(Shared(External(DataFusionError(Execution(\
              \"image_decode: cannot decode row 0 (10 bytes starting 6e6f74): not a PNG or JPEG \
              image. Use try_image_decode to get NULL for such rows\")))))"
-                .into(),
         );
         let tidy = tidy_job_error(raw).to_string();
         assert_eq!(
@@ -445,7 +445,7 @@ mod tests {
              try_image_decode to get NULL for such rows"
         );
         // Other errors pass unchanged.
-        let plain = DataFusionError::Plan("no such column".into());
+        let plain = plan_datafusion_err!("no such column");
         assert_eq!(
             tidy_job_error(plain).to_string(),
             "Error during planning: no such column"

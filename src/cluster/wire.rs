@@ -19,7 +19,8 @@
 //! The format byte after the prefix tells this format (2) from the JSON
 //! payloads of earlier builds (1), which are refused by name.
 
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_datafusion_err;
+use datafusion::error::Result;
 use prost::Message;
 
 use crate::shuffle::{Deal, KeySource, ShuffleKey, ShuffleSpec};
@@ -336,12 +337,12 @@ pub fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
         return Ok(None);
     };
     let mismatch = |what: String| {
-        DataFusionError::Plan(format!(
+        plan_datafusion_err!(
             "cannot decode a sqlfeed plan node: {what}; this process is sqlfeed {} \
              (wire format {WIRE_FORMAT}, version {WIRE_VERSION}): run the same sqlfeed \
              version on client, scheduler and executors",
             env!("CARGO_PKG_VERSION")
-        ))
+        )
     };
     let Some((&format, message)) = rest.split_first() else {
         return Err(mismatch("the payload is empty".into()));

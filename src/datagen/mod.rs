@@ -32,6 +32,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::plan_err;
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
@@ -150,9 +151,7 @@ pub fn schema(features: usize) -> SchemaRef {
 /// Writes the data set; see the module docs.
 pub fn generate(options: &GenOptions) -> Result<GenSummary> {
     if options.files == 0 {
-        return Err(DataFusionError::Plan(
-            "gen: --files must be at least 1".into(),
-        ));
+        return plan_err!("gen: --files must be at least 1");
     }
     if options.image_size == 0 || options.image_size > 4096 {
         return plan_err!(
@@ -193,11 +192,8 @@ pub fn generate(options: &GenOptions) -> Result<GenSummary> {
         handles
             .into_iter()
             .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(DataFusionError::Internal(
-                        "a gen worker thread panicked".into(),
-                    ))
-                })
+                h.join()
+                    .unwrap_or_else(|_| internal_err!("a gen worker thread panicked"))
             })
             .collect()
     });
@@ -215,7 +211,7 @@ pub fn generate(options: &GenOptions) -> Result<GenSummary> {
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> DataFusionError {
-    DataFusionError::Execution(format!("gen: cannot write '{}': {e}", path.display()))
+    exec_datafusion_err!("gen: cannot write '{}': {e}", path.display())
 }
 
 fn write_file(
@@ -367,9 +363,7 @@ fn encode_png(pixels: &[u8], side: u32) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     PngEncoder::new(&mut out)
         .write_image(pixels, side, side, ExtendedColorType::Rgb8)
-        .map_err(|e| {
-            DataFusionError::Internal(format!("gen: PNG encoding failed: {e}"))
-        })?;
+        .map_err(|e| internal_datafusion_err!("gen: PNG encoding failed: {e}"))?;
     Ok(out)
 }
 
@@ -377,9 +371,7 @@ fn encode_jpeg(pixels: &[u8], side: u32) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     JpegEncoder::new_with_quality(&mut out, 90)
         .write_image(pixels, side, side, ExtendedColorType::Rgb8)
-        .map_err(|e| {
-            DataFusionError::Internal(format!("gen: JPEG encoding failed: {e}"))
-        })?;
+        .map_err(|e| internal_datafusion_err!("gen: JPEG encoding failed: {e}"))?;
     Ok(out)
 }
 

@@ -37,6 +37,7 @@ use std::time::Duration;
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtrMut, DriverError, result, sys,
 };
+use datafusion::common::{exec_datafusion_err, plan_datafusion_err};
 use datafusion::common::{exec_err, internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 
@@ -66,10 +67,9 @@ pub(crate) fn device_count() -> Result<usize> {
 }
 
 fn no_driver() -> DataFusionError {
-    DataFusionError::Plan(
+    plan_datafusion_err!(
         "CUDA was requested but no CUDA driver (libcuda.so) could be loaded on this \
          machine; install the NVIDIA driver, or use --device cpu (or auto)"
-            .into(),
     )
 }
 
@@ -89,7 +89,7 @@ fn guarded<T>(
 }
 
 fn driver_error(what: &str, err: DriverError) -> DataFusionError {
-    DataFusionError::Execution(format!("CUDA error while {what}: {err:?}"))
+    exec_datafusion_err!("CUDA error while {what}: {err:?}")
 }
 
 /// A context on one GPU plus the stream all uploads go through.
@@ -453,7 +453,7 @@ impl CudaBackend {
         stream: &CudaStream,
     ) -> Result<()> {
         if bytes > target.capacity {
-            return Err(DataFusionError::Internal("test copy too large".into()));
+            return internal_err!("test copy too large");
         }
         // `target` was zeroed on the copy stream: write it after that.
         stream

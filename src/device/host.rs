@@ -4,7 +4,8 @@
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::resources_datafusion_err;
+use datafusion::error::Result;
 
 /// Alignment of host buffers: a page, so that every tensor starts at an
 /// address any element type (and DMA engines) accept.
@@ -32,21 +33,19 @@ impl AlignedBuffer {
             .div_ceil(PAGE)
             .checked_mul(PAGE)
             .ok_or_else(|| {
-                DataFusionError::ResourcesExhausted(format!(
-                    "a tensor buffer of {bytes} bytes is too large"
-                ))
+                resources_datafusion_err!("a tensor buffer of {bytes} bytes is too large")
             })?;
         let layout = Layout::from_size_align(size, PAGE).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
+            resources_datafusion_err!(
                 "a tensor buffer of {bytes} bytes is too large: {e}"
-            ))
+            )
         })?;
         // SAFETY: `layout` has a non-zero size (at least one page).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| {
-            DataFusionError::ResourcesExhausted(format!(
+            resources_datafusion_err!(
                 "out of memory allocating a {size}-byte tensor buffer"
-            ))
+            )
         })?;
         Ok(Self { ptr, layout })
     }

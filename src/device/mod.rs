@@ -51,6 +51,7 @@ mod tensor;
 use std::fmt;
 use std::str::FromStr;
 
+use datafusion::common::{plan_datafusion_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 
 pub use dlpack::{
@@ -109,9 +110,9 @@ impl FromStr for Device {
                 .and_then(|n| n.parse::<usize>().ok())
                 .map(Device::Cuda)
                 .ok_or_else(|| {
-                    DataFusionError::Plan(format!(
+                    plan_datafusion_err!(
                         "unknown device '{text}': expected auto, cpu, cuda or cuda:N"
-                    ))
+                    )
                 }),
         }
     }
@@ -147,9 +148,9 @@ pub fn cuda_device_count() -> usize {
 /// of one batch's tensors). The yardstick for the feed's H2D rate.
 pub fn raw_h2d_bytes_per_s(device: Device, sizes: &[usize], iters: usize) -> Result<f64> {
     match Backend::try_new(device)? {
-        Backend::Cpu => Err(DataFusionError::Plan(
-            "the H2D benchmark needs a CUDA device (--device cuda:N)".into(),
-        )),
+        Backend::Cpu => {
+            plan_err!("the H2D benchmark needs a CUDA device (--device cuda:N)")
+        }
         #[cfg(feature = "cuda")]
         Backend::Cuda(cuda) => {
             let elapsed = cuda.raw_h2d(sizes, iters)?;

@@ -18,6 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use datafusion::common::internal_err;
+use datafusion::common::{
+    internal_datafusion_err, resources_datafusion_err, resources_err,
+};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryReservation;
 use tokio::sync::mpsc;
@@ -150,9 +153,7 @@ impl Slot {
             .layouts
             .get(index)
             .map(TensorLayout::nbytes)
-            .ok_or_else(|| {
-                DataFusionError::Internal(format!("slot has no tensor {index}"))
-            })?;
+            .ok_or_else(|| internal_datafusion_err!("slot has no tensor {index}"))?;
         Ok(&mut self.buffers[index].host.as_mut_slice()[..bytes])
     }
 
@@ -544,14 +545,14 @@ impl SlotPool {
             };
             let total = reservation.size() + bytes;
             if !self.retire_free_slot() {
-                return Err(DataFusionError::ResourcesExhausted(format!(
+                return resources_err!(
                     "the feed's prefetch ring of {} slots needs about {} MB of host memory \
                      ({} MB for this batch), more than the memory limit leaves ({e}); lower \
                      prefetch or the batch size, or raise --memory-limit",
                     self.total_slots,
                     total / 1_000_000,
                     bytes / 1_000_000
-                )));
+                );
             }
         }
     }
@@ -579,9 +580,7 @@ impl SlotPool {
                     return Ok(slot);
                 }
                 Ok(None) => {
-                    return Err(DataFusionError::Internal(
-                        "slot pool closed while the feed runs".into(),
-                    ));
+                    return internal_err!("slot pool closed while the feed runs");
                 }
                 Err(_elapsed) if self.loans.consumer_blocked() => {
                     blocked_polls += 1;
@@ -639,13 +638,13 @@ impl SlotPool {
     fn held_too_many(&self) -> DataFusionError {
         let held = self.loans.held();
         let per_slot = self.bytes_per_slot();
-        DataFusionError::ResourcesExhausted(format!(
+        resources_datafusion_err!(
             "the training loop holds {held} batches of this feed (about {} MB of \
              tensors) and waits for another, but the memory limit leaves no room for \
              one more; a held batch stays valid, so keep fewer at once (drop or copy \
              those you no longer need), lower the batch size, or raise --memory-limit",
             held * per_slot / 1_000_000
-        ))
+        )
     }
 
     /// Puts a filled, uploaded slot on loan to the consumer (see
@@ -742,6 +741,7 @@ mod tests {
     use super::*;
     use crate::device::dlpack::{self, Access};
     use crate::device::tensor::BatchMeta;
+    use datafusion::common::exec_datafusion_err;
 
     fn layout(name: &str, dtype: DType, shape: &[usize]) -> TensorLayout {
         TensorLayout {
@@ -854,7 +854,7 @@ mod tests {
             return Ok(());
         };
         let Backend::Cuda(cuda) = backend.clone() else {
-            return Err(DataFusionError::Internal("not a CUDA backend".into()));
+            return internal_err!("not a CUDA backend");
         };
         let side = cuda.test_side_stream()?;
         // SAFETY: `side` is a live stream of the feed's context and outlives
@@ -881,7 +881,7 @@ mod tests {
             reads.push((copy, len, round));
         }
         side.synchronize()
-            .map_err(|e| DataFusionError::Execution(format!("{e:?}")))?;
+            .map_err(|e| exec_datafusion_err!("{e:?}"))?;
         for (copy, len, round) in &reads {
             assert_eq!(
                 cuda.download(copy, *len)?,

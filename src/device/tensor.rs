@@ -6,7 +6,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use datafusion::common::plan_err;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{internal_datafusion_err, plan_datafusion_err};
+use datafusion::error::Result;
 
 use super::Device;
 use super::dlpack::{self, Access, DLManagedTensor, DLManagedTensorVersioned};
@@ -149,10 +150,10 @@ impl TensorBatch {
             .find(|t| t.name() == name)
             .ok_or_else(|| {
                 let names: Vec<&str> = self.tensors.iter().map(Tensor::name).collect();
-                DataFusionError::Plan(format!(
+                plan_datafusion_err!(
                     "the batch has no tensor '{name}'; it has: {}",
                     names.join(", ")
-                ))
+                )
             })
     }
 
@@ -306,10 +307,10 @@ impl Tensor {
             Backend::Cuda(cuda) => {
                 let buffer = &self.lease.slot().buffers[self.index];
                 let device = buffer.device.as_ref().ok_or_else(|| {
-                    DataFusionError::Internal(format!(
+                    internal_datafusion_err!(
                         "tensor '{}' has no device buffer",
                         self.name()
-                    ))
+                    )
                 })?;
                 cuda.download(device, self.nbytes())
             }

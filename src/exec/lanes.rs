@@ -100,7 +100,8 @@ mod tests {
 
     use datafusion::arrow::array::{AsArray, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
-    use datafusion::error::{DataFusionError, Result};
+    use datafusion::common::exec_err;
+    use datafusion::error::Result;
 
     use super::*;
 
@@ -164,7 +165,7 @@ mod tests {
     async fn a_lane_error_ends_the_stream() -> Result<()> {
         let failing: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
             schema(),
-            futures::stream::iter(vec![Err(DataFusionError::Execution("lost".into()))]),
+            futures::stream::iter(vec![exec_err!("lost")]),
         ));
         let lanes = vec![lane(0..3, &[3]), failing, lane(10..20, &[2])];
         let mut stream = interleave_lanes(schema(), lanes, 4);

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::exec_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::RecordBatchStream;
@@ -27,11 +28,11 @@ pub(crate) fn panic_message(panic: &Box<dyn Any + Send>) -> String {
 
 /// The error a panic inside the engine becomes.
 pub(crate) fn panic_error(panic: &Box<dyn Any + Send>) -> DataFusionError {
-    DataFusionError::Execution(format!(
+    exec_datafusion_err!(
         "the query engine panicked: {}. This is a bug in sqlfeed or a dependency, \
          usually triggered by unusual input data; please report it",
         panic_message(panic)
-    ))
+    )
 }
 
 /// Runs `fut`, turning a panic into an error (see [`panic_error`]).

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use datafusion::common::internal_datafusion_err;
 use datafusion::error::Result;
 
 /// Statistics of an operator that passes its input's rows through one for
@@ -38,10 +39,10 @@ pub(crate) fn single_child(
 ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
     match children {
         [child] => Ok(Arc::clone(child)),
-        _ => Err(datafusion::error::DataFusionError::Internal(format!(
+        _ => Err(internal_datafusion_err!(
             "{name} takes one child, got {}",
             children.len()
-        ))),
+        )),
     }
 }
 

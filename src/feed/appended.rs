@@ -46,11 +46,12 @@ use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, JoinType, plan_err};
+use datafusion::common::{internal_datafusion_err, plan_datafusion_err};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{
     MemTable, ViewTable, provider_as_source, source_as_provider,
 };
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
 use datafusion::logical_expr::{
@@ -137,13 +138,11 @@ impl Appended {
             .iter()
             .map(|old| {
                 by_location.get(old.as_str()).copied().ok_or_else(|| {
-                    DataFusionError::Plan(format!(
-                        "cannot continue epoch {} over the data as it is now: {old}, which \
+                    plan_datafusion_err!("cannot continue epoch {} over the data as it is now: {old}, which \
                          the checkpoint's order was over, is no longer read by the query; \
                          only added files can be continued over (start the epoch anew \
                          instead)",
-                        self.epoch
-                    ))
+                        self.epoch)
                 })
             })
             .collect()
@@ -209,9 +208,7 @@ fn int64_column(batch: &RecordBatch, index: usize) -> Result<&Int64Array> {
         .column(index)
         .as_any()
         .downcast_ref::<Int64Array>()
-        .ok_or_else(|| {
-            DataFusionError::Internal("an origins column is not Int64".to_string())
-        })
+        .ok_or_else(|| internal_datafusion_err!("an origins column is not Int64"))
 }
 
 /// `plan` without the rows in `consumed`: every scan of Parquet files

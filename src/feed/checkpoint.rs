@@ -32,6 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 
+use datafusion::common::{plan_datafusion_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -162,9 +163,9 @@ impl FromStr for OnDataChange {
             "error" => Ok(Self::Error),
             "restart_epoch" | "restart-epoch" => Ok(Self::RestartEpoch),
             "continue" => Ok(Self::Continue),
-            other => Err(DataFusionError::Plan(format!(
+            other => plan_err!(
                 "on_data_change={other:?}: expected 'error', 'restart_epoch' or 'continue'"
-            ))),
+            ),
         }
     }
 }
@@ -225,10 +226,10 @@ impl Checkpoint {
     /// the error.
     pub fn from_json(json: &str, origin: &str) -> Result<Self> {
         serde_json::from_str(json).map_err(|e| {
-            DataFusionError::Plan(format!(
+            plan_datafusion_err!(
                 "{origin} is not a sqlfeed feed checkpoint: {e} (it is the JSON that \
                  Feed.state_dict() or `sqlfeed feed --save-checkpoint` writes)"
-            ))
+            )
         })
     }
 
@@ -251,7 +252,7 @@ impl Checkpoint {
         now: &[InputFile],
         on_data_change: OnDataChange,
     ) -> Result<ResumePoint> {
-        let plan_error = |message: String| Err(DataFusionError::Plan(message));
+        let plan_error = |message: String| plan_err!("{message}");
         if self.version != 1 && self.version != CHECKPOINT_VERSION {
             return plan_error(format!(
                 "feed checkpoint version {}: this sqlfeed reads versions 1 and \
@@ -397,10 +398,10 @@ impl Checkpoint {
         let mut skipped = BTreeMap::new();
         for (epoch, steps) in &self.skipped {
             let epoch: u64 = epoch.parse().map_err(|_| {
-                DataFusionError::Plan(format!(
+                plan_datafusion_err!(
                     "the checkpoint's skipped steps are keyed by {epoch:?}, not an epoch \
                      number"
-                ))
+                )
             })?;
             skipped.insert(epoch, steps.iter().copied().collect());
         }

@@ -31,6 +31,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field, Fields, Schema, TimeUnit};
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 
@@ -159,17 +160,17 @@ impl ColumnSpec {
     /// `pad_to`, `pad_value`, `fill_null`, `unit` (`s`, `ms`, `us`, `ns`)).
     pub fn parse_named(text: &str) -> Result<(String, ColumnSpec)> {
         let (name, options) = text.split_once(':').ok_or_else(|| {
-            DataFusionError::Plan(format!(
+            plan_datafusion_err!(
                 "tensor option '{text}' should look like \
                  name:dtype=float32,shape=3x32x32,scale=1/255"
-            ))
+            )
         })?;
         let mut spec = ColumnSpec::new();
         for option in options.split(',').filter(|o| !o.trim().is_empty()) {
             let (key, value) = option.split_once('=').ok_or_else(|| {
-                DataFusionError::Plan(format!(
+                plan_datafusion_err!(
                     "tensor option '{option}' of column '{name}' should be key=value"
-                ))
+                )
             })?;
             let number = |value: &str| parse_number(value, name, key);
             match key.trim() {
@@ -180,9 +181,7 @@ impl ColumnSpec {
                         .map(|d| d.trim().parse::<usize>())
                         .collect::<std::result::Result<Vec<_>, _>>()
                         .map_err(|_| {
-                            DataFusionError::Plan(format!(
-                                "shape '{value}' of column '{name}' should look like 3x32x32"
-                            ))
+                            plan_datafusion_err!("shape '{value}' of column '{name}' should look like 3x32x32")
                         })?;
                     spec.shape = Some(dims);
                 }
@@ -216,9 +215,7 @@ fn parse_number(value: &str, column: &str, key: &str) -> Result<f64> {
         None => value.parse::<f64>().ok(),
     };
     parsed.filter(|v| v.is_finite()).ok_or_else(|| {
-        DataFusionError::Plan(format!(
-            "{key}={value} for column '{column}' is not a finite number"
-        ))
+        plan_datafusion_err!("{key}={value} for column '{column}' is not a finite number")
     })
 }
 
@@ -325,9 +322,7 @@ pub(crate) fn resolve(
         }
     }
     if schema.fields().is_empty() {
-        return Err(DataFusionError::Plan(
-            "the feed's query returns no columns".into(),
-        ));
+        return plan_err!("the feed's query returns no columns");
     }
     let mut columns = Vec::with_capacity(schema.fields().len());
     let mut tensor_names = HashSet::new();
@@ -352,11 +347,11 @@ pub(crate) fn resolve(
 }
 
 fn unsupported(field: &Field, why: &str) -> DataFusionError {
-    DataFusionError::Plan(format!(
+    plan_datafusion_err!(
         "column '{}' of type {} cannot become a tensor: {why}",
         field.name(),
         field.data_type()
-    ))
+    )
 }
 
 fn is_number(data_type: &DataType) -> bool {

@@ -15,6 +15,7 @@ use datafusion::arrow::datatypes::{
     TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type,
     UInt16Type, UInt32Type, UInt64Type,
 };
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::common::{exec_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 
@@ -181,9 +182,9 @@ fn sample_shape(column: &TensorColumn, rows: &BatchRows) -> Result<(Vec<usize>, 
 /// dimension columns are cast once per piece, not per row.
 fn image_dims(column: &TensorColumn, image: &StructArray) -> Result<Vec<[usize; 3]>> {
     let dim = |name: &str| -> Result<ArrayRef> {
-        let array = image.column_by_name(name).ok_or_else(|| {
-            DataFusionError::Internal(format!("image struct without '{name}'"))
-        })?;
+        let array = image
+            .column_by_name(name)
+            .ok_or_else(|| internal_datafusion_err!("image struct without '{name}'"))?;
         Ok(datafusion::arrow::compute::cast(array, &DataType::UInt64)?)
     };
     let (h, w, c) = (dim("height")?, dim("width")?, dim("channels")?);
@@ -237,10 +238,12 @@ struct ColumnWriter<'a> {
 
 impl ColumnWriter<'_> {
     fn error(&self, row: usize, what: impl std::fmt::Display) -> DataFusionError {
-        DataFusionError::Execution(format!(
+        exec_datafusion_err!(
             "column '{}', row {row} of the batch (epoch {}, step {}): {what}",
-            self.column.name, self.rows.epoch, self.rows.step
-        ))
+            self.column.name,
+            self.rows.epoch,
+            self.rows.step
+        )
     }
 
     fn null_error(&self, row: usize) -> DataFusionError {
@@ -334,7 +337,7 @@ impl ColumnWriter<'_> {
                         _ => image.column_by_name("values"),
                     }
                     .ok_or_else(|| {
-                        DataFusionError::Internal("image struct without data".into())
+                        internal_datafusion_err!("image struct without data")
                     })?;
                     for row in 0..len {
                         let out = &mut out[row * row_bytes..(row + 1) * row_bytes];

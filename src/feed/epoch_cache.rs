@@ -31,6 +31,7 @@
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
@@ -151,8 +152,8 @@ impl EpochCache {
         // Normalised against the plan's columns (qualified or not).
         let LogicalPlan::Projection(finished) = apply_finish(logical.clone(), finish)?
         else {
-            return Err(datafusion::error::DataFusionError::Internal(
-                "the epoch cache's finish step is not a projection".into(),
+            return Err(internal_datafusion_err!(
+                "the epoch cache's finish step is not a projection"
             ));
         };
         let exprs = finished
@@ -282,12 +283,12 @@ async fn wait_for_commit(dir: &std::path::Path, key: &str) -> Result<std::path::
             return Ok(parts);
         }
         if std::time::Instant::now() > deadline {
-            return Err(datafusion::error::DataFusionError::Execution(format!(
+            return Err(exec_datafusion_err!(
                 "rank 0 did not commit the executor cache entry {key} in {} within \
                  {COMMIT_TIMEOUT:?} after the epoch that wrote it; is it running the same \
                  feed with the same --executor-cache-dir?",
                 dir.display()
-            )));
+            ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

@@ -72,6 +72,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::{Duration, Instant};
 
+use datafusion::common::plan_err;
+use datafusion::common::{
+    internal_datafusion_err, internal_err, resources_datafusion_err,
+};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
@@ -482,11 +486,7 @@ impl FeedBuilder {
             .thread_name(thread_name.clone())
             .enable_all()
             .build()
-            .map_err(|e| {
-                DataFusionError::ResourcesExhausted(format!(
-                    "cannot start feed threads: {e}"
-                ))
-            })?;
+            .map_err(|e| resources_datafusion_err!("cannot start feed threads: {e}"))?;
         // The files the order is over, listed once as the feed starts: its
         // checkpoints record them, so that a resume over changed data is
         // noticed (an explain's feed is internal and takes none).
@@ -564,16 +564,14 @@ impl FeedBuilder {
             Ok(Ok(tensors)) => feed.tensors = tensors,
             Ok(Err(err)) => return Err(err),
             Err(_) => {
-                return Err(DataFusionError::Internal(
-                    "the feed stopped while planning its query".into(),
-                ));
+                return internal_err!("the feed stopped while planning its query");
             }
         }
         Ok(feed)
     }
 
     fn validate(&self) -> Result<()> {
-        let plan_error = |msg: String| Err(DataFusionError::Plan(msg));
+        let plan_error = |msg: String| plan_err!("{msg}");
         if self.batch_size == 0 {
             return plan_error("batch_size must be at least 1".into());
         }
@@ -786,7 +784,7 @@ impl Feed {
     /// [`Checkpoint::to_json`] is the format of Python's `state_dict()`.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
         self.checkpoint.clone().ok_or_else(|| {
-            DataFusionError::Internal("an explain's feed has no checkpoint".into())
+            internal_datafusion_err!("an explain's feed has no checkpoint")
         })
     }
 
@@ -923,7 +921,7 @@ fn on_runtime<T: Send + 'static>(
         let _ = sender.send(work.await);
     });
     receiver.recv().map_err(|_| {
-        DataFusionError::Internal("the feed stopped while planning its query".into())
+        internal_datafusion_err!("the feed stopped while planning its query")
     })?
 }
 

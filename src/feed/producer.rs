@@ -5,9 +5,10 @@
 use std::sync::{Arc, mpsc};
 use std::time::Instant;
 
+use datafusion::common::internal_err;
 use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
@@ -224,9 +225,9 @@ impl Producer {
             Some(fill) if options.rank == 0 => Some(Box::new(move || {
                 let job = completed.lock().ok().and_then(|job| job.clone());
                 let Some((job, rows)) = job else {
-                    return Err(DataFusionError::Internal(
-                        "the first cached epoch ended without a completed job".into(),
-                    ));
+                    return internal_err!(
+                        "the first cached epoch ended without a completed job"
+                    );
                 };
                 crate::cache::shared::commit(&fill.dir, &fill.key, &job, rows)
             })),

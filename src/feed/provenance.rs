@@ -62,6 +62,10 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{
     Column, DFSchema, JoinType, ScalarValue, not_impl_err, plan_err,
 };
+use datafusion::common::{
+    exec_datafusion_err, exec_err, internal_datafusion_err, internal_err,
+    resources_datafusion_err,
+};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::listing::PartitionedFile;
@@ -71,7 +75,7 @@ use datafusion::datasource::physical_plan::parquet::{
 };
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::{ViewTable, source_as_provider};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
 use datafusion::logical_expr::{
@@ -184,10 +188,10 @@ fn column_named(schema: &DFSchema, name: &str) -> Result<Expr> {
         .iter()
         .position(|f| f.name() == name)
         .ok_or_else(|| {
-            DataFusionError::Internal(format!(
+            internal_datafusion_err!(
                 "the origins plan lost its column {name} ({})",
                 schema.field_names().join(", ")
-            ))
+            )
         })?;
     Ok(Expr::Column(Column::from(schema.qualified_field(index))))
 }
@@ -376,11 +380,11 @@ fn keyed_by_content_hash(
 fn single_input(plan: &LogicalPlan) -> Result<LogicalPlan> {
     match plan.inputs().as_slice() {
         [input] => Ok((*input).clone()),
-        inputs => Err(DataFusionError::Internal(format!(
+        inputs => internal_err!(
             "{} has {} inputs, expected one",
             plan.display(),
             inputs.len()
-        ))),
+        ),
     }
 }
 
@@ -548,13 +552,12 @@ impl FeedBuilder {
         let mut origins = Vec::with_capacity(rows.len());
         for (id, row) in file_ids.into_iter().zip(rows) {
             let file = by_id.get(&id).ok_or_else(|| {
-                DataFusionError::Internal(format!(
+                internal_datafusion_err!(
                     "batch row from a file with id {id} that the query does not list"
-                ))
+                )
             })?;
-            let row = u64::try_from(row).map_err(|_| {
-                DataFusionError::Internal(format!("negative file row index {row}"))
-            })?;
+            let row = u64::try_from(row)
+                .map_err(|_| internal_datafusion_err!("negative file row index {row}"))?;
             origins.push(RowOrigin {
                 file: file.location.clone(),
                 row_group: file.row_group_of(row)?,
@@ -576,9 +579,7 @@ impl FeedBuilder {
             .enable_all()
             .build()
             .map_err(|e| {
-                DataFusionError::ResourcesExhausted(format!(
-                    "cannot start a thread for explain_batch: {e}"
-                ))
+                resources_datafusion_err!("cannot start a thread for explain_batch: {e}")
             })?
             .block_on(future)
     }
@@ -621,9 +622,9 @@ impl FeedBuilder {
                 ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
                     .await
                     .map_err(|e| {
-                        DataFusionError::Execution(format!(
+                        exec_datafusion_err!(
                             "cannot read the Parquet footer of {location}: {e}"
-                        ))
+                        )
                     })?;
             let metadata = metadata.metadata();
             let mut row_group_ends = Vec::with_capacity(metadata.num_row_groups());
@@ -733,12 +734,12 @@ impl OriginFile {
     fn row_group_of(&self, row: u64) -> Result<usize> {
         let group = self.row_group_ends.partition_point(|&end| end <= row);
         if group == self.row_group_ends.len() {
-            return Err(DataFusionError::Execution(format!(
+            return exec_err!(
                 "row {row} of {} is beyond its {} rows: was the file rewritten while \
                  the batch was explained?",
                 self.location,
                 self.row_group_ends.last().copied().unwrap_or(0)
-            )));
+            );
         }
         Ok(group)
     }

@@ -68,6 +68,7 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::exec_datafusion_err;
 use datafusion::common::{internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
@@ -562,7 +563,7 @@ impl SinkRun {
         self.target
             .ready
             .send(FeedEvent::Batch(batch))
-            .map_err(|_| DataFusionError::Execution("the feed was dropped".into()))
+            .map_err(|_| exec_datafusion_err!("the feed was dropped"))
     }
 }
 

@@ -15,7 +15,8 @@
 use std::path::Path;
 
 use async_trait::async_trait;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_err;
+use datafusion::error::Result;
 use datafusion::execution::context::{FunctionFactory, RegisterFunction, SessionState};
 use datafusion::logical_expr::{CreateFunction, Expr};
 use datafusion::scalar::ScalarValue;
@@ -40,7 +41,7 @@ impl FunctionFactory for PluginFunctionFactory {
             .as_ref()
             .map(|ident| ident.value.to_ascii_lowercase());
         if language.as_deref() != Some("rust") {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "CREATE FUNCTION {name}: sqlfeed creates functions from Rust plugin \
                  libraries only: CREATE FUNCTION {name}() LANGUAGE rust AS '<path of the \
                  .so>'{}. Python functions are registered from Python \
@@ -49,17 +50,17 @@ impl FunctionFactory for PluginFunctionFactory {
                     Some(other) => format!(", not LANGUAGE {other}"),
                     None => String::new(),
                 }
-            )));
+            );
         }
         let library = match &statement.params.function_body {
             Some(Expr::Literal(ScalarValue::Utf8(Some(path)), _))
             | Some(Expr::Literal(ScalarValue::LargeUtf8(Some(path)), _))
             | Some(Expr::Literal(ScalarValue::Utf8View(Some(path)), _)) => path.clone(),
             _ => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "CREATE FUNCTION {name} LANGUAGE rust needs AS '<path of the plugin \
                      library>', a string literal"
-                )));
+                );
             }
         };
         let plugin = plugins::load(Path::new(&library))?;
@@ -69,11 +70,11 @@ impl FunctionFactory for PluginFunctionFactory {
         if let Some(udaf) = plugin.aggregate.iter().find(|f| f.name() == name) {
             return Ok(RegisterFunction::Aggregate(std::sync::Arc::clone(udaf)));
         }
-        Err(DataFusionError::Plan(format!(
+        plan_err!(
             "CREATE FUNCTION {name}: plugin '{}' ({}) has no function '{name}'; it has: {}",
             plugin.path.display(),
             plugin.crate_name,
             plugin.function_names().join(", ")
-        )))
+        )
     }
 }

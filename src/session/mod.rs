@@ -45,8 +45,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{exec_datafusion_err, plan_err};
 use datafusion::dataframe::DataFrame;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
@@ -417,10 +418,10 @@ impl SessionBuilder {
                     if first == origin {
                         continue;
                     }
-                    return Err(DataFusionError::Plan(format!(
+                    return plan_err!(
                         "{origin} defines a function '{name}', which {first} already has; \
                          rename one of them (a query could not say which it means)"
-                    )));
+                    );
                 }
             }
             functions.extend(plugin.scalar.iter().map(Arc::clone));
@@ -569,14 +570,14 @@ impl Session {
                 Ok(TreeNodeRecursion::Continue)
             })?;
             if let Some((name, origin)) = local {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "function '{name}' is a {origin}, which cannot run on a Ballista \
                      cluster: executors are sqlfeed processes without your Python \
                      interpreter. Run this query on the embedded engine (a session \
                      without a cluster), or write the function as a Rust plugin \
                      (examples/udf-plugin) and start the scheduler and executors with \
                      --plugin-dir"
-                )));
+                );
             }
         }
         Ok(df)
@@ -684,20 +685,20 @@ fn available_memory() -> Option<usize> {
 fn spill_folder(spill_dir: Option<&Path>) -> Result<liveness::LiveFolder> {
     let parent = spill_dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
     std::fs::create_dir_all(&parent).map_err(|e| {
-        DataFusionError::Execution(format!(
+        exec_datafusion_err!(
             "cannot create spill directory '{}': {e}. Set --spill-dir \
              (SessionBuilder::spill_dir) to a writable folder",
             parent.display()
-        ))
+        )
     })?;
     liveness::sweep_abandoned(&parent, SPILL_FOLDER_PREFIX);
     let prefix = format!("{SPILL_FOLDER_PREFIX}{}-", std::process::id());
     liveness::LiveFolder::create(&parent, &prefix).map_err(|e| {
-        DataFusionError::Execution(format!(
+        exec_datafusion_err!(
             "cannot create a spill folder in '{}': {e}. Set --spill-dir \
              (SessionBuilder::spill_dir) to a writable folder",
             parent.display()
-        ))
+        )
     })
 }
 

@@ -42,6 +42,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::common::plan_err;
+use datafusion::common::{
+    exec_datafusion_err, internal_datafusion_err, plan_datafusion_err, resources_err,
+};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreRegistry;
 use futures::stream::BoxStream;
@@ -90,12 +93,12 @@ fn parse_allow_http(value: &str) -> Result<bool> {
 
 /// The refusal of an `http://` URL in a session that does not allow it.
 fn http_refused(url: &Url) -> DataFusionError {
-    DataFusionError::Plan(format!(
+    plan_datafusion_err!(
         "plain HTTP is refused for {url}: what is read over http:// can be altered \
          on the way. Use https://, or allow plain HTTP with --allow-http (CLI), \
          {ALLOW_HTTP_ENV}=1 (environment), sqlfeed.Session(allow_http=True) \
          (Python) or SessionBuilder::allow_http(true) (Rust)"
-    ))
+    )
 }
 
 /// Timeouts and retries applied to every network object store.
@@ -318,13 +321,13 @@ fn store_key(url: &Url) -> String {
 }
 
 fn store_error(url: &Url, e: object_store::Error) -> DataFusionError {
-    DataFusionError::Plan(format!(
+    plan_datafusion_err!(
         "cannot configure the object store for {}://{}: {e}. Check the environment \
          variables for this store (for S3: AWS_REGION, AWS_ENDPOINT_URL, \
          AWS_ACCESS_KEY_ID, ...)",
         url.scheme(),
         url.host_str().unwrap_or_default()
-    ))
+    )
 }
 
 impl ObjectStoreRegistry for LazyObjectStoreRegistry {
@@ -345,9 +348,9 @@ impl ObjectStoreRegistry for LazyObjectStoreRegistry {
 
     fn deregister_store(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
         let mut stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-        stores.remove(&store_key(url)).ok_or_else(|| {
-            DataFusionError::Plan(format!("no object store registered for {url}"))
-        })
+        stores
+            .remove(&store_key(url))
+            .ok_or_else(|| plan_datafusion_err!("no object store registered for {url}"))
     }
 
     fn get_store(&self, url: &Url) -> Result<Arc<dyn ObjectStore>> {
@@ -387,49 +390,46 @@ impl ObjectStoreAssetReader {
     async fn read_async(&self, url: &Url, location: &str) -> Result<Vec<u8>> {
         let store = self.registry.get_store(url)?;
         let path = Path::from_url_path(url.path()).map_err(|e| {
-            DataFusionError::Plan(format!("'{location}' is not a valid object path: {e}"))
+            plan_datafusion_err!("'{location}' is not a valid object path: {e}")
         })?;
-        let fetched =
-            store
-                .get_opts(&path, GetOptions::default())
-                .await
-                .map_err(|e| {
-                    DataFusionError::Execution(format!("reading '{location}': {e}"))
-                })?;
+        let fetched = store
+            .get_opts(&path, GetOptions::default())
+            .await
+            .map_err(|e| exec_datafusion_err!("reading '{location}': {e}"))?;
         if fetched.meta.size > MAX_ASSET_BYTES {
-            return Err(DataFusionError::ResourcesExhausted(format!(
+            return resources_err!(
                 "'{location}' is {} bytes; assets larger than {MAX_ASSET_BYTES} bytes \
                  are refused",
                 fetched.meta.size
-            )));
+            );
         }
-        let bytes = fetched.bytes().await.map_err(|e| {
-            DataFusionError::Execution(format!("reading '{location}': {e}"))
-        })?;
+        let bytes = fetched
+            .bytes()
+            .await
+            .map_err(|e| exec_datafusion_err!("reading '{location}': {e}"))?;
         Ok(bytes.to_vec())
     }
 }
 
 impl sqlfeed_udfs::AssetReader for ObjectStoreAssetReader {
     fn read(&self, location: &str) -> Result<Vec<u8>> {
-        let url = Url::parse(location).map_err(|e| {
-            DataFusionError::Plan(format!("'{location}' is not a valid URL: {e}"))
-        })?;
+        let url = Url::parse(location)
+            .map_err(|e| plan_datafusion_err!("'{location}' is not a valid URL: {e}"))?;
         std::thread::scope(|scope| {
             let reader = scope.spawn(|| {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .map_err(|e| {
-                        DataFusionError::Execution(format!(
+                        exec_datafusion_err!(
                             "cannot start a runtime to read '{location}': {e}"
-                        ))
+                        )
                     })?;
                 runtime.block_on(self.read_async(&url, location))
             });
-            reader.join().map_err(|_| {
-                DataFusionError::Internal(format!("reading '{location}' panicked"))
-            })?
+            reader
+                .join()
+                .map_err(|_| internal_datafusion_err!("reading '{location}' panicked"))?
         })
     }
 }

@@ -32,7 +32,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_datafusion_err;
+use datafusion::error::Result;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF};
 use sqlfeed_plugin::host::plugin_error;
 use sqlfeed_udfs::user::{FunctionOrigin, user_function};
@@ -101,10 +102,7 @@ pub fn load(path: &Path) -> Result<Arc<Plugin>> {
 /// Every plugin in `dir` (files ending in .so, .dylib or .dll), by name.
 pub fn load_dir(dir: &Path) -> Result<Vec<Arc<Plugin>>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
-        DataFusionError::Plan(format!(
-            "plugin folder '{}': cannot read it: {e}",
-            dir.display()
-        ))
+        plan_datafusion_err!("plugin folder '{}': cannot read it: {e}", dir.display())
     })?;
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))

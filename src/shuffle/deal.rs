@@ -55,6 +55,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::internal_datafusion_err;
 use datafusion::common::internal_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -202,9 +203,9 @@ impl DealExec {
         }
         let input_schema = input.schema();
         let counts_index = input_schema.index_of(RANGE_COUNTS_COLUMN).map_err(|_| {
-            DataFusionError::Internal(format!(
+            internal_datafusion_err!(
                 "DealExec reads counted key ranges (a {RANGE_COUNTS_COLUMN} column)"
-            ))
+            )
         })?;
         let mut fields: Vec<Arc<Field>> = input_schema
             .fields()
@@ -381,7 +382,7 @@ struct Dealer {
 
 impl Dealer {
     fn error(&self, what: impl fmt::Display) -> DataFusionError {
-        DataFusionError::Internal(format!("DealExec: {what}"))
+        internal_datafusion_err!("DealExec: {what}")
     }
 
     /// Adds count rows `[0, n)` of `batch`.

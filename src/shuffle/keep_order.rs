@@ -26,7 +26,7 @@ use std::sync::Arc;
 use datafusion::common::plan_err;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
@@ -85,9 +85,7 @@ fn check_range_exchange(permute: &super::PermuteExec) -> Result<()> {
             "a SHUFFLE's range exchange was re-sized from {ranges} to {n} partitions; \
              plan it with the session's target partitions ({n})"
         ),
-        None => Err(DataFusionError::Plan(
-            "a ranged PermuteExec does not read a range exchange".to_string(),
-        )),
+        None => plan_err!("a ranged PermuteExec does not read a range exchange"),
     }
 }
 
@@ -128,9 +126,9 @@ fn dealt_input(shard: &RankShardExec) -> Result<&DealExec> {
             "a dealt SHUFFLE's rank exchange was re-sized from {} to {n} partitions",
             deal.partitions()
         ),
-        None => Err(DataFusionError::Plan(
-            "a RankShardExec does not read a rank exchange over a DealExec".to_string(),
-        )),
+        None => {
+            plan_err!("a RankShardExec does not read a rank exchange over a DealExec")
+        }
     }
 }
 
@@ -143,23 +141,21 @@ fn check_ranged_shuffles(plan: &Arc<dyn ExecutionPlan>, keeps_order: bool) -> Re
         && shuffle.is_ranged()
         && !keeps_order
     {
-        return Err(DataFusionError::Plan(
+        return plan_err!(
             "a SHUFFLE planned with one task per key range \
              (sqlfeed.ordered_result_partitions) is under an operator that merges or \
              reorders partitions; set sqlfeed.ordered_result_partitions = false"
-                .to_string(),
-        ));
+        );
     }
     // A deal's partitions are read in turn, like a ranged shuffle's; under
     // it the exchange is the deal's own, and the ranged shuffle's order is
     // what the deal consumes.
     if let Some(shard) = plan.as_ref().downcast_ref::<RankShardExec>() {
         if !keeps_order {
-            return Err(DataFusionError::Plan(
+            return plan_err!(
                 "a SHUFFLE dealt to ranks (sqlfeed.deal_world) is under an operator that \
                  merges or reorders partitions; set sqlfeed.deal_world = 0"
-                    .to_string(),
-            ));
+            );
         }
         let deal = dealt_input(shard)?;
         return check_ranged_shuffles(deal.children()[0], true);

@@ -23,8 +23,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::UInt64Type;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::internal_datafusion_err;
 use datafusion::common::{internal_err, plan_err};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -233,9 +234,7 @@ fn content_hashes(batch: &RecordBatch, source: &KeySource) -> Result<UInt64Array
             .as_primitive_opt::<UInt64Type>()
             .cloned()
             .ok_or_else(|| {
-                DataFusionError::Internal(
-                    "shuffle content hash column is not UInt64".into(),
-                )
+                internal_datafusion_err!("shuffle content hash column is not UInt64")
             }),
     }
 }

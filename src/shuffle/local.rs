@@ -32,7 +32,8 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::interleave_record_batch;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::resources_datafusion_err;
+use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -143,11 +144,9 @@ impl ShuffleBuffer {
         out: &mut VecDeque<RecordBatch>,
     ) -> Result<()> {
         self.reservation.try_grow(batch.get_array_memory_size()).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "LOCAL SHUFFLE BUFFER {} does not fit in the memory limit ({e}); use a \
+            resources_datafusion_err!("LOCAL SHUFFLE BUFFER {} does not fit in the memory limit ({e}); use a \
                  smaller buffer or raise --memory-limit",
-                self.capacity
-            ))
+                self.capacity)
         })?;
         let index = self.held.len();
         self.held_rows += batch.num_rows();

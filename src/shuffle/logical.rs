@@ -4,7 +4,8 @@ use std::fmt;
 
 use datafusion::common::DFSchemaRef;
 use datafusion::common::internal_err;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_err;
+use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 
 use super::ShuffleSpec;
@@ -77,9 +78,7 @@ impl ShuffleNode {
         key: ShuffleKey,
     ) -> Result<Self> {
         if let ShuffleSpec::Local { buffer_rows: 0, .. } = spec {
-            return Err(DataFusionError::Plan(
-                "LOCAL SHUFFLE BUFFER must hold at least 1 row".into(),
-            ));
+            return plan_err!("LOCAL SHUFFLE BUFFER must hold at least 1 row");
         }
         let schema = input.schema();
         if let Some(missing) = key

@@ -83,7 +83,8 @@ use datafusion::arrow::compute::{filter_record_batch, interleave, take_record_ba
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
 use datafusion::common::internal_err;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{internal_datafusion_err, resources_err};
+use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{
@@ -524,18 +525,16 @@ impl Permuter {
         }
         if self.reservation.try_grow(bytes).is_err() {
             if self.held.is_empty() {
-                return Err(DataFusionError::ResourcesExhausted(format!(
+                return resources_err!(
                     "SHUFFLE: one batch of {rows} rows needs {bytes} bytes, more than the \
                      memory limit leaves; raise --memory-limit"
-                )));
+                );
             }
             self.spill()?;
             self.reservation.try_grow(bytes)?;
         }
         if self.held.len() >= u32::MAX as usize {
-            return Err(DataFusionError::ResourcesExhausted(
-                "SHUFFLE: more than 4 billion batches held in memory".into(),
-            ));
+            return resources_err!("SHUFFLE: more than 4 billion batches held in memory");
         }
         if batch
             .column(self.key_column)
@@ -699,7 +698,7 @@ impl Permuter {
         let key: Arc<dyn PhysicalExpr> =
             Arc::new(Column::new(SHUFFLE_KEY_COLUMN, self.key_column));
         let ordering = LexOrdering::new([PhysicalSortExpr::new_default(key)])
-            .ok_or_else(|| DataFusionError::Internal("empty shuffle ordering".into()))?;
+            .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
         StreamingMergeBuilder::new()
             .with_sorted_spill_files(runs)
             .with_streams(streams)
@@ -879,7 +878,5 @@ fn content_keys(batch: &RecordBatch, key_column: usize) -> Result<&UInt64Array> 
     batch
         .column(key_column)
         .as_primitive_opt::<UInt64Type>()
-        .ok_or_else(|| {
-            DataFusionError::Internal(format!("{SHUFFLE_KEY_COLUMN} is not UInt64"))
-        })
+        .ok_or_else(|| internal_datafusion_err!("{SHUFFLE_KEY_COLUMN} is not UInt64"))
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::common::internal_err;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::expressions::Column;
@@ -23,6 +23,7 @@ use super::{
     SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
     ShuffleSpec, shuffle_batch_rows,
 };
+use datafusion::common::internal_datafusion_err;
 use datafusion::execution::memory_pool::MemoryLimit;
 
 /// Turns [`ShuffleNode`] into the operators drawn in the [module docs](super).
@@ -149,7 +150,7 @@ pub fn plan_sorted_shuffle(
         Arc::clone(&key),
         SortOptions::default(),
     )])
-    .ok_or_else(|| DataFusionError::Internal("empty shuffle ordering".into()))?;
+    .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
     let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
         keyed,
         Partitioning::Hash(vec![key], partitions),
@@ -226,7 +227,7 @@ fn key_source(
     let schema = input.schema();
     let index = |name: &String| {
         schema.index_of(name).map_err(|_| {
-            DataFusionError::Internal(format!(
+            internal_datafusion_err!(
                 "Shuffle key column '{name}' is missing from the physical input ({})",
                 schema
                     .fields()
@@ -234,7 +235,7 @@ fn key_source(
                     .map(|f| f.name().as_str())
                     .collect::<Vec<_>>()
                     .join(", ")
-            ))
+            )
         })
     };
     Ok(match shuffle.key() {

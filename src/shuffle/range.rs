@@ -41,7 +41,7 @@ use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
 use datafusion::common::internal_err;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::expressions::Column;
@@ -318,9 +318,7 @@ impl Bucketer {
         let key_index = batch.num_columns() - 1;
         let keys = batch.column(key_index).as_primitive::<UInt64Type>();
         if keys.null_count() > 0 {
-            return Err(DataFusionError::Internal(
-                "a shuffle key is NULL".to_string(),
-            ));
+            return internal_err!("a shuffle key is NULL");
         }
         let partitions = self.counts.len();
         let buckets: UInt64Array = keys

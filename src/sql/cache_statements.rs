@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use datafusion::catalog::TableProvider;
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::ObjectName;
@@ -23,9 +24,8 @@ pub(crate) fn store(ctx: &SessionContext) -> Result<Arc<CacheStore>> {
         .config()
         .get_extension::<CacheStore>()
         .ok_or_else(|| {
-            DataFusionError::Plan(
+            plan_datafusion_err!(
                 "this context has no epoch cache: cache statements need a sqlfeed Session"
-                    .into(),
             )
         })
 }

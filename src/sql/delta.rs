@@ -49,6 +49,7 @@ use datafusion::catalog::{
     Session as CatalogSession, TableProvider, TableProviderFactory,
 };
 use datafusion::common::{Statistics, internal_err, plan_err};
+use datafusion::common::{internal_datafusion_err, plan_datafusion_err};
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
@@ -136,9 +137,8 @@ fn table_location(
     } else {
         format!("{name}/")
     };
-    let listing = ListingTableUrl::parse(&folder).map_err(|e| {
-        DataFusionError::Plan(format!("'{name}' is not a valid path or URL: {e}"))
-    })?;
+    let listing = ListingTableUrl::parse(&folder)
+        .map_err(|e| plan_datafusion_err!("'{name}' is not a valid path or URL: {e}"))?;
     let store = state.runtime_env().object_store(&listing)?;
     let url: &url::Url = listing.as_ref();
     Ok((url.clone(), store, listing.prefix().clone()))
@@ -184,10 +184,10 @@ async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTab
             Ok(newest) => format!(" (its newest version is {newest})"),
             Err(_) => String::new(),
         };
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "cannot read {at} of the Delta Lake table '{name}'{newest}: {e}; DESCRIBE \
              HISTORY '{name}' lists its versions"
-        )));
+        );
     }
     if let DeltaAt::Timestamp(time) = at {
         check_committed_by(name, &table, *time).await?;
@@ -225,15 +225,13 @@ async fn check_committed_by(
 }
 
 fn delta_error(name: &str, at: &DeltaAt, e: impl std::fmt::Display) -> DataFusionError {
-    DataFusionError::Plan(format!(
-        "cannot read {at} of the Delta Lake table '{name}': {e}"
-    ))
+    plan_datafusion_err!("cannot read {at} of the Delta Lake table '{name}': {e}")
 }
 
 /// The loaded version of `table`.
 fn loaded_version(name: &str, table: &DeltaTable) -> Result<Version> {
     table.version().ok_or_else(|| {
-        DataFusionError::Internal(format!("the Delta table '{name}' loaded no version"))
+        internal_datafusion_err!("the Delta table '{name}' loaded no version")
     })
 }
 
@@ -642,7 +640,7 @@ mod tests {
     fn rewritten(sql: &str) -> Result<String> {
         let tokens = Tokenizer::new(&GenericDialect {}, sql)
             .tokenize_with_location()
-            .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+            .map_err(|e| plan_datafusion_err!("{e}"))?;
         Ok(rewrite_time_travel(tokens)?
             .iter()
             .map(|t| t.token.to_string())

@@ -15,9 +15,10 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::common::ScalarValue;
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::{
     approx_distinct, approx_percentile_cont, avg, count, max, min, stddev,
 };
@@ -327,9 +328,7 @@ pub(super) async fn sample(
     }
     let seed = seed.unwrap_or_else(fresh_seed);
     let rows = usize::try_from(rows).map_err(|_| {
-        DataFusionError::Plan(format!(
-            "SAMPLE: {rows} rows is more than this machine can hold"
-        ))
+        plan_datafusion_err!("SAMPLE: {rows} rows is more than this machine can hold")
     })?;
     shuffle(df, ShuffleSpec::Global { seed, epoch: 0 })?.limit(0, Some(rows))
 }

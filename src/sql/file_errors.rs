@@ -37,6 +37,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
+use datafusion::common::exec_datafusion_err;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{
@@ -84,21 +85,21 @@ fn name_file(file: &str, error: DataFusionError) -> DataFusionError {
         | DataFusionError::Internal(_)
         | DataFusionError::Context(..) => error,
         DataFusionError::ObjectStore(_) | DataFusionError::IoError(_) => {
-            DataFusionError::Execution(format!(
+            exec_datafusion_err!(
                 "cannot read '{file}': {}. Check that the file is still there and \
                  readable",
                 super::verify::reason(&error)
-            ))
+            )
         }
-        _ if is_damage(&error) => DataFusionError::Execution(format!(
+        _ if is_damage(&error) => exec_datafusion_err!(
             "cannot read the data of '{file}': {}. The file is damaged: restore it \
              from its source, or exclude it from the path",
             super::verify::reason(&error)
-        )),
-        _ => DataFusionError::Execution(format!(
+        ),
+        _ => exec_datafusion_err!(
             "cannot read '{file}': {}",
             super::verify::reason(&error)
-        )),
+        ),
     }
 }
 
@@ -462,21 +463,21 @@ async fn name_file_located(file: &FileRef, error: DataFusionError) -> DataFusion
         return name_file(&file.name, error);
     }
     match crate::sql::verify::locate_damage(&file.object_store, &file.meta).await {
-        Some(place) => DataFusionError::Execution(format!(
+        Some(place) => exec_datafusion_err!(
             "cannot read the data of '{}' ({place}): {}. The file is damaged: restore it \
              from its source, or exclude it from the path",
             file.name,
             super::verify::reason(&error)
-        )),
+        ),
         None => name_file(&file.name, error),
     }
 }
 
 /// A panic of the reader on `file`, as a damage error naming it.
 fn reader_panicked(file: &str, panic: &Box<dyn std::any::Any + Send>) -> DataFusionError {
-    DataFusionError::Execution(format!(
+    exec_datafusion_err!(
         "cannot read the data of '{file}': the Parquet reader panicked on it ({}). The \
          file is damaged: restore it from its source, or exclude it from the path",
         crate::exec::panic_message(panic)
-    ))
+    )
 }

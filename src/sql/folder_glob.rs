@@ -30,6 +30,7 @@
 use std::collections::BTreeSet;
 
 use datafusion::common::Column;
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::error::{DataFusionError, Result};
@@ -61,7 +62,7 @@ impl FolderGlob {
             return Ok(None);
         };
         let invalid = |e: &dyn std::fmt::Display| {
-            DataFusionError::Plan(format!("'{url}' is not a valid path or URL: {e}"))
+            plan_datafusion_err!("'{url}' is not a valid path or URL: {e}")
         };
         let split = url[..glob_start].rfind('/').map(|i| i + 1).unwrap_or(0);
         let (base, rest) = url.split_at(split);
@@ -158,12 +159,12 @@ impl FolderGlob {
             .map(|folder| {
                 let mut url = self.base.get_url().clone();
                 if !folder.is_empty() {
-                    url = url.join(&format!("{folder}/")).map_err(|e| {
-                        DataFusionError::Plan(format!("folder '{folder}': {e}"))
-                    })?;
+                    url = url
+                        .join(&format!("{folder}/"))
+                        .map_err(|e| plan_datafusion_err!("folder '{folder}': {e}"))?;
                 }
                 let glob = Pattern::new(&file_pattern)
-                    .map_err(|e| DataFusionError::Plan(e.to_string()))?;
+                    .map_err(|e| plan_datafusion_err!("{e}"))?;
                 ListingTableUrl::try_new(url, Some(glob))
             })
             .collect()

@@ -29,7 +29,8 @@ use datafusion::common::plan_err;
 
 use crate::shuffle::row_key_hash;
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{internal_datafusion_err, internal_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
@@ -70,17 +71,16 @@ impl ScalarUDFImpl for RowKeyFunc {
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         if arg_types.len() < 2 {
-            return Err(DataFusionError::Plan(
+            return plan_err!(
                 "sqlfeed_row_key(seed, column, ...) needs a seed and at least one column"
-                    .into(),
-            ));
+            );
         }
         Ok(DataType::UInt64)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let (seed, columns) = args.args.split_first().ok_or_else(|| {
-            DataFusionError::Internal("sqlfeed_row_key called without arguments".into())
+            internal_datafusion_err!("sqlfeed_row_key called without arguments")
         })?;
         let seed = match seed {
             ColumnarValue::Scalar(ScalarValue::Int64(Some(s))) => *s as u64,
@@ -183,9 +183,7 @@ impl ScalarUDFImpl for ByteLengthFunc {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let [value] = args.args.as_slice() else {
-            return Err(DataFusionError::Internal(
-                "byte_length takes one argument".into(),
-            ));
+            return internal_err!("byte_length takes one argument");
         };
         let array = value.to_array(args.number_rows)?;
         // arrow's `length` counts bytes for strings and binaries (Int32 or

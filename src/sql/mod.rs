@@ -45,6 +45,7 @@ mod table_formats;
 pub mod url_table;
 pub mod verify;
 
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::{DataFusionError, Result};
@@ -139,7 +140,7 @@ const DEFAULT_RECURSION_LIMIT: usize = 50;
 pub fn parse_in(ctx: &SessionContext, sql: &str) -> Result<Vec<Statement>> {
     let options = ctx.state().config().options().sql_parser.clone();
     let dialect = dialect_from_str(options.dialect.as_ref()).ok_or_else(|| {
-        DataFusionError::Plan(format!("unsupported SQL dialect: {}", options.dialect))
+        plan_datafusion_err!("unsupported SQL dialect: {}", options.dialect)
     })?;
     parse_with_dialect(sql, dialect.as_ref(), options.recursion_limit.get())
 }
@@ -456,7 +457,7 @@ pub async fn plan_sql(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
     let mut statements = parse_in(ctx, sql)?;
     match statements.len() {
         1 => plan_statement(ctx, statements.remove(0)).await,
-        0 => Err(DataFusionError::Plan("no SQL statement given".into())),
+        0 => plan_err!("no SQL statement given"),
         n => plan_err!("expected one SQL statement, got {n}; run them one by one"),
     }
 }

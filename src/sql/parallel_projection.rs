@@ -47,8 +47,9 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{exec_datafusion_err, resources_datafusion_err};
 use datafusion::config::ConfigOptions;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
@@ -248,12 +249,10 @@ impl ExecutionPlan for ParallelProjectionExec {
             MemoryConsumer::new(format!("ParallelProjectionExec[{partition}]"))
                 .register(context.memory_pool());
         reservation.try_grow(workers * batch_bytes).map_err(|e| {
-            DataFusionError::ResourcesExhausted(format!(
-                "ParallelProjectionExec needs {} bytes for {workers} batches of {batch_bytes} \
+            resources_datafusion_err!("ParallelProjectionExec needs {} bytes for {workers} batches of {batch_bytes} \
                  decoded bytes in flight: {e}. Raise the memory limit or lower \
                  sqlfeed.function_batch_bytes",
-                workers * batch_bytes
-            ))
+                workers * batch_bytes)
         })?;
         let input = self.input.execute(partition, context)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -292,14 +291,12 @@ impl ExecutionPlan for ParallelProjectionExec {
             .map_ok(|task| async move {
                 task.join().await.map_err(|e| {
                     if e.is_panic() {
-                        DataFusionError::Execution(format!(
+                        exec_datafusion_err!(
                             "a function panicked: {}",
                             crate::exec::panic_message(&e.into_panic())
-                        ))
+                        )
                     } else {
-                        DataFusionError::Execution(format!(
-                            "a function's task failed: {e}"
-                        ))
+                        exec_datafusion_err!("a function's task failed: {e}")
                     }
                 })?
             })
@@ -438,6 +435,7 @@ mod tests {
     use datafusion::arrow::array::{AsArray, Int64Array};
     use datafusion::arrow::datatypes::Int64Type;
     use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::error::DataFusionError;
     use datafusion::logical_expr::Operator;
     use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
     use datafusion::prelude::SessionContext;

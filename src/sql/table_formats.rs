@@ -26,6 +26,7 @@
 //! A single file named explicitly is read as the file it is. A table two
 //! `key=value` levels above the folder read is not looked for.
 
+use datafusion::common::plan_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore};
@@ -154,22 +155,22 @@ fn delta_error(url: &str, table: &str) -> DataFusionError {
          package's DeltaTable(path).file_uris())"
             .to_string()
     };
-    DataFusionError::Plan(format!(
+    plan_datafusion_err!(
         "'{url}' reads inside the Delta Lake table at '{table}' (it has a {DELTA_LOG}/ \
          folder) as loose Parquet files, which would include the rows of files that \
          later commits removed. {how}"
-    ))
+    )
 }
 
 fn iceberg_error(url: &str, table: &str) -> DataFusionError {
-    DataFusionError::Plan(format!(
+    plan_datafusion_err!(
         "'{url}' reads the Apache Iceberg table at '{table}' (it has \
          {ICEBERG_METADATA}/*.metadata.json) as loose Parquet files, which would include \
          the rows of files that later snapshots removed. sqlfeed does not read Iceberg \
          tables yet (iceberg-datafusion is not on DataFusion 55): read the snapshot's \
          files by name (pyiceberg's table.scan().plan_files()), or write it as plain \
          Parquet"
-    ))
+    )
 }
 
 #[cfg(test)]

@@ -36,6 +36,9 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::catalog::{TableProvider, UrlTableFactory};
 use datafusion::common::plan_err;
+use datafusion::common::{
+    exec_datafusion_err, internal_datafusion_err, plan_datafusion_err,
+};
 use datafusion::datasource::dynamic_file::DynamicListTableFactory;
 use datafusion::datasource::file_format::FileFormat;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
@@ -95,9 +98,7 @@ impl ParquetUrlTableFactory {
                     .cloned()
             })
             .ok_or_else(|| {
-                DataFusionError::Internal(
-                    "the session of this table factory is gone".into(),
-                )
+                internal_datafusion_err!("the session of this table factory is gone")
             })
     }
 }
@@ -285,7 +286,7 @@ pub async fn list_parquet_files(
 /// object-store URLs too (`s3://bucket/train/*.parquet`).
 fn parse_table_url(url: &str) -> Result<ListingTableUrl> {
     let invalid = |e: &dyn std::fmt::Display| {
-        DataFusionError::Plan(format!("'{url}' is not a valid path or URL: {e}"))
+        plan_datafusion_err!("'{url}' is not a valid path or URL: {e}")
     };
     let Some((scheme, rest)) = url.split_once("://") else {
         return ListingTableUrl::parse(url).map_err(|e| invalid(&e));
@@ -381,7 +382,7 @@ fn list_error(url: &str, e: DataFusionError) -> DataFusionError {
     } else {
         ""
     };
-    DataFusionError::Plan(format!("cannot list '{url}': {message}{hint}"))
+    plan_datafusion_err!("cannot list '{url}': {message}{hint}")
 }
 
 /// The table schema: every file's footer read, conflicts named by file.
@@ -440,10 +441,10 @@ fn file_display_name(table_url: &ListingTableUrl, file: &ObjectMeta) -> String {
 }
 
 fn footer_error(file: &str, size: u64, reason: &str) -> DataFusionError {
-    DataFusionError::Execution(format!(
+    exec_datafusion_err!(
         "cannot read the Parquet footer of '{file}' ({size} bytes): {reason}. The file \
          is truncated, corrupt or not Parquet: replace it, or exclude it from the path"
-    ))
+    )
 }
 
 /// Merges per-file schemas; a column with two types names both files.

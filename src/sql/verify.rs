@@ -47,6 +47,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::internal_datafusion_err;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, plan_err};
@@ -293,9 +294,7 @@ impl ExecutionPlan for VerifyExec {
         if children.is_empty() {
             Ok(self)
         } else {
-            Err(DataFusionError::Internal(
-                "VerifyExec has no children".into(),
-            ))
+            internal_err!("VerifyExec has no children")
         }
     }
 
@@ -363,7 +362,7 @@ fn missing_decode_columns(shared: &Shared) -> Result<Option<RecordBatch>> {
     let found = shared
         .decode_found
         .lock()
-        .map_err(|_| DataFusionError::Internal("VERIFY: a file task panicked".into()))?;
+        .map_err(|_| internal_datafusion_err!("VERIFY: a file task panicked"))?;
     let missing: Vec<&str> = shared
         .decode
         .iter()

@@ -27,6 +27,7 @@ pub mod user;
 use std::fmt;
 use std::sync::Arc;
 
+use datafusion::common::plan_datafusion_err;
 use datafusion::error::Result;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
@@ -296,14 +297,14 @@ pub(crate) fn check_arity(
     if allowed.contains(&got) {
         return Ok(());
     }
-    Err(datafusion::error::DataFusionError::Plan(format!(
+    Err(plan_datafusion_err!(
         "{function} takes {} arguments, got {got}; signature: {syntax}",
         allowed
             .iter()
             .map(|n| n.to_string())
             .collect::<Vec<_>>()
             .join(" or ")
-    )))
+    ))
 }
 
 /// Registers every enabled function on `ctx`, and puts this crate's

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::common::stats::Precision;
 use datafusion::common::{ScalarValue, plan_err};
+use datafusion::common::{internal_err, plan_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::functions_aggregate::count::count;
@@ -78,9 +79,7 @@ async fn count_rows(
         .transpose()?;
     match value {
         Some(ScalarValue::Int64(Some(rows))) => Ok(rows.max(0) as u64),
-        other => Err(DataFusionError::Internal(format!(
-            "count(*) of a mixture source gave {other:?}"
-        ))),
+        other => internal_err!("count(*) of a mixture source gave {other:?}"),
     }
 }
 
@@ -148,12 +147,9 @@ impl ExtensionPlanner for MixExtensionPlanner {
                             .filter(|&rows| rows > 0)
                     })
                     .ok_or_else(|| {
-                        DataFusionError::Plan(
-                            "a MIX with weights by step needs the rows of a step: in a feed \
+                        plan_datafusion_err!("a MIX with weights by step needs the rows of a step: in a feed \
                              they are its batch size × world; elsewhere add BATCH <rows> to \
-                             the mixture"
-                                .into(),
-                        )
+                             the mixture")
                     })?;
                 let schedules = points
                     .into_iter()

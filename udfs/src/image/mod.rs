@@ -65,7 +65,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_err, plan_datafusion_err, plan_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
@@ -257,18 +258,18 @@ impl Mode {
                 | ScalarValue::LargeUtf8(Some(s)),
             ) => s,
             Some(other) => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{function}: mode must be a constant 'rgb', 'rgba' or 'gray', got {other}"
-                )));
+                );
             }
         };
         match text.to_ascii_lowercase().as_str() {
             "rgb" => Ok(Mode::Rgb),
             "rgba" => Ok(Mode::Rgba),
             "gray" | "grey" | "l" => Ok(Mode::Gray),
-            other => Err(DataFusionError::Plan(format!(
+            other => plan_err!(
                 "{function}: unknown mode '{other}', use 'rgb', 'rgba' or 'gray'"
-            ))),
+            ),
         }
     }
 
@@ -288,19 +289,19 @@ impl Completeness {
             | ScalarValue::Utf8View(Some(s))
             | ScalarValue::LargeUtf8(Some(s)) => s,
             other => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{function}: the third argument must be a constant 'complete' or \
                      'partial', got {other}"
-                )));
+                );
             }
         };
         match text.to_ascii_lowercase().as_str() {
             "complete" => Ok(Completeness::Required),
             "partial" => Ok(Completeness::AllowPartial),
-            other => Err(DataFusionError::Plan(format!(
+            other => plan_err!(
                 "{function}: unknown third argument '{other}', use 'complete' (the \
                  default: truncated files are errors) or 'partial'"
-            ))),
+            ),
         }
     }
 }
@@ -432,13 +433,13 @@ impl ImageDecodeFunc {
             _ => None,
         };
         pixels.ok_or_else(|| {
-            DataFusionError::Plan(format!(
+            plan_datafusion_err!(
                 "{}: {what} must be a constant number of pixels (0 to {}), got {value}; \
                  signature: {}",
                 self.name(),
                 u32::MAX,
                 self.syntax()
-            ))
+            )
         })
     }
 }
@@ -462,11 +463,7 @@ impl ScalarUDFImpl for ImageDecodeFunc {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let plan_error = |what: String| {
-            DataFusionError::Plan(format!(
-                "{}: {what}; signature: {}",
-                self.name(),
-                self.syntax()
-            ))
+            plan_datafusion_err!("{}: {what}; signature: {}", self.name(), self.syntax())
         };
         if !matches!(arg_types.len(), 1..=3 | 5) {
             return Err(plan_error(format!(
@@ -512,22 +509,22 @@ impl ScalarUDFImpl for ImageDecodeFunc {
             None => Mode::Rgb,
             Some(ColumnarValue::Scalar(v)) => Mode::parse(self.name(), Some(v))?,
             Some(ColumnarValue::Array(_)) => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{}: mode must be a constant; signature: {}",
                     self.name(),
                     self.syntax()
-                )));
+                );
             }
         };
         let completeness = match args.args.get(2) {
             None => Completeness::Required,
             Some(ColumnarValue::Scalar(v)) => Completeness::parse(self.name(), v)?,
             Some(ColumnarValue::Array(_)) => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{}: the third argument must be a constant; signature: {}",
                     self.name(),
                     self.syntax()
-                )));
+                );
             }
         };
         let min_size = match (args.args.get(3), args.args.get(4)) {
@@ -567,11 +564,11 @@ impl ScalarUDFImpl for ImageDecodeFunc {
                     let value = value.unwrap_or_default();
                     let head: String =
                         value.iter().take(8).map(|b| format!("{b:02x}")).collect();
-                    return Err(DataFusionError::Execution(format!(
+                    return exec_err!(
                         "image_decode: cannot decode row {row} ({} bytes starting {head}): \
                          {reason}. Use try_image_decode to get NULL for such rows",
                         value.len()
-                    )));
+                    );
                 }
                 _ => {
                     heights.append_value(0);

@@ -12,7 +12,8 @@ use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Fields, UInt8Type, UInt32Type};
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
 use datafusion::logical_expr::{
@@ -93,10 +94,10 @@ fn check_image_arg(function: &str, syntax: &str, t: &DataType) -> Result<()> {
     if *t == image_type() || *t == DataType::Null {
         Ok(())
     } else {
-        Err(DataFusionError::Plan(format!(
+        plan_err!(
             "{function}: the first argument must be a decoded image (image_decode(...)), \
              got {t}; signature: {syntax}"
-        )))
+        )
     }
 }
 
@@ -108,16 +109,12 @@ fn constant_u32(
     let scalar = match value {
         Some(ColumnarValue::Scalar(v)) if !v.is_null() => v.cast_to(&DataType::Int64)?,
         _ => {
-            return Err(DataFusionError::Plan(format!(
-                "{function}: {what} must be a non-null constant"
-            )));
+            return plan_err!("{function}: {what} must be a non-null constant");
         }
     };
     match scalar {
         ScalarValue::Int64(Some(v)) if (1..=65_535).contains(&v) => Ok(v as u32),
-        other => Err(DataFusionError::Plan(format!(
-            "{function}: {what} must be in 1..=65535, got {other}"
-        ))),
+        other => plan_err!("{function}: {what} must be in 1..=65535, got {other}"),
     }
 }
 
@@ -172,12 +169,12 @@ impl ScalarUDFImpl for CropFunc {
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let arity = if self.random { 4 } else { 3 };
         if arg_types.len() != arity {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{} takes {arity} arguments, got {}; signature: {}",
                 self.name(),
                 arg_types.len(),
                 self.syntax()
-            )));
+            );
         }
         check_image_arg(self.name(), self.syntax(), &arg_types[0])?;
         let mut types = vec![image_type()];
@@ -198,11 +195,11 @@ impl ScalarUDFImpl for CropFunc {
                 crate::augment::epoch_seed(*seed as u64, &args.config_options),
             ),
             (true, _) => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{}: seed must be a non-null integer constant; signature: {}",
                     self.name(),
                     self.syntax()
-                )));
+                );
             }
         };
         let images = args.args[0].to_array(args.number_rows)?;
@@ -215,13 +212,13 @@ impl ScalarUDFImpl for CropFunc {
                 continue;
             };
             if image.height < height || image.width < width {
-                return Err(DataFusionError::Execution(format!(
+                return exec_err!(
                     "{}: the image in row {row} is {}x{}, smaller than the \
                      {height}x{width} crop; resize it first",
                     self.name(),
                     image.height,
                     image.width
-                )));
+                );
             }
             let (spare_y, spare_x) = (image.height - height, image.width - width);
             let (top, left) = match seed {
@@ -302,9 +299,9 @@ fn resize_algorithm(
             | ScalarValue::LargeUtf8(Some(name)),
         )) => name.to_ascii_lowercase(),
         Some(_) => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "image_resize: the filter must be a constant string; signature: {RESIZE}"
-            )));
+            );
         }
     };
     match name.as_str() {
@@ -312,9 +309,7 @@ fn resize_algorithm(
         "nearest" => Ok(ResizeAlg::Nearest),
         "bicubic" | "cubic" => Ok(ResizeAlg::Convolution(FilterType::CatmullRom)),
         "lanczos3" | "lanczos" => Ok(ResizeAlg::Convolution(FilterType::Lanczos3)),
-        other => Err(DataFusionError::Plan(format!(
-            "image_resize: unknown filter '{other}'; signature: {RESIZE}"
-        ))),
+        other => plan_err!("image_resize: unknown filter '{other}'; signature: {RESIZE}"),
     }
 }
 
@@ -333,10 +328,10 @@ impl ScalarUDFImpl for ResizeFunc {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if !matches!(arg_types.len(), 3 | 4) {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "image_resize takes 3 or 4 arguments, got {}; signature: {RESIZE}",
                 arg_types.len()
-            )));
+            );
         }
         check_image_arg(self.name(), RESIZE, &arg_types[0])?;
         let mut types = vec![image_type(), DataType::Int64, DataType::Int64];
@@ -424,14 +419,14 @@ impl ScalarUDFImpl for ResizeFunc {
                 3 => PixelType::U8x3,
                 4 => PixelType::U8x4,
                 other => {
-                    return Err(DataFusionError::Execution(format!(
+                    return exec_err!(
                         "image_resize: the image in row {row} has {other} channels; 1, 3 or 4 \
                          are supported"
-                    )));
+                    );
                 }
             };
             let row_error = |e: &dyn std::fmt::Display| {
-                DataFusionError::Execution(format!("image_resize: row {row}: {e}"))
+                exec_datafusion_err!("image_resize: row {row}: {e}")
             };
             let src = ImageRef::new(
                 image.width as u32,
@@ -489,10 +484,10 @@ impl ScalarUDFImpl for RandomFlipFunc {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if arg_types.len() != 2 {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "image_random_flip takes 2 arguments, got {}; signature: {FLIP}",
                 arg_types.len()
-            )));
+            );
         }
         check_image_arg(self.name(), FLIP, &arg_types[0])?;
         Ok(vec![image_type(), DataType::Int64])
@@ -508,9 +503,9 @@ impl ScalarUDFImpl for RandomFlipFunc {
                 crate::augment::epoch_seed(*seed as u64, &args.config_options)
             }
             _ => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "image_random_flip: seed must be a non-null integer constant; signature: {FLIP}"
-                )));
+                );
             }
         };
         let images = args.args[0].to_array(args.number_rows)?;
@@ -574,9 +569,9 @@ impl ToTensorFunc {
 /// Per-channel constants from a number or a list literal.
 fn per_channel(value: Option<&ColumnarValue>, what: &str) -> Result<Vec<f32>> {
     let Some(ColumnarValue::Scalar(value)) = value else {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "image_to_tensor: {what} must be a constant number or list; signature: {TO_TENSOR}"
-        )));
+        );
     };
     let values = match value {
         ScalarValue::List(list) => {
@@ -584,25 +579,21 @@ fn per_channel(value: Option<&ColumnarValue>, what: &str) -> Result<Vec<f32>> {
             let list = datafusion::arrow::compute::cast(&list, &DataType::Float32)?;
             let list = list.as_primitive::<datafusion::arrow::datatypes::Float32Type>();
             if list.null_count() > 0 {
-                return Err(DataFusionError::Plan(format!(
-                    "image_to_tensor: {what} has NULLs"
-                )));
+                return plan_err!("image_to_tensor: {what} has NULLs");
             }
             list.values().to_vec()
         }
         other => match other.cast_to(&DataType::Float32)? {
             ScalarValue::Float32(Some(v)) => vec![v],
             _ => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "image_to_tensor: {what} must be a number or a list of numbers"
-                )));
+                );
             }
         },
     };
     if values.is_empty() {
-        return Err(DataFusionError::Plan(format!(
-            "image_to_tensor: {what} is empty"
-        )));
+        return plan_err!("image_to_tensor: {what} is empty");
     }
     Ok(values)
 }
@@ -652,10 +643,10 @@ impl ScalarUDFImpl for ToTensorFunc {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if !matches!(arg_types.len(), 1 | 3) {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "image_to_tensor takes 1 or 3 arguments, got {}; signature: {TO_TENSOR}",
                 arg_types.len()
-            )));
+            );
         }
         check_image_arg(self.name(), TO_TENSOR, &arg_types[0])?;
         let mut types = vec![image_type()];
@@ -701,12 +692,12 @@ impl ScalarUDFImpl for ToTensorFunc {
             if let (Some(image), Some((mean, std))) = (&image, &normalize) {
                 for (what, list) in [("mean", mean), ("std", std)] {
                     if list.len() != 1 && list.len() != image.channels {
-                        return Err(DataFusionError::Execution(format!(
+                        return exec_err!(
                             "image_to_tensor: {what} has {} values but the image in row {row} \
                              has {} channels",
                             list.len(),
                             image.channels
-                        )));
+                        );
                     }
                 }
             }
@@ -725,10 +716,8 @@ impl ScalarUDFImpl for ToTensorFunc {
                 }
             }
             offsets.push(i32::try_from(flat.len()).map_err(|_| {
-                DataFusionError::Execution(format!(
-                    "image_to_tensor: the tensors of rows 0..={row} of this batch hold more \
-                     than 2^31 values; lower the batch size (datafusion.execution.batch_size)"
-                ))
+                exec_datafusion_err!("image_to_tensor: the tensors of rows 0..={row} of this batch hold more \
+                     than 2^31 values; lower the batch size (datafusion.execution.batch_size)")
             })?);
             channels.append_value(c as u8);
             heights.append_value(h as u32);
@@ -742,7 +731,7 @@ impl ScalarUDFImpl for ToTensorFunc {
             None,
         )?;
         let DataType::Struct(fields) = tensor_type() else {
-            return Err(DataFusionError::Internal("tensor type is a struct".into()));
+            return internal_err!("tensor type is a struct");
         };
         let nulls = NullBuffer::from(valid);
         let nulls = (nulls.null_count() > 0).then_some(nulls);

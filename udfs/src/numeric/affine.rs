@@ -13,7 +13,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, Datum, Scalar};
 use datafusion::arrow::compute::kernels::numeric::{div, sub};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::internal_err;
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
@@ -81,11 +82,11 @@ impl ScalarUDFImpl for AffineFunc {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let [x, a, b] = args.args.as_slice() else {
-            return Err(DataFusionError::Internal(format!(
+            return internal_err!(
                 "{} called with {} arguments after coercion",
                 self.name(),
                 args.args.len()
-            )));
+            );
         };
         let all_scalar = [x, a, b]
             .iter()

@@ -6,7 +6,8 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, PrimitiveArray};
 use datafusion::arrow::datatypes::{
     ArrowPrimitiveType, DataType, Float32Type, Float64Type,
 };
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_err, internal_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
@@ -53,9 +54,9 @@ where
             low.partial_cmp(&high),
             None | Some(std::cmp::Ordering::Greater)
         ) {
-            return Err(DataFusionError::Execution(format!(
+            return exec_err!(
                 "clip: lo ({low:?}) must be <= hi ({high:?}), not so in row {row}"
-            )));
+            );
         }
         // NaN compares false with everything and so falls through unchanged.
         out.push(Some(if v < low {
@@ -100,13 +101,13 @@ impl ScalarUDFImpl for ClipFunc {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let [x, lo, hi] = arrays.as_slice() else {
-            return Err(DataFusionError::Internal("clip takes 3 arguments".into()));
+            return internal_err!("clip takes 3 arguments");
         };
         let out = match x.data_type() {
             DataType::Float32 => clip_typed::<Float32Type>(x, lo, hi)?,
             DataType::Float64 => clip_typed::<Float64Type>(x, lo, hi)?,
             other => {
-                return Err(DataFusionError::Internal(format!("clip on {other}")));
+                return internal_err!("clip on {other}");
             }
         };
         Ok(ColumnarValue::Array(out))
@@ -152,7 +153,7 @@ impl ScalarUDFImpl for Log1pFunc {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let arrays = ColumnarValue::values_to_arrays(&args.args)?;
         let [x] = arrays.as_slice() else {
-            return Err(DataFusionError::Internal("log1p takes 1 argument".into()));
+            return internal_err!("log1p takes 1 argument");
         };
         let out: ArrayRef = match x.data_type() {
             DataType::Float32 => Arc::new(
@@ -163,7 +164,7 @@ impl ScalarUDFImpl for Log1pFunc {
                 x.as_primitive::<Float64Type>()
                     .unary::<_, Float64Type>(f64::ln_1p),
             ),
-            other => return Err(DataFusionError::Internal(format!("log1p on {other}"))),
+            other => return internal_err!("log1p on {other}"),
         };
         Ok(ColumnarValue::Array(out))
     }

@@ -10,7 +10,8 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float64Type, Int64Type};
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_err, internal_err, plan_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
     Volatility,
@@ -36,9 +37,9 @@ fn constant<'a>(
 ) -> Result<&'a ScalarValue> {
     match value {
         Some(v) if !v.is_null() => Ok(v),
-        _ => Err(DataFusionError::Plan(format!(
+        _ => plan_err!(
             "{function}: {what} must be a non-null constant; signature: {syntax}"
-        ))),
+        ),
     }
 }
 
@@ -50,9 +51,9 @@ fn constant_i64(
 ) -> Result<i64> {
     match constant(function, syntax, what, value)?.cast_to(&DataType::Int64)? {
         ScalarValue::Int64(Some(v)) => Ok(v),
-        other => Err(DataFusionError::Plan(format!(
+        other => plan_err!(
             "{function}: {what} must be an integer, got {other}; signature: {syntax}"
-        ))),
+        ),
     }
 }
 
@@ -62,22 +63,20 @@ fn boundaries(value: Option<&ScalarValue>) -> Result<Vec<f64>> {
     let ScalarValue::List(list) =
         value.cast_to(&DataType::new_list(DataType::Float64, true))?
     else {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "bucketize: the boundaries must be a list of numbers; signature: {BUCKETIZE}"
-        )));
+        );
     };
     let values = list.value(0);
     let values = values.as_primitive::<Float64Type>();
     if values.null_count() > 0 || values.values().iter().any(|b| b.is_nan()) {
-        return Err(DataFusionError::Plan(
-            "bucketize: the boundaries must not contain NULL or NaN".into(),
-        ));
+        return plan_err!("bucketize: the boundaries must not contain NULL or NaN");
     }
     let bounds = values.values().to_vec();
     if bounds.windows(2).any(|w| w[0] > w[1]) {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "bucketize: the boundaries must be sorted ascending, got {bounds:?}"
-        )));
+        );
     }
     Ok(bounds)
 }
@@ -117,10 +116,10 @@ impl ScalarUDFImpl for BucketizeFunc {
             arg_types[1],
             DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(..)
         ) {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "bucketize: the boundaries must be a list such as [0, 1.5, 3], got {}; signature: {BUCKETIZE}",
                 arg_types[1]
-            )));
+            );
         }
         Ok(vec![
             DataType::Float64,
@@ -147,9 +146,9 @@ impl ScalarUDFImpl for BucketizeFunc {
         let bounds = match args.args.get(1) {
             Some(ColumnarValue::Scalar(v)) => boundaries(Some(v))?,
             _ => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "bucketize: the boundaries must be a constant list; signature: {BUCKETIZE}"
-                )));
+                );
             }
         };
         let x = args.args[0].to_array(args.number_rows)?;
@@ -195,9 +194,7 @@ impl OneHotFunc {
 fn one_hot_width(value: Option<&ScalarValue>) -> Result<i32> {
     let n = constant_i64("one_hot", ONE_HOT, "n", value)?;
     if !(1..=MAX_ONE_HOT).contains(&n) {
-        return Err(DataFusionError::Plan(format!(
-            "one_hot: n must be in 1..={MAX_ONE_HOT}, got {n}"
-        )));
+        return plan_err!("one_hot: n must be in 1..={MAX_ONE_HOT}, got {n}");
     }
     Ok(n as i32)
 }
@@ -207,9 +204,9 @@ fn one_hot_width(value: Option<&ScalarValue>) -> Result<i32> {
 fn vocabulary_width(vocabulary: &Vocabulary) -> Result<i32> {
     let n = vocabulary.len();
     if n as i64 > MAX_ONE_HOT {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "one_hot: the vocabulary may have at most {MAX_ONE_HOT} entries, got {n}"
-        )));
+        );
     }
     Ok(n as i32)
 }
@@ -267,27 +264,25 @@ impl ScalarUDFImpl for OneHotFunc {
         if value.is_string()
             || matches!(value, DataType::Dictionary(_, v) if v.is_string())
         {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "one_hot: the value is a string ({value}), so the second argument must \
                  be its vocabulary, a constant list of strings: {}",
                 ONE_HOT_ENCODER.syntax
-            )));
+            );
         }
         for (position, t) in arg_types.iter().enumerate() {
             if !(t.is_integer() || *t == DataType::Null) {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "one_hot: argument {} must be an integer, got {t}; signature: {ONE_HOT}",
                     position + 1
-                )));
+                );
             }
         }
         Ok(vec![DataType::Int64, DataType::Int64])
     }
 
     fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
-        Err(DataFusionError::Internal(
-            "one_hot's type depends on n: return_field_from_args is used".into(),
-        ))
+        internal_err!("one_hot's type depends on n: return_field_from_args is used")
     }
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
@@ -335,9 +330,7 @@ impl ScalarUDFImpl for OneHotFunc {
         let n = match args.args.get(1) {
             Some(ColumnarValue::Scalar(v)) => one_hot_width(Some(v))?,
             _ => {
-                return Err(DataFusionError::Plan(format!(
-                    "one_hot: n must be a constant; signature: {ONE_HOT}"
-                )));
+                return plan_err!("one_hot: n must be a constant; signature: {ONE_HOT}");
             }
         };
         let index = args.args[0].to_array(args.number_rows)?;
@@ -347,9 +340,7 @@ impl ScalarUDFImpl for OneHotFunc {
         for (row, i) in index.iter().enumerate() {
             let Some(i) = i else { continue };
             if !(0..n as i64).contains(&i) {
-                return Err(DataFusionError::Execution(format!(
-                    "one_hot: index {i} in row {row} is outside [0, {n})"
-                )));
+                return exec_err!("one_hot: index {i} in row {row} is outside [0, {n})");
             }
             values[row * width + i as usize] = 1.0;
         }
@@ -413,10 +404,10 @@ impl ScalarUDFImpl for HashBucketFunc {
             DataType::Dictionary(_, v) if v.is_string() => DataType::Utf8View,
             DataType::Null => DataType::Int64,
             other => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "hash_bucket: value must be a string, binary or integer, got {other}; \
                      signature: {HASH_BUCKET}"
-                )));
+                );
             }
         };
         let mut types = vec![value];
@@ -467,7 +458,7 @@ impl ScalarUDFImpl for HashBucketFunc {
                 .map(|v| v.map(|v| hash_bytes(v, n, seed)))
                 .collect(),
             other => {
-                return Err(DataFusionError::Internal(format!("hash_bucket on {other}")));
+                return internal_err!("hash_bucket on {other}");
             }
         };
         Ok(ColumnarValue::Array(Arc::new(buckets) as ArrayRef))
@@ -481,9 +472,7 @@ fn hash_params(
 ) -> Result<(u64, u64)> {
     let n = constant_i64("hash_bucket", HASH_BUCKET, "n", n)?;
     if n < 1 {
-        return Err(DataFusionError::Plan(format!(
-            "hash_bucket: n must be >= 1, got {n}"
-        )));
+        return plan_err!("hash_bucket: n must be >= 1, got {n}");
     }
     let seed = match seed {
         None => 0,

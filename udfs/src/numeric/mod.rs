@@ -41,7 +41,8 @@ mod vector;
 mod vocabulary;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_err;
+use datafusion::error::Result;
 use datafusion::logical_expr::ScalarUDF;
 
 use crate::{FunctionInfo, check_arity};
@@ -223,10 +224,10 @@ fn float_type(
         DataType::Float32 => Ok(DataType::Float32),
         DataType::Null => Ok(DataType::Float64),
         t if t.is_numeric() => Ok(DataType::Float64),
-        other => Err(DataFusionError::Plan(format!(
+        other => plan_err!(
             "{function}: argument {} must be a number, got {other}; signature: {syntax}",
             position + 1
-        ))),
+        ),
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, AsArray, FixedSizeListArray, Float32Array};
 use datafusion::arrow::buffer::{BooleanBuffer, NullBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float32Type};
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{plan_datafusion_err, plan_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
     Volatility,
@@ -34,7 +35,7 @@ impl FeatureVectorFunc {
 
 fn vector_type(width: usize, nullable: bool) -> Result<DataType> {
     let width = i32::try_from(width).map_err(|_| {
-        DataFusionError::Plan(format!("feature_vector: {width} arguments are too many"))
+        plan_datafusion_err!("feature_vector: {width} arguments are too many")
     })?;
     Ok(DataType::FixedSizeList(
         Arc::new(Field::new("item", DataType::Float32, nullable)),
@@ -57,19 +58,19 @@ impl ScalarUDFImpl for FeatureVectorFunc {
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if arg_types.is_empty() || arg_types.len() > MAX_WIDTH {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "feature_vector takes 1 to {MAX_WIDTH} numbers, got {}; signature: \
                  {FEATURE_VECTOR}",
                 arg_types.len()
-            )));
+            );
         }
         for (position, t) in arg_types.iter().enumerate() {
             if !(t.is_numeric() || *t == DataType::Null) {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "feature_vector: argument {} must be a number, got {t}; signature: \
                      {FEATURE_VECTOR}",
                     position + 1
-                )));
+                );
             }
         }
         Ok(vec![DataType::Float32; arg_types.len()])

@@ -20,6 +20,9 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::{HashMap, ScalarValue};
+use datafusion::common::{
+    exec_err, internal_datafusion_err, internal_err, plan_datafusion_err, plan_err,
+};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
@@ -99,10 +102,10 @@ pub(super) fn coerce(encoder: &Encoder, arg_types: &[DataType]) -> Result<Vec<Da
         DataType::Dictionary(_, v) if v.is_string() => arg_types[0].clone(),
         DataType::Null => DataType::Utf8,
         other => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: the value must be a string or a dictionary of strings, got \
                  {other}; signature: {syntax}"
-            )));
+            );
         }
     };
     let vocabulary = match &arg_types[1] {
@@ -119,20 +122,20 @@ pub(super) fn coerce(encoder: &Encoder, arg_types: &[DataType]) -> Result<Vec<Da
         _ => None,
     };
     let Some(vocabulary) = vocabulary else {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "{function}: the vocabulary must be a constant list of strings such as \
              ['a', 'b'], got {}; signature: {syntax}",
             arg_types[1]
-        )));
+        );
     };
     let mut types = vec![value, vocabulary];
     if let Some(option) = arg_types.get(2) {
         if !(option.is_string() || *option == DataType::Null) {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: the third argument must be the string 'error' or '{}', got \
                  {option}; signature: {syntax}",
                 encoder.fallback
-            )));
+            );
         }
         types.push(DataType::Utf8);
     }
@@ -155,11 +158,12 @@ pub(super) fn on_unknown(
             | ScalarValue::Utf8View(Some(s)),
         ) => s,
         _ => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{}: the third argument must be a constant string, {accepted}; \
                  signature: {}",
-                encoder.function, encoder.syntax
-            )));
+                encoder.function,
+                encoder.syntax
+            );
         }
     };
     if option.eq_ignore_ascii_case("error") {
@@ -167,11 +171,12 @@ pub(super) fn on_unknown(
     } else if option.eq_ignore_ascii_case(encoder.fallback) {
         Ok(OnUnknown::MinusOne)
     } else {
-        Err(DataFusionError::Plan(format!(
+        plan_err!(
             "{}: unknown option '{option}' for values outside the vocabulary; accepted: \
              {accepted} ({})",
-            encoder.function, encoder.fallback_result
-        )))
+            encoder.function,
+            encoder.fallback_result
+        )
     }
 }
 
@@ -199,19 +204,19 @@ impl Vocabulary {
         let Some(value) = value else {
             // The plan's schema needs the vocabulary (`one_hot`'s width), so
             // it must be known before any row is read.
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: the vocabulary must be a constant list of strings written \
                  in the query, such as ['a', 'b']; got an argument that is not a \
                  constant when the query is planned (a column, a subquery, a function \
                  call such as make_array(...), or a list with a NULL entry); \
                  signature: {syntax}"
-            )));
+            );
         };
         let not_a_list = || {
-            DataFusionError::Plan(format!(
+            plan_datafusion_err!(
                 "{function}: the vocabulary must be a non-null constant list of strings \
                  such as ['a', 'b']; signature: {syntax}"
-            ))
+            )
         };
         let list = match value.cast_to(&DataType::new_list(DataType::Utf8, true)) {
             Ok(ScalarValue::List(list)) if list.len() == 1 && !list.is_null(0) => list,
@@ -220,24 +225,24 @@ impl Vocabulary {
         let items = list.value(0);
         let items = items.as_string_opt::<i32>().ok_or_else(not_a_list)?;
         if items.is_empty() {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: the vocabulary must not be empty; signature: {syntax}"
-            )));
+            );
         }
         let mut entries = Vec::with_capacity(items.len());
         let mut positions = HashMap::with_capacity(items.len());
         for (position, item) in items.iter().enumerate() {
             let Some(item) = item else {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{function}: the vocabulary must not contain NULL (entry {position})"
-                )));
+                );
             };
             if let Some(first) = positions.insert(item.to_string(), position) {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{function}: {} appears twice in the vocabulary, at positions {first} \
                      and {position}; each value needs one position",
                     quoted(item)
-                )));
+                );
             }
             entries.push(item.to_string());
         }
@@ -274,7 +279,7 @@ impl Vocabulary {
     ) -> Result<i64> {
         match on_unknown {
             OnUnknown::MinusOne => Ok(-1),
-            OnUnknown::Error => Err(DataFusionError::Execution(format!(
+            OnUnknown::Error => exec_err!(
                 "{}: value {} in row {row} is not in the vocabulary {}; add it to the \
                  vocabulary, or pass '{}' as the third argument to make values outside \
                  it {}: {}",
@@ -284,7 +289,7 @@ impl Vocabulary {
                 encoder.fallback,
                 encoder.fallback_result,
                 encoder.syntax
-            ))),
+            ),
         }
     }
 
@@ -347,10 +352,10 @@ pub(super) fn encode(
 }
 
 fn internal(encoder: &Encoder, t: &DataType) -> DataFusionError {
-    DataFusionError::Internal(format!(
+    internal_datafusion_err!(
         "{}: values of type {t} reached the encoder; coerce_types admits strings only",
         encoder.function
-    ))
+    )
 }
 
 /// The code of one dictionary value.
@@ -403,11 +408,11 @@ fn encode_dictionary(
                 out.append_value(vocabulary.unknown(encoder, value, row, on_unknown)?);
             }
             None => {
-                return Err(DataFusionError::Internal(format!(
+                return internal_err!(
                     "{}: dictionary key {key} in row {row} is outside its {} values",
                     encoder.function,
                     codes.len()
-                )));
+                );
             }
         }
     }

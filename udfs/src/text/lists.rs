@@ -10,7 +10,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{exec_datafusion_err, internal_err, plan_err};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
     Volatility,
@@ -32,16 +33,16 @@ fn constant_len(
     let scalar = match value {
         Some(ColumnarValue::Scalar(s)) if !s.is_null() => s,
         _ => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: len must be a non-null constant; signature: {syntax}"
-            )));
+            );
         }
     };
     match scalar.cast_to(&DataType::Int64)? {
         ScalarValue::Int64(Some(len)) if (0..=MAX_LEN).contains(&len) => Ok(len as usize),
-        other => Err(DataFusionError::Plan(format!(
-            "{function}: len must be between 0 and {MAX_LEN}, got {other}"
-        ))),
+        other => {
+            plan_err!("{function}: len must be between 0 and {MAX_LEN}, got {other}")
+        }
     }
 }
 
@@ -184,13 +185,13 @@ impl ScalarUDFImpl for ShapeFunc {
         ];
         if self.pad {
             let DataType::List(child) = &list else {
-                return Err(DataFusionError::Internal("list_arg returns a List".into()));
+                return internal_err!("list_arg returns a List");
             };
             if !(arg_types[2].is_numeric() || arg_types[2] == DataType::Null) {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "pad: the value must be a number, got {}; signature: {PAD}",
                     arg_types[2]
-                )));
+                );
             }
             types.push(child.data_type().clone());
         }
@@ -214,10 +215,7 @@ impl ScalarUDFImpl for ShapeFunc {
         let len = constant_len(self.name(), self.syntax(), args.args.get(1))?;
         let list = list_of(&args.args[0], rows)?;
         let DataType::List(field) = list.data_type().clone() else {
-            return Err(DataFusionError::Internal(format!(
-                "{} got a non-list",
-                self.name()
-            )));
+            return internal_err!("{} got a non-list", self.name());
         };
         let values = list.values();
         // The pad value as a one-element array of the element type.
@@ -226,9 +224,7 @@ impl ScalarUDFImpl for ShapeFunc {
                 v.cast_to(field.data_type())?.to_array()?
             }
             (true, _) => {
-                return Err(DataFusionError::Plan(format!(
-                    "pad: the value must be a constant; signature: {PAD}"
-                )));
+                return plan_err!("pad: the value must be a constant; signature: {PAD}");
             }
             (false, _) => values.slice(0, 0),
         };
@@ -260,10 +256,10 @@ impl ScalarUDFImpl for ShapeFunc {
                 .ok()
                 .and_then(|n| last.checked_add(n))
                 .ok_or_else(|| {
-                    DataFusionError::Execution(format!(
+                    exec_datafusion_err!(
                         "{}: the result exceeds 2^31 values",
                         self.name()
-                    ))
+                    )
                 })?;
             new_offsets.push(next);
         }

@@ -26,7 +26,8 @@ mod lists;
 mod tokenize;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::plan_err;
+use datafusion::error::Result;
 use datafusion::logical_expr::ScalarUDF;
 
 use std::sync::Arc;
@@ -149,10 +150,10 @@ fn integer_arg(
     if t.is_integer() || *t == DataType::Null {
         Ok(DataType::Int64)
     } else {
-        Err(DataFusionError::Plan(format!(
+        plan_err!(
             "{function}: argument {} must be an integer, got {t}; signature: {syntax}",
             position + 1
-        )))
+        )
     }
 }
 
@@ -171,10 +172,10 @@ fn list_arg(
         {
             Ok(DataType::new_list(child.data_type().clone(), true))
         }
-        other => Err(DataFusionError::Plan(format!(
+        other => plan_err!(
             "{function}: argument {} must be a list of numbers, got {other}; signature: {syntax}",
             position + 1
-        ))),
+        ),
     }
 }
 

@@ -1,5 +1,6 @@
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{Int8Type, Int32Type, Int64Type};
+use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
 
 use crate::numeric::test_util::{query, query_error};
@@ -197,9 +198,7 @@ impl crate::AssetReader for MemoryAssets {
     fn read(&self, url: &str) -> Result<Vec<u8>> {
         match url {
             "s3://models/tokenizer.json" => Ok(TOKENIZER_JSON.as_bytes().to_vec()),
-            other => Err(datafusion::error::DataFusionError::Execution(format!(
-                "object at {other} not found"
-            ))),
+            other => Err(exec_datafusion_err!("object at {other} not found")),
         }
     }
 }

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use datafusion::arrow::array::{Array, AsArray, Int32Builder, ListBuilder};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::ScalarValue;
-use datafusion::error::{DataFusionError, Result};
+use datafusion::common::{
+    exec_datafusion_err, internal_datafusion_err, plan_datafusion_err, plan_err,
+};
+use datafusion::error::Result;
 use datafusion::logical_expr::{
     ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
     Volatility,
@@ -94,10 +97,7 @@ impl TokenizeFunc {
 
     fn lock(&self) -> Result<MutexGuard<'_, Loaded>> {
         self.cache.lock().map_err(|_| {
-            DataFusionError::Internal(format!(
-                "{}: tokenizer cache poisoned",
-                self.name()
-            ))
+            internal_datafusion_err!("{}: tokenizer cache poisoned", self.name())
         })
     }
 
@@ -132,10 +132,10 @@ impl TokenizeFunc {
                     ..Default::default()
                 }))
                 .map_err(|e| {
-                    DataFusionError::Plan(format!(
+                    plan_datafusion_err!(
                         "{}: cannot truncate to {max_length} with '{path}': {e}",
                         self.name()
-                    ))
+                    )
                 })?;
         }
         let tokenizer = Arc::new(tokenizer);
@@ -158,12 +158,12 @@ impl TokenizeFunc {
                 | ScalarValue::Utf8View(Some(p)),
             ) => p.clone(),
             _ => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{}: the tokenizer must be a constant path of a tokenizer.json; \
                      signature: {}",
                     self.name(),
                     self.syntax()
-                )));
+                );
             }
         };
         let max_len = match scalars.get(n + 1) {
@@ -172,19 +172,19 @@ impl TokenizeFunc {
                 match value.cast_to(&DataType::Int64)? {
                     ScalarValue::Int64(Some(v)) if v > 0 => Some(v as usize),
                     other => {
-                        return Err(DataFusionError::Plan(format!(
+                        return plan_err!(
                             "{}: max_len must be a positive integer, got {other}",
                             self.name()
-                        )));
+                        );
                     }
                 }
             }
             _ => {
-                return Err(DataFusionError::Plan(format!(
+                return plan_err!(
                     "{}: max_len must be a constant; signature: {}",
                     self.name(),
                     self.syntax()
-                )));
+                );
             }
         };
         Ok((path, max_len))
@@ -208,15 +208,15 @@ fn load(
     let mut tokenizer = match loaded {
         Ok(Ok(tokenizer)) => tokenizer,
         Ok(Err(e)) => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: '{location}' is not a valid tokenizer.json: {e}"
-            )));
+            );
         }
         Err(_) => {
-            return Err(DataFusionError::Plan(format!(
+            return plan_err!(
                 "{function}: loading '{location}' crashed the tokenizers library; is \
                  it a tokenizer.json?"
-            )));
+            );
         }
     };
     // Lists stay variable-length: the feed (or pad()) pads per batch, so a
@@ -243,9 +243,7 @@ fn fingerprint(
         });
     };
     let cannot_read = |e: std::io::Error| {
-        DataFusionError::Plan(format!(
-            "{function}: cannot read tokenizer file '{location}': {e}"
-        ))
+        plan_datafusion_err!("{function}: cannot read tokenizer file '{location}': {e}")
     };
     let mut file = std::fs::File::open(path).map_err(cannot_read)?;
     let mut hasher = Xxh3::new();
@@ -273,10 +271,10 @@ fn local_path<'a>(function: &str, location: &'a str) -> Result<Option<&'a str>> 
     }
     let path = location.strip_prefix("file://").unwrap_or(location);
     if !std::path::Path::new(path).is_file() {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "{function}: tokenizer file '{location}' does not exist; pass the path \
              or URL of a Hugging Face tokenizer.json"
-        )));
+        );
     }
     Ok(Some(path))
 }
@@ -289,21 +287,19 @@ fn read(
 ) -> Result<Vec<u8>> {
     if let Some(path) = local_path(function, location)? {
         return std::fs::read(path).map_err(|e| {
-            DataFusionError::Plan(format!(
+            plan_datafusion_err!(
                 "{function}: cannot read tokenizer file '{location}': {e}"
-            ))
+            )
         });
     }
     let Some(assets) = assets else {
-        return Err(DataFusionError::Plan(format!(
+        return plan_err!(
             "{function}: cannot read tokenizer '{location}': this context has no \
              object stores for URLs (use a sqlfeed Session, or a local path)"
-        )));
+        );
     };
     assets.read(location).map_err(|e| {
-        DataFusionError::Plan(format!(
-            "{function}: cannot read tokenizer '{location}': {e}"
-        ))
+        plan_datafusion_err!("{function}: cannot read tokenizer '{location}': {e}")
     })
 }
 
@@ -358,12 +354,12 @@ impl ScalarUDFImpl for TokenizeFunc {
                     | DataType::Utf8View
                     | DataType::Null => DataType::Utf8,
                     other => {
-                        return Err(DataFusionError::Plan(format!(
+                        return plan_err!(
                             "{}: argument {} must be a string, got {other}; signature: {}",
                             self.name(),
                             position + 1,
                             self.syntax()
-                        )));
+                        );
                     }
                 },
                 _ => super::integer_arg(self.name(), self.syntax(), position, t)?,
@@ -423,17 +419,14 @@ impl ScalarUDFImpl for TokenizeFunc {
                 tokenizer.encode_fast(texts[0].value(row), true)
             }
             .map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "{} failed on row {row}: {e}",
-                    self.name()
-                ))
+                exec_datafusion_err!("{} failed on row {row}: {e}", self.name())
             })?;
             for &id in encoded.get_ids() {
                 let id = i32::try_from(id).map_err(|_| {
-                    DataFusionError::Execution(format!(
+                    exec_datafusion_err!(
                         "{}: token id {id} in row {row} does not fit int32",
                         self.name()
-                    ))
+                    )
                 })?;
                 out.values().append_value(id);
             }
