@@ -158,23 +158,12 @@ impl LengthBucketer {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use datafusion::arrow::array::{Array, AsArray, ListArray};
+    use datafusion::arrow::array::{Array, AsArray};
     use datafusion::arrow::datatypes::Int32Type;
 
     use super::*;
 
-    /// Rows whose list length is `lengths[i]` and whose first value is `i`.
-    fn rows(lengths: &[usize]) -> RecordBatch {
-        let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
-            lengths
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| Some(vec![Some(i as i32); n])),
-        );
-        RecordBatch::try_from_iter(vec![("t", Arc::new(list) as _)]).unwrap()
-    }
+    use super::super::test_rows as rows;
 
     #[test]
     fn bucketing_groups_similar_lengths_and_keeps_every_row()

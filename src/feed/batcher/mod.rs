@@ -132,3 +132,21 @@ impl Batcher {
         }
     }
 }
+
+/// Rows whose list length is `lengths[i]` and whose first value is `i`: the
+/// variable-length rows the token and bucket tests cut.
+#[cfg(test)]
+fn test_rows(lengths: &[usize]) -> RecordBatch {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::ListArray;
+    use datafusion::arrow::datatypes::Int32Type;
+
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Some(vec![Some(i as i32); n])),
+    );
+    RecordBatch::try_from_iter(vec![("t", Arc::new(list) as _)]).unwrap()
+}
