@@ -15,18 +15,25 @@ BATCH = 64  # 1000 ids: 16 batches per epoch, the last one padded
 STEPS = 16
 
 
-def _query(ids_data) -> str:
-    return f"SELECT id FROM '{ids_data}/*.parquet'"
+def _feed(session, ids_data, kind="shuffled", **options):
+    """A feed of the 1000 ids, shuffled by the feed or (``kind="mixture"``)
+    drawn 3:1 from two halves by a ``MIX`` that takes the feed's epoch."""
+    files = f"'{ids_data}/*.parquet'"
+    if kind == "mixture":
+        query = (
+            f"SELECT id FROM (MIX (SELECT id FROM {files} WHERE id < 500) AS low WEIGHT 3, "
+            f"(SELECT id FROM {files} WHERE id >= 500) AS high WEIGHT 1 ROWS 1000)"
+        )
+        defaults = dict(batch_size=BATCH, device="cpu")
+    else:
+        query = f"SELECT id FROM {files}"
+        defaults = dict(batch_size=BATCH, shuffle=7, device="cpu")
+    return session.feed(query, **dict(defaults, **options))
 
 
-def _feed(session, ids_data, **options):
-    options = dict(dict(batch_size=BATCH, shuffle=7, device="cpu"), **options)
-    return session.feed(_query(ids_data), **options)
-
-
-def _reference(session, ids_data, epochs: int) -> list[list[list[int]]]:
+def _reference(session, ids_data, epochs: int, kind="shuffled") -> list[list[list[int]]]:
     """Each epoch's batches as id lists, read with ``set_epoch`` to the end."""
-    feed = _feed(session, ids_data)
+    feed = _feed(session, ids_data, kind)
     out = []
     for epoch in range(epochs):
         feed.set_epoch(epoch)
@@ -73,14 +80,15 @@ def _trainer(lightning, tmp_path, **options):
     return lightning.Trainer(**dict(defaults, **options))
 
 
+@pytest.mark.parametrize("kind", ["shuffled", "mixture"])
 @pytest.mark.parametrize("set_epoch", [False, True], ids=["position", "set_epoch"])
-def test_lightning_trains_every_epoch_whole(session, ids_data, tmp_path, set_epoch):
+def test_lightning_trains_every_epoch_whole(session, ids_data, tmp_path, set_epoch, kind):
     torch = require("torch", "torch")
     lightning = require("lightning", "lightning")
     from sqlfeed.torch import FeedDataset
 
-    reference = _reference(session, ids_data, 3)
-    feed = _feed(session, ids_data)
+    reference = _reference(session, ids_data, 3, kind)
+    feed = _feed(session, ids_data, kind)
     loader = torch.utils.data.DataLoader(FeedDataset(feed), batch_size=None, num_workers=0)
     model = _recorder(torch, lightning, set_epoch=set_epoch)
     with warnings.catch_warnings():
@@ -92,11 +100,13 @@ def test_lightning_trains_every_epoch_whole(session, ids_data, tmp_path, set_epo
     assert (feed.epoch, feed.step) == (3, 0)
 
 
-def test_lightning_resumes_mid_epoch_from_its_own_checkpoint(session, ids_data, tmp_path):
+@pytest.mark.parametrize("kind", ["shuffled", "mixture"])
+def test_lightning_resumes_mid_epoch_from_its_own_checkpoint(session, ids_data, tmp_path, kind):
     """Lightning's fault-tolerant path: a run that checkpoints every 21 steps
     (a stateful loader's state_dict is in the checkpoint) is resumed from the
     one taken in epoch 1 with ``fit(ckpt_path=...)``; the resumed run trains
-    on exactly the batches the uninterrupted one did from there."""
+    on exactly the batches the uninterrupted one did from there (also a
+    mixture, drawn anew each epoch)."""
     torch = require("torch", "torch")
     lightning = require("lightning", "lightning")
     stateful = require("torchdata.stateful_dataloader", "torchdata")
@@ -104,11 +114,11 @@ def test_lightning_resumes_mid_epoch_from_its_own_checkpoint(session, ids_data, 
 
     from sqlfeed.torch import FeedDataset
 
-    reference = _reference(session, ids_data, 3)
+    reference = _reference(session, ids_data, 3, kind)
 
     def loader():
         return stateful.StatefulDataLoader(
-            FeedDataset(_feed(session, ids_data)), batch_size=None, num_workers=0
+            FeedDataset(_feed(session, ids_data, kind)), batch_size=None, num_workers=0
         )
 
     every = STEPS + 5  # the first checkpoint: epoch 1, after step 4

@@ -1,5 +1,6 @@
 """MIX from Python: a weighted mixture in SQL, fed with each source's share
-in every batch, resumed from a state_dict, and refused under a feed shuffle."""
+in every batch, resumed from a state_dict, kept in the epoch cache by its
+sources, and refused under a feed shuffle."""
 
 from __future__ import annotations
 
@@ -58,6 +59,17 @@ def test_every_batch_holds_the_shares_and_a_state_dict_resumes_it(session, ids_d
     resumed = _feed(session, ids_data)
     resumed.load_state_dict(json.loads(json.dumps(state)))
     assert [b["id"].tolist() for b in resumed] == rest
+
+
+def test_the_epoch_cache_keeps_the_sources_and_gives_the_uncached_batches(ids_data, tmp_path):
+    require("numpy", "numpy")
+    cache = tmp_path / "cache"
+    session = sqlfeed.Session(memory_limit="1G", target_partitions=2, cache_dir=cache)
+    uncached = [b["id"].tolist() for b in _feed(session, ids_data, epochs=3)]
+    cached = [b["id"].tolist() for b in _feed(session, ids_data, epochs=3, cache=True)]
+    assert cached == uncached and len(cached) == 3 * 200 // 8
+    # One entry per source; the mixture is drawn from them every epoch.
+    assert len(list((cache / "entries").iterdir())) == 2
 
 
 def test_a_feed_shuffle_over_a_mixture_is_refused_with_the_reason(session, ids_data):

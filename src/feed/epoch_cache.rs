@@ -77,6 +77,10 @@ pub(super) struct EpochCache {
     /// once found: later epochs read them without planning the query again
     /// (which lists its files and keys its result).
     shared_parts: std::sync::OnceLock<(std::path::PathBuf, Vec<Expr>)>,
+    /// A query with a mixture, its sources read from their entries (see
+    /// `mixture.rs`): later epochs plan it without planning the sources
+    /// again (which lists their files).
+    mixture: std::sync::OnceLock<LogicalPlan>,
 }
 
 impl EpochCache {
@@ -93,7 +97,19 @@ impl EpochCache {
         if let Some((table, finish)) = self.cached.get() {
             return read(session, Arc::clone(table), finish.as_deref(), spec);
         }
+        if let Some(plan) = self.mixture.get() {
+            let df = DataFrame::new(session.context().state(), plan.clone());
+            return shuffled(df, spec);
+        }
         let (state, plan) = session.sql(sql).await?.into_parts();
+        // A mixture draws other rows every epoch: its sources are kept, not
+        // one epoch's rows.
+        if super::mixture::has_mixture(&plan)? {
+            let plan =
+                super::mixture::with_cached_sources(session, &state, plan, sql).await?;
+            let plan = self.mixture.get_or_init(|| plan).clone();
+            return shuffled(DataFrame::new(state, plan), spec);
+        }
         let compact = compact(plan)?;
         let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
         let keyed = with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
@@ -292,6 +308,14 @@ async fn wait_for_commit(dir: &std::path::Path, key: &str) -> Result<std::path::
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// `df` shuffled by `spec`, if any.
+fn shuffled(df: DataFrame, spec: Option<ShuffleSpec>) -> Result<EpochQuery> {
+    Ok(EpochQuery::Plain(match spec {
+        Some(spec) => crate::shuffle::shuffle(df, spec)?,
+        None => df,
+    }))
 }
 
 /// The epoch shuffled by `spec` over the cached `table`, finished by

@@ -1,13 +1,44 @@
-//! What a feed over a `MIX` query cannot be combined with (see
-//! `crate::shuffle::mix`): a mixture orders its rows itself, stratified per
-//! batch, and draws other rows every epoch.
+//! A feed over a `MIX` query (see `crate::shuffle::mix`): what it cannot be
+//! combined with, and how the epoch cache serves it.
+//!
+//! A mixture orders its rows itself, stratified per batch, and draws other
+//! rows every epoch, so neither a feed shuffle over it nor a cache of one
+//! epoch's rows can serve it. What the epoch cache keeps instead is each
+//! source's rows:
+//!
+//! ```text
+//!  epoch 0                                 epochs ≥ 1
+//!  ───────                                 ──────────
+//!  MixExec (epoch 0's windows and turns)   MixExec (epoch e's)
+//!    shuffle passes of each source           shuffle passes of each source
+//!      CachedTable ◀── filled once from        CachedTable (the same entry,
+//!                      the source's query      no scan, no functions)
+//! ```
+//!
+//! The mixture is recomputed every epoch, which is cheap next to its
+//! sources' scans and functions, and its passes are keyed on the rows'
+//! values, so every batch is the uncached feed's. Entries are the session
+//! cache's (`CACHE TABLE`'s): keyed by the source's plan and files, on disk,
+//! and reused by a later run of a source over the same files. A source that
+//! holds a mixture itself is not kept (that would freeze its draw); the
+//! sources of the mixture inside it are.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
 use datafusion::common::plan_err;
-use datafusion::common::tree_node::TreeNode;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::provider_as_source;
 use datafusion::error::Result;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::{
+    Expr, Extension, LogicalPlan, LogicalPlanBuilder, Projection,
+    UserDefinedLogicalNodeCore,
+};
 
 use crate::Session;
+use crate::cache::CachedTable;
 use crate::shuffle::mix::MixNode;
 
 fn is_mix(plan: &LogicalPlan) -> bool {
@@ -23,23 +54,15 @@ fn mixture_on_top(plan: &LogicalPlan) -> bool {
     }
 }
 
+/// Whether `plan` holds a mixture anywhere.
+pub(super) fn has_mixture(plan: &LogicalPlan) -> Result<bool> {
+    plan.exists(|node| Ok(is_mix(node)))
+}
+
 /// Refuses a feed whose query is a mixture when the feed would shuffle its
-/// rows again (which undoes the stratification) or keep them in the epoch
-/// cache (which would replay one epoch's draw every epoch).
-pub(super) async fn check(
-    session: &Session,
-    sql: &str,
-    shuffled: bool,
-    cached: bool,
-) -> Result<()> {
+/// rows again, which undoes the stratification.
+pub(super) async fn check(session: &Session, sql: &str, shuffled: bool) -> Result<()> {
     let plan = session.sql(sql).await?.into_unoptimized_plan();
-    if cached && plan.exists(|node| Ok(is_mix(node)))? {
-        return plan_err!(
-            "this feed's query has a MIX, which draws other rows every epoch, so the epoch \
-             cache (which keeps one epoch's rows) cannot serve it yet; build the feed \
-             without the cache (--cache / .cache(true) / cache=True)"
-        );
-    }
     if shuffled && mixture_on_top(&plan) {
         return plan_err!(
             "this feed's query is a MIX, which orders its rows itself (each source's share \
@@ -49,4 +72,86 @@ pub(super) async fn check(
         );
     }
     Ok(())
+}
+
+/// What the epoch cache keeps of a mixture's sources ([`with_cached_sources`]).
+const SOURCE_SALT: &str = "feed:mix-source";
+
+/// `plan` with every mixture source that holds no mixture itself read from
+/// its session cache entry (filled now where there is none), under its own
+/// column names: see the module docs. `sql` names the entries in listings.
+pub(super) async fn with_cached_sources(
+    session: &Session,
+    state: &SessionState,
+    plan: LogicalPlan,
+    sql: &str,
+) -> Result<LogicalPlan> {
+    let mut sources: Vec<(String, LogicalPlan)> = vec![];
+    plan.apply(|node| {
+        if let LogicalPlan::Extension(Extension { node: mix }) = node
+            && let Some(mix) = mix.as_any().downcast_ref::<MixNode>()
+        {
+            for (name, input) in mix.spec().names.iter().zip(mix.inputs()) {
+                if !has_mixture(input)? {
+                    sources.push((name.clone(), input.clone()));
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut cached: HashMap<LogicalPlan, LogicalPlan> = HashMap::new();
+    for (name, input) in sources {
+        if cached.contains_key(&input) {
+            continue;
+        }
+        let listed = format!("MIX source '{name}' of {sql}");
+        let table = session
+            .cache()
+            .get_or_create(state, input.clone(), &listed, SOURCE_SALT)
+            .await?;
+        let scan = cached_scan(table, &input)?;
+        cached.insert(input, scan);
+    }
+    plan.transform_down(|node| {
+        let LogicalPlan::Extension(Extension { node: mix }) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(mix) = mix.as_any().downcast_ref::<MixNode>() else {
+            return Ok(Transformed::no(node));
+        };
+        let inputs: Vec<LogicalPlan> = mix
+            .inputs()
+            .into_iter()
+            .map(|input| cached.get(input).cloned().unwrap_or_else(|| input.clone()))
+            .collect();
+        let mix = MixNode::try_new(inputs, mix.spec().clone())?;
+        Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+            node: Arc::new(mix),
+        })))
+    })
+    .map(|t| t.data)
+}
+
+/// A scan of `table` (the rows of `source`) that names its columns as
+/// `source` does, qualifiers included, so the plan above is unchanged.
+fn cached_scan(table: Arc<CachedTable>, source: &LogicalPlan) -> Result<LogicalPlan> {
+    let scan = LogicalPlanBuilder::scan(
+        "mix_source",
+        provider_as_source(table as Arc<dyn TableProvider>),
+        None,
+    )?
+    .build()?;
+    let exprs = scan
+        .schema()
+        .columns()
+        .into_iter()
+        .zip(source.schema().iter())
+        .map(|(column, (qualifier, field))| {
+            Expr::Column(column).alias_qualified(qualifier.cloned(), field.name())
+        })
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(scan),
+    )?))
 }

@@ -158,6 +158,8 @@ impl FeedBuilder {
     /// the uncached feed's. Stores the compact form where the query's last
     /// step only widens (uint8 pixels under `image_to_tensor`). A later run
     /// of the same query over the same files reuses the entry from disk.
+    /// A query with a `MIX` keeps each source's rows instead and draws
+    /// every epoch's mixture from them.
     pub fn cache(mut self, cache: bool) -> Self {
         self.cache = cache;
         self
@@ -496,9 +498,9 @@ impl FeedBuilder {
         }
         {
             let (session, sql) = (self.session.clone(), self.sql.clone());
-            let (shuffled, cached) = (self.shuffle_seed.is_some(), self.cache);
+            let shuffled = self.shuffle_seed.is_some();
             on_runtime(&runtime, async move {
-                mixture::check(&session, &sql, shuffled, cached).await
+                mixture::check(&session, &sql, shuffled).await
             })?;
         }
         let checkpoint = match self.origins {

@@ -53,9 +53,12 @@
 //! epoch's windows start where the last one's ended, and within the epoch
 //! the source furthest behind its target goes next.
 //!
+//! # The epoch cache
+//! A feed with the epoch cache keeps each source's rows, not an epoch's
+//! (`crate::feed`'s `mixture.rs`), and draws every epoch from them.
+//!
 //! # Not yet
-//! The epoch cache (a feed with `cache` refuses a mixture), late
-//! materialisation, and cluster sessions (refused when planned).
+//! Late materialisation, and cluster sessions (refused when planned).
 
 pub mod exec;
 pub mod logical;
