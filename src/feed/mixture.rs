@@ -7,17 +7,21 @@
 //! source's rows:
 //!
 //! ```text
-//!  epoch 0                                 epochs ≥ 1
-//!  ───────                                 ──────────
-//!  MixExec (epoch 0's windows and turns)   MixExec (epoch e's)
-//!    shuffle passes of each source           shuffle passes of each source
-//!      CachedTable ◀── filled once from        CachedTable (the same entry,
-//!                      the source's query      no scan, no functions)
+//!  epoch 0                                  epochs ≥ 1
+//!  ───────                                  ──────────
+//!  MixExec (epoch 0's windows and turns)    MixExec (epoch e's)
+//!    the source's functions, window rows      the source's functions, window rows
+//!      shuffle passes of each source            shuffle passes of each source
+//!        CachedTable ◀── filled once from         CachedTable (the same entry:
+//!                        the source's scan        no scan, no filter again)
+//!                        and filters
 //! ```
 //!
-//! The mixture is recomputed every epoch, which is cheap next to its
-//! sources' scans and functions, and its passes are keyed on the rows'
-//! values, so every batch is the uncached feed's. Entries are the session
+//! What is kept are the source's rows as they enter its row-wise functions
+//! (the compressed image, the text), the values a mixture's passes shuffle
+//! by; the functions run on the rows each epoch takes, as they do uncached.
+//! So the mixture is recomputed every epoch without scanning or filtering
+//! a source again, and every batch is the uncached feed's. Entries are the session
 //! cache's (`CACHE TABLE`'s): keyed by the source's plan and files, on disk,
 //! and reused by a later run of a source over the same files. A source that
 //! holds a mixture itself is not kept (that would freeze its draw); the
@@ -39,6 +43,7 @@ use datafusion::logical_expr::{
 
 use crate::Session;
 use crate::cache::CachedTable;
+use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
 use crate::shuffle::mix::MixNode;
 
 fn is_mix(plan: &LogicalPlan) -> bool {
@@ -104,12 +109,31 @@ pub(super) async fn with_cached_sources(
         if cached.contains_key(&input) {
             continue;
         }
+        // The rows as they enter the source's functions, which run on the
+        // rows each epoch takes, where they run uncached (see the mixture's
+        // planner): the passes then hash the same values either way.
+        let optimized = state.optimize(&input)?;
+        let split = match &optimized {
+            LogicalPlan::Projection(projection) => {
+                split_row_functions(projection, |_| false)?
+            }
+            _ => None,
+        };
+        let (rows, finish) = match split {
+            Some(RowFunctionsSplit { below, outputs }) => {
+                (LogicalPlan::Projection(below), Some(outputs))
+            }
+            None => (input.clone(), None),
+        };
         let listed = format!("MIX source '{name}' of {sql}");
         let table = session
             .cache()
-            .get_or_create(state, input.clone(), &listed, SOURCE_SALT)
+            .get_or_create(state, rows.clone(), &listed, SOURCE_SALT)
             .await?;
-        let scan = cached_scan(table, &input)?;
+        let mut scan = cached_scan(table, &rows)?;
+        if let Some(outputs) = finish {
+            scan = LogicalPlan::Projection(Projection::try_new(outputs, Arc::new(scan))?);
+        }
         cached.insert(input, scan);
     }
     plan.transform_down(|node| {

@@ -389,6 +389,89 @@ pub fn shuffle_by_content_hash(
     first_columns(shuffled, columns - 1)
 }
 
+/// A projection cut in two where its row-wise functions can run later:
+/// `outputs` over `below` compute what the projection does.
+pub(crate) struct RowFunctionsSplit {
+    /// The expressions that stay, then hidden columns carrying what the
+    /// moved expressions read: every column of it is a key column.
+    pub(crate) below: Projection,
+    /// The projection's outputs (same names and qualifiers) over `below`'s
+    /// columns: moved expressions rewritten to read what carries their
+    /// columns, the others as bare columns.
+    pub(crate) outputs: Vec<Expr>,
+}
+
+/// Splits `projection` into what runs before a reordering and what may run
+/// after it: every movable expression whose output does not `stays` moves
+/// up. `None` when nothing moves or output names repeat.
+pub(crate) fn split_row_functions(
+    projection: &Projection,
+    stays: impl Fn(usize) -> bool,
+) -> Result<Option<RowFunctionsSplit>> {
+    let schema = &projection.schema;
+    let moved: Vec<bool> = (0..projection.expr.len())
+        .map(|i| !stays(i) && is_movable(&projection.expr[i]))
+        .collect();
+    if !moved.contains(&true) || !unique_names(schema) {
+        return Ok(None);
+    }
+    // What stays below, and which of its columns carries each input
+    // column that a moved expression reads.
+    let mut kept: Vec<Expr> = vec![];
+    let mut carried: HashMap<Column, Column> = HashMap::new();
+    for (i, expr) in projection.expr.iter().enumerate() {
+        if moved[i] {
+            continue;
+        }
+        kept.push(expr.clone());
+        if let Expr::Column(c) = expr.clone().unalias_nested().data {
+            carried
+                .entry(c)
+                .or_insert_with(|| Column::from(schema.qualified_field(i)));
+        }
+    }
+    for (i, expr) in projection.expr.iter().enumerate() {
+        if !moved[i] {
+            continue;
+        }
+        for column in columns_read(expr) {
+            if let Entry::Vacant(slot) = carried.entry(column) {
+                let hidden = format!("{HIDDEN_COLUMN_PREFIX}late_{}", kept.len());
+                kept.push(Expr::Column(slot.key().clone()).alias(&hidden));
+                slot.insert(Column::from_name(hidden));
+            }
+        }
+    }
+    let below = Projection::try_new(kept, Arc::clone(&projection.input))?;
+    let outputs = projection
+        .expr
+        .iter()
+        .enumerate()
+        .map(|(i, expr)| {
+            let (qualifier, field) = schema.qualified_field(i);
+            if !moved[i] {
+                return Ok(Expr::Column(Column::from((qualifier, field))));
+            }
+            let rewritten = expr
+                .clone()
+                .unalias_nested()
+                .data
+                .transform(|e| match e {
+                    Expr::Column(c) => match carried.get(&c) {
+                        Some(below) => Ok(Transformed::yes(Expr::Column(below.clone()))),
+                        None => internal_err!(
+                            "late row functions: column {c} is not carried through the shuffle"
+                        ),
+                    },
+                    other => Ok(Transformed::no(other)),
+                })?
+                .data;
+            Ok(rewritten.alias_qualified(qualifier.cloned(), field.name()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(RowFunctionsSplit { below, outputs }))
+}
+
 /// Moves the row-wise functions of the projection under a shuffle above it;
 /// see the [module docs](self).
 #[derive(Debug, Default)]
@@ -411,66 +494,11 @@ impl LateRowFunctions {
         };
         let schema = &projection.schema;
         let in_key = |i: usize| key.contains(schema.field(i).name());
-        let moved: Vec<bool> = (0..projection.expr.len())
-            .map(|i| !in_key(i) && is_movable(&projection.expr[i]))
-            .collect();
-        if !moved.contains(&true) || !unique_names(schema) {
+        let Some(RowFunctionsSplit { below, outputs }) =
+            split_row_functions(projection, in_key)?
+        else {
             return Ok(None);
-        }
-        // What stays below, and which of its columns carries each input
-        // column that a moved expression reads.
-        let mut kept: Vec<Expr> = vec![];
-        let mut carried: HashMap<Column, Column> = HashMap::new();
-        for (i, expr) in projection.expr.iter().enumerate() {
-            if moved[i] {
-                continue;
-            }
-            kept.push(expr.clone());
-            if let Expr::Column(c) = expr.clone().unalias_nested().data {
-                carried
-                    .entry(c)
-                    .or_insert_with(|| Column::from(schema.qualified_field(i)));
-            }
-        }
-        for (i, expr) in projection.expr.iter().enumerate() {
-            if !moved[i] {
-                continue;
-            }
-            for column in columns_read(expr) {
-                if let Entry::Vacant(slot) = carried.entry(column) {
-                    let hidden = format!("{HIDDEN_COLUMN_PREFIX}late_{}", kept.len());
-                    kept.push(Expr::Column(slot.key().clone()).alias(&hidden));
-                    slot.insert(Column::from_name(hidden));
-                }
-            }
-        }
-        let below = Projection::try_new(kept, Arc::clone(&projection.input))?;
-        let outputs = projection
-            .expr
-            .iter()
-            .enumerate()
-            .map(|(i, expr)| {
-                let (qualifier, field) = schema.qualified_field(i);
-                if !moved[i] {
-                    return Ok(Expr::Column(Column::from((qualifier, field))));
-                }
-                let rewritten = expr
-                    .clone()
-                    .unalias_nested()
-                    .data
-                    .transform(|e| match e {
-                        Expr::Column(c) => match carried.get(&c) {
-                            Some(below) => Ok(Transformed::yes(Expr::Column(below.clone()))),
-                            None => internal_err!(
-                                "late row functions: column {c} is not carried through the shuffle"
-                            ),
-                        },
-                        other => Ok(Transformed::no(other)),
-                    })?
-                    .data;
-                Ok(rewritten.alias_qualified(qualifier.cloned(), field.name()))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        };
         let shuffled = extension(shuffle.with_input(LogicalPlan::Projection(below))?);
         let above = Projection::try_new(outputs, Arc::new(shuffled))?;
         // The optimizer requires an unchanged schema; never risk it.

@@ -6,26 +6,28 @@
 //!                        │      each source's rows in its window's order
 //!        ┌───────────────┼──────────────────────┐
 //!   source 0          source 1             source 2   (one task each)
-//!   pass p: skip s    pass q ─► pass q+1   (quota 0:
-//!   take quota        take quota            not run)
-//!     ShuffleMergeExec       ShuffleMergeExec ShuffleMergeExec
-//!       <source 0>        <source 1>  <source 1>   (seed of the source,
-//!                                                   epoch = pass)
+//!   MixWindowExec     ProjectionExec       EmptyExec
+//!   (pass p: skip s,  (its functions,      (quota 0)
+//!    take quota)       window rows only)
+//!     ShuffleMergeExec  MixWindowExec
+//!       <source 0>        pass q ─► pass q+1 (shuffles of source 1 as its
+//!                                              rows enter its functions)
 //! ```
+//!
+//! [`Interleave`]: super::pattern::Interleave
 //!
 //! # Order
 //! A pure function of (the sources' rows, weights, rows per epoch, seed,
 //! epoch): each pass is a global shuffle (content-keyed, so the same on any
-//! number of partitions), the window says which of its rows the epoch takes,
-//! and the interleave says which source each position takes its next row
-//! from. The output is one partition.
+//! number of partitions), the window says which of its rows the epoch takes
+//! ([`super::window::MixWindowExec`]), and the interleave says which source
+//! each position takes its next row from. The output is one partition.
 //!
 //! # Memory
-//! Each source's passes run one after another in a task of their own, so
-//! the sources' shuffles (a barrier each) run side by side; their memory is
-//! reserved by the shuffles below, from the session's pool, and spills
-//! there. Between a source's task and the interleave are at most two
-//! batches. Output batches are gathered (`interleave`) from slices of the
+//! Each source runs in a task of its own, so the sources' shuffles (a
+//! barrier each) run side by side; their memory is reserved by the shuffles
+//! below, from the session's pool, and spills there. Between a source's task
+//! and the interleave are at most two batches. Output batches are gathered (`interleave`) from slices of the
 //! sources' batches: the rows are copied once.
 //!
 //! # Errors
@@ -61,18 +63,19 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::pattern::{Turns, Window};
+use super::pattern::Turns;
 
-/// One source of a [`MixExec`]: its passes (single-partition plans, each
-/// the source in one pass's order) and how many rows to skip and take.
+/// One source of a [`MixExec`]: a single-partition plan giving the rows the
+/// epoch takes from it, in order (its window of passes, finished by its
+/// functions), and how many they are.
 #[derive(Debug, Clone)]
 pub struct MixSource {
     /// The `source` name, for errors and metrics.
     pub name: String,
-    /// Pass `window.first_pass + i` is `passes[i]`.
-    pub passes: Vec<Arc<dyn ExecutionPlan>>,
-    /// Which rows of the passes the epoch takes.
-    pub window: Window,
+    /// The source's rows for this epoch.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// Rows the epoch takes from it.
+    pub take: u64,
 }
 
 /// Interleaves [`MixSource`]s; see the module docs.
@@ -97,28 +100,18 @@ impl MixExec {
         let mut fields: Vec<Field> =
             schema.fields().iter().map(|f| f.as_ref().clone()).collect();
         for source in &sources {
-            if source.passes.len() as u64 != source.window.passes {
+            let source_schema = source.plan.schema();
+            if source_schema.fields().len() != fields.len() {
                 return internal_err!(
-                    "mixture source '{}' has {} pass plans for a window of {} passes",
+                    "mixture source '{}' has {} columns, the mixture {}",
                     source.name,
-                    source.passes.len(),
-                    source.window.passes
+                    source_schema.fields().len(),
+                    fields.len()
                 );
             }
-            for pass in &source.passes {
-                let pass_schema = pass.schema();
-                if pass_schema.fields().len() != fields.len() {
-                    return internal_err!(
-                        "mixture source '{}' has {} columns, the mixture {}",
-                        source.name,
-                        pass_schema.fields().len(),
-                        fields.len()
-                    );
-                }
-                for (field, theirs) in fields.iter_mut().zip(pass_schema.fields()) {
-                    if theirs.is_nullable() {
-                        *field = field.clone().with_nullable(true);
-                    }
+            for (field, theirs) in fields.iter_mut().zip(source_schema.fields()) {
+                if theirs.is_nullable() {
+                    *field = field.clone().with_nullable(true);
                 }
             }
         }
@@ -139,7 +132,7 @@ impl MixExec {
         })
     }
 
-    /// The sources, with their windows.
+    /// The sources, with their shares.
     pub fn sources(&self) -> &[MixSource] {
         &self.sources
     }
@@ -178,16 +171,7 @@ impl DisplayAs for MixExec {
         let parts: Vec<String> = self
             .sources
             .iter()
-            .map(|s| {
-                format!(
-                    "{}: take {} from pass {} (skip {}, {} passes)",
-                    s.name,
-                    s.window.take,
-                    s.window.first_pass,
-                    s.window.skip,
-                    s.window.passes
-                )
-            })
+            .map(|s| format!("{}: {} rows", s.name, s.take))
             .collect();
         write!(f, "{}", parts.join("; "))
     }
@@ -203,7 +187,7 @@ impl ExecutionPlan for MixExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        self.sources.iter().flat_map(|s| s.passes.iter()).collect()
+        self.sources.iter().map(|s| &s.plan).collect()
     }
 
     fn apply_expressions(
@@ -217,7 +201,7 @@ impl ExecutionPlan for MixExec {
         vec![false; self.children().len()]
     }
 
-    // Each pass is one partition in its shuffle order, read in full.
+    // Each source is one partition in its window's order.
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false; self.children().len()]
     }
@@ -242,14 +226,14 @@ impl ExecutionPlan for MixExec {
                 children.len()
             );
         }
-        let mut children = children.into_iter();
         let sources = self
             .sources
             .iter()
-            .map(|s| MixSource {
+            .zip(children)
+            .map(|(s, plan)| MixSource {
                 name: s.name.clone(),
-                passes: children.by_ref().take(s.passes.len()).collect(),
-                window: s.window,
+                plan,
+                take: s.take,
             })
             .collect();
         Ok(Arc::new(Self::try_new(
@@ -282,7 +266,7 @@ impl ExecutionPlan for MixExec {
         let mixer = Mixer {
             readers,
             turns: self.turns.clone(),
-            left: self.sources.iter().map(|s| s.window.take).sum(),
+            left: self.sources.iter().map(|s| s.take).sum(),
             batch_size: context.session_config().batch_size().max(1),
             schema: Arc::clone(&self.schema),
             baseline: BaselineMetrics::new(&self.metrics, partition),
@@ -306,8 +290,7 @@ impl ExecutionPlan for MixExec {
     }
 }
 
-/// A source's window as one stream: its passes in turn, the first `skip`
-/// rows dropped, `take` rows in all, each batch cast to the mixture's schema
+/// A source's rows as one stream, each batch cast to the mixture's schema
 /// (nullability only). Runs in a task of its own.
 fn source_stream(
     source: &MixSource,
@@ -316,35 +299,15 @@ fn source_stream(
 ) -> SendableRecordBatchStream {
     let mut builder = RecordBatchReceiverStream::builder(Arc::clone(schema), 2);
     let sender = builder.tx();
-    let (passes, window, schema) =
-        (source.passes.clone(), source.window, Arc::clone(schema));
+    let (plan, schema) = (Arc::clone(&source.plan), Arc::clone(schema));
     builder.spawn(async move {
-        let (mut skip, mut left) = (window.skip, window.take);
-        for pass in passes {
-            if left == 0 {
-                break;
-            }
-            let mut stream = pass.execute(0, Arc::clone(&context))?;
-            while let Some(batch) = stream.next().await {
-                let batch = batch?;
-                let rows = batch.num_rows() as u64;
-                if skip >= rows {
-                    skip -= rows;
-                    continue;
-                }
-                let length = (rows - skip).min(left);
-                let slice = batch.slice(skip as usize, length as usize);
-                let slice =
-                    RecordBatch::try_new(Arc::clone(&schema), slice.columns().to_vec())?;
-                skip = 0;
-                left -= length;
-                if sender.send(Ok(slice)).await.is_err() {
-                    // The mixture was dropped: stop reading.
-                    return Ok(());
-                }
-                if left == 0 {
-                    break;
-                }
+        let mut stream = plan.execute(0, context)?;
+        while let Some(batch) = stream.next().await {
+            let batch =
+                RecordBatch::try_new(Arc::clone(&schema), batch?.columns().to_vec())?;
+            if sender.send(Ok(batch)).await.is_err() {
+                // The mixture was dropped: stop reading.
+                return Ok(());
             }
         }
         Ok(())

@@ -18,7 +18,8 @@
 //! - **Which rows.** Source `k`'s rows are read in *passes*: pass `p` is the
 //!   global shuffle of all its rows with seed `SplitMix64(seed ^
 //!   SplitMix64(k + 1))` and epoch `p` (the order of `crate::shuffle`, keyed
-//!   on all the source's columns). Epoch `e` takes positions `[e·q_k,
+//!   on the rows as they enter the source's row-wise functions, as a
+//!   `SHUFFLE` of the source would be). Epoch `e` takes positions `[e·q_k,
 //!   (e+1)·q_k)` of the passes laid end to end ([`pattern::Window`]). A
 //!   source smaller than its share repeats, each repetition in a fresh order;
 //!   a larger one is down-sampled, consecutive epochs taking consecutive
@@ -40,9 +41,11 @@
 //! Each source is counted once when planned (free for a Parquet scan without
 //! filters, from its statistics; else a `count(*)` that reads only the
 //! columns the filters need), then each pass is one global shuffle of the
-//! source, so an epoch costs what shuffling its sources costs, plus one more
-//! shuffle of a source whose window straddles two passes. Sources run side
-//! by side (see [`exec`]).
+//! source's rows as they enter its row-wise functions, so an epoch costs
+//! what shuffling its sources costs, plus one more shuffle of a source whose
+//! window straddles two passes. The functions run on the window's rows only
+//! ([`planner`]'s late row functions). Sources run side by side (see
+//! [`exec`]).
 //!
 //! # Weights by step
 //! `WEIGHT STEPS (step: weight, …)` makes a source's weight piecewise linear
@@ -58,16 +61,18 @@
 //! (`crate::feed`'s `mixture.rs`), and draws every epoch from them.
 //!
 //! # Not yet
-//! Late materialisation, and cluster sessions (refused when planned).
+//! Cluster sessions (refused when planned).
 
 pub mod exec;
 pub mod logical;
 pub mod pattern;
 pub mod planner;
+pub mod window;
 
 pub use exec::{MixExec, MixSource, mixture_rows};
 pub use logical::{MixNode, MixSpec};
 pub use planner::MixExtensionPlanner;
+pub use window::MixWindowExec;
 
 use crate::rand::splitmix64;
 

@@ -1,5 +1,16 @@
 //! Physical planning of [`MixNode`]s: count the sources, size their shares,
 //! and plan each share's passes as global shuffles under a [`MixExec`].
+//!
+//! # Late row functions
+//! A source's row-wise functions (decoding, tokenizing, any deterministic
+//! expression that is more than a column or a literal) run on the rows its
+//! window takes, not on every row of every pass: a down-sampled source is
+//! decoded only where it is used. Its passes shuffle the rows as they enter
+//! its functions, keyed on those values, the key a `SHUFFLE` of the same
+//! query uses (`crate::shuffle::late`); a `ProjectionExec` above the window
+//! runs the functions (in parallel workers where they are costly). The order
+//! is the same wherever the functions run, so the epoch cache can keep those
+//! rows (`crate::feed`'s `mixture.rs`).
 
 use std::sync::Arc;
 
@@ -14,6 +25,9 @@ use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext
 use datafusion::logical_expr::{
     LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode, lit,
 };
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
@@ -23,6 +37,8 @@ use super::exec::{MixExec, MixSource};
 use super::logical::MixNode;
 use super::pattern::{Interleave, Schedule, ScheduledMix, Turns, Window, quotas};
 use super::source_seed;
+use super::window::MixWindowExec;
+use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
 use crate::shuffle::{KeySource, plan_global_shuffle};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
@@ -83,6 +99,55 @@ async fn count_rows(
     }
 }
 
+/// A source's rows as they enter its row-wise functions, and the functions.
+struct SourceRows {
+    /// The rows, logical (counted) and physical (shuffled by each pass).
+    logical: LogicalPlan,
+    physical: Arc<dyn ExecutionPlan>,
+    /// The source's output columns over `physical`'s; `None`: it has no
+    /// functions to run late, `physical` is its output.
+    finish: Option<Vec<(Arc<dyn PhysicalExpr>, String)>>,
+}
+
+/// Splits source `logical` (planned as `physical`) where its row-wise
+/// functions can run on its window's rows alone; see the module docs.
+async fn source_rows(
+    logical: &LogicalPlan,
+    physical: &Arc<dyn ExecutionPlan>,
+    session: &dyn Session,
+) -> Result<SourceRows> {
+    let split = match logical {
+        LogicalPlan::Projection(projection) => {
+            split_row_functions(projection, |_| false)?
+        }
+        _ => None,
+    };
+    let Some(RowFunctionsSplit { below, outputs }) = split else {
+        return Ok(SourceRows {
+            logical: logical.clone(),
+            physical: Arc::clone(physical),
+            finish: None,
+        });
+    };
+    let below = LogicalPlan::Projection(below);
+    let finish = outputs
+        .into_iter()
+        .zip(logical.schema().fields())
+        .map(|(expr, field)| {
+            let expr = expr.unalias_nested().data;
+            Ok((
+                session.create_physical_expr(expr, below.schema())?,
+                field.name().clone(),
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SourceRows {
+        physical: session.create_physical_plan(&below).await?,
+        logical: below,
+        finish: Some(finish),
+    })
+}
+
 /// The most passes one source may need in one epoch: each pass is a full
 /// shuffle of the source, so a share thousands of times the source is better
 /// served by a bigger source (or a smaller `ROWS`).
@@ -117,9 +182,12 @@ impl ExtensionPlanner for MixExtensionPlanner {
             .filter(|options| options.epoch.is_some());
         let seed = spec.seed.or(feed.map(|f| f.feed_seed)).unwrap_or(0);
         let epoch = spec.epoch.or(feed.and_then(|f| f.epoch)).unwrap_or(0);
+        let mut inputs = Vec::with_capacity(physical_inputs.len());
         let mut counts = Vec::with_capacity(physical_inputs.len());
         for (logical, physical) in logical_inputs.iter().zip(physical_inputs) {
-            counts.push(count_rows(logical, physical, session).await?);
+            let rows = source_rows(logical, physical, session).await?;
+            counts.push(count_rows(&rows.logical, &rows.physical, session).await?);
+            inputs.push(rows);
         }
         let rows = spec.rows.unwrap_or_else(|| counts.iter().sum());
         // Each source's window: where in its passes the epoch starts, and
@@ -177,10 +245,10 @@ impl ExtensionPlanner for MixExtensionPlanner {
         };
         let batch_size = session.config().batch_size();
         let mut sources = Vec::with_capacity(takes.len());
-        for (k, ((name, input), (&count, (&start, &quota)))) in spec
+        for (k, ((name, (input, output)), (&count, (&start, &quota)))) in spec
             .names
             .iter()
-            .zip(physical_inputs)
+            .zip(inputs.into_iter().zip(physical_inputs))
             .zip(counts.iter().zip(starts.iter().zip(&takes)))
             .enumerate()
         {
@@ -195,11 +263,19 @@ impl ExtensionPlanner for MixExtensionPlanner {
                     window.passes
                 );
             }
+            if window.take == 0 {
+                sources.push(MixSource {
+                    name: name.clone(),
+                    plan: Arc::new(EmptyExec::new(output.schema())),
+                    take: 0,
+                });
+                continue;
+            }
             let source_seed = source_seed(seed, k);
             let passes = (0..window.passes)
                 .map(|i| {
                     plan_global_shuffle(
-                        Arc::clone(input),
+                        Arc::clone(&input.physical),
                         KeySource::AllColumns,
                         source_seed,
                         window.first_pass + i,
@@ -208,10 +284,15 @@ impl ExtensionPlanner for MixExtensionPlanner {
                     )
                 })
                 .collect::<Result<Vec<_>>>()?;
+            let mut plan: Arc<dyn ExecutionPlan> =
+                Arc::new(MixWindowExec::try_new(name.clone(), passes, window)?);
+            if let Some(finish) = input.finish {
+                plan = Arc::new(ProjectionExec::try_new(finish, plan)?);
+            }
             sources.push(MixSource {
                 name: name.clone(),
-                passes,
-                window,
+                plan,
+                take: window.take,
             });
         }
         let schema = Arc::new(mix.arrow_schema());
