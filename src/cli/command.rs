@@ -82,7 +82,7 @@ pub const STATEMENTS: &[(&str, &str)] = &[
     ),
     (
         "MIX (<query>) [AS name] WEIGHT w, … [ROWS n] [SEED s] [EPOCH e]",
-        "a weighted mixture, each source's share in every batch (WEIGHT STEPS (0: 0.6, 1000: 0.3) by step)",
+        "a weighted mixture, each source's share in every batch, columns source and source_id (WEIGHT STEPS (0: 0.6, 1000: 0.3) by step)",
     ),
     (
         "CACHE TABLE <name> AS <query>",

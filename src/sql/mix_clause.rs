@@ -19,8 +19,9 @@
 //!
 //! ```text
 //!   MIX (SELECT a FROM t) AS web WEIGHT 0.6, (SELECT a FROM u) WEIGHT 0.4 SEED 7
-//!   SELECT * FROM (SELECT *, 'web' AS source FROM (SELECT a FROM t)
-//!        UNION ALL SELECT *, '1' AS source FROM (SELECT a FROM u)) AS __sqlfeed_mix_<hex>
+//!   SELECT * FROM (SELECT *, 'web' AS source, 0 AS source_id FROM (SELECT a FROM t)
+//!        UNION ALL SELECT *, '1' AS source, 1 AS source_id FROM (SELECT a FROM u))
+//!        AS __sqlfeed_mix_<hex>
 //! ```
 //!
 //! and [`apply_markers`] replaces the `UNION ALL` under every such alias
@@ -46,7 +47,7 @@ use super::shuffle_clause::{
     each_then_space, is_blank, position, replace_under_marked_aliases, select_star_from,
     word,
 };
-use crate::shuffle::mix::{MixNode, MixSpec, SOURCE_COLUMN};
+use crate::shuffle::mix::{MixNode, MixSpec, SOURCE_COLUMN, SOURCE_ID_COLUMN};
 
 /// Prefix of the derived-table alias of a mixture.
 const ALIAS: &str = "__sqlfeed_mix_";
@@ -298,7 +299,8 @@ fn rewrite_one(
     let json = serde_json::to_string(&marker)
         .map_err(|e| parse_error(format!("MIX: cannot encode the mixture: {e}")))?;
     let hex: String = json.bytes().map(|b| format!("{b:02x}")).collect();
-    // SELECT * FROM ( SELECT *, '<name>' AS source FROM (<q>) UNION ALL … ) AS <alias>
+    // SELECT * FROM ( SELECT *, '<name>' AS source, <k> AS source_id FROM (<q>)
+    //                 UNION ALL … ) AS <alias>
     let span = mix.span;
     let mut out = select_star_from(span);
     out.push(TokenWithSpan::new(Token::LParen, span));
@@ -318,6 +320,10 @@ fn rewrite_one(
                 Token::SingleQuotedString(marker.names[k].clone()),
                 Token::make_keyword("AS"),
                 Token::make_word(SOURCE_COLUMN, None),
+                Token::Comma,
+                Token::Number(k.to_string(), false),
+                Token::make_keyword("AS"),
+                Token::make_word(SOURCE_ID_COLUMN, None),
                 Token::make_keyword("FROM"),
             ],
         ));
@@ -463,8 +469,9 @@ mod tests {
         )?;
         assert!(
             sql.starts_with(
-                "SELECT * FROM (SELECT * , 'web' AS source FROM (SELECT a FROM t) UNION ALL \
-                 SELECT * , '1' AS source FROM (SELECT a FROM u) ) AS __sqlfeed_mix_"
+                "SELECT * FROM (SELECT * , 'web' AS source , 0 AS source_id FROM (SELECT a FROM t) \
+                 UNION ALL SELECT * , '1' AS source , 1 AS source_id FROM (SELECT a FROM u) ) \
+                 AS __sqlfeed_mix_"
             ),
             "{sql}"
         );

@@ -123,18 +123,35 @@ async fn every_epoch_takes_each_share_covers_before_repeating_and_names_sources(
     let named = rows(
         &collect(
             &session,
-            &format!("SELECT source, count(*), count(DISTINCT id) FROM ({mix}) GROUP BY source ORDER BY source"),
+            &format!(
+                "SELECT source, source_id, count(*), count(DISTINCT id), \
+                 min(id / 10000), max(id / 10000) \
+                 FROM ({mix}) GROUP BY source, source_id ORDER BY source"
+            ),
         )
         .await?,
     );
+    // … and source_id its position, which a feed hands over as a tensor.
     assert_eq!(
         named,
         vec![
-            vec!["code", "100", "50"],
-            vec!["math", "60", "60"],
-            vec!["web", "240", "240"],
+            vec!["code", "1", "100", "50", "1", "1"],
+            vec!["math", "2", "60", "60", "2", "2"],
+            vec!["web", "0", "240", "240", "0", "0"],
         ]
     );
+    let batches = Feed::builder(&session, format!("SELECT id, source_id FROM ({mix})"))
+        .batch_size(40)
+        .device(Device::Cpu)
+        .build()?
+        .collect::<Result<Vec<_>>>()?;
+    assert_eq!(batches.len(), 10);
+    for batch in &batches {
+        let ids = batch.tensor("id")?.as_slice::<i64>()?.to_vec();
+        let source_ids = batch.tensor("source_id")?.as_slice::<i64>()?.to_vec();
+        let expected: Vec<i64> = ids.iter().map(|&id| source_of(id) as i64).collect();
+        assert_eq!(source_ids, expected);
+    }
     Ok(())
 }
 

@@ -13,7 +13,7 @@
 //! together). Source `k` gives `q_k` of them, `N × w_k / Σw` rounded by
 //! largest remainder ([`pattern::quotas`]), and every output row has a
 //! `source` column naming where it came from (`AS name`, or the source's
-//! position `0`, `1` …).
+//! position `0`, `1` …) and a `source_id` column with that position.
 //!
 //! - **Which rows.** Source `k`'s rows are read in *passes*: pass `p` is the
 //!   global shuffle of all its rows with seed `SplitMix64(seed ^
@@ -84,3 +84,7 @@ pub fn source_seed(seed: u64, k: usize) -> u64 {
 
 /// The name of the column that says which source a row came from.
 pub const SOURCE_COLUMN: &str = "source";
+
+/// The name of the column that holds the position of a row's source in the
+/// `MIX` clause (0, 1 …): a number a feed can hand over as a tensor.
+pub const SOURCE_ID_COLUMN: &str = "source_id";
