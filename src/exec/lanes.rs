@@ -22,12 +22,148 @@
 //! # Memory
 //! At most one record batch per lane is held back (the rest of a batch
 //! that straddles a turn); callers decide how much each lane reads ahead.
+//!
+//! # As an operator
+//! [`LaneInterleaveExec`] is the interleave as a plan node: one partition,
+//! each lane read ahead by two record batches. Placed under a projection
+//! that runs costly functions, it lets those functions run on every core
+//! over the one ordered stream, instead of one lane's share of the cores
+//! while the other lanes wait for their turn: the rows are the same, in the
+//! same order, because a projection gives one row per row and turns are
+//! counted in rows.
+
+use std::fmt;
+use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::execution::SendableRecordBatchStream;
+use datafusion::common::internal_err;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::Result;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::common::spawn_buffered;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
 use futures::StreamExt;
+
+/// Record batches each lane reads ahead of the interleave.
+pub const LANE_READ_AHEAD: usize = 2;
+
+/// The partitions of `input` as one stream in turns of `turn_rows` rows,
+/// each read ahead by [`LANE_READ_AHEAD`] record batches: the order an
+/// unshuffled feed reads them in.
+pub fn ordered_partitions(
+    input: &Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+    turn_rows: usize,
+) -> Result<SendableRecordBatchStream> {
+    let partitions = input.output_partitioning().partition_count();
+    if partitions == 1 {
+        return input.execute(0, context);
+    }
+    let lanes = (0..partitions)
+        .map(|p| {
+            Ok(spawn_buffered(
+                input.execute(p, Arc::clone(&context))?,
+                LANE_READ_AHEAD,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(interleave_lanes(input.schema(), lanes, turn_rows))
+}
+
+/// The partitions of its input read as one, in turns of `turn_rows` rows
+/// ([`ordered_partitions`]); see the module docs.
+#[derive(Debug)]
+pub struct LaneInterleaveExec {
+    input: Arc<dyn ExecutionPlan>,
+    turn_rows: usize,
+    properties: Arc<PlanProperties>,
+}
+
+impl LaneInterleaveExec {
+    /// Interleaves `input`'s partitions in turns of `turn_rows` rows.
+    pub fn new(input: Arc<dyn ExecutionPlan>, turn_rows: usize) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(input.schema()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            input,
+            turn_rows: turn_rows.max(1),
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for LaneInterleaveExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "LaneInterleaveExec: {} lanes, turns of {} rows",
+            self.input.output_partitioning().partition_count(),
+            self.turn_rows
+        )
+    }
+}
+
+impl ExecutionPlan for LaneInterleaveExec {
+    fn name(&self) -> &str {
+        "LaneInterleaveExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    // The lanes are read as they are: repartitioning them would change
+    // the order.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let child = super::single_child(self.name(), &children)?;
+        Ok(Arc::new(Self::new(child, self.turn_rows)))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!(
+                "LaneInterleaveExec has one partition, asked for {partition}"
+            );
+        }
+        ordered_partitions(&self.input, context, self.turn_rows)
+    }
+}
 
 /// One lane: its stream and the part of a batch that did not fit a turn.
 struct Lane {

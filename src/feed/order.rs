@@ -22,13 +22,37 @@
 //!   not set the output order (the probe side does), so it is not checked.
 //!
 //! Shuffled feeds need none of this: the shuffle orders rows by content.
+//!
+//! # Costly functions over the interleaved lanes
+//! Read lane by lane, each lane's costly functions (image decoding) would
+//! have the cores a lane gets, `target_partitions / lanes`, and a lane
+//! waiting for its turn stops after reading two batches ahead: most of the
+//! time one lane decodes while the others wait. So the lanes are
+//! interleaved *under* the projection that runs them
+//! ([`interleave_under_costly_functions`]), which then runs on every core
+//! over the one ordered stream, as it does above a shuffle. The rows and
+//! their order are the same: a projection gives one row per row, and turns
+//! are counted in rows.
+//!
+//! ```text
+//!  as planned                           as run
+//!  ParallelProjectionExec ×4 lanes,     ParallelProjectionExec: image_decode…,
+//!    1 worker each: image_decode…         every core, 1 partition
+//!    DataSourceExec: 4 lanes            LaneInterleaveExec: turns of T rows
+//!  (interleaved by the sink)              DataSourceExec: 4 lanes
+//! ```
 
 use std::sync::Arc;
 
 use datafusion::common::plan_err;
 use datafusion::error::Result;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+
+use crate::exec::lanes::LaneInterleaveExec;
+use crate::sql::ParallelProjectionExec;
 
 /// Partitions an unshuffled feed plans with on every machine. Measured on
 /// the W2 feed (2 cores, 2M rows, A B A B): 2 lanes 376–384k rows/s at
@@ -75,6 +99,59 @@ fn arrival_order_operator(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
         _ => children,
     };
     checked.into_iter().find_map(arrival_order_operator)
+}
+
+/// `plan`, an unshuffled feed's, with its lanes interleaved in turns of
+/// `turn_rows` rows under the lowest projection of costly functions that
+/// only projections separate from the top, and those projections run by
+/// `workers` workers over the one stream; `plan` itself where there is no
+/// such projection or only one lane. See the module docs.
+pub(super) fn interleave_under_costly_functions(
+    plan: Arc<dyn ExecutionPlan>,
+    turn_rows: usize,
+    workers: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if plan.output_partitioning().partition_count() <= 1 {
+        return Ok(plan);
+    }
+    // The projections from the top (one row per row, lane by lane), and
+    // the position of the lowest that runs costly functions.
+    let mut projections: Vec<Arc<dyn ExecutionPlan>> = vec![];
+    let mut lowest_costly = None;
+    let mut node = Arc::clone(&plan);
+    loop {
+        let costly = node.downcast_ref::<ParallelProjectionExec>().is_some();
+        if !costly && node.downcast_ref::<ProjectionExec>().is_none() {
+            break;
+        }
+        if costly {
+            lowest_costly = Some(projections.len());
+        }
+        let child = Arc::clone(node.children()[0]);
+        projections.push(node);
+        node = child;
+    }
+    let Some(lowest) = lowest_costly else {
+        return Ok(plan);
+    };
+    let lanes = Arc::clone(projections[lowest].children()[0]);
+    let mut rebuilt: Arc<dyn ExecutionPlan> =
+        Arc::new(LaneInterleaveExec::new(lanes, turn_rows));
+    for node in projections[..=lowest].iter().rev() {
+        rebuilt = match node.downcast_ref::<ParallelProjectionExec>() {
+            Some(parallel) => {
+                let projection =
+                    ProjectionExec::try_new(parallel.exprs().to_vec(), rebuilt)?;
+                Arc::new(ParallelProjectionExec::new(
+                    &projection,
+                    workers,
+                    parallel.batch_bytes(),
+                ))
+            }
+            None => replace_children_if_necessary(Arc::clone(node), vec![rebuilt])?,
+        };
+    }
+    Ok(rebuilt)
 }
 
 #[cfg(test)]

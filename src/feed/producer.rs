@@ -402,6 +402,15 @@ impl Producer {
         };
         if options.shuffle_seed.is_none() {
             order::check_deterministic_order(&physical)?;
+            physical = order::interleave_under_costly_functions(
+                physical,
+                state.config().batch_size(),
+                options
+                    .session
+                    .context()
+                    .copied_config()
+                    .target_partitions(),
+            )?;
         }
         Ok(EpochPlan {
             plan: physical,

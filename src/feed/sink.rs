@@ -74,14 +74,13 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::common::spawn_buffered;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use futures::StreamExt;
 
@@ -581,17 +580,6 @@ fn ordered_input(
     input: &Arc<dyn ExecutionPlan>,
     context: Arc<TaskContext>,
 ) -> Result<SendableRecordBatchStream> {
-    let partitions = input.output_partitioning().partition_count();
-    if partitions == 1 {
-        return input.execute(0, context);
-    }
     let turn_rows = context.session_config().batch_size();
-    let lanes = (0..partitions)
-        .map(|p| Ok(spawn_buffered(input.execute(p, Arc::clone(&context))?, 2)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(crate::exec::lanes::interleave_lanes(
-        input.schema(),
-        lanes,
-        turn_rows,
-    ))
+    crate::exec::lanes::ordered_partitions(input, context, turn_rows)
 }

@@ -1123,3 +1123,60 @@ fn cli_tensor_unit_feeds_float_epoch_seconds() -> Result<()> {
     assert!(!ok && err.contains("unit 'days' of column 't'"), "{err}");
     Ok(())
 }
+
+/// Each batch's ids and image bytes, and the first epoch's plan.
+type IdsAndImages = (Vec<(Vec<i64>, Vec<u8>)>, String);
+
+/// An unshuffled feed's costly functions run over the interleaved lanes on
+/// every core (`LaneInterleaveExec` under them), and its batches are those
+/// of the lanes decoded one by one and interleaved by the sink (functions
+/// not parallel, `function_batch_bytes = 0`): the same rows in the same
+/// order, across turns of 100 rows and 3 lanes (a file each).
+#[test]
+fn costly_functions_over_interleaved_lanes_give_the_lanes_order() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1500, 3)?;
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_decode(image_png)) AS img FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let run = |parallel: bool, turn: usize| -> Result<IdsAndImages> {
+        let session = session(2, turn)?;
+        if !parallel {
+            futures::executor::block_on(
+                session
+                    .context()
+                    .sql("SET sqlfeed.function_batch_bytes = 0"),
+            )?;
+        }
+        let mut feed = Feed::builder(&session, sql.clone())
+            .batch_size(64)
+            .device(Device::Cpu)
+            .build()?;
+        let mut batches = vec![];
+        for batch in feed.by_ref() {
+            let batch = batch?;
+            batches.push((
+                batch.tensor("id")?.as_slice::<i64>()?.to_vec(),
+                batch.tensor("img")?.to_host_bytes()?,
+            ));
+        }
+        let plan = feed.epoch_plans()[0].1.clone();
+        Ok((batches, plan))
+    };
+    let (parallel, plan) = run(true, 100)?;
+    assert!(
+        plan.contains("LaneInterleaveExec: 3 lanes, turns of 100 rows"),
+        "{plan}"
+    );
+    let (lane_by_lane, plain) = run(false, 100)?;
+    assert!(!plain.contains("LaneInterleaveExec"), "{plain}");
+    assert_eq!(parallel.len(), 1500usize.div_ceil(64));
+    assert_eq!(parallel, lane_by_lane);
+    // Another turn is another order: the comparison sees the order.
+    assert_ne!(run(false, 150)?.0, lane_by_lane);
+    // The lanes really interleave: ids do not come in file order.
+    let ids: Vec<i64> = parallel.iter().flat_map(|(ids, _)| ids.clone()).collect();
+    assert!(ids.windows(2).any(|w| w[1] < w[0]));
+    Ok(())
+}
