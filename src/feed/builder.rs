@@ -1,0 +1,571 @@
+//! [`FeedBuilder`]: a feed's options, checked and resolved (a checkpoint
+//! against the data, Delta Lake versions pinned) when the feed is built.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, mpsc};
+
+use datafusion::common::plan_err;
+use datafusion::common::{internal_err, resources_datafusion_err};
+use datafusion::error::Result;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
+
+use super::batcher::EpochStart;
+use super::checkpoint::{
+    AppendedState, CHECKPOINT_VERSION, Checkpoint, FeedShape, ManifestEntry,
+    OnDataChange, query_fingerprint,
+};
+use super::columns::ColumnSpec;
+use super::epoch_cache::EpochCache;
+use super::metrics::FeedMetrics;
+use super::producer::Producer;
+use super::source::EpochSource;
+use super::{
+    Feed, NEXT_FEED_ID, RING_SHARE_DIVISOR, appended, list_inputs, mixture, on_runtime,
+};
+use crate::Session;
+use crate::cache::InputFile;
+use crate::device::{Backend, Device, SlotPool};
+
+/// Options of a [`Feed`]; see the module docs.
+#[derive(Debug, Clone)]
+pub struct FeedBuilder {
+    pub(super) session: Session,
+    pub(super) sql: String,
+    pub(super) shuffle_seed: Option<u64>,
+    pub(super) batch_size: usize,
+    pub(super) drop_last: bool,
+    pub(super) prefetch: usize,
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) epochs: u64,
+    /// The first epoch and where in it the feed starts.
+    pub(super) resume: (u64, EpochStart),
+    pub(super) device: Option<Device>,
+    pub(super) columns: Vec<(String, ColumnSpec)>,
+    pub(super) token_budget: Option<usize>,
+    pub(super) bucket_window: Option<usize>,
+    pub(super) cache: bool,
+    /// Names a training run so that its ranks share one cluster job per epoch.
+    pub(super) run_id: String,
+    /// Partitions of an unshuffled feed's plan (see `order.rs`).
+    pub(super) order_lanes: usize,
+    /// Steps not handed over, by epoch.
+    pub(super) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
+    /// `Some(kept)`: feed each row's origin (file id, row in file) and the
+    /// output columns `kept` instead of the query's columns, on the
+    /// embedded engine (see `provenance.rs`).
+    pub(super) origins: Option<Vec<String>>,
+    /// An epoch continued over appended data (see `appended.rs`).
+    pub(super) appended: Option<appended::Appended>,
+    /// A checkpoint to resume, resolved against the data when the feed is
+    /// built (see `checkpoint.rs`).
+    pub(super) checkpoint: Option<(Checkpoint, OnDataChange)>,
+    /// The SQL as written, when `sql` is it with Delta Lake versions pinned
+    /// (see `sql::delta`).
+    pub(super) user_sql: Option<String>,
+    /// The pinned Delta Lake tables, by name as written, and their versions.
+    pub(super) delta_versions: BTreeMap<String, u64>,
+}
+
+impl FeedBuilder {
+    /// Keeps the query's result in the session's epoch cache
+    /// ([`crate::cache`]): the first epoch writes it while streaming (the
+    /// query runs once, the first batch comes as soon as uncached), later
+    /// epochs read it, so decoding and preprocessing run once, while the
+    /// shuffle still draws a fresh order per (seed, epoch) and every batch is
+    /// the uncached feed's. Stores the compact form where the query's last
+    /// step only widens (uint8 pixels under `image_to_tensor`). A later run
+    /// of the same query over the same files reuses the entry from disk.
+    /// A query with a `MIX` keeps each source's rows instead and draws
+    /// every epoch's mixture from them.
+    pub fn cache(mut self, cache: bool) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// On a cluster session ([`crate::SessionBuilder::cluster`]), the name
+    /// the ranks of one training run share: each epoch runs as one cluster
+    /// job that rank 0 submits and every rank reads its own output
+    /// partition of (see [`crate::cluster::SharedJobExec`]). Runs with
+    /// the same query, seed, world and batch size but different ids get
+    /// separate jobs. Default: empty.
+    pub fn run_id(mut self, id: impl Into<String>) -> Self {
+        self.run_id = id.into();
+        self
+    }
+
+    /// Partitions an unshuffled feed's query runs as (default
+    /// [`DEFAULT_ORDER_LANES`], the same on every machine): its batches are
+    /// a function of (query, data, lanes), never of the core count. More
+    /// lanes decode in parallel on more cores, and give another (equally
+    /// deterministic) order. Shuffled feeds ignore it.
+    pub fn order_lanes(mut self, lanes: usize) -> Self {
+        self.order_lanes = lanes;
+        self
+    }
+
+    /// Globally shuffles every epoch: epoch `e` uses `(seed, e)`.
+    pub fn shuffle(mut self, seed: u64) -> Self {
+        self.shuffle_seed = Some(seed);
+        self
+    }
+
+    /// Rows per batch (default 256).
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = rows;
+        self
+    }
+
+    /// Variable batch sizes: pack rows until the padded batch (rows × the
+    /// longest row of the query's one variable-length column) would exceed
+    /// `tokens`. Replaces `batch_size` for cutting batches; see the module
+    /// docs of `batcher.rs` for the exact rule and how ranks stay equal.
+    pub fn batch_tokens(mut self, tokens: usize) -> Self {
+        self.token_budget = Some(tokens);
+        self
+    }
+
+    /// Length bucketing to cut padding: sort windows of `window_steps`
+    /// global steps by the length of the variable-length column and emit
+    /// their batches in a seeded random order (fixed batch sizes only).
+    pub fn bucket_by_length(mut self, window_steps: usize) -> Self {
+        self.bucket_window = Some(window_steps);
+        self
+    }
+
+    /// Drop the last partial batch (default false).
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// Batches prepared ahead of the consumer (default 4).
+    pub fn prefetch(mut self, batches: usize) -> Self {
+        self.prefetch = batches;
+        self
+    }
+
+    /// This process is `rank` of `world` data-parallel ranks.
+    pub fn shard(mut self, rank: usize, world: usize) -> Self {
+        self.rank = rank;
+        self.world = world;
+        self
+    }
+
+    /// Number of epochs (default 1).
+    pub fn epochs(mut self, epochs: u64) -> Self {
+        self.epochs = epochs;
+        self
+    }
+
+    /// Starts at `step` of `epoch`, as an uninterrupted run of this world
+    /// size and batch size would be there.
+    pub fn resume_at(mut self, epoch: u64, step: u64) -> Self {
+        self.resume = (epoch, EpochStart::Step(step));
+        self
+    }
+
+    /// Starts `epoch` after the first `rows` rows of its order, which all
+    /// ranks together consumed before a checkpoint
+    /// ([`TensorBatch::next_row_position`]) under any world size and batch
+    /// size: the rest of the epoch's order is cut into this feed's batches,
+    /// so within the epoch no row is fed twice and none is skipped (but the
+    /// pads or drops of the new shape's last step), and later epochs are a
+    /// fresh run's. `first_step` numbers the first batch (the checkpoint's
+    /// next step; informative under a new shape). Not with
+    /// `bucket_by_length`, whose windows are cut from the epoch's start.
+    pub fn resume_after_rows(mut self, epoch: u64, rows: u64, first_step: u64) -> Self {
+        self.resume = (epoch, EpochStart::Rows { rows, first_step });
+        self
+    }
+
+    /// Continues `epoch` — whose order over the files `old_files` (as
+    /// [`input_files`] names them in a checkpoint's manifest) all ranks had
+    /// consumed `rows` rows of at a checkpoint — over the data as it is now,
+    /// with files added since: the epoch's batches are then every row of
+    /// the old files not consumed plus every row of the added ones, in a
+    /// fresh order that is a pure function of (seed, epoch, rows, old files,
+    /// data); later epochs are a fresh run's over all of it. Combine with
+    /// [`FeedBuilder::resume_after_rows`] to resume a checkpoint taken inside
+    /// the continued epoch (its rows count from the continuation). Shuffled
+    /// feeds only; an old file that is gone or holds fewer rows is an error
+    /// naming it. See `appended.rs`.
+    pub fn continue_over_appended(
+        mut self,
+        epoch: u64,
+        old_files: impl IntoIterator<Item = impl Into<String>>,
+        rows: u64,
+    ) -> Self {
+        let mut old_files: Vec<String> = old_files.into_iter().map(Into::into).collect();
+        old_files.sort();
+        old_files.dedup();
+        self.appended = Some(appended::Appended {
+            epoch,
+            old_files,
+            rows,
+        });
+        if self.resume.0 != epoch {
+            self.resume = (epoch, EpochStart::BEGIN);
+        }
+        self
+    }
+
+    /// Resumes `checkpoint` ([`Feed::checkpoint`], or Python's
+    /// `state_dict()`): the next batch is the one after the checkpoint's,
+    /// under this feed's world size, batch size and token budget, which may
+    /// differ from the checkpoint's (the epoch then goes on from the same row
+    /// of the same order). Replaces `resume_at`, `resume_after_rows`,
+    /// `continue_over_appended` and earlier skipped steps. When the feed is
+    /// built the checkpoint is checked against it — another query or seed
+    /// is an error saying what differs — and its data manifest against the
+    /// files the query reads now: a change is handled as `on_data_change`
+    /// says ([`OnDataChange`]).
+    pub fn resume_from(
+        mut self,
+        checkpoint: Checkpoint,
+        on_data_change: OnDataChange,
+    ) -> Self {
+        self.checkpoint = Some((checkpoint, on_data_change));
+        self
+    }
+
+    /// The SQL as the user wrote it (before Delta versions were pinned):
+    /// what a checkpoint's query fingerprint is of.
+    pub(super) fn query_sql(&self) -> &str {
+        self.user_sql.as_deref().unwrap_or(&self.sql)
+    }
+
+    /// Pins the Delta Lake tables the query names without a version (see
+    /// `sql::delta`): at the resume checkpoint's versions, else at their
+    /// newest now. The feed then reads `'…@v<n>'` every epoch.
+    #[cfg(feature = "delta")]
+    pub(super) fn pin_delta_versions(
+        &mut self,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Result<()> {
+        let pins = match &self.checkpoint {
+            Some((checkpoint, _)) => checkpoint.delta_versions.clone(),
+            None => self.delta_versions.clone(),
+        };
+        let state = self.session.context().state();
+        let sql = self.sql.clone();
+        let (pinned, versions) = on_runtime(runtime, async move {
+            crate::sql::delta::pin_versions(&state, &sql, &pins).await
+        })?;
+        if !versions.is_empty() {
+            self.user_sql = Some(std::mem::replace(&mut self.sql, pinned));
+            self.delta_versions = versions;
+        }
+        Ok(())
+    }
+
+    /// Reads the Delta Lake tables the query names without a version at
+    /// these versions (by name as written; a checkpoint's
+    /// `delta_versions`) instead of pinning them at their newest when the
+    /// feed is built. A checkpoint given to [`FeedBuilder::resume_from`]
+    /// brings its own.
+    pub fn delta_versions(mut self, versions: BTreeMap<String, u64>) -> Self {
+        self.delta_versions = versions;
+        self
+    }
+
+    /// What a checkpoint's rows depend on, of this feed.
+    pub(super) fn shape(&self) -> FeedShape {
+        FeedShape {
+            query: query_fingerprint(self.query_sql()),
+            seed: self.shuffle_seed,
+            world: self.world,
+            batch_size: self.batch_size,
+            batch_tokens: self.token_budget,
+            drop_last: self.drop_last,
+            bucketed: self.bucket_window.is_some(),
+        }
+    }
+
+    /// Applies the checkpoint given to [`FeedBuilder::resume_from`], if any,
+    /// against the files the query reads now (`now`).
+    pub(super) fn resolve_checkpoint(mut self, now: &[InputFile]) -> Result<Self> {
+        let Some((checkpoint, on_data_change)) = self.checkpoint.take() else {
+            return Ok(self);
+        };
+        let point = checkpoint.resume_point(&self.shape(), now, on_data_change)?;
+        self.resume = match point.rows {
+            Some(rows) => (
+                point.epoch,
+                EpochStart::Rows {
+                    rows,
+                    first_step: point.step,
+                },
+            ),
+            None => (point.epoch, EpochStart::Step(point.step)),
+        };
+        self.skipped_steps = point.skipped;
+        self.appended = point.appended.map(|appended| {
+            let mut old_files: Vec<String> =
+                appended.data.into_iter().map(|f| f.0.location).collect();
+            old_files.sort();
+            old_files.dedup();
+            appended::Appended {
+                epoch: appended.epoch,
+                old_files,
+                rows: appended.rows,
+            }
+        });
+        Ok(self)
+    }
+
+    /// The checkpoint of this feed at its start, over the data `data`:
+    /// what [`Feed::checkpoint`] fills in as batches are handed over.
+    pub(super) fn checkpoint_at_start(&self, data: &[InputFile]) -> Checkpoint {
+        let (epoch, start) = self.resume;
+        let (step, rows) = match start {
+            EpochStart::Rows { rows, first_step } => (first_step, Some(rows)),
+            // A token budget's steps have no fixed number of rows.
+            EpochStart::Step(step) => (
+                step,
+                self.token_budget
+                    .is_none()
+                    .then(|| step * (self.batch_size * self.world) as u64),
+            ),
+        };
+        let appended = self.appended.as_ref().map(|appended| AppendedState {
+            epoch: appended.epoch,
+            // The old files are unchanged (a continuation refuses others).
+            data: data
+                .iter()
+                .filter(|f| appended.old_files.binary_search(&f.location).is_ok())
+                .cloned()
+                .map(ManifestEntry)
+                .collect(),
+            rows: appended.rows,
+        });
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            epoch,
+            step,
+            rows,
+            seed: self.shuffle_seed,
+            rank: self.rank,
+            world: self.world,
+            batch_size: self.batch_size,
+            batch_tokens: self.token_budget,
+            drop_last: self.drop_last,
+            query: query_fingerprint(self.query_sql()),
+            skipped: self
+                .skipped_steps
+                .iter()
+                .filter(|(_, steps)| !steps.is_empty())
+                .map(|(epoch, steps)| {
+                    (epoch.to_string(), steps.iter().copied().collect())
+                })
+                .collect(),
+            appended,
+            data: Some(data.iter().cloned().map(ManifestEntry).collect()),
+            delta_versions: self.delta_versions.clone(),
+        }
+    }
+
+    /// Leaves out this rank's batches of global steps `steps` of `epoch` —
+    /// the batches of a loss spike, when resuming from a checkpoint before
+    /// it — and nothing else: every other batch is where it was, so the run
+    /// is the uninterrupted one minus those steps. Adds to earlier calls.
+    pub fn skip_steps(
+        mut self,
+        epoch: u64,
+        steps: impl IntoIterator<Item = u64>,
+    ) -> Self {
+        self.skipped_steps.entry(epoch).or_default().extend(steps);
+        self
+    }
+
+    /// Where tensors go (default [`Device::auto`]).
+    pub fn device(mut self, device: Device) -> Self {
+        self.device = Some(device);
+        self
+    }
+
+    /// How column `name` becomes a tensor (dtype, shape, scale, padding, …).
+    pub fn column(mut self, name: impl Into<String>, spec: ColumnSpec) -> Self {
+        self.columns.push((name.into(), spec));
+        self
+    }
+
+    /// Checks the options, opens the device, plans the query, checks that
+    /// every column can become a tensor and starts producing batches.
+    pub fn build(mut self) -> Result<Feed> {
+        self.validate()?;
+        let device = self.device.unwrap_or_else(Device::auto);
+        let backend = Backend::try_new(device)?;
+        let id = NEXT_FEED_ID.fetch_add(1, Ordering::Relaxed);
+        let thread_name = format!("sqlfeed-{id}");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            // One worker per core for the query's partitions, plus one so that
+            // the sink is never queued behind a partition decoding a whole
+            // record batch in one poll (tens of ms): a wake-up that waits
+            // for that drains the prefetch ring and starves the consumer.
+            .worker_threads(
+                std::thread::available_parallelism().map_or(2, |n| n.get()) + 1,
+            )
+            .thread_name(thread_name.clone())
+            .enable_all()
+            .build()
+            .map_err(|e| resources_datafusion_err!("cannot start feed threads: {e}"))?;
+        // The files the order is over, listed once as the feed starts: its
+        // checkpoints record them, so that a resume over changed data is
+        // noticed (an explain's feed is internal and takes none).
+        #[cfg(feature = "delta")]
+        if self.user_sql.is_none() {
+            self.pin_delta_versions(&runtime)?;
+        }
+        {
+            let (session, sql) = (self.session.clone(), self.sql.clone());
+            let shuffled = self.shuffle_seed.is_some();
+            on_runtime(&runtime, async move {
+                mixture::check(&session, &sql, shuffled).await
+            })?;
+        }
+        let checkpoint = match self.origins {
+            Some(_) => None,
+            None => {
+                let data = list_inputs(&runtime, &self.session, &self.sql)?;
+                if self.checkpoint.is_some() {
+                    self = self.resolve_checkpoint(&data)?;
+                    self.validate()?;
+                }
+                Some(self.checkpoint_at_start(&data))
+            }
+        };
+        let metrics = Arc::new(FeedMetrics::new());
+        let memory_pool = &self.session.context().runtime_env().memory_pool;
+        let ring_memory =
+            MemoryConsumer::new(format!("feed {id} prefetch ring")).register(memory_pool);
+        // The ring's share is set aside before the query runs: a shuffle
+        // (spillable) would otherwise take the whole pool while it reads,
+        // and the ring could not grow once batches come.
+        let ring_share = match memory_pool.memory_limit() {
+            MemoryLimit::Finite(limit) => limit / RING_SHARE_DIVISOR,
+            _ => 0,
+        };
+        let pool = SlotPool::new(backend, self.prefetch + 1)
+            .with_reservation(ring_memory, ring_share);
+        let loans = pool.loans();
+        let pool = Arc::new(tokio::sync::Mutex::new(pool));
+        let (events_tx, events) = mpsc::channel();
+        let (init_tx, init_rx) = mpsc::channel();
+        let source =
+            EpochSource::choose(&self.session, self.cache, self.shuffle_seed.is_some());
+        let producer = Producer {
+            source,
+            options: self,
+            pool: Arc::clone(&pool),
+            metrics: Arc::clone(&metrics),
+            cache: EpochCache::default(),
+        };
+        let task = runtime.spawn(producer.run(events_tx, init_tx));
+        let mut feed = Feed {
+            id,
+            thread_name,
+            events: Some(events),
+            runtime: Some(runtime),
+            task: Some(task),
+            metrics,
+            pool: Arc::downgrade(&pool),
+            loans,
+            device,
+            tensors: vec![],
+            epoch_plans: vec![],
+            epoch_seconds: vec![],
+            epoch_mixtures: vec![],
+            finished: false,
+            waiting_since: None,
+            checkpoint,
+        };
+        drop(pool);
+        // Planning errors (bad SQL, missing files, untensorable columns) are
+        // build errors; the feed's own Drop cleans up on that path.
+        match init_rx.recv() {
+            Ok(Ok(tensors)) => feed.tensors = tensors,
+            Ok(Err(err)) => return Err(err),
+            Err(_) => {
+                return internal_err!("the feed stopped while planning its query");
+            }
+        }
+        Ok(feed)
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        let plan_error = |msg: String| plan_err!("{msg}");
+        if self.batch_size == 0 {
+            return plan_error("batch_size must be at least 1".into());
+        }
+        if self.world == 0 || self.rank >= self.world {
+            return plan_error(format!(
+                "shard {}/{}: the rank must be below the world size (ranks are 0..{})",
+                self.rank,
+                self.world,
+                self.world.saturating_sub(1)
+            ));
+        }
+        if self.epochs == 0 {
+            return plan_error("epochs must be at least 1".into());
+        }
+        if self.bucket_window.is_some()
+            && let (_, EpochStart::Rows { rows, .. }) = self.resume
+            && !self.resume.1.on_the_grid(self.batch_size * self.world)
+        {
+            return plan_error(format!(
+                "cannot resume a bucket_by_length feed after {rows} rows: its windows are \
+                 cut from the epoch's start, so it resumes only at a step of its own \
+                 batch size and world size ({} rows each)",
+                self.batch_size * self.world
+            ));
+        }
+        if self.resume.0 >= self.epochs {
+            return plan_error(format!(
+                "cannot resume at epoch {}: the feed has epochs 0..{}",
+                self.resume.0,
+                self.epochs - 1
+            ));
+        }
+        if let Some(appended) = &self.appended {
+            if self.shuffle_seed.is_none() {
+                return plan_error(
+                    "an unshuffled feed cannot continue an epoch over appended data: its \
+                     order over partitions changes when files join the listing, so the \
+                     rows consumed before cannot be found again; start the epoch anew"
+                        .into(),
+                );
+            }
+            if self.resume.0 != appended.epoch {
+                return plan_error(format!(
+                    "the feed resumes at epoch {} but continues epoch {} over appended \
+                     data: both must name the checkpoint's epoch",
+                    self.resume.0, appended.epoch
+                ));
+            }
+        }
+        if self.prefetch == 0 {
+            return plan_error("prefetch must be at least 1".into());
+        }
+        if self.order_lanes == 0 {
+            return plan_error("order_lanes must be at least 1".into());
+        }
+        if self.token_budget == Some(0) {
+            return plan_error("batch_tokens must be at least 1".into());
+        }
+        if self.token_budget.is_some() && self.bucket_window.is_some() {
+            return plan_error(
+                "bucket_by_length works with batch_size; with batch_tokens the packing \
+                 already adapts batch sizes to lengths"
+                    .into(),
+            );
+        }
+        if self.bucket_window == Some(0) {
+            return plan_error(
+                "bucket_by_length needs a window of at least 1 step".into(),
+            );
+        }
+        Ok(())
+    }
+}
