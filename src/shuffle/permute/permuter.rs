@@ -1,0 +1,488 @@
+//! [`Permuter`]: one execution of a [`super::PermuteExec`] partition: the
+//! held batches and their `(key, batch, row)` index, the sorted runs
+//! spilled when the reservation is full, and the output in key order
+//! (gathered from memory, or merged from the runs).
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions, UInt32Array,
+    UInt64Array,
+};
+use datafusion::arrow::compute::{filter_record_batch, interleave, take_record_batch};
+use datafusion::arrow::datatypes::{DataType, Schema, UInt64Type};
+use datafusion::common::internal_err;
+use datafusion::common::{internal_datafusion_err, resources_err};
+use datafusion::error::Result;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
+use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::metrics::BaselineMetrics;
+use datafusion::physical_plan::sorts::streaming_merge::{
+    SortedSpillFile, StreamingMergeBuilder,
+};
+use datafusion::physical_plan::spill::{SpillManager, get_record_batch_memory_size};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::StreamExt;
+
+use super::super::SHUFFLE_KEY_COLUMN;
+use super::super::copies::{CopyCounter, copy_key, spread_copies_in_index};
+
+use super::INDEX_ENTRY_BYTES;
+
+/// The state of one execution.
+pub(super) struct Permuter {
+    /// Batches held in memory (with the key column).
+    held: Vec<RecordBatch>,
+    /// (key, held batch, row) of every held row.
+    index: Vec<(u64, u32, u32)>,
+    /// Key-sorted runs on disk.
+    runs: Vec<SortedSpillFile>,
+    /// Held batches and index, in the session's pool.
+    reservation: MemoryReservation,
+    /// Memory set aside, once a run is on disk, for merging the runs
+    /// (unspillable, so other partitions' fair shares shrink instead).
+    merge_headroom: MemoryReservation,
+    /// The pool merges reserve their batches from.
+    pool: Arc<dyn MemoryPool>,
+    spill_manager: SpillManager,
+    /// Rows per output batch and per spilled batch.
+    batch_rows: usize,
+    /// Position of the key column (= the number of content columns).
+    key_column: usize,
+    /// The keys are content keys whose copies still need their own keys;
+    /// unset for the sorter of copies, whose keys are final.
+    spread_copies: bool,
+    /// Most bytes held before spilling, besides what the pool allows; set
+    /// for the sorter of later copies (see `merge_runs`).
+    hold_limit: Option<usize>,
+}
+
+impl Permuter {
+    /// An empty permuter of batches shaped like `spill_manager`'s schema.
+    pub(super) fn new(
+        reservation: MemoryReservation,
+        pool: &Arc<dyn MemoryPool>,
+        spill_manager: SpillManager,
+        batch_rows: usize,
+        spread_copies: bool,
+    ) -> Self {
+        let key_column = spill_manager.schema().fields().len() - 1;
+        let merge_headroom = MemoryConsumer::new(format!(
+            "{} merge headroom",
+            reservation.consumer().name()
+        ))
+        .register(pool);
+        Self {
+            held: Vec::new(),
+            index: Vec::new(),
+            runs: Vec::new(),
+            reservation,
+            merge_headroom,
+            pool: Arc::clone(pool),
+            spill_manager,
+            batch_rows,
+            key_column,
+            spread_copies,
+            hold_limit: None,
+        }
+    }
+
+    /// Reads all input, then returns the output stream (with the key column
+    /// holding every row's final key).
+    pub(super) async fn run(
+        mut self,
+        mut arrivals: SendableRecordBatchStream,
+        baseline: BaselineMetrics,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        while let Some(batch) = arrivals.next().await {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            self.push(batch)?;
+        }
+        drop(arrivals);
+        if self.runs.is_empty() {
+            self.gather_in_memory(baseline)
+        } else {
+            self.merge_runs(baseline).await
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.runs.is_empty()
+    }
+
+    /// Holds `batch`, first spilling what is held if it does not fit.
+    pub(super) fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        let rows = batch.num_rows();
+        if rows == 0 {
+            return Ok(());
+        }
+        let bytes = get_record_batch_memory_size(&batch) + rows * INDEX_ENTRY_BYTES;
+        let over_limit = self
+            .hold_limit
+            .is_some_and(|limit| self.reservation.size() + bytes > limit);
+        if over_limit && !self.held.is_empty() {
+            self.spill()?;
+        }
+        if self.reservation.try_grow(bytes).is_err() {
+            if self.held.is_empty() {
+                return resources_err!(
+                    "SHUFFLE: one batch of {rows} rows needs {bytes} bytes, more than the \
+                     memory limit leaves; raise --memory-limit"
+                );
+            }
+            self.spill()?;
+            self.reservation.try_grow(bytes)?;
+        }
+        if self.held.len() >= u32::MAX as usize {
+            return resources_err!("SHUFFLE: more than 4 billion batches held in memory");
+        }
+        if batch
+            .column(self.key_column)
+            .as_primitive_opt::<UInt64Type>()
+            .is_none()
+        {
+            return internal_err!("{SHUFFLE_KEY_COLUMN} is not UInt64");
+        }
+        self.held.push(batch);
+        Ok(())
+    }
+
+    /// Builds the index of everything held, sorted by key. It is built once,
+    /// at its exact size, from the held key columns (growing it batch by
+    /// batch would briefly need three times its size when it reallocates).
+    /// Equal keys (copies of one row) fall back to arrival order, which
+    /// cannot be seen in the output.
+    pub(super) fn build_index(&mut self) {
+        let rows = self.held.iter().map(|b| b.num_rows()).sum();
+        let mut index = Vec::with_capacity(rows);
+        for (batch_index, batch) in self.held.iter().enumerate() {
+            if let Some(keys) = batch
+                .column(self.key_column)
+                .as_primitive_opt::<UInt64Type>()
+            {
+                index.extend(
+                    keys.values()
+                        .iter()
+                        .enumerate()
+                        .map(|(row, &key)| (key, batch_index as u32, row as u32)),
+                );
+            }
+        }
+        index.sort_unstable();
+        self.index = index;
+    }
+
+    /// Output batch number `chunk`: the content columns of that slice of the
+    /// index, plus the index's keys as the key column when `with_key`.
+    pub(super) fn gather(&self, chunk: usize, with_key: bool) -> Result<RecordBatch> {
+        let start = chunk * self.batch_rows;
+        let end = (start + self.batch_rows).min(self.index.len());
+        let entries = &self.index[start..end];
+        let indices: Vec<(usize, usize)> = entries
+            .iter()
+            .map(|&(_, batch, row)| (batch as usize, row as usize))
+            .collect();
+        let mut columns = (0..self.key_column)
+            .map(|column| {
+                let arrays: Vec<&dyn Array> = self
+                    .held
+                    .iter()
+                    .map(|b| b.column(column).as_ref())
+                    .collect();
+                interleave(&arrays, &indices)
+            })
+            .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
+        let schema = if with_key {
+            columns.push(Arc::new(UInt64Array::from_iter_values(
+                entries.iter().map(|e| e.0),
+            )));
+            Arc::clone(self.spill_manager.schema())
+        } else {
+            let fields = self.spill_manager.schema().fields();
+            Arc::new(Schema::new(fields[..self.key_column].to_vec()))
+        };
+        let options = RecordBatchOptions::new().with_row_count(Some(entries.len()));
+        Ok(RecordBatch::try_new_with_options(
+            schema, columns, &options,
+        )?)
+    }
+
+    /// Writes everything held as one run sorted by the held keys, and frees it.
+    pub(super) fn spill(&mut self) -> Result<()> {
+        self.build_index();
+        let mut file = self
+            .spill_manager
+            .create_in_progress_file("PermuteExec run")?;
+        let mut max_batch_bytes = 0;
+        for chunk in 0..self.index.len().div_ceil(self.batch_rows) {
+            let batch = self.gather(chunk, true)?;
+            max_batch_bytes = max_batch_bytes.max(file.append_batch(&batch)?);
+        }
+        if let Some(file) = file.finish()? {
+            self.runs.push(SortedSpillFile {
+                file,
+                max_record_batch_memory: max_batch_bytes,
+            });
+        }
+        self.held.clear();
+        self.index = Vec::new();
+        self.reservation.free();
+        self.reserve_merge_headroom();
+        Ok(())
+    }
+
+    /// Sets aside what merging the runs will take: two buffered batches of
+    /// each of two runs (the least DataFusion's merge works with), twice when
+    /// copies are numbered in a nested merge. Like `SortExec`'s
+    /// `sort_spill_reservation_bytes`, this is taken while the memory just
+    /// freed by the spill is ours: a partition that fits in memory and holds
+    /// its batches until its output is read would otherwise leave another
+    /// partition's merge nothing, depending on which ran first. It is best
+    /// effort: when the pool cannot give it, the merge asks again and fails
+    /// with the pool's error if the memory is still not there.
+    pub(super) fn reserve_merge_headroom(&mut self) {
+        let largest = self
+            .runs
+            .iter()
+            .map(|run| run.max_record_batch_memory)
+            .max()
+            .unwrap_or(0);
+        let merges = if self.spread_copies { 2 } else { 1 };
+        let wanted = largest * 4 * merges;
+        if wanted > self.merge_headroom.size() {
+            let _ = self.merge_headroom.try_resize(wanted);
+        }
+    }
+
+    /// Everything fit: sort the index, give copies their keys, and stream
+    /// gathered batches; held batches are released when the stream ends.
+    pub(super) fn gather_in_memory(
+        mut self,
+        baseline: BaselineMetrics,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        {
+            let _timer = baseline.elapsed_compute().timer();
+            self.build_index();
+            if self.spread_copies
+                && spread_copies_in_index(&self.held, &mut self.index, self.key_column)
+            {
+                self.index.sort_unstable();
+            }
+            // The keys are in the index now: drop their column (8 B/row).
+            let columns: Vec<usize> = (0..self.key_column).collect();
+            for batch in &mut self.held {
+                *batch = batch.project(&columns)?;
+            }
+        }
+        let chunks = self.index.len().div_ceil(self.batch_rows);
+        let this = Arc::new(self);
+        Ok(futures::stream::iter(0..chunks)
+            .map(move |chunk| {
+                let _timer = baseline.elapsed_compute().timer();
+                this.gather(chunk, true)
+            })
+            .boxed())
+    }
+
+    /// DataFusion's streaming merge by key of `runs` and `streams`, each
+    /// sorted by key, starting with the memory in `reservation` (the merge
+    /// grows it as needed and frees it when the stream ends).
+    pub(super) fn merge(
+        &self,
+        runs: Vec<SortedSpillFile>,
+        streams: Vec<SendableRecordBatchStream>,
+        metrics: BaselineMetrics,
+        reservation: MemoryReservation,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = Arc::clone(self.spill_manager.schema());
+        let key: Arc<dyn PhysicalExpr> =
+            Arc::new(Column::new(SHUFFLE_KEY_COLUMN, self.key_column));
+        let ordering = LexOrdering::new([PhysicalSortExpr::new_default(key)])
+            .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
+        StreamingMergeBuilder::new()
+            .with_sorted_spill_files(runs)
+            .with_streams(streams)
+            .with_spill_manager(self.spill_manager.clone())
+            .with_schema(schema)
+            .with_expressions(&ordering)
+            .with_metrics(metrics)
+            .with_batch_size(self.batch_rows)
+            .with_reservation(reservation)
+            .build()
+    }
+
+    /// Some runs are on disk: spill the rest and merge all runs by key.
+    ///
+    /// With content keys, copies of a row can sit in different runs, so the
+    /// merge in content-key order is walked first to number them (pass 1):
+    /// copies after the first go, with their own keys, to a second sorter.
+    /// When there are none the runs are merged once more as they are;
+    /// otherwise the merge of the runs minus those copies (pass 2, whose
+    /// content keys are their final keys) is merged with the sorted copies.
+    /// Without repeated rows this costs one more read of the runs.
+    pub(super) async fn merge_runs(
+        mut self,
+        baseline: BaselineMetrics,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        if !self.held.is_empty() {
+            self.spill()?;
+        }
+        let runs = std::mem::take(&mut self.runs);
+        if !self.spread_copies {
+            let headroom = self.merge_headroom.take();
+            return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
+        }
+        // Everything is on disk: the copies take over the (empty) reservation,
+        // so that a fair pool does not split the budget with an idle consumer.
+        let reservation = std::mem::replace(
+            &mut self.reservation,
+            MemoryConsumer::new("PermuteExec runs").register(&self.pool),
+        );
+        let mut copies = Permuter::new(
+            reservation,
+            &self.pool,
+            self.spill_manager.clone(),
+            self.batch_rows,
+            false,
+        );
+        // The later copies accumulate while pass 1 merges and the operators
+        // above run: a spillable consumer of a fair pool may take all that
+        // is left and starve them, so it holds no more than this partition
+        // set aside for a merge, and spills beyond.
+        copies.hold_limit = Some(self.merge_headroom.size().max(1));
+        let mut counter = CopyCounter::new(self.key_column);
+        // Pass 1 merges alone, with all the headroom; it is given back to the
+        // pool when the pass ends and set aside again at once for pass 2.
+        let headroom_bytes = self.merge_headroom.size();
+        let headroom = self.merge_headroom.take();
+        let mut merged =
+            self.merge(reopen(&runs), vec![], baseline.intermediate(), headroom)?;
+        while let Some(batch) = merged.next().await {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            if let Some(later) = later_copies(&mut counter, &batch, self.key_column)? {
+                copies.push(later)?;
+            }
+        }
+        drop(merged);
+        // Best effort, as when it was first set aside.
+        let _ = self.merge_headroom.try_resize(headroom_bytes);
+        if copies.is_empty() {
+            let headroom = self.merge_headroom.take();
+            return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
+        }
+        // Pass 2 runs two merges at once: the runs' (half the headroom) and
+        // the outer one of its first copies with the later copies (the rest,
+        // plus what the copies' sorter set aside if it spilled).
+        let key_column = self.key_column;
+        let mut counter = CopyCounter::new(key_column);
+        let runs_headroom = self.merge_headroom.split(self.merge_headroom.size() / 2);
+        let first_copies = self
+            .merge(runs, vec![], baseline.intermediate(), runs_headroom)?
+            .map(move |batch| first_copies(&mut counter, &batch?, key_column));
+        let first_copies: SendableRecordBatchStream =
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(self.spill_manager.schema()),
+                first_copies,
+            ));
+        let streams = vec![first_copies];
+        // The runs did not fit in memory, so neither does holding the later
+        // copies through the final merge next to the merges' buffers (under
+        // a tight budget that failed depending on the other partitions'
+        // timing): they go to disk too, and are merged as runs.
+        if !copies.held.is_empty() {
+            copies.spill()?;
+        }
+        let copy_runs = std::mem::take(&mut copies.runs);
+        let headroom = self.merge_headroom.take();
+        // The copies' sorter is done: what it set aside moves over to the
+        // merge of its runs (best effort, as when it was set aside).
+        let copies_bytes = copies.merge_headroom.size();
+        drop(copies);
+        let _ = headroom.try_grow(copies_bytes);
+        Ok(self.merge(copy_runs, streams, baseline, headroom)?.boxed())
+    }
+}
+
+/// The runs again, for a second merge; the files stay until the last
+/// reference is dropped.
+pub(super) fn reopen(runs: &[SortedSpillFile]) -> Vec<SortedSpillFile> {
+    runs.iter()
+        .map(|run| SortedSpillFile {
+            file: Arc::clone(&run.file),
+            max_record_batch_memory: run.max_record_batch_memory,
+        })
+        .collect()
+}
+
+/// The rows of `batch` (in content-key order) that are not the first copy of
+/// their content, with their [`copy_key`]s in the key column.
+pub(super) fn later_copies(
+    counter: &mut CopyCounter,
+    batch: &RecordBatch,
+    key_column: usize,
+) -> Result<Option<RecordBatch>> {
+    let keys = content_keys(batch, key_column)?;
+    let mut rows = Vec::new();
+    let mut new_keys = Vec::new();
+    for (row, &key) in keys.values().iter().enumerate() {
+        let copy = counter.copy_index(batch, row, key);
+        if copy > 0 {
+            rows.push(row as u32);
+            new_keys.push(copy_key(key, copy));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let taken = take_record_batch(batch, &UInt32Array::from(rows))?;
+    // A taken view array still points into (and would be charged for) the
+    // whole merged batch's buffers.
+    let mut columns = compact_views(&taken.columns()[..key_column]);
+    columns.push(Arc::new(UInt64Array::from(new_keys)));
+    Ok(Some(RecordBatch::try_new(taken.schema(), columns)?))
+}
+
+/// The rows of `batch` (in content-key order) that are the first copy of
+/// their content; their content key is their final key.
+pub(super) fn first_copies(
+    counter: &mut CopyCounter,
+    batch: &RecordBatch,
+    key_column: usize,
+) -> Result<RecordBatch> {
+    let keys = content_keys(batch, key_column)?;
+    let first: BooleanArray = keys
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(row, &key)| Some(counter.copy_index(batch, row, key) == 0))
+        .collect();
+    Ok(filter_record_batch(batch, &first)?)
+}
+
+/// `columns` with string and binary views copied into buffers of their own.
+/// Taking or interleaving rows of a view array keeps every buffer the rows
+/// came from, and a reservation of the batch pays for all of them.
+pub(super) fn compact_views(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+    columns
+        .iter()
+        .map(|column| match column.data_type() {
+            DataType::Utf8View => Arc::new(column.as_string_view().gc()) as ArrayRef,
+            DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
+            _ => Arc::clone(column),
+        })
+        .collect()
+}
+
+pub(super) fn content_keys(
+    batch: &RecordBatch,
+    key_column: usize,
+) -> Result<&UInt64Array> {
+    batch
+        .column(key_column)
+        .as_primitive_opt::<UInt64Type>()
+        .ok_or_else(|| internal_datafusion_err!("{SHUFFLE_KEY_COLUMN} is not UInt64"))
+}
