@@ -146,6 +146,7 @@ pub fn cuda_device_count() -> usize {
 /// Bytes per second of raw pinned host-to-device copies on `device`:
 /// `iters` rounds of one `cuMemcpyHtoDAsync` per entry of `sizes` (the sizes
 /// of one batch's tensors). The yardstick for the feed's H2D rate.
+#[cfg_attr(not(feature = "cuda"), expect(unused_variables))]
 pub fn raw_h2d_bytes_per_s(device: Device, sizes: &[usize], iters: usize) -> Result<f64> {
     match Backend::try_new(device)? {
         Backend::Cpu => {

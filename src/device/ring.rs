@@ -221,7 +221,7 @@ impl Backend {
                 super::cuda::CudaBackend::try_new(ordinal)?,
             ))),
             #[cfg(not(feature = "cuda"))]
-            Device::Cuda(ordinal) => plan_err!(
+            Device::Cuda(ordinal) => datafusion::common::plan_err!(
                 "device cuda:{ordinal} requested, but this sqlfeed was built without \
                  the `cuda` feature; rebuild with `--features cuda` or use --device cpu"
             ),
@@ -247,6 +247,7 @@ impl Backend {
 
     /// Starts moving `slot`'s tensors to the device (CUDA: async copies on
     /// the copy stream, then the slot's event); a no-op on the CPU.
+    #[cfg_attr(not(feature = "cuda"), expect(unused_variables))]
     pub(crate) fn upload(&self, slot: &mut Slot) -> Result<()> {
         match self {
             Backend::Cpu => Ok(()),
@@ -741,6 +742,7 @@ mod tests {
     use super::*;
     use crate::device::dlpack::{self, Access};
     use crate::device::tensor::BatchMeta;
+    #[cfg(feature = "cuda")]
     use datafusion::common::exec_datafusion_err;
 
     fn layout(name: &str, dtype: DType, shape: &[usize]) -> TensorLayout {

@@ -5,8 +5,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
-use datafusion::common::{internal_datafusion_err, plan_datafusion_err};
 use datafusion::error::Result;
 
 use super::Device;
@@ -307,7 +307,7 @@ impl Tensor {
             Backend::Cuda(cuda) => {
                 let buffer = &self.lease.slot().buffers[self.index];
                 let device = buffer.device.as_ref().ok_or_else(|| {
-                    internal_datafusion_err!(
+                    datafusion::common::internal_datafusion_err!(
                         "tensor '{}' has no device buffer",
                         self.name()
                     )

@@ -4,6 +4,7 @@
 //! `--plugin-dir`, with a client whose library differs.
 
 use std::path::{Path, PathBuf};
+#[cfg(feature = "ballista")]
 use std::time::Duration;
 
 use datafusion::error::Result;

@@ -12,12 +12,14 @@ use crate::common::{arc, collect, rows, run, session, sqlfeed, write_parquet};
 
 /// The committed fixture with a CRC-32 in every page header (written by
 /// `tests/data/make_page_checksums.py`: 4,000 rows of `id`, `word`).
+#[cfg(feature = "page-checksums")]
 fn checksummed_fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/page_checksums.parquet")
 }
 
 /// A copy of the fixture in `dir` with one byte flipped inside the values of
 /// the first page of `id`: the page still decodes, to a wrong value.
+#[cfg(feature = "page-checksums")]
 fn flipped_copy(dir: &Path) -> Result<PathBuf> {
     use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
     let path = dir.join("flipped.parquet");
