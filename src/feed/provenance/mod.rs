@@ -53,7 +53,6 @@
 //! `bucket_by_length` keeps its variable-length column (its lengths cut the
 //! batches), so the function computing it runs too.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, StringArray};
@@ -62,17 +61,11 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{
     Column, DFSchema, JoinType, ScalarValue, not_impl_err, plan_err,
 };
-use datafusion::common::{
-    exec_datafusion_err, exec_err, internal_datafusion_err, internal_err,
-    resources_datafusion_err,
-};
+use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingTable;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::FileScanConfig;
-use datafusion::datasource::physical_plan::parquet::{
-    DefaultParquetFileReaderFactory, ParquetFileReaderFactory,
-};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::datasource::{ViewTable, source_as_provider};
 use datafusion::error::Result;
@@ -81,17 +74,15 @@ use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
 use datafusion::logical_expr::{
     Expr, Extension, Filter, LogicalPlan, Projection, SubqueryAlias, Union, cast, lit,
 };
-use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
-use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 
-use super::batcher::EpochStart;
-use super::{FeedBuilder, appended};
-use crate::device::Device;
+use super::appended;
 use crate::shuffle::{
     CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash,
 };
+
+mod explain;
+pub(crate) use explain::scanned_file_ids;
 
 /// The origins query's column with each row's file, as [`file_id`] of its
 /// path in the object store.
@@ -441,310 +432,6 @@ fn scanned_files(
     Ok(files)
 }
 
-impl FeedBuilder {
-    /// Where each row of this rank's batch at `(epoch, step)` came from:
-    /// its Parquet file, row group and row, in batch order, without running
-    /// the query's preprocessing (see the [module docs](self)). The batch
-    /// is the one this feed — or an uninterrupted run of its shape, for a
-    /// position it does not reach — hands over there. Feeds cut by
-    /// `batch_tokens` or `bucket_by_length` also compute their
-    /// variable-length column, whose lengths cut the batches.
-    ///
-    /// ```no_run
-    /// # fn main() -> datafusion::error::Result<()> {
-    /// use sqlfeed::feed::Feed;
-    /// let session = sqlfeed::Session::try_new()?;
-    /// let feed = Feed::builder(
-    ///     &session,
-    ///     "SELECT image_to_tensor(image_decode(jpeg)) AS x, label AS y FROM 'data/*.parquet'",
-    /// )
-    /// .shuffle(42)
-    /// .batch_size(256)
-    /// .shard(5, 8);
-    /// // The loss spiked at step 41 213 of epoch 3: what did rank 5 train on?
-    /// for row in feed.explain_batch(3, 41_213)?.rows {
-    ///     println!("{} row group {} row {}", row.file, row.row_group, row.row);
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
-        if self.checkpoint.is_some() {
-            // The batch of the feed as resumed, over the data as it is now.
-            let now = self.block_on(super::input_files(&self.session, &self.sql))?;
-            return self
-                .clone()
-                .resolve_checkpoint(&now)?
-                .explain_batch(epoch, step);
-        }
-        if self
-            .skipped_steps
-            .get(&epoch)
-            .is_some_and(|steps| steps.contains(&step))
-        {
-            return plan_err!(
-                "step {step} of epoch {epoch} is skipped (skip_steps): no batch is \
-                 handed over there"
-            );
-        }
-        // Batches cut by length need the one variable-length column the
-        // batcher measures (and so the function that computes it).
-        let kept = if self.token_budget.is_some() || self.bucket_window.is_some() {
-            self.block_on(self.variable_length_outputs())?
-        } else {
-            vec![]
-        };
-        let mut origins = self.clone();
-        // Another epoch's continuation does not change this one; this
-        // epoch's is followed through its anti join.
-        origins.appended = self.appended.clone().filter(|a| a.epoch == epoch);
-        origins.columns = self
-            .columns
-            .iter()
-            .filter(|(name, _)| kept.contains(name))
-            .cloned()
-            .collect();
-        origins.origins = Some(kept);
-        origins.device = Some(Device::Cpu);
-        origins.cache = false;
-        origins.prefetch = 2;
-        origins.epochs = origins.epochs.max(epoch + 1);
-        origins.resume = match self.resume {
-            // A resume under another shape numbers its steps from there.
-            (first, start @ EpochStart::Rows { first_step, .. })
-                if first == epoch && first_step <= step =>
-            {
-                (first, start)
-            }
-            _ => (epoch, EpochStart::Step(step)),
-        };
-        let feed = origins.build()?;
-        let mut found = None;
-        for batch in feed {
-            let batch = batch?;
-            if batch.epoch() != epoch || batch.step() > step {
-                break;
-            }
-            if batch.step() == step {
-                found = Some((
-                    batch
-                        .tensor(ORIGIN_FILE_COLUMN)?
-                        .as_slice::<i64>()?
-                        .to_vec(),
-                    batch.tensor(ORIGIN_ROW_COLUMN)?.as_slice::<i64>()?.to_vec(),
-                ));
-                break;
-            }
-        }
-        let Some((file_ids, rows)) = found else {
-            return plan_err!(
-                "epoch {epoch} has no step {step} for rank {} of {} (batch size {}{}): \
-                 the epoch ends before it",
-                self.rank,
-                self.world,
-                self.batch_size,
-                if self.drop_last { ", drop_last" } else { "" }
-            );
-        };
-        let files = self.block_on(self.origin_files())?;
-        let by_id: HashMap<i64, &OriginFile> =
-            files.iter().map(|file| (file.id, file)).collect();
-        let mut origins = Vec::with_capacity(rows.len());
-        for (id, row) in file_ids.into_iter().zip(rows) {
-            let file = by_id.get(&id).ok_or_else(|| {
-                internal_datafusion_err!(
-                    "batch row from a file with id {id} that the query does not list"
-                )
-            })?;
-            let row = u64::try_from(row)
-                .map_err(|_| internal_datafusion_err!("negative file row index {row}"))?;
-            origins.push(RowOrigin {
-                file: file.location.clone(),
-                row_group: file.row_group_of(row)?,
-                row,
-            });
-        }
-        Ok(BatchOrigins {
-            epoch,
-            step,
-            rank: self.rank,
-            rows: origins,
-        })
-    }
-
-    /// Runs `future` to completion on a runtime of its own (explain_batch
-    /// is called from synchronous code, as `build` is).
-    fn block_on<T>(&self, future: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                resources_datafusion_err!("cannot start a thread for explain_batch: {e}")
-            })?
-            .block_on(future)
-    }
-
-    /// The query's output columns that become padded tensors, by the
-    /// feed's own column rules: what `batch_tokens` and `bucket_by_length`
-    /// measure.
-    async fn variable_length_outputs(&self) -> Result<Vec<String>> {
-        let df = self.session.sql(&self.sql).await?;
-        let columns = super::columns::resolve(df.schema().as_arrow(), &self.columns)?;
-        Ok(columns
-            .into_iter()
-            .filter(|column| column.mask_name.is_some())
-            .map(|column| column.name.to_string())
-            .collect())
-    }
-
-    /// The files the feed's query scans, with their ids and row groups.
-    async fn origin_files(&self) -> Result<Vec<OriginFile>> {
-        let (state, scanned) = scanned(&self.session, &self.sql).await?;
-        let metrics = ExecutionPlanMetricsSet::new();
-        let mut files = Vec::with_capacity(scanned.len());
-        for ScannedFile {
-            store_url,
-            file,
-            location,
-            id,
-            ..
-        } in scanned
-        {
-            let store = state.runtime_env().object_store(&store_url)?;
-            let mut reader: Box<dyn AsyncFileReader> =
-                DefaultParquetFileReaderFactory::new(store).create_reader(
-                    0,
-                    file.clone(),
-                    None,
-                    &metrics,
-                )?;
-            let metadata =
-                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-                    .await
-                    .map_err(|e| {
-                        exec_datafusion_err!(
-                            "cannot read the Parquet footer of {location}: {e}"
-                        )
-                    })?;
-            let metadata = metadata.metadata();
-            let mut row_group_ends = Vec::with_capacity(metadata.num_row_groups());
-            let mut end = 0u64;
-            for group in metadata.row_groups() {
-                end += group.num_rows().max(0) as u64;
-                row_group_ends.push(end);
-            }
-            files.push(OriginFile {
-                id,
-                location,
-                row_group_ends,
-            });
-        }
-        Ok(files)
-    }
-}
-
-/// A file a query scans.
-struct ScannedFile {
-    /// Its store.
-    store_url: ObjectStoreUrl,
-    /// The file as the scan reads it.
-    file: PartitionedFile,
-    /// As the data manifest names it.
-    location: String,
-    /// Its [`file_ids`] value.
-    id: i64,
-    /// How many scans of the plan read it.
-    scans: usize,
-}
-
-/// The files `sql` scans when planned on the embedded engine, in location
-/// order, and the state that planned it.
-async fn scanned(
-    session: &crate::Session,
-    sql: &str,
-) -> Result<(datafusion::execution::SessionState, Vec<ScannedFile>)> {
-    let (state, plan) = session.sql(sql).await?.into_parts();
-    let state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
-        .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
-        .build();
-    let physical = state.create_physical_plan(&plan).await?;
-    let mut files: Vec<(ObjectStoreUrl, PartitionedFile, String, usize)> =
-        scanned_files(&physical)?
-            .into_iter()
-            .map(|(store_url, file, scan)| {
-                let location = crate::cache::key::file_location(
-                    &store_url,
-                    &file.object_meta.location,
-                );
-                (store_url, file, location, scan)
-            })
-            .collect();
-    files.sort_by(|a, b| (&a.2, a.3).cmp(&(&b.2, b.3)));
-    files.dedup_by(|a, b| a.2 == b.2 && a.3 == b.3);
-    // One entry per (file, scan) now: count the scans that read each file.
-    let mut scans: HashMap<String, usize> = HashMap::new();
-    for (_, _, location, _) in &files {
-        *scans.entry(location.clone()).or_default() += 1;
-    }
-    files.dedup_by(|a, b| a.2 == b.2);
-    let paths: Vec<&str> = files
-        .iter()
-        .map(|(_, file, _, _)| file.object_meta.location.as_ref())
-        .collect();
-    let ids = file_ids(&paths)?;
-    let scanned = files
-        .into_iter()
-        .zip(ids)
-        .map(|((store_url, file, location, _), id)| ScannedFile {
-            store_url,
-            file,
-            scans: scans.get(&location).copied().unwrap_or(1),
-            location,
-            id,
-        })
-        .collect();
-    Ok((state, scanned))
-}
-
-/// `(location, id, scans reading it)` of every file `sql` scans, in
-/// location order.
-pub(crate) async fn scanned_file_ids(
-    session: &crate::Session,
-    sql: &str,
-) -> Result<Vec<(String, i64, usize)>> {
-    let (_, scanned) = scanned(session, sql).await?;
-    Ok(scanned
-        .into_iter()
-        .map(|f| (f.location, f.id, f.scans))
-        .collect())
-}
-
-/// A file a feed's query scans, as [`FeedBuilder::explain_batch`] names it.
-struct OriginFile {
-    /// Its [`file_ids`] value.
-    id: i64,
-    /// As the data manifest names it.
-    location: String,
-    /// The first row after each row group.
-    row_group_ends: Vec<u64>,
-}
-
-impl OriginFile {
-    /// The row group that holds file row `row`.
-    fn row_group_of(&self, row: u64) -> Result<usize> {
-        let group = self.row_group_ends.partition_point(|&end| end <= row);
-        if group == self.row_group_ends.len() {
-            return exec_err!(
-                "row {row} of {} is beyond its {} rows: was the file rewritten while \
-                 the batch was explained?",
-                self.location,
-                self.row_group_ends.last().copied().unwrap_or(0)
-            );
-        }
-        Ok(group)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use datafusion::arrow::array::{Int64Array, RecordBatch};
@@ -841,23 +528,6 @@ mod tests {
         let ids = file_ids(&["tmp/pv/part-00000.parquet", "a"])?;
         assert!(ids.iter().all(|id| *id >= 0));
         assert_ne!(ids[0], ids[1]);
-        Ok(())
-    }
-
-    #[test]
-    fn rows_fall_in_their_row_group() -> Result<()> {
-        let file = OriginFile {
-            id: 0,
-            location: "file:///f.parquet".into(),
-            row_group_ends: vec![100, 200, 250],
-        };
-        let groups: Vec<usize> = [0, 99, 100, 199, 200, 249]
-            .iter()
-            .map(|row| file.row_group_of(*row))
-            .collect::<Result<_>>()?;
-        assert_eq!(groups, [0, 0, 1, 1, 2, 2]);
-        let err = file.row_group_of(250).expect_err("beyond the file");
-        assert!(err.to_string().contains("beyond its 250 rows"), "{err}");
         Ok(())
     }
 }
