@@ -59,7 +59,12 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::collect;
 
-use super::provenance::{self, ORIGIN_FILE_COLUMN};
+// The scan's file id and row, joined against the consumed rows, are named
+// by `provenance`, whose origins read them.
+use super::provenance::{
+    self, APPENDED_SCAN_FILE as SCAN_FILE, APPENDED_SCAN_ROW as SCAN_ROW,
+    ORIGIN_FILE_COLUMN,
+};
 use crate::Session;
 use crate::shuffle::{ShuffleSpec, shuffle};
 
@@ -79,9 +84,6 @@ pub(crate) struct Appended {
 const CONSUMED_TABLE: &str = "__sqlfeed_consumed";
 const CONSUMED_FILE: &str = "__sqlfeed_consumed_file";
 const CONSUMED_ROW: &str = "__sqlfeed_consumed_row";
-/// The scan's file id and row, joined against the consumed rows.
-pub(super) const SCAN_FILE: &str = "__sqlfeed_appended_file";
-pub(super) const SCAN_ROW: &str = "__sqlfeed_appended_row";
 
 impl Appended {
     /// The rest of the epoch: `sql`'s rows less the consumed ones, shuffled

@@ -76,7 +76,6 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 
-use super::appended;
 use crate::shuffle::{
     CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash,
 };
@@ -84,6 +83,11 @@ use crate::shuffle::{
 mod explain;
 pub(crate) use explain::scanned_file_ids;
 
+/// The file id and row that the scans of an epoch continued over appended
+/// data carry into its anti join (`appended.rs`); the origins take them
+/// from there.
+pub(super) const APPENDED_SCAN_FILE: &str = "__sqlfeed_appended_file";
+pub(super) const APPENDED_SCAN_ROW: &str = "__sqlfeed_appended_row";
 /// The origins query's column with each row's file, as [`file_id`] of its
 /// path in the object store.
 pub(crate) const ORIGIN_FILE_COLUMN: &str = "__sqlfeed_origin_file";
@@ -233,17 +237,16 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
                 && join.join_type == JoinType::LeftAnti
                 && join
                     .schema
-                    .has_column_with_unqualified_name(appended::SCAN_FILE)
+                    .has_column_with_unqualified_name(APPENDED_SCAN_FILE)
                 && join
                     .schema
-                    .has_column_with_unqualified_name(appended::SCAN_ROW) =>
+                    .has_column_with_unqualified_name(APPENDED_SCAN_ROW) =>
         {
             let schema = Arc::clone(projection.input.schema());
             let mut exprs = projection.expr;
-            exprs.push(
-                column_named(&schema, appended::SCAN_FILE)?.alias(SCAN_FILE_COLUMN),
-            );
-            exprs.push(column_named(&schema, appended::SCAN_ROW)?.alias(SCAN_ROW_COLUMN));
+            exprs
+                .push(column_named(&schema, APPENDED_SCAN_FILE)?.alias(SCAN_FILE_COLUMN));
+            exprs.push(column_named(&schema, APPENDED_SCAN_ROW)?.alias(SCAN_ROW_COLUMN));
             Ok(LogicalPlan::Projection(Projection::try_new(
                 exprs,
                 projection.input,
