@@ -34,7 +34,6 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::catalog::{Session as CatalogSession, TableProvider};
 use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Statistics, project_schema};
 use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_err};
 use datafusion::datasource::TableType;
@@ -42,7 +41,7 @@ use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
@@ -273,12 +272,7 @@ impl ExecutionPlan for CacheScanExec {
         vec![]
     }
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    crate::exec::no_expressions!();
 
     fn with_new_children(
         self: Arc<Self>,

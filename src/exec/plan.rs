@@ -46,6 +46,24 @@ pub(crate) fn single_child(
     }
 }
 
+/// `apply_expressions` of an operator that evaluates no expressions of its
+/// own. Used inside `impl ExecutionPlan for …`.
+macro_rules! no_expressions {
+    () => {
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(
+                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+            ) -> datafusion::error::Result<
+                datafusion::common::tree_node::TreeNodeRecursion,
+            >,
+        ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
+            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+        }
+    };
+}
+pub(crate) use no_expressions;
+
 /// The `ExecutionPlan` methods of an operator over the one input in its
 /// field `$input` that evaluates no expressions of its own: `children` and
 /// `apply_expressions`. Used inside `impl ExecutionPlan for …`.
@@ -57,16 +75,7 @@ macro_rules! one_input_children {
             vec![&self.$input]
         }
 
-        fn apply_expressions(
-            &self,
-            _f: &mut dyn FnMut(
-                &std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>,
-            ) -> datafusion::error::Result<
-                datafusion::common::tree_node::TreeNodeRecursion,
-            >,
-        ) -> datafusion::error::Result<datafusion::common::tree_node::TreeNodeRecursion> {
-            Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
-        }
+        $crate::exec::no_expressions!();
     };
 }
 pub(crate) use one_input_children;

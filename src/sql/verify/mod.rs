@@ -46,7 +46,6 @@ use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::internal_err;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::TableType;
 use datafusion::error::Result;
@@ -261,12 +260,7 @@ impl ExecutionPlan for VerifyExec {
         vec![]
     }
 
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    crate::exec::no_expressions!();
 
     fn with_new_children(
         self: Arc<Self>,
