@@ -265,13 +265,9 @@ impl ExecutionPlan for MixExec {
             schema: Arc::clone(&self.schema),
             baseline: BaselineMetrics::new(&self.metrics, partition),
         };
-        let output = futures::stream::unfold(Some(mixer), |mixer| async move {
-            let mut mixer = mixer?;
-            match mixer.next_batch().await {
-                Ok(Some(batch)) => Some((Ok(batch), Some(mixer))),
-                Ok(None) => None,
-                Err(e) => Some((Err(e), None)),
-            }
+        // Ends after the first error.
+        let output = futures::stream::try_unfold(mixer, |mut mixer| async move {
+            Ok(mixer.next_batch().await?.map(|batch| (batch, mixer)))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),

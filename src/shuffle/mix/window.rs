@@ -168,13 +168,9 @@ impl ExecutionPlan for MixWindowExec {
             context,
             baseline: BaselineMetrics::new(&self.metrics, partition),
         };
-        let stream = futures::stream::unfold(Some(reader), |reader| async move {
-            let mut reader = reader?;
-            match reader.next_slice().await {
-                Ok(Some(batch)) => Some((Ok(batch), Some(reader))),
-                Ok(None) => None,
-                Err(e) => Some((Err(e), None)),
-            }
+        // Ends after the first error.
+        let stream = futures::stream::try_unfold(reader, |mut reader| async move {
+            Ok(reader.next_slice().await?.map(|batch| (batch, reader)))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
