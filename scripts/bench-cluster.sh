@@ -4,15 +4,21 @@
 # tensor, a standardised feature, SHUFFLE SEED 42) on the embedded engine
 # and on local Ballista clusters of 1 scheduler + N executors (N in
 # $EXECUTORS, default "1 2 3"; the cores shared out among them), A B A B in
-# one run per N. Prints rows/s of each run, the cluster/embedded ratio, and
-# where the cluster's time went: per stage its tasks, task time, rows (from
-# the scheduler's REST API), so the final stage's parallel tasks show.
+# one run per N. Prints per run rows/s, the first batch and the CPU seconds
+# per row of every process (client, scheduler, executors: /proc), the
+# cluster/embedded CPU ratio, what idle servers burn, and where the cluster's
+# time went: per stage its tasks, task time, rows, every operator's compute
+# time per row (the scheduler's REST API) and the bytes of its shuffle files.
 #
 #   scripts/bench-cluster.sh [ROWS=40000] [IMAGE_SIZE=64] [RESIZE=32] [ROUNDS=2]
 #   PIXELS=uint8 scripts/bench-cluster.sh …   # ship uint8 HWC pixels (4x fewer
 #                                            # bytes); the feed converts to float
 #   EXECUTOR_CACHE=1 scripts/bench-cluster.sh … # then 3 epochs uncached vs cached
 #                                            # on the executors (--executor-cache-dir)
+#   COMPARE_SET="sqlfeed.try_unique_rows=false" scripts/bench-cluster.sh …
+#                                            # each round also runs the cluster
+#                                            # feed with these --set settings
+#                                            # (space-separated KEY=VALUE)
 #   RANKS=4 scripts/bench-cluster.sh …         # then W ranks at once on each
 #                                            # cluster: bytes each rank fetched
 #                                            # vs one rank reading the epoch
@@ -52,7 +58,8 @@ feed_raw() {
     --epochs 1 --batch-size 256 --prefetch 8 --device cpu --result-json "${tensor[@]}" "$@" \
     2>/dev/null
 }
-feed() { feed_raw "$@" | sed -n 's/^RESULT //p'; }
+feed_args=(--shuffle-seed 42 --epochs 1 --batch-size 256 --prefetch 8 --device cpu --result-json
+           "${tensor[@]}")
 echo "feed: $rows JPEGs ${size}x${size} -> decode, resize ${resize}x${resize}, ${PIXELS:-float32} pixels," \
      "standardize; SHUFFLE SEED 42; $cores cores"
 
@@ -74,18 +81,50 @@ for executors in ${EXECUTORS:-1 2 3}; do
     sleep 0.1
   done
   echo "== cluster of $executors executor(s) x $slots task slot(s)"
+  servers=("scheduler=${pids[0]}")
+  for i in $(seq "$executors"); do servers+=("executor-$i=${pids[$i]}"); done
+  idle=$(python3 "$PWD/scripts/bench/cluster_cpu.py" idle 3 "${servers[@]}")
   for round in $(seq "$rounds"); do
-    e=$(feed); c=$(feed --cluster "df://$address")
-    python3 - "$round" "$executors" "$e" "$c" <<'PY'
+    e=$(python3 "$PWD/scripts/bench/cluster_cpu.py" run "${servers[@]}" -- \
+        "$bin" --target-partitions "$cores" feed "$sql" "${feed_args[@]}")
+    runs=("$e")
+    # The default last: the stages printed below are its job's.
+    variants=()
+    [ -n "${COMPARE_SET:-}" ] && variants+=("$COMPARE_SET")
+    variants+=("")
+    for variant in "${variants[@]}"; do
+      set_args=()
+      for kv in $variant; do set_args+=(--set "$kv"); done
+      runs+=("$(python3 "$PWD/scripts/bench/cluster_cpu.py" run "${servers[@]}" -- \
+        "$bin" --cluster "df://$address" --target-partitions "$cores" "${set_args[@]}" \
+        feed "$sql" "${feed_args[@]}")")
+    done
+    python3 - "$round" "$executors" "$idle" "${COMPARE_SET:-}" "${runs[@]}" <<'PY'
 import json, sys
-rnd, n, e, c = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-print(f"round {rnd}: embedded {(e['rows'] / e['wall_s']):>9.0f} rows/s ({e['epoch_s'][0]:.2f}s)   "
-      f"{n} executor(s) {(c['rows'] / c['wall_s']):>9.0f} rows/s ({c['epoch_s'][0]:.2f}s)   "
-      f"cluster/embedded {(c['rows'] / c['wall_s']) / (e['rows'] / e['wall_s']):.2f}x")
+rnd, n, idle, compare = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+e, *clusters = (json.loads(a) for a in sys.argv[5:])
+rows = e["result"]["rows"]
+us = lambda s: 1e6 * s / rows
+e_cpu = e["client_cpu_s"]
+print(f"round {rnd}: embedded {rows / e['wall_s']:>7.0f} rows/s, CPU {us(e_cpu):5.1f} us/row, "
+      f"first batch {e['result']['ttfb_s']:.2f}s")
+labels = ([f"cluster --set {compare}"] if compare else []) + ["cluster"]
+for label, c in zip(labels, clusters):
+    assert c["result"]["rows"] == rows, "the cluster fed another number of rows"
+    c_cpu = c["client_cpu_s"] + sum(c["server_cpu_s"].values())
+    parts = [f"client {us(c['client_cpu_s']):.1f}"]
+    parts += [f"{name} {us(s):.1f}" for name, s in c["server_cpu_s"].items()]
+    print(f"  {label} ({n} executors): {rows / c['wall_s']:>7.0f} rows/s, "
+          f"CPU {us(c_cpu):5.1f} us/row = {c_cpu / e_cpu:.2f}x embedded "
+          f"({', '.join(parts)}), first batch {c['result']['ttfb_s']:.2f}s")
+print(f"  idle servers burn {sum(idle.values()):.3f} CPU-s/s "
+      f"({', '.join(f'{k} {v:.3f}' for k, v in idle.items())})")
 PY
   done
   echo "stages of the last cluster job:"
-  python3 "$PWD/scripts/bench/cluster_stages.py" "$address"
+  stage_args=(--rows "$rows")
+  for i in $(seq "$executors"); do stage_args+=(--work-dir "$work/executor-$i"); done
+  python3 "$PWD/scripts/bench/cluster_stages.py" "$address" "${stage_args[@]}"
   ranks=${RANKS:-4}
   if [ "$ranks" -ge 2 ]; then
     # One rank reading the whole epoch, then W ranks of one run at once
