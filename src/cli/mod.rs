@@ -92,6 +92,12 @@ pub struct Cli {
     /// Parallelism (default: number of cores).
     #[arg(long, value_name = "N")]
     pub target_partitions: Option<usize>,
+    /// A session setting, as `SET KEY = VALUE` would (e.g.
+    /// sqlfeed.late_materialization=false, or on a cluster
+    /// ballista.shuffle.compression.codec=none, sent with every job).
+    /// Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    pub settings: Vec<(String, String)>,
     /// Rows shown per table result; 0 shows all (default: 40 in the REPL, all
     /// with -c and -f).
     #[arg(long, value_name = "N")]
@@ -246,6 +252,13 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         // The servers keep the signals' default action.
         #[cfg(feature = "ballista")]
         Some(SubCommand::Cluster(server)) => {
+            if let Some((key, _)) = cli.settings.first() {
+                anyhow::bail!(
+                    "--set {key}=… applies to queries and feeds, not to a scheduler or an \
+                     executor: a cluster's jobs carry the settings of the client that \
+                     submits them"
+                );
+            }
             runtime.block_on(server.run(session_builder(&cli), cli.memory_limit))
         }
         Some(SubCommand::Feed(args)) => {
@@ -377,7 +390,22 @@ fn session_builder(cli: &Cli) -> SessionBuilder {
     for library in &cli.plugins {
         builder = builder.load_plugin(library);
     }
+    for (key, value) in &cli.settings {
+        builder = builder.setting(key, value);
+    }
     builder
+}
+
+/// `--set KEY=VALUE`.
+fn parse_setting(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_string(), value.trim().to_string()))
+        }
+        _ => Err(format!(
+            "expected KEY=VALUE, e.g. sqlfeed.late_materialization=false; got '{text}'"
+        )),
+    }
 }
 
 /// The session of a command that runs queries or feeds (not a server): with

@@ -5,7 +5,7 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use datafusion::common::plan_err;
+use datafusion::common::{config_datafusion_err, plan_err};
 use datafusion::error::Result;
 use datafusion::execution::cache::cache_manager::CacheManagerConfig;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
@@ -55,6 +55,8 @@ pub struct SessionBuilder {
     pub(super) plugins: Vec<PathBuf>,
     /// Folders whose every library is a plugin to load.
     pub(super) plugin_dirs: Vec<PathBuf>,
+    /// `SET key = value` statements applied to the built session, in order.
+    pub(super) settings: Vec<(String, String)>,
 }
 
 impl SessionBuilder {
@@ -167,8 +169,18 @@ impl SessionBuilder {
         self
     }
 
-    /// Builds the session; fails if the spill directory cannot be used or,
-    /// for a cluster session, the scheduler cannot be reached.
+    /// Sets a session setting, as `SET key = value` would after the build
+    /// (`datafusion.…`, `sqlfeed.…`, and on a cluster `ballista.…`, which
+    /// travel with every job). `build` fails on an unknown key or a value
+    /// the setting cannot take. Later settings of a key win.
+    pub fn setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((key.into(), value.into()));
+        self
+    }
+
+    /// Builds the session; fails if the spill directory cannot be used, a
+    /// [`Self::setting`] is refused or, for a cluster session, the scheduler
+    /// cannot be reached.
     pub fn build(self) -> Result<Session> {
         let engine = self.engine()?;
         let plugins = self.plugins()?;
@@ -227,6 +239,20 @@ impl SessionBuilder {
         }
         for udaf in Self::aggregate_functions(&plugins) {
             ctx.register_udaf(udaf.as_ref().clone());
+        }
+        // Last: a cluster client's state holds Ballista's settings only now.
+        for (key, value) in &self.settings {
+            ctx.state_ref()
+                .write()
+                .config_mut()
+                .options_mut()
+                .set(key, value)
+                .map_err(|e| {
+                    config_datafusion_err!(
+                        "cannot set '{key}' to '{value}': {e}; `SHOW ALL` in the shell \
+                         lists the settings and their values"
+                    )
+                })?;
         }
         Ok(Session {
             ctx,

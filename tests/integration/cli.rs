@@ -314,3 +314,31 @@ fn broken_pipe_is_not_an_error() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn set_applies_a_setting_and_names_a_bad_one() {
+    // Applied before the statements run.
+    let (ok, out, err) = run(sqlfeed().args([
+        "--set",
+        "datafusion.execution.batch_size=1234",
+        "--format",
+        "csv",
+        "-c",
+        "SELECT value FROM information_schema.df_settings \
+         WHERE name = 'datafusion.execution.batch_size'",
+    ]));
+    assert!(ok, "{err}");
+    assert_eq!(out, "value\n1234\n");
+    // An unknown key and a value the setting cannot take are named.
+    for (setting, named) in [
+        ("sqlfeed.no_such_setting=1", "sqlfeed.no_such_setting"),
+        ("sqlfeed.late_materialization=maybe", "maybe"),
+    ] {
+        let (ok, _, err) = run(sqlfeed().args(["--set", setting, "-c", "SELECT 1"]));
+        assert!(!ok, "{setting} was accepted");
+        assert!(err.contains("cannot set") && err.contains(named), "{err}");
+    }
+    // Not KEY=VALUE.
+    let (ok, _, err) = run(sqlfeed().args(["--set", "batch_size", "-c", "SELECT 1"]));
+    assert!(!ok && err.contains("expected KEY=VALUE"), "{err}");
+}
