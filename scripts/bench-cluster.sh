@@ -18,7 +18,8 @@
 #   COMPARE_SET="sqlfeed.try_unique_rows=false" scripts/bench-cluster.sh …
 #                                            # each round also runs the cluster
 #                                            # feed with these --set settings
-#                                            # (space-separated KEY=VALUE)
+#                                            # (space-separated KEY=VALUE; ';'
+#                                            # between variants)
 #   RANKS=4 scripts/bench-cluster.sh …         # then W ranks at once on each
 #                                            # cluster: bytes each rank fetched
 #                                            # vs one rank reading the epoch
@@ -90,7 +91,9 @@ for executors in ${EXECUTORS:-1 2 3}; do
     runs=("$e")
     # The default last: the stages printed below are its job's.
     variants=()
-    [ -n "${COMPARE_SET:-}" ] && variants+=("$COMPARE_SET")
+    if [ -n "${COMPARE_SET:-}" ]; then
+      IFS=';' read -r -a variants <<< "$COMPARE_SET"
+    fi
     variants+=("")
     for variant in "${variants[@]}"; do
       set_args=()
@@ -108,7 +111,7 @@ us = lambda s: 1e6 * s / rows
 e_cpu = e["client_cpu_s"]
 print(f"round {rnd}: embedded {rows / e['wall_s']:>7.0f} rows/s, CPU {us(e_cpu):5.1f} us/row, "
       f"first batch {e['result']['ttfb_s']:.2f}s")
-labels = ([f"cluster --set {compare}"] if compare else []) + ["cluster"]
+labels = [f"cluster --set {v.strip()}" for v in compare.split(";") if compare] + ["cluster"]
 for label, c in zip(labels, clusters):
     assert c["result"]["rows"] == rows, "the cluster fed another number of rows"
     c_cpu = c["client_cpu_s"] + sum(c["server_cpu_s"].values())

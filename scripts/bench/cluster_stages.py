@@ -94,10 +94,14 @@ for stage in get(f"/api/job/{job_id}/stages?plan_format=metrics")["stages"]:
     total += stage_compute
     if work_dirs:
         written = 0
-        for work in work_dirs:
-            folder = os.path.join(work, job_id, str(stage["stage_id"]))
+        folders = [os.path.join(w, job_id, str(stage["stage_id"])) for w in work_dirs]
+        for folder in folders:
             for root, _, files in os.walk(folder):
                 written += sum(os.path.getsize(os.path.join(root, f)) for f in files)
-        note = f" = {written / rows:.0f} B/row" if rows else ""
-        print(f"    shuffle files written: {written / 1e6:.1f} MB{note}")
+        if not any(os.path.isdir(folder) for folder in folders):
+            # Sort-based shuffle files of a stage are gone once the job ends.
+            print("    shuffle files written: removed by the executors after the job")
+        else:
+            note = f" = {written / rows:.0f} B/row" if rows else ""
+            print(f"    shuffle files written: {written / 1e6:.1f} MB{note}")
 print(f"  elapsed_compute of all operators: {total:.2f}s{per_row(total)}")

@@ -346,8 +346,11 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 epoch,
                 batch_rows,
                 ranged,
+                unique_rows,
             } => Arc::new(
-                ShuffleMergeExec::new(input, seed, epoch, batch_rows).ranged(ranged),
+                ShuffleMergeExec::new(input, seed, epoch, batch_rows)
+                    .ranged(ranged)
+                    .unique_rows(unique_rows),
             ),
             WireNode::RangeBucket { ranges, counted } => {
                 Arc::new(RangeBucketExec::try_new_counted(input, ranges, counted)?)
@@ -401,6 +404,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 epoch: root.epoch(),
                 batch_rows: root.batch_rows(),
                 ranged: root.is_ranged(),
+                unique_rows: root.is_unique_rows(),
             }
         } else if let Some(bucket) = plan.downcast_ref::<RangeBucketExec>() {
             WireNode::RangeBucket {

@@ -12,17 +12,20 @@
 //! ```
 
 use std::any::Any;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
-use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::ProjectionExec;
 
 use super::{
-    AttemptFactory, ExactRetryExec, JobWatchExec, SchedulerAddress, SharedJobExec,
-    Standalone, client_state,
+    AttemptFactory, ExactRetryExec, JobWatchExec, RunJob, SchedulerAddress,
+    SharedJobExec, Standalone, client_state,
 };
 use crate::session::{EpochJob, EpochJobPlan, InstallScaleOut, ScaleOut};
 use crate::{Session, SessionBuilder};
@@ -74,6 +77,7 @@ impl InstallScaleOut for ClusterInstall {
             Arc::new(ClusterScaleOut {
                 address,
                 _standalone: standalone,
+                rows_repeat: Mutex::default(),
             }),
         ))
     }
@@ -85,6 +89,9 @@ impl InstallScaleOut for ClusterInstall {
 struct ClusterScaleOut {
     address: SchedulerAddress,
     _standalone: Option<Arc<Standalone>>,
+    /// Per feed run (its job names' hash): whether a job met repeated rows,
+    /// so that later epochs plan the copy stage at once (`SharedJobExec`).
+    rows_repeat: Mutex<HashMap<u64, Arc<AtomicBool>>>,
 }
 
 impl ScaleOut for ClusterScaleOut {
@@ -106,7 +113,7 @@ impl ScaleOut for ClusterScaleOut {
             deal,
             completed,
         } = job;
-        let (state, plan) = query.into_parts();
+        let (state, query) = query.into_parts();
         // The scheduler plans the job with this rank's settings: the same
         // lanes as an embedded epoch, so its result partitions are the
         // embedded feed's partitions.
@@ -115,20 +122,39 @@ impl ScaleOut for ClusterScaleOut {
         let state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
-        let plan = state.optimize(&plan)?;
+        // Functions that only widen their input (image_to_tensor: uint8 to
+        // float32) run here after the fetch, so that the executors encode,
+        // write and send the narrow input: the cache's compact split, of
+        // the optimized plan (where a feed's SHUFFLE is under the functions
+        // it moved after itself).
+        let (plan, finish) = widened_on_client(&state, state.optimize(&query)?)?;
         // Dealt on the executors, each rank fetches its own batches only.
         let deal = deal.filter(|_| SharedJobExec::can_deal(&plan));
-        let run = xxhash_rust::xxh3::xxh3_64(format!("{run}\0{deal:?}").as_bytes());
+        // Ranks that split the query differently read different jobs.
+        let widened = finish.is_some();
+        let run =
+            xxhash_rust::xxh3::xxh3_64(format!("{run}\0{deal:?}\0{widened}").as_bytes());
         let job_name = format!("sqlfeed-feed-{run:016x}-e{epoch}");
+        let rows_repeat = Arc::clone(
+            self.rows_repeat
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .entry(run)
+                .or_default(),
+        );
         // Each attempt is the epoch's job, watched for lost executors; a
         // loss re-runs it and skips what this rank already consumed.
+        let job_schema = Arc::clone(plan.schema());
         let (attempt_state, scheduler) = (state.clone(), self.address.clone());
         let attempts: Arc<AttemptFactory> = Arc::new(move |attempt| {
             let mut job = SharedJobExec::try_new(
                 &attempt_state,
                 &plan,
                 scheduler.clone(),
-                job_name.clone(),
+                RunJob {
+                    name: job_name.clone(),
+                    rows_repeat: Arc::clone(&rows_repeat),
+                },
                 rank,
                 attempt,
                 deal,
@@ -141,10 +167,65 @@ impl ScaleOut for ClusterScaleOut {
                     as Arc<dyn ExecutionPlan>,
             )
         });
+        let fetched: Arc<dyn ExecutionPlan> =
+            Arc::new(ExactRetryExec::try_new(attempts, self.address.clone())?);
+        let plan = match finish {
+            Some(finish) => {
+                let exprs = finish
+                    .into_iter()
+                    .map(|expr| {
+                        let name = expr.schema_name().to_string();
+                        Ok((state.create_physical_expr(expr, &job_schema)?, name))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Arc::new(ProjectionExec::try_new(exprs, fetched)?) as _
+            }
+            None => fetched,
+        };
         Ok(EpochJobPlan {
-            plan: Arc::new(ExactRetryExec::try_new(attempts, self.address.clone())?),
+            plan,
             task_ctx: Arc::new(TaskContext::from(&state)),
             dealt: deal.is_some(),
         })
     }
+}
+
+/// `query` split into the job the cluster runs and the projection this
+/// client applies to its result (`None`: the query runs whole), as an epoch
+/// cache stores its compact form ([`crate::cache::compact`]): the job ends
+/// before the query's top-level calls of functions that only widen their
+/// input, element by element (`image_to_tensor`), so the result partitions
+/// are written, served and fetched in the narrow type. The functions are
+/// deterministic and row-wise, so the projection gives exactly the query's
+/// values; the job's rows are in the query's order (the shuffle keys the
+/// same inputs). Off with `SET sqlfeed.widen_on_client = false`.
+fn widened_on_client(
+    state: &SessionState,
+    query: LogicalPlan,
+) -> Result<(LogicalPlan, Option<Vec<Expr>>)> {
+    let on = state
+        .config()
+        .options()
+        .extensions
+        .get::<crate::config::SqlfeedOptions>()
+        .is_none_or(|options| options.widen_on_client);
+    if !on {
+        return Ok((query, None));
+    }
+    let compact = crate::cache::compact::compact(query.clone())?;
+    if !compact.split {
+        return Ok((query, None));
+    }
+    // The finished columns must be the query's, names and types, or the
+    // feed's tensors would change; else the job runs whole.
+    let finished =
+        crate::cache::compact::apply_finish(compact.stored.clone(), &compact.finish)?;
+    if finished
+        .schema()
+        .has_equivalent_names_and_types(query.schema())
+        .is_err()
+    {
+        return Ok((query, None));
+    }
+    Ok((compact.stored, Some(compact.finish)))
 }

@@ -46,6 +46,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,12 @@ fn shuffle_under_projections(plan: &LogicalPlan, through_cache_write: bool) -> b
     }
 }
 
+/// Whether `error` is a job's failure on repeated rows in a shuffle planned
+/// for unique rows.
+fn is_repeated_rows(error: &DataFusionError) -> bool {
+    error.to_string().contains(crate::shuffle::REPEATED_ROWS)
+}
+
 /// How long a rank other than 0 waits for rank 0's job to appear.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -179,8 +186,18 @@ impl fmt::Debug for SharedJobExec {
     }
 }
 
+/// The epoch's job of a feed run, as every rank names it.
+#[derive(Debug, Clone)]
+pub struct RunJob {
+    /// The job's name: the same on every rank of the run.
+    pub name: String,
+    /// Set once a job of the run met repeated rows, shared by the run's
+    /// epochs: they plan the copy stage at once (`crate::shuffle::unique`).
+    pub rows_repeat: Arc<AtomicBool>,
+}
+
 impl SharedJobExec {
-    /// Reads the result of the job named `job_name` running `plan`, which
+    /// Reads the result of the job named `job.name` running `plan`, which
     /// rank 0 submits and the other ranks join.
     ///
     /// `attempt` 0 is the epoch's job; a later attempt (after an executor
@@ -190,11 +207,15 @@ impl SharedJobExec {
         state: &SessionState,
         plan: &LogicalPlan,
         scheduler: SchedulerAddress,
-        job_name: String,
+        job: RunJob,
         rank: usize,
         attempt: u32,
         deal: Option<crate::shuffle::Deal>,
     ) -> Result<Self> {
+        let RunJob {
+            name: job_name,
+            rows_repeat,
+        } = job;
         if deal.is_some() && !Self::can_deal(plan) {
             return internal_err!(
                 "only a job whose result is a global SHUFFLE under projections can be \
@@ -229,6 +250,30 @@ impl SharedJobExec {
         let node = LogicalPlanNode::try_from_logical_plan(plan, codec.as_ref())?;
         let mut buf = vec![];
         node.try_encode(&mut buf)?;
+        // The epoch's job is first planned for unique rows (one exchange
+        // fewer), unless a job of this run met repeated rows; a retry after
+        // a lost executor keeps the copy stage. Not through an executor
+        // cache write, whose folder is named by the job that completes.
+        let mut unique_settings = None;
+        if let Some(options) = config
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::SqlfeedOptions>()
+        {
+            let try_unique = options.try_unique_rows || options.assume_unique_rows;
+            options.assume_unique_rows = true;
+            if try_unique && attempt == 0 && shuffle_under_projections(plan, false) {
+                unique_settings = Some(self::settings(&config));
+            }
+        }
+        if let Some(options) = config
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::SqlfeedOptions>()
+        {
+            // The fallback always numbers repeated rows.
+            options.assume_unique_rows = false;
+        }
         let settings = settings(&config);
         // A shuffle's result is its partitions in turn; any other result's
         // partitions are lanes, read like the embedded sink reads them.
@@ -245,11 +290,14 @@ impl SharedJobExec {
             scheduler,
             plan: buf,
             settings,
+            unique_settings,
+            rows_repeat,
             session_id: state.session_id().to_string(),
             job_name,
             rank,
             attempt,
             max_message_size: config.ballista_grpc_client_max_message_size(),
+            prefer_flight: config.ballista_shuffle_reader_remote_prefer_flight(),
             job_id: Mutex::new(None),
             schema,
             lane_turn_rows,
@@ -394,13 +442,26 @@ struct JobRequest {
     scheduler: SchedulerAddress,
     /// The encoded logical plan.
     plan: Vec<u8>,
+    /// Settings of the job planned with the stage that numbers repeated
+    /// rows.
     settings: Vec<KeyValuePair>,
+    /// Settings of the job planned for unique rows, tried first where the
+    /// result is a shuffle's key ranges (`crate::shuffle::REPEATED_ROWS`).
+    unique_settings: Option<Vec<KeyValuePair>>,
+    /// Set once a job of this run met repeated rows (shared by the run's
+    /// epochs): the copy stage is then planned at once.
+    rows_repeat: Arc<AtomicBool>,
     session_id: String,
     job_name: String,
     rank: usize,
     /// 0, or the retry this job is (then any rank may submit it).
     attempt: u32,
     max_message_size: usize,
+    /// Fetch result partitions as Flight data (the executor decodes its
+    /// file and encodes every batch again) instead of the file's bytes
+    /// (Ballista's block transport, decoded here once): the session's
+    /// `ballista.shuffle.remote_read_prefer_flight`, false by default.
+    prefer_flight: bool,
     /// The job this rank reads, once known (for the lost-executor guard).
     job_id: Mutex<Option<String>>,
     schema: SchemaRef,
@@ -441,32 +502,55 @@ impl JobRequest {
             // may have finished the epoch before it; whoever finds no job
             // of this name submits one (two submissions hold the same rows).
             let job_id = match self.find(&HashSet::new()).await? {
-                Some(job_id) => job_id,
-                None => self.submit().await?,
+                Some((job_id, _)) => job_id,
+                None => self.submit(&self.job_name, &self.settings).await?,
             };
             self.remember(&job_id);
-            let locations = self.wait(&job_id, completed).await?;
+            let locations = self.wait(&job_id, &self.job_name, completed).await?;
             return self.fetch(locations, fetched).await;
         }
         if self.rank == 0 {
-            let job_id = self.submit().await?;
+            if let Some(unique) = self.unique_settings() {
+                let job_id = self.submit(&self.job_name, unique).await?;
+                self.remember(&job_id);
+                match self.wait(&job_id, &self.job_name, completed).await {
+                    Ok(locations) => return self.fetch(locations, fetched).await,
+                    Err(e) if is_repeated_rows(&e) => {
+                        log::info!(
+                            "{}",
+                            self.error(
+                                "rows repeat; running the epoch with the copy stage"
+                            )
+                        );
+                        self.rows_repeat.store(true, Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let name = self.copy_stage_name();
+            let job_id = self.submit(&name, &self.settings).await?;
             self.remember(&job_id);
-            let locations = self.wait(&job_id, completed).await?;
+            let locations = self.wait(&job_id, &name, completed).await?;
             return self.fetch(locations, fetched).await;
         }
         // Other ranks join rank 0's job; a stale job of the same name whose
-        // files are gone is skipped.
+        // files are gone is skipped, and so is a job planned for unique rows
+        // that met repeated ones (rank 0 submits the copy stage's job next).
         let deadline = Instant::now() + JOIN_TIMEOUT;
         let mut tried = HashSet::new();
         loop {
-            if let Some(job_id) = self.find(&tried).await? {
+            if let Some((job_id, name)) = self.find(&tried).await? {
                 self.remember(&job_id);
                 let attempt = async {
-                    let locations = self.wait(&job_id, completed).await?;
+                    let locations = self.wait(&job_id, &name, completed).await?;
                     self.fetch(locations, fetched).await
                 };
                 match attempt.await {
                     Ok(stream) => return Ok(stream),
+                    Err(e) if is_repeated_rows(&e) => {
+                        self.rows_repeat.store(true, Ordering::Relaxed);
+                        tried.insert(job_id);
+                    }
                     Err(e) => {
                         log::warn!(
                             "{}",
@@ -486,17 +570,43 @@ impl JobRequest {
         }
     }
 
+    /// The settings of a job planned for unique rows, unless the plan does
+    /// not allow it or rows of this run repeated.
+    fn unique_settings(&self) -> Option<&Vec<KeyValuePair>> {
+        self.unique_settings
+            .as_ref()
+            .filter(|_| !self.rows_repeat.load(Ordering::Relaxed))
+    }
+
+    /// The name of the epoch's job with the copy stage: the epoch's name,
+    /// or, where a job planned for unique rows may come first, a name of its
+    /// own (`-copies`), so that ranks tell the two apart.
+    fn copy_stage_name(&self) -> String {
+        if self.unique_settings.is_some() {
+            format!("{}-copies", self.job_name)
+        } else {
+            self.job_name.clone()
+        }
+    }
+
     fn remember(&self, job_id: &str) {
         if let Ok(mut slot) = self.job_id.lock() {
             *slot = Some(job_id.to_string());
         }
     }
 
-    async fn submit(&self) -> Result<String> {
+    async fn submit(&self, name: &str, settings: &[KeyValuePair]) -> Result<String> {
+        let mut settings = settings.to_vec();
+        // The job's name is one of its settings (`ballista.job.name`).
+        for pair in &mut settings {
+            if pair.key == ballista_core::config::BALLISTA_JOB_NAME {
+                pair.value = Some(name.to_string());
+            }
+        }
         let params = ExecuteQueryParams {
             session_id: self.session_id.clone(),
-            settings: self.settings.clone(),
-            operation_id: format!("{}-{}", self.job_name, std::process::id()),
+            settings,
+            operation_id: format!("{name}-{}", std::process::id()),
             query: Some(Query::LogicalPlan(self.plan.clone())),
         };
         let mut request = tonic::Request::new(params);
@@ -517,8 +627,10 @@ impl JobRequest {
         }
     }
 
-    /// The newest job named like ours that has not failed and was not tried.
-    async fn find(&self, tried: &HashSet<String>) -> Result<Option<String>> {
+    /// The newest job named like ours (the epoch's, or its copy stage's)
+    /// that has not failed and was not tried, and its name.
+    async fn find(&self, tried: &HashSet<String>) -> Result<Option<(String, String)>> {
+        let copies = self.copy_stage_name();
         // Ballista's own response type of the job list.
         let jobs: Vec<ballista_api_types::dto::JobResponse> =
             match rest_get(&self.scheduler, "/api/jobs").await {
@@ -530,17 +642,18 @@ impl JobRequest {
             };
         Ok(jobs
             .into_iter()
-            .filter(|job| job.job_name == self.job_name && job.status != "Failed")
-            .filter(|job| !tried.contains(&job.job_id))
-            .map(|job| (job.start_time, job.job_id))
+            .filter(|job| job.job_name == self.job_name || job.job_name == copies)
+            .filter(|job| job.status != "Failed" && !tried.contains(&job.job_id))
+            .map(|job| (job.start_time, job.job_id, job.job_name))
             .max()
-            .map(|(_, id)| id))
+            .map(|(_, id, name)| (id, name)))
     }
 
     /// Polls the job until it succeeds; its final stage's partitions.
     async fn wait(
         &self,
         job_id: &str,
+        name: &str,
         completed: Option<&CompletedJob>,
     ) -> Result<Vec<PartitionLocation>> {
         let mut client = self.client().await?;
@@ -564,7 +677,7 @@ impl JobRequest {
                             .map(|stats| stats.num_rows.max(0) as u64)
                             .sum();
                         if let Ok(mut slot) = slot.lock() {
-                            *slot = Some((self.job_name.clone(), rows));
+                            *slot = Some((name.to_string(), rows));
                         }
                     }
                     return Ok(done.partition_location);
@@ -664,7 +777,7 @@ impl JobRequest {
                 &partition_id.into(),
                 location.file_id,
                 layout,
-                true,
+                self.prefer_flight,
             )
             .await
             .map_err(|e| {

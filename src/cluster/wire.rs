@@ -55,6 +55,9 @@ pub enum WireNode {
         batch_rows: usize,
         /// Over key ranges, one per partition (`ShuffleMergeExec::ranged`).
         ranged: bool,
+        /// Planned for unique rows: a repeated row fails the task
+        /// (`ShuffleMergeExec::unique_rows`).
+        unique_rows: bool,
     },
     /// `RangeBucketExec`.
     RangeBucket {
@@ -112,7 +115,7 @@ pub const PREFIX: &[u8] = b"sqlfeed";
 pub const WIRE_FORMAT: u8 = 2;
 
 /// The version of the messages below; see the module docs.
-pub const WIRE_VERSION: u32 = 1;
+pub const WIRE_VERSION: u32 = 2;
 
 /// One encoded node.
 #[derive(Clone, PartialEq, Message)]
@@ -298,6 +301,10 @@ pub struct ShuffleRoot {
     pub batch_rows: u64,
     #[prost(bool, tag = "4")]
     pub ranged: bool,
+    /// Version 2: an executor that ignored it would skip the check that the
+    /// plan without a copy stage relies on.
+    #[prost(bool, tag = "5")]
+    pub unique_rows: bool,
 }
 
 /// `LocalShuffleExec`, and `ShuffleSpec::Local`.
@@ -414,11 +421,13 @@ fn to_message(node: &WireNode) -> Node {
             epoch,
             batch_rows,
             ranged,
+            unique_rows,
         } => Node::ShuffleRoot(ShuffleRoot {
             seed: *seed,
             epoch: *epoch,
             batch_rows: *batch_rows as u64,
             ranged: *ranged,
+            unique_rows: *unique_rows,
         }),
         WireNode::RangeBucket { ranges, counted } => Node::RangeBucket(RangeBucket {
             ranges: *ranges as u64,
@@ -517,6 +526,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             epoch: root.epoch,
             batch_rows: usize_of(root.batch_rows, "batch rows")?,
             ranged: root.ranged,
+            unique_rows: root.unique_rows,
         },
         Node::RangeBucket(bucket) => WireNode::RangeBucket {
             ranges: usize_of(bucket.ranges, "range count")?,
@@ -595,12 +605,14 @@ mod tests {
                 epoch: 2,
                 batch_rows: 8192,
                 ranged: false,
+                unique_rows: false,
             },
             WireNode::ShuffleRoot {
                 seed: 7,
                 epoch: 2,
                 batch_rows: 64,
                 ranged: true,
+                unique_rows: true,
             },
             WireNode::RangeBucket {
                 ranges: 4,
@@ -667,12 +679,13 @@ mod tests {
                 epoch: 2,
                 batch_rows: 3,
                 ranged: false,
+                unique_rows: false,
             },
             &mut buf,
         );
-        // version = 1 (field 1, varint); shuffle_root (field 4, length 6):
+        // version = 2 (field 1, varint); shuffle_root (field 4, length 6):
         // seed (1) = 1, epoch (2) = 2, batch_rows (3) = 3.
-        let expected: &[u8] = b"sqlfeed\x02\x08\x01\x22\x06\x08\x01\x10\x02\x18\x03";
+        let expected: &[u8] = b"sqlfeed\x02\x08\x02\x22\x06\x08\x01\x10\x02\x18\x03";
         assert_eq!(buf, expected);
     }
 
@@ -704,7 +717,7 @@ mod tests {
         let err = message(&buf[..buf.len() - 3]);
         assert!(err.contains("invalid protobuf"), "{err}");
         assert!(message(b"sqlfeed").contains("empty"));
-        let err = message(b"sqlfeed\x02\x08\x01\x7a\x00");
+        let err = message(b"sqlfeed\x02\x08\x02\x7a\x00");
         assert!(err.contains("no node this version knows"), "{err}");
         // Required parts left out.
         let mut buf = b"sqlfeed\x02".to_vec();

@@ -27,6 +27,18 @@ extensions_options! {
         /// rank fetches only its own batches (`crate::shuffle::DealExec`).
         /// Set by a cluster feed's shared job, with the two settings below.
         pub deal_world: usize, default = 0
+        /// With `ordered_result_partitions`, plan a distributed `SHUFFLE`
+        /// for unique rows: rows go from the scan to their key range, one
+        /// exchange fewer than with the stage that numbers repeated rows,
+        /// and a repeated row fails the job (`crate::shuffle::REPEATED_ROWS`).
+        /// A cluster feed's shared job sets it, and runs the epoch again
+        /// without it when rows repeat.
+        pub assume_unique_rows: bool, default = false
+        /// A cluster feed plans each epoch's job for unique rows first
+        /// (`assume_unique_rows`), and runs it again with the stage that
+        /// numbers repeated rows if they repeat (then for the rest of the
+        /// run). False plans that stage at once: for data known to repeat.
+        pub try_unique_rows: bool, default = true
         /// Rows per batch of the dealt feed.
         pub deal_batch_rows: usize, default = 0
         /// Whether the dealt feed drops its last partial step.
@@ -37,6 +49,12 @@ extensions_options! {
         /// and read by later epochs' jobs (`crate::cache::shared`). Empty:
         /// the entry is kept in each rank's local cache.
         pub executor_cache_dir: String, default = String::new()
+        /// On a cluster, run a feed's top-level calls of functions that
+        /// only widen their input (`image_to_tensor`: uint8 pixels to
+        /// float32, 4× the bytes) on the client after the fetch, so that the
+        /// executors write and send the narrow input; the values are the
+        /// same either way (`crate::cluster::scale_out`).
+        pub widen_on_client: bool, default = true
         /// Rows per global step (batch size × world) of the feed the plan
         /// runs for, in which a `MIX`'s weight schedules count their steps;
         /// 0 outside a feed.

@@ -108,6 +108,9 @@ pub struct ShuffleMergeExec {
     /// final stage, see `range.rs`): then it keeps them, and reading its
     /// output partitions in turn gives the shuffle order.
     ranged: bool,
+    /// With `ranged`: the shuffle was planned for unique rows (no copy
+    /// stage), and a repeated row fails the task (`unique.rs`).
+    unique_rows: bool,
 }
 
 impl ShuffleMergeExec {
@@ -124,7 +127,20 @@ impl ShuffleMergeExec {
             epoch,
             batch_rows: batch_rows.max(1),
             ranged: false,
+            unique_rows: false,
         }
+    }
+
+    /// This ranged shuffle planned for unique rows: a repeated row fails the
+    /// task with [`super::REPEATED_ROWS`].
+    pub fn unique_rows(mut self, unique_rows: bool) -> Self {
+        self.unique_rows = unique_rows;
+        self
+    }
+
+    /// Whether a repeated row fails the task.
+    pub fn is_unique_rows(&self) -> bool {
+        self.unique_rows
     }
 
     /// This shuffle over key ranges, one per input partition, in order.
@@ -163,6 +179,9 @@ impl DisplayAs for ShuffleMergeExec {
                 if self.ranged {
                     write!(f, "\nranged=true")?;
                 }
+                if self.unique_rows {
+                    write!(f, "\nunique_rows=true")?;
+                }
             }
             _ => {
                 write!(
@@ -171,6 +190,9 @@ impl DisplayAs for ShuffleMergeExec {
                 )?;
                 if self.ranged {
                     write!(f, ", ranged=true")?;
+                }
+                if self.unique_rows {
+                    write!(f, ", unique_rows=true")?;
                 }
             }
         }
@@ -233,7 +255,9 @@ impl ExecutionPlan for ShuffleMergeExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = crate::exec::single_child(self.name(), &children)?;
         Ok(Arc::new(
-            Self::new(child, self.seed, self.epoch, self.batch_rows).ranged(self.ranged),
+            Self::new(child, self.seed, self.epoch, self.batch_rows)
+                .ranged(self.ranged)
+                .unique_rows(self.unique_rows),
         ))
     }
 
@@ -256,7 +280,12 @@ impl ExecutionPlan for ShuffleMergeExec {
             context.window_functions().clone(),
             context.runtime_env(),
         );
-        self.input.execute(partition, Arc::new(context))
+        let stream = self.input.execute(partition, Arc::new(context))?;
+        if self.unique_rows {
+            super::unique::refuse_repeated_rows(stream)
+        } else {
+            Ok(stream)
+        }
     }
 }
 

@@ -97,6 +97,7 @@ pub mod mix;
 mod permute;
 mod planner;
 mod range;
+mod unique;
 
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
@@ -119,6 +120,7 @@ pub use planner::{
     FinalStage, ShuffleExtensionPlanner, plan_global_shuffle, plan_sorted_shuffle,
 };
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
+pub use unique::REPEATED_ROWS;
 
 /// What a `SHUFFLE` clause asks for.
 #[derive(

@@ -91,6 +91,9 @@ pub struct FinalStage {
     pub ranges: usize,
     /// With ranges: the rows dealt to ranks (`deal.rs`).
     pub deal: Option<Deal>,
+    /// With ranges: plan for unique rows, without the copy stage; a repeated
+    /// row fails the job (`unique.rs`).
+    pub unique_rows: bool,
 }
 
 impl FinalStage {
@@ -99,12 +102,25 @@ impl FinalStage {
         Self {
             ranges: 1,
             deal: None,
+            unique_rows: false,
         }
     }
 
     /// One task per key range (a single range is the merge).
     pub fn ranged(ranges: usize) -> Self {
-        Self { ranges, deal: None }
+        Self {
+            ranges,
+            deal: None,
+            unique_rows: false,
+        }
+    }
+
+    /// The ranges planned for unique rows (`unique.rs`).
+    pub fn unique_rows(self, unique_rows: bool) -> Self {
+        Self {
+            unique_rows,
+            ..self
+        }
     }
 
     /// The ranges, dealt to ranks as `deal` says.
@@ -139,7 +155,12 @@ pub fn plan_sorted_shuffle(
     session_batch_size: usize,
     final_stage: FinalStage,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let FinalStage { ranges, deal } = final_stage;
+    let FinalStage {
+        ranges,
+        deal,
+        unique_rows,
+    } = final_stage;
+    let unique_rows = unique_rows && ranges >= 2;
     let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let columns = input.schema().fields().len();
     let partitions = input.properties().partitioning.partition_count().max(1);
@@ -151,14 +172,20 @@ pub fn plan_sorted_shuffle(
         SortOptions::default(),
     )])
     .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
-    let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
-        keyed,
-        Partitioning::Hash(vec![key], partitions),
-    )?);
-    let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new_with_mode(
-        exchanged,
-        PermuteMode::PerPartition,
-    )?);
+    // The copy stage: every copy of a row in one task, numbered, sorted.
+    // Planned for unique rows, rows go from the scan to their range.
+    let permuted: Arc<dyn ExecutionPlan> = if unique_rows {
+        keyed
+    } else {
+        let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
+            keyed,
+            Partitioning::Hash(vec![key], partitions),
+        )?);
+        Arc::new(PermuteExec::try_new_with_mode(
+            exchanged,
+            PermuteMode::PerPartition,
+        )?)
+    };
     let shuffled: Arc<dyn ExecutionPlan> = if ranges >= 2 {
         let bucketed: Arc<dyn ExecutionPlan> = Arc::new(
             RangeBucketExec::try_new_counted(permuted, ranges, deal.is_some())?,
@@ -174,8 +201,11 @@ pub fn plan_sorted_shuffle(
             exchanged,
             PermuteMode::Ranged,
         )?);
-        let shuffled: Arc<dyn ExecutionPlan> =
-            Arc::new(ShuffleMergeExec::new(sorted, seed, epoch, batch_rows).ranged(true));
+        let shuffled: Arc<dyn ExecutionPlan> = Arc::new(
+            ShuffleMergeExec::new(sorted, seed, epoch, batch_rows)
+                .ranged(true)
+                .unique_rows(unique_rows),
+        );
         match deal {
             None => shuffled,
             Some(deal) => {
@@ -297,6 +327,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                         FinalStage {
                             ranges,
                             deal: deal.filter(|_| ranges >= 2),
+                            unique_rows: options.is_some_and(|o| o.assume_unique_rows),
                         },
                     )?
                 } else {

@@ -9,11 +9,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::error::Result;
 
-use crate::common::{gen_data, run, sqlfeed};
+use crate::common::{gen_data, run, sqlfeed, write_parquet};
 
 /// Processes of one test cluster; killed on drop.
 pub struct Cluster {
@@ -1054,5 +1055,229 @@ fn an_executor_cache_is_written_and_read_on_the_executors() -> Result<()> {
     }
     cached_jobs.sort_unstable();
     assert_eq!(cached_jobs, vec!["read", "read", "write"]);
+    Ok(())
+}
+
+/// The bytes of `fetched_bytes=…` in an `--explain-analyze` output.
+fn fetched_bytes(explained: &str) -> f64 {
+    let text = explained
+        .split("fetched_bytes=")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no fetched_bytes in {explained}"));
+    let number: String = text
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    let unit = text[number.len()..].trim_start().chars().next();
+    let scale = match unit {
+        Some('K') => 1e3,
+        Some('M') => 1e6,
+        Some('G') => 1e9,
+        _ => 1.0,
+    };
+    number.parse::<f64>().expect("a number of bytes") * scale
+}
+
+/// A tensor feed on a cluster stops the job before `image_to_tensor` and
+/// applies it on the rank after the fetch, so the executors write and send
+/// uint8 pixels, not 4× as many bytes of float32; the batches are the
+/// embedded feed's either way.
+#[test]
+fn a_cluster_feed_widens_tensors_on_the_client_with_the_embedded_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1000, 2)?;
+    let cluster = Cluster::start(2);
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_jpeg), 8, 8), \
+         [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]) AS x, label AS y FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let feed = |cluster: Option<&str>, settings: &[&str]| {
+        let mut command = sqlfeed();
+        if let Some(url) = cluster {
+            command.args(["--cluster", url]);
+        }
+        command
+            .args(["--target-partitions", "4"])
+            .args(settings)
+            .args(["feed", &sql, "--shuffle-seed", "42", "--shard", "0/2"])
+            .args(["--batch-size", "64", "--epochs", "1", "--device", "cpu"])
+            .args(["--digest", "--explain-analyze", "--run-id", "widen-test"]);
+        let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
+        assert!(ok, "feed {cluster:?} {settings:?} failed: {err}");
+        out
+    };
+    let digests = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with("batch "))
+            .map(str::to_string)
+            .collect()
+    };
+    let embedded = digests(&feed(None, &[]));
+    // 1000 rows, 2 × 64 per step: 8 batches of this rank.
+    assert_eq!(embedded.len(), 8);
+    let widened = feed(Some(&cluster.url()), &[]);
+    let whole = feed(
+        Some(&cluster.url()),
+        &["--set", "sqlfeed.widen_on_client=false"],
+    );
+    assert_eq!(digests(&widened), embedded, "widened on the client");
+    assert_eq!(digests(&whole), embedded, "widened on the executors");
+    // 8×8×3 pixels: 192 bytes of uint8 against 768 of float32 per row.
+    let (narrow, wide) = (fetched_bytes(&widened), fetched_bytes(&whole));
+    assert!(
+        narrow * 2.5 < wide,
+        "fetched {narrow} bytes widened on the client, {wide} on the executors"
+    );
+    Ok(())
+}
+
+/// Writes `rows` rows (`id`, `x`) from `id = start`, whose values repeat
+/// every `period` rows.
+fn write_repeating(path: &Path, start: usize, rows: usize, period: usize) -> Result<()> {
+    use datafusion::arrow::array::{Float64Array, Int64Array, RecordBatch};
+    let ids: Vec<i64> = (0..rows).map(|i| (start + i % period) as i64).collect();
+    let xs: Vec<f64> = ids.iter().map(|&id| id as f64 * 0.5).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from(ids)) as _),
+        ("x", Arc::new(Float64Array::from(xs)) as _),
+    ])?;
+    write_parquet(path, &batch)
+}
+
+/// A feed's job is first planned for unique rows: from the scan straight to
+/// the key ranges, one exchange fewer. Where rows repeat, the range tasks
+/// fail that job, the ranks run the epoch with the stage that numbers the
+/// copies, and the run's later epochs plan that stage at once. The batches
+/// are the embedded feed's either way.
+#[test]
+fn a_feed_job_assumes_unique_rows_and_falls_back_to_the_copy_stage() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_repeating(&dir.path().join("unique/a.parquet"), 0, 700, 700)?;
+    write_repeating(&dir.path().join("unique/b.parquet"), 700, 300, 300)?;
+    write_repeating(&dir.path().join("repeated/a.parquet"), 0, 700, 400)?;
+    write_repeating(&dir.path().join("repeated/b.parquet"), 0, 300, 250)?;
+    let cluster = Cluster::start(2);
+    let feed_with =
+        |cluster: Option<String>, data: &str, rank: usize, settings: &[&str]| {
+            let sql = format!(
+                "SELECT id, x FROM '{}/*.parquet'",
+                dir.path().join(data).display()
+            );
+            let mut command = sqlfeed();
+            if let Some(url) = cluster {
+                command.args(["--cluster", &url]);
+            }
+            command
+                .args(["--target-partitions", "4"])
+                .args(settings)
+                .args(["feed", &sql])
+                .args(["--shuffle-seed", "42", "--shard", &format!("{rank}/2")])
+                .args(["--batch-size", "50", "--epochs", "2", "--device", "cpu"])
+                .args([
+                    "--digest",
+                    "--run-id",
+                    &format!("unique-{data}{settings:?}"),
+                ]);
+            let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
+            assert!(ok, "feed of {data}, rank {rank}: {err}");
+            out.lines()
+                .filter(|l| l.starts_with("batch "))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+    let feed = |cluster, data, rank| feed_with(cluster, data, rank, &[]);
+    for data in ["unique", "repeated"] {
+        // Two ranks at once: rank 1 joins the jobs rank 0 submits.
+        std::thread::scope(|scope| {
+            let ranks: Vec<_> = (0..2)
+                .map(|rank| {
+                    let url = cluster.url();
+                    scope.spawn(move || feed(Some(url), data, rank))
+                })
+                .collect();
+            for (rank, handle) in ranks.into_iter().enumerate() {
+                let got = handle.join().expect("a rank");
+                // 1000 rows, 2 × 50 per step: 10 batches per epoch and rank.
+                let embedded = feed(None, data, rank);
+                assert_eq!(embedded.len(), 20);
+                assert_eq!(got, embedded, "{data}, rank {rank}");
+            }
+        });
+    }
+    let feed_jobs = || -> Vec<(String, String, String)> {
+        let jobs: serde_json::Value =
+            serde_json::from_str(&cluster.rest("/api/jobs")).expect("jobs as JSON");
+        let jobs = jobs.as_array().expect("a list of jobs");
+        let mut all: Vec<(String, String, String)> = jobs
+            .iter()
+            .filter(|job| {
+                job["job_name"]
+                    .as_str()
+                    .is_some_and(|name| name.starts_with("sqlfeed-feed-"))
+            })
+            .map(|job| {
+                let text = |key: &str| job[key].as_str().unwrap_or_default().to_string();
+                (text("job_id"), text("job_name"), text("status"))
+            })
+            .collect();
+        all.sort_by(|a, b| a.1.cmp(&b.1));
+        all
+    };
+    let stage_plans = |id: &str| -> String {
+        let stages: serde_json::Value =
+            serde_json::from_str(&cluster.rest(&format!("/api/job/{id}/stages")))
+                .expect("stages as JSON");
+        stages.to_string()
+    };
+    let all = feed_jobs();
+    let failed: Vec<_> = all.iter().filter(|j| j.2 == "Failed").collect();
+    let copies: Vec<_> = all.iter().filter(|j| j.1.ends_with("-copies")).collect();
+    // The repeated rows' first epoch failed once; both of its epochs ran
+    // with the copy stage; the unique rows' two epochs without it.
+    assert_eq!(failed.len(), 1, "{all:?}");
+    assert_eq!(copies.len(), 2, "{all:?}");
+    assert!(copies.iter().all(|j| j.2 == "Completed"), "{all:?}");
+    assert_eq!(all.len(), 5, "{all:?}");
+    for (id, name, status) in &all {
+        if status != "Completed" {
+            continue;
+        }
+        let plans = stage_plans(id);
+        let unique = plans.contains("unique_rows=true");
+        assert_eq!(unique, !name.ends_with("-copies"), "{name}: {plans}");
+        // The copy stage is the PermuteExec that is not ranged.
+        let permutes = plans.matches("PermuteExec: key=").count();
+        let ranged = plans
+            .matches("preserve_partitioning=true, ranged=true")
+            .count();
+        assert_eq!(
+            permutes > ranged,
+            name.ends_with("-copies"),
+            "{name}: {plans}"
+        );
+    }
+    // Data known to repeat skips the attempt: the copy stage at once.
+    let off = ["--set", "sqlfeed.try_unique_rows=false"];
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let url = cluster.url();
+                scope.spawn(move || feed_with(Some(url), "repeated", rank, &off))
+            })
+            .collect();
+        for (rank, handle) in ranks.into_iter().enumerate() {
+            assert_eq!(handle.join().expect("a rank"), feed(None, "repeated", rank));
+        }
+    });
+    let new: Vec<_> = feed_jobs()
+        .into_iter()
+        .filter(|job| !all.contains(job))
+        .collect();
+    assert_eq!(new.len(), 2, "{new:?}");
+    for (id, name, status) in &new {
+        assert_eq!(status, "Completed", "{name}");
+        assert!(!stage_plans(id).contains("unique_rows=true"), "{name}");
+    }
     Ok(())
 }
