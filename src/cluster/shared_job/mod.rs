@@ -1,0 +1,408 @@
+//! [`SharedJobExec`]: one cluster job per feed epoch, `W` consumers.
+//!
+//! ```text
+//!  rank 0 ──submit "sqlfeed-feed-<hash>-e<epoch>"──► scheduler ──► stages
+//!  rank r ──find the job by that name (REST /api/jobs)──┘            │
+//!    │                                                               ▼
+//!    └── wait until it succeeds, stream its result ◄────────── executors
+//!        (the global shuffle order, or the unshuffled lanes
+//!        interleaved as the embedded feed does); keep this rank's batches
+//! ```
+//!
+//! The scan, the functions, the keying and the sorted runs of `SHUFFLE` run
+//! once per epoch on the cluster, whatever the number of ranks.
+//! Because this reader keeps partition order, a job whose result is a global
+//! shuffle under projections is planned with
+//! `sqlfeed.ordered_result_partitions`: its final stage is one task per key
+//! range (`crate::shuffle::RangeBucketExec`), not one task merging all.
+//!
+//! # Each rank fetches its own batches
+//! When the feed batches by rows ([`crate::shuffle::Deal`]: batch size,
+//! world, `drop_last`), such a job is also *dealt*: the executors route
+//! every row to a partition of the rank whose batch it falls in
+//! (`crate::shuffle::deal`, counts of every range travelling with the rows),
+//! and rank `r` fetches only the partitions `j` with `j mod W = r`, in
+//! order: about `1/W` of the epoch's bytes, and exactly the rows its
+//! embedded batcher would keep. Other results (unshuffled lanes, token
+//! budgets, a cache fill that needs every row) are fetched whole, and the
+//! rank cuts its shard with the embedded feed's batcher; unshuffled lanes
+//! are interleaved in turns of rows as the embedded sink does
+//! (`crate::exec::lanes`), so either way a cluster rank's batches are
+//! exactly an embedded rank's.
+//!
+//! Ballista 55 gives a task only its own partitions' locations and numbers
+//! them from 0, so a range's task cannot learn the rows of the ranges
+//! before it from the scheduler: they arrive as count rows in the data
+//! (see `crate::shuffle::deal`). The deal's own exchange is re-sized to the
+//! deal's partition count after DataFusion's distribution rule
+//! (`crate::shuffle::KeepShuffleOrder`).
+//!
+//! The job name is a hash of what decides the rows (query, seed, epoch) and
+//! the run id, so every rank of a
+//! training run derives it alone: rank 0 submits, the others join. A rank
+//! that finds an older job of the same name (a restarted run) reads it: it
+//! holds the same rows, and if its files are gone the rank waits for a newer
+//! one.
+//!
+//! The job of a shuffled feed is first planned for unique rows, without the
+//! stage that numbers repeated rows; where rows repeat it fails and the
+//! epoch runs again with that stage. What a rank asks of the scheduler and
+//! the executors — submit, find, wait, fetch, and that fallback — is
+//! `request.rs`; this file is the operator and the job's settings.
+
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use ballista_core::extension::SessionConfigExt;
+use ballista_core::serde::protobuf::KeyValuePair;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::internal_err;
+use datafusion::error::Result;
+use datafusion::execution::context::SessionState;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+};
+use datafusion_proto::logical_plan::AsLogicalPlan;
+use datafusion_proto::protobuf::LogicalPlanNode;
+use futures::TryStreamExt;
+
+use super::SchedulerAddress;
+
+mod request;
+use request::{Fetched, JobRequest};
+
+/// The settings a job is submitted with: DataFusion's and Ballista's, and
+/// sqlfeed's under their `sqlfeed.` prefix (DataFusion lists an extension's
+/// entries without its prefix, and the scheduler ignores keys it cannot
+/// set, so `SET sqlfeed.…` did not reach it).
+fn settings(config: &datafusion::prelude::SessionConfig) -> Vec<KeyValuePair> {
+    use datafusion::config::{ConfigExtension, ExtensionOptions};
+    let pair = |key: String, value: Option<String>| {
+        value.map(|value| KeyValuePair {
+            key,
+            value: Some(value),
+        })
+    };
+    let mut settings: Vec<KeyValuePair> = config
+        .options()
+        .entries()
+        .into_iter()
+        // Unprefixed keys are extensions' entries.
+        .filter(|entry| entry.key.contains('.'))
+        .filter_map(|entry| pair(entry.key, entry.value))
+        .collect();
+    if let Some(options) = config
+        .options()
+        .extensions
+        .get::<crate::config::SqlfeedOptions>()
+    {
+        let prefix = crate::config::SqlfeedOptions::PREFIX;
+        settings.extend(
+            options
+                .entries()
+                .into_iter()
+                .filter_map(|entry| pair(format!("{prefix}.{}", entry.key), entry.value)),
+        );
+    }
+    settings
+}
+
+/// Whether `plan` is a global `SHUFFLE` under nothing but projections,
+/// whose per-partition order survives up to the result; `through_cache_write`
+/// lets an executor-cache write (in order, one row for one) stand between.
+fn shuffle_under_projections(plan: &LogicalPlan, through_cache_write: bool) -> bool {
+    match plan {
+        LogicalPlan::Projection(projection) => {
+            shuffle_under_projections(&projection.input, through_cache_write)
+        }
+        LogicalPlan::Extension(extension) => {
+            let node = extension.node.as_any();
+            if node.is::<crate::cache::shared::SharedEntryWriteNode>() {
+                through_cache_write
+                    && extension
+                        .node
+                        .inputs()
+                        .first()
+                        .is_some_and(|input| shuffle_under_projections(input, true))
+            } else {
+                node.downcast_ref::<crate::shuffle::ShuffleNode>()
+                    .is_some_and(|shuffle| {
+                        matches!(
+                            shuffle.spec(),
+                            crate::shuffle::ShuffleSpec::Global { .. }
+                        )
+                    })
+            }
+        }
+        _ => false,
+    }
+}
+
+/// One rank's view of the epoch's cluster job: rank 0 submits it, the
+/// others find it by name, and each streams the result partitions it needs
+/// (its own, when the job is dealt). Module docs: naming, dealing, order.
+pub struct SharedJobExec {
+    /// What each execution asks of the cluster.
+    request: Arc<JobRequest>,
+    properties: Arc<PlanProperties>,
+    /// Rows, bytes and partitions this rank fetched.
+    metrics: ExecutionPlanMetricsSet,
+    /// Told the job's name and rows once it succeeded.
+    completed: Option<CompletedJob>,
+}
+
+/// Where a [`SharedJobExec`] reports the job it read once the job
+/// succeeded: its name (with a retry's suffix) and its result's rows.
+pub use crate::session::CompletedJob;
+
+impl fmt::Debug for SharedJobExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedJobExec")
+            .field("scheduler", &self.request.scheduler)
+            .field("job_name", &self.request.job_name)
+            .field("rank", &self.request.rank)
+            .finish()
+    }
+}
+
+/// The epoch's job of a feed run, as every rank names it.
+#[derive(Debug, Clone)]
+pub struct RunJob {
+    /// The job's name: the same on every rank of the run.
+    pub name: String,
+    /// Set once a job of the run met repeated rows, shared by the run's
+    /// epochs: they plan the copy stage at once (`crate::shuffle::unique`).
+    pub rows_repeat: Arc<AtomicBool>,
+}
+
+impl SharedJobExec {
+    /// Reads the result of the job named `job.name` running `plan`, which
+    /// rank 0 submits and the other ranks join.
+    ///
+    /// `attempt` 0 is the epoch's job; a later attempt (after an executor
+    /// was lost, see [`super::ExactRetryExec`]) is a job named
+    /// `<job_name>-retry<attempt>` that any rank submits if it finds none.
+    pub fn try_new(
+        state: &SessionState,
+        plan: &LogicalPlan,
+        scheduler: SchedulerAddress,
+        job: RunJob,
+        rank: usize,
+        attempt: u32,
+        deal: Option<crate::shuffle::Deal>,
+    ) -> Result<Self> {
+        let RunJob {
+            name: job_name,
+            rows_repeat,
+        } = job;
+        if deal.is_some() && !Self::can_deal(plan) {
+            return internal_err!(
+                "only a job whose result is a global SHUFFLE under projections can be \
+                 dealt to ranks"
+            );
+        }
+        let job_name = if attempt == 0 {
+            job_name
+        } else {
+            format!("{job_name}-retry{attempt}")
+        };
+        let mut config = state.config().clone().with_ballista_job_name(&job_name);
+        // This reader streams the result partitions in partition order, so
+        // a global shuffle right under the result may end in one task per
+        // key range instead of one merging task (`crate::shuffle::range`).
+        if shuffle_under_projections(plan, true)
+            && let Some(options) = config
+                .options_mut()
+                .extensions
+                .get_mut::<crate::config::SqlfeedOptions>()
+        {
+            options.ordered_result_partitions = true;
+            // Each rank's batches in partitions of their own, so that it
+            // fetches only those (`crate::shuffle::deal`).
+            if let Some(deal) = deal {
+                options.deal_world = deal.world;
+                options.deal_batch_rows = deal.batch_rows;
+                options.deal_drop_last = deal.drop_last;
+            }
+        }
+        let codec = config.ballista_logical_extension_codec();
+        let node = LogicalPlanNode::try_from_logical_plan(plan, codec.as_ref())?;
+        let mut buf = vec![];
+        node.try_encode(&mut buf)?;
+        // The epoch's job is first planned for unique rows (one exchange
+        // fewer), unless a job of this run met repeated rows; a retry after
+        // a lost executor keeps the copy stage. Not through an executor
+        // cache write, whose folder is named by the job that completes.
+        let mut unique_settings = None;
+        if let Some(options) = config
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::SqlfeedOptions>()
+        {
+            let try_unique = options.try_unique_rows || options.assume_unique_rows;
+            options.assume_unique_rows = true;
+            if try_unique && attempt == 0 && shuffle_under_projections(plan, false) {
+                unique_settings = Some(self::settings(&config));
+            }
+        }
+        if let Some(options) = config
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::SqlfeedOptions>()
+        {
+            // The fallback always numbers repeated rows.
+            options.assume_unique_rows = false;
+        }
+        let settings = settings(&config);
+        // A shuffle's result is its partitions in turn; any other result's
+        // partitions are lanes, read like the embedded sink reads them.
+        let lane_turn_rows =
+            (!shuffle_under_projections(plan, true)).then(|| config.batch_size());
+        let schema: SchemaRef = Arc::clone(plan.schema().inner());
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        let request = JobRequest {
+            scheduler,
+            plan: buf,
+            settings,
+            unique_settings,
+            rows_repeat,
+            session_id: state.session_id().to_string(),
+            job_name,
+            rank,
+            attempt,
+            max_message_size: config.ballista_grpc_client_max_message_size(),
+            prefer_flight: config.ballista_shuffle_reader_remote_prefer_flight(),
+            job_id: Mutex::new(None),
+            schema,
+            lane_turn_rows,
+            deal_world: deal.map(|d| d.world),
+        };
+        Ok(Self {
+            request: Arc::new(request),
+            properties: Arc::new(properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+            completed: None,
+        })
+    }
+
+    /// Reports the job into `completed` once it succeeded (an executor
+    /// cache's commit names the folder of the attempt that completed).
+    pub fn reporting_completion(mut self, completed: CompletedJob) -> Self {
+        self.completed = Some(completed);
+        self
+    }
+
+    /// Whether a job of `plan` can be dealt to ranks on the executors: its
+    /// result is a global `SHUFFLE` under projections (which keep rows 1:1,
+    /// so dealing below them deals the result).
+    pub fn can_deal(plan: &LogicalPlan) -> bool {
+        // Not through an executor-cache write: every row must pass the
+        // writing tasks once.
+        shuffle_under_projections(plan, false)
+    }
+
+    /// The job this rank reads, once known.
+    pub fn job_id(&self) -> Option<String> {
+        self.request.job_id.lock().ok().and_then(|id| id.clone())
+    }
+}
+
+impl DisplayAs for SharedJobExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let JobRequest {
+            job_name,
+            rank,
+            scheduler,
+            deal_world,
+            ..
+        } = self.request.as_ref();
+        match t {
+            DisplayFormatType::TreeRender => {
+                write!(f, "job={job_name}\nrank={rank}\nscheduler={scheduler}")?;
+                if let Some(world) = deal_world {
+                    write!(f, "\ndealt_to={world}")?;
+                }
+            }
+            _ => {
+                write!(
+                    f,
+                    "SharedJobExec: job={job_name}, rank={rank}, scheduler={scheduler}"
+                )?;
+                if let Some(world) = deal_world {
+                    write!(f, ", dealt_to={world}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for SharedJobExec {
+    fn name(&self) -> &str {
+        "SharedJobExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    crate::exec::no_expressions!();
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!(
+                "SharedJobExec has one partition, asked for {partition}"
+            );
+        }
+        let job = Arc::clone(&self.request);
+        let fetched = Fetched {
+            rows: MetricBuilder::new(&self.metrics).counter("fetched_rows", partition),
+            bytes: MetricBuilder::new(&self.metrics).counter("fetched_bytes", partition),
+            partitions: MetricBuilder::new(&self.metrics)
+                .counter("fetched_partitions", partition),
+        };
+        let completed = self.completed.clone();
+        let stream =
+            futures::stream::once(
+                async move { job.run(&fetched, completed.as_ref()).await },
+            )
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}
