@@ -16,13 +16,15 @@
 //! only calls whose other arguments are literals (the normalisation
 //! constants), so the finish step reads nothing but the stored columns.
 
-use datafusion::common::Column;
 use datafusion::common::tree_node::TreeNode;
+use datafusion::common::{Column, internal_err};
 use datafusion::error::Result;
+use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, Projection, Volatility,
 };
+use datafusion::physical_expr::PhysicalExpr;
 use std::sync::Arc;
 
 /// A query split into what a cache stores and what is applied on the way
@@ -109,6 +111,31 @@ pub fn apply_finish(plan: LogicalPlan, finish: &[Expr]) -> Result<LogicalPlan> {
     LogicalPlanBuilder::from(plan)
         .project(finish.iter().cloned())?
         .build()
+}
+
+/// `finish` as the expressions (and output names) of a physical projection
+/// over the rows of `stored`, normalised against its columns (qualified or
+/// not): for rows read back in their stored form.
+pub fn finish_exprs(
+    state: &SessionState,
+    stored: &LogicalPlan,
+    finish: &[Expr],
+) -> Result<Vec<(Arc<dyn PhysicalExpr>, String)>> {
+    let LogicalPlan::Projection(finished) = apply_finish(stored.clone(), finish)? else {
+        return internal_err!("a compact plan's finish step is not a projection");
+    };
+    finished
+        .expr
+        .iter()
+        .zip(finished.schema.fields())
+        .map(|(expr, field)| {
+            let expr = expr.clone().unalias_nested().data;
+            Ok((
+                state.create_physical_expr(expr, stored.schema())?,
+                field.name().clone(),
+            ))
+        })
+        .collect()
 }
 
 /// The call and its first argument when `expr` (under aliases) is a call of

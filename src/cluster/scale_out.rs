@@ -142,9 +142,12 @@ impl ScaleOut for ClusterScaleOut {
                 .entry(run)
                 .or_default(),
         );
+        // The widening functions over the fetched rows.
+        let finish = finish
+            .map(|finish| crate::cache::compact::finish_exprs(&state, &plan, &finish))
+            .transpose()?;
         // Each attempt is the epoch's job, watched for lost executors; a
         // loss re-runs it and skips what this rank already consumed.
-        let job_schema = Arc::clone(plan.schema());
         let (attempt_state, scheduler) = (state.clone(), self.address.clone());
         let attempts: Arc<AttemptFactory> = Arc::new(move |attempt| {
             let mut job = SharedJobExec::try_new(
@@ -170,16 +173,7 @@ impl ScaleOut for ClusterScaleOut {
         let fetched: Arc<dyn ExecutionPlan> =
             Arc::new(ExactRetryExec::try_new(attempts, self.address.clone())?);
         let plan = match finish {
-            Some(finish) => {
-                let exprs = finish
-                    .into_iter()
-                    .map(|expr| {
-                        let name = expr.schema_name().to_string();
-                        Ok((state.create_physical_expr(expr, &job_schema)?, name))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Arc::new(ProjectionExec::try_new(exprs, fetched)?) as _
-            }
+            Some(exprs) => Arc::new(ProjectionExec::try_new(exprs, fetched)?) as _,
             None => fetched,
         };
         Ok(EpochJobPlan {

@@ -31,7 +31,7 @@
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
-use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
+use datafusion::common::exec_datafusion_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
@@ -41,7 +41,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
 
 use crate::Session;
-use crate::cache::compact::{apply_finish, compact};
+use crate::cache::compact::{apply_finish, compact, finish_exprs};
 use crate::cache::{CacheFillExec, CacheLookup, CachedTable, EntryFill};
 use crate::shuffle::{
     ShuffleSpec, shuffle_by_content_hash, shuffle_with_content_hash, with_content_hash,
@@ -165,25 +165,7 @@ impl EpochCache {
         };
         let filling: Arc<dyn ExecutionPlan> =
             Arc::new(CacheFillExec::try_new(physical, Arc::clone(fill), parts)?);
-        // Normalised against the plan's columns (qualified or not).
-        let LogicalPlan::Projection(finished) = apply_finish(logical.clone(), finish)?
-        else {
-            return Err(internal_datafusion_err!(
-                "the epoch cache's finish step is not a projection"
-            ));
-        };
-        let exprs = finished
-            .expr
-            .iter()
-            .zip(finished.schema.fields())
-            .map(|(expr, field)| {
-                let expr = expr.clone().unalias_nested().data;
-                Ok((
-                    state.create_physical_expr(expr, logical.schema())?,
-                    field.name().clone(),
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let exprs = finish_exprs(state, logical, finish)?;
         let finished: Arc<dyn ExecutionPlan> =
             Arc::new(ProjectionExec::try_new(exprs, filling)?);
         // Planned after the physical optimizer ran: the finish step's costly

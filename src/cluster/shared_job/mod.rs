@@ -242,24 +242,19 @@ impl SharedJobExec {
         // fewer), unless a job of this run met repeated rows; a retry after
         // a lost executor keeps the copy stage. Not through an executor
         // cache write, whose folder is named by the job that completes.
-        let mut unique_settings = None;
+        // The settings plan the copy stage; `submit` sets the key per job.
+        let try_unique_rows = attempt == 0
+            && shuffle_under_projections(plan, false)
+            && config
+                .options()
+                .extensions
+                .get::<crate::config::SqlfeedOptions>()
+                .is_some_and(|o| o.try_unique_rows || o.assume_unique_rows);
         if let Some(options) = config
             .options_mut()
             .extensions
             .get_mut::<crate::config::SqlfeedOptions>()
         {
-            let try_unique = options.try_unique_rows || options.assume_unique_rows;
-            options.assume_unique_rows = true;
-            if try_unique && attempt == 0 && shuffle_under_projections(plan, false) {
-                unique_settings = Some(self::settings(&config));
-            }
-        }
-        if let Some(options) = config
-            .options_mut()
-            .extensions
-            .get_mut::<crate::config::SqlfeedOptions>()
-        {
-            // The fallback always numbers repeated rows.
             options.assume_unique_rows = false;
         }
         let settings = settings(&config);
@@ -278,7 +273,7 @@ impl SharedJobExec {
             scheduler,
             plan: buf,
             settings,
-            unique_settings,
+            try_unique_rows,
             rows_repeat,
             session_id: state.session_id().to_string(),
             job_name,

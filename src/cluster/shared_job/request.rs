@@ -44,6 +44,7 @@ use ballista_core::serde::protobuf::{
 };
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::exec_datafusion_err;
+use datafusion::config::ConfigExtension;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::common::spawn_buffered;
@@ -87,12 +88,13 @@ pub(super) struct JobRequest {
     pub(super) scheduler: SchedulerAddress,
     /// The encoded logical plan.
     pub(super) plan: Vec<u8>,
-    /// Settings of the job planned with the stage that numbers repeated
-    /// rows.
+    /// The job's settings, planning the stage that numbers repeated rows
+    /// (`submit` sets the job's name and that choice).
     pub(super) settings: Vec<KeyValuePair>,
-    /// Settings of the job planned for unique rows, tried first where the
-    /// result is a shuffle's key ranges (`crate::shuffle::REPEATED_ROWS`).
-    pub(super) unique_settings: Option<Vec<KeyValuePair>>,
+    /// Whether the epoch's job is first tried without that stage, planned
+    /// for unique rows: its result is a shuffle's key ranges
+    /// (`crate::shuffle::REPEATED_ROWS`).
+    pub(super) try_unique_rows: bool,
     /// Set once a job of this run met repeated rows (shared by the run's
     /// epochs): the copy stage is then planned at once.
     pub(super) rows_repeat: Arc<AtomicBool>,
@@ -148,15 +150,15 @@ impl JobRequest {
             // of this name submits one (two submissions hold the same rows).
             let job_id = match self.find(&HashSet::new()).await? {
                 Some((job_id, _)) => job_id,
-                None => self.submit(&self.job_name, &self.settings).await?,
+                None => self.submit(&self.job_name, false).await?,
             };
             self.remember(&job_id);
             let locations = self.wait(&job_id, &self.job_name, completed).await?;
             return self.fetch(locations, fetched).await;
         }
         if self.rank == 0 {
-            if let Some(unique) = self.unique_settings() {
-                let job_id = self.submit(&self.job_name, unique).await?;
+            if self.plans_unique_rows() {
+                let job_id = self.submit(&self.job_name, true).await?;
                 self.remember(&job_id);
                 match self.wait(&job_id, &self.job_name, completed).await {
                     Ok(locations) => return self.fetch(locations, fetched).await,
@@ -173,7 +175,7 @@ impl JobRequest {
                 }
             }
             let name = self.copy_stage_name();
-            let job_id = self.submit(&name, &self.settings).await?;
+            let job_id = self.submit(&name, false).await?;
             self.remember(&job_id);
             let locations = self.wait(&job_id, &name, completed).await?;
             return self.fetch(locations, fetched).await;
@@ -215,19 +217,17 @@ impl JobRequest {
         }
     }
 
-    /// The settings of a job planned for unique rows, unless the plan does
-    /// not allow it or rows of this run repeated.
-    fn unique_settings(&self) -> Option<&Vec<KeyValuePair>> {
-        self.unique_settings
-            .as_ref()
-            .filter(|_| !self.rows_repeat.load(Ordering::Relaxed))
+    /// Whether rank 0 submits the epoch planned for unique rows first: the
+    /// plan allows it and no rows of this run repeated.
+    fn plans_unique_rows(&self) -> bool {
+        self.try_unique_rows && !self.rows_repeat.load(Ordering::Relaxed)
     }
 
     /// The name of the epoch's job with the copy stage: the epoch's name,
     /// or, where a job planned for unique rows may come first, a name of its
     /// own (`-copies`), so that ranks tell the two apart.
     fn copy_stage_name(&self) -> String {
-        if self.unique_settings.is_some() {
+        if self.try_unique_rows {
             format!("{}-copies", self.job_name)
         } else {
             self.job_name.clone()
@@ -240,12 +240,20 @@ impl JobRequest {
         }
     }
 
-    async fn submit(&self, name: &str, settings: &[KeyValuePair]) -> Result<String> {
-        let mut settings = settings.to_vec();
-        // The job's name is one of its settings (`ballista.job.name`).
+    /// Submits the epoch's job as `name`, planned for unique rows or with
+    /// the stage that numbers repeated rows.
+    async fn submit(&self, name: &str, unique_rows: bool) -> Result<String> {
+        let unique_key = format!(
+            "{}.assume_unique_rows",
+            <crate::config::SqlfeedOptions as ConfigExtension>::PREFIX
+        );
+        let mut settings = self.settings.clone();
+        // Both are settings of the job (`ballista.job.name`).
         for pair in &mut settings {
             if pair.key == ballista_core::config::BALLISTA_JOB_NAME {
                 pair.value = Some(name.to_string());
+            } else if pair.key == unique_key {
+                pair.value = Some(unique_rows.to_string());
             }
         }
         let params = ExecuteQueryParams {
