@@ -191,7 +191,23 @@ pub(crate) fn client_state(
     let address = SchedulerAddress::parse(url)?;
     address.check_reachable(REACH_TIMEOUT)?;
     let registry = FunctionRegistry::new(functions);
-    let config = with_codecs(state.config().clone(), &registry);
+    let mut config = with_codecs(state.config().clone(), &registry);
+    // Shuffle files are not compressed (Ballista's default is LZ4): a
+    // feed's exchanges carry what its row functions read, encoded images and
+    // audio that LZ4 does not shrink, and its result narrow pixels that it
+    // shrinks 1.4×. LZ4 was 13% of an executor's CPU on an image feed and
+    // 20% of the client's (`perf`, docs/scaling.md), for bytes that travel
+    // on loopback or a network far from full. Set here, on the client, as
+    // the session's default: the client's settings travel with every job,
+    // so `SET ballista.shuffle.compression.codec = 'lz4'` (or `--set`)
+    // brings it back; set in `with_codecs`, the scheduler's sessions would
+    // override the client's choice.
+    if let Err(e) = config.options_mut().set(
+        ballista_core::config::BALLISTA_SHUFFLE_COMPRESSION_CODEC,
+        "none",
+    ) {
+        log::warn!("shuffle files stay compressed: {e}");
+    }
     let state = SessionStateBuilder::new_from_existing(state)
         .with_config(config)
         .build()
@@ -207,26 +223,12 @@ pub(crate) fn client_state(
 /// stage is rolled back but never resubmitted), while the static planner
 /// re-runs the lost tasks and map stages on the remaining executors
 /// (`tests/integration/cluster.rs` kills an executor mid-job).
-///
-/// Shuffle files are not compressed (Ballista's default is LZ4): a feed's
-/// exchanges carry what its row functions read, encoded images and audio
-/// that LZ4 does not shrink, and its result carries narrow pixels that it
-/// shrinks 1.4×. LZ4 cost 13% of an executor's CPU on an image feed and
-/// 20% of the client's (`scripts/bench-cluster.sh`, docs/scaling.md), for
-/// bytes that travel on loopback or a network far from full. `SET
-/// ballista.shuffle.compression.codec = 'lz4'` (or `--set`) brings it back.
 pub(crate) fn with_codecs(
     config: datafusion::prelude::SessionConfig,
     functions: &FunctionRegistry,
 ) -> datafusion::prelude::SessionConfig {
-    let mut config = config.upgrade_for_ballista();
-    if let Err(e) = config.options_mut().set(
-        ballista_core::config::BALLISTA_SHUFFLE_COMPRESSION_CODEC,
-        "none",
-    ) {
-        log::warn!("shuffle files stay compressed: {e}");
-    }
     config
+        .upgrade_for_ballista()
         .with_ballista_adaptive_query_planner(false)
         .with_ballista_logical_extension_codec(Arc::new(SqlfeedLogicalCodec::new(
             functions.clone(),

@@ -101,6 +101,23 @@ impl Cluster {
         self.executors.push(executor);
     }
 
+    /// Bytes of the files in the executors' work folders (shuffle files
+    /// of finished stages are removed; result files stay).
+    pub fn work_bytes(&self) -> u64 {
+        fn bytes(dir: &Path) -> u64 {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|entry| match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => bytes(&entry.path()),
+                    _ => entry.metadata().map_or(0, |m| m.len()),
+                })
+                .sum()
+        }
+        bytes(self.work.path())
+    }
+
     /// Kills executor `i` at once (SIGKILL: no goodbye to the scheduler).
     pub fn kill_executor(&mut self, i: usize) {
         let _ = self.executors[i].kill();
@@ -1129,6 +1146,42 @@ fn a_cluster_feed_widens_tensors_on_the_client_with_the_embedded_batches() -> Re
         narrow * 2.5 < wide,
         "fetched {narrow} bytes widened on the client, {wide} on the executors"
     );
+    Ok(())
+}
+
+/// Shuffle files are uncompressed by default, and the client's
+/// `ballista.shuffle.compression.codec` reaches the executors' files.
+#[test]
+fn the_clients_shuffle_codec_reaches_the_executors() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 1000, 2)?;
+    let cluster = Cluster::start(1);
+    let sql = format!(
+        "SELECT get_field(image_resize(image_decode(image_png), 16, 16), 'pixels') AS x, \
+         label AS y FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let mut written = vec![];
+    for settings in [
+        &[][..],
+        &["--set", "ballista.shuffle.compression.codec=lz4"],
+    ] {
+        let before = cluster.work_bytes();
+        let mut command = sqlfeed();
+        command
+            .args(["--cluster", &cluster.url(), "--target-partitions", "2"])
+            .args(settings)
+            .args(["feed", &sql, "--shuffle-seed", "42", "--epochs", "1"])
+            .args(["--batch-size", "64", "--device", "cpu", "--digest"]);
+        let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
+        assert!(ok, "{settings:?}: {err}");
+        assert_eq!(out.lines().filter(|l| l.starts_with("batch ")).count(), 16);
+        written.push(cluster.work_bytes() - before);
+    }
+    // 768 bytes of pixels a row: about 770 KB uncompressed.
+    let (plain, lz4) = (written[0], written[1]);
+    assert!(plain > 700_000, "{written:?}");
+    assert!(lz4 * 10 < plain * 9, "{written:?}");
     Ok(())
 }
 
