@@ -263,8 +263,9 @@ impl Feed {
             };
             // While we block here, a producer that finds every slot held by
             // us and no room for another knows the loop cannot go on (see
-            // SlotPool). It stays set across `Pending` answers: the caller
-            // is still waiting.
+            // SlotPool). Only while we block: after a `Pending` answer the
+            // caller runs its own code, which may release batches, so a
+            // producer counting blocked polls must not count that time.
             self.loans.set_consumer_waiting(true);
             let event = match deadline {
                 None => events
@@ -273,10 +274,10 @@ impl Feed {
                 Some(deadline) => events
                     .recv_timeout(deadline.saturating_duration_since(Instant::now())),
             };
+            self.loans.set_consumer_waiting(false);
             if matches!(event, Err(mpsc::RecvTimeoutError::Timeout)) {
                 return NextBatch::Pending;
             }
-            self.loans.set_consumer_waiting(false);
             self.waiting_since = None;
             let waited = waiting.elapsed();
             match event {

@@ -330,3 +330,57 @@ fn next_within_answers_pending_while_the_first_batch_is_computed() -> Result<()>
     );
     Ok(())
 }
+
+/// A loop that polls with `next_within`, gets `Pending` while it holds every
+/// slot, then does its own work for longer than the feed's deadlock check
+/// before releasing: not a deadlock, so no error.
+#[test]
+fn a_poller_that_holds_every_slot_between_polls_is_not_deadlocked() -> Result<()> {
+    use sqlfeed::feed::NextBatch;
+    // 512 KiB per batch against a 3 MiB budget: the ring and no extra slot.
+    let session = Session::builder()
+        .memory_limit(3 << 20)
+        .target_partitions(1)
+        .build()?;
+    let sql = "SELECT one_hot(value % 10, 128) AS v FROM generate_series(1, 40000)";
+    let outcome = bounded(
+        Duration::from_secs(60),
+        move || -> Result<(usize, usize)> {
+            let mut feed = Feed::builder(&session, sql)
+                .batch_size(1024)
+                .prefetch(1)
+                .device(Device::Cpu)
+                .build()?;
+            let mut held = vec![];
+            let mut batches = 0;
+            let mut pending_while_holding = 0;
+            loop {
+                // Shorter than the producer's check (8 polls of 25 ms), which
+                // counts only the time the loop really blocks in here.
+                match feed.next_within(Duration::from_millis(50)) {
+                    NextBatch::Ready(batch) => {
+                        batches += 1;
+                        held.push(batch);
+                    }
+                    NextBatch::Pending if !held.is_empty() => {
+                        // Our own work, four times the producer's 200 ms check,
+                        // still holding every batch; then they are released.
+                        pending_while_holding += 1;
+                        std::thread::sleep(Duration::from_millis(800));
+                        held.clear();
+                    }
+                    NextBatch::Pending => {}
+                    NextBatch::Finished => return Ok((batches, pending_while_holding)),
+                    NextBatch::Failed(err) => return Err(err),
+                }
+            }
+        },
+    );
+    let (batches, pending_while_holding) = outcome?;
+    assert_eq!(batches, 40, "40000 rows in batches of 1024");
+    assert!(
+        pending_while_holding > 0,
+        "the loop never held every slot: the test did not test"
+    );
+    Ok(())
+}
