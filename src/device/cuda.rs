@@ -7,21 +7,37 @@
 //!  consumer: done.synchronize() (its own batch only) ─► tensors usable;
 //!            a named consumer stream also waits for `done` on the device
 //!  release:  `released` recorded on each consumer stream (default: the
-//!            legacy default stream), the copy stream waits for each record
+//!            legacy default stream), the copy stream waits for each record;
+//!            where no stream can be named (stream.rs), the slot is flagged
+//!            and the producer waits for the whole device before reusing it
 //! ```
 //!
 //! # Which event guards which buffer
 //! We turn cudarc's per-buffer event tracking off (it cannot see work a
 //! consumer queues after an export) and order everything ourselves:
 //! - **pinned host buffer of a slot**: written by the converter only after
-//!   `done` completed (`Slot::prepare` → [`CudaBackend::wait_upload`]);
-//!   freed only after `done` completed ([`wait_copies_before_free`]).
+//!   `done` completed (`Slot::prepare` → [`CudaBackend::wait_before_reuse`]);
+//!   freed only after `done` completed ([`free_after_copies`]). An upload
+//!   that fails after queuing copies waits for them before it reports.
 //! - **device buffer of a slot**: written by the next upload, replaced when
 //!   it grows and freed when the slot is dropped, all on the copy stream, and
 //!   the copy stream waits for `released` as recorded on every consumer
 //!   stream at the moment the batch was released ([`CudaBackend::release`])
-//!   before the slot can be taken again. So no reuse, growth, end of epoch or
-//!   drop touches memory a consumer's queued kernel may still read.
+//!   before the slot can be taken again. A release that could not be
+//!   recorded on every stream flags the slot instead, and the producer waits
+//!   for the whole device before it reuses, grows or frees it. So no reuse,
+//!   growth, end of epoch or drop touches memory a consumer's queued kernel
+//!   may still read.
+//!
+//! # Whose thread, whose context
+//! The consumer's calls (the wait for its batch, exports, releases, copies
+//! back) run on the training loop's threads, where PyTorch keeps its own
+//! current device. Each makes the feed's context current only for the call
+//! ([`BoundContext`]) and puts back what was current before, so that a
+//! process training on another GPU never finds its device changed. Waits
+//! that guard a free or a reuse go straight to the driver: cudarc's safe
+//! calls first return (and clear) an error stored by an earlier drop, and
+//! would skip the wait.
 //!
 //! # Errors
 //! cudarc 0.19 panics when the driver library cannot be loaded, so
@@ -29,6 +45,7 @@
 //! load it runs under `catch_unwind` as a backstop (this is why the release
 //! profile must never set `panic = "abort"`).
 
+use std::mem::ManuallyDrop;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,10 +59,12 @@ use datafusion::common::{exec_err, internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 
 use super::host::{HostBuffer, PinnedBuffer};
-use super::stream::ConsumerStream;
+use super::stream::{ConsumerStream, NamedStream, order_release};
 
-/// The driver's handle of `stream`.
+/// The driver's handle of `stream` (never [`ConsumerStream::ANY`], which
+/// names none: `stream.rs` turns it into a device-wide wait).
 fn raw_stream(stream: ConsumerStream) -> sys::CUstream {
+    debug_assert_ne!(stream, ConsumerStream::ANY);
     // 1 and 2 are the driver's CU_STREAM_LEGACY / CU_STREAM_PER_THREAD.
     stream.as_raw() as usize as sys::CUstream
 }
@@ -92,14 +111,64 @@ fn driver_error(what: &str, err: DriverError) -> DataFusionError {
     exec_datafusion_err!("CUDA error while {what}: {err:?}")
 }
 
+/// The context that was current on this thread when it was made, put back
+/// when it is dropped (see the module docs: the consumer's threads keep
+/// their own current device).
+struct BoundContext {
+    /// What was current before (null: none).
+    previous: sys::CUcontext,
+}
+
+impl BoundContext {
+    /// Remembers what is current on this thread, to put it back on drop.
+    fn save() -> std::result::Result<Self, DriverError> {
+        let previous = result::ctx::get_current()?.unwrap_or(std::ptr::null_mut());
+        Ok(Self { previous })
+    }
+
+    /// Makes `ours` current on this thread until the result is dropped.
+    ///
+    /// # Safety
+    /// `ours` must be a live context (one a `CudaContext` the caller holds
+    /// retains).
+    unsafe fn bind(ours: sys::CUcontext) -> std::result::Result<Self, DriverError> {
+        let saved = Self::save()?;
+        if saved.previous != ours {
+            // SAFETY: `ours` is live (the caller's contract).
+            unsafe { result::ctx::set_current(ours) }?;
+        }
+        Ok(saved)
+    }
+}
+
+impl Drop for BoundContext {
+    fn drop(&mut self) {
+        let now = result::ctx::get_current().map(|c| c.unwrap_or(std::ptr::null_mut()));
+        if now.is_ok_and(|now| now == self.previous) {
+            return;
+        }
+        // SAFETY: `previous` was current on this thread when we saved it
+        // (or null, which unbinds); what ran since released no context but
+        // the feed's own, which is not `previous` when we get here (had it
+        // been, `bind` would not have switched and nothing else does).
+        if let Err(err) = unsafe { result::ctx::set_current(self.previous) } {
+            log::warn!("putting back this thread's CUDA context failed: {err:?}");
+        }
+    }
+}
+
 /// A context on one GPU plus the stream all uploads go through.
 pub(crate) struct CudaBackend {
-    /// The primary context of the device.
-    ctx: Arc<CudaContext>,
-    /// Host-to-device copies (non-blocking with respect to other streams).
-    copy_stream: Arc<CudaStream>,
+    /// The primary context of the device (dropped by hand in `drop`, with
+    /// the context current there, see the module docs).
+    ctx: ManuallyDrop<Arc<CudaContext>>,
+    /// Host-to-device copies (non-blocking with respect to other streams;
+    /// dropped by hand, like `ctx`).
+    copy_stream: ManuallyDrop<Arc<CudaStream>>,
     /// The device ordinal.
     ordinal: usize,
+    /// Whether a failed release ordering has been logged (once per feed).
+    warned: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -109,7 +178,8 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal`, or says why it cannot.
+    /// Opens device `ordinal`, or says why it cannot. The calling thread's
+    /// current context is left as it was.
     pub(crate) fn try_new(ordinal: usize) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {
@@ -119,6 +189,7 @@ impl CudaBackend {
                 count.saturating_sub(1)
             );
         }
+        let _callers = guarded("reading the current CUDA context", BoundContext::save)?;
         let ctx = guarded("creating a CUDA context", || CudaContext::new(ordinal))?;
         // SAFETY: we order every access to our buffers with our own per-slot
         // events (see the module docs), so cudarc's automatic tracking is not
@@ -126,15 +197,29 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let copy_stream = guarded("creating the copy stream", || ctx.new_stream())?;
         Ok(Self {
-            ctx,
-            copy_stream,
+            ctx: ManuallyDrop::new(ctx),
+            copy_stream: ManuallyDrop::new(copy_stream),
             ordinal,
+            warned: AtomicBool::new(false),
         })
     }
 
     /// The device ordinal.
     pub(crate) fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// Runs `call` with the feed's context current on this thread, then puts
+    /// back the caller's (module docs).
+    fn in_context<T>(
+        &self,
+        what: &str,
+        call: impl FnOnce() -> std::result::Result<T, DriverError>,
+    ) -> Result<T> {
+        // SAFETY: `self.ctx` retains the context for as long as `self` lives.
+        let _bound = unsafe { BoundContext::bind(self.ctx.cu_ctx()) }
+            .map_err(|e| driver_error("binding the CUDA context", e))?;
+        guarded(what, call)
     }
 
     /// Page-locked host memory of at least `bytes`, zeroed.
@@ -173,30 +258,55 @@ impl CudaBackend {
         })
     }
 
-    /// Events for a new slot (timing enabled for the H2D metric).
+    /// Events for a new slot. `start` and `done` time the copies for the H2D
+    /// metric; `done` is blocking-sync, since threads wait on it (a spinning
+    /// wait would take a core from the converters); `released` is only
+    /// waited on by the copy stream, so it needs neither.
     pub(crate) fn new_slot_sync(&self) -> Result<SlotSync> {
-        let event = || {
-            guarded("creating a CUDA event", || {
-                self.ctx
-                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            })
-        };
+        let event =
+            |flags| guarded("creating a CUDA event", || self.ctx.new_event(Some(flags)));
         Ok(SlotSync {
-            start: event()?,
-            done: event()?,
-            released: event()?,
+            start: event(sys::CUevent_flags::CU_EVENT_DEFAULT)?,
+            done: event(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC)?,
+            released: event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?,
             uploaded: AtomicBool::new(false),
+            device_wait: AtomicBool::new(false),
         })
     }
 
-    /// Queues the copies of one batch and records its events.
+    /// Queues the copies of one batch and records its events. If anything
+    /// fails after a copy was queued, waits for the copy stream before
+    /// returning the error: the slot's pinned memory may be freed next, and
+    /// `done` no longer marks the end of what reads it.
     pub(crate) fn upload<'a>(
         &self,
         copies: impl Iterator<Item = (&'a HostBuffer, &'a mut DeviceBuffer, usize)>,
         sync: &SlotSync,
     ) -> Result<()> {
         // No wait for the release here: `release` made the copy stream wait
-        // for it before the slot could be acquired again.
+        // for it (or flagged the slot, which `wait_before_reuse` handled)
+        // before the slot could be acquired again.
+        let mut queued = false;
+        let outcome = self.queue_copies(copies, sync, &mut queued);
+        if outcome.is_err() && queued {
+            // SAFETY: the copy stream is live (owned by `self`).
+            let waited = self
+                .in_context("waiting for the copies of a failed upload", || unsafe {
+                    result::stream::synchronize(self.copy_stream.cu_stream())
+                });
+            if let Err(err) = waited {
+                log::error!("{err}; the slot's memory may be freed under a copy");
+            }
+        }
+        outcome
+    }
+
+    fn queue_copies<'a>(
+        &self,
+        copies: impl Iterator<Item = (&'a HostBuffer, &'a mut DeviceBuffer, usize)>,
+        sync: &SlotSync,
+        queued: &mut bool,
+    ) -> Result<()> {
         sync.start
             .record(&self.copy_stream)
             .map_err(|e| driver_error("recording the copy start", e))?;
@@ -209,10 +319,12 @@ impl CudaBackend {
                 );
             }
             let source = &host.as_slice()[..bytes];
+            *queued = true;
             // SAFETY: `device.ptr` is a live allocation of `device.capacity >=
             // bytes` bytes; `source` is pinned memory owned by the slot, which
             // is neither written (`Slot::prepare` waits for `done` first) nor
-            // freed (the slot owns it and waits on drop) before the copy ends.
+            // freed (the slot owns it and waits on drop; a failed upload
+            // waits before it returns) before the copy ends.
             unsafe {
                 result::memcpy_htod_async(
                     device.ptr,
@@ -229,74 +341,128 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The producer is about to rewrite the slot (host and device memory):
+    /// waits for its last upload and, if a release flagged it, for the whole
+    /// device.
+    pub(crate) fn wait_before_reuse(&self, sync: &SlotSync) -> Result<()> {
+        self.in_context("waiting before a slot is reused", || {
+            sync.wait_before_touching()
+        })
+    }
+
     /// Blocks until the slot's last upload is complete; returns the copy
-    /// engine's time for it.
+    /// engine's time for it. Called by the consumer for its batch.
     pub(crate) fn wait_upload(&self, sync: &SlotSync) -> Result<Duration> {
         if !sync.uploaded.load(Ordering::Acquire) {
             return Ok(Duration::ZERO);
         }
-        sync.done
-            .synchronize()
-            .map_err(|e| driver_error("waiting for a host-to-device copy", e))?;
-        let ms = sync
-            .start
-            .elapsed_ms(&sync.done)
-            .map_err(|e| driver_error("timing a host-to-device copy", e))?;
+        let ms = self.in_context("waiting for a host-to-device copy", || {
+            // SAFETY: both events are live (owned by `sync`) and recorded on
+            // the copy stream, `start` before `done`.
+            unsafe {
+                result::event::synchronize(sync.done.cu_event())?;
+                result::event::elapsed(sync.start.cu_event(), sync.done.cu_event())
+            }
+        })?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 
+    /// The driver's id of a stream handle, to notice at the release that it
+    /// was destroyed (stream.rs); `None` for the default streams, an invalid
+    /// handle, or a driver without stream ids (older than CUDA 12.0, where
+    /// the symbol is missing and cudarc panics).
+    fn stream_id(&self, stream: ConsumerStream) -> Option<u64> {
+        if !stream.is_handle() {
+            return None;
+        }
+        let mut id: std::ffi::c_ulonglong = 0;
+        let read = self.in_context("reading a stream's id", || {
+            // SAFETY: the handle is one the consumer named for this context
+            // (`ConsumerStream::from_raw`); the driver checks it and answers
+            // CUDA_ERROR_INVALID_HANDLE or _CONTEXT for one destroyed since.
+            unsafe { sys::cuStreamGetId(raw_stream(stream), &mut id) }.result()
+        });
+        read.ok().map(|()| id)
+    }
+
     /// Makes `stream` wait for the slot's last upload (the exporter's side
-    /// of the DLPack stream handshake).
+    /// of the DLPack stream handshake) and says how its release is to be
+    /// ordered. [`ConsumerStream::ANY`] waits for nothing: the batch was
+    /// handed over after its copies completed.
     pub(crate) fn order_after_upload(
         &self,
         sync: &SlotSync,
         stream: ConsumerStream,
-    ) -> Result<()> {
-        if !sync.uploaded.load(Ordering::Acquire) {
-            return Ok(());
+    ) -> Result<NamedStream> {
+        if stream != ConsumerStream::ANY && sync.uploaded.load(Ordering::Acquire) {
+            self.in_context("making the consumer's stream wait for a batch", || {
+                // SAFETY: `done` is a live event of this context (owned by
+                // `sync`); `stream` is the legacy/per-thread handle or a live
+                // stream of this context, as `ConsumerStream::from_raw`
+                // requires of its caller at the export.
+                unsafe {
+                    result::stream::wait_event(
+                        raw_stream(stream),
+                        sync.done.cu_event(),
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
+            })?;
         }
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| driver_error("binding the CUDA context", e))?;
-        // SAFETY: `done` is a live event of this context (owned by `sync`);
-        // `stream` is the legacy/per-thread handle or a live stream of this
-        // context, as `ConsumerStream::from_raw` requires of its caller.
-        unsafe {
-            result::stream::wait_event(
-                raw_stream(stream),
-                sync.done.cu_event(),
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .map_err(|e| driver_error("making the consumer's stream wait for a batch", e))
+        Ok(NamedStream::new(stream, self.stream_id(stream)))
     }
 
     /// The consumer released the slot: the copy stream waits for the work
-    /// queued on each of `streams` until now (see the module docs). Never
-    /// fails: if recording fails, it waits for the whole device instead, so
-    /// the slot is safe to reuse either way.
-    pub(crate) fn release(&self, sync: &SlotSync, streams: &[ConsumerStream]) {
-        let ordered = (|| -> std::result::Result<(), DriverError> {
-            self.ctx.bind_to_thread()?;
-            for &stream in streams {
-                // SAFETY: `released` is a live event of this context; the
-                // stream handle is valid until the release (the contract of
-                // `ConsumerStream::from_raw`). Re-recording the event after
-                // `wait` is allowed: a wait uses the record current at the
-                // time of the call.
+    /// queued until now on each stream named for it (module docs). Never
+    /// fails and never blocks: a stream that cannot be ordered on (unknown,
+    /// destroyed, or its recording failed) flags the slot, and the producer
+    /// waits for the whole device before it touches the slot again.
+    pub(crate) fn release(&self, sync: &SlotSync, streams: &[NamedStream]) {
+        if release_wait_disabled() {
+            return;
+        }
+        let here = std::thread::current().id();
+        let ordered = self.in_context("ordering a batch release", || {
+            let plan = streams
+                .iter()
+                .map(|named| named.release_on(here, |s| self.stream_id(s)));
+            Ok(order_release(plan, |stream| {
+                // SAFETY: `released` is a live event of this context;
+                // `stream` is a default stream or a handle whose id still
+                // matches the one read at the export (stream.rs), so it is
+                // the live stream the consumer named. Re-recording the event
+                // after an earlier `wait` is allowed: a wait uses the record
+                // current at the time of the call.
                 unsafe {
-                    result::event::record(sync.released.cu_event(), raw_stream(stream))
-                }?;
-                self.copy_stream.wait(&sync.released)?;
+                    result::event::record(sync.released.cu_event(), raw_stream(stream))?;
+                    result::stream::wait_event(
+                        self.copy_stream.cu_stream(),
+                        sync.released.cu_event(),
+                        sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                    )
+                }
+            }))
+        });
+        let device_wait = match ordered {
+            Ok((device_wait, failures)) => {
+                if !failures.is_empty() && !self.warned.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "ordering a batch release after the consumer's streams failed \
+                         ({failures:?}); the feed waits for the whole device before \
+                         reusing such a batch's memory"
+                    );
+                }
+                device_wait
             }
-            Ok(())
-        })();
-        if let Err(err) = ordered {
-            log::warn!(
-                "ordering a batch release failed ({err:?}); waiting for the device"
-            );
-            self.ctx.record_err(Err::<(), _>(err));
-            self.ctx.record_err(self.ctx.synchronize());
+            Err(err) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    log::warn!("{err}; the feed waits for the whole device instead");
+                }
+                true
+            }
+        };
+        if device_wait {
+            sync.device_wait.store(true, Ordering::Release);
         }
     }
 
@@ -308,10 +474,33 @@ impl CudaBackend {
     ) -> Result<Vec<u8>> {
         let bytes = bytes.min(device.capacity);
         let view = device._slice.slice(..bytes);
-        guarded("copying a tensor to the host", || {
+        self.in_context("copying a tensor to the host", || {
             self.copy_stream.clone_dtoh(&view)
         })
     }
+}
+
+/// Test-only: with `SQLFEED_TEST_SKIP_RELEASE_WAIT=1`, releases order
+/// nothing, so that the GPU check can show that it fails without the release
+/// wait. Only test builds and `--features gpu-check` builds read it.
+#[cfg(any(test, feature = "gpu-check"))]
+fn release_wait_disabled() -> bool {
+    static DISABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DISABLED.get_or_init(|| {
+        let disabled =
+            std::env::var("SQLFEED_TEST_SKIP_RELEASE_WAIT").is_ok_and(|v| v == "1");
+        if disabled {
+            log::warn!(
+                "SQLFEED_TEST_SKIP_RELEASE_WAIT=1: batch releases are NOT ordered"
+            );
+        }
+        disabled
+    })
+}
+
+#[cfg(not(any(test, feature = "gpu-check")))]
+fn release_wait_disabled() -> bool {
+    false
 }
 
 impl CudaBackend {
@@ -319,6 +508,9 @@ impl CudaBackend {
     /// `cuMemcpyHtoDAsync` per size in `sizes` on the copy stream, with
     /// nothing else going on; returns the wall time of all rounds.
     pub(crate) fn raw_h2d(&self, sizes: &[usize], iters: usize) -> Result<Duration> {
+        // The sync first: it is declared before the buffers, so it drops
+        // after them, and a failed round waits for its copies (`upload`).
+        let sync = self.new_slot_sync()?;
         let mut pairs = sizes
             .iter()
             .map(|&bytes| {
@@ -329,7 +521,6 @@ impl CudaBackend {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        let sync = self.new_slot_sync()?;
         let round = |pairs: &mut Vec<(HostBuffer, DeviceBuffer, usize)>| {
             self.upload(pairs.iter_mut().map(|(h, d, b)| (&*h, d, *b)), &sync)
         };
@@ -339,17 +530,35 @@ impl CudaBackend {
         for _ in 0..iters {
             round(&mut pairs)?;
         }
-        self.copy_stream
-            .synchronize()
-            .map_err(|e| driver_error("waiting for the copies", e))?;
+        // SAFETY: the copy stream is live (owned by `self`).
+        self.in_context("waiting for the copies", || unsafe {
+            result::stream::synchronize(self.copy_stream.cu_stream())
+        })?;
         Ok(start.elapsed())
     }
 }
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // Copies may still read pinned buffers freed right after us.
-        self.ctx.record_err(self.copy_stream.synchronize());
+        // SAFETY: `self.ctx` still retains the context (dropped below).
+        let bound = unsafe { BoundContext::bind(self.ctx.cu_ctx()) };
+        // Copies may still read pinned buffers freed right after us; straight
+        // to the driver, so that no stored error skips the wait.
+        let stream = self.copy_stream.cu_stream();
+        // SAFETY: the copy stream is live until dropped below.
+        if let Err(err) = unsafe { result::stream::synchronize(stream) } {
+            log::error!(
+                "waiting for the copy stream before closing the feed failed: {err:?}"
+            );
+        }
+        // SAFETY: each field is dropped exactly once, here, and never read
+        // again. Inside `bound`, so that cudarc's drops (which make the
+        // context current) leave this thread's context as it was.
+        unsafe {
+            ManuallyDrop::drop(&mut self.copy_stream);
+            ManuallyDrop::drop(&mut self.ctx);
+        }
+        drop(bound);
     }
 }
 
@@ -393,15 +602,57 @@ pub(crate) struct SlotSync {
     released: CudaEvent,
     /// Whether `start`/`done` have been recorded.
     uploaded: AtomicBool,
+    /// Whether the last release could not be ordered on every consumer
+    /// stream, so the whole device must be waited for before the slot's
+    /// memory is touched again.
+    device_wait: AtomicBool,
 }
 
-/// Blocks until the slot's copies are done, before its pinned host memory is
-/// freed (called by `Slot::drop`; errors resurface at the next CUDA call).
-pub(crate) fn wait_copies_before_free(sync: &SlotSync) {
-    if sync.uploaded.load(Ordering::Acquire)
-        && let Err(err) = sync.done.synchronize()
-    {
-        log::warn!("waiting for a slot's copies before freeing it failed: {err:?}");
+impl SlotSync {
+    /// Waits for the slot's copies and, if a release flagged the slot, for
+    /// the whole device. Straight to the driver (module docs); the slot's
+    /// context must be current.
+    fn wait_before_touching(&self) -> std::result::Result<(), DriverError> {
+        if self.uploaded.load(Ordering::Acquire) {
+            // SAFETY: `done` is a live event (owned by `self`).
+            unsafe { result::event::synchronize(self.done.cu_event()) }?;
+        }
+        if self.device_wait.load(Ordering::Acquire) {
+            result::ctx::synchronize()?;
+            self.device_wait.store(false, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+/// Frees a slot's `memory` (its buffers) and `sync` once nothing can read
+/// them: after the slot's copies and, if a release asked for it, the whole
+/// device. Called by `Slot::drop`, on whatever thread drops the slot; the
+/// thread's current context is left as it was.
+pub(crate) fn free_after_copies<T>(sync: SlotSync, memory: T) {
+    let ctx = sync.done.context().cu_ctx();
+    // SAFETY: `sync`'s events retain the context until they drop, inside
+    // this scope.
+    match unsafe { BoundContext::bind(ctx) } {
+        Ok(bound) => {
+            if let Err(err) = sync.wait_before_touching() {
+                log::error!(
+                    "waiting for a slot's copies before freeing it failed ({err:?}); \
+                     the device is unusable, so nothing reads the memory any more"
+                );
+            }
+            drop(memory);
+            drop(sync);
+            drop(bound);
+        }
+        Err(err) => {
+            // Without our context current no wait can be issued; keeping
+            // the memory is the only safe choice.
+            log::error!(
+                "cannot bind the CUDA context to free a slot ({err:?}); leaking it"
+            );
+            std::mem::forget((sync, memory));
+        }
     }
 }
 
@@ -443,6 +694,20 @@ impl CudaBackend {
         .map_err(|e| driver_error("queuing a delay", e))
     }
 
+    /// Queues `ms` milliseconds of nothing on the copy stream: the next
+    /// upload's copies run late.
+    pub(crate) fn test_delay_copies(&self, ms: usize) -> Result<()> {
+        self.test_delay(&self.copy_stream, ms)
+    }
+
+    /// Makes `stream` wait for the work queued on the copy stream so far
+    /// (test buffers are zeroed there).
+    pub(crate) fn test_after_copies(&self, stream: &CudaStream) -> Result<()> {
+        stream
+            .join(&self.copy_stream)
+            .map_err(|e| driver_error("ordering after the copy stream", e))
+    }
+
     /// Queues a copy of `bytes` from device address `source` into `target`
     /// on `stream`.
     pub(crate) fn test_copy(
@@ -455,12 +720,9 @@ impl CudaBackend {
         if bytes > target.capacity {
             return internal_err!("test copy too large");
         }
-        // `target` was zeroed on the copy stream: write it after that.
-        stream
-            .join(&self.copy_stream)
-            .map_err(|e| driver_error("ordering a test copy", e))?;
-        // SAFETY: `target` holds at least `bytes`; `source` is a tensor's
-        // device address with `bytes` bytes, kept valid by the feed's release
+        // SAFETY: `target` holds at least `bytes` and `stream` waits for its
+        // zeroing (`test_after_copies`); `source` is a tensor's device
+        // address with `bytes` bytes, kept valid by the feed's release
         // ordering, which is exactly what the calling test checks.
         unsafe {
             result::memcpy_dtod_async(target.ptr, source, bytes, stream.cu_stream())

@@ -224,6 +224,27 @@ pub(crate) fn export_versioned(
     }))
 }
 
+/// Hands the export `managed` to `give` (which wraps it into whatever its
+/// consumer takes, a Python capsule); if `give` fails, nobody owns the
+/// export, so it is deleted here and its batch's slot goes back to the feed.
+///
+/// # Safety
+/// `managed` must be a live export whose deleter has not run, and `give`
+/// must not run the deleter nor keep the pointer when it fails.
+pub unsafe fn hand_over<M: DLPackManaged, T, E>(
+    managed: *mut M,
+    give: impl FnOnce(*mut M) -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    give(managed).inspect_err(|_| {
+        // SAFETY: live and not deleted (the caller's contract); `give`
+        // failed, so this is the only call of its deleter.
+        if let Some(deleter) = unsafe { (*managed).deleter() } {
+            // SAFETY: as above.
+            unsafe { deleter(managed) };
+        }
+    })
+}
+
 /// What the two DLPack structs share: a way for a consumer (or a capsule
 /// that nobody consumed) to hand an export back through its own deleter.
 pub trait DLPackManaged: Sized {
@@ -369,5 +390,42 @@ mod tests {
             unsafe { (export.deleter.expect("deleter"))(managed) };
             assert!(released.load(Ordering::SeqCst));
         }
+    }
+
+    #[test]
+    fn an_export_nobody_could_take_is_deleted() {
+        let mut data = [0u8; 4];
+        let address: *mut c_void = data.as_mut_ptr().cast();
+        let make = |released: &Arc<AtomicBool>| {
+            export_versioned(
+                address,
+                Device::Cpu,
+                DType::UInt8,
+                &[4],
+                &[1],
+                Access::ReadOnly,
+                Box::new(SetOnDrop(Arc::clone(released))),
+            )
+        };
+        let released = Arc::new(AtomicBool::new(false));
+        // SAFETY: a live export, never deleted elsewhere: `give` fails.
+        let outcome =
+            unsafe { hand_over(make(&released), |_| Err::<(), _>("no capsule")) };
+        assert_eq!(outcome, Err("no capsule"));
+        assert!(
+            released.load(Ordering::SeqCst),
+            "a failed hand-over leaks nothing"
+        );
+
+        let released = Arc::new(AtomicBool::new(false));
+        // SAFETY: a live export; `give` takes it and we delete it once below.
+        let taken = unsafe { hand_over(make(&released), Ok::<_, ()>) }.expect("taken");
+        assert!(
+            !released.load(Ordering::SeqCst),
+            "taken: still the consumer's"
+        );
+        // SAFETY: the consumer's single call of the deleter.
+        unsafe { ((*taken).deleter.expect("deleter"))(taken) };
+        assert!(released.load(Ordering::SeqCst));
     }
 }

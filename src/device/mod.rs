@@ -56,7 +56,7 @@ use datafusion::error::{DataFusionError, Result};
 
 pub use dlpack::{
     Access, DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned,
-    DLPACK_FLAG_READ_ONLY, DLPackManaged, DLPackVersion, DLTensor,
+    DLPACK_FLAG_READ_ONLY, DLPackManaged, DLPackVersion, DLTensor, hand_over,
 };
 pub(crate) use dtype::cast_slice_mut;
 pub use dtype::{DType, Element, bf16, f16};

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use super::Device;
 use super::dtype::DType;
 use super::host::{AlignedBuffer, HostBuffer, PAGE};
-use super::stream::ConsumerStream;
+use super::stream::{ConsumerStream, NamedStream};
 
 /// Shape and type of one tensor of a batch (always C-contiguous).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,11 +123,17 @@ impl Slot {
     /// Makes room for tensors of `layouts`, reusing buffers that are large
     /// enough (the memory is reserved by [`SlotPool::prepare`]). On CUDA this
     /// first waits for the slot's previous upload, whose source is the host
-    /// memory about to be overwritten.
+    /// memory about to be overwritten, and for the whole device if the last
+    /// release could not be ordered on the consumer's streams; a slot gets
+    /// its events before its first buffer, so that every slot holding CUDA
+    /// memory knows what to wait for before freeing it.
     fn prepare(&mut self, backend: &Backend, layouts: Vec<TensorLayout>) -> Result<()> {
         #[cfg(feature = "cuda")]
-        if let (Backend::Cuda(cuda), Some(sync)) = (backend, &self.sync) {
-            cuda.wait_upload(sync)?;
+        if let Backend::Cuda(cuda) = backend {
+            match &self.sync {
+                Some(sync) => cuda.wait_before_reuse(sync)?,
+                None => self.sync = Some(cuda.new_slot_sync()?),
+            }
         }
         for (index, layout) in layouts.iter().enumerate() {
             let bytes = layout.nbytes();
@@ -184,12 +190,15 @@ impl Slot {
 #[cfg(feature = "cuda")]
 impl Drop for Slot {
     fn drop(&mut self) {
-        // The fields drop after this: the pinned host buffers must not be
-        // freed while a copy may still read them. The device buffers free
-        // on the copy stream, which already waits for the consumer's release
-        // (recorded in `SlotLease::drop`) and follows the copies.
-        if let Some(sync) = &self.sync {
-            super::cuda::wait_copies_before_free(sync);
+        // The pinned host buffers must not be freed while a copy may still
+        // read them, nor the device buffers while a consumer's kernel may
+        // (when the release flagged the slot): freed after those waits, with
+        // the thread's current context left as it was. Otherwise the device
+        // buffers free on the copy stream, which already waits for the
+        // consumer's release (recorded in `SlotLease::drop`) and follows
+        // the copies. A slot without events holds no CUDA memory.
+        if let Some(sync) = self.sync.take() {
+            super::cuda::free_after_copies(sync, std::mem::take(&mut self.buffers));
         }
     }
 }
@@ -253,9 +262,10 @@ impl Backend {
             Backend::Cpu => Ok(()),
             #[cfg(feature = "cuda")]
             Backend::Cuda(cuda) => {
-                let sync = match slot.sync.take() {
-                    Some(sync) => sync,
-                    None => cuda.new_slot_sync()?,
+                // Created by `prepare`; left in the slot whatever happens, so
+                // that its drop waits for copies a failed upload queued.
+                let Some(sync) = slot.sync.as_ref() else {
+                    return internal_err!("a CUDA slot uploaded before it was prepared");
                 };
                 for (buffer, layout) in slot.buffers.iter_mut().zip(&slot.layouts) {
                     let bytes = layout.nbytes();
@@ -277,9 +287,7 @@ impl Backend {
                         Some((&buffer.host, device, bytes))
                     },
                 );
-                cuda.upload(copies, &sync)?;
-                slot.sync = Some(sync);
-                Ok(())
+                cuda.upload(copies, sync)
             }
         }
     }
@@ -677,8 +685,8 @@ pub(crate) struct SlotLease {
     /// To record the release on CUDA.
     pub(super) backend: Backend,
     /// The CUDA streams consumers named for this batch (empty: the legacy
-    /// default stream).
-    streams: Mutex<Vec<ConsumerStream>>,
+    /// default stream), with what their release needs to know.
+    streams: Mutex<Vec<NamedStream>>,
     /// Loan counters.
     loans: Arc<Loans>,
 }
@@ -690,24 +698,24 @@ impl SlotLease {
             .expect("a lease holds its slot until dropped")
     }
 
-    /// Notes that a consumer reads this batch on `stream`: the release will
-    /// be ordered after the work queued there (CUDA), and on CUDA `stream`
-    /// waits for the batch's copies now.
+    /// Notes that a consumer reads this batch on `stream`: on CUDA `stream`
+    /// waits for the batch's copies now, and once that wait is queued, the
+    /// release is to be ordered after the work queued on `stream` (a stream
+    /// whose wait failed is not noted: its export failed too).
     pub(super) fn use_on(&self, stream: ConsumerStream) -> Result<()> {
-        {
-            let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-            if !streams.contains(&stream) {
-                streams.push(stream);
-            }
-        }
-        match &self.backend {
-            Backend::Cpu => Ok(()),
+        let named = match &self.backend {
+            Backend::Cpu => NamedStream::new(stream, None),
             #[cfg(feature = "cuda")]
             Backend::Cuda(cuda) => match &self.slot().sync {
-                Some(sync) => cuda.order_after_upload(sync, stream),
-                None => Ok(()),
+                Some(sync) => cuda.order_after_upload(sync, stream)?,
+                None => NamedStream::new(stream, None),
             },
+        };
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if !streams.contains(&named) {
+            streams.push(named);
         }
+        Ok(())
     }
 }
 
@@ -725,16 +733,64 @@ impl Drop for SlotLease {
                 &mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()),
             );
             if streams.is_empty() {
-                streams.push(ConsumerStream::LEGACY_DEFAULT);
+                streams.push(NamedStream::new(ConsumerStream::LEGACY_DEFAULT, None));
             }
             cuda.release(sync, &streams);
         }
-        #[cfg(not(feature = "cuda"))]
-        let _ = &self.backend;
         self.loans.leased.fetch_sub(1, Ordering::AcqRel);
-        // Fails once the producer is gone: then the slot is freed here.
-        let _ = self.returns.send(slot);
+        // Fails once the producer is gone: then the slot is freed here, or,
+        // on CUDA, on a thread of its own (see `free_elsewhere`).
+        let Err(mpsc::error::SendError(slot)) = self.returns.send(slot) else {
+            return;
+        };
+        match std::mem::replace(&mut self.backend, Backend::Cpu) {
+            Backend::Cpu => drop(slot),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cuda) => free_elsewhere(Box::new(move || {
+                drop(slot);
+                drop(cuda);
+            })),
+        }
     }
+}
+
+/// Runs `free` (dropping a slot whose feed is gone, and maybe the feed's
+/// last hold on the device) on a thread of its own: freeing waits for the
+/// slot's copies, maybe for the whole device, and the thread that releases
+/// the last tensor is often a training loop's, Python's holding the GIL.
+/// Frees in the order they are handed over; where no thread can be started,
+/// frees on the caller's thread.
+#[cfg(feature = "cuda")]
+fn free_elsewhere(free: Box<dyn FnOnce() + Send>) {
+    type Free = Box<dyn FnOnce() + Send>;
+    static FREER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Free>>> =
+        std::sync::OnceLock::new();
+    let freer = FREER.get_or_init(|| {
+        let (jobs, queue) = std::sync::mpsc::channel::<Free>();
+        std::thread::Builder::new()
+            .name("sqlfeed-free".into())
+            .spawn(move || queue.into_iter().for_each(|free| free()))
+            .ok()
+            .map(|_| jobs)
+    });
+    match freer {
+        Some(jobs) => {
+            if let Err(std::sync::mpsc::SendError(free)) = jobs.send(free) {
+                free();
+            }
+        }
+        None => free(),
+    }
+}
+
+/// Waits until every free handed to [`free_elsewhere`] so far has run.
+#[cfg(all(test, feature = "cuda"))]
+fn wait_for_frees() {
+    let (done, finished) = std::sync::mpsc::channel();
+    free_elsewhere(Box::new(move || {
+        let _ = done.send(());
+    }));
+    let _ = finished.recv_timeout(Duration::from_secs(30));
 }
 
 #[cfg(test)]
@@ -846,13 +902,44 @@ mod tests {
         Ok(())
     }
 
-    /// A consumer that reads every batch late on its own stream, after
-    /// dropping it, while the producer reuses the two slots and grows their
-    /// device buffers: every byte it read must be the batch's own.
+    /// What a consumer read against what each round's batch held: per
+    /// round, how many bytes differ and the first that does (never whole
+    /// vectors: a failure must stay readable in the GPU check's report).
     #[cfg(feature = "cuda")]
-    #[tokio::test]
-    async fn a_slow_consumer_stream_never_sees_reused_or_freed_memory() -> Result<()> {
-        let Some(backend) = super::super::cuda_for_test("a_slow_consumer_stream") else {
+    fn mismatches(
+        cuda: &super::super::cuda::CudaBackend,
+        reads: &[(super::super::cuda::DeviceBuffer, usize, u8)],
+    ) -> Result<Vec<String>> {
+        let mut found = vec![];
+        for (copy, len, round) in reads {
+            let got = cuda.download(copy, *len)?;
+            let want = pattern(*len, *round);
+            let differ = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            if let Some(first) = got.iter().zip(&want).position(|(a, b)| a != b) {
+                found.push(format!(
+                    "round {round}: {differ} of {len} bytes differ, the first at {first} \
+                     (read {}, the batch held {})",
+                    got[first], want[first]
+                ));
+            }
+        }
+        Ok(found)
+    }
+
+    /// A consumer that reads every batch late on its own stream, after
+    /// dropping it, while the producer reuses the two slots: every byte it
+    /// read must be the batch's own. `lens` is each round's tensor size;
+    /// `late_copies` delays each upload on the copy stream instead, while the
+    /// consumer reads at once (the other direction: its stream must wait for
+    /// the copies). Copy targets are allocated up front: an allocation in
+    /// the loop can synchronise the device and hide a missing wait.
+    #[cfg(feature = "cuda")]
+    async fn consumer_on_a_side_stream(
+        test: &str,
+        lens: &[usize],
+        late_copies: bool,
+    ) -> Result<()> {
+        let Some(backend) = super::super::cuda_for_test(test) else {
             return Ok(());
         };
         let Backend::Cuda(cuda) = backend.clone() else {
@@ -863,34 +950,112 @@ mod tests {
         // every batch named for it (it is dropped at the end of the test).
         let consumer =
             unsafe { ConsumerStream::from_raw(side.cu_stream() as usize as u64) };
+        let largest = lens.iter().copied().max().unwrap_or(1);
+        let targets = lens
+            .iter()
+            .map(|_| cuda.alloc_device(largest))
+            .collect::<Result<Vec<_>>>()?;
+        cuda.test_after_copies(&side)?;
         let mut pool = SlotPool::new(backend, 2);
         let mut reads = vec![];
-        for round in 0..10u8 {
-            // Growing tensors: every other round reallocates device buffers.
-            let len = 4096 + round as usize * 300_000;
+        for ((round, &len), target) in lens.iter().enumerate().zip(targets) {
+            let tag = round as u8;
             let mut slot = pool.acquire().await?;
             pool.prepare(&mut slot, vec![layout("a", DType::UInt8, &[len])])?;
-            slot.host_mut(0)?.copy_from_slice(&pattern(len, round));
+            slot.host_mut(0)?.copy_from_slice(&pattern(len, tag));
+            if late_copies {
+                cuda.test_delay_copies(25)?;
+            }
             pool.backend().upload(&mut slot)?;
             let batch = pool.lease(slot, meta(round as u64));
             batch.use_on_stream(consumer)?;
-            // The "training step": slow, then it reads the tensor.
-            cuda.test_delay(&side, 25)?;
-            let copy = cuda.alloc_device(len)?;
-            cuda.test_copy(&copy, batch.tensor("a")?.data_ptr() as u64, len, &side)?;
+            if !late_copies {
+                // The "training step": slow, then it reads the tensor.
+                cuda.test_delay(&side, 25)?;
+            }
+            cuda.test_copy(&target, batch.tensor("a")?.data_ptr() as u64, len, &side)?;
             // Dropped long before the step ran, as PyTorch does.
             drop(batch);
-            reads.push((copy, len, round));
+            reads.push((target, len, tag));
         }
         side.synchronize()
             .map_err(|e| exec_datafusion_err!("{e:?}"))?;
-        for (copy, len, round) in &reads {
-            assert_eq!(
-                cuda.download(copy, *len)?,
-                pattern(*len, *round),
-                "round {round}: the consumer read memory the feed reused"
-            );
-        }
+        let found = mismatches(&cuda, &reads)?;
+        assert!(
+            found.is_empty(),
+            "{test}: the consumer read bytes that were not its batch's: {}",
+            found.join("; ")
+        );
+        Ok(())
+    }
+
+    /// Same-size reuse, the deterministic form of a missing release wait:
+    /// round r + 2 writes the very buffer round r's consumer reads late.
+    /// Fails with `SQLFEED_TEST_SKIP_RELEASE_WAIT=1` (the GPU check shows it).
+    #[cfg(feature = "cuda")]
+    #[tokio::test]
+    async fn a_slow_consumer_stream_never_sees_reused_memory() -> Result<()> {
+        consumer_on_a_side_stream("a_slow_consumer_stream_reuse", &[1 << 20; 12], false)
+            .await
+    }
+
+    /// Growth once, in the middle: both slots replace their device buffers
+    /// (freed on the copy stream after the release), then reuse the new ones.
+    #[cfg(feature = "cuda")]
+    #[tokio::test]
+    async fn a_slow_consumer_stream_never_sees_grown_or_freed_memory() -> Result<()> {
+        let mut lens = vec![1 << 18; 6];
+        lens.extend([1 << 20; 6]);
+        consumer_on_a_side_stream("a_slow_consumer_stream_growth", &lens, false).await
+    }
+
+    /// The export's direction: copies queued late, a consumer stream reading
+    /// at once still sees its batch (it waits for `done`, not the host).
+    #[cfg(feature = "cuda")]
+    #[tokio::test]
+    async fn a_consumer_stream_waits_for_late_copies() -> Result<()> {
+        consumer_on_a_side_stream("a_consumer_stream_waits", &[1 << 20; 8], true).await
+    }
+
+    /// A batch held past its feed: its slot is freed on the freeing thread
+    /// after the consumer's late read, and the read sees the batch's bytes
+    /// even when the freed memory is taken again at once.
+    #[cfg(feature = "cuda")]
+    #[tokio::test]
+    async fn a_batch_held_past_its_feed_is_freed_after_its_reads() -> Result<()> {
+        let Some(backend) = super::super::cuda_for_test("a_batch_held_past_its_feed")
+        else {
+            return Ok(());
+        };
+        let Backend::Cuda(cuda) = backend.clone() else {
+            return internal_err!("not a CUDA backend");
+        };
+        let side = cuda.test_side_stream()?;
+        // SAFETY: as in `consumer_on_a_side_stream`.
+        let consumer =
+            unsafe { ConsumerStream::from_raw(side.cu_stream() as usize as u64) };
+        let len = 1 << 20;
+        let target = cuda.alloc_device(len)?;
+        cuda.test_after_copies(&side)?;
+        let mut pool = SlotPool::new(backend, 1);
+        let mut slot = pool.acquire().await?;
+        pool.prepare(&mut slot, vec![layout("a", DType::UInt8, &[len])])?;
+        slot.host_mut(0)?.copy_from_slice(&pattern(len, 7));
+        pool.backend().upload(&mut slot)?;
+        let batch = pool.lease(slot, meta(0));
+        batch.use_on_stream(consumer)?;
+        cuda.test_delay(&side, 50)?;
+        cuda.test_copy(&target, batch.tensor("a")?.data_ptr() as u64, len, &side)?;
+        drop(pool);
+        drop(batch);
+        wait_for_frees();
+        // Take device memory again at once (the stream-ordered pool hands
+        // back what was just freed) and overwrite it on the copy stream.
+        let _scratch = cuda.alloc_device(len)?;
+        side.synchronize()
+            .map_err(|e| exec_datafusion_err!("{e:?}"))?;
+        let found = mismatches(&cuda, &[(target, len, 7)])?;
+        assert!(found.is_empty(), "{}", found.join("; "));
         Ok(())
     }
 

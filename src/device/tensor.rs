@@ -70,7 +70,9 @@ pub struct BatchMeta {
 ///   release is finished before the memory is reused, grown or freed: name
 ///   your streams with [`TensorBatch::use_on_stream`] or
 ///   [`Tensor::to_dlpack_on`]; without them the legacy default stream is
-///   assumed.
+///   assumed. A stream should outlive the batches named for it; one
+///   destroyed earlier, or [`ConsumerStream::ANY`], makes the feed wait for
+///   the whole device before it reuses the memory (`stream.rs`).
 /// - **Exports are read-only** ([`Tensor::to_dlpack_versioned`]) unless asked
 ///   otherwise: the memory is the feed's.
 pub struct TensorBatch {
@@ -315,6 +317,13 @@ impl Tensor {
                 cuda.download(device, self.nbytes())
             }
         }
+    }
+
+    /// Tells the feed that this tensor is read on the CUDA stream `stream`:
+    /// the same as [`TensorBatch::use_on_stream`] (the batch's tensors share
+    /// one slot, so the release of all of them is ordered after `stream`).
+    pub fn use_on_stream(&self, stream: ConsumerStream) -> Result<()> {
+        self.lease.use_on(stream)
     }
 
     /// Exports the tensor as a legacy DLPack `DLManagedTensor` (for
