@@ -119,6 +119,9 @@ class Batch:
     def tensors(self) -> list[Tensor]: ...
     def __getitem__(self, name: str) -> Tensor: ...
     def __len__(self) -> int: ...
+    def use_on_stream(self, stream: object) -> None:
+        """The batch's tensors are read on CUDA stream ``stream``: see
+        :meth:`Tensor.use_on_stream`."""
 
 class Tensor:
     """A DLPack producer over the feed's memory (no copy); pass it to
@@ -133,6 +136,12 @@ class Tensor:
         copy: bool | None = None,
     ) -> object: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...
+    def use_on_stream(self, stream: object) -> None:
+        """This tensor (and its batch) is read on CUDA stream ``stream`` (a
+        ``torch.cuda.Stream``, a CuPy stream, or a raw handle: 0/1 legacy
+        default, 2 per-thread): ``stream`` waits for the batch's copies, and
+        the memory is reused only after the work queued on it before the
+        batch's release. A no-op on the CPU."""
     @property
     def name(self) -> str: ...
     @property

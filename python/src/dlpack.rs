@@ -12,17 +12,14 @@
 //! This file and `result.rs`'s use of pyo3's safe capsule are the only
 //! places the extension touches raw pointers.
 
-use std::ffi::{CStr, c_void};
+use std::ffi::c_void;
 use std::ptr::NonNull;
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
-use sqlfeed::device::{
-    Access, ConsumerStream, DLManagedTensor, DLManagedTensorVersioned, DLPackManaged,
-    Tensor,
-};
+use sqlfeed::device::{Access, ConsumerStream, DLPackManaged, Tensor, hand_over};
 
 /// A capsule exporting `tensor` to a consumer reading on `stream`.
 pub(crate) fn capsule<'py>(
@@ -33,34 +30,38 @@ pub(crate) fn capsule<'py>(
 ) -> PyResult<Bound<'py, PyCapsule>> {
     let error =
         |e: datafusion::error::DataFusionError| PyBufferError::new_err(e.to_string());
-    let (pointer, name, destructor): (
-        *mut c_void,
-        &'static CStr,
-        ffi::PyCapsule_Destructor,
-    ) = if versioned {
+    if versioned {
         let managed = tensor
             .to_dlpack_versioned(stream, Access::ReadOnly)
             .map_err(error)?;
-        (
-            managed.cast(),
-            DLManagedTensorVersioned::CAPSULE_NAME,
-            delete_unconsumed::<DLManagedTensorVersioned>,
-        )
+        wrap(py, managed)
     } else {
-        let managed = tensor.to_dlpack_on(stream).map_err(error)?;
-        (
-            managed.cast(),
-            DLManagedTensor::CAPSULE_NAME,
-            delete_unconsumed::<DLManagedTensor>,
-        )
-    };
-    let pointer = NonNull::new(pointer)
+        wrap(py, tensor.to_dlpack_on(stream).map_err(error)?)
+    }
+}
+
+/// The capsule owning the export `managed` (named as its kind says).
+fn wrap<'py, M: DLPackManaged>(
+    py: Python<'py>,
+    managed: *mut M,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    let pointer = NonNull::new(managed.cast::<c_void>())
         .ok_or_else(|| PyBufferError::new_err("the DLPack export is null"))?;
-    // SAFETY: `pointer` is a live export of ours, owned by the capsule until
-    // either the consumer takes it (and renames the capsule) or the capsule's
-    // destructor, which checks the name, hands it back to its deleter.
+    // SAFETY: `managed` is a live export of ours, just made. Once in the
+    // capsule it is the capsule's until either the consumer takes it (and
+    // renames the capsule) or the capsule's destructor, which checks the
+    // name, hands it back to its deleter. If no capsule can be made (out of
+    // memory), `hand_over` deletes the export, giving the batch's slot back:
+    // `PyCapsule_New` keeps no pointer and calls no destructor when it fails.
     unsafe {
-        PyCapsule::new_with_pointer_and_destructor(py, pointer, name, Some(destructor))
+        hand_over(managed, |_| {
+            PyCapsule::new_with_pointer_and_destructor(
+                py,
+                pointer,
+                M::CAPSULE_NAME,
+                Some(delete_unconsumed::<M>),
+            )
+        })
     }
 }
 

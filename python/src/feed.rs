@@ -471,6 +471,16 @@ impl PyBatch {
         self.tensors.len()
     }
 
+    /// Tells the feed that the batch's tensors are read on the CUDA stream
+    /// `stream` (like `torch.Tensor.record_stream`): see
+    /// `Tensor.use_on_stream`; a no-op on the CPU.
+    fn use_on_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        match self.tensors.first() {
+            Some(tensor) => use_on_stream(py, tensor, stream),
+            None => Ok(()),
+        }
+    }
+
     fn __repr__(&self) -> String {
         let tensors: Vec<String> =
             self.tensors.iter().map(|t| format!("{t:?}")).collect();
@@ -541,6 +551,18 @@ impl PyTensor {
         dlpack::capsule(py, &self.tensor, consumer, versioned)
     }
 
+    /// Tells the feed that this tensor (and its batch, which shares its
+    /// memory) is read on the CUDA stream `stream`, as Rust's
+    /// `Tensor::use_on_stream`: `stream` waits for the batch's copies now,
+    /// and the memory is reused only after the work queued on `stream`
+    /// before the batch's last reference is released. `stream` is a
+    /// `torch.cuda.Stream` (or anything with `cuda_stream`), a CuPy stream
+    /// (anything with `ptr`), or a raw handle (0 or 1: the legacy default
+    /// stream, 2: the per-thread one). A no-op on the CPU.
+    fn use_on_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        use_on_stream(py, &self.tensor, stream)
+    }
+
     /// `(device_type, device_id)`: (1, 0) for the CPU, (2, N) for cuda:N.
     fn __dlpack_device__(&self) -> (i32, i32) {
         match self.tensor.device() {
@@ -607,23 +629,57 @@ fn consumer_stream(device: Device, stream: Option<i64>) -> PyResult<ConsumerStre
         (Device::Cpu, Some(other)) => Err(PyBufferError::new_err(format!(
             "stream={other} for a CPU tensor; the DLPack protocol expects None"
         ))),
-        // -1: the consumer asks for no synchronisation; its reads are still
-        // ordered after our copies (the feed waited for them) and we order
-        // the release after the legacy default stream.
-        (Device::Cuda(_), Some(-1 | 1)) => Ok(ConsumerStream::LEGACY_DEFAULT),
+        // -1: the consumer asks for no synchronisation and names no stream;
+        // its reads are ordered after our copies (the batch was handed over
+        // once they completed), and the feed waits for the whole device
+        // before it reuses the memory (sqlfeed's device/stream.rs).
+        (Device::Cuda(_), Some(-1)) => Ok(ConsumerStream::ANY),
+        (Device::Cuda(_), Some(1)) => Ok(ConsumerStream::LEGACY_DEFAULT),
         (Device::Cuda(_), Some(2)) => Ok(ConsumerStream::PER_THREAD_DEFAULT),
         (Device::Cuda(_), Some(0)) => Err(PyBufferError::new_err(
             "stream=0 is ambiguous in the DLPack protocol; pass 1 for the legacy \
              default stream or 2 for the per-thread one",
         )),
         (Device::Cuda(_), Some(handle)) if handle > 2 => {
-            // SAFETY: the DLPack protocol makes the consumer pass a live
-            // stream of the tensor's device that outlives its use of the
-            // tensor, which is `from_raw`'s contract.
+            // SAFETY: the DLPack protocol makes the consumer pass a stream of
+            // the tensor's device, live at the export, which is what
+            // `from_raw` requires. It does not promise that the stream
+            // outlives the tensor's release (CuPy's may be collected first):
+            // the feed notices that by the stream's id and then waits for
+            // the whole device instead of recording on the dead handle.
             Ok(unsafe { ConsumerStream::from_raw(handle as u64) })
         }
         (Device::Cuda(_), Some(other)) => Err(PyBufferError::new_err(format!(
             "stream={other} is not a CUDA stream"
         ))),
     }
+}
+
+/// `Tensor.use_on_stream` / `Batch.use_on_stream`: `stream` as a raw handle.
+fn use_on_stream(
+    py: Python<'_>,
+    tensor: &Tensor,
+    stream: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let handle = ["cuda_stream", "ptr"]
+        .into_iter()
+        .find_map(|attribute| stream.getattr(attribute).ok())
+        .unwrap_or_else(|| stream.clone());
+    let handle = handle.extract::<i64>().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "use_on_stream({}): expected a torch.cuda.Stream, a CuPy stream or a raw \
+             CUDA stream handle (int)",
+            stream
+                .repr()
+                .map_or_else(|_| "?".to_string(), |r| r.to_string())
+        ))
+    })?;
+    if tensor.device() == Device::Cpu {
+        return Ok(());
+    }
+    // A raw handle: 0 is the NULL stream, i.e. the legacy default stream
+    // (what `torch.cuda.default_stream().cuda_stream` gives).
+    let consumer =
+        consumer_stream(tensor.device(), Some(if handle == 0 { 1 } else { handle }))?;
+    py.detach(|| tensor.use_on_stream(consumer)).py_err()
 }

@@ -136,7 +136,15 @@ impl PySession {
             builder = builder.allow_http(allow);
         }
         if let Some(url) = cluster {
-            builder = builder.cluster(url);
+            #[cfg(feature = "ballista")]
+            {
+                builder = builder.cluster(url);
+            }
+            #[cfg(not(feature = "ballista"))]
+            return Err(PlanError::new_err(format!(
+                "cluster={url:?}: this build of the sqlfeed package has no Ballista \
+                 client (a wheel built without its `full` feature)"
+            )));
         }
         for library in plugins {
             builder = builder.load_plugin(library);

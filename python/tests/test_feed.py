@@ -143,6 +143,28 @@ def test_holding_every_batch_of_an_epoch_keeps_each_valid(session, ids_data):
     assert [b["id"].tolist() for b in held] == again, "unshuffled epochs are equal"
 
 
+def test_use_on_stream_takes_torch_cupy_and_raw_streams(session, ids_data):
+    """The Python face of ``TensorBatch::use_on_stream``: what it accepts and
+    refuses is checked here; on a GPU, scripts/gpu_torch_check.py reads
+    every batch on a side stream through it."""
+    feed = session.feed(
+        f"SELECT id FROM '{ids_data}/*.parquet'", batch_size=10, device="cpu", format="dlpack"
+    )
+    tensor = next(iter(feed))["id"]
+
+    class TorchStream:  # what torch.cuda.Stream / ExternalStream expose
+        cuda_stream = 0x5000
+
+    class CupyStream:  # what cupy.cuda.Stream exposes
+        ptr = 0x6000
+
+    for stream in (0, 1, 2, -1, 0x7000, TorchStream(), CupyStream()):
+        assert tensor.use_on_stream(stream) is None, "a no-op for host tensors"
+    with pytest.raises(TypeError, match=r"use_on_stream\('legacy'\).*torch.cuda.Stream"):
+        tensor.use_on_stream("legacy")
+    feed.close()
+
+
 def test_formats_numpy_jax_and_dlpack(session, ids_data):
     np = require("numpy", "numpy")
     query = f"SELECT id, CAST(id AS FLOAT) / 2 AS half FROM '{ids_data}/*.parquet'"
