@@ -5,10 +5,14 @@
 #
 # How to run it
 #   here (Rust, maturin):   scripts/gpu-check.sh --pack
-#       builds, strips and gzips into gpu-bin/ (an ignored folder), and fails
-#       if the pack is over the 64 MiB that may travel with the tree:
-#         sqlfeed (CLI), lib-tests, integration-tests   (cuda + gpu-check, no Ballista)
-#         sqlfeed-*.whl                                  (the Python package, abi3)
+#       builds into gpu-bin/ (an ignored folder) what the check needs, xz-packed
+#       (DataFusion makes every binary ~150 MB; xz takes one to ~25 MB, gzip
+#       to ~50), and fails if the pack is over the 64 MiB that may travel
+#       with the tree:
+#         lib-tests.xz   the library's tests (cuda + gpu-check, no Ballista)
+#         py/sqlfeed/    the Python package, its extension as .so.xz (abi3)
+#       The CLI and the integration tests would not fit as well: the steps
+#       that used them run through the Python package (scripts/gpu_check.py).
 #   there (CUDA, PyTorch):  bash scripts/gpu-check.sh
 #       with the device tool: run(command="bash scripts/gpu-check.sh",
 #       carry=["gpu-bin"], timeout_s=420). It stops itself within 6 minutes
@@ -27,44 +31,39 @@
 #      past its feed;
 #   2. the same under compute-sanitizer --tool memcheck (racecheck checks
 #      shared memory of kernels, and sqlfeed launches none);
-#   3. the CUDA integration tests (feed tensors, DLPack, dropping);
-#   4. the PyTorch loop (scripts/gpu_torch_check.py): every batch cloned on
-#      a slow side stream after it was dropped, compared with the CPU feed;
-#   5. feed tensors on cuda:0 equal the CPU backend's (digests of every batch);
-#   6. the feed's H2D rate (tensor bytes / copy-engine time) against raw
-#      pinned cuMemcpyHtoDAsync of the same sizes (`sqlfeed h2d-bench`),
-#      goal >= 0.85x;
-#   7. the starvation share with a training step of 1.1x the per-batch
+#   3. the PyTorch loop (scripts/gpu_check.py torch): every batch of two
+#      epochs cloned on a slow side stream after it was dropped, three ways,
+#      compared byte for byte with the same feed on the CPU;
+#   4. the feed's H2D rate (tensor bytes / copy-engine time) against raw
+#      pinned cuMemcpyHtoDAsync of the same sizes, goal >= 0.85x;
+#   5. the starvation share with a training step of 1.1x the per-batch
 #      production time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=gpu-bin
-TARGET=${CARGO_TARGET_DIR:-target}
 PACK_LIMIT=$((64 * 1024 * 1024))
 
 if [[ "${1:-}" == "--pack" ]]; then
   set -e
-  # Without Ballista: with it the sqlfeed binary alone is 57 MB stripped and
-  # gzipped, and everything must fit in 64 MiB.
   features=(--no-default-features --features cuda,gpu-check)
-  cargo build --release --bins "${features[@]}"
   lib_test=$(cargo test --release --lib --no-run "${features[@]}" 2>&1 | sed -n 's/.*Executable unittests src\/lib.rs (\(.*\))/\1/p' | head -1)
-  it_test=$(cargo test --release --test integration --no-run "${features[@]}" 2>&1 | sed -n 's/.*Executable tests\/integration\/main.rs (\(.*\))/\1/p' | head -1)
-  rm -rf "$BIN" && mkdir -p "$BIN"
-  cp "$TARGET/release/sqlfeed" "$BIN/sqlfeed"
-  cp "$lib_test" "$BIN/lib-tests"
-  cp "$it_test" "$BIN/integration-tests"
-  strip "$BIN"/* && gzip -9 "$BIN"/*
+  [[ -x "$lib_test" ]] || { echo "no library test binary built" >&2; exit 1; }
+  rm -rf "$BIN" && mkdir -p "$BIN/py"
+  strip -o "$BIN/lib-tests" "$lib_test"
   # The Python package without Ballista or Delta Lake, with the switch.
   maturin build --release -m python/Cargo.toml --no-default-features \
-    --features gpu-check --strip --out "$BIN"
+    --features gpu-check --strip --out "$BIN/wheel"
+  python3 -m zipfile -e "$BIN"/wheel/sqlfeed-*.whl "$BIN/py"
+  rm -rf "$BIN/wheel" "$BIN"/py/sqlfeed-*.dist-info
+  xz -9 -T2 "$BIN/lib-tests" "$BIN"/py/sqlfeed/_sqlfeed*.so
   size=$(du -cb "$BIN" | tail -1 | cut -f1)
-  ls -l "$BIN"
-  if (( size > PACK_LIMIT )); then
-    echo "gpu-bin is $size bytes, over the $PACK_LIMIT that may travel with the tree" >&2
+  tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+  ls -lR "$BIN"
+  if (( size + tree > PACK_LIMIT )); then
+    echo "gpu-bin ($size bytes) and the tree ($tree) are over the $PACK_LIMIT that may travel" >&2
     exit 1
   fi
-  echo "gpu-bin: $size bytes (limit $PACK_LIMIT)"
+  echo "gpu-bin: $size bytes + tree $tree bytes (limit $PACK_LIMIT)"
   exit 0
 fi
 
@@ -103,16 +102,18 @@ step() {
   return $rc
 }
 
-for f in "$BIN"/*.gz; do gunzip -c "$f" > "$work/bin/$(basename "$f" .gz)"; done
-chmod +x "$work"/bin/*
-# A wheel is a zip: unpacked next to nothing else, no pip needed.
-wheel=$(ls "$BIN"/sqlfeed-*.whl 2>/dev/null | head -1)
-[[ -n "$wheel" ]] && python3 -m zipfile -e "$wheel" "$work/py"
+# xz with Python's lzma: the machine may have no xz.
+unxz() { python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst: shutil.copyfileobj(src, dst)' "$1" "$2"; }
+unxz "$BIN/lib-tests.xz" "$work/bin/lib-tests" && chmod +x "$work/bin/lib-tests"
+cp -r "$BIN/py/sqlfeed" "$work/py/"
+for so in "$work"/py/sqlfeed/*.so.xz; do unxz "$so" "${so%.xz}" && rm "$so"; done
+python=(env PYTHONPATH="$work/py" python3 scripts/gpu_check.py)
 
 say "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$report"
 if [[ "${SQLFEED_TEST_SKIP_RELEASE_WAIT:-}" == "1" ]]; then
-  say "== SQLFEED_TEST_SKIP_RELEASE_WAIT=1: the release wait is OFF; steps 1, 2 and 4 must fail"
+  say "== SQLFEED_TEST_SKIP_RELEASE_WAIT=1: the release wait is OFF; steps 1, 2 and 3 must fail"
 fi
 
 export SQLFEED_TEST_CUDA=require
@@ -128,65 +129,18 @@ else
   [[ "${GPU_CHECK_REQUIRE_SANITIZER:-}" == "1" ]] && failed+=("2 memcheck (missing)")
 fi
 
-say "== 3. CUDA integration tests"
-step "3 integration tests" 90 "$work/bin/integration-tests" feed::cuda feed::dlpack \
-  feed::tensors feed::dropping contract::
-
 say "== data"
-step "data" 60 "$work/bin/sqlfeed" gen --rows 100000 --files 8 --out "$work/data"
+step "data" 60 "${python[@]}" gen "$work/data" 100000
 files="$work/data/*.parquet"
 
-say "== 4. PyTorch loop on a slow side stream through the Python package"
-if [[ -n "$wheel" ]]; then
-  step "4 torch loop" 90 env PYTHONPATH="$work/py" python3 scripts/gpu_torch_check.py "$files" 20000
-else
-  say "FAIL 4 torch loop: no wheel in $BIN (run --pack with maturin installed)"; failed+=("4 torch loop (no wheel)")
-fi
+say "== 3. PyTorch loop on a slow side stream, against the CPU feed"
+step "3 torch loop" 90 "${python[@]}" torch "$files" 20000
 
-feed_sql="SELECT arrow_cast(make_array(f0, f1, f2, f3, f4, f5, f6, f7), 'FixedSizeList(8, Float32)') AS x,
-  label AS y, image_to_tensor(image_decode(image_png)) AS img, tokens FROM '$files'"
-
-say "== 5. cuda:0 tensors equal the CPU backend's (20k rows, shuffled, 2 epochs)"
-small_sql="$feed_sql WHERE id < 20000"
-step "5a cpu digests" 45 sh -c '"$1" feed "$2" --device cpu --shuffle-seed 5 --epochs 2 --digest > "$3"' \
-  _ "$work/bin/sqlfeed" "$small_sql" "$work/cpu.txt"
-step "5b cuda digests" 45 sh -c '"$1" feed "$2" --device cuda:0 --shuffle-seed 5 --epochs 2 --digest > "$3"' \
-  _ "$work/bin/sqlfeed" "$small_sql" "$work/cuda.txt"
-if diff -q <(grep '^batch' "$work/cpu.txt" 2>/dev/null) <(grep '^batch' "$work/cuda.txt" 2>/dev/null) > /dev/null \
-  && [[ -s "$work/cuda.txt" ]]; then
-  say "equal: $(grep -c '^batch' "$work/cuda.txt") batches"
-else
-  say "MISMATCH between cpu and cuda:0 digests (first differing lines:)"
-  diff <(grep '^batch' "$work/cpu.txt") <(grep '^batch' "$work/cuda.txt") | head -4 | tee -a "$report"
-  failed+=("5 digests")
-fi
-
-say "== 6. H2D: feed vs raw pinned cuMemcpyHtoDAsync of the same sizes"
-w2_sql="SELECT arrow_cast(make_array(f0, f1, f2, f3, f4, f5, f6, f7), 'FixedSizeList(8, Float32)') AS x,
-  label AS y, image_to_tensor(image_decode(image_png)) AS img FROM '$files'"
-step "6a feed h2d" 60 sh -c '"$1" feed "$2" --device cuda:0 --batch-size 256 --drop-last --prefetch 8 --result-json > "$3"' \
-  _ "$work/bin/sqlfeed" "$w2_sql" "$work/feed.json"
-# x [256,8] f32, y [256] i64, img [256,3,32,32] f32
-step "6b raw h2d" 30 sh -c '"$1" h2d-bench --device cuda:0 --sizes 8192,2048,3145728 --iters 500 > "$2"' \
-  _ "$work/bin/sqlfeed" "$work/raw.json"
-feed_json=$(sed -n 's/^RESULT //p' "$work/feed.json" 2>/dev/null)
-raw_json=$(sed -n 's/^RESULT //p' "$work/raw.json" 2>/dev/null)
-if [[ -n "$feed_json" && -n "$raw_json" ]]; then
-  python3 - "$feed_json" "$raw_json" <<'PY' | tee -a "$report"
-import json, sys
-feed, raw = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-rate = feed["out_bytes"] / feed["h2d_s"] if feed["h2d_s"] else float("nan")
-print(f"feed H2D {rate/1e9:.2f} GB/s vs raw {raw['h2d_bytes_per_s']/1e9:.2f} GB/s: "
-      f"{rate/raw['h2d_bytes_per_s']:.2f}x (goal >= 0.85x); feed {feed['rows']/feed['wall_s']:.0f} rows/s, "
-      f"first batch {feed['ttfb_s']:.3f}s")
-print(f"STEP_MS={1.1 * 1000 * feed['wall_s'] / max(feed['batches'], 1):.3f}")
-PY
+say "== 4. H2D: feed vs raw pinned cuMemcpyHtoDAsync of the same sizes"
+if step "4 h2d" 60 "${python[@]}" h2d "$files"; then
   step_ms=$(sed -n 's/^STEP_MS=//p' "$report" | tail -1)
-  say "== 7. starvation with a step of 1.1x the per-batch production time (${step_ms} ms)"
-  step "7 starvation" 60 "$work/bin/sqlfeed" feed "$w2_sql" --device cuda:0 --batch-size 256 \
-    --drop-last --prefetch 8 --step-ms "$step_ms" --result-json
-else
-  say "no H2D numbers (steps 6a/6b failed)"
+  say "== 5. starvation with a step of 1.1x the per-batch production time (${step_ms} ms)"
+  step "5 starvation" 60 "${python[@]}" starve "$files" "$step_ms"
 fi
 
 (( ${#failed[@]} == 0 ))

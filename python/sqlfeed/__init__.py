@@ -30,6 +30,8 @@ from sqlfeed._sqlfeed import (
     ResourcesExhausted,
     __version__,
     cuda_device_count,
+    generate,
+    raw_h2d_bytes_per_s,
 )
 from sqlfeed.feed import Feed
 from sqlfeed.functions import Function, FunctionFailed, batch_udf, udf
@@ -49,5 +51,7 @@ __all__ = [
     "__version__",
     "batch_udf",
     "cuda_device_count",
+    "generate",
+    "raw_h2d_bytes_per_s",
     "udf",
 ]

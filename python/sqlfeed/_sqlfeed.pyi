@@ -5,6 +5,7 @@ Use the documented wrappers in :mod:`sqlfeed` (``Session``, ``SqlResult``,
 feeds yield (:class:`Tensor`).
 """
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,22 @@ class InternalError(Error):
 
 def cuda_device_count() -> int:
     """The number of usable CUDA devices (0 without a driver)."""
+
+def generate(
+    out: str | os.PathLike[str],
+    rows: int,
+    *,
+    files: int = 4,
+    seed: int = 42,
+    image_size: int = 32,
+) -> tuple[int, int]:
+    """Writes ``rows`` rows of the synthetic training set of ``sqlfeed gen``
+    (ids, features, labels, PNG/JPEG images, token lists) as ``files``
+    Parquet files into ``out``; returns ``(rows, bytes)``."""
+
+def raw_h2d_bytes_per_s(device: str, sizes: list[int], iters: int) -> float:
+    """Bytes/s of raw pinned host-to-device copies on ``device`` (``cuda:N``):
+    ``iters`` rounds of one copy per size; the yardstick for a feed's H2D."""
 
 def query_fingerprint(sql: str) -> str:
     """The short sha-256 of a feed's SQL that its checkpoints record."""

@@ -579,6 +579,14 @@ def _converter(format: str) -> Any:
     import jax.dlpack
 
     def to_jax(batch: Any) -> dict[str, Any]:
-        return {t.name: jax.dlpack.from_dlpack(t) for t in batch.tensors()}
+        # JAX names its "external ready events" stream in the DLPack
+        # handshake but reads on its own compute streams, which the feed
+        # cannot name: -1 (no stream) makes the feed wait for the whole
+        # device before it reuses the memory (a no-op for host tensors).
+        out = {}
+        for t in batch.tensors():
+            t.use_on_stream(-1)
+            out[t.name] = jax.dlpack.from_dlpack(t)
+        return out
 
     return to_jax

@@ -18,6 +18,7 @@ mod feed;
 mod functions;
 mod result;
 mod session;
+mod tools;
 
 use pyo3::prelude::*;
 
@@ -35,5 +36,7 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<functions::ArrowBatchExport>()?;
     m.add_function(wrap_pyfunction!(session::cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(session::query_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::generate, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::raw_h2d_bytes_per_s, m)?)?;
     Ok(())
 }

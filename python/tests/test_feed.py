@@ -165,6 +165,29 @@ def test_use_on_stream_takes_torch_cupy_and_raw_streams(session, ids_data):
     feed.close()
 
 
+def test_generate_writes_the_training_set_of_sqlfeed_gen(session, tmp_path):
+    rows, size = sqlfeed.generate(tmp_path / "gen", 300, files=2, image_size=16)
+    assert rows == 300 and size > 0
+    files = sorted(p.name for p in (tmp_path / "gen").glob("*.parquet"))
+    assert len(files) == 2, files
+    counted = session.sql(
+        f"SELECT count(*) AS n, count(DISTINCT id) AS ids FROM '{tmp_path}/gen/*.parquet'"
+    ).to_pylist()
+    assert counted == [{"n": 300, "ids": 300}]
+    with pytest.raises(sqlfeed.PlanError, match="files must be at least 1"):
+        sqlfeed.generate(tmp_path / "none", 10, files=0)
+
+
+def test_the_h2d_yardstick_needs_a_cuda_device():
+    if sqlfeed.cuda_device_count() > 0:
+        assert sqlfeed.raw_h2d_bytes_per_s("cuda:0", [4096], 10) > 0
+        return
+    with pytest.raises(sqlfeed.Error, match="cuda"):
+        sqlfeed.raw_h2d_bytes_per_s("cuda:0", [4096], 10)
+    with pytest.raises(sqlfeed.PlanError, match="unknown device"):
+        sqlfeed.raw_h2d_bytes_per_s("tpu:0", [4096], 10)
+
+
 def test_formats_numpy_jax_and_dlpack(session, ids_data):
     np = require("numpy", "numpy")
     query = f"SELECT id, CAST(id AS FLOAT) / 2 AS half FROM '{ids_data}/*.parquet'"
