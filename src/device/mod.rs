@@ -45,6 +45,7 @@ mod dtype;
 mod host;
 mod ring;
 mod simd;
+mod slot;
 mod stream;
 mod tensor;
 
@@ -60,8 +61,9 @@ pub use dlpack::{
 };
 pub(crate) use dtype::cast_slice_mut;
 pub use dtype::{DType, Element, bf16, f16};
-pub(crate) use ring::{Backend, Loans, Slot, SlotPool, TensorLayout};
+pub(crate) use ring::{Loans, SlotPool};
 pub(crate) use simd::u8_to_f32_affine;
+pub(crate) use slot::{Backend, Slot, TensorLayout};
 pub use stream::ConsumerStream;
 pub use tensor::{BatchMeta, Tensor, TensorBatch};
 

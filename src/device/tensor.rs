@@ -12,7 +12,8 @@ use datafusion::error::Result;
 use super::Device;
 use super::dlpack::{self, Access, DLManagedTensor, DLManagedTensorVersioned};
 use super::dtype::{DType, Element, cast_slice};
-use super::ring::{Backend, Slot, SlotLease, SlotPool, TensorLayout};
+use super::ring::{SlotLease, SlotPool};
+use super::slot::{Backend, Slot, TensorLayout};
 use super::stream::ConsumerStream;
 
 impl SlotPool {

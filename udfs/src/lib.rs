@@ -246,7 +246,7 @@ pub fn is_costly_per_row(udf: &ScalarUDF) -> bool {
         || any.is::<image::transform::ResizeFunc>()
         || any.is::<image::transform::CropFunc>()
         || any.is::<image::transform::RandomFlipFunc>()
-        || any.is::<image::transform::ToTensorFunc>()
+        || any.is::<image::tensor::ToTensorFunc>()
     {
         return true;
     }
@@ -266,7 +266,7 @@ pub fn is_costly_per_row(udf: &ScalarUDF) -> bool {
 pub fn widens_compact_input(udf: &ScalarUDF) -> bool {
     let any: &dyn std::any::Any = udf.inner().as_ref();
     #[cfg(feature = "image")]
-    if any.is::<image::transform::ToTensorFunc>() {
+    if any.is::<image::tensor::ToTensorFunc>() {
         return true;
     }
     let _ = any;

@@ -76,6 +76,7 @@ use crate::FunctionInfo;
 
 pub mod integrity;
 pub mod scaled;
+pub mod tensor;
 pub mod transform;
 
 pub use integrity::Completeness;
@@ -117,7 +118,7 @@ pub fn functions_with(max_pixels: u64) -> Vec<ScalarUDF> {
         ScalarUDF::from(transform::CropFunc::new(false)),
         ScalarUDF::from(transform::CropFunc::new(true)),
         ScalarUDF::from(transform::RandomFlipFunc::new()),
-        ScalarUDF::from(transform::ToTensorFunc::new()),
+        ScalarUDF::from(tensor::ToTensorFunc::new()),
     ]
 }
 
