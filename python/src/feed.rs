@@ -558,7 +558,8 @@ impl PyTensor {
     /// before the batch's last reference is released. `stream` is a
     /// `torch.cuda.Stream` (or anything with `cuda_stream`), a CuPy stream
     /// (anything with `ptr`), or a raw handle (0 or 1: the legacy default
-    /// stream, 2: the per-thread one). A no-op on the CPU.
+    /// stream, 2: the per-thread one) of the feed's device, which must stay
+    /// alive until the batch is released. A no-op on the CPU.
     fn use_on_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
         use_on_stream(py, &self.tensor, stream)
     }
@@ -641,12 +642,14 @@ fn consumer_stream(device: Device, stream: Option<i64>) -> PyResult<ConsumerStre
              default stream or 2 for the per-thread one",
         )),
         (Device::Cuda(_), Some(handle)) if handle > 2 => {
-            // SAFETY: the DLPack protocol makes the consumer pass a stream of
-            // the tensor's device, live at the export, which is what
-            // `from_raw` requires. It does not promise that the stream
-            // outlives the tensor's release (CuPy's may be collected first):
-            // the feed notices that by the stream's id and then waits for
-            // the whole device instead of recording on the dead handle.
+            // SAFETY: the DLPack protocol (or, for `use_on_stream`, its
+            // documented contract) makes the consumer pass a live stream of
+            // the tensor's device (another context's is refused by the
+            // export). That it outlives the tensor's release, which
+            // `from_raw` also asks, DLPack does not promise: PyTorch's streams
+            // live as long as the process; one destroyed earlier (CuPy's may
+            // be collected first) is noticed, as a best effort, by its id,
+            // and the feed then waits for the whole device instead.
             Ok(unsafe { ConsumerStream::from_raw(handle as u64) })
         }
         (Device::Cuda(_), Some(other)) => Err(PyBufferError::new_err(format!(

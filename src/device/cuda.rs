@@ -167,6 +167,11 @@ pub(crate) struct CudaBackend {
     copy_stream: ManuallyDrop<Arc<CudaStream>>,
     /// The device ordinal.
     ordinal: usize,
+    /// Whether the device frees memory in stream order (memory pools): then
+    /// a device buffer dropped on the copy stream is freed after what the
+    /// stream waits for; without them cudarc synchronises the stream first,
+    /// through `check_err` (which a stored error skips), so we do it.
+    ordered_frees: bool,
     /// Whether a failed release ordering has been logged (once per feed).
     warned: AtomicBool,
 }
@@ -196,10 +201,16 @@ impl CudaBackend {
         // needed; it would add a wait per buffer per copy.
         unsafe { ctx.disable_event_tracking() };
         let copy_stream = guarded("creating the copy stream", || ctx.new_stream())?;
+        let pools = guarded("reading the device's memory pool support", || {
+            ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+            )
+        })?;
         Ok(Self {
             ctx: ManuallyDrop::new(ctx),
             copy_stream: ManuallyDrop::new(copy_stream),
             ordinal,
+            ordered_frees: pools > 0,
             warned: AtomicBool::new(false),
         })
     }
@@ -271,6 +282,8 @@ impl CudaBackend {
             released: event(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?,
             uploaded: AtomicBool::new(false),
             device_wait: AtomicBool::new(false),
+            copy_stream: Arc::clone(&self.copy_stream),
+            ordered_frees: self.ordered_frees,
         })
     }
 
@@ -307,6 +320,13 @@ impl CudaBackend {
         sync: &SlotSync,
         queued: &mut bool,
     ) -> Result<()> {
+        // cudarc stores the errors of calls in drops and returns them from
+        // the next call of any kind: logged here, so that a failed event
+        // destroy does not end the feed as a failed copy. A sticky error
+        // (the device lost) fails the calls below on its own.
+        if let Err(err) = self.ctx.check_err() {
+            log::warn!("a CUDA call in an earlier drop failed: {err:?}");
+        }
         sync.start
             .record(&self.copy_stream)
             .map_err(|e| driver_error("recording the copy start", e))?;
@@ -341,6 +361,14 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// A device buffer of the slot is about to be replaced (it grows); see
+    /// [`CudaBackend::ordered_frees`].
+    pub(crate) fn wait_before_device_free(&self, sync: &SlotSync) -> Result<()> {
+        self.in_context("waiting before a device buffer is freed", || {
+            sync.wait_for_unordered_free()
+        })
+    }
+
     /// The producer is about to rewrite the slot (host and device memory):
     /// waits for its last upload and, if a release flagged it, for the whole
     /// device.
@@ -368,21 +396,56 @@ impl CudaBackend {
     }
 
     /// The driver's id of a stream handle, to notice at the release that it
-    /// was destroyed (stream.rs); `None` for the default streams, an invalid
-    /// handle, or a driver without stream ids (older than CUDA 12.0, where
-    /// the symbol is missing and cudarc panics).
+    /// was destroyed (stream.rs); `None` for the default streams, a handle
+    /// the driver rejects, or a driver without stream ids (older than CUDA
+    /// 12.0: the symbol is missing, cudarc panics, and we stop asking).
     fn stream_id(&self, stream: ConsumerStream) -> Option<u64> {
-        if !stream.is_handle() {
+        static NO_STREAM_IDS: AtomicBool = AtomicBool::new(false);
+        if !stream.is_handle() || NO_STREAM_IDS.load(Ordering::Relaxed) {
             return None;
         }
+        // SAFETY: `self.ctx` retains the context for as long as `self` lives.
+        let _bound = unsafe { BoundContext::bind(self.ctx.cu_ctx()) }.ok()?;
         let mut id: std::ffi::c_ulonglong = 0;
-        let read = self.in_context("reading a stream's id", || {
-            // SAFETY: the handle is one the consumer named for this context
-            // (`ConsumerStream::from_raw`); the driver checks it and answers
-            // CUDA_ERROR_INVALID_HANDLE or _CONTEXT for one destroyed since.
-            unsafe { sys::cuStreamGetId(raw_stream(stream), &mut id) }.result()
-        });
-        read.ok().map(|()| id)
+        // SAFETY: `from_raw`'s contract makes the handle a live stream of
+        // this context until the release. A consumer that breaks it (its
+        // stream destroyed first) hands the driver a stale handle; drivers
+        // reject those they no longer know, which turns the record the
+        // release would make on it into a device-wide wait: a best effort
+        // for a broken contract, not a guarantee.
+        let read = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe {
+            sys::cuStreamGetId(raw_stream(stream), &mut id)
+        }));
+        match read {
+            Ok(code) => code.result().ok().map(|()| id),
+            Err(_) => {
+                NO_STREAM_IDS.store(true, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Refuses a stream of another context (another GPU): the wait at the
+    /// export would pass, but neither the release's record nor the
+    /// device-wide fallback would cover it.
+    fn check_stream_context(&self, stream: ConsumerStream) -> Result<()> {
+        let mut owner: sys::CUcontext = std::ptr::null_mut();
+        self.in_context("reading a stream's context", || {
+            // SAFETY: the handle is a live stream the consumer names now
+            // (`ConsumerStream::from_raw`); `owner` is written by the driver.
+            unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut owner) }.result()
+        })?;
+        if owner != self.ctx.cu_ctx() {
+            return plan_err!(
+                "CUDA stream {:#x} belongs to another device or context than the feed's \
+                 cuda:{}; read the batch on a stream of cuda:{} (or build the feed for \
+                 the stream's device)",
+                stream.as_raw(),
+                self.ordinal,
+                self.ordinal
+            );
+        }
+        Ok(())
     }
 
     /// Makes `stream` wait for the slot's last upload (the exporter's side
@@ -394,6 +457,9 @@ impl CudaBackend {
         sync: &SlotSync,
         stream: ConsumerStream,
     ) -> Result<NamedStream> {
+        if stream.is_handle() {
+            self.check_stream_context(stream)?;
+        }
         if stream != ConsumerStream::ANY && sync.uploaded.load(Ordering::Acquire) {
             self.in_context("making the consumer's stream wait for a batch", || {
                 // SAFETY: `done` is a live event of this context (owned by
@@ -427,6 +493,17 @@ impl CudaBackend {
                 .iter()
                 .map(|named| named.release_on(here, |s| self.stream_id(s)));
             Ok(order_release(plan, |stream| {
+                // A stream being captured into a CUDA graph would take the
+                // record (and the copy stream's wait) into the graph instead
+                // of running them: the device-wide wait instead.
+                // SAFETY: as for the record below.
+                let capture =
+                    unsafe { result::stream::is_capturing(raw_stream(stream)) }?;
+                if capture != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                    return Err(DriverError(
+                        sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                    ));
+                }
                 // SAFETY: `released` is a live event of this context;
                 // `stream` is a default stream or a handle whose id still
                 // matches the one read at the export (stream.rs), so it is
@@ -508,6 +585,8 @@ impl CudaBackend {
     /// `cuMemcpyHtoDAsync` per size in `sizes` on the copy stream, with
     /// nothing else going on; returns the wall time of all rounds.
     pub(crate) fn raw_h2d(&self, sizes: &[usize], iters: usize) -> Result<Duration> {
+        // Called from a user's thread (Python): its context is put back.
+        let _callers = guarded("reading the current CUDA context", BoundContext::save)?;
         // The sync first: it is declared before the buffers, so it drops
         // after them, and a failed round waits for its copies (`upload`).
         let sync = self.new_slot_sync()?;
@@ -606,6 +685,11 @@ pub(crate) struct SlotSync {
     /// stream, so the whole device must be waited for before the slot's
     /// memory is touched again.
     device_wait: AtomicBool,
+    /// The stream the slot's copies and device frees run on (kept alive for
+    /// the explicit wait before a free, see `ordered_frees`).
+    copy_stream: Arc<CudaStream>,
+    /// [`CudaBackend::ordered_frees`].
+    ordered_frees: bool,
 }
 
 impl SlotSync {
@@ -623,6 +707,17 @@ impl SlotSync {
         }
         Ok(())
     }
+
+    /// Before a device buffer of the slot is freed where frees are not
+    /// stream-ordered: waits for the copy stream, and so for the consumer's
+    /// release it waits on. The slot's context must be current.
+    fn wait_for_unordered_free(&self) -> std::result::Result<(), DriverError> {
+        if self.ordered_frees {
+            return Ok(());
+        }
+        // SAFETY: the copy stream is live (`self` holds it).
+        unsafe { result::stream::synchronize(self.copy_stream.cu_stream()) }
+    }
 }
 
 /// Frees a slot's `memory` (its buffers) and `sync` once nothing can read
@@ -635,13 +730,22 @@ pub(crate) fn free_after_copies<T>(sync: SlotSync, memory: T) {
     // this scope.
     match unsafe { BoundContext::bind(ctx) } {
         Ok(bound) => {
-            if let Err(err) = sync.wait_before_touching() {
-                log::error!(
-                    "waiting for a slot's copies before freeing it failed ({err:?}); \
-                     the device is unusable, so nothing reads the memory any more"
-                );
+            let waited = sync
+                .wait_before_touching()
+                .and_then(|()| sync.wait_for_unordered_free());
+            match waited {
+                Ok(()) => drop(memory),
+                // Not every failure means the device is gone (a global-mode
+                // graph capture elsewhere refuses the device-wide wait):
+                // nothing proves the memory unread, so it is kept.
+                Err(err) => {
+                    log::error!(
+                        "waiting before freeing a slot failed ({err:?}); its memory is \
+                         leaked rather than freed under a reader"
+                    );
+                    std::mem::forget(memory);
+                }
             }
-            drop(memory);
             drop(sync);
             drop(bound);
         }
@@ -654,6 +758,43 @@ pub(crate) fn free_after_copies<T>(sync: SlotSync, memory: T) {
             std::mem::forget((sync, memory));
         }
     }
+}
+
+/// Runs `free` (a slot's memory after its waits, or the feed's last hold on
+/// the device) on a thread of its own: freeing waits for the slot's copies,
+/// maybe for the whole device, and the thread that drops a slot can be a
+/// training loop's, Python's holding the GIL. Frees run in the order they
+/// are handed over; where no thread can be started, on the caller's.
+pub(crate) fn free_elsewhere(free: Box<dyn FnOnce() + Send>) {
+    type Free = Box<dyn FnOnce() + Send>;
+    static FREER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Free>>> =
+        std::sync::OnceLock::new();
+    let freer = FREER.get_or_init(|| {
+        let (jobs, queue) = std::sync::mpsc::channel::<Free>();
+        std::thread::Builder::new()
+            .name("sqlfeed-free".into())
+            .spawn(move || queue.into_iter().for_each(|free| free()))
+            .ok()
+            .map(|_| jobs)
+    });
+    match freer {
+        Some(jobs) => {
+            if let Err(std::sync::mpsc::SendError(free)) = jobs.send(free) {
+                free();
+            }
+        }
+        None => free(),
+    }
+}
+
+/// Waits until every free handed to [`free_elsewhere`] so far has run.
+#[cfg(test)]
+pub(crate) fn wait_for_frees() {
+    let (done, finished) = std::sync::mpsc::channel();
+    free_elsewhere(Box::new(move || {
+        let _ = done.send(());
+    }));
+    let _ = finished.recv_timeout(Duration::from_secs(30));
 }
 
 impl std::fmt::Debug for SlotSync {

@@ -473,59 +473,19 @@ impl Drop for SlotLease {
             cuda.release(sync, &streams);
         }
         self.loans.leased.fetch_sub(1, Ordering::AcqRel);
-        // Fails once the producer is gone: then the slot is freed here, or,
-        // on CUDA, on a thread of its own (see `free_elsewhere`).
+        // Fails once the producer is gone: then the slot is dropped here (a
+        // CUDA slot's memory is freed on the freeing thread, `Slot::drop`),
+        // and so may be the feed's last hold on the device, which goes to
+        // the freeing thread too (closing it waits for the copy stream).
         let Err(mpsc::error::SendError(slot)) = self.returns.send(slot) else {
             return;
         };
-        match std::mem::replace(&mut self.backend, Backend::Cpu) {
-            Backend::Cpu => drop(slot),
-            #[cfg(feature = "cuda")]
-            Backend::Cuda(cuda) => free_elsewhere(Box::new(move || {
-                drop(slot);
-                drop(cuda);
-            })),
+        drop(slot);
+        #[cfg(feature = "cuda")]
+        if let Backend::Cuda(cuda) = std::mem::replace(&mut self.backend, Backend::Cpu) {
+            super::cuda::free_elsewhere(Box::new(move || drop(cuda)));
         }
     }
-}
-
-/// Runs `free` (dropping a slot whose feed is gone, and maybe the feed's
-/// last hold on the device) on a thread of its own: freeing waits for the
-/// slot's copies, maybe for the whole device, and the thread that releases
-/// the last tensor is often a training loop's, Python's holding the GIL.
-/// Frees in the order they are handed over; where no thread can be started,
-/// frees on the caller's thread.
-#[cfg(feature = "cuda")]
-fn free_elsewhere(free: Box<dyn FnOnce() + Send>) {
-    type Free = Box<dyn FnOnce() + Send>;
-    static FREER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Free>>> =
-        std::sync::OnceLock::new();
-    let freer = FREER.get_or_init(|| {
-        let (jobs, queue) = std::sync::mpsc::channel::<Free>();
-        std::thread::Builder::new()
-            .name("sqlfeed-free".into())
-            .spawn(move || queue.into_iter().for_each(|free| free()))
-            .ok()
-            .map(|_| jobs)
-    });
-    match freer {
-        Some(jobs) => {
-            if let Err(std::sync::mpsc::SendError(free)) = jobs.send(free) {
-                free();
-            }
-        }
-        None => free(),
-    }
-}
-
-/// Waits until every free handed to [`free_elsewhere`] so far has run.
-#[cfg(all(test, feature = "cuda"))]
-fn wait_for_frees() {
-    let (done, finished) = std::sync::mpsc::channel();
-    free_elsewhere(Box::new(move || {
-        let _ = done.send(());
-    }));
-    let _ = finished.recv_timeout(Duration::from_secs(30));
 }
 
 #[cfg(test)]
@@ -662,6 +622,38 @@ mod tests {
         Ok(found)
     }
 
+    /// A CUDA pool's backend and a consumer on a side stream of its own,
+    /// like a training step on PyTorch's stream.
+    #[cfg(feature = "cuda")]
+    struct SideConsumer {
+        backend: Backend,
+        cuda: Arc<super::super::cuda::CudaBackend>,
+        side: Arc<cudarc::driver::CudaStream>,
+        consumer: ConsumerStream,
+    }
+
+    /// `None` where there is no GPU (the test skips visibly).
+    #[cfg(feature = "cuda")]
+    fn side_stream_consumer(test: &str) -> Result<Option<SideConsumer>> {
+        let Some(backend) = super::super::cuda_for_test(test) else {
+            return Ok(None);
+        };
+        let Backend::Cuda(cuda) = backend.clone() else {
+            return internal_err!("not a CUDA backend");
+        };
+        let side = cuda.test_side_stream()?;
+        // SAFETY: `side` is a live stream of the feed's context, and each
+        // test keeps it until after every batch named for it is dropped.
+        let consumer =
+            unsafe { ConsumerStream::from_raw(side.cu_stream() as usize as u64) };
+        Ok(Some(SideConsumer {
+            backend,
+            cuda,
+            side,
+            consumer,
+        }))
+    }
+
     /// A consumer that reads every batch late on its own stream, after
     /// dropping it, while the producer reuses the two slots: every byte it
     /// read must be the batch's own. `lens` is each round's tensor size;
@@ -675,17 +667,15 @@ mod tests {
         lens: &[usize],
         late_copies: bool,
     ) -> Result<()> {
-        let Some(backend) = super::super::cuda_for_test(test) else {
+        let Some(SideConsumer {
+            backend,
+            cuda,
+            side,
+            consumer,
+        }) = side_stream_consumer(test)?
+        else {
             return Ok(());
         };
-        let Backend::Cuda(cuda) = backend.clone() else {
-            return internal_err!("not a CUDA backend");
-        };
-        let side = cuda.test_side_stream()?;
-        // SAFETY: `side` is a live stream of the feed's context and outlives
-        // every batch named for it (it is dropped at the end of the test).
-        let consumer =
-            unsafe { ConsumerStream::from_raw(side.cu_stream() as usize as u64) };
         let largest = lens.iter().copied().max().unwrap_or(1);
         let targets = lens
             .iter()
@@ -759,17 +749,15 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[tokio::test]
     async fn a_batch_held_past_its_feed_is_freed_after_its_reads() -> Result<()> {
-        let Some(backend) = super::super::cuda_for_test("a_batch_held_past_its_feed")
+        let Some(SideConsumer {
+            backend,
+            cuda,
+            side,
+            consumer,
+        }) = side_stream_consumer("a_batch_held_past_its_feed")?
         else {
             return Ok(());
         };
-        let Backend::Cuda(cuda) = backend.clone() else {
-            return internal_err!("not a CUDA backend");
-        };
-        let side = cuda.test_side_stream()?;
-        // SAFETY: as in `consumer_on_a_side_stream`.
-        let consumer =
-            unsafe { ConsumerStream::from_raw(side.cu_stream() as usize as u64) };
         let len = 1 << 20;
         let target = cuda.alloc_device(len)?;
         cuda.test_after_copies(&side)?;
@@ -784,7 +772,7 @@ mod tests {
         cuda.test_copy(&target, batch.tensor("a")?.data_ptr() as u64, len, &side)?;
         drop(pool);
         drop(batch);
-        wait_for_frees();
+        super::super::cuda::wait_for_frees();
         // Take device memory again at once (the stream-ordered pool hands
         // back what was just freed) and overwrite it on the copy stream.
         let _scratch = cuda.alloc_device(len)?;

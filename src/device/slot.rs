@@ -187,13 +187,19 @@ impl Drop for Slot {
     fn drop(&mut self) {
         // The pinned host buffers must not be freed while a copy may still
         // read them, nor the device buffers while a consumer's kernel may
-        // (when the release flagged the slot): freed after those waits, with
-        // the thread's current context left as it was. Otherwise the device
-        // buffers free on the copy stream, which already waits for the
-        // consumer's release (recorded in `SlotLease::drop`) and follows
-        // the copies. A slot without events holds no CUDA memory.
+        // (when the release flagged the slot): freed after those waits.
+        // Otherwise the device buffers free on the copy stream, which
+        // already waits for the consumer's release (recorded in
+        // `SlotLease::drop`) and follows the copies. A slot without events
+        // holds no CUDA memory.
+        // On the freeing thread: the waits must not run on whichever thread
+        // drops the slot (a consumer's, under Python's GIL, when a release
+        // races the pool's end).
         if let Some(sync) = self.sync.take() {
-            super::cuda::free_after_copies(sync, std::mem::take(&mut self.buffers));
+            let buffers = std::mem::take(&mut self.buffers);
+            super::cuda::free_elsewhere(Box::new(move || {
+                super::cuda::free_after_copies(sync, buffers);
+            }));
         }
     }
 }
@@ -272,6 +278,11 @@ impl Backend {
                         // The old buffer is freed on the copy stream, which
                         // already waits for the consumer's release of this
                         // slot (`SlotLease::drop`): never under its kernels.
+                        // (Where the device has no stream-ordered frees, the
+                        // wait is made explicit first.)
+                        if buffer.device.is_some() {
+                            cuda.wait_before_device_free(sync)?;
+                        }
                         buffer.device = Some(cuda.alloc_device(bytes + bytes / 4)?);
                     }
                 }

@@ -30,11 +30,15 @@
 //!   it on every blocking stream of the context, so the event completes
 //!   after the exporting thread's work too.
 //! - **A stream destroyed before the release** (a CuPy stream collected
-//!   first, `torch.cuda.ExternalStream` of a stream its owner destroyed):
-//!   its driver id, read at the export, no longer matches (or cannot be
-//!   read), so nothing is recorded on the dead or reused handle; the
-//!   producer waits for the whole device instead, which covers the work the
-//!   destroyed stream still had.
+//!   first, `torch.cuda.ExternalStream` of a stream its owner destroyed)
+//!   breaks [`ConsumerStream::from_raw`]'s contract. As a best effort, its
+//!   driver id, read at the export, is read again: when the driver rejects
+//!   the handle or it now names another stream, nothing is recorded on it;
+//!   the producer waits for the whole device instead, which covers the work
+//!   the destroyed stream still had.
+//! - **A stream being captured into a CUDA graph** at the release would
+//!   take the record into the graph instead of running it (`cuda.rs`
+//!   checks and falls back to the device-wide wait).
 //! - **No stream at all** (DLPack's `stream=-1`, [`ConsumerStream::ANY`]:
 //!   the consumer synchronises on its own): the producer waits for the whole
 //!   device before the slot is reused.
@@ -69,11 +73,12 @@ impl ConsumerStream {
     ///
     /// # Safety
     /// `handle` must be 0, 1, 2, or a stream created in the primary context
-    /// of the device the feed writes to, alive when the batch or tensor is
-    /// exported on it. It should stay alive until every batch, tensor and
-    /// DLPack export it was named for has been released; one destroyed
-    /// earlier is detected by its driver id where the driver has one (CUDA
-    /// 12.0 and later) and costs a device-wide wait instead (module docs).
+    /// of the device the feed writes to (another context's is refused at the
+    /// export), and that stream must stay alive until every batch, tensor and
+    /// DLPack export it was named for has been released: the release records
+    /// an event on it. (A stream destroyed earlier is noticed as a best
+    /// effort by its driver id and costs a device-wide wait; see the module
+    /// docs.)
     pub unsafe fn from_raw(handle: u64) -> ConsumerStream {
         match handle {
             0 => ConsumerStream::LEGACY_DEFAULT,
