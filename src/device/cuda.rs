@@ -364,6 +364,9 @@ impl CudaBackend {
     /// A device buffer of the slot is about to be replaced (it grows); see
     /// [`CudaBackend::ordered_frees`].
     pub(crate) fn wait_before_device_free(&self, sync: &SlotSync) -> Result<()> {
+        if sync.ordered_frees {
+            return Ok(());
+        }
         self.in_context("waiting before a device buffer is freed", || {
             sync.wait_for_unordered_free()
         })

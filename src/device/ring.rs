@@ -436,8 +436,16 @@ impl SlotLease {
     /// Notes that a consumer reads this batch on `stream`: on CUDA `stream`
     /// waits for the batch's copies now, and once that wait is queued, the
     /// release is to be ordered after the work queued on `stream` (a stream
-    /// whose wait failed is not noted: its export failed too).
+    /// whose wait failed is not noted: its export failed too). A stream
+    /// already noted has waited for these copies: nothing to do again (each
+    /// tensor of a batch exported on one stream asks).
     pub(super) fn use_on(&self, stream: ConsumerStream) -> Result<()> {
+        let here = std::thread::current().id();
+        let noted =
+            |streams: &[NamedStream]| streams.iter().any(|n| n.is_same(stream, here));
+        if noted(&self.streams.lock().unwrap_or_else(|p| p.into_inner())) {
+            return Ok(());
+        }
         let named = match &self.backend {
             Backend::Cpu => NamedStream::new(stream, None),
             #[cfg(feature = "cuda")]
@@ -447,7 +455,7 @@ impl SlotLease {
             },
         };
         let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if !streams.contains(&named) {
+        if !noted(&streams) {
             streams.push(named);
         }
         Ok(())

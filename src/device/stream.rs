@@ -144,6 +144,14 @@ impl NamedStream {
         }
     }
 
+    /// Whether this names the stream `stream` would name on thread `thread`:
+    /// the same handle from any thread, the per-thread default stream only
+    /// from the thread that named it.
+    pub(crate) fn is_same(&self, stream: ConsumerStream, thread: ThreadId) -> bool {
+        self.stream == stream
+            && (stream != ConsumerStream::PER_THREAD_DEFAULT || self.thread == thread)
+    }
+
     /// How to order a release on thread `releasing` after this stream;
     /// `id_now` reads a handle's driver id at the release (`None`: the
     /// handle is invalid now). See the module docs for each case.
@@ -240,6 +248,21 @@ mod tests {
             legacy.release_on(other_thread(), no_id),
             ReleaseOn::Stream(ConsumerStream::LEGACY_DEFAULT)
         );
+    }
+
+    #[test]
+    fn a_per_thread_stream_is_the_same_only_on_its_own_thread() {
+        let here = std::thread::current().id();
+        let elsewhere = other_thread();
+        let per_thread = NamedStream::new(ConsumerStream::PER_THREAD_DEFAULT, None);
+        assert!(per_thread.is_same(ConsumerStream::PER_THREAD_DEFAULT, here));
+        assert!(!per_thread.is_same(ConsumerStream::PER_THREAD_DEFAULT, elsewhere));
+        let named = NamedStream::new(handle(0x5000), Some(41));
+        assert!(
+            named.is_same(handle(0x5000), elsewhere),
+            "a handle is one stream"
+        );
+        assert!(!named.is_same(handle(0x6000), here));
     }
 
     #[test]
