@@ -27,8 +27,9 @@
 #   1. the CUDA unit tests with SQLFEED_TEST_CUDA=require (a skip is a
 #      failure): upload round trip; a consumer reading late on its own
 #      stream while the two slots are reused at the same size, then grown;
-#      copies queued late while the consumer reads at once; a batch held
-#      past its feed;
+#      copies queued late while the consumer reads at once; a consumer that
+#      names no stream (the producer's device-wide wait); a batch held past
+#      its feed;
 #   2. the same under compute-sanitizer --tool memcheck (racecheck checks
 #      shared memory of kernels, and sqlfeed launches none);
 #   3. the PyTorch loop (scripts/gpu_check.py torch): every batch of two

@@ -662,18 +662,30 @@ mod tests {
         }))
     }
 
-    /// A consumer that reads every batch late on its own stream, after
-    /// dropping it, while the producer reuses the two slots: every byte it
-    /// read must be the batch's own. `lens` is each round's tensor size;
-    /// `late_copies` delays each upload on the copy stream instead, while the
-    /// consumer reads at once (the other direction: its stream must wait for
-    /// the copies). Copy targets are allocated up front: an allocation in
-    /// the loop can synchronise the device and hide a missing wait.
+    /// How the side-stream consumer of [`consumer_on_a_side_stream`] reads.
+    #[cfg(feature = "cuda")]
+    #[derive(Clone, Copy, PartialEq)]
+    enum Reader {
+        /// Late, on the stream it names: the release must wait for it.
+        Late,
+        /// At once, while each upload is delayed on the copy stream: its
+        /// stream must wait for the copies.
+        WhileCopiesAreLate,
+        /// Late, naming no stream (DLPack's -1, after the host waited for the
+        /// copies): the producer must wait for the whole device.
+        LateNamingNoStream,
+    }
+
+    /// A consumer that reads every batch on its own stream, after dropping
+    /// it, while the producer reuses the two slots: every byte it read must
+    /// be the batch's own. `lens` is each round's tensor size. Copy targets
+    /// are allocated up front: an allocation in the loop can synchronise the
+    /// device and hide a missing wait.
     #[cfg(feature = "cuda")]
     async fn consumer_on_a_side_stream(
         test: &str,
         lens: &[usize],
-        late_copies: bool,
+        reader: Reader,
     ) -> Result<()> {
         let Some(SideConsumer {
             backend,
@@ -697,13 +709,18 @@ mod tests {
             let mut slot = pool.acquire().await?;
             pool.prepare(&mut slot, vec![layout("a", DType::UInt8, &[len])])?;
             slot.host_mut(0)?.copy_from_slice(&pattern(len, tag));
-            if late_copies {
+            if reader == Reader::WhileCopiesAreLate {
                 cuda.test_delay_copies(25)?;
             }
             pool.backend().upload(&mut slot)?;
             let batch = pool.lease(slot, meta(round as u64));
-            batch.use_on_stream(consumer)?;
-            if !late_copies {
+            if reader == Reader::LateNamingNoStream {
+                batch.wait_ready()?;
+                batch.use_on_stream(ConsumerStream::ANY)?;
+            } else {
+                batch.use_on_stream(consumer)?;
+            }
+            if reader != Reader::WhileCopiesAreLate {
                 // The "training step": slow, then it reads the tensor.
                 cuda.test_delay(&side, 25)?;
             }
@@ -729,8 +746,12 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[tokio::test]
     async fn a_slow_consumer_stream_never_sees_reused_memory() -> Result<()> {
-        consumer_on_a_side_stream("a_slow_consumer_stream_reuse", &[1 << 20; 12], false)
-            .await
+        consumer_on_a_side_stream(
+            "a_slow_consumer_stream_reuse",
+            &[1 << 20; 12],
+            Reader::Late,
+        )
+        .await
     }
 
     /// Growth once, in the middle: both slots replace their device buffers
@@ -740,7 +761,8 @@ mod tests {
     async fn a_slow_consumer_stream_never_sees_grown_or_freed_memory() -> Result<()> {
         let mut lens = vec![1 << 18; 6];
         lens.extend([1 << 20; 6]);
-        consumer_on_a_side_stream("a_slow_consumer_stream_growth", &lens, false).await
+        consumer_on_a_side_stream("a_slow_consumer_stream_growth", &lens, Reader::Late)
+            .await
     }
 
     /// The export's direction: copies queued late, a consumer stream reading
@@ -748,7 +770,19 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[tokio::test]
     async fn a_consumer_stream_waits_for_late_copies() -> Result<()> {
-        consumer_on_a_side_stream("a_consumer_stream_waits", &[1 << 20; 8], true).await
+        let reader = Reader::WhileCopiesAreLate;
+        consumer_on_a_side_stream("a_consumer_stream_waits", &[1 << 20; 8], reader).await
+    }
+
+    /// A consumer naming no stream: the release flags the slot and the
+    /// producer's device-wide wait keeps round r + 2 from writing what round
+    /// r reads late. Fails with `SQLFEED_TEST_SKIP_RELEASE_WAIT=1` too.
+    #[cfg(feature = "cuda")]
+    #[tokio::test]
+    async fn a_consumer_naming_no_stream_is_waited_for_by_the_device() -> Result<()> {
+        let reader = Reader::LateNamingNoStream;
+        consumer_on_a_side_stream("a_consumer_naming_no_stream", &[1 << 20; 12], reader)
+            .await
     }
 
     /// A batch held past its feed: its slot is freed on the freeing thread
