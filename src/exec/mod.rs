@@ -2,7 +2,8 @@
 //! `sql`, `cluster`, `feed`): a leaf that imports nothing of the crate.
 //!
 //! - [`plan`]: the scaffolding of single-input operators (their one child,
-//!   the statistics of operators that pass rows through);
+//!   the statistics of operators that pass rows through), and which
+//!   expressions are costly per row;
 //! - [`lanes`]: an unshuffled query's partitions read as one stream, in
 //!   turns of rows (the feed's and a cluster job's order);
 //! - [`panics`]: panics turned into errors, in one place.
@@ -13,6 +14,6 @@ pub(crate) mod plan;
 
 pub(crate) use panics::{catch_panic, catching_panics, panic_error, panic_message};
 pub(crate) use plan::{
-    first_input_statistics, input_properties, no_expressions, one_input_children,
-    rows_passed_through, single_child, statistics_of_one_input,
+    calls_costly_function, first_input_statistics, input_properties, no_expressions,
+    one_input_children, rows_passed_through, single_child, statistics_of_one_input,
 };

@@ -1,10 +1,30 @@
-//! The scaffolding single-input operators share: their one child, and the
-//! statistics of operators that pass their input's rows through.
+//! The scaffolding single-input operators share: their one child, the
+//! statistics of operators that pass their input's rows through, and which
+//! expressions are costly per row.
 
 use std::sync::Arc;
 
 use datafusion::common::internal_datafusion_err;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
+use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+
+/// Whether `expr` calls a function that is costly per row (see
+/// [`sqlfeed_udfs::is_costly_per_row`]).
+pub(crate) fn calls_costly_function(expr: &Arc<dyn PhysicalExpr>) -> bool {
+    let mut costly = false;
+    // The closure never fails.
+    let _ = expr.apply(|e| {
+        if let Some(call) = e.as_ref().downcast_ref::<ScalarFunctionExpr>()
+            && sqlfeed_udfs::is_costly_per_row(call.fun())
+        {
+            costly = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    costly
+}
 
 /// Statistics of an operator that passes its input's rows through one for
 /// one (reordered, or with columns added or computed), from its one input's

@@ -21,7 +21,12 @@
 //!   that identify a row. The build side of a `CollectLeft` hash join does
 //!   not set the output order (the probe side does), so it is not checked.
 //!
-//! Shuffled feeds need none of this: the shuffle orders rows by content.
+//! Shuffled feeds need none of this: the shuffle orders rows by content. Nor
+//! does a query that reads every table under a `MIX` or a global `SHUFFLE`
+//! ([`ordered_by_content`]): it plans with the session's partitions and
+//! file work stealing, as a shuffled feed does. (Planned with four lanes
+//! on two cores, a 3-source mixture's shuffles keyed and permuted at about
+//! half the rate of one shuffle over the same rows.)
 //!
 //! # Costly functions over the interleaved lanes
 //! Read lane by lane, each lane's costly functions (image decoding) would
@@ -45,13 +50,17 @@
 use std::sync::Arc;
 
 use datafusion::common::plan_err;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::exec::lanes::LaneInterleaveExec;
+use crate::shuffle::mix::MixNode;
+use crate::shuffle::{ShuffleNode, ShuffleSpec};
 use crate::sql::ParallelProjectionExec;
 
 /// Partitions an unshuffled feed plans with on every machine. Measured on
@@ -59,6 +68,34 @@ use crate::sql::ParallelProjectionExec;
 /// 545–615 MB peak, 4 lanes 379–409k at 827–872 MB, 8 lanes 337–352k at
 /// 1.39–1.42 GB (each lane buffers its own record batches and row group).
 pub const DEFAULT_ORDER_LANES: usize = 4;
+
+/// Whether every table `plan` reads (also in its subqueries) is read under
+/// a `MIX` or a global `SHUFFLE`, and there is at least one: their output
+/// order is a function of the rows' content, so how the tables below them
+/// are split into partitions cannot change the feed's order. Whatever lies
+/// above them is still checked by [`check_deterministic_order`].
+pub(crate) fn ordered_by_content(plan: &LogicalPlan) -> bool {
+    let mut orders_by_content = false;
+    let mut reads_elsewhere = false;
+    let visited = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::Extension(extension) = node {
+            let any = extension.node.as_any();
+            let global_shuffle = any
+                .downcast_ref::<ShuffleNode>()
+                .is_some_and(|n| matches!(n.spec(), ShuffleSpec::Global { .. }));
+            if global_shuffle || any.is::<MixNode>() {
+                orders_by_content = true;
+                return Ok(TreeNodeRecursion::Jump);
+            }
+        }
+        if matches!(node, LogicalPlan::TableScan(_)) {
+            reads_elsewhere = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    visited.is_ok() && orders_by_content && !reads_elsewhere
+}
 
 /// Fails, naming the operator and what to add, when `plan`'s output order
 /// depends on timing; see the module docs.
@@ -81,7 +118,9 @@ fn arrival_order_operator(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
     let name = plan.name();
     match name {
         // The order is established here; what is below cannot change it.
-        "SortPreservingMergeExec" | "ShuffleMergeExec" | "PermuteExec" => return None,
+        "SortPreservingMergeExec" | "ShuffleMergeExec" | "PermuteExec" | "MixExec" => {
+            return None;
+        }
         "SortExec" if plan.output_partitioning().partition_count() == 1 => return None,
         "RepartitionExec" | "CoalescePartitionsExec" => {
             return Some(format!("{name}: {}", plan.output_partitioning()));
@@ -177,6 +216,44 @@ mod tests {
         );
         let ordered = format!("{grouped} ORDER BY k");
         check_deterministic_order(&physical(&session, &ordered).await?)?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn only_queries_reading_every_table_under_a_mix_or_shuffle_are_content_ordered()
+    -> Result<()> {
+        let session = Session::try_new()?;
+        let mix = "MIX (SELECT value AS v FROM generate_series(1, 10)) AS a WEIGHT 0.5, \
+                   (SELECT value AS v FROM generate_series(11, 20)) AS b WEIGHT 0.5 SEED 1";
+        let series = "SELECT value AS v FROM generate_series(1, 10)";
+        let cases = [
+            (format!("SELECT v + 1 AS w FROM ({mix}) WHERE v > 2"), true),
+            (format!("{series} SHUFFLE SEED 3"), true),
+            (
+                format!("SELECT * FROM ({series} SHUFFLE SEED 3) LIMIT 4"),
+                true,
+            ),
+            (series.to_string(), false),
+            (format!("{series} LOCAL SHUFFLE BUFFER 4 SEED 3"), false),
+            // A table read beside the mixture, in a join or a subquery.
+            (
+                format!(
+                    "SELECT m.v FROM ({mix}) m JOIN generate_series(1, 5) g ON m.v = g.value"
+                ),
+                false,
+            ),
+            (
+                format!(
+                    "SELECT v FROM ({mix}) WHERE v IN (SELECT value FROM generate_series(1, 3))"
+                ),
+                false,
+            ),
+            ("SELECT 1 AS one".to_string(), false),
+        ];
+        for (sql, expected) in cases {
+            let plan = session.sql(&sql).await?.into_unoptimized_plan();
+            assert_eq!(ordered_by_content(&plan), expected, "{sql}");
+        }
         Ok(())
     }
 }

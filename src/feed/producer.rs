@@ -367,7 +367,12 @@ impl Producer {
                 epoch,
             ),
         );
-        crate::config::deterministic_config(&mut config, self.partition_order());
+        let partition_order = if order::ordered_by_content(&plan) {
+            crate::config::PartitionOrder::Content
+        } else {
+            self.partition_order()
+        };
+        crate::config::deterministic_config(&mut config, partition_order);
         // A MIX's weight schedules count steps of this feed's global batch.
         let mut sqlfeed_options = config
             .options()

@@ -75,9 +75,50 @@ pub fn plan_global_shuffle(
     memory_limit: usize,
     session_batch_size: usize,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let keyed: Arc<dyn ExecutionPlan> =
+    plan_global_shuffle_carrying(
+        input,
+        source,
+        seed,
+        epoch,
+        memory_limit,
+        session_batch_size,
+        None,
+    )
+}
+
+/// [`plan_global_shuffle`], keyed on `input`'s rows but moving `carry`'s
+/// columns (expressions over `input`'s columns, computed from each keyed
+/// row before the permutation) instead of `input`'s; `None`: `input`'s.
+///
+/// The order is the key's, so it does not change. What it saves is the
+/// gather: a permutation costs a random read per row *and column*, and a
+/// row that enters its functions as 32 float columns leaves them as one
+/// vector (measured on a 3-source mixture of the W2 feed: 2.3 s to permute
+/// 600k rows of 36 columns, 1.6 s for 1M rows of 3).
+pub fn plan_global_shuffle_carrying(
+    input: Arc<dyn ExecutionPlan>,
+    source: KeySource,
+    seed: u64,
+    epoch: u64,
+    memory_limit: usize,
+    session_batch_size: usize,
+    carry: Option<Vec<(Arc<dyn PhysicalExpr>, String)>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let columns = input.schema().fields().len();
+    let mut batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
+    let mut keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
+    if let Some(mut carry) = carry {
+        // The key stays the last column, where the permutation finds it.
+        carry.push((
+            Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns)),
+            SHUFFLE_KEY_COLUMN.to_string(),
+        ));
+        let carried: Arc<dyn ExecutionPlan> =
+            Arc::new(ProjectionExec::try_new(carry, keyed)?);
+        batch_rows = batch_rows_for(&carried, memory_limit, session_batch_size);
+        keyed = carried;
+    }
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
     Ok(Arc::new(ShuffleMergeExec::new(
         permuted, seed, epoch, batch_rows,

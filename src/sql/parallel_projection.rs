@@ -52,7 +52,7 @@ use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
@@ -65,6 +65,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::config::SqlfeedOptions;
+use crate::exec::calls_costly_function;
 
 /// Rows of the first morsel, before any output has been measured; later
 /// unmeasured morsels double, up to [`MAX_GUESS_ROWS`].
@@ -72,23 +73,6 @@ const FIRST_MORSEL_ROWS: usize = 64;
 
 /// Largest unmeasured morsel.
 const MAX_GUESS_ROWS: usize = 1024;
-
-/// Whether `expr` calls a function that is costly per row (see
-/// [`sqlfeed_udfs::is_costly_per_row`]).
-fn calls_costly_function(expr: &Arc<dyn PhysicalExpr>) -> bool {
-    let mut costly = false;
-    // The closure never fails.
-    let _ = expr.apply(|e| {
-        if let Some(call) = e.as_ref().downcast_ref::<ScalarFunctionExpr>()
-            && sqlfeed_udfs::is_costly_per_row(call.fun())
-        {
-            costly = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    costly
-}
 
 /// The bytes a batch's arrays own or view from the row range they cover
 /// (a column passed through shares its input's buffers).

@@ -27,8 +27,10 @@
 //! Each source runs in a task of its own, so the sources' shuffles (a
 //! barrier each) run side by side; their memory is reserved by the shuffles
 //! below, from the session's pool, and spills there. Between a source's task
-//! and the interleave are at most two batches. Output batches are gathered (`interleave`) from slices of the
-//! sources' batches: the rows are copied once.
+//! and the interleave are at most two batches. Output batches are gathered
+//! (`interleave`) from slices of the sources' batches: the rows are copied
+//! once. They hold the session's batch size in rows, or as many as fit in
+//! 8 MiB when rows are wide (images).
 //!
 //! # Errors
 //! A source's error ends the stream, with the source's name; a source that
@@ -350,12 +352,21 @@ impl SourceReader {
     }
 }
 
+/// Bytes above which output batches are made smaller (see
+/// [`Mixer::next_batch`]).
+const MAX_OUTPUT_BATCH_BYTES: usize = 8 << 20;
+
+/// The fewest rows an output batch is cut to, however wide the rows.
+const MIN_OUTPUT_BATCH_ROWS: usize = 64;
+
 /// Hands out the interleave's turns as output batches.
 struct Mixer {
     readers: Vec<SourceReader>,
     turns: Turns,
     /// Rows of the epoch not yet handed out.
     left: u64,
+    /// Rows per output batch: the session's batch size, or fewer for wide
+    /// rows.
     batch_size: usize,
     schema: SchemaRef,
     baseline: BaselineMetrics,
@@ -427,6 +438,15 @@ impl Mixer {
             })
             .collect::<std::result::Result<Vec<ArrayRef>, _>>()?;
         let batch = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        // Batches stay a few MiB whatever the rows' width: a batch of 8192
+        // image rows is 25 MB, and an allocation above mimalloc's 16 MiB
+        // huge-object size takes fresh pages from the kernel every time,
+        // zeroed (measured: more CPU than the copy itself).
+        let bytes = batch.get_array_memory_size();
+        if bytes > MAX_OUTPUT_BATCH_BYTES {
+            self.batch_size =
+                (rows * MAX_OUTPUT_BATCH_BYTES / bytes).max(MIN_OUTPUT_BATCH_ROWS);
+        }
         // Advance each reader past what it gave.
         for (k, reader) in self.readers.iter_mut().enumerate() {
             if wanted[k] == 0 {

@@ -43,9 +43,11 @@
 //! columns the filters need), then each pass is one global shuffle of the
 //! source's rows as they enter its row-wise functions, so an epoch costs
 //! what shuffling its sources costs, plus one more shuffle of a source whose
-//! window straddles two passes. The functions run on the window's rows only
-//! ([`planner`]'s late row functions). Sources run side by side (see
-//! [`exec`]).
+//! window straddles two passes. Costly functions (decoding, tokenizing) run
+//! on the window's rows only, cheap ones before each pass's permutation, so
+//! that it moves what they produce ([`planner`]'s late row functions).
+//! Sources run side by side (see [`exec`]), each sizing its batches for its
+//! share of the memory pool.
 //!
 //! # Weights by step
 //! `WEIGHT STEPS (step: weight, …)` makes a source's weight piecewise linear

@@ -2,20 +2,28 @@
 //! and plan each share's passes as global shuffles under a [`MixExec`].
 //!
 //! # Late row functions
-//! A source's row-wise functions (decoding, tokenizing, any deterministic
-//! expression that is more than a column or a literal) run on the rows its
-//! window takes, not on every row of every pass: a down-sampled source is
-//! decoded only where it is used. Its passes shuffle the rows as they enter
-//! its functions, keyed on those values, the key a `SHUFFLE` of the same
-//! query uses (`crate::shuffle::late`); a `ProjectionExec` above the window
-//! runs the functions (in parallel workers where they are costly). The order
-//! is the same wherever the functions run, so the epoch cache can keep those
-//! rows (`crate::feed`'s `mixture.rs`).
+//! A source's passes shuffle its rows as they enter its row-wise functions
+//! (any deterministic expression that is more than a column or a literal),
+//! keyed on those values, the key a `SHUFFLE` of the same query uses
+//! (`crate::shuffle::late`). The order is the same wherever the functions
+//! run, so the epoch cache can keep those rows (`crate::feed`'s
+//! `mixture.rs`), and each function runs where it costs least:
+//! - costly ones (decoding, tokenizing) on the rows the window takes, in a
+//!   `ProjectionExec` above it (parallel workers): a down-sampled source is
+//!   decoded only where it is used;
+//! - cheap ones right after the key, before the permutation, which then
+//!   gathers their outputs (one vector) rather than their inputs (32 float
+//!   columns): `early_and_late`.
+//!
+//! Each pass runs the source's plan with state of its own
+//! (`reset_plan_states`): a scan's queue of files for work stealing is per
+//! plan instance.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{ScalarValue, plan_err};
 use datafusion::common::{internal_err, plan_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
@@ -26,7 +34,10 @@ use datafusion::logical_expr::{
     LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode, lit,
 };
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::{ExecutionPlan, collect};
@@ -38,8 +49,9 @@ use super::logical::MixNode;
 use super::pattern::{Interleave, Schedule, ScheduledMix, Turns, Window, quotas};
 use super::source_seed;
 use super::window::MixWindowExec;
+use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{KeySource, plan_global_shuffle};
+use crate::shuffle::{KeySource, plan_global_shuffle_carrying};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -148,6 +160,89 @@ async fn source_rows(
     })
 }
 
+/// Expressions and the names of the columns they compute.
+type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
+
+/// A source's outputs (`finish`, over its rows as they enter its functions)
+/// split by where they run: what each pass computes before its permutation
+/// (cheap functions and bare columns, plus the columns the costly ones
+/// read), and what runs on the window's rows over those columns (the
+/// costly functions, see [`calls_costly_function`]). `(None, Some(finish))`
+/// when every function is costly, or when a column the costly functions
+/// read would clash by name with a cheap output; `(Some(finish), None)`
+/// when none is.
+///
+/// Cheap functions run on every row of a pass, the rows the window skips
+/// included; what they save is the permutation's gather, one random read
+/// per row and column (see [`plan_global_shuffle_carrying`]).
+fn early_and_late(finish: Outputs) -> (Option<Outputs>, Option<Outputs>) {
+    let late: Vec<bool> = finish
+        .iter()
+        .map(|(expr, _)| calls_costly_function(expr))
+        .collect();
+    if late.iter().all(|&late| late) {
+        return (None, Some(finish));
+    }
+    let mut carry: Outputs = finish
+        .iter()
+        .zip(&late)
+        .filter(|(_, late)| !**late)
+        .map(|(output, _)| output.clone())
+        .collect();
+    for (expr, _) in finish
+        .iter()
+        .zip(&late)
+        .filter(|(_, late)| **late)
+        .map(|(o, _)| o)
+    {
+        for column in collect_columns(expr) {
+            match carry.iter().find(|(_, name)| name == column.name()) {
+                None => carry.push((Arc::new(column.clone()), column.name().to_string())),
+                // The same input column, carried as a cheap output already.
+                Some((carried, _))
+                    if carried
+                        .downcast_ref::<Column>()
+                        .is_some_and(|c| c.index() == column.index()) => {}
+                Some(_) => return (None, Some(finish)),
+            }
+        }
+    }
+    if !late.contains(&true) {
+        return (Some(carry), None);
+    }
+    // Over the carried columns: cheap outputs as they are, costly ones
+    // reading the columns carried for them.
+    let index_of = |name: &str| carry.iter().position(|(_, carried)| carried == name);
+    let mut after_window: Outputs = Vec::with_capacity(finish.len());
+    for ((expr, name), late) in finish.iter().zip(&late) {
+        let expr: Option<Arc<dyn PhysicalExpr>> = if *late {
+            Arc::clone(expr)
+                .transform_down(|e| match e.downcast_ref::<Column>() {
+                    Some(column) => match index_of(column.name()) {
+                        Some(index) => Ok(Transformed::yes(Arc::new(Column::new(
+                            column.name(),
+                            index,
+                        ))
+                            as _)),
+                        None => internal_err!("column {} is not carried", column.name()),
+                    },
+                    None => Ok(Transformed::no(e)),
+                })
+                // Unreachable (every column they read was carried above);
+                // running every function late is always right.
+                .ok()
+                .map(|t| t.data)
+        } else {
+            index_of(name).map(|index| Arc::new(Column::new(name, index)) as _)
+        };
+        match expr {
+            Some(expr) => after_window.push((expr, name.clone())),
+            None => return (None, Some(finish)),
+        }
+    }
+    (Some(carry), Some(after_window))
+}
+
 /// The most passes one source may need in one epoch: each pass is a full
 /// shuffle of the source, so a share thousands of times the source is better
 /// served by a bigger source (or a smaller `ROWS`).
@@ -239,10 +334,16 @@ impl ExtensionPlanner for MixExtensionPlanner {
                 (starts, takes, turns)
             }
         };
+        // The sources' shuffles run side by side on one pool: each sizes its
+        // batches for its share, as the inputs of one shuffle of their union
+        // would. (Sized for the whole pool, each source's scan read batches
+        // of 17 MB of images, above mimalloc's 16 MiB huge-object size: each
+        // one fresh pages from the kernel, zeroed, 40% of a mixture's CPU.)
+        let sources_taking = takes.iter().filter(|&&take| take > 0).count().max(1);
         let memory_limit = match session.runtime_env().memory_pool.memory_limit() {
             MemoryLimit::Finite(bytes) => bytes,
             _ => usize::MAX / 2,
-        };
+        } / sources_taking;
         let batch_size = session.config().batch_size();
         let mut sources = Vec::with_capacity(takes.len());
         for (k, ((name, (input, output)), (&count, (&start, &quota)))) in spec
@@ -272,22 +373,30 @@ impl ExtensionPlanner for MixExtensionPlanner {
                 continue;
             }
             let source_seed = source_seed(seed, k);
+            let (carry, after_window) = match input.finish {
+                Some(finish) => early_and_late(finish),
+                None => (None, None),
+            };
             let passes = (0..window.passes)
                 .map(|i| {
-                    plan_global_shuffle(
-                        Arc::clone(&input.physical),
+                    plan_global_shuffle_carrying(
+                        // Each pass runs the source's plan once more: with
+                        // state of its own (a scan's work-stealing queue is
+                        // per instance, and a second run found it drained).
+                        reset_plan_states(Arc::clone(&input.physical))?,
                         KeySource::AllColumns,
                         source_seed,
                         window.first_pass + i,
                         memory_limit,
                         batch_size,
+                        carry.clone(),
                     )
                 })
                 .collect::<Result<Vec<_>>>()?;
             let mut plan: Arc<dyn ExecutionPlan> =
                 Arc::new(MixWindowExec::try_new(name.clone(), passes, window)?);
-            if let Some(finish) = input.finish {
-                plan = Arc::new(ProjectionExec::try_new(finish, plan)?);
+            if let Some(after_window) = after_window {
+                plan = Arc::new(ProjectionExec::try_new(after_window, plan)?);
             }
             sources.push(MixSource {
                 name: name.clone(),
