@@ -64,38 +64,18 @@ fn batch_rows_for(
 }
 
 /// The global shuffle on one machine: key (content hashes from `source`),
-/// then [`PermuteExec`] (index sort and gather,
-/// spilling sorted runs), under a [`ShuffleMergeExec`] whose batch size fits
-/// `memory_limit`.
-pub fn plan_global_shuffle(
-    input: Arc<dyn ExecutionPlan>,
-    source: KeySource,
-    seed: u64,
-    epoch: u64,
-    memory_limit: usize,
-    session_batch_size: usize,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    plan_global_shuffle_carrying(
-        input,
-        source,
-        seed,
-        epoch,
-        memory_limit,
-        session_batch_size,
-        None,
-    )
-}
-
-/// [`plan_global_shuffle`], keyed on `input`'s rows but moving `carry`'s
-/// columns (expressions over `input`'s columns, computed from each keyed
-/// row before the permutation) instead of `input`'s; `None`: `input`'s.
+/// then [`PermuteExec`] (index sort and gather, spilling sorted runs), under
+/// a [`ShuffleMergeExec`] whose batch size fits `memory_limit`.
 ///
-/// The order is the key's, so it does not change. What it saves is the
-/// gather: a permutation costs a random read per row *and column*, and a
-/// row that enters its functions as 32 float columns leaves them as one
-/// vector (measured on a 3-source mixture of the W2 feed: 2.3 s to permute
-/// 600k rows of 36 columns, 1.6 s for 1M rows of 3).
-pub fn plan_global_shuffle_carrying(
+/// With `carry`, expressions over `input`'s columns computed from each keyed
+/// row before the permutation, the permutation moves their columns instead
+/// of `input`'s. The order is the key's, so it does not change. What it
+/// saves is the gather: a permutation costs a random read per row *and
+/// column*, and a row that enters its functions as 32 float columns leaves
+/// them as one vector (measured on the largest source of a 3-source mixture
+/// of the W2 feed, 600k rows: 2.3 s of permutation with 36 columns, 1.8 s
+/// with the 5 they become).
+pub fn plan_global_shuffle(
     input: Arc<dyn ExecutionPlan>,
     source: KeySource,
     seed: u64,
@@ -379,6 +359,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                         epoch,
                         memory_limit,
                         batch_size,
+                        None,
                     )?
                 }
             }

@@ -450,6 +450,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
             2,
             limit,
             batch_rows,
+            None,
         )?;
         // Under an operator that asks for no order (as a cluster's final
         // stage or a feed's sink may be), the optimizer must keep the merge.

@@ -51,7 +51,7 @@ use super::source_seed;
 use super::window::MixWindowExec;
 use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{KeySource, plan_global_shuffle_carrying};
+use crate::shuffle::{KeySource, plan_global_shuffle};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -174,7 +174,7 @@ type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
 ///
 /// Cheap functions run on every row of a pass, the rows the window skips
 /// included; what they save is the permutation's gather, one random read
-/// per row and column (see [`plan_global_shuffle_carrying`]).
+/// per row and column (see [`plan_global_shuffle`]).
 fn early_and_late(finish: Outputs) -> (Option<Outputs>, Option<Outputs>) {
     let late: Vec<bool> = finish
         .iter()
@@ -379,7 +379,7 @@ impl ExtensionPlanner for MixExtensionPlanner {
             };
             let passes = (0..window.passes)
                 .map(|i| {
-                    plan_global_shuffle_carrying(
+                    plan_global_shuffle(
                         // Each pass runs the source's plan once more: with
                         // state of its own (a scan's work-stealing queue is
                         // per instance, and a second run found it drained).
