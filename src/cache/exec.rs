@@ -35,7 +35,7 @@ use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::catalog::{Session as CatalogSession, TableProvider};
 use datafusion::common::stats::Precision;
 use datafusion::common::{Statistics, project_schema};
-use datafusion::common::{exec_datafusion_err, internal_datafusion_err, internal_err};
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::datasource::TableType;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
@@ -268,22 +268,7 @@ impl ExecutionPlan for CacheScanExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    crate::exec::no_expressions!();
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            internal_err!("CacheScanExec is a leaf and takes no children")
-        }
-    }
+    crate::exec::leaf!();
 
     fn execute(
         &self,

@@ -100,6 +100,40 @@ macro_rules! one_input_children {
 }
 pub(crate) use one_input_children;
 
+/// The `ExecutionPlan` methods of a leaf (an operator without inputs) that
+/// evaluates no expressions: `children`, `apply_expressions` and
+/// `with_new_children`, which refuses children by the operator's name. Used
+/// inside `impl ExecutionPlan for …`.
+macro_rules! leaf {
+    () => {
+        fn children(
+            &self,
+        ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            vec![]
+        }
+
+        $crate::exec::no_expressions!();
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+        ) -> datafusion::error::Result<
+            std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        > {
+            if children.is_empty() {
+                Ok(self)
+            } else {
+                datafusion::common::internal_err!(
+                    "{} is a leaf and takes no children, got {}",
+                    self.name(),
+                    children.len()
+                )
+            }
+        }
+    };
+}
+pub(crate) use leaf;
+
 /// `properties`: those of the one input in the field `$input` (an operator
 /// that keeps its input's partitioning, order and boundedness).
 macro_rules! input_properties {

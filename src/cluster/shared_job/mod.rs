@@ -355,18 +355,7 @@ impl ExecutionPlan for SharedJobExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    crate::exec::no_expressions!();
-
-    fn with_new_children(
-        self: Arc<Self>,
-        _children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
+    crate::exec::leaf!();
 
     fn execute(
         &self,

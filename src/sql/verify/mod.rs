@@ -256,22 +256,7 @@ impl ExecutionPlan for VerifyExec {
         &self.properties
     }
 
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    crate::exec::no_expressions!();
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.is_empty() {
-            Ok(self)
-        } else {
-            internal_err!("VerifyExec has no children")
-        }
-    }
+    crate::exec::leaf!();
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
