@@ -4,10 +4,14 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::internal_datafusion_err;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
-use datafusion::physical_expr::{PhysicalExpr, ScalarFunctionExpr};
+use datafusion::physical_expr::{
+    EquivalenceProperties, PhysicalExpr, ScalarFunctionExpr,
+};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, PlanProperties};
 
 /// Whether `expr` calls a function that is costly per row (see
 /// [`sqlfeed_udfs::is_costly_per_row`]).
@@ -24,6 +28,22 @@ pub(crate) fn calls_costly_function(expr: &Arc<dyn PhysicalExpr>) -> bool {
         Ok(TreeNodeRecursion::Continue)
     });
     costly
+}
+
+/// Properties of an operator that makes each output row from one row of the
+/// same input partition, in order (columns added, dropped or reordered,
+/// rows permuted within a partition): its input's partitioning, emission
+/// and boundedness; no ordering or equivalences of its own.
+pub(crate) fn row_wise_properties(
+    input: &Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        input.output_partitioning().clone(),
+        input.pipeline_behavior(),
+        input.boundedness(),
+    ))
 }
 
 /// Statistics of an operator that passes its input's rows through one for

@@ -223,12 +223,7 @@ impl DealExec {
             fields,
             input_schema.metadata().clone(),
         ));
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            input.output_partitioning().clone(),
-            input.pipeline_behavior(),
-            input.boundedness(),
-        );
+        let properties = crate::exec::row_wise_properties(&input, Arc::clone(&schema));
         Ok(Self {
             input,
             deal,
@@ -236,7 +231,7 @@ impl DealExec {
             route: Arc::new(route_values(deal.partitions(ranges))?),
             counts_index,
             schema,
-            properties: Arc::new(properties),
+            properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }

@@ -28,7 +28,6 @@ use datafusion::common::{internal_err, plan_err};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
@@ -123,19 +122,14 @@ impl ShuffleKeyExec {
             fields,
             input_schema.metadata().clone(),
         ));
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            input.output_partitioning().clone(),
-            input.pipeline_behavior(),
-            input.boundedness(),
-        );
+        let properties = crate::exec::row_wise_properties(&input, Arc::clone(&schema));
         Ok(Self {
             input,
             seed,
             epoch,
             source: KeySource::AllColumns,
             schema,
-            properties: Arc::new(properties),
+            properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }

@@ -36,13 +36,12 @@ use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use futures::StreamExt;
 
@@ -69,17 +68,12 @@ pub struct LocalShuffleExec {
 impl LocalShuffleExec {
     /// A shuffle buffer of `buffer_rows` (at least 1) per partition.
     pub fn new(input: Arc<dyn ExecutionPlan>, buffer_rows: usize, seed: u64) -> Self {
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            input.output_partitioning().clone(),
-            input.pipeline_behavior(),
-            input.boundedness(),
-        );
+        let properties = crate::exec::row_wise_properties(&input, input.schema());
         Self {
             input,
             buffer_rows: buffer_rows.max(1),
             seed,
-            properties: Arc::new(properties),
+            properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }

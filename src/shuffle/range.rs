@@ -43,14 +43,14 @@ use datafusion::common::Statistics;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_expr::{Partitioning, PhysicalExpr};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics;
 use datafusion::physical_plan::repartition::BatchPartitioner;
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
 };
 use futures::StreamExt;
 
@@ -175,19 +175,14 @@ impl RangeBucketExec {
             with_bucket,
             input_schema.metadata().clone(),
         ));
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            input.output_partitioning().clone(),
-            input.pipeline_behavior(),
-            input.boundedness(),
-        );
+        let properties = crate::exec::row_wise_properties(&input, Arc::clone(&schema));
         Ok(Self {
             input,
             partitions,
             counted,
             route: Arc::new(route_values(partitions)?),
             schema,
-            properties: Arc::new(properties),
+            properties,
         })
     }
 
