@@ -271,7 +271,9 @@ def udf(
             ``"stable"`` or ``"volatile"`` (never cached across runs, not
             moved through a shuffle).
         costly: a row costs far more than a copy (decoding, resizing):
-            sqlfeed runs it on small batches on every core.
+            sqlfeed runs it on small batches on every core, and in a ``MIX``
+            source only on the rows each epoch draws (a cheap function runs
+            on every row of the source's pass, before its shuffle).
         concurrency: worker processes to run it in (1: in this process).
         version: the function's identity in cache keys instead of its code.
         seeded: pass ``seed=`` (mixed from ``seed`` and the feed's seed and
