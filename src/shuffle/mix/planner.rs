@@ -175,13 +175,13 @@ type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
 /// Cheap functions run on every row of a pass, the rows the window skips
 /// included; what they save is the permutation's gather, one random read
 /// per row and column (see [`plan_global_shuffle`]).
-fn early_and_late(finish: Outputs) -> (Option<Outputs>, Option<Outputs>) {
+fn early_and_late(finish: Outputs) -> Result<(Option<Outputs>, Option<Outputs>)> {
     let late: Vec<bool> = finish
         .iter()
         .map(|(expr, _)| calls_costly_function(expr))
         .collect();
     if late.iter().all(|&late| late) {
-        return (None, Some(finish));
+        return Ok((None, Some(finish)));
     }
     let mut carry: Outputs = finish
         .iter()
@@ -203,44 +203,39 @@ fn early_and_late(finish: Outputs) -> (Option<Outputs>, Option<Outputs>) {
                     if carried
                         .downcast_ref::<Column>()
                         .is_some_and(|c| c.index() == column.index()) => {}
-                Some(_) => return (None, Some(finish)),
+                Some(_) => return Ok((None, Some(finish))),
             }
         }
     }
     if !late.contains(&true) {
-        return (Some(carry), None);
+        return Ok((Some(carry), None));
     }
     // Over the carried columns: cheap outputs as they are, costly ones
-    // reading the columns carried for them.
-    let index_of = |name: &str| carry.iter().position(|(_, carried)| carried == name);
-    let mut after_window: Outputs = Vec::with_capacity(finish.len());
-    for ((expr, name), late) in finish.iter().zip(&late) {
-        let expr: Option<Arc<dyn PhysicalExpr>> = if *late {
-            Arc::clone(expr)
-                .transform_down(|e| match e.downcast_ref::<Column>() {
-                    Some(column) => match index_of(column.name()) {
-                        Some(index) => Ok(Transformed::yes(Arc::new(Column::new(
-                            column.name(),
-                            index,
-                        ))
-                            as _)),
-                        None => internal_err!("column {} is not carried", column.name()),
-                    },
-                    None => Ok(Transformed::no(e)),
-                })
-                // Unreachable (every column they read was carried above);
-                // running every function late is always right.
-                .ok()
-                .map(|t| t.data)
-        } else {
-            index_of(name).map(|index| Arc::new(Column::new(name, index)) as _)
-        };
-        match expr {
-            Some(expr) => after_window.push((expr, name.clone())),
-            None => return (None, Some(finish)),
+    // reading the columns carried for them (all carried above).
+    let carried = |name: &str| -> Result<Arc<dyn PhysicalExpr>> {
+        match carry.iter().position(|(_, carried)| carried == name) {
+            Some(index) => Ok(Arc::new(Column::new(name, index))),
+            None => internal_err!("mixture source: column {name} is not carried"),
         }
-    }
-    (Some(carry), Some(after_window))
+    };
+    let after_window = finish
+        .iter()
+        .zip(&late)
+        .map(|((expr, name), late)| {
+            let expr = if *late {
+                Arc::clone(expr)
+                    .transform_down(|e| match e.downcast_ref::<Column>() {
+                        Some(column) => Ok(Transformed::yes(carried(column.name())?)),
+                        None => Ok(Transformed::no(e)),
+                    })?
+                    .data
+            } else {
+                carried(name)?
+            };
+            Ok((expr, name.clone()))
+        })
+        .collect::<Result<Outputs>>()?;
+    Ok((Some(carry), Some(after_window)))
 }
 
 /// The most passes one source may need in one epoch: each pass is a full
@@ -374,7 +369,7 @@ impl ExtensionPlanner for MixExtensionPlanner {
             }
             let source_seed = source_seed(seed, k);
             let (carry, after_window) = match input.finish {
-                Some(finish) => early_and_late(finish),
+                Some(finish) => early_and_late(finish)?,
                 None => (None, None),
             };
             let passes = (0..window.passes)
