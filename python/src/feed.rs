@@ -16,7 +16,7 @@
 //! reuses the memory only after every `Tensor` object and every DLPack
 //! capsule or framework tensor made from it is gone.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use datafusion::error::Result;
@@ -25,7 +25,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use sqlfeed::Session;
 use sqlfeed::device::{ConsumerStream, DType, Device, Tensor, TensorBatch};
-use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch};
+use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, Timeline};
 
 use crate::dlpack;
 use crate::errors::{IntoPy, PlanError, to_py};
@@ -176,6 +176,8 @@ pub(crate) struct PyFeed {
     inner: Mutex<Option<Feed>>,
     /// The metrics as they were when the feed was taken out.
     last: Mutex<Option<Snapshot>>,
+    /// Where the pass's time went; it outlives the feed.
+    timeline: Arc<Timeline>,
 }
 
 impl Drop for PyFeed {
@@ -251,6 +253,7 @@ impl PyFeed {
 
     pub(crate) fn new(feed: Feed) -> Self {
         Self {
+            timeline: feed.timeline(),
             inner: Mutex::new(Some(feed)),
             last: Mutex::new(None),
         }
@@ -351,6 +354,13 @@ impl PyFeed {
             Some(feed) => Ok(Some(feed.checkpoint().py_err()?.to_json())),
             None => Ok(None),
         }
+    }
+
+    /// The pass's timeline as one self-contained HTML page (see
+    /// `Feed.timeline`), and its verdict.
+    fn _timeline(&self, py: Python<'_>) -> (String, String) {
+        let timeline = Arc::clone(&self.timeline);
+        py.detach(|| (timeline.to_html(), timeline.verdict().to_string()))
     }
 
     /// Stops the query and its threads (held batches stay valid).

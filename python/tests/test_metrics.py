@@ -129,3 +129,25 @@ def test_a_lightning_callback_logs_through_the_trainers_logger(session, ids_data
         logged = [row for row in csv.DictReader(rows) if row.get("sqlfeed/rows_per_s")]
     assert [int(row["step"]) for row in logged] == [4, 8, 12, 16], "once per 4 steps"
     assert all(float(row["sqlfeed/rows_per_s"]) > 0 for row in logged)
+
+
+def test_the_timeline_names_a_slow_loop_and_writes_one_page(session, ids_data, tmp_path):
+    import time
+
+    feed = _feed(session, ids_data, format="dlpack")
+    try:
+        feed.timeline()
+        raise AssertionError("a timeline before any pass should be refused")
+    except RuntimeError as refused:
+        assert "no pass has started yet" in str(refused)
+    for _batch in feed:
+        time.sleep(0.05)  # a training step far slower than reading 64 ids
+    page = tmp_path / "feed.html"
+    verdict = feed.timeline(page)
+    assert verdict.startswith("bound by the training loop"), verdict
+    html = page.read_text()
+    assert f'<p id="verdict">{verdict}</p>' in html
+    assert html.count("<svg") == 5 and "<script" not in html
+    # The pass is over: the verdict stays what it was.
+    time.sleep(0.2)
+    assert feed.timeline() == verdict

@@ -136,6 +136,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         digest: false,
         explain_analyze: false,
         result_json: false,
+        timeline: None,
     };
     println!(
         "\ntraining feed, 2 epochs, SHUFFLE SEED 42, batches of 256, a simulated \

@@ -119,9 +119,16 @@ pub struct FeedArgs {
     /// tensor's bytes (to compare runs, ranks and resumes).
     #[arg(long)]
     pub digest: bool,
-    /// Print each epoch's plan with its metrics.
+    /// Print each epoch's plan with its metrics, then the verdict on what
+    /// bounds the feed (see --timeline).
     #[arg(long)]
     pub explain_analyze: bool,
+    /// Write where the feed's time went to PATH: one self-contained HTML
+    /// page (busy cores per stage, the loop's wait, rows/s, the prefetch
+    /// ring, memory over time) with a one-line verdict on what bounds the
+    /// feed, which is also printed.
+    #[arg(long, value_name = "PATH")]
+    pub timeline: Option<PathBuf>,
     /// End with `RESULT {json}` (the line ../shared/bench/peers.py reads).
     #[arg(long)]
     pub result_json: bool,
@@ -372,6 +379,12 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         for (epoch, plan) in feed.epoch_plans() {
             writeln!(out, "epoch {epoch}:\n{plan}")?;
         }
+        writeln!(out, "verdict: {}", feed.timeline().verdict())?;
+    }
+    if let Some(path) = &args.timeline {
+        let timeline = feed.timeline();
+        timeline.write_html(path)?;
+        eprintln!("timeline: {} ({})", path.display(), timeline.verdict());
     }
     if delivered == 0 && args.max_batches != Some(0) {
         eprintln!(

@@ -65,6 +65,11 @@ impl Loans {
         self.ring_slots.load(Ordering::Acquire)
     }
 
+    /// Batches ready for the consumer (queued and not yet taken).
+    pub(crate) fn ready(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
     /// Batches the training loop holds (taken and not released).
     pub(crate) fn held(&self) -> usize {
         let leased = self.leased.load(Ordering::Acquire);

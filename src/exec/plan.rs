@@ -17,17 +17,39 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, PlanProp
 /// [`sqlfeed_udfs::is_costly_per_row`]).
 pub(crate) fn calls_costly_function(expr: &Arc<dyn PhysicalExpr>) -> bool {
     let mut costly = false;
+    visit_costly_functions(expr, |_| {
+        costly = true;
+        TreeNodeRecursion::Stop
+    });
+    costly
+}
+
+/// The names of the costly functions `expr` calls, outermost first, each
+/// once: what a feed's timeline names the stage that runs them.
+pub(crate) fn costly_function_names(expr: &Arc<dyn PhysicalExpr>) -> Vec<String> {
+    let mut names: Vec<String> = vec![];
+    visit_costly_functions(expr, |name| {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+        TreeNodeRecursion::Continue
+    });
+    names
+}
+
+fn visit_costly_functions(
+    expr: &Arc<dyn PhysicalExpr>,
+    mut visit: impl FnMut(&str) -> TreeNodeRecursion,
+) {
     // The closure never fails.
     let _ = expr.apply(|e| {
         if let Some(call) = e.as_ref().downcast_ref::<ScalarFunctionExpr>()
             && sqlfeed_udfs::is_costly_per_row(call.fun())
         {
-            costly = true;
-            return Ok(TreeNodeRecursion::Stop);
+            return Ok(visit(call.name()));
         }
         Ok(TreeNodeRecursion::Continue)
     });
-    costly
 }
 
 /// Properties of an operator that makes each output row from one row of the

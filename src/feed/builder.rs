@@ -20,6 +20,7 @@ use super::epoch_cache::EpochCache;
 use super::metrics::FeedMetrics;
 use super::producer::Producer;
 use super::source::EpochSource;
+use super::timeline::Timeline;
 use super::{
     Feed, NEXT_FEED_ID, RING_SHARE_DIVISOR, appended, list_inputs, mixture, on_runtime,
 };
@@ -455,11 +456,20 @@ impl FeedBuilder {
         let (init_tx, init_rx) = mpsc::channel();
         let source =
             EpochSource::choose(&self.session, self.cache, self.shuffle_seed.is_some());
+        let timeline = Arc::new(Timeline::new(
+            Arc::clone(&metrics),
+            Arc::clone(&loans),
+            Arc::clone(memory_pool),
+            self.session.context().state().config().target_partitions(),
+            self.query_sql().to_string(),
+        ));
+        let sampler = timeline.start(format!("{thread_name}-timeline"))?;
         let producer = Producer {
             source,
             options: self,
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),
+            timeline: Arc::clone(&timeline),
             cache: EpochCache::default(),
         };
         let task = runtime.spawn(producer.run(events_tx, init_tx));
@@ -470,6 +480,8 @@ impl FeedBuilder {
             runtime: Some(runtime),
             task: Some(task),
             metrics,
+            timeline,
+            sampler: Some(sampler),
             pool: Arc::downgrade(&pool),
             loans,
             device,

@@ -31,6 +31,10 @@ pub(crate) struct FeedMetrics {
     pub(crate) padded_total: AtomicU64,
     /// Nanoseconds from build to the first batch (`u64::MAX` = none yet).
     pub(crate) first_batch_ns: AtomicU64,
+    /// Nanoseconds from build to the start of the consumer's current wait
+    /// (`u64::MAX` = not waiting): the wait in progress, which `wait_ns`
+    /// counts only once it ends.
+    waiting_since_ns: AtomicU64,
 }
 
 impl FeedMetrics {
@@ -48,7 +52,29 @@ impl FeedMetrics {
             padding: AtomicU64::new(0),
             padded_total: AtomicU64::new(0),
             first_batch_ns: AtomicU64::new(u64::MAX),
+            waiting_since_ns: AtomicU64::new(u64::MAX),
         }
+    }
+
+    /// The consumer started waiting at `since`, or (`None`) stopped.
+    pub(crate) fn waiting_since(&self, since: Option<Instant>) {
+        let ns = since.map_or(u64::MAX, |since| {
+            since.saturating_duration_since(self.started).as_nanos() as u64
+        });
+        self.waiting_since_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Seconds the consumer waited so far at `now` (after the build),
+    /// the wait in progress included.
+    pub(crate) fn wait_s_at(&self, now: Duration) -> f64 {
+        let ended = self.wait_ns.load(Ordering::Relaxed);
+        let since = self.waiting_since_ns.load(Ordering::Relaxed);
+        let current = if since == u64::MAX {
+            0
+        } else {
+            (now.as_nanos() as u64).saturating_sub(since)
+        };
+        (ended + current) as f64 / 1e9
     }
 
     pub(crate) fn add(counter: &AtomicU64, value: u64) {

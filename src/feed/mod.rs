@@ -67,6 +67,7 @@ mod producer;
 mod provenance;
 mod sink;
 mod source;
+mod timeline;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,6 +88,7 @@ pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
 pub use provenance::{BatchOrigins, RowOrigin};
 pub use sink::DeviceSinkExec;
+pub use timeline::{Bound, Timeline, TimelineSample, Verdict};
 
 use self::batcher::EpochStart;
 use self::metrics::FeedMetrics;
@@ -126,6 +128,10 @@ pub struct Feed {
     task: Option<tokio::task::JoinHandle<()>>,
     /// Counters.
     metrics: Arc<FeedMetrics>,
+    /// Where the time goes, sampled while the feed runs.
+    timeline: Arc<Timeline>,
+    /// Its sampling thread (stopped when the feed ends).
+    sampler: Option<timeline::Sampler>,
     /// The slot ring, to check it is gone after drop.
     pool: Weak<tokio::sync::Mutex<SlotPool>>,
     /// Batches queued and held, shared with the ring.
@@ -204,6 +210,13 @@ impl Feed {
         self.metrics.report(self.loans.ring_slots())
     }
 
+    /// Where the feed's time goes: busy time per stage, the loop's wait, the
+    /// ring and memory over time, with a verdict on what bounds it; it
+    /// outlives the feed (see [`Timeline::write_html`]).
+    pub fn timeline(&self) -> Arc<Timeline> {
+        Arc::clone(&self.timeline)
+    }
+
     /// Seconds each finished epoch took, as (epoch, seconds): from planning
     /// to the last batch produced (a cache miss's epoch includes writing the
     /// entry).
@@ -222,6 +235,12 @@ impl Feed {
     /// `EXPLAIN ANALYZE`).
     pub fn epoch_plans(&self) -> &[(u64, String)] {
         &self.epoch_plans
+    }
+
+    /// Stops the timeline's sampling and takes its last sample.
+    fn end_timeline(&mut self) {
+        drop(self.sampler.take());
+        self.timeline.close();
     }
 
     /// A handle that outlives the feed, to check that dropping it released
@@ -257,6 +276,7 @@ impl Feed {
             return NextBatch::Finished;
         }
         let waiting = *self.waiting_since.get_or_insert_with(Instant::now);
+        self.metrics.waiting_since(Some(waiting));
         loop {
             let Some(events) = self.events.as_ref() else {
                 return NextBatch::Finished;
@@ -279,6 +299,7 @@ impl Feed {
                 return NextBatch::Pending;
             }
             self.waiting_since = None;
+            self.metrics.waiting_since(None);
             let waited = waiting.elapsed();
             match event {
                 Ok(FeedEvent::Batch(batch)) => {
@@ -328,11 +349,13 @@ impl Feed {
                 Ok(FeedEvent::Error(err)) => {
                     self.finished = true;
                     FeedMetrics::add_time(&self.metrics.wait_ns, waited);
+                    self.end_timeline();
                     return NextBatch::Failed(err);
                 }
                 Ok(FeedEvent::Done) | Err(_) => {
                     self.finished = true;
                     FeedMetrics::add_time(&self.metrics.wait_ns, waited);
+                    self.end_timeline();
                     return NextBatch::Finished;
                 }
             }
@@ -411,6 +434,7 @@ impl Iterator for Feed {
 impl Drop for Feed {
     fn drop(&mut self) {
         self.finished = true;
+        self.end_timeline();
         // First the channel: batches not yet taken return their slots and the
         // producer's next hand-off fails.
         self.events = None;

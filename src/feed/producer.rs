@@ -22,6 +22,7 @@ use super::order;
 use super::provenance;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
 use super::source::EpochSource;
+use super::timeline::Timeline;
 use super::{FeedBuilder, TensorInfo};
 use crate::device::{DType, SlotPool};
 use crate::exec::catch_panic;
@@ -33,6 +34,8 @@ pub(super) struct Producer {
     pub(super) options: FeedBuilder,
     pub(super) pool: Arc<tokio::sync::Mutex<SlotPool>>,
     pub(super) metrics: Arc<FeedMetrics>,
+    /// Sees each epoch's plan while it runs.
+    pub(super) timeline: Arc<Timeline>,
     /// The epoch cache (with `cache(true)`).
     pub(super) cache: EpochCache,
     /// Where the epochs run.
@@ -113,7 +116,9 @@ impl Producer {
                 DeviceSinkExec::new(input, Arc::clone(&target), epoch, start)
                     .dealt(dealt),
             );
+            self.timeline.epoch_started(&sink);
             catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
+            self.timeline.epoch_finished();
             if let Some(fill) = fill {
                 self.cache.commit(&options.session, &fill).await?;
             }

@@ -29,6 +29,8 @@
 //! * `signals`: SIGINT / SIGTERM to a spilling feed or query: cancelled,
 //!   its spill folder and cache parts removed, one line, exit 130 / 143.
 //! * `spill`: what a killed process spilled is removed by the next session.
+//! * `timeline`: a feed's timeline names the right bottleneck; the CLI's page
+//!   renders in headless Chromium.
 
 mod azure;
 mod bad_input;
@@ -55,4 +57,5 @@ mod s3;
 mod shuffle;
 mod signals;
 mod spill;
+mod timeline;
 mod verify;
