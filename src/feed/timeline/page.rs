@@ -73,58 +73,38 @@ pub(crate) fn render(
         html.push_str("<h2>Busy cores per stage</h2>");
         stacked_chart(&mut html, samples, &layers, peak, end, Some(workers as f64));
         legend(&mut html, &layers);
-        html.push_str("<h2>The training loop waiting for data (% of each interval)</h2>");
-        let wait = per_interval(samples, |s| s.wait_s)
+        let wait: Vec<f64> = per_interval(samples, |s| s.wait_s)
             .into_iter()
             .map(|w| (w * 100.0).min(100.0))
-            .collect::<Vec<_>>();
-        stacked_chart(
-            &mut html,
-            samples,
-            &[("wait".into(), wait)],
-            100.0,
-            end,
-            None,
-        );
-        html.push_str("<h2>Rows per second delivered</h2>");
+            .collect();
         let rows = per_interval(samples, |s| s.rows as f64);
-        let peak_rows = rows.iter().copied().fold(1.0, f64::max);
-        stacked_chart(
-            &mut html,
-            samples,
-            &[("rows".into(), rows)],
-            peak_rows,
-            end,
-            None,
-        );
-        html.push_str("<h2>Batches ready in the prefetch ring</h2>");
-        let ready: Vec<f64> = samples[1..]
-            .iter()
-            .map(|s| s.ready_batches as f64)
-            .collect();
-        let peak_ready = ready.iter().copied().fold(1.0, f64::max);
-        stacked_chart(
-            &mut html,
-            samples,
-            &[("ready".into(), ready)],
-            peak_ready,
-            end,
-            None,
-        );
-        html.push_str("<h2>Memory reserved (MB)</h2>");
-        let memory: Vec<f64> = samples[1..]
-            .iter()
-            .map(|s| s.memory_reserved as f64 / 1e6)
-            .collect();
-        let peak_memory = memory.iter().copied().fold(1.0, f64::max);
-        stacked_chart(
-            &mut html,
-            samples,
-            &[("memory".into(), memory)],
-            peak_memory,
-            end,
-            None,
-        );
+        let at_each = |value: fn(&TimelineSample) -> f64| -> Vec<f64> {
+            samples[1..].iter().map(value).collect()
+        };
+        let ready = at_each(|s| s.ready_batches as f64);
+        let memory = at_each(|s| s.memory_reserved as f64 / 1e6);
+        for (heading, name, values, peak) in [
+            (
+                "The training loop waiting for data (% of each interval)",
+                "wait",
+                wait,
+                Some(100.0),
+            ),
+            ("Rows per second delivered", "rows", rows, None),
+            ("Batches ready in the prefetch ring", "ready", ready, None),
+            ("Memory reserved (MB)", "memory", memory, None),
+        ] {
+            let _ = write!(html, "<h2>{heading}</h2>");
+            let peak = peak.unwrap_or_else(|| values.iter().copied().fold(1.0, f64::max));
+            stacked_chart(
+                &mut html,
+                samples,
+                &[(name.to_string(), values)],
+                peak,
+                end,
+                None,
+            );
+        }
     }
     totals(&mut html, samples, verdict);
     html.push_str("</body></html>\n");
