@@ -22,6 +22,13 @@ mod tools;
 
 use pyo3::prelude::*;
 
+/// mimalloc for the extension's own allocations, like the `sqlfeed` binary
+/// and datafusion-python. Every Rust allocation is freed by Rust: batches
+/// handed to Python (DLPack capsules, Arrow C streams) come back through
+/// their deleters and release callbacks, which are this library's code.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The extension module.
 #[pymodule]
 fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
