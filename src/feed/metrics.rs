@@ -56,12 +56,17 @@ impl FeedMetrics {
         }
     }
 
-    /// The consumer started waiting at `since`, or (`None`) stopped.
-    pub(crate) fn waiting_since(&self, since: Option<Instant>) {
-        let ns = since.map_or(u64::MAX, |since| {
-            since.saturating_duration_since(self.started).as_nanos() as u64
-        });
+    /// The consumer waits for a batch since `since`.
+    pub(crate) fn waiting_since(&self, since: Instant) {
+        let ns = since.saturating_duration_since(self.started).as_nanos() as u64;
         self.waiting_since_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The consumer's wait ended after `waited`: counted, and no longer in
+    /// progress (in this order, so a reader never misses it).
+    pub(crate) fn wait_ended(&self, waited: Duration) {
+        Self::add_time(&self.wait_ns, waited);
+        self.waiting_since_ns.store(u64::MAX, Ordering::Relaxed);
     }
 
     /// Seconds the consumer waited so far at `now` (after the build),

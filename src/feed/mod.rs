@@ -276,7 +276,7 @@ impl Feed {
             return NextBatch::Finished;
         }
         let waiting = *self.waiting_since.get_or_insert_with(Instant::now);
-        self.metrics.waiting_since(Some(waiting));
+        self.metrics.waiting_since(waiting);
         loop {
             let Some(events) = self.events.as_ref() else {
                 return NextBatch::Finished;
@@ -299,7 +299,6 @@ impl Feed {
                 return NextBatch::Pending;
             }
             self.waiting_since = None;
-            self.metrics.waiting_since(None);
             let waited = waiting.elapsed();
             match event {
                 Ok(FeedEvent::Batch(batch)) => {
@@ -312,7 +311,7 @@ impl Feed {
                         }
                     };
                     let metrics = &self.metrics;
-                    FeedMetrics::add_time(&metrics.wait_ns, waited);
+                    metrics.wait_ended(waited);
                     if metrics.batches.load(Ordering::Relaxed) == 0 {
                         FeedMetrics::add_time(&metrics.first_wait_ns, waited);
                     }
@@ -348,13 +347,13 @@ impl Feed {
                 }
                 Ok(FeedEvent::Error(err)) => {
                     self.finished = true;
-                    FeedMetrics::add_time(&self.metrics.wait_ns, waited);
+                    self.metrics.wait_ended(waited);
                     self.end_timeline();
                     return NextBatch::Failed(err);
                 }
                 Ok(FeedEvent::Done) | Err(_) => {
                     self.finished = true;
-                    FeedMetrics::add_time(&self.metrics.wait_ns, waited);
+                    self.metrics.wait_ended(waited);
                     self.end_timeline();
                     return NextBatch::Finished;
                 }
