@@ -360,7 +360,10 @@ impl PyFeed {
     /// `Feed.timeline`), and its verdict.
     fn _timeline(&self, py: Python<'_>) -> (String, String) {
         let timeline = Arc::clone(&self.timeline);
-        py.detach(|| (timeline.to_html(), timeline.verdict().to_string()))
+        py.detach(|| {
+            let (html, verdict) = timeline.page();
+            (html, verdict.to_string())
+        })
     }
 
     /// Stops the query and its threads (held batches stay valid).

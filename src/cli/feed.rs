@@ -382,9 +382,8 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         writeln!(out, "verdict: {}", feed.timeline().verdict())?;
     }
     if let Some(path) = &args.timeline {
-        let timeline = feed.timeline();
-        timeline.write_html(path)?;
-        eprintln!("timeline: {} ({})", path.display(), timeline.verdict());
+        let verdict = feed.timeline().write_html(path)?;
+        eprintln!("timeline: {} ({verdict})", path.display());
     }
     if delivered == 0 && args.max_batches != Some(0) {
         eprintln!(

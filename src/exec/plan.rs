@@ -24,16 +24,20 @@ pub(crate) fn calls_costly_function(expr: &Arc<dyn PhysicalExpr>) -> bool {
     costly
 }
 
-/// The names of the costly functions `expr` calls, outermost first, each
+/// The names of the costly functions `exprs` call, outermost first, each
 /// once: what a feed's timeline names the stage that runs them.
-pub(crate) fn costly_function_names(expr: &Arc<dyn PhysicalExpr>) -> Vec<String> {
+pub(crate) fn costly_function_names<'a>(
+    exprs: impl IntoIterator<Item = &'a Arc<dyn PhysicalExpr>>,
+) -> Vec<String> {
     let mut names: Vec<String> = vec![];
-    visit_costly_functions(expr, |name| {
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_string());
-        }
-        TreeNodeRecursion::Continue
-    });
+    for expr in exprs {
+        visit_costly_functions(expr, |name| {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+            TreeNodeRecursion::Continue
+        });
+    }
     names
 }
 

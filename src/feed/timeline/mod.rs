@@ -287,33 +287,42 @@ impl Timeline {
 
     /// What bounds the feed, from its samples so far (see [`Verdict`]).
     pub fn verdict(&self) -> Verdict {
+        self.verdict_of(&self.samples())
+    }
+
+    fn verdict_of(&self, samples: &[TimelineSample]) -> Verdict {
         let first_wait_s =
             self.metrics.first_wait_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        Verdict::of(
-            &self.samples(),
-            self.first_batch_s(),
-            first_wait_s,
-            self.workers,
-        )
+        Verdict::of(samples, self.first_batch_s(), first_wait_s, self.workers)
     }
 
     /// The page: a stacked chart of busy time per stage, the loop's wait,
     /// the ring's ready batches and memory, with the verdict on top; one
     /// HTML file with inline SVG, no script, no server.
     pub fn to_html(&self) -> String {
-        self.sample_now();
-        page::render(&self.title, &self.samples(), &self.verdict(), self.workers)
+        self.page().0
     }
 
-    /// Writes [`Timeline::to_html`] to `path`.
-    pub fn write_html(&self, path: impl AsRef<Path>) -> Result<()> {
+    /// The page and the verdict it shows (from the same samples).
+    pub fn page(&self) -> (String, Verdict) {
+        self.sample_now();
+        let samples = self.samples();
+        let verdict = self.verdict_of(&samples);
+        let html = page::render(&self.title, &samples, &verdict, self.workers);
+        (html, verdict)
+    }
+
+    /// Writes [`Timeline::to_html`] to `path`; returns the verdict it shows.
+    pub fn write_html(&self, path: impl AsRef<Path>) -> Result<Verdict> {
         let path = path.as_ref();
-        std::fs::write(path, self.to_html()).map_err(|e| {
+        let (html, verdict) = self.page();
+        std::fs::write(path, html).map_err(|e| {
             exec_datafusion_err!(
                 "cannot write the feed's timeline to {}: {e}",
                 path.display()
             )
-        })
+        })?;
+        Ok(verdict)
     }
 }
 

@@ -166,40 +166,26 @@ fn stacked_chart(
     let mut base = vec![0.0; intervals];
     for (index, (name, values)) in layers.iter().enumerate() {
         let colour = PALETTE[index % PALETTE.len()];
-        let mut top = String::new();
-        let mut bottom = String::new();
+        // Step edges: the top left to right, then the bottom back.
+        let mut top = Vec::with_capacity(2 * intervals);
+        let mut bottom = Vec::with_capacity(2 * intervals);
         for i in 0..intervals {
             let (t0, t1) = (samples[i].t_s, samples[i + 1].t_s);
             let high = base[i] + values[i];
-            let _ = write!(
-                top,
-                "{:.1},{:.1} {:.1},{:.1} ",
-                x(t0),
-                y(high),
-                x(t1),
-                y(high)
-            );
-            let _ = write!(
-                bottom,
-                "{:.1},{:.1} {:.1},{:.1} ",
-                x(t1),
-                y(base[i]),
-                x(t0),
-                y(base[i])
-            );
+            top.extend([(x(t0), y(high)), (x(t1), y(high))]);
+            bottom.extend([(x(t0), y(base[i])), (x(t1), y(base[i]))]);
             base[i] = high;
         }
-        // The bottom edge is walked backwards to close the polygon.
-        let bottom: Vec<&str> = bottom.split_whitespace().collect();
-        let mut points = top;
-        for pair in bottom.chunks(2).rev() {
-            let _ = write!(points, "{} {} ", pair[0], pair[1]);
-        }
+        let points: Vec<String> = top
+            .into_iter()
+            .chain(bottom.into_iter().rev())
+            .map(|(px, py)| format!("{px:.1},{py:.1}"))
+            .collect();
         let _ = write!(
             html,
             "<polygon class=\"layer\" data-layer=\"{}\" fill=\"{colour}\" points=\"{}\"/>",
             escape(name),
-            points.trim_end()
+            points.join(" ")
         );
     }
     // Axes, ticks and the workers line.

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
+use datafusion::physical_plan::projection::ProjectionExec;
 
 use crate::exec::costly_function_names;
 use crate::sql::ParallelProjectionExec;
@@ -115,7 +115,7 @@ fn stage_of(plan: &dyn ExecutionPlan) -> Option<String> {
                 .map(ParallelProjectionExec::exprs)
         });
     if let Some(exprs) = projection {
-        let functions = functions_named(exprs);
+        let functions = costly_function_names(exprs.iter().map(|p| &p.expr));
         if !functions.is_empty() {
             return Some(functions.join("+"));
         }
@@ -130,17 +130,4 @@ fn stage_of(plan: &dyn ExecutionPlan) -> Option<String> {
         "other"
     };
     Some(stage.to_string())
-}
-
-/// The costly functions a projection calls, each once.
-fn functions_named(exprs: &[ProjectionExpr]) -> Vec<String> {
-    let mut names: Vec<String> = vec![];
-    for projected in exprs {
-        for name in costly_function_names(&projected.expr) {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-        }
-    }
-    names
 }
