@@ -98,6 +98,12 @@ def test_lightning_trains_every_epoch_whole(session, ids_data, tmp_path, set_epo
     assert counts == [STEPS] * 3, "no empty epoch"
     assert [model.seen[e] for e in range(3)] == reference
     assert (feed.epoch, feed.step) == (3, 0)
+    # The timeline of the last pass the trainer ran, as a user would ask
+    # for it after fit().
+    page = tmp_path / "feed.html"
+    verdict = feed.timeline(page)
+    assert verdict.startswith(("bound by ", "starting: ")), verdict
+    assert f'<p id="verdict">{verdict}</p>' in page.read_text()
 
 
 @pytest.mark.parametrize("kind", ["shuffled", "mixture"])
