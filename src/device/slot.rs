@@ -1,7 +1,7 @@
 //! A slot of the ring (`ring.rs`): the buffers of one batch's tensors,
 //! how they grow and are reused, and how they reach their device
 //! ([`Backend`]: nothing to do on the CPU; pinned staging and async copies
-//! on CUDA, with the events `cuda.rs` orders them by).
+//! on CUDA, with the events `cuda/` orders them by).
 //!
 //! ```text
 //!  SlotPool::prepare ─► Slot::prepare(layouts): wait for the slot's last

@@ -37,7 +37,7 @@
 //!   the producer waits for the whole device instead, which covers the work
 //!   the destroyed stream still had.
 //! - **A stream being captured into a CUDA graph** at the release would
-//!   take the record into the graph instead of running it (`cuda.rs`
+//!   take the record into the graph instead of running it (`cuda/mod.rs`
 //!   checks and falls back to the device-wide wait).
 //! - **No stream at all** (DLPack's `stream=-1`, [`ConsumerStream::ANY`]:
 //!   the consumer synchronises on its own): the producer waits for the whole
