@@ -262,13 +262,7 @@ impl ExecutionPlan for SharedEntryWriteExec {
 
     crate::exec::one_input_children!(input);
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    crate::exec::keeps_input_order!();
 
     crate::exec::statistics_of_one_input!(first_input_statistics);
 

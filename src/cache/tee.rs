@@ -108,13 +108,7 @@ impl ExecutionPlan for CacheFillExec {
 
     crate::exec::one_input_children!(input);
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    crate::exec::keeps_input_order!();
 
     // A tee: its input's rows.
     crate::exec::statistics_of_one_input!(first_input_statistics);

@@ -180,6 +180,24 @@ macro_rules! leaf {
 }
 pub(crate) use leaf;
 
+/// `maintains_input_order` and `benefits_from_input_partitioning` of a
+/// single-input operator whose rows keep their input's order, partition by
+/// partition, over an input that must not be split: a round-robin split
+/// below it would interleave an ordered input's rows by timing. Used inside
+/// `impl ExecutionPlan for …`.
+macro_rules! keeps_input_order {
+    () => {
+        fn maintains_input_order(&self) -> Vec<bool> {
+            vec![true]
+        }
+
+        fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+            vec![false]
+        }
+    };
+}
+pub(crate) use keeps_input_order;
+
 /// `properties`: those of the one input in the field `$input` (an operator
 /// that keeps its input's partitioning, order and boundedness).
 macro_rules! input_properties {
@@ -217,3 +235,21 @@ macro_rules! statistics_of_one_input {
     };
 }
 pub(crate) use statistics_of_one_input;
+
+/// The value of a `count(*)` query's one row, from its `batches`; `what`
+/// names the query in an error.
+pub(crate) fn counted_rows(
+    batches: &[datafusion::arrow::record_batch::RecordBatch],
+    what: &str,
+) -> datafusion::error::Result<u64> {
+    use datafusion::common::ScalarValue;
+    let value = batches
+        .iter()
+        .find(|batch| batch.num_rows() == 1)
+        .map(|batch| ScalarValue::try_from_array(batch.column(0), 0))
+        .transpose()?;
+    match value {
+        Some(ScalarValue::Int64(Some(rows))) => Ok(rows.max(0) as u64),
+        other => datafusion::common::internal_err!("count(*) of {what} gave {other:?}"),
+    }
+}

@@ -287,13 +287,7 @@ impl ExecutionPlan for DealExec {
 
     crate::exec::one_input_children!(input);
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    crate::exec::keeps_input_order!();
 
     fn with_new_children(
         self: Arc<Self>,
@@ -574,13 +568,7 @@ impl ExecutionPlan for RankShardExec {
 
     crate::exec::one_input_children!(input);
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    crate::exec::keeps_input_order!();
 
     // Keeps the exchange under it: the distribution rule drops an exchange
     // nothing above requires.

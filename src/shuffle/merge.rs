@@ -209,15 +209,9 @@ impl ExecutionPlan for ShuffleMergeExec {
 
     crate::exec::one_input_children!(input);
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
     // The merged stream is the shuffle order: the optimizer must neither
     // split it (round-robin repartitioning) nor expect more partitions.
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    crate::exec::keeps_input_order!();
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
         if self.ranged {

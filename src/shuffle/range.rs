@@ -221,13 +221,7 @@ impl ExecutionPlan for RangeBucketExec {
 
     crate::exec::one_input_children!(input);
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
+    crate::exec::keeps_input_order!();
 
     // Every row, plus (counted) a few count rows per task.
     fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {

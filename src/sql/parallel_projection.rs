@@ -189,15 +189,9 @@ impl ExecutionPlan for ParallelProjectionExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        // It parallelises itself; a round-robin split above an ordered
-        // input (a shuffle) would interleave rows by timing.
-        vec![false]
-    }
+    // It parallelises itself; a round-robin split below it would
+    // interleave an ordered input's rows (a shuffle's) by timing.
+    crate::exec::keeps_input_order!();
 
     // Row-wise functions: one output row per input row.
     crate::exec::statistics_of_one_input!(rows_passed_through);
