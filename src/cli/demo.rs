@@ -144,7 +144,8 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         feed.sql
     );
     let session = exec.session.clone();
-    tokio::task::spawn_blocking(move || super::feed::run(&session, &feed))
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || super::feed::run(&session, &feed, &runtime))
         .await
         .map_err(|e| internal_datafusion_err!("the feed loop panicked: {e}"))?
         .map_err(|e| DataFusionError::External(e.into()))?;

@@ -3,12 +3,12 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::progress::FeedProgress;
 use crate::Session;
 use crate::device::Device;
 use crate::feed::{Checkpoint, ColumnSpec, Feed, FeedReport, NextBatch, OnDataChange};
@@ -215,7 +215,11 @@ fn save_checkpoint(feed: &Feed, path: &Path) -> anyhow::Result<()> {
 }
 
 /// Runs the feed and prints its report.
-pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
+pub fn run(
+    session: &Session,
+    args: &FeedArgs,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<()> {
     let device: Device = args.device.parse()?;
     let mut builder = Feed::builder(session, args.sql.clone())
         .batch_size(args.batch_size)
@@ -298,20 +302,13 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         .collect();
     eprintln!("feed on {}: {}", feed.device(), tensors.join(", "));
 
-    let progress = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new_spinner();
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        bar.enable_steady_tick(Duration::from_millis(200));
-        bar
-    });
+    let mut progress = std::io::stderr()
+        .is_terminal()
+        .then(|| FeedProgress::start(feed.length(), args.max_batches, runtime));
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let step = Duration::from_secs_f64(args.step_ms.max(0.0) / 1e3);
     let mut delivered = 0u64;
-    let mut last_progress = Instant::now();
     while args.max_batches.is_none_or(|max| delivered < max) {
         if let Some(stop) = super::signals::requested() {
             if let Some(path) = &args.save_checkpoint {
@@ -354,27 +351,15 @@ pub fn run(session: &Session, args: &FeedArgs) -> anyhow::Result<()> {
         {
             save_checkpoint(&feed, path)?;
         }
-        if let Some(bar) = &progress
-            && last_progress.elapsed() > Duration::from_millis(200)
-        {
-            last_progress = Instant::now();
-            let report = feed.report();
-            bar.set_message(format!(
-                "{} batches, {} rows, {:.0} rows/s, waited {:.1}%",
-                report.batches,
-                report.rows,
-                report.rows_per_s(),
-                100.0 * report.wait_frac()
-            ));
+        if let Some(progress) = &mut progress {
+            progress.update(delivered, || feed.report());
         }
     }
     if let Some(path) = &args.save_checkpoint {
         save_checkpoint(&feed, path)?;
     }
     let report = feed.report();
-    if let Some(bar) = progress {
-        bar.finish_and_clear();
-    }
+    drop(progress);
     if args.explain_analyze {
         for (epoch, plan) in feed.epoch_plans() {
             writeln!(out, "epoch {epoch}:\n{plan}")?;

@@ -320,7 +320,7 @@ fn feed_until_stopped(
     };
     // The loop blocks, so it runs here, outside the runtime: dropping the
     // feed then waits for its threads (and their cleanup).
-    match feed::run(&session, args) {
+    match feed::run(&session, args, runtime.handle()) {
         Ok(()) => Ok(Ended::Finished(ExitCode::SUCCESS)),
         Err(e) => match e.downcast_ref::<signals::Stopped>() {
             Some(signals::Stopped(stop)) => Ok(Ended::Stopped(*stop)),

@@ -1,12 +1,14 @@
-//! The progress bar of long queries: files and bytes read of the total, rows/s.
+//! The progress bars of long queries (files and bytes read of the total,
+//! rows/s) and of `sqlfeed feed` (batches of the run's total, rows/s, the
+//! loop's wait).
 //!
-//! Drawn on stderr only when stderr is a terminal and only once a query has
-//! run for [`SHOW_AFTER`] (or `$SQLFEED_PROGRESS_DELAY_MS`), so quick queries
-//! and piped output see nothing.
+//! Drawn on stderr only when stderr is a terminal; a query's only once it
+//! has run for [`SHOW_AFTER`] (or `$SQLFEED_PROGRESS_DELAY_MS`), so quick
+//! queries and piped output see nothing.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use datafusion::common::runtime::SpawnedTask;
@@ -16,6 +18,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::ExecutionPlan;
 use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use crate::feed::{FeedLength, FeedReport};
 use crate::session::IoCounters;
 
 /// A query shorter than this shows no bar.
@@ -140,4 +143,97 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.bar.finish_and_clear();
     }
+}
+
+/// Refresh interval of the feed's bar.
+const FEED_TICK: Duration = Duration::from_millis(200);
+
+/// The progress bar of `sqlfeed feed`: a spinner until the run's batches
+/// are counted (in the background, so the first batch never waits for the
+/// count), then a bar of them. Cleared when dropped.
+pub struct FeedProgress {
+    bar: ProgressBar,
+    /// The run's batches, once counted (`None`: not countable).
+    total: Option<mpsc::Receiver<Option<u64>>>,
+    /// The last redraw.
+    drawn: Instant,
+}
+
+impl FeedProgress {
+    /// A bar on stderr for a run of `length` capped at `max_batches`,
+    /// counted on `runtime`.
+    pub fn start(
+        length: FeedLength,
+        max_batches: Option<u64>,
+        runtime: &tokio::runtime::Handle,
+    ) -> Self {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {pos} batches, {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(FEED_TICK);
+        let (sender, total) = mpsc::channel();
+        runtime.spawn(async move {
+            let counted = match length.rows_per_epoch().await {
+                Ok(rows) => length.batches_in_run(rows),
+                Err(e) => {
+                    log::debug!("the feed's progress bar has no total: {e}");
+                    None
+                }
+            };
+            let total = match (counted, max_batches) {
+                (Some(counted), Some(max)) => Some(counted.min(max)),
+                (counted, max) => counted.or(max),
+            };
+            // The bar may be gone already.
+            let _ = sender.send(total);
+        });
+        Self {
+            bar,
+            total: Some(total),
+            drawn: Instant::now(),
+        }
+    }
+
+    /// Shows `delivered` batches and the feed's `report`, at most every
+    /// [`FEED_TICK`].
+    pub fn update(&mut self, delivered: u64, report: impl FnOnce() -> FeedReport) {
+        if let Some(total) = self.total.as_ref().and_then(|r| r.try_recv().ok()) {
+            self.total = None;
+            if let Some(total) = total {
+                self.bar.set_length(total);
+                self.bar.set_style(
+                    ProgressStyle::with_template(
+                        "{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} batches, \
+                         {msg} (ETA {eta})",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+            }
+        }
+        if self.drawn.elapsed() < FEED_TICK {
+            return;
+        }
+        self.drawn = Instant::now();
+        self.bar.set_position(delivered);
+        self.bar.set_message(feed_message(&report()));
+    }
+}
+
+impl Drop for FeedProgress {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// Rows, rows/s and the loop's wait of a feed's `report`.
+fn feed_message(report: &FeedReport) -> String {
+    format!(
+        "{} rows, {:.0} rows/s, waited {:.1}%",
+        report.rows,
+        report.rows_per_s(),
+        100.0 * report.wait_frac()
+    )
 }

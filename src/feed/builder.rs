@@ -17,6 +17,7 @@ use super::checkpoint::{
 };
 use super::columns::ColumnSpec;
 use super::epoch_cache::EpochCache;
+use super::length::FeedLength;
 use super::metrics::FeedMetrics;
 use super::producer::Producer;
 use super::source::EpochSource;
@@ -229,6 +230,22 @@ impl FeedBuilder {
     ) -> Self {
         self.checkpoint = Some((checkpoint, on_data_change));
         self
+    }
+
+    /// What the number of batches of the feed depends on; after `build`,
+    /// with a checkpoint resolved ([`Feed::length`]).
+    pub fn length(&self) -> FeedLength {
+        FeedLength {
+            session: self.session.clone(),
+            sql: self.sql.clone(),
+            batch_size: self.batch_size,
+            world: self.world,
+            drop_last: self.drop_last,
+            token_budget: self.token_budget.is_some(),
+            end_epoch: self.epochs,
+            resume: self.resume,
+            skipped_steps: self.skipped_steps.clone(),
+        }
     }
 
     /// The SQL as the user wrote it (before Delta versions were pinned):
@@ -464,6 +481,7 @@ impl FeedBuilder {
             self.query_sql().to_string(),
         ));
         let sampler = timeline.start(format!("{thread_name}-timeline"))?;
+        let length = self.length();
         let producer = Producer {
             source,
             options: self,
@@ -492,6 +510,7 @@ impl FeedBuilder {
             finished: false,
             waiting_since: None,
             checkpoint,
+            length,
         };
         drop(pool);
         // Planning errors (bad SQL, missing files, untensorable columns) are

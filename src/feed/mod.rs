@@ -60,6 +60,7 @@ mod columns;
 mod convert;
 mod epoch_cache;
 mod inputs;
+mod length;
 mod metrics;
 mod mixture;
 mod order;
@@ -84,6 +85,7 @@ pub use checkpoint::{
 };
 pub use columns::ColumnSpec;
 pub use inputs::{input_files, input_files_at};
+pub use length::FeedLength;
 pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
 pub use provenance::{BatchOrigins, RowOrigin};
@@ -153,6 +155,8 @@ pub struct Feed {
     /// The checkpoint after the batch last handed over (`None` for an
     /// explain's internal feed).
     checkpoint: Option<Checkpoint>,
+    /// What the number of batches depends on.
+    length: FeedLength,
 }
 
 impl std::fmt::Debug for Feed {
@@ -203,6 +207,12 @@ impl Feed {
     /// The tensors every batch has, in order.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
+    }
+
+    /// How many batches this feed hands over, once the rows of an epoch are
+    /// counted ([`FeedLength::rows_per_epoch`]): a progress bar's total.
+    pub fn length(&self) -> FeedLength {
+        self.length.clone()
     }
 
     /// The metrics so far.

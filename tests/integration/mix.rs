@@ -314,6 +314,35 @@ fn a_resumed_feed_gives_the_same_batches_and_epochs_differ() -> Result<()> {
     Ok(())
 }
 
+/// A mixture's rows are known once it is planned: `count(*)` is answered
+/// from its plan without running a pass, and a feed over it knows its length.
+#[tokio::test]
+async fn a_mixtures_count_comes_from_its_plan() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mix = mixture(dir.path(), "SEED 4")?;
+    let session = session(2, 64)?;
+    let count = format!("SELECT count(*) FROM ({mix})");
+    assert_eq!(rows(&collect(&session, &count).await?), vec![vec!["400"]]);
+    let explained = rows(&collect(&session, &format!("EXPLAIN {count}")).await?);
+    let physical = explained
+        .iter()
+        .find(|row| row[0] == "physical_plan")
+        .expect("EXPLAIN has a physical plan");
+    assert!(!physical[1].contains("MixExec"), "{}", physical[1]);
+
+    // 400 rows in steps of 30 × 2 ranks: 7 a rank, the last one padded.
+    let length = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+        .batch_size(30)
+        .shard(1, 2)
+        .epochs(3)
+        .length();
+    let epoch_rows = length.rows_per_epoch().await?;
+    assert_eq!(epoch_rows, 400);
+    assert_eq!(length.batches_per_epoch(epoch_rows), Some(7));
+    assert_eq!(length.batches_in_run(epoch_rows), Some(21));
+    Ok(())
+}
+
 #[test]
 fn feeds_that_would_undo_a_mixture_are_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -99,6 +99,55 @@ fn progress_bar_on_a_terminal_only() -> Result<(), rexpect::error::Error> {
     Ok(())
 }
 
+#[test]
+fn feed_progress_bar_counts_the_run_on_a_terminal_only()
+-> Result<(), rexpect::error::Error> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    gen_data(dir.path(), 3000, 2).expect("data");
+    let query = format!("SELECT f0 AS x FROM '{}/*.parquet'", dir.path().display());
+    // 3,000 rows in batches of 100, two epochs from epoch 0 step 10: 20 + 30
+    // batches, counted while the feed runs; 30 ms a step keeps it on screen.
+    let feed_args = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "feed",
+            query.as_str(),
+            "--batch-size",
+            "100",
+            "--epochs",
+            "2",
+            "--resume",
+            "0:10",
+            "--step-ms",
+            "30",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
+    };
+    let mut command = sqlfeed_in_columns(160);
+    command.args(feed_args(&[]));
+    let mut p = spawn_command(command, Some(60_000))?;
+    p.exp_regex(r"[0-9]+/50 batches, [0-9]+ rows, [0-9]+ rows/s, waited [0-9.]+%")?;
+    p.exp_string("50 batches, 5000 rows in")?;
+    p.exp_eof()?;
+
+    // --max-batches caps the total.
+    let mut command = sqlfeed_in_columns(160);
+    command.args(feed_args(&["--max-batches", "25"]));
+    let mut p = spawn_command(command, Some(60_000))?;
+    p.exp_regex(r"[0-9]+/25 batches")?;
+    p.exp_eof()?;
+
+    // Piped stderr: no bar.
+    let (ok, _, err) = run(sqlfeed().args(feed_args(&[])));
+    assert!(ok, "{err}");
+    assert!(!err.contains("/50 batches"), "{err}");
+    assert!(err.contains("50 batches, 5000 rows in"), "{err}");
+    Ok(())
+}
+
 /// `text` as rexpect reads it: one `char` per byte of its UTF-8 (`…` is 3).
 fn as_read(text: &str) -> String {
     text.bytes().map(char::from).collect()

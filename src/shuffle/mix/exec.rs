@@ -48,7 +48,8 @@ use datafusion::arrow::array::{Array, ArrayRef};
 use datafusion::arrow::compute::interleave;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::{exec_err, internal_err};
+use datafusion::common::stats::Precision;
+use datafusion::common::{Statistics, exec_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
@@ -56,6 +57,7 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::{
     RecordBatchReceiverStream, RecordBatchStreamAdapter,
 };
@@ -279,6 +281,21 @@ impl ExecutionPlan for MixExec {
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
+    }
+
+    /// The epoch's rows are known when the mixture is planned: a
+    /// `count(*)` of a mixture (a feed's `len()`, its progress bar's total)
+    /// costs its planning, not its passes.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let rows = self.sources.iter().map(|s| s.take).sum::<u64>();
+        let mut statistics = Statistics::new_unknown(&self.schema);
+        statistics.num_rows =
+            usize::try_from(rows).map_or(Precision::Absent, Precision::Exact);
+        Ok(Arc::new(statistics))
     }
 }
 

@@ -22,9 +22,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::common::plan_err;
 use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{ScalarValue, plan_err};
 use datafusion::common::{internal_err, plan_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -100,15 +100,7 @@ async fn count_rows(
         .build()?;
     let plan = session.create_physical_plan(&counting).await?;
     let batches = collect(plan, session.task_ctx()).await?;
-    let value = batches
-        .first()
-        .filter(|b| b.num_rows() == 1)
-        .map(|b| ScalarValue::try_from_array(b.column(0), 0))
-        .transpose()?;
-    match value {
-        Some(ScalarValue::Int64(Some(rows))) => Ok(rows.max(0) as u64),
-        other => internal_err!("count(*) of a mixture source gave {other:?}"),
-    }
+    crate::exec::counted_rows(&batches, "a mixture source")
 }
 
 /// A source's rows as they enter its row-wise functions, and the functions.
