@@ -39,6 +39,8 @@ def _feed(session, ids_data, **options):
 def test_every_batch_holds_the_shares_and_a_state_dict_resumes_it(session, ids_data):
     require("numpy", "numpy")
     feed = _feed(session, ids_data)
+    # A mixture's rows are known from its plan: 200 rows, batches of 8.
+    assert len(feed) == 25
     it = iter(feed)
     first = [next(it)["id"].tolist() for _ in range(10)]
     state = feed.state_dict()

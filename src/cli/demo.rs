@@ -113,7 +113,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         bucket_by_length: None,
         drop_last: true,
         prefetch: 8,
-        device: "auto".into(),
+        device: crate::device::Device::auto(),
         epochs: 2,
         shuffle_seed: Some(42),
         order_lanes: None,

@@ -3,9 +3,11 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use datafusion::error::DataFusionError;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::progress::FeedProgress;
@@ -38,8 +40,8 @@ pub struct FeedArgs {
     #[arg(long, default_value_t = 16)]
     pub prefetch: usize,
     /// auto, cpu, cuda or cuda:N.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
+    #[arg(long, default_value = "auto", value_parser = parsed::<Device>)]
+    pub device: Device,
     /// Number of epochs.
     #[arg(long, default_value_t = 1)]
     pub epochs: u64,
@@ -51,8 +53,8 @@ pub struct FeedArgs {
     #[arg(long, value_name = "LANES")]
     pub order_lanes: Option<usize>,
     /// This process's data-parallel shard, as RANK/WORLD (e.g. 0/8).
-    #[arg(long, value_name = "RANK/WORLD")]
-    pub shard: Option<String>,
+    #[arg(long, value_name = "RANK/WORLD", value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
     /// Materialise the query's result once in the epoch cache (--cache-dir)
     /// and read every epoch from it: decoding and preprocessing run once,
     /// the shuffle still differs per epoch. Later runs reuse the entry.
@@ -65,13 +67,18 @@ pub struct FeedArgs {
     pub run_id: Option<String>,
     /// Resume at EPOCH:STEP of a checkpoint of the same world size and
     /// batch size.
-    #[arg(long, value_name = "EPOCH:STEP", conflicts_with = "resume_rows")]
-    pub resume: Option<String>,
+    #[arg(
+        long,
+        value_name = "EPOCH:STEP",
+        conflicts_with = "resume_rows",
+        value_parser = parse_resume
+    )]
+    pub resume: Option<(u64, u64)>,
     /// Resume EPOCH after ROWS rows of its order, consumed by all ranks
     /// together under any world size and batch size (the `resume_rows=`
     /// that --digest prints after each batch): elastic resume.
-    #[arg(long, value_name = "EPOCH:ROWS")]
-    pub resume_rows: Option<String>,
+    #[arg(long, value_name = "EPOCH:ROWS", value_parser = parse_resume_rows)]
+    pub resume_rows: Option<(u64, u64)>,
     /// Resume from a checkpoint file that --save-checkpoint (or Python's
     /// `json.dump(feed.state_dict())`) wrote, under this run's shard and
     /// batch settings, which may differ from the checkpoint's. Another
@@ -82,8 +89,13 @@ pub struct FeedArgs {
     /// checkpoint: `error` (refuse, naming the files), `restart_epoch`
     /// (start the checkpoint's epoch anew), `continue` (go on over added
     /// files: the rows not yet consumed plus the new ones).
-    #[arg(long, value_name = "WHAT", requires = "resume_from")]
-    pub on_data_change: Option<String>,
+    #[arg(
+        long,
+        value_name = "WHAT",
+        requires = "resume_from",
+        value_parser = parsed::<OnDataChange>
+    )]
+    pub on_data_change: Option<OnDataChange>,
     /// Write where the feed is to FILE (JSON, the format of Python's
     /// `state_dict()`) when the run stops — at the end, after
     /// --max-batches, on Ctrl-C or SIGTERM — and every --checkpoint-every
@@ -95,23 +107,23 @@ pub struct FeedArgs {
     pub checkpoint_every: Option<u64>,
     /// Leave out global steps S1,S2,… of EPOCH (a loss spike's batches);
     /// every other batch stays where it was. Repeatable.
-    #[arg(long, value_name = "EPOCH:S1,S2,…")]
-    pub skip_steps: Vec<String>,
+    #[arg(long, value_name = "EPOCH:S1,S2,…", value_parser = parse_steps)]
+    pub skip_steps: Vec<(u64, Vec<u64>)>,
     /// Print where each row of the batch at EPOCH:STEP (of RANK, default
     /// this --shard's) came from — its Parquet file, row group and row —
     /// without running the query's preprocessing, instead of running the
     /// feed.
-    #[arg(long, value_name = "EPOCH:STEP[:RANK]")]
-    pub explain: Option<String>,
+    #[arg(long, value_name = "EPOCH:STEP[:RANK]", value_parser = parse_position)]
+    pub explain: Option<(u64, u64, Option<usize>)>,
     /// Simulated training step: sleep this long after each batch.
-    #[arg(long, default_value_t = 0.0, value_name = "MS")]
+    #[arg(long, default_value_t = 0.0, value_name = "MS", value_parser = parse_step_ms)]
     pub step_ms: f64,
     /// How a column becomes a tensor: NAME:dtype=float32,shape=3x32x32,
     /// scale=1/255,offset=0,pad_to=128,pad_value=0,fill_null=0; timestamps,
     /// dates and durations also unit=s|ms|us|ns (e.g. t:dtype=float64,unit=s
     /// for epoch seconds with the fraction). Repeatable.
-    #[arg(long = "tensor", value_name = "SPEC")]
-    pub tensors: Vec<String>,
+    #[arg(long = "tensor", value_name = "SPEC", value_parser = parse_tensor)]
+    pub tensors: Vec<(String, ColumnSpec)>,
     /// Stop after this many batches.
     #[arg(long, value_name = "N")]
     pub max_batches: Option<u64>,
@@ -134,48 +146,84 @@ pub struct FeedArgs {
     pub result_json: bool,
 }
 
-fn parse_pair(text: &str, separator: char, what: &str) -> anyhow::Result<(u64, u64)> {
-    let parsed = text
-        .split_once(separator)
-        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)));
-    parsed.with_context(|| {
-        format!("{what} '{text}' should look like A{separator}B, e.g. 1{separator}8")
-    })
+// The value parsers of the options: each option is checked once, when the
+// command line is parsed, and a bad value is a usage error naming it.
+
+/// A value of one of sqlfeed's `FromStr` types; the error is its message,
+/// without DataFusion's prefix ("Error during planning: ").
+fn parsed<T: FromStr<Err = DataFusionError>>(text: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|e: DataFusionError| e.message().into_owned())
 }
 
-/// `(rank, world)` of `--shard` (default 0/1).
-fn parse_shard(args: &FeedArgs) -> anyhow::Result<(usize, usize)> {
-    match &args.shard {
-        Some(shard) => {
-            let (rank, world) = parse_pair(shard, '/', "--shard")?;
-            Ok((rank as usize, world as usize))
-        }
-        None => Ok((0, 1)),
-    }
+fn parse_pair(text: &str, separator: char, what: &str) -> Result<(u64, u64), String> {
+    text.split_once(separator)
+        .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
+        .ok_or_else(|| {
+            format!("{what} '{text}' should look like A{separator}B, e.g. 1{separator}8")
+        })
+}
+
+/// `RANK/WORLD` of `--shard`.
+fn parse_shard(text: &str) -> Result<(usize, usize), String> {
+    let (rank, world) = parse_pair(text, '/', "--shard")?;
+    let too_large = |n: u64| format!("--shard '{text}': {n} is too large");
+    Ok((
+        usize::try_from(rank).map_err(|_| too_large(rank))?,
+        usize::try_from(world).map_err(|_| too_large(world))?,
+    ))
+}
+
+/// `EPOCH:STEP` of `--resume`.
+fn parse_resume(text: &str) -> Result<(u64, u64), String> {
+    parse_pair(text, ':', "--resume")
+}
+
+/// `EPOCH:ROWS` of `--resume-rows`.
+fn parse_resume_rows(text: &str) -> Result<(u64, u64), String> {
+    parse_pair(text, ':', "--resume-rows")
 }
 
 /// `EPOCH:S1,S2,…` of `--skip-steps`.
-fn parse_steps(text: &str) -> anyhow::Result<(u64, Vec<u64>)> {
+fn parse_steps(text: &str) -> Result<(u64, Vec<u64>), String> {
     let parsed = text.split_once(':').and_then(|(epoch, steps)| {
         let steps: Option<Vec<u64>> =
             steps.split(',').map(|s| s.trim().parse().ok()).collect();
         Some((epoch.trim().parse().ok()?, steps?))
     });
-    parsed.with_context(|| {
+    parsed.ok_or_else(|| {
         format!("--skip-steps '{text}' should look like EPOCH:S1,S2,…, e.g. 1:300,301")
     })
 }
 
 /// `EPOCH:STEP[:RANK]` of `--explain`.
-fn parse_position(text: &str) -> anyhow::Result<(u64, u64, Option<usize>)> {
+fn parse_position(text: &str) -> Result<(u64, u64, Option<usize>), String> {
     let parts: Option<Vec<u64>> =
         text.split(':').map(|p| p.trim().parse().ok()).collect();
     match parts.as_deref() {
         Some([epoch, step]) => Ok((*epoch, *step, None)),
-        Some([epoch, step, rank]) => Ok((*epoch, *step, Some(*rank as usize))),
-        _ => bail!(
+        Some([epoch, step, rank]) => match usize::try_from(*rank) {
+            Ok(rank) => Ok((*epoch, *step, Some(rank))),
+            Err(_) => Err(format!("--explain '{text}': rank {rank} is too large")),
+        },
+        _ => Err(format!(
             "--explain '{text}' should look like EPOCH:STEP or EPOCH:STEP:RANK, e.g. 0:41:3"
-        ),
+        )),
+    }
+}
+
+/// `NAME:dtype=…,shape=…` of `--tensor`.
+fn parse_tensor(text: &str) -> Result<(String, ColumnSpec), String> {
+    ColumnSpec::parse_named(text).map_err(|e| e.message().into_owned())
+}
+
+/// Milliseconds of `--step-ms`: a number, not negative.
+fn parse_step_ms(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(ms) if ms >= 0.0 && ms.is_finite() => Ok(ms),
+        _ => Err(format!(
+            "--step-ms '{text}' must be a non-negative number of milliseconds"
+        )),
     }
 }
 
@@ -220,7 +268,6 @@ pub fn run(
     args: &FeedArgs,
     runtime: &tokio::runtime::Handle,
 ) -> anyhow::Result<()> {
-    let device: Device = args.device.parse()?;
     let mut builder = Feed::builder(session, args.sql.clone())
         .batch_size(args.batch_size)
         .drop_last(args.drop_last)
@@ -234,7 +281,7 @@ pub fn run(
                 .or_else(|| std::env::var("TORCHELASTIC_RUN_ID").ok())
                 .unwrap_or_default(),
         )
-        .device(device);
+        .device(args.device);
     if let Some(seed) = args.shuffle_seed {
         builder = builder.shuffle(seed);
     }
@@ -247,14 +294,12 @@ pub fn run(
     if let Some(window) = args.bucket_by_length {
         builder = builder.bucket_by_length(window);
     }
-    let (rank, world) = parse_shard(args)?;
+    let (rank, world) = args.shard.unwrap_or((0, 1));
     builder = builder.shard(rank, world);
-    if let Some(resume) = &args.resume {
-        let (epoch, step) = parse_pair(resume, ':', "--resume")?;
+    if let Some((epoch, step)) = args.resume {
         builder = builder.resume_at(epoch, step);
     }
-    if let Some(resume) = &args.resume_rows {
-        let (epoch, rows) = parse_pair(resume, ':', "--resume-rows")?;
+    if let Some((epoch, rows)) = args.resume_rows {
         let chunk = (args.batch_size * world).max(1) as u64;
         builder = builder.resume_after_rows(epoch, rows, rows / chunk);
     }
@@ -268,22 +313,16 @@ pub fn run(
         // Bytes that are not text are not a checkpoint either: say that.
         let json = String::from_utf8_lossy(&bytes);
         let checkpoint = Checkpoint::from_json(&json, &path.display().to_string())?;
-        let on_data_change: OnDataChange = match &args.on_data_change {
-            Some(what) => what.parse()?,
-            None => OnDataChange::Error,
-        };
+        let on_data_change = args.on_data_change.unwrap_or(OnDataChange::Error);
         builder = builder.resume_from(checkpoint, on_data_change);
     }
-    for skip in &args.skip_steps {
-        let (epoch, steps) = parse_steps(skip)?;
-        builder = builder.skip_steps(epoch, steps);
+    for (epoch, steps) in &args.skip_steps {
+        builder = builder.skip_steps(*epoch, steps.iter().copied());
     }
-    for spec in &args.tensors {
-        let (name, spec) = ColumnSpec::parse_named(spec)?;
-        builder = builder.column(name, spec);
+    for (name, spec) in &args.tensors {
+        builder = builder.column(name.clone(), spec.clone());
     }
-    if let Some(position) = &args.explain {
-        let (epoch, step, explained_rank) = parse_position(position)?;
+    if let Some((epoch, step, explained_rank)) = args.explain {
         let explained = explained_rank.unwrap_or(rank);
         if explained >= world {
             bail!(
@@ -467,12 +506,4 @@ fn result_json(report: &FeedReport, step_ms: f64, epoch_seconds: &[f64]) -> Stri
     json.push_str(&format!(", \"epoch_s\": [{}]", epochs.join(", ")));
     json.push('}');
     json
-}
-
-/// Rejects options that only make sense together.
-pub fn check(args: &FeedArgs) -> anyhow::Result<()> {
-    if args.step_ms.is_nan() || args.step_ms < 0.0 {
-        bail!("--step-ms must be a non-negative number of milliseconds");
-    }
-    Ok(())
 }

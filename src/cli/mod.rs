@@ -262,7 +262,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime.block_on(server.run(session_builder(&cli), cli.memory_limit))
         }
         Some(SubCommand::Feed(args)) => {
-            feed::check(args)?;
             let ended = feed_until_stopped(&runtime, &cli, args)?;
             report_end(runtime, ended)
         }

@@ -227,6 +227,57 @@ fn unknown_command_and_bad_memory_limit_are_errors() {
     assert!(err.contains("invalid memory size 'lots'"), "{err}");
 }
 
+/// Feed options are checked when the command line is parsed, before any
+/// file is read: each bad value is a usage error naming its option.
+#[test]
+fn bad_feed_options_are_usage_errors_naming_the_option() {
+    for (option, value, says) in [
+        ("--shard", "3", "--shard '3' should look like A/B, e.g. 1/8"),
+        ("--resume", "1-2", "--resume '1-2' should look like A:B"),
+        (
+            "--resume-rows",
+            "x:1",
+            "--resume-rows 'x:1' should look like A:B",
+        ),
+        (
+            "--device",
+            "tpu",
+            "unknown device 'tpu': expected auto, cpu, cuda or cuda:N",
+        ),
+        (
+            "--step-ms",
+            "-1",
+            "--step-ms '-1' must be a non-negative number",
+        ),
+        (
+            "--step-ms",
+            "NaN",
+            "--step-ms 'NaN' must be a non-negative number",
+        ),
+        ("--tensor", "x", "tensor option 'x' should look like"),
+        (
+            "--explain",
+            "1",
+            "--explain '1' should look like EPOCH:STEP",
+        ),
+    ] {
+        // `--option=value`: `--step-ms -1` would be taken for a flag.
+        let (ok, _, err) = run(sqlfeed().args([
+            "feed",
+            "SELECT 1 AS x FROM 'no/such/*.parquet'",
+            &format!("{option}={value}"),
+        ]));
+        assert!(!ok, "{option} {value} was accepted");
+        assert!(
+            err.contains(&format!("invalid value '{value}' for '{option}"))
+                && err.contains(says),
+            "{option} {value}: {err}"
+        );
+        // A usage error: nothing was planned, so the missing files go unsaid.
+        assert!(!err.contains("no/such"), "{option} {value}: {err}");
+    }
+}
+
 #[test]
 fn gen_is_byte_identical_for_a_seed() -> Result<()> {
     let dir = tempfile::tempdir()?;
