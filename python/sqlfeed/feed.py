@@ -329,6 +329,12 @@ class Feed:
         return self._step
 
     @property
+    def epochs(self) -> int | None:
+        """The feed's epochs in all (``epochs=``), whose end one pass runs
+        to; ``None``: each pass runs one epoch."""
+        return self._epochs
+
+    @property
     def rank(self) -> int:
         return self._rank
 

@@ -13,15 +13,16 @@ so :class:`FeedMeter` takes the difference between two of them::
 
 ``sqlfeed.torch.log_to_tensorboard(writer, feed, step)`` writes the same
 numbers to a ``SummaryWriter``, ``sqlfeed.lightning.FeedMetrics`` logs them
-from a Lightning ``Trainer``, and :func:`write_prometheus` writes the totals
-in Prometheus' text format for node_exporter's textfile collector.
+from a Lightning ``Trainer``, :func:`write_prometheus` writes the totals
+in Prometheus' text format for node_exporter's textfile collector, and
+:func:`progress` iterates a feed under a tqdm bar with its rows/s and wait.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sqlfeed.feed import Feed
@@ -139,3 +140,47 @@ def _meter_for(feed: Feed, owner: Any) -> FeedMeter:
         kept = (owner, FeedMeter(feed, from_start=True))
         meters[id(owner)] = kept
     return kept[1]
+
+
+def progress(feed: Feed, *, every: int = 10, **tqdm_options: Any) -> Iterator[Any]:
+    """Iterates one pass of ``feed`` (as ``for batch in feed`` does) under
+    a tqdm progress bar: its total the pass's batches on this rank (from
+    ``len(feed)``, which counts the query's rows; none under
+    ``batch_tokens``), its postfix the rows/s and the share of time the
+    loop waited for a batch, over the last ``every`` batches. As tqdm's
+    bars are, it is off when its output is not a terminal; ``tqdm_options``
+    go to ``tqdm.auto.tqdm`` (``desc``, ``file``, ``disable``, ``leave`` …).
+    Needs tqdm (Lightning installs it)."""
+    from tqdm.auto import tqdm
+
+    if every < 1:
+        raise ValueError(f"every={every}: must be at least 1 batch")
+    options: dict[str, Any] = {"unit": "batch", "disable": None}
+    options.update(tqdm_options)
+    if "total" not in options:
+        options["total"] = _pass_batches(feed)
+    meter = FeedMeter(feed)
+    with tqdm(**options) as bar:
+        for taken, batch in enumerate(feed, start=1):
+            if taken % every == 0:
+                interval = meter.sample()
+                bar.set_postfix(
+                    {
+                        "rows/s": f"{interval['rows_per_s']:.0f}",
+                        "waited": f"{100 * interval['wait_share']:.1f}%",
+                    },
+                    refresh=False,
+                )
+            bar.update()
+            yield batch
+
+
+def _pass_batches(feed: Feed) -> int | None:
+    """This rank's batches in the feed's next pass: the rest of the current
+    epoch, then whole ones to the feed's last; ``None`` when unknown."""
+    try:
+        per_epoch = len(feed)
+    except TypeError:  # a token budget: batch sizes depend on the rows
+        return None
+    epochs = 1 if feed.epochs is None else max(feed.epochs - feed.epoch, 0)
+    return max(per_epoch * epochs - feed.step, 0)

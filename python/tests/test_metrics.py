@@ -4,11 +4,12 @@ Prometheus. The numbers are read back by the tools' own readers."""
 
 from __future__ import annotations
 
+import io
 import re
 
 from conftest import require
 
-from sqlfeed.metrics import FeedMeter, prometheus_text, write_prometheus
+from sqlfeed.metrics import FeedMeter, progress, prometheus_text, write_prometheus
 
 BATCH = 64  # 1000 ids: 16 batches per epoch
 
@@ -151,3 +152,36 @@ def test_the_timeline_names_a_slow_loop_and_writes_one_page(session, ids_data, t
     # The pass is over: the verdict stays what it was.
     time.sleep(0.2)
     assert feed.timeline() == verdict
+
+
+def test_progress_counts_the_pass_and_shows_rows_per_s_and_the_wait(session, ids_data):
+    require("numpy", "numpy")
+    require("tqdm", "tqdm")
+    feed = _feed(session, ids_data, epochs=2)
+    out = io.StringIO()
+    # Off when the output is not a terminal, as tqdm's bars are.
+    assert len(list(progress(feed, file=out))) == 32
+    assert out.getvalue() == ""
+    # Shown: a pass of two epochs of 16 batches, resumed at epoch 0 step 5.
+    feed = _feed(session, ids_data, epochs=2)
+    it = iter(feed)
+    for _ in range(5):
+        next(it)
+    state = feed.state_dict()
+    resumed = _feed(session, ids_data, epochs=2)
+    resumed.load_state_dict(state)
+    batches = list(progress(resumed, file=out, disable=False, every=4, mininterval=0, ascii=True))
+    assert len(batches) == 27
+    last = out.getvalue().replace("\r", "\n").strip().splitlines()[-1]
+    assert re.search(r"27/27 \[", last), last
+    assert re.search(r"rows/s=[0-9]+, waited=[0-9.]+%", last), last
+    # A token budget has no total: a count, no bar.
+    tokens = session.feed(
+        f"SELECT [id] AS tokens FROM '{ids_data}/*.parquet'",
+        batch_tokens=256,
+        device="cpu",
+        format="numpy",
+    )
+    out = io.StringIO()
+    assert sum(1 for _ in progress(tokens, file=out, disable=False, mininterval=0)) > 0
+    assert "/" not in out.getvalue().replace("rows/s", "").replace("batch/s", "")
