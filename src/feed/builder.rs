@@ -245,6 +245,7 @@ impl FeedBuilder {
             end_epoch: self.epochs,
             resume: self.resume,
             skipped_steps: self.skipped_steps.clone(),
+            continued: self.appended.as_ref().map(|a| (a.epoch, a.rows)),
         }
     }
 

@@ -5,7 +5,9 @@
 //! and `W` ranks (`⌊…⌋` with `drop_last`): every rank gets the same number
 //! of batches (see the module docs of `crate::feed`). A run from epoch `e`
 //! at row `r` of its order is the rest of epoch `e` cut from `r` on, then
-//! whole epochs up to the last, less the steps it skips. Under a token
+//! whole epochs up to the last, less the steps it skips; an epoch continued
+//! over appended data has the rows its checkpoint had not consumed, plus the
+//! new ones (all the rows less those consumed). Under a token
 //! budget the steps depend on the rows' lengths: no length before the epoch
 //! runs.
 //!
@@ -35,6 +37,9 @@ pub struct FeedLength {
     pub(super) end_epoch: u64,
     pub(super) resume: (u64, EpochStart),
     pub(super) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
+    /// `(epoch, rows consumed before)` of an epoch continued over appended
+    /// data.
+    pub(super) continued: Option<(u64, u64)>,
 }
 
 impl FeedLength {
@@ -68,13 +73,23 @@ impl FeedLength {
                 true => (rows_before, first_step),
                 false => (0, 0),
             };
-            let steps = self.steps_after(rows, before)?;
+            let epoch_rows = match self.continued {
+                Some((continued, consumed)) if continued == epoch => {
+                    rows.saturating_sub(consumed)
+                }
+                _ => rows,
+            };
+            let steps = self.steps_after(epoch_rows, before)?;
             let skipped = self.skipped_steps.get(&epoch).map_or(0, |skipped| {
                 skipped.range(first..first.saturating_add(steps)).count() as u64
             });
             total = total.saturating_add(steps - skipped);
             // Every later epoch is alike: no need to walk a long run.
-            if epoch > first_epoch && !self.skipped_steps.keys().any(|e| *e > epoch) {
+            let alike = !self.skipped_steps.keys().any(|e| *e > epoch)
+                && self
+                    .continued
+                    .is_none_or(|(continued, _)| continued <= epoch);
+            if epoch > first_epoch && alike {
                 let later = self.end_epoch - epoch - 1;
                 return Some(total.saturating_add(later.saturating_mul(steps)));
             }
@@ -116,6 +131,7 @@ mod tests {
             end_epoch: 1,
             resume: (0, EpochStart::BEGIN),
             skipped_steps: BTreeMap::new(),
+            continued: None,
         }
     }
 
@@ -159,6 +175,24 @@ mod tests {
             (3, BTreeSet::from([4])),
         ]);
         assert_eq!(run.batches_in_run(95), Some(11));
+    }
+
+    #[test]
+    fn an_epoch_continued_over_appended_data_has_the_rows_not_consumed() {
+        let mut run = length(10, 1, false);
+        run.end_epoch = 2;
+        // 100 rows now, 40 of them consumed before the continuation: 60
+        // rows, 6 steps; after 20 of them, 4. Epoch 1 is whole again.
+        run.continued = Some((0, 40));
+        assert_eq!(run.batches_in_run(100), Some(16));
+        run.resume = (
+            0,
+            EpochStart::Rows {
+                rows: 20,
+                first_step: 2,
+            },
+        );
+        assert_eq!(run.batches_in_run(100), Some(14));
     }
 
     #[test]
