@@ -233,10 +233,28 @@ pub fn main() -> ExitCode {
             {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("Error: {e:#}");
+            eprintln!("Error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// `error` and its causes, each said once: a DataFusion error's message
+/// already holds its source's, which anyhow's `{:#}` would repeat (a
+/// missing column was named three times).
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if text.contains(message.as_str()) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
 }
 
 /// Runs the parsed command line.

@@ -227,6 +227,28 @@ fn unknown_command_and_bad_memory_limit_are_errors() {
     assert!(err.contains("invalid memory size 'lots'"), "{err}");
 }
 
+/// An error is said once, however many layers carried it (a missing column
+/// was named three times, each layer repeating its source's message), and
+/// an added context keeps what it adds.
+#[test]
+fn an_error_is_said_once_with_its_context() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), 100, 1)?;
+    let query = format!("SELECT image FROM '{}/*.parquet'", dir.path().display());
+    let (ok, _, err) = run(sqlfeed().args(["-c", &query]));
+    assert!(!ok);
+    assert_eq!(err.matches("No field named image").count(), 1, "{err}");
+    assert!(err.contains("Did you mean"), "{err}");
+    let missing = dir.path().join("none.sql");
+    let (ok, _, err) = run(sqlfeed().args(["-f", &missing.display().to_string()]));
+    assert!(!ok);
+    assert!(
+        err.contains("cannot read SQL file") && err.contains("No such file"),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// Feed options are checked when the command line is parsed, before any
 /// file is read: each bad value is a usage error naming its option.
 #[test]
