@@ -156,7 +156,11 @@ fn parsed<T: FromStr<Err = DataFusionError>>(text: &str) -> Result<T, String> {
         .map_err(|e: DataFusionError| e.message().into_owned())
 }
 
-fn parse_pair(text: &str, separator: char, what: &str) -> Result<(u64, u64), String> {
+fn parse_pair<T: FromStr>(
+    text: &str,
+    separator: char,
+    what: &str,
+) -> Result<(T, T), String> {
     text.split_once(separator)
         .and_then(|(a, b)| Some((a.trim().parse().ok()?, b.trim().parse().ok()?)))
         .ok_or_else(|| {
@@ -166,12 +170,7 @@ fn parse_pair(text: &str, separator: char, what: &str) -> Result<(u64, u64), Str
 
 /// `RANK/WORLD` of `--shard`.
 fn parse_shard(text: &str) -> Result<(usize, usize), String> {
-    let (rank, world) = parse_pair(text, '/', "--shard")?;
-    let too_large = |n: u64| format!("--shard '{text}': {n} is too large");
-    Ok((
-        usize::try_from(rank).map_err(|_| too_large(rank))?,
-        usize::try_from(world).map_err(|_| too_large(world))?,
-    ))
+    parse_pair(text, '/', "--shard")
 }
 
 /// `EPOCH:STEP` of `--resume`.
@@ -198,18 +197,24 @@ fn parse_steps(text: &str) -> Result<(u64, Vec<u64>), String> {
 
 /// `EPOCH:STEP[:RANK]` of `--explain`.
 fn parse_position(text: &str) -> Result<(u64, u64, Option<usize>), String> {
-    let parts: Option<Vec<u64>> =
-        text.split(':').map(|p| p.trim().parse().ok()).collect();
-    match parts.as_deref() {
-        Some([epoch, step]) => Ok((*epoch, *step, None)),
-        Some([epoch, step, rank]) => match usize::try_from(*rank) {
-            Ok(rank) => Ok((*epoch, *step, Some(rank))),
-            Err(_) => Err(format!("--explain '{text}': rank {rank} is too large")),
-        },
-        _ => Err(format!(
-            "--explain '{text}' should look like EPOCH:STEP or EPOCH:STEP:RANK, e.g. 0:41:3"
-        )),
-    }
+    let parts: Vec<&str> = text.split(':').map(str::trim).collect();
+    let parsed = match parts.as_slice() {
+        [epoch, step] => epoch
+            .parse()
+            .ok()
+            .zip(step.parse().ok())
+            .map(|(e, s)| (e, s, None)),
+        [epoch, step, rank] => epoch
+            .parse()
+            .ok()
+            .zip(step.parse().ok())
+            .zip(rank.parse().ok())
+            .map(|((e, s), r)| (e, s, Some(r))),
+        _ => None,
+    };
+    parsed.ok_or_else(|| {
+        format!("--explain '{text}' should look like EPOCH:STEP or EPOCH:STEP:RANK, e.g. 0:41:3")
+    })
 }
 
 /// `NAME:dtype=…,shape=…` of `--tensor`.

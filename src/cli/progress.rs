@@ -7,8 +7,8 @@
 //! queries and piped output see nothing.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use datafusion::common::runtime::SpawnedTask;
@@ -150,11 +150,10 @@ const FEED_TICK: Duration = Duration::from_millis(200);
 
 /// The progress bar of `sqlfeed feed`: a spinner until the run's batches
 /// are counted (in the background, so the first batch never waits for the
-/// count), then a bar of them. Cleared when dropped.
+/// count; the counting task turns it into a bar), then a bar of them.
+/// Cleared when dropped.
 pub struct FeedProgress {
     bar: ProgressBar,
-    /// The run's batches, once counted (`None`: not countable).
-    total: Option<mpsc::Receiver<Option<u64>>>,
     /// The last redraw.
     drawn: Instant,
 }
@@ -173,7 +172,7 @@ impl FeedProgress {
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
         bar.enable_steady_tick(FEED_TICK);
-        let (sender, total) = mpsc::channel();
+        let counted_bar = bar.clone();
         runtime.spawn(async move {
             let counted = match length.rows_per_epoch().await {
                 Ok(rows) => length.batches_in_run(rows),
@@ -186,24 +185,9 @@ impl FeedProgress {
                 (Some(counted), Some(max)) => Some(counted.min(max)),
                 (counted, max) => counted.or(max),
             };
-            // The bar may be gone already.
-            let _ = sender.send(total);
-        });
-        Self {
-            bar,
-            total: Some(total),
-            drawn: Instant::now(),
-        }
-    }
-
-    /// Shows `delivered` batches and the feed's `report`, at most every
-    /// [`FEED_TICK`].
-    pub fn update(&mut self, delivered: u64, report: impl FnOnce() -> FeedReport) {
-        if let Some(total) = self.total.as_ref().and_then(|r| r.try_recv().ok()) {
-            self.total = None;
             if let Some(total) = total {
-                self.bar.set_length(total);
-                self.bar.set_style(
+                counted_bar.set_length(total);
+                counted_bar.set_style(
                     ProgressStyle::with_template(
                         "{spinner} [{elapsed_precise}] [{bar:30}] {pos}/{len} batches, \
                          {msg} (ETA {eta})",
@@ -212,7 +196,16 @@ impl FeedProgress {
                     .progress_chars("=> "),
                 );
             }
+        });
+        Self {
+            bar,
+            drawn: Instant::now(),
         }
+    }
+
+    /// Shows `delivered` batches and the feed's `report`, at most every
+    /// [`FEED_TICK`].
+    pub fn update(&mut self, delivered: u64, report: impl FnOnce() -> FeedReport) {
         if self.drawn.elapsed() < FEED_TICK {
             return;
         }
