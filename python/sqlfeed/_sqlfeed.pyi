@@ -48,6 +48,24 @@ def raw_h2d_bytes_per_s(device: str, sizes: list[int], iters: int) -> float:
 def query_fingerprint(sql: str) -> str:
     """The short sha-256 of a feed's SQL that its checkpoints record."""
 
+def prometheus_text(
+    *,
+    rows: int,
+    batches: int,
+    bytes: int,
+    wall_s: float,
+    wait_s: float,
+    h2d_s: float,
+    prefetch: int,
+    epoch: int,
+    step: int,
+    labels: list[tuple[str, str]],
+) -> str:
+    """A feed's running totals with the next batch's ``epoch`` and ``step``
+    in Prometheus' text format, every sample labelled with ``labels``: the
+    formatter of the CLI's ``--prometheus``. A bad label name raises
+    :class:`PlanError`."""
+
 class Session:
     def __init__(
         self,

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from sqlfeed import _sqlfeed
 from sqlfeed.feed import Feed
 
 #: The running totals an interval is the difference of.
@@ -72,47 +73,26 @@ class FeedMeter:
         }
 
 
-#: (name, type, help, stats key) of the Prometheus metrics.
-_PROMETHEUS = (
-    ("sqlfeed_rows_total", "counter", "Rows the feed handed over.", "rows"),
-    ("sqlfeed_batches_total", "counter", "Batches the feed handed over.", "batches"),
-    ("sqlfeed_bytes_total", "counter", "Bytes of tensors the feed handed over.", "bytes"),
-    ("sqlfeed_running_seconds_total", "counter", "Seconds a pass of the feed ran.", "wall_s"),
-    (
-        "sqlfeed_wait_seconds_total",
-        "counter",
-        "Seconds the training loop waited for a batch.",
-        "wait_s",
-    ),
-    ("sqlfeed_h2d_seconds_total", "counter", "Seconds of host-to-device copies.", "h2d_s"),
-    ("sqlfeed_prefetch_batches", "gauge", "Batches the prefetch ring holds ahead.", "prefetch"),
-)
-
-
-def _label_value(value: object) -> str:
-    text = str(value)
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def prometheus_text(feed: Feed, labels: Mapping[str, object] | None = None) -> str:
     """The feed's running totals in Prometheus' text exposition format,
-    labelled with its ``rank`` and ``world`` and ``labels``."""
+    labelled with its ``rank`` and ``world`` and ``labels`` (the metrics of
+    the CLI's ``--prometheus``, from the same formatter). A label name that
+    Prometheus refuses is a :class:`sqlfeed.PlanError` naming it."""
     stats = feed.stats()
     all_labels: dict[str, object] = {"rank": feed.rank, "world": feed.world}
     all_labels.update(labels or {})
-    rendered = ",".join(f'{name}="{_label_value(value)}"' for name, value in all_labels.items())
-    lines = []
-    for name, kind, help_text, key in _PROMETHEUS:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{{{rendered}}} {float(stats[key])!r}")
-    for name, help_text, value in (
-        ("sqlfeed_epoch", "The epoch of the next batch.", feed.epoch),
-        ("sqlfeed_step", "The step (within the epoch) of the next batch.", feed.step),
-    ):
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        lines.append(f"{name}{{{rendered}}} {float(value)!r}")
-    return "\n".join(lines) + "\n"
+    return _sqlfeed.prometheus_text(
+        rows=stats["rows"],
+        batches=stats["batches"],
+        bytes=stats["bytes"],
+        wall_s=stats["wall_s"],
+        wait_s=stats["wait_s"],
+        h2d_s=stats["h2d_s"],
+        prefetch=stats["prefetch"],
+        epoch=feed.epoch,
+        step=feed.step,
+        labels=[(str(name), str(value)) for name, value in all_labels.items()],
+    )
 
 
 def write_prometheus(

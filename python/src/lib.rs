@@ -45,5 +45,6 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(session::query_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(tools::generate, m)?)?;
     m.add_function(wrap_pyfunction!(tools::raw_h2d_bytes_per_s, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::prometheus_text, m)?)?;
     Ok(())
 }

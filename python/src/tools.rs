@@ -44,3 +44,40 @@ pub(crate) fn raw_h2d_bytes_per_s(
     py.detach(|| sqlfeed::device::raw_h2d_bytes_per_s(device, &sizes, iters))
         .py_err()
 }
+
+/// A feed's running totals with the `epoch` and `step` of its next batch,
+/// in Prometheus' text format, every sample labelled with `labels` (in
+/// order): the formatter of the CLI's `--prometheus`, so both faces write
+/// the same metrics. A bad label name is a `PlanError` naming it.
+#[pyfunction]
+#[pyo3(signature = (*, rows, batches, bytes, wall_s, wait_s, h2d_s, prefetch, epoch, step, labels))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn prometheus_text(
+    rows: u64,
+    batches: u64,
+    bytes: u64,
+    wall_s: f64,
+    wait_s: f64,
+    h2d_s: f64,
+    prefetch: usize,
+    epoch: u64,
+    step: u64,
+    labels: Vec<(String, String)>,
+) -> PyResult<String> {
+    let report = sqlfeed::feed::FeedReport {
+        wall_s,
+        batches,
+        rows,
+        bytes,
+        wait_s,
+        h2d_s,
+        prefetch,
+        // Not exported: the first wait, conversion, stalls and padding.
+        first_wait_s: 0.0,
+        convert_s: 0.0,
+        stall_s: 0.0,
+        ttfb_s: None,
+        padding_frac: None,
+    };
+    sqlfeed::feed::prometheus_text(&report, epoch, step, &labels).py_err()
+}

@@ -7,8 +7,10 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from conftest import require
 
+import sqlfeed
 from sqlfeed.metrics import FeedMeter, progress, prometheus_text, write_prometheus
 
 BATCH = 64  # 1000 ids: 16 batches per epoch
@@ -89,6 +91,8 @@ def test_prometheus_text_holds_the_totals(session, ids_data, tmp_path):
     assert values["sqlfeed_step"] == 3
     assert values["sqlfeed_wait_seconds_total"] <= values["sqlfeed_running_seconds_total"]
     assert prometheus_text(feed).count("sqlfeed_epoch{") == 1
+    with pytest.raises(sqlfeed.PlanError, match="'job-name' is not a Prometheus label name"):
+        prometheus_text(feed, labels={"job-name": "x"})
 
 
 def test_a_lightning_callback_logs_through_the_trainers_logger(session, ids_data, tmp_path):

@@ -137,6 +137,9 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         explain_analyze: false,
         result_json: false,
         timeline: None,
+        prometheus: None,
+        prometheus_every: 15.0,
+        prometheus_label: vec![],
     };
     println!(
         "\ntraining feed, 2 epochs, SHUFFLE SEED 42, batches of 256, a simulated \

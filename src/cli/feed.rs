@@ -4,7 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use datafusion::error::DataFusionError;
@@ -141,6 +141,25 @@ pub struct FeedArgs {
     /// feed, which is also printed.
     #[arg(long, value_name = "PATH")]
     pub timeline: Option<PathBuf>,
+    /// Keep the feed's running totals (rows, batches, bytes, seconds run and
+    /// waited, epoch and step, labelled rank and world) in FILE in
+    /// Prometheus' text format, for node_exporter's textfile collector:
+    /// replaced whole every --prometheus-every seconds and at the end.
+    #[arg(long, value_name = "FILE")]
+    pub prometheus: Option<PathBuf>,
+    /// With --prometheus, how often the file is written.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 15.0,
+        requires = "prometheus",
+        value_parser = parse_interval
+    )]
+    pub prometheus_every: f64,
+    /// With --prometheus, a label every sample carries (e.g. job=pretrain).
+    /// Repeatable.
+    #[arg(long, value_name = "NAME=VALUE", requires = "prometheus", value_parser = parse_label)]
+    pub prometheus_label: Vec<(String, String)>,
     /// End with `RESULT {json}` (the line ../shared/bench/peers.py reads).
     #[arg(long)]
     pub result_json: bool,
@@ -230,6 +249,27 @@ fn parse_step_ms(text: &str) -> Result<f64, String> {
             "--step-ms '{text}' must be a non-negative number of milliseconds"
         )),
     }
+}
+
+/// `SECONDS` of `--prometheus-every`: positive and finite.
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds.is_finite() => Ok(seconds),
+        _ => Err(format!(
+            "--prometheus-every '{text}' must be a positive number of seconds"
+        )),
+    }
+}
+
+/// `NAME=VALUE` of `--prometheus-label`, with a Prometheus label name.
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| {
+        format!(
+            "--prometheus-label '{text}' should look like NAME=VALUE, e.g. job=pretrain"
+        )
+    })?;
+    crate::feed::check_label_name(name).map_err(|e| e.message().into_owned())?;
+    Ok((name.to_string(), value.to_string()))
 }
 
 /// One line per row of the explained batch, tab-separated under a header.
@@ -353,10 +393,22 @@ pub fn run(
     let mut out = stdout.lock();
     let step = Duration::from_secs_f64(args.step_ms.max(0.0) / 1e3);
     let mut delivered = 0u64;
+    let mut prometheus = args.prometheus.as_deref().map(|path| PrometheusFile {
+        path,
+        every: Duration::from_secs_f64(args.prometheus_every),
+        labels: &args.prometheus_label,
+        written: None,
+    });
     while args.max_batches.is_none_or(|max| delivered < max) {
+        if let Some(prometheus) = &mut prometheus {
+            prometheus.write_if_due(&feed)?;
+        }
         if let Some(stop) = super::signals::requested() {
             if let Some(path) = &args.save_checkpoint {
                 save_checkpoint(&feed, path)?;
+            }
+            if let Some(prometheus) = &mut prometheus {
+                prometheus.write(&feed)?;
             }
             return Err(super::signals::Stopped(stop).into());
         }
@@ -402,6 +454,9 @@ pub fn run(
     if let Some(path) = &args.save_checkpoint {
         save_checkpoint(&feed, path)?;
     }
+    if let Some(prometheus) = &mut prometheus {
+        prometheus.write(&feed)?;
+    }
     let report = feed.report();
     drop(progress);
     if args.explain_analyze {
@@ -439,6 +494,34 @@ pub fn run(
     out.flush()?;
     drop(feed);
     Ok(())
+}
+
+/// `--prometheus`: the file of running totals and when it was written.
+struct PrometheusFile<'a> {
+    path: &'a Path,
+    every: Duration,
+    labels: &'a [(String, String)],
+    written: Option<Instant>,
+}
+
+impl PrometheusFile<'_> {
+    /// Replaces the file with the feed's totals now.
+    fn write(&mut self, feed: &Feed) -> anyhow::Result<()> {
+        let text = feed.prometheus_text(self.labels)?;
+        crate::feed::write_whole(self.path, &text).with_context(|| {
+            format!("cannot write --prometheus {}", self.path.display())
+        })?;
+        self.written = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Writes the file when it never was, or --prometheus-every ago.
+    fn write_if_due(&mut self, feed: &Feed) -> anyhow::Result<()> {
+        if self.written.is_none_or(|at| at.elapsed() >= self.every) {
+            self.write(feed)?;
+        }
+        Ok(())
+    }
 }
 
 fn print_report(report: &FeedReport, step_ms: f64) {

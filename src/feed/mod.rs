@@ -65,6 +65,7 @@ mod metrics;
 mod mixture;
 mod order;
 mod producer;
+mod prometheus;
 mod provenance;
 mod sink;
 mod source;
@@ -88,6 +89,7 @@ pub use inputs::{input_files, input_files_at};
 pub use length::FeedLength;
 pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
+pub use prometheus::{check_label_name, prometheus_text, write_whole};
 pub use provenance::{BatchOrigins, RowOrigin};
 pub use sink::DeviceSinkExec;
 pub use timeline::{Bound, Timeline, TimelineSample, Verdict};
@@ -218,6 +220,19 @@ impl Feed {
     /// The metrics so far.
     pub fn report(&self) -> FeedReport {
         self.metrics.report(self.loans.ring_slots())
+    }
+
+    /// The running totals in Prometheus' text format (see
+    /// [`prometheus_text`]), labelled with this feed's `rank` and `world`
+    /// and then `labels`.
+    pub fn prometheus_text(&self, labels: &[(String, String)]) -> Result<String> {
+        let position = self.checkpoint()?;
+        let mut all = vec![
+            ("rank".to_string(), position.rank.to_string()),
+            ("world".to_string(), position.world.to_string()),
+        ];
+        all.extend(labels.iter().cloned());
+        prometheus_text(&self.report(), position.epoch, position.step, &all)
     }
 
     /// Where the feed's time goes: busy time per stage, the loop's wait, the

@@ -282,6 +282,16 @@ fn bad_feed_options_are_usage_errors_naming_the_option() {
             "1",
             "--explain '1' should look like EPOCH:STEP",
         ),
+        (
+            "--prometheus-every",
+            "0",
+            "--prometheus-every '0' must be a positive number of seconds",
+        ),
+        (
+            "--prometheus-label",
+            "job",
+            "--prometheus-label 'job' should look like NAME=VALUE",
+        ),
     ] {
         // `--option=value`: `--step-ms -1` would be taken for a flag.
         let (ok, _, err) = run(sqlfeed().args([
@@ -414,4 +424,74 @@ fn set_applies_a_setting_and_names_a_bad_one() {
     // Not KEY=VALUE.
     let (ok, _, err) = run(sqlfeed().args(["--set", "batch_size", "-c", "SELECT 1"]));
     assert!(!ok && err.contains("expected KEY=VALUE"), "{err}");
+}
+
+/// `--prometheus FILE` keeps the run's totals in Prometheus' text format,
+/// labelled with the shard and `--prometheus-label`s, ending on the last
+/// batch's numbers; a bad label is a usage error naming it.
+#[test]
+fn feed_keeps_its_totals_in_a_prometheus_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    gen_data(&dir.path().join("data"), 400, 2)?;
+    let path = dir.path().join("metrics").join("sqlfeed.prom");
+    std::fs::create_dir(dir.path().join("metrics"))?;
+    let (ok, _, err) = run(sqlfeed()
+        .args([
+            "feed",
+            &format!("SELECT id FROM '{}/data/*.parquet'", dir.path().display()),
+            "--batch-size",
+            "50",
+            "--shard",
+            "1/2",
+            "--device",
+            "cpu",
+            "--prometheus-every",
+            "0.001",
+            "--prometheus-label",
+            "job=train \"a\"",
+            "--prometheus",
+        ])
+        .arg(&path));
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&path)?;
+    let names: Vec<_> = std::fs::read_dir(path.parent().expect("a folder"))?
+        .map(|entry| entry.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()?;
+    assert_eq!(names, ["sqlfeed.prom"], "replaced whole, by a rename");
+    let mut values = std::collections::HashMap::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (name, value) = line.rsplit_once(' ').expect("a sample");
+        let (name, labels) = name.split_once('{').expect("labels");
+        assert_eq!(labels, r#"rank="1",world="2",job="train \"a\""}"#, "{line}");
+        values.insert(name.to_string(), value.parse::<f64>().expect(value));
+    }
+    // 400 rows over 2 ranks: 4 batches of 50 each, then the next epoch.
+    assert_eq!(values["sqlfeed_rows_total"], 200.0, "{text}");
+    assert_eq!(values["sqlfeed_batches_total"], 4.0, "{text}");
+    assert_eq!(values["sqlfeed_bytes_total"], 200.0 * 8.0, "{text}");
+    assert_eq!(
+        (values["sqlfeed_epoch"], values["sqlfeed_step"]),
+        (1.0, 0.0)
+    );
+    assert!(
+        values["sqlfeed_wait_seconds_total"] <= values["sqlfeed_running_seconds_total"]
+    );
+    assert!(
+        text.contains("# TYPE sqlfeed_rows_total counter\n"),
+        "{text}"
+    );
+
+    let (ok, _, err) = run(sqlfeed().args([
+        "feed",
+        "SELECT 1 AS x",
+        "--prometheus=m.prom",
+        "--prometheus-label=job-name=x",
+    ]));
+    assert!(!ok, "a bad label name was accepted");
+    assert!(
+        err.contains("invalid value 'job-name=x' for '--prometheus-label")
+            && err.contains("'job-name' is not a Prometheus label name"),
+        "{err}"
+    );
+    Ok(())
 }
