@@ -52,6 +52,35 @@ pub struct FunctionInfo {
     pub example_output: &'static str,
 }
 
+/// A function's listing in its family's `infos()`: (name, syntax,
+/// description, arguments, example, example output), as [`FunctionInfo`]
+/// names them.
+type Listing = dyn Fn(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+    &'static str,
+) -> FunctionInfo;
+
+/// The maker of `family`'s listings.
+pub(crate) fn listing(family: &'static str) -> Box<Listing> {
+    Box::new(
+        move |name, syntax, description, arguments, example, example_output| {
+            FunctionInfo {
+                name,
+                family,
+                syntax,
+                description,
+                arguments,
+                example,
+                example_output,
+            }
+        },
+    )
+}
+
 impl FunctionInfo {
     /// DataFusion's documentation of the function, from this listing: what
     /// `SHOW FUNCTIONS`, `information_schema` and `\functions <name>` show.
@@ -118,6 +147,31 @@ pub(crate) fn documentation_of(
         std::sync::LazyLock::new(|| documentations(functions()));
     DOCS.get(name)
 }
+
+/// The parts of a `ScalarUDFImpl` every function of this crate writes the
+/// same way: `documentation` (looked up by its name), `signature` (its field
+/// `signature`) and, given one, the constant `name`. Used inside
+/// `impl ScalarUDFImpl for …`; a function whose name depends on its options
+/// (`pad` / `truncate`) writes `name` itself.
+macro_rules! function_basics {
+    () => {
+        fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+            $crate::documentation_of(self.name())
+        }
+
+        fn signature(&self) -> &datafusion::logical_expr::Signature {
+            &self.signature
+        }
+    };
+    ($name:literal) => {
+        $crate::function_basics!();
+
+        fn name(&self) -> &str {
+            $name
+        }
+    };
+}
+pub(crate) use function_basics;
 
 /// Reads the files functions load at plan time (a `tokenizer.json`) when
 /// they are named by URL (`s3://…`, `gs://…`, `az://…`, `https://…`).

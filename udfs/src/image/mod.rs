@@ -446,9 +446,7 @@ impl ImageDecodeFunc {
 }
 
 impl ScalarUDFImpl for ImageDecodeFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
+    crate::function_basics!();
 
     fn name(&self) -> &str {
         if self.lenient {
@@ -456,10 +454,6 @@ impl ScalarUDFImpl for ImageDecodeFunc {
         } else {
             "image_decode"
         }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {

@@ -116,17 +116,7 @@ impl ChannelTables {
 }
 
 impl ScalarUDFImpl for ToTensorFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "image_to_tensor"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("image_to_tensor");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if !matches!(arg_types.len(), 1 | 3) {

@@ -149,9 +149,7 @@ impl CropFunc {
 }
 
 impl ScalarUDFImpl for CropFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
+    crate::function_basics!();
 
     fn name(&self) -> &str {
         if self.random {
@@ -159,10 +157,6 @@ impl ScalarUDFImpl for CropFunc {
         } else {
             "image_center_crop"
         }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
@@ -313,17 +307,7 @@ fn resize_algorithm(
 }
 
 impl ScalarUDFImpl for ResizeFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "image_resize"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("image_resize");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if !matches!(arg_types.len(), 3 | 4) {
@@ -469,17 +453,7 @@ impl RandomFlipFunc {
 }
 
 impl ScalarUDFImpl for RandomFlipFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "image_random_flip"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("image_random_flip");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if arg_types.len() != 2 {

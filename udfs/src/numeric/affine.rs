@@ -52,19 +52,13 @@ impl AffineFunc {
 }
 
 impl ScalarUDFImpl for AffineFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
+    crate::function_basics!();
 
     fn name(&self) -> &str {
         match self.kind {
             Affine::Standardize => "standardize",
             Affine::MinMaxScale => "min_max_scale",
         }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {

@@ -71,17 +71,7 @@ where
 }
 
 impl ScalarUDFImpl for ClipFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "clip"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("clip");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         super::check_arity("clip", CLIP, arg_types.len(), &[3])?;
@@ -129,17 +119,7 @@ impl Log1pFunc {
 }
 
 impl ScalarUDFImpl for Log1pFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "log1p"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("log1p");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         super::check_arity("log1p", LOG1P, arg_types.len(), &[1])?;

@@ -97,17 +97,7 @@ impl BucketizeFunc {
 }
 
 impl ScalarUDFImpl for BucketizeFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "bucketize"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("bucketize");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         super::check_arity("bucketize", BUCKETIZE, arg_types.len(), &[2])?;
@@ -243,17 +233,7 @@ fn one_hot_of_codes(codes: &Int64Array, width: i32) -> Result<FixedSizeListArray
 }
 
 impl ScalarUDFImpl for OneHotFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "one_hot"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("one_hot");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         super::check_arity("one_hot", ONE_HOT_FORMS, arg_types.len(), &[2, 3])?;
@@ -378,17 +358,7 @@ pub fn hash_bytes(bytes: &[u8], n: u64, seed: u64) -> i64 {
 }
 
 impl ScalarUDFImpl for HashBucketFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "hash_bucket"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("hash_bucket");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         super::check_arity("hash_bucket", HASH_BUCKET, arg_types.len(), &[2, 3])?;

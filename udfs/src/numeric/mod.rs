@@ -64,16 +64,7 @@ pub fn functions() -> Vec<ScalarUDF> {
 
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
-    let info =
-        |name, syntax, description, arguments, example, example_output| FunctionInfo {
-            name,
-            family: "numeric",
-            syntax,
-            description,
-            arguments,
-            example,
-            example_output,
-        };
+    let info = crate::listing("numeric");
     vec![
         info(
             "standardize",

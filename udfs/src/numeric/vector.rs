@@ -44,17 +44,7 @@ fn vector_type(width: usize, nullable: bool) -> Result<DataType> {
 }
 
 impl ScalarUDFImpl for FeatureVectorFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "feature_vector"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("feature_vector");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         if arg_types.is_empty() || arg_types.len() > MAX_WIDTH {

@@ -464,17 +464,7 @@ impl LabelEncodeFunc {
 }
 
 impl ScalarUDFImpl for LabelEncodeFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "label_encode"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("label_encode");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         coerce(&LABEL_ENCODER, arg_types)

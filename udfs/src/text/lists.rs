@@ -66,17 +66,7 @@ impl AttentionMaskFunc {
 }
 
 impl ScalarUDFImpl for AttentionMaskFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "attention_mask"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    crate::function_basics!("attention_mask");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         super::check_arity(self.name(), ATTENTION_MASK, arg_types.len(), &[1, 2])?;
@@ -163,16 +153,10 @@ impl ShapeFunc {
 }
 
 impl ScalarUDFImpl for ShapeFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
+    crate::function_basics!();
 
     fn name(&self) -> &str {
         if self.pad { "pad" } else { "truncate" }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {

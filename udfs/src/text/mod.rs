@@ -61,16 +61,7 @@ pub(crate) fn reads_assets(udf: &ScalarUDF) -> Option<&dyn crate::ReadsAssets> {
 
 /// Listings for `\functions`.
 pub fn infos() -> Vec<FunctionInfo> {
-    let info =
-        |name, syntax, description, arguments, example, example_output| FunctionInfo {
-            name,
-            family: "text",
-            syntax,
-            description,
-            arguments,
-            example,
-            example_output,
-        };
+    let info = crate::listing("text");
     vec![
         info(
             "tokenize",

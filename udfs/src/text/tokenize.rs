@@ -326,9 +326,7 @@ impl ReadsAssets for TokenizeFunc {
 }
 
 impl ScalarUDFImpl for TokenizeFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        crate::documentation_of(self.name())
-    }
+    crate::function_basics!();
 
     fn name(&self) -> &str {
         if self.pair {
@@ -336,10 +334,6 @@ impl ScalarUDFImpl for TokenizeFunc {
         } else {
             "tokenize"
         }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
