@@ -28,6 +28,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -38,8 +39,8 @@ use datafusion::common::{Statistics, project_schema};
 use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::datasource::TableType;
 use datafusion::error::Result;
+use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::MemoryReservation;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -270,11 +271,7 @@ impl ExecutionPlan for CacheScanExec {
 
     crate::exec::leaf!();
 
-    fn execute(
-        &self,
-        partition: usize,
-        _context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let part = self.parts.get(partition).ok_or_else(|| {
             internal_datafusion_err!(
                 "CacheScanExec has {} partitions, asked for {partition}",

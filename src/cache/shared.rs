@@ -43,16 +43,16 @@ use std::sync::Arc;
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::{SchemaRef, UInt64Type};
 use datafusion::arrow::ipc::writer::FileWriter;
-use datafusion::common::DFSchemaRef;
 use datafusion::common::exec_err;
 use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNodeCore};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 
+use crate::exec::BatchStream;
 use crate::shuffle::CONTENT_HASH_COLUMN;
 
 /// The file naming the committed folder of an entry.
@@ -169,38 +169,14 @@ fn content_hash_index(schema: &SchemaRef) -> Result<usize> {
 }
 
 impl UserDefinedLogicalNodeCore for SharedEntryWriteNode {
-    fn name(&self) -> &str {
-        "SharedEntryWrite"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.input]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        self.input.schema()
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
+    crate::exec::one_input_logical_node! {
+        name: "SharedEntryWrite",
+        input: input,
+        rebuild: |this, input| Self::try_new(input, this.dir.clone()),
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "SharedEntryWrite: dir={}", self.dir)
-    }
-
-    fn with_exprs_and_inputs(
-        &self,
-        _exprs: Vec<Expr>,
-        inputs: Vec<LogicalPlan>,
-    ) -> Result<Self> {
-        let [input] = <[LogicalPlan; 1]>::try_from(inputs).map_err(|inputs| {
-            internal_datafusion_err!(
-                "SharedEntryWrite has one input, got {}",
-                inputs.len()
-            )
-        })?;
-        Self::try_new(input, self.dir.clone())
     }
 }
 
@@ -254,40 +230,27 @@ impl DisplayAs for SharedEntryWriteExec {
 }
 
 impl ExecutionPlan for SharedEntryWriteExec {
-    fn name(&self) -> &str {
-        "SharedEntryWriteExec"
+    crate::exec::one_input_operator! {
+        name: "SharedEntryWriteExec",
+        input: input,
+        properties: |this| this.input.properties(),
+        rebuild: |this, child| {
+            Ok(Self::try_new(child, this.dir.clone())?.with_job_of(this.job_of))
+        },
     }
-
-    crate::exec::input_properties!(input);
-
-    crate::exec::one_input_children!(input);
 
     crate::exec::keeps_input_order!();
 
     crate::exec::statistics_of_one_input!(first_input_statistics);
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(
-            Self::try_new(child, self.dir.clone())?.with_job_of(self.job_of),
-        ))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         // One folder per job: a retried job writes apart from the one it
         // replaces, and the rank commits the one that completed.
-        let job = (self.job_of)(&context)
+        let job = (self.job_of)(&ctx)
             .filter(|name| !name.is_empty())
             .unwrap_or_else(|| "local".to_string());
         let folder = Path::new(&self.dir).join(job);
-        let input = self.input.execute(partition, context)?;
+        let input = self.input.execute(partition, ctx)?;
         let part = PartWriter {
             folder,
             temporary: None,

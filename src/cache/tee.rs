@@ -35,6 +35,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::{
@@ -100,38 +101,21 @@ impl DisplayAs for CacheFillExec {
 }
 
 impl ExecutionPlan for CacheFillExec {
-    fn name(&self) -> &str {
-        "CacheFillExec"
+    crate::exec::one_input_operator! {
+        name: "CacheFillExec",
+        input: input,
+        properties: |this| this.input.properties(),
+        rebuild: |this, child| Self::try_new(child, Arc::clone(&this.fill), this.parts),
     }
-
-    crate::exec::input_properties!(input);
-
-    crate::exec::one_input_children!(input);
 
     crate::exec::keeps_input_order!();
 
     // A tee: its input's rows.
     crate::exec::statistics_of_one_input!(first_input_statistics);
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(
-            child,
-            Arc::clone(&self.fill),
-            self.parts,
-        )?))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let writer = self.fill.partition(partition)?;
-        let input = self.input.execute(partition, context)?;
+        let input = self.input.execute(partition, ctx)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let written_bytes =
             MetricBuilder::new(&self.metrics).counter("written_bytes", partition);

@@ -28,6 +28,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::common::exec_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -194,19 +195,15 @@ impl ExecutionPlan for ExactRetryExec {
         }))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let state = Retrying {
-            current: self.first.execute(partition, Arc::clone(&context))?,
+            current: self.first.execute(partition, Arc::clone(&ctx))?,
             attempt: 0,
             delivered: 0,
             skip: 0,
             attempts: Arc::clone(&self.attempts),
             scheduler: self.scheduler.clone(),
-            context,
+            context: ctx,
         };
         let stream = futures::stream::unfold(state, |mut state| async move {
             let item = state.next().await?;
@@ -269,8 +266,8 @@ mod tests {
         fn execute(
             &self,
             _partition: usize,
-            _context: Arc<TaskContext>,
-        ) -> Result<SendableRecordBatchStream> {
+            _ctx: Arc<TaskContext>,
+        ) -> Result<BatchStream> {
             let schema = self.schema();
             let mut items: Vec<Result<RecordBatch>> = vec![];
             for (i, chunk) in self.ids.chunks(3).enumerate() {

@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::exec::BatchStream;
 use ballista_core::execution_plans::DistributedQueryExec;
 use ballista_core::serde::protobuf::CancelJobParams;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
@@ -129,13 +130,12 @@ impl DisplayAs for JobWatchExec {
 }
 
 impl ExecutionPlan for JobWatchExec {
-    fn name(&self) -> &str {
-        "JobWatchExec"
+    crate::exec::one_input_operator! {
+        name: "JobWatchExec",
+        input: input,
+        properties: |this| this.input.properties(),
+        rebuild: |this, child| Ok(Self::new(child, this.scheduler.clone())),
     }
-
-    crate::exec::input_properties!(input);
-
-    crate::exec::one_input_children!(input);
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
@@ -143,20 +143,8 @@ impl ExecutionPlan for JobWatchExec {
 
     crate::exec::statistics_of_one_input!(first_input_statistics);
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::new(child, self.scheduler.clone())))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let inner = self.input.execute(partition, context)?;
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        let inner = self.input.execute(partition, ctx)?;
         let job = find_job(&self.input);
         let lost = Arc::new(AtomicBool::new(false));
         let alarm = watch(self.scheduler.clone(), job, Arc::clone(&lost)).boxed();

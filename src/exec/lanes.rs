@@ -35,6 +35,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::BatchStream;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::internal_err;
@@ -113,15 +114,12 @@ impl DisplayAs for LaneInterleaveExec {
 }
 
 impl ExecutionPlan for LaneInterleaveExec {
-    fn name(&self) -> &str {
-        "LaneInterleaveExec"
+    crate::exec::one_input_operator! {
+        name: "LaneInterleaveExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| Ok(Self::new(child, this.turn_rows)),
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    super::one_input_children!(input);
 
     // The lanes are read as they are: repartitioning them would change
     // the order.
@@ -133,25 +131,13 @@ impl ExecutionPlan for LaneInterleaveExec {
         vec![false]
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = super::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::new(child, self.turn_rows)))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
             return internal_err!(
                 "LaneInterleaveExec has one partition, asked for {partition}"
             );
         }
-        ordered_partitions(&self.input, context, self.turn_rows)
+        ordered_partitions(&self.input, ctx, self.turn_rows)
     }
 }
 

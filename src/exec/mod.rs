@@ -14,7 +14,8 @@ pub(crate) mod plan;
 
 pub(crate) use panics::{catch_panic, catching_panics, panic_error, panic_message};
 pub(crate) use plan::{
-    calls_costly_function, costly_function_names, counted_rows, first_input_statistics,
-    input_properties, keeps_input_order, leaf, no_expressions, one_input_children,
-    row_wise_properties, rows_passed_through, single_child, statistics_of_one_input,
+    BatchStream, calls_costly_function, column_names, costly_function_names,
+    counted_rows, first_input_statistics, keeps_input_order, leaf, no_expressions,
+    one_input_logical_node, one_input_operator, row_wise_properties, rows_passed_through,
+    single_child, statistics_of_one_input, with_u64_column,
 };

@@ -72,6 +72,33 @@ pub(crate) fn row_wise_properties(
     ))
 }
 
+/// The names of `schema`'s columns, comma-separated: what an error about a
+/// missing column lists.
+pub(crate) fn column_names(schema: &datafusion::arrow::datatypes::Schema) -> String {
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    names.join(", ")
+}
+
+/// The schema of an operator that adds the non-null `UInt64` column `name`
+/// (a shuffle key, a rank route) after its input's columns, leaving out
+/// the input's column `leave_out` if any; the input's metadata is kept.
+pub(crate) fn with_u64_column(
+    input: &datafusion::arrow::datatypes::Schema,
+    name: &str,
+    leave_out: Option<usize>,
+) -> SchemaRef {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let mut fields: Vec<Arc<Field>> = input
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| Some(*i) != leave_out)
+        .map(|(_, f)| Arc::clone(f))
+        .collect();
+    fields.push(Arc::new(Field::new(name, DataType::UInt64, false)));
+    Arc::new(Schema::new_with_metadata(fields, input.metadata().clone()))
+}
+
 /// Statistics of an operator that passes its input's rows through one for
 /// one (reordered, or with columns added or computed), from its one input's
 /// (`input_stats[0]`): the row count, columns unknown.
@@ -130,11 +157,40 @@ macro_rules! no_expressions {
 }
 pub(crate) use no_expressions;
 
-/// The `ExecutionPlan` methods of an operator over the one input in its
-/// field `$input` that evaluates no expressions of its own: `children` and
-/// `apply_expressions`. Used inside `impl ExecutionPlan for …`.
-macro_rules! one_input_children {
-    ($input:ident) => {
+/// The scaffolding of an operator over the one input in its field `$input`
+/// that evaluates no expressions of its own: `name`, `properties` (what
+/// `|this| …` gives: its own, or `this.input.properties()` for an operator
+/// that keeps its input's partitioning, order and boundedness), `children`,
+/// `apply_expressions`, and `with_new_children`, which checks that there is
+/// one child and rebuilds the operator over it with `|this, child| …`
+/// (a `Result<Self>`). Used inside `impl ExecutionPlan for …`:
+///
+/// ```text
+/// crate::exec::one_input_operator! {
+///     name: "LocalShuffleExec",
+///     input: input,
+///     properties: |this| &this.properties,
+///     rebuild: |this, child| Ok(Self::new(child, this.buffer_rows, this.seed)),
+/// }
+/// ```
+macro_rules! one_input_operator {
+    (
+        name: $name:literal,
+        input: $input:ident,
+        properties: |$own:ident| $properties:expr,
+        rebuild: |$this:pat, $child:ident| $rebuild:expr $(,)?
+    ) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(
+            &self,
+        ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            let $own = self;
+            $properties
+        }
+
         fn children(
             &self,
         ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
@@ -142,9 +198,77 @@ macro_rules! one_input_children {
         }
 
         $crate::exec::no_expressions!();
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
+        ) -> datafusion::error::Result<
+            std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        > {
+            let $child = $crate::exec::single_child($name, &children)?;
+            let $this: &Self = &self;
+            let rebuilt: datafusion::error::Result<Self> = $rebuild;
+            Ok(std::sync::Arc::new(rebuilt?))
+        }
     };
 }
-pub(crate) use one_input_children;
+pub(crate) use one_input_operator;
+
+/// The scaffolding of a logical node over the one input in its field
+/// `$input` whose output schema is its input's and that holds no
+/// expressions: `name`, `inputs`, `schema`, `expressions`, and
+/// `with_exprs_and_inputs`, which checks that there is one input and
+/// rebuilds the node over it with `|this, input| …` (a `Result<Self>`).
+/// Used inside `impl UserDefinedLogicalNodeCore for …`.
+macro_rules! one_input_logical_node {
+    (
+        name: $name:literal,
+        input: $input:ident,
+        rebuild: |$this:pat, $new_input:ident| $rebuild:expr $(,)?
+    ) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn inputs(&self) -> Vec<&datafusion::logical_expr::LogicalPlan> {
+            vec![&self.$input]
+        }
+
+        fn schema(&self) -> &datafusion::common::DFSchemaRef {
+            self.$input.schema()
+        }
+
+        fn expressions(&self) -> Vec<datafusion::logical_expr::Expr> {
+            vec![]
+        }
+
+        fn with_exprs_and_inputs(
+            &self,
+            exprs: Vec<datafusion::logical_expr::Expr>,
+            inputs: Vec<datafusion::logical_expr::LogicalPlan>,
+        ) -> datafusion::error::Result<Self> {
+            let Ok([$new_input]) =
+                <[datafusion::logical_expr::LogicalPlan; 1]>::try_from(inputs)
+            else {
+                return datafusion::common::internal_err!("{} takes one input", $name);
+            };
+            if !exprs.is_empty() {
+                return datafusion::common::internal_err!(
+                    "{} takes no expressions, got {}",
+                    $name,
+                    exprs.len()
+                );
+            }
+            let $this: &Self = self;
+            $rebuild
+        }
+    };
+}
+pub(crate) use one_input_logical_node;
+
+/// The stream `ExecutionPlan::execute` returns, by a name short enough for
+/// its signature to stand on one line.
+pub(crate) type BatchStream = datafusion::execution::SendableRecordBatchStream;
 
 /// The `ExecutionPlan` methods of a leaf (an operator without inputs) that
 /// evaluates no expressions: `children`, `apply_expressions` and
@@ -197,19 +321,6 @@ macro_rules! keeps_input_order {
     };
 }
 pub(crate) use keeps_input_order;
-
-/// `properties`: those of the one input in the field `$input` (an operator
-/// that keeps its input's partitioning, order and boundedness).
-macro_rules! input_properties {
-    ($input:ident) => {
-        fn properties(
-            &self,
-        ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
-            self.$input.properties()
-        }
-    };
-}
-pub(crate) use input_properties;
 
 /// `child_stats_requests` and `statistics_from_inputs` of an operator whose
 /// statistics come from its one input's, for the same partition, through

@@ -89,6 +89,7 @@ use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
 use crate::device::{BatchMeta, SlotPool, TensorBatch};
+use crate::exec::BatchStream;
 
 /// What the producer sends to [`super::Feed`].
 pub(crate) enum FeedEvent {
@@ -271,15 +272,15 @@ impl DisplayAs for DeviceSinkExec {
 }
 
 impl ExecutionPlan for DeviceSinkExec {
-    fn name(&self) -> &str {
-        "DeviceSinkExec"
+    crate::exec::one_input_operator! {
+        name: "DeviceSinkExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| {
+            let target = Arc::clone(&this.target);
+            Ok(Self::new(child, target, this.epoch, this.start).dealt(this.dealt))
+        },
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     // Partitions are consumed in a fixed interleave; splitting them further
     // (round-robin) would make the order depend on timing.
@@ -287,22 +288,7 @@ impl ExecutionPlan for DeviceSinkExec {
         vec![false]
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(
-            Self::new(child, Arc::clone(&self.target), self.epoch, self.start)
-                .dealt(self.dealt),
-        ))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
             return internal_err!(
                 "DeviceSinkExec has one partition, asked for {partition}"
@@ -317,7 +303,7 @@ impl ExecutionPlan for DeviceSinkExec {
             dealt: self.dealt,
             metrics,
         };
-        let stream = futures::stream::once(run.run(context));
+        let stream = futures::stream::once(run.run(ctx));
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             summary_schema(),
             stream,

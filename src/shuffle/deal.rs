@@ -50,15 +50,16 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::arrow::array::{
     Array, AsArray, RecordBatch, UInt32Array, UInt32Builder, UInt64Array, UInt64Builder,
 };
 use datafusion::arrow::compute::take_record_batch;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::internal_datafusion_err;
 use datafusion::common::internal_err;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{Distribution, EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics::{
@@ -207,22 +208,11 @@ impl DealExec {
                 "DealExec reads counted key ranges (a {RANGE_COUNTS_COLUMN} column)"
             )
         })?;
-        let mut fields: Vec<Arc<Field>> = input_schema
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != counts_index)
-            .map(|(_, f)| Arc::clone(f))
-            .collect();
-        fields.push(Arc::new(Field::new(
+        let schema = crate::exec::with_u64_column(
+            &input_schema,
             RANK_ROUTE_COLUMN,
-            DataType::UInt64,
-            false,
-        )));
-        let schema = Arc::new(Schema::new_with_metadata(
-            fields,
-            input_schema.metadata().clone(),
-        ));
+            Some(counts_index),
+        );
         let properties = crate::exec::row_wise_properties(&input, Arc::clone(&schema));
         Ok(Self {
             input,
@@ -277,32 +267,17 @@ impl DisplayAs for DealExec {
 }
 
 impl ExecutionPlan for DealExec {
-    fn name(&self) -> &str {
-        "DealExec"
+    crate::exec::one_input_operator! {
+        name: "DealExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| Self::try_new(child, this.deal, this.ranges),
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     crate::exec::keeps_input_order!();
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(child, self.deal, self.ranges)?))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        let input = self.input.execute(partition, ctx)?;
         let dealer = Dealer {
             deal: self.deal,
             ranges: self.ranges,
@@ -558,15 +533,12 @@ impl DisplayAs for RankShardExec {
 }
 
 impl ExecutionPlan for RankShardExec {
-    fn name(&self) -> &str {
-        "RankShardExec"
+    crate::exec::one_input_operator! {
+        name: "RankShardExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |_, child| Self::try_new(child),
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     crate::exec::keeps_input_order!();
 
@@ -579,20 +551,8 @@ impl ExecutionPlan for RankShardExec {
         ))])]
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new(child)?))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        let input = self.input.execute(partition, ctx)?;
         let (schema, route_index) = (Arc::clone(&self.schema), self.route_index);
         let output = input.map(move |batch| {
             let batch = batch?;

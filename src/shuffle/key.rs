@@ -22,12 +22,12 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::UInt64Type;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::internal_datafusion_err;
 use datafusion::common::{internal_err, plan_err};
 use datafusion::error::Result;
+use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::MemoryLimit;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
@@ -40,6 +40,7 @@ use futures::StreamExt;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::row_key_hash;
+use crate::exec::BatchStream;
 use crate::rand::splitmix64;
 
 /// Name of the key column between [`ShuffleKeyExec`] and the sort.
@@ -112,16 +113,8 @@ impl ShuffleKeyExec {
                 "SHUFFLE: the query already has a column named {SHUFFLE_KEY_COLUMN}"
             );
         }
-        let mut fields: Vec<Arc<Field>> = input_schema.fields().iter().cloned().collect();
-        fields.push(Arc::new(Field::new(
-            SHUFFLE_KEY_COLUMN,
-            DataType::UInt64,
-            false,
-        )));
-        let schema = Arc::new(Schema::new_with_metadata(
-            fields,
-            input_schema.metadata().clone(),
-        ));
+        let schema =
+            crate::exec::with_u64_column(&input_schema, SHUFFLE_KEY_COLUMN, None);
         let properties = crate::exec::row_wise_properties(&input, Arc::clone(&schema));
         Ok(Self {
             input,
@@ -273,15 +266,14 @@ impl DisplayAs for ShuffleKeyExec {
 }
 
 impl ExecutionPlan for ShuffleKeyExec {
-    fn name(&self) -> &str {
-        "ShuffleKeyExec"
+    crate::exec::one_input_operator! {
+        name: "ShuffleKeyExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| {
+            Self::try_new(child, this.seed, this.epoch)?.with_source(this.source.clone())
+        },
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
@@ -290,25 +282,10 @@ impl ExecutionPlan for ShuffleKeyExec {
     // One key per row: the input's row counts.
     crate::exec::statistics_of_one_input!(rows_passed_through);
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(
-            Self::try_new(child, self.seed, self.epoch)?
-                .with_source(self.source.clone())?,
-        ))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let max_batch_bytes =
-            max_batch_bytes(&context, self.input.output_partitioning().partition_count());
-        let input = self.input.execute(partition, context)?;
+            max_batch_bytes(&ctx, self.input.output_partitioning().partition_count());
+        let input = self.input.execute(partition, ctx)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let hash_seed = shuffle_seed(self.seed, self.epoch);

@@ -34,8 +34,8 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
+use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput,
 };
@@ -46,6 +46,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::shuffle_seed;
+use crate::exec::BatchStream;
 use crate::rand::SplitMix64;
 
 /// A shuffle buffer per partition: holds `buffer_rows` rows and emits a
@@ -209,43 +210,28 @@ impl ShuffleBuffer {
 }
 
 impl ExecutionPlan for LocalShuffleExec {
-    fn name(&self) -> &str {
-        "LocalShuffleExec"
+    crate::exec::one_input_operator! {
+        name: "LocalShuffleExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| Ok(Self::new(child, this.buffer_rows, this.seed)),
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     // A buffer reorders a partition's rows and keeps them all.
     crate::exec::statistics_of_one_input!(first_input_statistics);
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::new(child, self.buffer_rows, self.seed)))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, Arc::clone(&context))?;
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        let input = self.input.execute(partition, Arc::clone(&ctx))?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let reservation = MemoryConsumer::new(format!("LocalShuffleExec[{partition}]"))
-            .register(context.memory_pool());
+            .register(ctx.memory_pool());
         let buffer = ShuffleBuffer {
             held: Vec::new(),
             held_rows: 0,
             slots: Vec::with_capacity(self.buffer_rows.min(1 << 20)),
             pending: Vec::new(),
             capacity: self.buffer_rows,
-            batch_size: context.session_config().batch_size().max(1),
+            batch_size: ctx.session_config().batch_size().max(1),
             rng: SplitMix64::new(shuffle_seed(self.seed, partition as u64)),
             reservation,
         };

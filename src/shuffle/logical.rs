@@ -2,11 +2,10 @@
 
 use std::fmt;
 
-use datafusion::common::DFSchemaRef;
 use datafusion::common::internal_err;
 use datafusion::common::plan_err;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
+use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNodeCore};
 
 use super::ShuffleSpec;
 
@@ -116,20 +115,10 @@ impl ShuffleNode {
 }
 
 impl UserDefinedLogicalNodeCore for ShuffleNode {
-    fn name(&self) -> &str {
-        "Shuffle"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.input]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        self.input.schema()
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
+    crate::exec::one_input_logical_node! {
+        name: "Shuffle",
+        input: input,
+        rebuild: |this, input| this.with_input(input),
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -145,21 +134,6 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
                 write!(f, "LocalShuffle: buffer={buffer_rows}, seed={seed}")
             }
         }
-    }
-
-    fn with_exprs_and_inputs(
-        &self,
-        exprs: Vec<Expr>,
-        mut inputs: Vec<LogicalPlan>,
-    ) -> Result<Self> {
-        if !exprs.is_empty() || inputs.len() != 1 {
-            return internal_err!(
-                "Shuffle takes no expressions and one input, got {} and {}",
-                exprs.len(),
-                inputs.len()
-            );
-        }
-        self.with_input(inputs.swap_remove(0))
     }
 
     fn necessary_children_exprs(

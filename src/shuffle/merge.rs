@@ -29,10 +29,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::error::Result;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{
     LexOrdering, OrderingRequirements, PhysicalExpr, PhysicalSortExpr,
@@ -201,13 +202,16 @@ impl DisplayAs for ShuffleMergeExec {
 }
 
 impl ExecutionPlan for ShuffleMergeExec {
-    fn name(&self) -> &str {
-        "ShuffleMergeExec"
+    crate::exec::one_input_operator! {
+        name: "ShuffleMergeExec",
+        input: input,
+        properties: |this| this.input.properties(),
+        rebuild: |this, child| {
+            Ok(Self::new(child, this.seed, this.epoch, this.batch_rows)
+                .ranged(this.ranged)
+                .unique_rows(this.unique_rows))
+        },
     }
-
-    crate::exec::input_properties!(input);
-
-    crate::exec::one_input_children!(input);
 
     // The merged stream is the shuffle order: the optimizer must neither
     // split it (round-robin repartitioning) nor expect more partitions.
@@ -243,38 +247,22 @@ impl ExecutionPlan for ShuffleMergeExec {
 
     crate::exec::statistics_of_one_input!(first_input_statistics);
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(
-            Self::new(child, self.seed, self.epoch, self.batch_rows)
-                .ranged(self.ranged)
-                .unique_rows(self.unique_rows),
-        ))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let config = context
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        let config = ctx
             .session_config()
             .clone()
             .with_batch_size(self.batch_rows);
-        let context = TaskContext::new(
-            context.task_id(),
-            context.session_id(),
+        let ctx = TaskContext::new(
+            ctx.task_id(),
+            ctx.session_id(),
             config,
-            context.scalar_functions().clone(),
-            context.higher_order_functions().clone(),
-            context.aggregate_functions().clone(),
-            context.window_functions().clone(),
-            context.runtime_env(),
+            ctx.scalar_functions().clone(),
+            ctx.higher_order_functions().clone(),
+            ctx.aggregate_functions().clone(),
+            ctx.window_functions().clone(),
+            ctx.runtime_env(),
         );
-        let stream = self.input.execute(partition, Arc::new(context))?;
+        let stream = self.input.execute(partition, Arc::new(ctx))?;
         if self.unique_rows {
             super::unique::refuse_repeated_rows(stream)
         } else {

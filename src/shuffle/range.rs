@@ -34,6 +34,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::arrow::array::{
     Array, AsArray, BinaryArray, RecordBatch, UInt32Array, UInt64Array, new_null_array,
 };
@@ -42,7 +43,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Typ
 use datafusion::common::Statistics;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{Partitioning, PhysicalExpr};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics;
@@ -211,15 +212,12 @@ impl DisplayAs for RangeBucketExec {
 }
 
 impl ExecutionPlan for RangeBucketExec {
-    fn name(&self) -> &str {
-        "RangeBucketExec"
+    crate::exec::one_input_operator! {
+        name: "RangeBucketExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| Self::try_new_counted(child, this.partitions, this.counted),
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     crate::exec::keeps_input_order!();
 
@@ -241,24 +239,8 @@ impl ExecutionPlan for RangeBucketExec {
         })
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new_counted(
-            child,
-            self.partitions,
-            self.counted,
-        )?))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let input = self.input.execute(partition, context)?;
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        let input = self.input.execute(partition, ctx)?;
         let bucketer = Bucketer {
             schema: Arc::clone(&self.schema),
             route: Arc::clone(&self.route),

@@ -65,6 +65,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::config::SqlfeedOptions;
+use crate::exec::BatchStream;
 use crate::exec::calls_costly_function;
 
 /// Rows of the first morsel, before any output has been measured; later
@@ -209,13 +210,9 @@ impl ExecutionPlan for ParallelProjectionExec {
         )))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let workers = self.workers;
-        let batch_bytes = match context.memory_pool().memory_limit() {
+        let batch_bytes = match ctx.memory_pool().memory_limit() {
             MemoryLimit::Finite(limit) => {
                 let partitions = self.properties.output_partitioning().partition_count();
                 let share = limit / (partitions.max(1) * workers);
@@ -225,14 +222,14 @@ impl ExecutionPlan for ParallelProjectionExec {
         };
         let reservation =
             MemoryConsumer::new(format!("ParallelProjectionExec[{partition}]"))
-                .register(context.memory_pool());
+                .register(ctx.memory_pool());
         reservation.try_grow(workers * batch_bytes).map_err(|e| {
             resources_datafusion_err!("ParallelProjectionExec needs {} bytes for {workers} batches of {batch_bytes} \
                  decoded bytes in flight: {e}. Raise the memory limit or lower \
                  sqlfeed.function_batch_bytes",
                 workers * batch_bytes)
         })?;
-        let input = self.input.execute(partition, context)?;
+        let input = self.input.execute(partition, ctx)?;
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let morsels: Count =
             MetricBuilder::new(&self.metrics).counter("morsels", partition);

@@ -59,8 +59,8 @@ use ballista_core::serde::protobuf::KeyValuePair;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
+use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -78,6 +78,7 @@ use futures::TryStreamExt;
 use super::SchedulerAddress;
 
 mod request;
+use crate::exec::BatchStream;
 use request::{Fetched, JobRequest};
 
 /// The settings a job is submitted with: DataFusion's and Ballista's, and
@@ -357,11 +358,7 @@ impl ExecutionPlan for SharedJobExec {
 
     crate::exec::leaf!();
 
-    fn execute(
-        &self,
-        partition: usize,
-        _context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
             return internal_err!(
                 "SharedJobExec has one partition, asked for {partition}"

@@ -44,6 +44,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::arrow::array::{Array, ArrayRef};
 use datafusion::arrow::compute::interleave;
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -241,11 +242,7 @@ impl ExecutionPlan for MixExec {
         )?))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
             return internal_err!("MixExec has one partition, asked for {partition}");
         }
@@ -255,7 +252,7 @@ impl ExecutionPlan for MixExec {
                 .counter(format!("rows_{}", source.name), partition);
             readers.push(SourceReader {
                 name: source.name.clone(),
-                stream: source_stream(source, &self.schema, Arc::clone(&context)),
+                stream: source_stream(source, &self.schema, Arc::clone(&ctx)),
                 batches: VecDeque::new(),
                 offset: 0,
                 rows: counter,
@@ -265,7 +262,7 @@ impl ExecutionPlan for MixExec {
             readers,
             turns: self.turns.clone(),
             left: self.sources.iter().map(|s| s.take).sum(),
-            batch_size: context.session_config().batch_size().max(1),
+            batch_size: ctx.session_config().batch_size().max(1),
             schema: Arc::clone(&self.schema),
             baseline: BaselineMetrics::new(&self.metrics, partition),
         };

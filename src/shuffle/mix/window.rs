@@ -26,6 +26,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::exec::BatchStream;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
@@ -150,11 +151,7 @@ impl ExecutionPlan for MixWindowExec {
         )?))
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
             return internal_err!(
                 "MixWindowExec has one partition, asked for {partition}"
@@ -165,7 +162,7 @@ impl ExecutionPlan for MixWindowExec {
             current: None,
             skip: self.window.skip,
             left: self.window.take,
-            context,
+            context: ctx,
             baseline: BaselineMetrics::new(&self.metrics, partition),
         };
         // Ends after the first error.

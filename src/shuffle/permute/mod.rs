@@ -80,8 +80,8 @@ use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
+use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{
     EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
 };
@@ -104,6 +104,7 @@ use futures::StreamExt;
 use super::SHUFFLE_KEY_COLUMN;
 
 mod permuter;
+use crate::exec::BatchStream;
 use permuter::{Permuter, compact_views};
 
 /// Bytes of one index entry.
@@ -225,15 +226,12 @@ impl DisplayAs for PermuteExec {
 }
 
 impl ExecutionPlan for PermuteExec {
-    fn name(&self) -> &str {
-        "PermuteExec"
+    crate::exec::one_input_operator! {
+        name: "PermuteExec",
+        input: input,
+        properties: |this| &this.properties,
+        rebuild: |this, child| Self::try_new_with_mode(child, this.mode),
     }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::one_input_children!(input);
 
     // All input partitions are read here, in parallel; nothing to gain from
     // more, and no exchange is wanted in front.
@@ -284,19 +282,7 @@ impl ExecutionPlan for PermuteExec {
         Ok(crate::exec::rows_passed_through(input_stats, &self.schema))
     }
 
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let child = crate::exec::single_child(self.name(), &children)?;
-        Ok(Arc::new(Self::try_new_with_mode(child, self.mode)?))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let input_schema = self.input.schema();
         let partitions = self.input.output_partitioning().partition_count();
         let arrivals = match self.mode {
@@ -309,9 +295,9 @@ impl ExecutionPlan for PermuteExec {
                 for input_partition in 0..partitions {
                     let tx = builder.tx();
                     let input = Arc::clone(&self.input);
-                    let context = Arc::clone(&context);
+                    let ctx = Arc::clone(&ctx);
                     builder.spawn(async move {
-                        let mut stream = input.execute(input_partition, context)?;
+                        let mut stream = input.execute(input_partition, ctx)?;
                         while let Some(batch) = stream.next().await {
                             if tx.send(batch).await.is_err() {
                                 break; // the consumer went away
@@ -323,7 +309,7 @@ impl ExecutionPlan for PermuteExec {
                 builder.build()
             }
             PermuteMode::PerPartition if partition < partitions => {
-                self.input.execute(partition, Arc::clone(&context))?
+                self.input.execute(partition, Arc::clone(&ctx))?
             }
             PermuteMode::Ranged if partition < partitions => {
                 // The order is only right if each partition holds one key
@@ -331,7 +317,7 @@ impl ExecutionPlan for PermuteExec {
                 // after planning; `KeepShuffleOrder` checks the plan too).
                 // Ballista numbers a task's partitions locally, so the range
                 // is compared with the partition's first row, not its index.
-                let input = self.input.execute(partition, Arc::clone(&context))?;
+                let input = self.input.execute(partition, Arc::clone(&ctx))?;
                 let bucket_column = input_schema.fields().len() - 2;
                 let mut first: Option<u64> = None;
                 Box::pin(RecordBatchStreamAdapter::new(
@@ -366,18 +352,18 @@ impl ExecutionPlan for PermuteExec {
             }
         };
         let spill_manager = SpillManager::new(
-            context.runtime_env(),
+            ctx.runtime_env(),
             SpillMetrics::new(&self.metrics, partition),
             Arc::clone(&input_schema),
         );
         let reservation = MemoryConsumer::new(format!("PermuteExec[{partition}]"))
             .with_can_spill(true)
-            .register(context.memory_pool());
+            .register(ctx.memory_pool());
         let permuter = Permuter::new(
             reservation,
-            context.memory_pool(),
+            ctx.memory_pool(),
             spill_manager,
-            context.session_config().batch_size().max(1),
+            ctx.session_config().batch_size().max(1),
             // Below a range exchange the copies are numbered already.
             self.mode != PermuteMode::Ranged,
         );

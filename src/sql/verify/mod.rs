@@ -49,7 +49,7 @@ use datafusion::common::internal_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::TableType;
 use datafusion::error::Result;
-use datafusion::execution::{FunctionRegistry, SendableRecordBatchStream, TaskContext};
+use datafusion::execution::{FunctionRegistry, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -262,11 +262,7 @@ impl ExecutionPlan for VerifyExec {
         Some(self.metrics.clone_inner())
     }
 
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
             return internal_err!("VerifyExec has one partition, not {partition}");
         }
@@ -274,8 +270,8 @@ impl ExecutionPlan for VerifyExec {
             store: Arc::clone(&self.store),
             decode: self.decode.clone(),
             max_pixels: self.max_pixels,
-            chunks_at_once: context.session_config().target_partitions().max(1),
-            pool: Arc::clone(context.memory_pool()),
+            chunks_at_once: ctx.session_config().target_partitions().max(1),
+            pool: Arc::clone(ctx.memory_pool()),
             pages: Counters::new(&self.metrics),
             metrics: self.metrics.clone(),
             decode_found: Mutex::new(HashSet::new()),
@@ -303,6 +299,7 @@ impl ExecutionPlan for VerifyExec {
 }
 
 mod file;
+use crate::exec::BatchStream;
 use file::{Counters, Shared, missing_decode_columns, verify_file};
 pub(crate) use file::{locate_damage, reason};
 
