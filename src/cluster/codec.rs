@@ -85,6 +85,35 @@ impl FunctionRegistry {
         }
     }
 
+    /// Encodes `udf` if it is sqlfeed's, else with `other` (DataFusion's
+    /// codec: a built-in function).
+    fn encode_or(
+        &self,
+        udf: &ScalarUDF,
+        buf: &mut Vec<u8>,
+        other: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    ) -> Result<()> {
+        if self.encode(udf, buf)? {
+            Ok(())
+        } else {
+            other(buf)
+        }
+    }
+
+    /// Decodes the function `name` if its bytes are sqlfeed's, else with
+    /// `other`.
+    fn decode_or(
+        &self,
+        name: &str,
+        buf: &[u8],
+        other: impl FnOnce() -> Result<Arc<ScalarUDF>>,
+    ) -> Result<Arc<ScalarUDF>> {
+        match self.decode(name, buf)? {
+            Some(udf) => Ok(udf),
+            None => other(),
+        }
+    }
+
     fn encode(&self, udf: &ScalarUDF, buf: &mut Vec<u8>) -> Result<bool> {
         if let Some(user) = as_user_function(udf) {
             return match user.origin() {
@@ -286,17 +315,13 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
     }
 
     fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
-        match self.functions.decode(name, buf)? {
-            Some(udf) => Ok(udf),
-            None => self.inner.try_decode_udf(name, buf),
-        }
+        self.functions
+            .decode_or(name, buf, || self.inner.try_decode_udf(name, buf))
     }
 
     fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
-        if self.functions.encode(node, buf)? {
-            return Ok(());
-        }
-        self.inner.try_encode_udf(node, buf)
+        self.functions
+            .encode_or(node, buf, |buf| self.inner.try_encode_udf(node, buf))
     }
 }
 
@@ -439,17 +464,13 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
     }
 
     fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
-        match self.functions.decode(name, buf)? {
-            Some(udf) => Ok(udf),
-            None => self.inner.try_decode_udf(name, buf),
-        }
+        self.functions
+            .decode_or(name, buf, || self.inner.try_decode_udf(name, buf))
     }
 
     fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
-        if self.functions.encode(node, buf)? {
-            return Ok(());
-        }
-        self.inner.try_encode_udf(node, buf)
+        self.functions
+            .encode_or(node, buf, |buf| self.inner.try_encode_udf(node, buf))
     }
 }
 

@@ -312,12 +312,7 @@ pub(crate) fn resolve(
         if !names.contains(name.as_str()) {
             return plan_err!(
                 "a tensor option names column '{name}', but the query returns only: {}",
-                schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::exec::column_names(schema)
             );
         }
     }

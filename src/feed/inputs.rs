@@ -63,13 +63,14 @@ pub async fn input_files_at(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::error::Result;
 
     use super::*;
 
-    fn write(path: &std::path::Path, rows: i64) -> Result<()> {
+    /// Writes a Parquet file of one `id` column, 0 to `rows - 1`.
+    pub(in crate::feed) fn write(path: &std::path::Path, rows: i64) -> Result<()> {
         let ids = Int64Array::from_iter_values(0..rows);
         let batch = RecordBatch::try_from_iter(vec![(
             "id",

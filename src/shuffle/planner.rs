@@ -280,12 +280,7 @@ fn key_source(
         schema.index_of(name).map_err(|_| {
             internal_datafusion_err!(
                 "Shuffle key column '{name}' is missing from the physical input ({})",
-                schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::exec::column_names(&schema)
             )
         })
     };

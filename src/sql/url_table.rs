@@ -179,12 +179,7 @@ async fn folder_glob_table(
     url: &str,
     glob: FolderGlob,
 ) -> Result<Arc<dyn TableProvider>> {
-    let store = state.runtime_env().object_store(glob.base())?;
-    let (files, tables) = glob
-        .expand(store.as_ref())
-        .await
-        .map_err(|e| list_error(url, e))?;
-    refuse_glob_in_tables(url, &glob, tables, &files, store.as_ref()).await?;
+    let (store, files) = glob_files(state, url, &glob).await?;
     let parquet: Vec<ObjectMeta> = files
         .into_iter()
         .filter(|f| f.location.as_ref().ends_with(".parquet"))
@@ -233,12 +228,7 @@ pub async fn list_parquet_files(
     }
     let (table_url, store, files) = match FolderGlob::parse(url)? {
         Some(glob) => {
-            let store = state.runtime_env().object_store(glob.base())?;
-            let (files, tables) = glob
-                .expand(store.as_ref())
-                .await
-                .map_err(|e| list_error(url, e))?;
-            refuse_glob_in_tables(url, &glob, tables, &files, store.as_ref()).await?;
+            let (store, files) = glob_files(state, url, &glob).await?;
             (glob.base().clone(), store, files)
         }
         None => {
@@ -326,6 +316,22 @@ async fn refuse_table_folders(
         Some(table) => Err(table_error(url, table)),
         None => Ok(()),
     }
+}
+
+/// The files `glob` (of `url`) matches, with its store; a match inside a
+/// Delta or Iceberg table is refused.
+async fn glob_files(
+    state: &SessionState,
+    url: &str,
+    glob: &FolderGlob,
+) -> Result<(Arc<dyn object_store::ObjectStore>, Vec<ObjectMeta>)> {
+    let store = state.runtime_env().object_store(glob.base())?;
+    let (files, tables) = glob
+        .expand(store.as_ref())
+        .await
+        .map_err(|e| list_error(url, e))?;
+    refuse_glob_in_tables(url, glob, tables, &files, store.as_ref()).await?;
+    Ok((store, files))
 }
 
 /// Refuses a folder glob whose matches lie in a Delta Lake or Iceberg table:

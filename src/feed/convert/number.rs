@@ -1,9 +1,9 @@
 //! Numbers into tensor elements: every Arrow number type into every tensor
 //! dtype, with overflow and non-integral values reported, not wrapped.
 
-use datafusion::error::{DataFusionError, Result};
+use datafusion::error::Result;
 
-use crate::device::{DType, bf16, cast_slice_mut, f16};
+use crate::device::{DType, Element, bf16, cast_slice_mut, f16};
 
 /// A number that can become any tensor element.
 pub(super) trait Number: Copy {
@@ -81,6 +81,39 @@ impl Number for f16 {
     }
 }
 
+/// A failed conversion: the element's index and its value as text.
+type Offending = (usize, String);
+
+/// `dst`, viewed as `T`s, gets `convert` of each element of `src`; one
+/// loop per call site, so the compiler vectorises each.
+#[inline(always)]
+fn map_into<S: Copy, T: Element>(
+    src: &[S],
+    dst: &mut [u8],
+    convert: impl Fn(S) -> T,
+) -> std::result::Result<(), Offending> {
+    let dst = cast_slice_mut::<T>(dst).map_err(|e| (0, e.to_string()))?;
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = convert(*s);
+    }
+    Ok(())
+}
+
+/// [`map_into`] with a conversion that may fail (`None`: out of range or
+/// not integral), which stops at the offending element.
+#[inline(always)]
+fn try_map_into<S: Number + std::fmt::Debug, T: Element>(
+    src: &[S],
+    dst: &mut [u8],
+    convert: impl Fn(S) -> Option<T>,
+) -> std::result::Result<(), Offending> {
+    let dst = cast_slice_mut::<T>(dst).map_err(|e| (0, e.to_string()))?;
+    for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
+        *d = convert(*s).ok_or_else(|| (i, format!("{s:?}")))?;
+    }
+    Ok(())
+}
+
 /// Converts `src` into `dst` (exactly `src.len()` elements of `dtype`);
 /// on overflow returns the offending value as text.
 #[inline]
@@ -89,78 +122,33 @@ pub(super) fn write_native<S: Number + std::fmt::Debug>(
     dst: &mut [u8],
     dtype: DType,
     affine: Option<(f64, f64)>,
-) -> std::result::Result<(), (usize, String)> {
-    let internal = |e: DataFusionError| (0, e.to_string());
+) -> std::result::Result<(), Offending> {
     // The 16- and 32-bit floats are computed in f32 (the vectorised path).
     let affine32 = affine.map(|(scale, offset)| (scale as f32, offset as f32));
+    let (scale32, offset32) = affine32.unwrap_or((1.0, 0.0));
     match dtype {
-        DType::Float32 => {
-            let dst = cast_slice_mut::<f32>(dst).map_err(internal)?;
-            match affine32 {
-                // Separate loops so that the compiler vectorises each.
-                Some((scale, offset)) => {
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = s.to_f32() * scale + offset;
-                    }
-                }
-                None => {
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = s.to_f32();
-                    }
-                }
-            }
-        }
+        // Without an affine map, no multiply-add to vectorise around.
+        DType::Float32 if affine32.is_none() => map_into(src, dst, S::to_f32),
+        DType::Float32 => map_into(src, dst, |s| s.to_f32() * scale32 + offset32),
         DType::Float64 => {
-            let dst = cast_slice_mut::<f64>(dst).map_err(internal)?;
             let (scale, offset) = affine.unwrap_or((1.0, 0.0));
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = s.to_f64() * scale + offset;
-            }
+            map_into(src, dst, |s| s.to_f64() * scale + offset)
         }
         DType::Float16 => {
-            let dst = cast_slice_mut::<f16>(dst).map_err(internal)?;
-            let (scale, offset) = affine32.unwrap_or((1.0, 0.0));
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = f16::from_f32(s.to_f32() * scale + offset);
-            }
+            map_into(src, dst, |s| f16::from_f32(s.to_f32() * scale32 + offset32))
         }
-        DType::BFloat16 => {
-            let dst = cast_slice_mut::<bf16>(dst).map_err(internal)?;
-            let (scale, offset) = affine32.unwrap_or((1.0, 0.0));
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = bf16::from_f32(s.to_f32() * scale + offset);
-            }
-        }
-        DType::Int64 => {
-            let dst = cast_slice_mut::<i64>(dst).map_err(internal)?;
-            for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
-                *d = s.to_i64().ok_or_else(|| (i, format!("{s:?}")))?;
-            }
-        }
+        DType::BFloat16 => map_into(src, dst, |s| {
+            bf16::from_f32(s.to_f32() * scale32 + offset32)
+        }),
+        DType::Int64 => try_map_into(src, dst, S::to_i64),
         DType::Int32 => {
-            let dst = cast_slice_mut::<i32>(dst).map_err(internal)?;
-            for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
-                *d = s
-                    .to_i64()
-                    .and_then(|v| i32::try_from(v).ok())
-                    .ok_or_else(|| (i, format!("{s:?}")))?;
-            }
+            try_map_into(src, dst, |s| s.to_i64().and_then(|v| i32::try_from(v).ok()))
         }
         DType::UInt8 => {
-            for (i, (d, s)) in dst.iter_mut().zip(src).enumerate() {
-                *d = s
-                    .to_i64()
-                    .and_then(|v| u8::try_from(v).ok())
-                    .ok_or_else(|| (i, format!("{s:?}")))?;
-            }
+            try_map_into(src, dst, |s| s.to_i64().and_then(|v| u8::try_from(v).ok()))
         }
-        DType::Bool => {
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = u8::from(s.is_nonzero());
-            }
-        }
+        DType::Bool => map_into(src, dst, |s| u8::from(s.is_nonzero())),
     }
-    Ok(())
 }
 
 /// Fills `dst` with `value` as `dtype`.

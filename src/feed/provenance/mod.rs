@@ -437,24 +437,13 @@ fn scanned_files(
 
 #[cfg(test)]
 mod tests {
-    use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::logical_expr::LogicalPlanBuilder;
 
     use super::*;
     use crate::shuffle::ShuffleSpec;
 
     fn write(path: &std::path::Path) -> Result<()> {
-        let ids = Int64Array::from_iter_values(0..10);
-        let batch = RecordBatch::try_from_iter(vec![(
-            "id",
-            Arc::new(ids) as datafusion::arrow::array::ArrayRef,
-        )])?;
-        let file = std::fs::File::create(path)?;
-        let mut writer =
-            datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
-        writer.write(&batch)?;
-        writer.close()?;
-        Ok(())
+        crate::feed::inputs::tests::write(path, 10)
     }
 
     fn row_key() -> Arc<datafusion::logical_expr::ScalarUDF> {
