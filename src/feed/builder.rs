@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, mpsc};
+use std::time::Instant;
 
 use datafusion::common::plan_err;
 use datafusion::common::{internal_err, resources_datafusion_err};
@@ -413,6 +414,7 @@ impl FeedBuilder {
     /// Checks the options, opens the device, plans the query, checks that
     /// every column can become a tensor and starts producing batches.
     pub fn build(mut self) -> Result<Feed> {
+        let started = Instant::now();
         self.validate()?;
         let device = self.device.unwrap_or_else(Device::auto);
         let backend = Backend::try_new(device)?;
@@ -455,7 +457,7 @@ impl FeedBuilder {
                 Some(self.checkpoint_at_start(&data))
             }
         };
-        let metrics = Arc::new(FeedMetrics::new());
+        let metrics = Arc::new(FeedMetrics::started_at(started));
         let memory_pool = &self.session.context().runtime_env().memory_pool;
         let ring_memory =
             MemoryConsumer::new(format!("feed {id} prefetch ring")).register(memory_pool);

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 /// Live counters of one feed.
 #[derive(Debug)]
 pub(crate) struct FeedMetrics {
-    /// When the feed was built (the wall clock starts here, like the peers').
+    /// When the feed's build began — before its device, threads, planning
+    /// and input listing — so the wall clock and the first batch's latency
+    /// count everything from the call, as the peers' clocks do from their
+    /// pipeline's construction.
     pub(crate) started: Instant,
     /// Batches handed to the consumer.
     pub(crate) batches: AtomicU64,
@@ -38,9 +41,10 @@ pub(crate) struct FeedMetrics {
 }
 
 impl FeedMetrics {
-    pub(crate) fn new() -> Self {
+    /// Counters of a feed whose build began at `started`.
+    pub(crate) fn started_at(started: Instant) -> Self {
         Self {
-            started: Instant::now(),
+            started,
             batches: AtomicU64::new(0),
             rows: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
@@ -118,7 +122,8 @@ impl FeedMetrics {
 /// A snapshot of a feed's metrics.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FeedReport {
-    /// Seconds since the feed was built.
+    /// Seconds since the feed's build began (planning and listing its
+    /// inputs included).
     pub wall_s: f64,
     /// Batches delivered.
     pub batches: u64,
@@ -136,7 +141,7 @@ pub struct FeedReport {
     pub convert_s: f64,
     /// Seconds the producer waited for the consumer to release a slot.
     pub stall_s: f64,
-    /// Seconds from build to the first batch.
+    /// Seconds from the start of the build to the first batch.
     pub ttfb_s: Option<f64>,
     /// Share of padded tensors' elements that are padding.
     pub padding_frac: Option<f64>,

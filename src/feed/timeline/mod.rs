@@ -334,7 +334,7 @@ mod tests {
 
     fn timeline() -> Timeline {
         Timeline::new(
-            Arc::new(FeedMetrics::new()),
+            Arc::new(FeedMetrics::started_at(std::time::Instant::now())),
             Arc::new(Loans::default()),
             Arc::new(UnboundedMemoryPool::default()),
             2,
