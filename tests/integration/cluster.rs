@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::error::Result;
 
-use crate::common::{gen_data, run, sqlfeed, write_parquet};
+use crate::common::{digest_lines, gen_data, run, sqlfeed, write_parquet};
 
 /// Processes of one test cluster; killed on drop.
 pub struct Cluster {
@@ -564,10 +564,7 @@ fn feed_digests(cluster: Option<&str>, data: &Path, args: &[&str]) -> Vec<String
         .args(args);
     let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
     assert!(ok, "feed {args:?} failed: {err}");
-    out.lines()
-        .filter(|l| l.starts_with("batch "))
-        .map(str::to_string)
-        .collect()
+    digest_lines(&out)
 }
 
 #[test]
@@ -838,12 +835,7 @@ fn a_feed_survives_an_executor_killed_mid_epoch_with_the_same_batches() -> Resul
             ])
             .args(["--digest", "--run-id", "kill-test"]);
         let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(240));
-        let digests: Vec<String> = out
-            .lines()
-            .filter(|l| l.starts_with("batch "))
-            .map(str::to_string)
-            .collect();
-        (ok, digests, err)
+        (ok, digest_lines(&out), err)
     };
     let (ok, expected, err) = feed(None);
     assert!(ok && expected.len() > 50, "embedded: {err}");
@@ -917,29 +909,27 @@ fn a_cached_cluster_feed_computes_once_and_keeps_the_batches() -> Result<()> {
             .args(extra);
         run_bounded(&mut command, Duration::from_secs(120))
     };
-    let digests = |out: &str| -> Vec<String> {
-        out.lines()
-            .filter(|l| l.starts_with("batch "))
-            .map(str::to_string)
-            .collect()
-    };
     let cluster = Cluster::start(2);
     let url = cluster.url();
     for shuffle in [&["--shuffle-seed", "42"][..], &[]] {
         let (ok, out, err) = run(Some(&url), shuffle);
         assert!(ok, "uncached on the cluster: {err}");
-        let expected = digests(&out);
+        let expected = digest_lines(&out);
         assert_eq!(expected.len(), 3 * 47, "3000 rows in batches of 64");
         // Also unshuffled, although the functions emit many small record
         // batches per partition (the lanes interleave by rows).
         let (ok, out, err) = run(None, shuffle);
         assert!(ok, "embedded: {err}");
-        assert_eq!(digests(&out), expected, "{shuffle:?}: cluster = embedded");
+        assert_eq!(
+            digest_lines(&out),
+            expected,
+            "{shuffle:?}: cluster = embedded"
+        );
         let mut args = shuffle.to_vec();
         args.push("--cache");
         let (ok, out, err) = run(Some(&url), &args);
         assert!(ok, "cached on the cluster: {err}");
-        assert_eq!(digests(&out), expected, "{shuffle:?}");
+        assert_eq!(digest_lines(&out), expected, "{shuffle:?}");
         // Epoch 0 filled the entry from the cluster's rows; epochs 1 and 2
         // read it here.
         let plans: Vec<&str> = out.split("epoch ").skip(1).collect();
@@ -1003,12 +993,7 @@ fn an_executor_cache_is_written_and_read_on_the_executors() -> Result<()> {
                     let (ok, out, err) =
                         run_bounded(&mut command, Duration::from_secs(120));
                     assert!(ok, "rank {rank}: {err}");
-                    let digests = out
-                        .lines()
-                        .filter(|l| l.starts_with("batch "))
-                        .map(str::to_string)
-                        .collect();
-                    (digests, out)
+                    (digest_lines(&out), out)
                 })
             })
             .collect();
@@ -1124,13 +1109,7 @@ fn a_cluster_feed_widens_tensors_on_the_client_with_the_embedded_batches() -> Re
         assert!(ok, "feed {cluster:?} {settings:?} failed: {err}");
         out
     };
-    let digests = |out: &str| -> Vec<String> {
-        out.lines()
-            .filter(|l| l.starts_with("batch "))
-            .map(str::to_string)
-            .collect()
-    };
-    let embedded = digests(&feed(None, &[]));
+    let embedded = digest_lines(&feed(None, &[]));
     // 1000 rows, 2 × 64 per step: 8 batches of this rank.
     assert_eq!(embedded.len(), 8);
     let widened = feed(Some(&cluster.url()), &[]);
@@ -1138,8 +1117,8 @@ fn a_cluster_feed_widens_tensors_on_the_client_with_the_embedded_batches() -> Re
         Some(&cluster.url()),
         &["--set", "sqlfeed.widen_on_client=false"],
     );
-    assert_eq!(digests(&widened), embedded, "widened on the client");
-    assert_eq!(digests(&whole), embedded, "widened on the executors");
+    assert_eq!(digest_lines(&widened), embedded, "widened on the client");
+    assert_eq!(digest_lines(&whole), embedded, "widened on the executors");
     // 8×8×3 pixels: 192 bytes of uint8 against 768 of float32 per row.
     let (narrow, wide) = (fetched_bytes(&widened), fetched_bytes(&whole));
     assert!(
@@ -1234,10 +1213,7 @@ fn a_feed_job_assumes_unique_rows_and_falls_back_to_the_copy_stage() -> Result<(
                 ]);
             let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
             assert!(ok, "feed of {data}, rank {rank}: {err}");
-            out.lines()
-                .filter(|l| l.starts_with("batch "))
-                .map(str::to_string)
-                .collect::<Vec<_>>()
+            digest_lines(&out)
         };
     let feed = |cluster, data, rank| feed_with(cluster, data, rank, &[]);
     for data in ["unique", "repeated"] {

@@ -61,6 +61,14 @@ pub fn run(command: &mut Command) -> (bool, String, String) {
     )
 }
 
+/// The `batch epoch=… digest=…` lines of a `feed --digest` run's output.
+pub fn digest_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with("batch "))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Runs `sqlfeed -c sql --format csv` and returns stdout, panicking with
 /// stderr on failure.
 pub fn csv(sql: &str) -> String {

@@ -13,7 +13,7 @@ use sqlfeed::Session;
 use sqlfeed::device::{Device, TensorBatch};
 use sqlfeed::feed::{Checkpoint, Feed, FeedBuilder, OnDataChange};
 
-use crate::common::{arc, run, sqlfeed, write_parquet};
+use crate::common::{arc, digest_lines, run, sqlfeed, write_parquet};
 
 /// One batch: (epoch, step, ids, next row position).
 type Fed = (u64, u64, Vec<i64>, (u64, u64));
@@ -256,10 +256,7 @@ fn the_cli_prints_row_positions_and_resumes_from_them_under_another_shape() {
             .args(args);
         let (ok, out, err) = run(&mut command);
         assert!(ok, "{err}");
-        out.lines()
-            .filter(|l| l.starts_with("batch "))
-            .map(String::from)
-            .collect()
+        digest_lines(&out)
     };
     let field = |line: &str, key: &str| -> String {
         line.split(' ')

@@ -15,7 +15,7 @@ use sqlfeed::Session;
 use sqlfeed::device::{DType, Device};
 use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder};
 
-use crate::common::{arc, gen_data, run, sqlfeed, write_parquet};
+use crate::common::{arc, digest_lines, gen_data, run, sqlfeed, write_parquet};
 
 fn session(partitions: usize, batch_size: usize) -> Result<Session> {
     Session::builder()
@@ -270,10 +270,7 @@ fn resume_in_a_new_process_equals_the_uninterrupted_run_byte_for_byte() -> Resul
             ])
             .args(extra));
         assert!(ok, "{err}");
-        out.lines()
-            .filter(|l| l.starts_with("batch "))
-            .map(str::to_string)
-            .collect::<Vec<_>>()
+        digest_lines(&out)
     };
     let full = feed(&[]);
     assert_eq!(full.len(), 3 * 1500usize.div_ceil(64));
