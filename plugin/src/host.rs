@@ -182,7 +182,9 @@ fn plugin_config(config: &ConfigOptions) -> Result<ConfigOptions> {
         }
         for entry in extension.entries() {
             if let Some(value) = entry.value {
-                let key = entry.key.trim_start_matches('.');
+                // Listed with or without the prefix.
+                let key = entry.key.strip_prefix(name).unwrap_or(&entry.key);
+                let key = key.trim_start_matches('.');
                 forwarded.set(&format!("{name}.{key}"), &value)?;
             }
         }

@@ -10,9 +10,10 @@ use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
-use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::SessionConfig;
 
 use super::batcher::EpochStart;
 use super::columns::{self, TensorColumn};
@@ -190,9 +191,15 @@ impl Producer {
             options.cache,
             options.order_lanes,
         );
+        let (state, plan) = query.into_parts();
+        let config = self.epoch_config(state.config(), epoch);
+        let partition_order = self.epoch_partition_order(&plan);
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
         scale_out.epoch_job(EpochJob {
-            query,
-            partition_order: self.partition_order(),
+            query: DataFrame::new(state, plan),
+            partition_order,
             run,
             epoch,
             rank: options.rank,
@@ -245,6 +252,42 @@ impl Producer {
             dealt: job.dealt,
             after,
         })
+    }
+
+    /// `config` as epoch `epoch`'s query is planned with, on either engine
+    /// (a cluster's scheduler and executors get these settings with the
+    /// job): seeded augmentations draw per (feed seed, epoch), see udfs'
+    /// augment; a MIX without SEED/EPOCH takes them too, and its weight
+    /// schedules count steps of this feed's global batch.
+    fn epoch_config(&self, config: &SessionConfig, epoch: u64) -> SessionConfig {
+        let options = &self.options;
+        let mut config = config.clone();
+        config.options_mut().extensions.insert(
+            sqlfeed_udfs::augment::AugmentOptions::for_epoch(
+                options.shuffle_seed.unwrap_or(0),
+                epoch,
+            ),
+        );
+        let mut sqlfeed_options = config
+            .options()
+            .extensions
+            .get::<crate::config::SqlfeedOptions>()
+            .cloned()
+            .unwrap_or_default();
+        sqlfeed_options.feed_step_rows = (options.batch_size * options.world) as u64;
+        config.options_mut().extensions.insert(sqlfeed_options);
+        config
+    }
+
+    /// What the plan of query `plan` must keep of its partitions' order:
+    /// nothing of the tables' partitions where every table is read under a
+    /// `MIX` or a global `SHUFFLE`.
+    fn epoch_partition_order(&self, plan: &LogicalPlan) -> crate::config::PartitionOrder {
+        if order::ordered_by_content(plan) {
+            crate::config::PartitionOrder::Content
+        } else {
+            self.partition_order()
+        }
     }
 
     /// What the epoch's plan must keep of its partitions' order.
@@ -364,29 +407,11 @@ impl Producer {
         } else {
             state
         };
-        let mut config = state.config().clone();
-        // Seeded augmentations draw per (feed seed, epoch): see udfs' augment.
-        config.options_mut().extensions.insert(
-            sqlfeed_udfs::augment::AugmentOptions::for_epoch(
-                options.shuffle_seed.unwrap_or(0),
-                epoch,
-            ),
+        let mut config = self.epoch_config(state.config(), epoch);
+        crate::config::deterministic_config(
+            &mut config,
+            self.epoch_partition_order(&plan),
         );
-        let partition_order = if order::ordered_by_content(&plan) {
-            crate::config::PartitionOrder::Content
-        } else {
-            self.partition_order()
-        };
-        crate::config::deterministic_config(&mut config, partition_order);
-        // A MIX's weight schedules count steps of this feed's global batch.
-        let mut sqlfeed_options = config
-            .options()
-            .extensions
-            .get::<crate::config::SqlfeedOptions>()
-            .cloned()
-            .unwrap_or_default();
-        sqlfeed_options.feed_step_rows = (options.batch_size * options.world) as u64;
-        config.options_mut().extensions.insert(sqlfeed_options);
         let mut state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();

@@ -318,7 +318,11 @@ impl SessionBuilder {
             .with_option_extension(SqlfeedOptions {
                 executor_cache_dir: self.executor_cache_dir.clone().unwrap_or_default(),
                 ..SqlfeedOptions::default()
-            });
+            })
+            // Registered, so that a feed's epoch travels with a cluster job
+            // to the scheduler (a MIX's draw) and executors (seeded
+            // augmentations); its default (no epoch) changes nothing.
+            .with_option_extension(sqlfeed_udfs::augment::AugmentOptions::default());
         // Each sorting partition sets this much aside for merging its spill
         // files (DataFusion's default: 10 MB). Under a small budget the
         // reservations alone would exceed it, so scale them to the budget.

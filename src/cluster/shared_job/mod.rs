@@ -82,9 +82,10 @@ use crate::exec::BatchStream;
 use request::{Fetched, JobRequest};
 
 /// The settings a job is submitted with: DataFusion's and Ballista's, and
-/// sqlfeed's under their `sqlfeed.` prefix (DataFusion lists an extension's
-/// entries without its prefix, and the scheduler ignores keys it cannot
-/// set, so `SET sqlfeed.…` did not reach it).
+/// sqlfeed's under their prefixes (DataFusion lists an extension's entries
+/// without its prefix, and the scheduler ignores keys it cannot set, so
+/// `SET sqlfeed.…` did not reach it). The feed's epoch
+/// (`sqlfeed_udfs::augment`) lists its entries under their full names.
 fn settings(config: &datafusion::prelude::SessionConfig) -> Vec<KeyValuePair> {
     use datafusion::config::{ConfigExtension, ExtensionOptions};
     let pair = |key: String, value: Option<String>| {
