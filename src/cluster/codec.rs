@@ -53,6 +53,8 @@ use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
 use super::wire::WireNode;
 use crate::cache::CachedTable;
 use crate::cache::shared::{SharedEntryWriteExec, SharedEntryWriteNode};
+use crate::shuffle::mix::pattern::Turns;
+use crate::shuffle::mix::{MixExec, MixNode, MixSource, MixWindowExec};
 use crate::shuffle::{
     DealExec, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, RankShardExec,
     ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
@@ -222,6 +224,9 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
                 })
             }
 
+            Some(WireNode::Mix { spec }) => Ok(Extension {
+                node: Arc::new(MixNode::try_new(inputs.to_vec(), spec)?),
+            }),
             Some(WireNode::SharedEntryWrite { dir }) => {
                 let [input] = inputs else {
                     return internal_err!(
@@ -247,12 +252,11 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
             };
             return encode(&wire, buf);
         }
-        if any.is::<crate::shuffle::mix::MixNode>() {
-            return datafusion::common::plan_err!(
-                "MIX runs on the embedded engine only for now: a cluster session cannot \
-                 send a mixture to its scheduler; run this query in a session without \
-                 a cluster"
-            );
+        if let Some(mix) = any.downcast_ref::<MixNode>() {
+            let wire = WireNode::Mix {
+                spec: mix.spec().clone(),
+            };
+            return encode(&wire, buf);
         }
         if let Some(write) = any.downcast_ref::<SharedEntryWriteNode>() {
             let wire = WireNode::SharedEntryWrite {
@@ -354,6 +358,22 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         let Some(node) = decode(buf)? else {
             return self.inner.try_decode(buf, inputs, ctx, proto_converter);
         };
+        // The mixture's operators read several inputs.
+        let node = match node {
+            WireNode::MixExec {
+                sources,
+                turns,
+                nullable,
+            } => return decode_mix(sources, turns, &nullable, inputs),
+            WireNode::MixWindow { source, window } => {
+                return Ok(Arc::new(MixWindowExec::try_new(
+                    source,
+                    inputs.to_vec(),
+                    window,
+                )?));
+            }
+            other => other,
+        };
         let [input] = inputs else {
             return internal_err!("{node:?} has one input, got {}", inputs.len());
         };
@@ -403,6 +423,9 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             }
 
             other @ (WireNode::Shuffle { .. }
+            | WireNode::Mix { .. }
+            | WireNode::MixExec { .. }
+            | WireNode::MixWindow { .. }
             | WireNode::Function
             | WireNode::UserFunction { .. }) => {
                 return internal_err!("{other:?} is not a physical plan node");
@@ -452,6 +475,26 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 buffer_rows: local.buffer_rows(),
                 seed: local.seed(),
             }
+        } else if let Some(mix) = plan.downcast_ref::<MixExec>() {
+            WireNode::MixExec {
+                sources: mix
+                    .sources()
+                    .iter()
+                    .map(|s| (s.name.clone(), s.take))
+                    .collect(),
+                turns: mix.turns().origin(),
+                nullable: mix
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.is_nullable())
+                    .collect(),
+            }
+        } else if let Some(window) = plan.downcast_ref::<MixWindowExec>() {
+            WireNode::MixWindow {
+                source: window.source().to_string(),
+                window: window.window(),
+            }
         } else if let Some(permute) = plan.downcast_ref::<PermuteExec>() {
             WireNode::Permute {
                 per_partition: permute.mode() == PermuteMode::PerPartition,
@@ -472,6 +515,54 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         self.functions
             .encode_or(node, buf, |buf| self.inner.try_encode_udf(node, buf))
     }
+}
+
+/// A [`MixExec`] of `inputs` (one per source, in order) from its wire form.
+fn decode_mix(
+    sources: Vec<(String, u64)>,
+    turns: crate::shuffle::mix::pattern::TurnsOrigin,
+    nullable: &[bool],
+    inputs: &[Arc<dyn ExecutionPlan>],
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let Some(first) = inputs.first() else {
+        return internal_err!("MixExec without sources");
+    };
+    if sources.len() != inputs.len() {
+        return internal_err!(
+            "MixExec of {} sources has {} inputs",
+            sources.len(),
+            inputs.len()
+        );
+    }
+    // The sources' columns, nullable where the sender's mixture's are.
+    let schema = first.schema();
+    let fields: Vec<datafusion::arrow::datatypes::Field> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let nullable = nullable.get(i).copied().unwrap_or(f.is_nullable());
+            f.as_ref().clone().with_nullable(nullable)
+        })
+        .collect();
+    let schema = Arc::new(datafusion::arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ));
+    let sources = sources
+        .into_iter()
+        .zip(inputs)
+        .map(|((name, take), plan)| MixSource {
+            name,
+            plan: Arc::clone(plan),
+            take,
+        })
+        .collect();
+    Ok(Arc::new(MixExec::try_new(
+        sources,
+        Turns::from_origin(turns)?,
+        schema,
+    )?))
 }
 
 /// The Ballista job a task runs in (its folder in the executor cache).
@@ -496,23 +587,110 @@ mod tests {
         FunctionRegistry::new(sqlfeed_udfs::scalar_functions().into_iter().map(Arc::new))
     }
 
-    #[test]
-    fn a_mixture_is_refused_by_name() -> Result<()> {
+    #[tokio::test]
+    async fn a_mixture_travels_and_gives_the_same_rows() -> Result<()> {
+        use crate::shuffle::mix::MixSpec;
+        use crate::shuffle::mix::pattern::{Interleave, Window};
+        use datafusion::arrow::array::Int64Array;
+        use datafusion::arrow::datatypes::{DataType, Field, Schema};
+        use datafusion::arrow::record_batch::RecordBatch;
+        use datafusion::datasource::memory::MemorySourceConfig;
+
+        let ctx = SessionContext::new();
+        let task = ctx.task_ctx();
+        // The logical node, schedules and all.
         let logical = SqlfeedLogicalCodec::new(registry());
         let input = LogicalPlan::EmptyRelation(EmptyRelation {
             produce_one_row: true,
             schema: Arc::new(datafusion::common::DFSchema::empty()),
         });
-        let spec =
-            crate::shuffle::mix::MixSpec::new(vec!["a".into()], &[1.0], None, None, None);
+        let spec = MixSpec::new(vec!["a".into()], &[1.0], Some(5), Some(7), None)
+            .with_schedules(&[vec![(0, 1.0), (10, 0.5)]], Some(4));
         let node = Extension {
-            node: Arc::new(crate::shuffle::mix::MixNode::try_new(vec![input], spec)?),
+            node: Arc::new(MixNode::try_new(vec![input.clone()], spec.clone())?),
         };
-        let err = logical
-            .try_encode(&node, &mut vec![])
-            .expect_err("a mixture cannot go to the scheduler")
-            .to_string();
-        assert!(err.contains("MIX runs on the embedded engine"), "{err}");
+        let mut buf = vec![];
+        logical.try_encode(&node, &mut buf)?;
+        let back = logical.try_decode(&buf, &[input], &task)?;
+        let back = back.node.as_any().downcast_ref::<MixNode>();
+        assert_eq!(back.map(|mix| mix.spec()), Some(&spec));
+
+        // The operators, each decoded over its children as Ballista does.
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let memory = |values: Vec<i64>| -> Result<Arc<dyn ExecutionPlan>> {
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(Int64Array::from(values))],
+            )?;
+            Ok(MemorySourceConfig::try_new_exec(
+                &[vec![batch]],
+                Arc::clone(&schema),
+                None,
+            )?)
+        };
+        let window: Arc<dyn ExecutionPlan> = Arc::new(MixWindowExec::try_new(
+            "a".into(),
+            vec![memory(vec![1, 2, 3])?, memory(vec![4, 5, 6])?],
+            Window {
+                first_pass: 0,
+                passes: 2,
+                skip: 2,
+                take: 3,
+            },
+        )?);
+        let sources = vec![
+            MixSource {
+                name: "a".into(),
+                plan: window,
+                take: 3,
+            },
+            MixSource {
+                name: "b".into(),
+                plan: memory(vec![10, 20])?,
+                take: 2,
+            },
+        ];
+        let mix: Arc<dyn ExecutionPlan> = Arc::new(MixExec::try_new(
+            sources,
+            Turns::Fixed(Interleave::new(vec![3, 2])),
+            Arc::clone(&schema),
+        )?);
+        let physical = SqlfeedPhysicalCodec::new(registry());
+        let converter = datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {};
+        let travel = |plan: &Arc<dyn ExecutionPlan>,
+                      children: Vec<Arc<dyn ExecutionPlan>>|
+         -> Result<Arc<dyn ExecutionPlan>> {
+            let mut buf = vec![];
+            physical.try_encode(Arc::clone(plan), &mut buf, &converter)?;
+            physical.try_decode(&buf, &children, &task, &converter)
+        };
+        let children: Vec<Arc<dyn ExecutionPlan>> =
+            mix.children().into_iter().cloned().collect();
+        let window = travel(
+            &children[0],
+            children[0].children().into_iter().cloned().collect(),
+        )?;
+        let arrived = travel(&mix, vec![window, Arc::clone(&children[1])])?;
+        let values = |plan: Arc<dyn ExecutionPlan>| {
+            let task = Arc::clone(&task);
+            async move {
+                let batches = datafusion::physical_plan::collect(plan, task).await?;
+                let values: Vec<i64> = batches
+                    .iter()
+                    .flat_map(|b| {
+                        b.column(0)
+                            .as_any()
+                            .downcast_ref::<Int64Array>()
+                            .map(|a| a.values().to_vec())
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                Ok::<_, datafusion::error::DataFusionError>(values)
+            }
+        };
+        let expected = values(mix).await?;
+        assert_eq!(expected.len(), 5, "{expected:?}");
+        assert_eq!(values(arrived).await?, expected);
         Ok(())
     }
 

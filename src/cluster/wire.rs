@@ -6,7 +6,8 @@
 //!  Envelope { version = 1; oneof node { shuffle = 2; shuffle_key = 3;
 //!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7;
 //!             range_bucket = 8; deal = 9; rank_shard = 10;
-//!             shared_entry_write = 11; user_function = 12 } }
+//!             shared_entry_write = 11; user_function = 12; mix = 13;
+//!             mix_exec = 14; mix_window = 15 } }
 //! ```
 //!
 //! # Compatibility
@@ -23,6 +24,8 @@ use datafusion::common::plan_datafusion_err;
 use datafusion::error::Result;
 use prost::Message;
 
+use crate::shuffle::mix::MixSpec;
+use crate::shuffle::mix::pattern::{TurnsOrigin, Window};
 use crate::shuffle::{Deal, KeySource, ShuffleKey, ShuffleSpec};
 
 /// What a sqlfeed payload holds: the nodes of sqlfeed's codecs
@@ -96,6 +99,29 @@ pub enum WireNode {
         ranged: bool,
     },
 
+    /// `MixNode` (logical).
+    Mix {
+        /// Sources, weights, rows, seed, epoch and schedules.
+        spec: MixSpec,
+    },
+    /// `MixExec`.
+    MixExec {
+        /// Each source's name and the rows the epoch takes from it, in the
+        /// order of the node's inputs.
+        sources: Vec<(String, u64)>,
+        /// What its turns are built from.
+        turns: TurnsOrigin,
+        /// Which of its columns are nullable (the sources' may differ).
+        nullable: Vec<bool>,
+    },
+    /// `MixWindowExec`.
+    MixWindow {
+        /// The source's name.
+        source: String,
+        /// The rows of its passes the epoch takes.
+        window: Window,
+    },
+
     /// A sqlfeed function, resolved by name where it is decoded.
     Function,
     /// A plugin's function, resolved by name where it is decoded and
@@ -122,7 +148,10 @@ pub const WIRE_VERSION: u32 = 2;
 pub struct Envelope {
     #[prost(uint32, tag = "1")]
     pub version: u32,
-    #[prost(oneof = "Node", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
+    #[prost(
+        oneof = "Node",
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15"
+    )]
     pub node: Option<Node>,
 }
 
@@ -151,6 +180,119 @@ pub enum Node {
     SharedEntryWrite(SharedEntryWrite),
     #[prost(message, tag = "12")]
     UserFunction(UserFunctionNode),
+    #[prost(message, tag = "13")]
+    Mix(MixSpecNode),
+    #[prost(message, tag = "14")]
+    MixExec(MixExecNode),
+    #[prost(message, tag = "15")]
+    MixWindow(MixWindowNode),
+}
+
+/// `MixNode`: its `MixSpec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct MixSpecNode {
+    #[prost(string, repeated, tag = "1")]
+    pub names: Vec<String>,
+    #[prost(double, repeated, tag = "2")]
+    pub weights: Vec<f64>,
+    #[prost(uint64, optional, tag = "3")]
+    pub rows: Option<u64>,
+    #[prost(uint64, optional, tag = "4")]
+    pub seed: Option<u64>,
+    #[prost(uint64, optional, tag = "5")]
+    pub epoch: Option<u64>,
+    /// One per source when any, each maybe empty (a fixed weight).
+    #[prost(message, repeated, tag = "6")]
+    pub schedules: Vec<SchedulePoints>,
+    #[prost(uint64, optional, tag = "7")]
+    pub step_rows: Option<u64>,
+}
+
+/// One source's weight schedule: `steps[i]` has weight `weights[i]`.
+#[derive(Clone, PartialEq, Message)]
+pub struct SchedulePoints {
+    #[prost(uint64, repeated, tag = "1")]
+    pub steps: Vec<u64>,
+    #[prost(double, repeated, tag = "2")]
+    pub weights: Vec<f64>,
+}
+
+/// `MixExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct MixExecNode {
+    #[prost(string, repeated, tag = "1")]
+    pub names: Vec<String>,
+    #[prost(uint64, repeated, tag = "2")]
+    pub takes: Vec<u64>,
+    #[prost(oneof = "TurnsKind", tags = "3, 4")]
+    pub turns: Option<TurnsKind>,
+    #[prost(bool, repeated, tag = "5")]
+    pub nullable: Vec<bool>,
+}
+
+/// What a `MixExec`'s turns are built from.
+#[derive(Clone, PartialEq, prost::Oneof)]
+pub enum TurnsKind {
+    #[prost(message, tag = "3")]
+    Fixed(Positions),
+    #[prost(message, tag = "4")]
+    Scheduled(ScheduledTurnsNode),
+}
+
+/// `TurnsOrigin::Scheduled`.
+#[derive(Clone, PartialEq, Message)]
+pub struct ScheduledTurnsNode {
+    #[prost(message, repeated, tag = "1")]
+    pub schedules: Vec<SchedulePoints>,
+    #[prost(uint64, tag = "2")]
+    pub step_rows: u64,
+    #[prost(uint64, tag = "3")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "4")]
+    pub rows: u64,
+}
+
+/// `MixWindowExec`.
+#[derive(Clone, PartialEq, Message)]
+pub struct MixWindowNode {
+    #[prost(string, tag = "1")]
+    pub source: String,
+    #[prost(uint64, tag = "2")]
+    pub first_pass: u64,
+    #[prost(uint64, tag = "3")]
+    pub passes: u64,
+    #[prost(uint64, tag = "4")]
+    pub skip: u64,
+    #[prost(uint64, tag = "5")]
+    pub take: u64,
+}
+
+fn to_points(schedules: &[Vec<(u64, f64)>]) -> Vec<SchedulePoints> {
+    schedules
+        .iter()
+        .map(|points| SchedulePoints {
+            steps: points.iter().map(|(step, _)| *step).collect(),
+            weights: points.iter().map(|(_, weight)| *weight).collect(),
+        })
+        .collect()
+}
+
+fn from_points(
+    schedules: Vec<SchedulePoints>,
+) -> std::result::Result<Vec<Vec<(u64, f64)>>, String> {
+    schedules
+        .into_iter()
+        .map(|points| {
+            if points.steps.len() != points.weights.len() {
+                return Err(format!(
+                    "a schedule has {} steps and {} weights",
+                    points.steps.len(),
+                    points.weights.len()
+                ));
+            }
+            Ok(points.steps.into_iter().zip(points.weights).collect())
+        })
+        .collect()
 }
 
 /// A plugin function (`WireNode::UserFunction`).
@@ -456,6 +598,47 @@ fn to_message(node: &WireNode) -> Node {
             per_partition: *per_partition,
             ranged: *ranged,
         }),
+        WireNode::Mix { spec } => Node::Mix(MixSpecNode {
+            names: spec.names.clone(),
+            weights: spec.weights(),
+            rows: spec.rows,
+            seed: spec.seed,
+            epoch: spec.epoch,
+            schedules: to_points(&spec.schedule_points()),
+            step_rows: spec.step_rows,
+        }),
+        WireNode::MixExec {
+            sources,
+            turns,
+            nullable,
+        } => Node::MixExec(MixExecNode {
+            nullable: nullable.clone(),
+            names: sources.iter().map(|(name, _)| name.clone()).collect(),
+            takes: sources.iter().map(|(_, take)| *take).collect(),
+            turns: Some(match turns {
+                TurnsOrigin::Fixed { quotas } => TurnsKind::Fixed(Positions {
+                    positions: quotas.clone(),
+                }),
+                TurnsOrigin::Scheduled {
+                    schedules,
+                    step_rows,
+                    epoch,
+                    rows,
+                } => TurnsKind::Scheduled(ScheduledTurnsNode {
+                    schedules: to_points(schedules),
+                    step_rows: *step_rows,
+                    epoch: *epoch,
+                    rows: *rows,
+                }),
+            }),
+        }),
+        WireNode::MixWindow { source, window } => Node::MixWindow(MixWindowNode {
+            source: source.clone(),
+            first_pass: window.first_pass,
+            passes: window.passes,
+            skip: window.skip,
+            take: window.take,
+        }),
         WireNode::Function => Node::Function(Empty {}),
         WireNode::UserFunction { identity, origin } => {
             Node::UserFunction(UserFunctionNode {
@@ -549,6 +732,59 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
         Node::Permute(permute) => WireNode::Permute {
             per_partition: permute.per_partition,
             ranged: permute.ranged,
+        },
+        Node::Mix(mix) => {
+            if mix.weights.len() != mix.names.len() {
+                return Err(format!(
+                    "its mixture has {} sources and {} weights",
+                    mix.names.len(),
+                    mix.weights.len()
+                ));
+            }
+            WireNode::Mix {
+                spec: MixSpec::new(
+                    mix.names,
+                    &mix.weights,
+                    mix.rows,
+                    mix.seed,
+                    mix.epoch,
+                )
+                .with_schedules(&from_points(mix.schedules)?, mix.step_rows),
+            }
+        }
+        Node::MixExec(mix) => {
+            if mix.takes.len() != mix.names.len() {
+                return Err(format!(
+                    "its mixture has {} sources and {} shares",
+                    mix.names.len(),
+                    mix.takes.len()
+                ));
+            }
+            let turns = match required(mix.turns, "mixture turns")? {
+                TurnsKind::Fixed(quotas) => TurnsOrigin::Fixed {
+                    quotas: quotas.positions,
+                },
+                TurnsKind::Scheduled(turns) => TurnsOrigin::Scheduled {
+                    schedules: from_points(turns.schedules)?,
+                    step_rows: turns.step_rows,
+                    epoch: turns.epoch,
+                    rows: turns.rows,
+                },
+            };
+            WireNode::MixExec {
+                sources: mix.names.into_iter().zip(mix.takes).collect(),
+                turns,
+                nullable: mix.nullable,
+            }
+        }
+        Node::MixWindow(window) => WireNode::MixWindow {
+            source: window.source,
+            window: Window {
+                first_pass: window.first_pass,
+                passes: window.passes,
+                skip: window.skip,
+                take: window.take,
+            },
         },
         Node::Function(_) => WireNode::Function,
         Node::UserFunction(f) => WireNode::UserFunction {
@@ -655,6 +891,58 @@ mod tests {
                 identity: "0123456789abcdef0123456789abcdef".into(),
                 origin: "plugin '/p/libp.so' (p 0.1.0)".into(),
             },
+            WireNode::Mix {
+                spec: MixSpec::new(
+                    vec!["web".into(), "code".into()],
+                    &[0.6, 0.4],
+                    None,
+                    None,
+                    None,
+                ),
+            },
+            WireNode::Mix {
+                spec: MixSpec::new(
+                    vec!["a".into(), "b".into(), "c".into()],
+                    &[1.0, 0.1, 0.0],
+                    Some(1000),
+                    Some(u64::MAX),
+                    Some(0),
+                )
+                .with_schedules(
+                    &[
+                        vec![(0, 0.8), (5000, 0.8), (5000, 0.2)],
+                        vec![],
+                        vec![(10, 1.5)],
+                    ],
+                    Some(64),
+                ),
+            },
+            WireNode::MixExec {
+                sources: vec![("web".into(), 600), ("code".into(), 0)],
+                turns: TurnsOrigin::Fixed {
+                    quotas: vec![600, 0],
+                },
+                nullable: vec![false, true, false],
+            },
+            WireNode::MixExec {
+                sources: vec![("a".into(), 3), ("b".into(), 7)],
+                turns: TurnsOrigin::Scheduled {
+                    schedules: vec![vec![(0, 0.9), (100, 0.1)], vec![(0, 1.0)]],
+                    step_rows: 32,
+                    epoch: 4,
+                    rows: 10,
+                },
+                nullable: vec![],
+            },
+            WireNode::MixWindow {
+                source: "math".into(),
+                window: Window {
+                    first_pass: 3,
+                    passes: 2,
+                    skip: 17,
+                    take: 250,
+                },
+            },
         ]);
         nodes
     }
@@ -717,7 +1005,8 @@ mod tests {
         let err = message(&buf[..buf.len() - 3]);
         assert!(err.contains("invalid protobuf"), "{err}");
         assert!(message(b"sqlfeed").contains("empty"));
-        let err = message(b"sqlfeed\x02\x08\x02\x7a\x00");
+        // (Field 99, length 0.)
+        let err = message(b"sqlfeed\x02\x08\x02\x9a\x06\x00");
         assert!(err.contains("no node this version knows"), "{err}");
         // Required parts left out.
         let mut buf = b"sqlfeed\x02".to_vec();

@@ -85,24 +85,41 @@ pub fn plan_global_shuffle(
     carry: Option<Vec<(Arc<dyn PhysicalExpr>, String)>>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let columns = input.schema().fields().len();
+    // Sized for the rows the permutation moves.
     let mut batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let mut keyed: Arc<dyn ExecutionPlan> =
+    let carrying = carry.is_some();
+    let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
-    if let Some(mut carry) = carry {
-        // The key stays the last column, where the permutation finds it.
-        carry.push((
-            Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns)),
-            SHUFFLE_KEY_COLUMN.to_string(),
-        ));
-        let carried: Arc<dyn ExecutionPlan> =
-            Arc::new(ProjectionExec::try_new(carry, keyed)?);
-        batch_rows = batch_rows_for(&carried, memory_limit, session_batch_size);
-        keyed = carried;
+    let (keyed, _) = carry_keyed(keyed, carry, columns)?;
+    if carrying {
+        batch_rows = batch_rows_for(&keyed, memory_limit, session_batch_size);
     }
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
     Ok(Arc::new(ShuffleMergeExec::new(
         permuted, seed, epoch, batch_rows,
     )))
+}
+
+/// Expressions and the names of the columns they compute.
+type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
+
+/// `keyed` (the input's `columns` columns, then the key) with `carry`'s
+/// outputs in place of the input's columns; and how many columns come
+/// before the key, which stays last, where the permutation finds it.
+fn carry_keyed(
+    keyed: Arc<dyn ExecutionPlan>,
+    carry: Option<Outputs>,
+    columns: usize,
+) -> Result<(Arc<dyn ExecutionPlan>, usize)> {
+    let Some(mut carry) = carry else {
+        return Ok((keyed, columns));
+    };
+    let carried = carry.len();
+    carry.push((
+        Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns)),
+        SHUFFLE_KEY_COLUMN.to_string(),
+    ));
+    Ok((Arc::new(ProjectionExec::try_new(carry, keyed)?), carried))
 }
 
 /// How a stage-shaped shuffle ends (see [`plan_sorted_shuffle`]).
@@ -176,17 +193,49 @@ pub fn plan_sorted_shuffle(
     session_batch_size: usize,
     final_stage: FinalStage,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    plan_sorted_shuffle_carrying(
+        input,
+        source,
+        seed,
+        epoch,
+        memory_limit,
+        session_batch_size,
+        final_stage,
+        None,
+    )
+}
+
+/// [`plan_sorted_shuffle`] moving `carry`'s outputs, computed from each
+/// keyed row, instead of the input's columns (as [`plan_global_shuffle`]
+/// does; the order is the same). They are computed on the tasks that key
+/// the rows, before the exchange, which then moves what they produce.
+#[allow(clippy::too_many_arguments)]
+pub fn plan_sorted_shuffle_carrying(
+    input: Arc<dyn ExecutionPlan>,
+    source: KeySource,
+    seed: u64,
+    epoch: u64,
+    memory_limit: usize,
+    session_batch_size: usize,
+    final_stage: FinalStage,
+    carry: Option<Outputs>,
+) -> Result<Arc<dyn ExecutionPlan>> {
     let FinalStage {
         ranges,
         deal,
         unique_rows,
     } = final_stage;
     let unique_rows = unique_rows && ranges >= 2;
-    let batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let columns = input.schema().fields().len();
     let partitions = input.properties().partitioning.partition_count().max(1);
+    let columns = input.schema().fields().len();
+    let mut batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
+    let carrying = carry.is_some();
     let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
+    let (keyed, columns) = carry_keyed(keyed, carry, columns)?;
+    if carrying {
+        batch_rows = batch_rows_for(&keyed, memory_limit, session_batch_size);
+    }
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
     let ordering = LexOrdering::new([PhysicalSortExpr::new(
         Arc::clone(&key),

@@ -543,6 +543,11 @@ fn feed_digests(cluster: Option<&str>, data: &Path, args: &[&str]) -> Vec<String
         "SELECT id, standardize(f0, 0.5, 2.0) AS x, label AS y FROM '{}/flat/*.parquet'",
         data.display()
     );
+    feed_digests_of(cluster, &sql, args)
+}
+
+/// [`feed_digests`] of a feed over `sql`.
+fn feed_digests_of(cluster: Option<&str>, sql: &str, args: &[&str]) -> Vec<String> {
     let mut command = sqlfeed();
     if let Some(url) = cluster {
         command.args(["--cluster", url, "--target-partitions", "4"]);
@@ -552,7 +557,7 @@ fn feed_digests(cluster: Option<&str>, data: &Path, args: &[&str]) -> Vec<String
     command
         .args([
             "feed",
-            &sql,
+            sql,
             "--batch-size",
             "64",
             "--epochs",
@@ -565,6 +570,91 @@ fn feed_digests(cluster: Option<&str>, data: &Path, args: &[&str]) -> Vec<String
     let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
     assert!(ok, "feed {args:?} failed: {err}");
     digest_lines(&out)
+}
+
+/// A mixture of the test data: `even` (1,500 rows, repeated to its share,
+/// weights by step) and `hive` (1,200 rows, down-sampled), each with a
+/// cheap function (computed before its passes' permutations) and a costly
+/// one (run on the rows its window takes), 2,000 rows per epoch.
+fn mixture_of(data: &Path, extra: &str) -> String {
+    let d = data.display();
+    let columns = "id, standardize(f0, 0.5, 2.0) AS x, \
+                   image_to_tensor(image_resize(image_decode(image_png), 2, 2)) AS px";
+    format!(
+        "MIX (SELECT {columns} FROM '{d}/flat/*.parquet' WHERE id % 2 = 0) AS even \
+             WEIGHT STEPS (0: 0.8, 10: 0.4), \
+             (SELECT {columns} FROM '{d}/hive/') AS hive WEIGHT 0.2 \
+         ROWS 2000 {extra}"
+    )
+}
+
+#[test]
+fn a_mixture_gives_the_embedded_rows_and_batches_on_one_and_two_executors() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let query = format!(
+        "SELECT id, x, source, px FROM ({})",
+        mixture_of(dir.path(), "SEED 3 BATCH 64")
+    );
+    // In a feed the mixture draws with the feed's seed and epoch and counts
+    // its steps in the feed's global batches, settings that travel with the
+    // job to the scheduler.
+    let feed = format!(
+        "SELECT id, x, px, source_id FROM ({})",
+        mixture_of(dir.path(), "")
+    );
+    let shards = ["0/2", "1/2"];
+    let expected = embedded(&query);
+    assert_eq!(expected.lines().count(), 2001, "{expected}");
+    let expected_batches: Vec<Vec<String>> = shards
+        .iter()
+        .map(|shard| feed_digests_of(None, &feed, &["--shard", shard]))
+        .collect();
+    // 2,000 rows in steps of 2 × 64: 16 batches per epoch and rank.
+    assert_eq!(expected_batches[0].len(), 32);
+    let digests_of_epoch = |epoch: &str| -> Vec<&str> {
+        expected_batches[0]
+            .iter()
+            .filter(|l| l.contains(&format!("epoch={epoch} ")))
+            .filter_map(|l| l.split("digest=").nth(1))
+            .collect()
+    };
+    assert_ne!(digests_of_epoch("0"), digests_of_epoch("1"), "a new draw");
+    let mut cluster = Cluster::start(1);
+    for executors in [1, 2] {
+        if executors == 2 {
+            cluster.add_executor();
+            cluster.wait_for_executors(2);
+        }
+        let (ok, got, err) = cluster.csv(&query);
+        assert!(ok, "the mixture failed on {executors} executors: {err}");
+        assert_eq!(got, expected, "{executors} executors");
+        for (shard, expected) in shards.iter().zip(&expected_batches) {
+            let got = feed_digests_of(Some(&cluster.url()), &feed, &["--shard", shard]);
+            assert_eq!(&got, expected, "rank {shard} on {executors} executors");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn seeded_augmentations_draw_per_epoch_on_the_cluster_as_embedded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let feed = format!(
+        "SELECT id, image_to_tensor(image_random_crop(image_decode(image_png), 4, 4, 7)) AS px \
+         FROM '{}/flat/*.parquet' WHERE id < 256",
+        dir.path().display()
+    );
+    let args = ["--shuffle-seed", "5"];
+    let expected = feed_digests_of(None, &feed, &args);
+    let cluster = Cluster::start(1);
+    assert_eq!(
+        feed_digests_of(Some(&cluster.url()), &feed, &args),
+        expected
+    );
+    Ok(())
 }
 
 #[test]

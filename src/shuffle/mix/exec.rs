@@ -141,6 +141,11 @@ impl MixExec {
         &self.sources
     }
 
+    /// The epoch's turns, at its first position.
+    pub fn turns(&self) -> &Turns {
+        &self.turns
+    }
+
     /// Rows each source gave so far, by name, in the sources' order.
     pub fn rows_given(&self) -> Vec<(String, u64)> {
         let metrics = self.metrics.clone_inner();

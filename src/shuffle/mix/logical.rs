@@ -67,17 +67,24 @@ impl MixSpec {
 
     /// Each source's schedule points, when any source has a schedule.
     pub fn schedules(&self) -> Option<Vec<Vec<(u64, f64)>>> {
-        self.schedule_bits.iter().any(|p| !p.is_empty()).then(|| {
-            self.schedule_bits
-                .iter()
-                .map(|points| {
-                    points
-                        .iter()
-                        .map(|(s, b)| (*s, f64::from_bits(*b)))
-                        .collect()
-                })
-                .collect()
-        })
+        self.schedule_bits
+            .iter()
+            .any(|p| !p.is_empty())
+            .then(|| self.schedule_points())
+    }
+
+    /// Each source's schedule points as given (empty lists for fixed
+    /// weights, or no lists at all), for a codec to carry.
+    pub fn schedule_points(&self) -> Vec<Vec<(u64, f64)>> {
+        self.schedule_bits
+            .iter()
+            .map(|points| {
+                points
+                    .iter()
+                    .map(|(s, b)| (*s, f64::from_bits(*b)))
+                    .collect()
+            })
+            .collect()
     }
 
     /// Each source's weight.

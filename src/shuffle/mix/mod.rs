@@ -62,8 +62,13 @@
 //! A feed with the epoch cache keeps each source's rows, not an epoch's
 //! (`crate::feed`'s `mixture.rs`), and draws every epoch from them.
 //!
-//! # Not yet
-//! Cluster sessions (refused when planned).
+//! # On a cluster
+//! A Ballista scheduler plans each pass as a stage-shaped shuffle (its keys
+//! and sorts on the executors, the cheap functions on the tasks that key
+//! the rows), and the windows, the costly functions and the interleave in
+//! the job's final task; the order is the embedded engine's. A source the
+//! scheduler cannot count from its statistics (a filter) is counted by the
+//! scheduler itself, reading the columns the filter needs.
 
 pub mod exec;
 pub mod logical;

@@ -308,6 +308,8 @@ impl ScheduledMix {
         let turns = ScheduledTurns {
             targets,
             mix: self.clone(),
+            epoch,
+            rows,
             row: first,
             end_row: first + u128::from(rows),
             counts: start.clone(),
@@ -322,6 +324,9 @@ impl ScheduledMix {
 #[derive(Debug, Clone)]
 pub struct ScheduledTurns {
     mix: ScheduledMix,
+    /// The epoch and its rows, which the state below starts from.
+    epoch: u64,
+    rows: u64,
     targets: Vec<f64>,
     row: u128,
     end_row: u128,
@@ -389,11 +394,105 @@ impl Turns {
             Turns::Scheduled(turns) => turns.next_turn(),
         }
     }
+
+    /// What these turns are built from, for another process to build them
+    /// (`crate::cluster`'s codec): the epoch's first position, whatever
+    /// position `self` is at.
+    pub fn origin(&self) -> TurnsOrigin {
+        match self {
+            Turns::Fixed(interleave) => TurnsOrigin::Fixed {
+                quotas: interleave.quotas.clone(),
+            },
+            Turns::Scheduled(turns) => TurnsOrigin::Scheduled {
+                schedules: turns
+                    .mix
+                    .schedules
+                    .iter()
+                    .map(|s| s.points.clone())
+                    .collect(),
+                step_rows: turns.mix.step_rows,
+                epoch: turns.epoch,
+                rows: turns.rows,
+            },
+        }
+    }
+
+    /// The turns `origin` describes, at the epoch's first position.
+    pub fn from_origin(origin: TurnsOrigin) -> Result<Self> {
+        Ok(match origin {
+            TurnsOrigin::Fixed { quotas } => Turns::Fixed(Interleave::new(quotas)),
+            TurnsOrigin::Scheduled {
+                schedules,
+                step_rows,
+                epoch,
+                rows,
+            } => {
+                let schedules = schedules
+                    .into_iter()
+                    .map(Schedule::try_new)
+                    .collect::<Result<Vec<_>>>()?;
+                let (_, _, turns) =
+                    ScheduledMix::try_new(schedules, step_rows)?.epoch(epoch, rows)?;
+                Turns::Scheduled(turns)
+            }
+        })
+    }
+}
+
+/// What a [`Turns`] is built from; see [`Turns::origin`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnsOrigin {
+    /// [`Interleave::new`] of these quotas.
+    Fixed {
+        /// Each source's rows in the epoch.
+        quotas: Vec<u64>,
+    },
+    /// [`ScheduledMix::epoch`] of these schedules.
+    Scheduled {
+        /// Each source's schedule points (step, weight).
+        schedules: Vec<Vec<(u64, f64)>>,
+        /// Rows per global step.
+        step_rows: u64,
+        /// The epoch.
+        epoch: u64,
+        /// Its rows.
+        rows: u64,
+    },
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn turns_rebuilt_from_their_origin_take_the_same_turns() -> Result<()> {
+        let fixed = Turns::Fixed(Interleave::new(vec![6, 3, 1]));
+        let mix = ScheduledMix::try_new(
+            vec![
+                Schedule::try_new(vec![(0, 0.8), (4, 0.2)])?,
+                Schedule::constant(0.5),
+            ],
+            3,
+        )?;
+        let (_, _, scheduled) = mix.epoch(2, 10)?;
+        for turns in [fixed, Turns::Scheduled(scheduled)] {
+            let drain = |mut turns: Turns| -> Result<Vec<usize>> {
+                let mut taken = vec![];
+                while let Some(k) = turns.next_turn()? {
+                    taken.push(k);
+                }
+                Ok(taken)
+            };
+            // Part-way through, the origin is still the epoch's start.
+            let mut advanced = turns.clone();
+            advanced.next_turn()?;
+            let rebuilt = Turns::from_origin(advanced.origin())?;
+            let expected = drain(turns)?;
+            assert_eq!(expected.len(), 10);
+            assert_eq!(drain(rebuilt)?, expected);
+        }
+        Ok(())
+    }
 
     #[test]
     fn quotas_sum_to_the_rows_and_follow_the_weights() -> Result<()> {

@@ -51,12 +51,15 @@ use super::source_seed;
 use super::window::MixWindowExec;
 use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{KeySource, plan_global_shuffle};
+use crate::shuffle::{
+    FinalStage, KeySource, plan_global_shuffle, plan_sorted_shuffle_carrying,
+};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MixExtensionPlanner {
-    /// A cluster's scheduler plans here: mixtures run embedded only.
+    /// A cluster's scheduler plans here: each pass is a stage-shaped
+    /// shuffle (`plan_sorted_shuffle`), whose sorts run on executors.
     stage_shaped: bool,
 }
 
@@ -68,7 +71,7 @@ impl MixExtensionPlanner {
         }
     }
 
-    /// The planner of a Ballista scheduler, which refuses mixtures.
+    /// The planner of a Ballista scheduler.
     pub fn stage_shaped() -> Self {
         Self { stage_shaped: true }
     }
@@ -249,12 +252,6 @@ impl ExtensionPlanner for MixExtensionPlanner {
         let Some(mix) = node.as_any().downcast_ref::<MixNode>() else {
             return Ok(None);
         };
-        if self.stage_shaped {
-            return plan_err!(
-                "MIX runs on the embedded engine only: a cluster session cannot plan a \
-                 mixture yet; run it in a session without --cluster"
-            );
-        }
         let spec = mix.spec();
         let feed = session
             .config()
@@ -366,18 +363,35 @@ impl ExtensionPlanner for MixExtensionPlanner {
             };
             let passes = (0..window.passes)
                 .map(|i| {
-                    plan_global_shuffle(
-                        // Each pass runs the source's plan once more: with
-                        // state of its own (a scan's work-stealing queue is
-                        // per instance, and a second run found it drained).
-                        reset_plan_states(Arc::clone(&input.physical))?,
-                        KeySource::AllColumns,
-                        source_seed,
-                        window.first_pass + i,
-                        memory_limit,
-                        batch_size,
-                        carry.clone(),
-                    )
+                    // Each pass runs the source's plan once more: with state
+                    // of its own (a scan's work-stealing queue is per
+                    // instance, and a second run found it drained).
+                    let input = reset_plan_states(Arc::clone(&input.physical))?;
+                    let pass = window.first_pass + i;
+                    if self.stage_shaped {
+                        // On a cluster each pass is its own stages, merged
+                        // into one stream in the mixture's task.
+                        plan_sorted_shuffle_carrying(
+                            input,
+                            KeySource::AllColumns,
+                            source_seed,
+                            pass,
+                            memory_limit,
+                            batch_size,
+                            FinalStage::merge(),
+                            carry.clone(),
+                        )
+                    } else {
+                        plan_global_shuffle(
+                            input,
+                            KeySource::AllColumns,
+                            source_seed,
+                            pass,
+                            memory_limit,
+                            batch_size,
+                            carry.clone(),
+                        )
+                    }
                 })
                 .collect::<Result<Vec<_>>>()?;
             let mut plan: Arc<dyn ExecutionPlan> =
