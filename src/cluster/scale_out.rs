@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
@@ -112,6 +113,7 @@ impl ScaleOut for ClusterScaleOut {
             rank,
             deal,
             completed,
+            mixture,
         } = job;
         let (state, query) = query.into_parts();
         // The scheduler plans the job with this rank's settings: the same
@@ -146,6 +148,8 @@ impl ScaleOut for ClusterScaleOut {
         let finish = finish
             .map(|finish| crate::cache::compact::finish_exprs(&state, &plan, &finish))
             .transpose()?;
+        // The job's mixture reports what its sources gave once it completed.
+        let mixture = mixture.and_then(|rows| Some((mixture_names(&plan)?, rows)));
         // Each attempt is the epoch's job, watched for lost executors; a
         // loss re-runs it and skips what this rank already consumed.
         let (attempt_state, scheduler) = (state.clone(), self.address.clone());
@@ -165,6 +169,9 @@ impl ScaleOut for ClusterScaleOut {
             if let Some(completed) = &completed {
                 job = job.reporting_completion(Arc::clone(completed));
             }
+            if let Some((names, rows)) = &mixture {
+                job = job.reporting_mixture(names.clone(), Arc::clone(rows));
+            }
             Ok(
                 Arc::new(JobWatchExec::new(Arc::new(job), scheduler.clone()))
                     as Arc<dyn ExecutionPlan>,
@@ -182,6 +189,25 @@ impl ScaleOut for ClusterScaleOut {
             dealt: deal.is_some(),
         })
     }
+}
+
+/// The source names of the first mixture in `plan` (from the top), as a
+/// feed reports its realised proportions; `None` without one.
+fn mixture_names(plan: &LogicalPlan) -> Option<Vec<String>> {
+    let mut names = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Extension(extension) = node
+            && let Some(mix) = extension
+                .node
+                .as_any()
+                .downcast_ref::<crate::shuffle::mix::MixNode>()
+        {
+            names = Some(mix.spec().names.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    names
 }
 
 /// `query` split into the job the cluster runs and the projection this

@@ -27,7 +27,7 @@ use super::timeline::Timeline;
 use super::{FeedBuilder, TensorInfo};
 use crate::device::{DType, SlotPool};
 use crate::exec::catch_panic;
-use crate::session::{CompletedJob, EpochJob, EpochJobPlan, ScaleOut};
+use crate::session::{CompletedJob, EpochJob, EpochJobPlan, JobMixture, ScaleOut};
 use crate::shuffle::{ShuffleSpec, shuffle};
 
 /// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.
@@ -108,6 +108,7 @@ impl Producer {
                 fill,
                 dealt,
                 after,
+                mixture,
             } = match plan.take() {
                 Some(plan) => plan,
                 None => self.plan_epoch(epoch).await?,
@@ -131,7 +132,11 @@ impl Producer {
                 .to_string();
             let _ = events.send(FeedEvent::EpochEnd {
                 epoch,
-                mixture: crate::shuffle::mix::mixture_rows(&sink),
+                mixture: match mixture {
+                    // The mixture ran on the cluster.
+                    Some(job) => job.lock().map(|rows| rows.clone()).unwrap_or_default(),
+                    None => crate::shuffle::mix::mixture_rows(&sink),
+                },
                 plan: rendered,
                 seconds: epoch_start.elapsed().as_secs_f64(),
             });
@@ -168,7 +173,7 @@ impl Producer {
         epoch: u64,
         may_deal: bool,
         completed: Option<CompletedJob>,
-    ) -> Result<EpochJobPlan> {
+    ) -> Result<(EpochJobPlan, JobMixture)> {
         let options = &self.options;
         // Batches by token budget or length buckets depend on the whole
         // stream, and one rank has nothing to deal.
@@ -197,7 +202,8 @@ impl Producer {
         let state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
-        scale_out.epoch_job(EpochJob {
+        let mixture = JobMixture::default();
+        let job = scale_out.epoch_job(EpochJob {
             query: DataFrame::new(state, plan),
             partition_order,
             run,
@@ -205,7 +211,9 @@ impl Producer {
             rank: options.rank,
             deal,
             completed,
-        })
+            mixture: Some(Arc::clone(&mixture)),
+        })?;
+        Ok((job, mixture))
     }
 
     /// A cached, shuffled cluster epoch whose entry the executors keep in
@@ -226,7 +234,7 @@ impl Producer {
             .executor_epoch(&options.session, &options.sql, spec, dir)
             .await?;
         let completed: CompletedJob = Arc::default();
-        let job = self.plan_cluster_epoch(
+        let (job, mixture) = self.plan_cluster_epoch(
             scale_out,
             df,
             epoch,
@@ -251,6 +259,7 @@ impl Producer {
             fill: None,
             dealt: job.dealt,
             after,
+            mixture: Some(mixture),
         })
     }
 
@@ -367,11 +376,14 @@ impl Producer {
             let (state, logical) = (df.clone()).into_parts();
             // A cache fill needs every row of the epoch here.
             let may_deal = filling.is_none() && self.start_on_the_grid(epoch);
-            let EpochJobPlan {
-                plan,
-                task_ctx,
-                dealt,
-            } = self.plan_cluster_epoch(scale_out, df, epoch, may_deal, None)?;
+            let (
+                EpochJobPlan {
+                    plan,
+                    task_ctx,
+                    dealt,
+                },
+                mixture,
+            ) = self.plan_cluster_epoch(scale_out, df, epoch, may_deal, None)?;
             // A miss: the job's rows (with their content hashes) are written
             // into the entry here, as they arrive, and finished on the way.
             return Ok(match filling {
@@ -388,6 +400,7 @@ impl Producer {
                     fill: Some(fill),
                     dealt,
                     after: None,
+                    mixture: Some(mixture),
                 },
                 None => EpochPlan {
                     plan,
@@ -395,6 +408,7 @@ impl Producer {
                     fill: None,
                     dealt,
                     after: None,
+                    mixture: Some(mixture),
                 },
             });
         }
@@ -453,6 +467,7 @@ impl Producer {
             fill,
             dealt: false,
             after: None,
+            mixture: None,
         })
     }
 }
@@ -468,6 +483,9 @@ struct EpochPlan {
     dealt: bool,
     /// Run once the epoch ended: commits an entry the executors wrote.
     after: Option<AfterEpoch>,
+    /// A cluster job's mixture rows, reported when it completed (`None`:
+    /// the plan runs here and its `MixExec` counts them).
+    mixture: Option<JobMixture>,
 }
 
 /// Work for the end of an epoch.

@@ -61,7 +61,9 @@ use crate::sql::{self, Statement};
 pub use crate::sql::{file_errors, url_table};
 pub use builder::SessionBuilder;
 pub use object_stores::{ALLOW_HTTP_ENV, IoCounters, ObjectStoreLimits};
-pub use scale_out::{CompletedJob, EpochJob, EpochJobPlan, InstallScaleOut, ScaleOut};
+pub use scale_out::{
+    CompletedJob, EpochJob, EpochJobPlan, InstallScaleOut, JobMixture, ScaleOut,
+};
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever
 /// is lower) used as the memory limit when none is given.

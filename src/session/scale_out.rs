@@ -65,6 +65,11 @@ pub trait ScaleOut: Send + Sync + fmt::Debug {
 /// cache commits the entry that job wrote).
 pub type CompletedJob = Arc<Mutex<Option<(String, u64)>>>;
 
+/// Set to the rows each source of the job's mixture gave, by name, when
+/// the epoch's job completed (a feed's realised proportions; the mixture
+/// ran on the cluster, not in this process's plan).
+pub type JobMixture = Arc<Mutex<Vec<(String, u64)>>>;
+
 /// What a feed asks of [`ScaleOut::epoch_job`].
 pub struct EpochJob {
     /// The epoch's query, not yet optimized.
@@ -83,6 +88,9 @@ pub struct EpochJob {
     pub deal: Option<Deal>,
     /// Told the completed job, when given.
     pub completed: Option<CompletedJob>,
+    /// Told the rows each source of the query's mixture gave, when given
+    /// and the query is over a `MIX`.
+    pub mixture: Option<JobMixture>,
 }
 
 /// The plan of an epoch job and the context to run it in.

@@ -639,6 +639,46 @@ fn a_mixture_gives_the_embedded_rows_and_batches_on_one_and_two_executors() -> R
 }
 
 #[test]
+fn a_cluster_feed_reports_the_embedded_realised_proportions() -> Result<()> {
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::Feed;
+
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let sql = format!("SELECT id, x FROM ({})", mixture_of(dir.path(), ""));
+    // (epoch, [(source, rows)]) of each epoch.
+    type Mixtures = Vec<(u64, Vec<(String, u64)>)>;
+    let mixtures = |cluster: Option<&str>| -> Result<Mixtures> {
+        let mut session = sqlfeed::Session::builder().target_partitions(4);
+        if let Some(url) = cluster {
+            session = session.cluster(url);
+        }
+        let session = session.build()?;
+        let mut feed = Feed::builder(&session, &sql)
+            .batch_size(64)
+            .shard(0, 2)
+            .epochs(2)
+            .run_id("mixture-proportions")
+            .device(Device::Cpu)
+            .build()?;
+        for batch in feed.by_ref() {
+            batch?;
+        }
+        Ok(feed.epoch_mixtures().to_vec())
+    };
+    let expected = mixtures(None)?;
+    // Weights by step: 0.8 → 0.4 over the first epoch's steps, 0.4 after.
+    assert_eq!(expected.len(), 2, "{expected:?}");
+    for (_, rows) in &expected {
+        assert_eq!(rows.iter().map(|(_, rows)| rows).sum::<u64>(), 2000);
+    }
+    assert_ne!(expected[0].1, expected[1].1);
+    let cluster = Cluster::start(1);
+    assert_eq!(mixtures(Some(&cluster.url()))?, expected);
+    Ok(())
+}
+
+#[test]
 fn seeded_augmentations_draw_per_epoch_on_the_cluster_as_embedded() -> Result<()> {
     let dir = tempfile::tempdir()?;
     data(dir.path())?;

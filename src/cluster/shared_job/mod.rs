@@ -158,13 +158,23 @@ pub struct SharedJobExec {
     properties: Arc<PlanProperties>,
     /// Rows, bytes and partitions this rank fetched.
     metrics: ExecutionPlanMetricsSet,
-    /// Told the job's name and rows once it succeeded.
+    /// Told what it asks once the job succeeded.
+    reports: Reports,
+}
+
+/// Who is told what of the job once it succeeded.
+#[derive(Debug, Clone, Default)]
+struct Reports {
+    /// The job's name and rows.
     completed: Option<CompletedJob>,
+    /// The rows each source of the job's mixture, of these names, gave.
+    mixture: Option<(Vec<String>, JobMixture)>,
 }
 
 /// Where a [`SharedJobExec`] reports the job it read once the job
 /// succeeded: its name (with a retry's suffix) and its result's rows.
 pub use crate::session::CompletedJob;
+use crate::session::JobMixture;
 
 impl fmt::Debug for SharedJobExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -292,14 +302,22 @@ impl SharedJobExec {
             request: Arc::new(request),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
-            completed: None,
+            reports: Reports::default(),
         })
     }
 
     /// Reports the job into `completed` once it succeeded (an executor
     /// cache's commit names the folder of the attempt that completed).
     pub fn reporting_completion(mut self, completed: CompletedJob) -> Self {
-        self.completed = Some(completed);
+        self.reports.completed = Some(completed);
+        self
+    }
+
+    /// Reports into `rows` the rows each source of the job's mixture,
+    /// whose sources are `names`, gave, once the job succeeded (read from
+    /// the scheduler's plan of the job: each source gave its take).
+    pub fn reporting_mixture(mut self, names: Vec<String>, rows: JobMixture) -> Self {
+        self.reports.mixture = Some((names, rows));
         self
     }
 
@@ -372,12 +390,10 @@ impl ExecutionPlan for SharedJobExec {
             partitions: MetricBuilder::new(&self.metrics)
                 .counter("fetched_partitions", partition),
         };
-        let completed = self.completed.clone();
+        let reports = self.reports.clone();
         let stream =
-            futures::stream::once(
-                async move { job.run(&fetched, completed.as_ref()).await },
-            )
-            .try_flatten();
+            futures::stream::once(async move { job.run(&fetched, &reports).await })
+                .try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             stream,

@@ -52,9 +52,11 @@ use datafusion::physical_plan::metrics::Count;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 
-use super::CompletedJob;
+use super::Reports;
 use crate::cluster::SchedulerAddress;
 use crate::cluster::watch::{ExecutorLost, rest_get};
+use crate::session::JobMixture;
+use crate::shuffle::mix::exec::takes_in_rendered_plan;
 
 /// Whether `error` is a job's failure on repeated rows in a shuffle planned
 /// for unique rows.
@@ -142,7 +144,7 @@ impl JobRequest {
     pub(super) async fn run(
         &self,
         fetched: &Fetched,
-        completed: Option<&CompletedJob>,
+        reports: &Reports,
     ) -> Result<SendableRecordBatchStream> {
         if self.attempt > 0 {
             // A retry: every rank noticed the loss on its own, and rank 0
@@ -153,14 +155,14 @@ impl JobRequest {
                 None => self.submit(&self.job_name, false).await?,
             };
             self.remember(&job_id);
-            let locations = self.wait(&job_id, &self.job_name, completed).await?;
+            let locations = self.wait(&job_id, &self.job_name, reports).await?;
             return self.fetch(locations, fetched).await;
         }
         if self.rank == 0 {
             if self.plans_unique_rows() {
                 let job_id = self.submit(&self.job_name, true).await?;
                 self.remember(&job_id);
-                match self.wait(&job_id, &self.job_name, completed).await {
+                match self.wait(&job_id, &self.job_name, reports).await {
                     Ok(locations) => return self.fetch(locations, fetched).await,
                     Err(e) if is_repeated_rows(&e) => {
                         log::info!(
@@ -177,7 +179,7 @@ impl JobRequest {
             let name = self.copy_stage_name();
             let job_id = self.submit(&name, false).await?;
             self.remember(&job_id);
-            let locations = self.wait(&job_id, &name, completed).await?;
+            let locations = self.wait(&job_id, &name, reports).await?;
             return self.fetch(locations, fetched).await;
         }
         // Other ranks join rank 0's job; a stale job of the same name whose
@@ -189,7 +191,7 @@ impl JobRequest {
             if let Some((job_id, name)) = self.find(&tried).await? {
                 self.remember(&job_id);
                 let attempt = async {
-                    let locations = self.wait(&job_id, &name, completed).await?;
+                    let locations = self.wait(&job_id, &name, reports).await?;
                     self.fetch(locations, fetched).await
                 };
                 match attempt.await {
@@ -307,7 +309,7 @@ impl JobRequest {
         &self,
         job_id: &str,
         name: &str,
-        completed: Option<&CompletedJob>,
+        reports: &Reports,
     ) -> Result<Vec<PartitionLocation>> {
         let mut client = self.client().await?;
         loop {
@@ -322,7 +324,10 @@ impl JobRequest {
                 .and_then(|s| s.status);
             match status {
                 Some(Status::Successful(done)) => {
-                    if let Some(slot) = completed {
+                    if let Some((names, rows)) = &reports.mixture {
+                        self.report_mixture(job_id, names, rows).await;
+                    }
+                    if let Some(slot) = &reports.completed {
                         let rows = done
                             .partition_location
                             .iter()
@@ -343,6 +348,42 @@ impl JobRequest {
                 _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+
+    /// Reads the rows each source of the job's mixture gave from the
+    /// scheduler's plans of its stages (the `MixExec` line names each
+    /// source's take) into `rows`. The realised proportions are a report:
+    /// when the scheduler cannot say, they stay empty and the feed's rows
+    /// are not touched.
+    async fn report_mixture(&self, job_id: &str, names: &[String], rows: &JobMixture) {
+        let path = format!("/api/job/{job_id}/stages");
+        // The scheduler files a finished job's graph just after it reports
+        // the job's status.
+        for _ in 0..20 {
+            let stages: Result<ballista_api_types::dto::QueryStagesResponse> =
+                rest_get(&self.scheduler, &path).await;
+            let found = stages.as_ref().ok().and_then(|response| {
+                response
+                    .stages
+                    .iter()
+                    .filter_map(|stage| stage.stage_plan.as_deref())
+                    .find_map(|plan| takes_in_rendered_plan(plan, names))
+            });
+            if let Some(found) = found {
+                if let Ok(mut rows) = rows.lock() {
+                    *rows = found;
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        log::warn!(
+            "{}",
+            self.error(format!(
+                "job {job_id}: the scheduler's plan names no mixture of {names:?}; \
+                 the epoch's realised proportions are not reported"
+            ))
+        );
     }
 
     /// Streams the job's result partitions, in partition order, from the

@@ -174,9 +174,41 @@ pub fn mixture_rows(plan: &Arc<dyn ExecutionPlan>) -> Vec<(String, u64)> {
         .unwrap_or_default()
 }
 
+/// The rows each source of a mixture named `names` takes, read back from a
+/// plan rendered as text (`EXPLAIN`, or a cluster stage's plan from the
+/// scheduler): the first `MixExec` line whose sources are `names`, in
+/// order. A cluster feed reports the realised proportions of the job's
+/// mixture with it: the job gave every row of its epoch, so each source
+/// gave its take.
+pub fn takes_in_rendered_plan(
+    plan: &str,
+    names: &[String],
+) -> Option<Vec<(String, u64)>> {
+    plan.lines()
+        .filter_map(|line| line.trim_start().strip_prefix(DISPLAY_NAME))
+        .find_map(|sources| {
+            // The names are known, so a name holding "; " or ": " parses.
+            let mut rest = sources;
+            let mut takes = Vec::with_capacity(names.len());
+            for (k, name) in names.iter().enumerate() {
+                rest = rest.strip_prefix(name.as_str())?.strip_prefix(": ")?;
+                let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+                takes.push((name.clone(), rest[..digits].parse().ok()?));
+                rest = rest[digits..].strip_prefix(" rows")?;
+                if k + 1 < names.len() {
+                    rest = rest.strip_prefix("; ")?;
+                }
+            }
+            // Only what a display may append (DataFusion's metrics).
+            (rest.is_empty() || rest.starts_with(',')).then_some(takes)
+        })
+}
+
+const DISPLAY_NAME: &str = "MixExec: ";
+
 impl DisplayAs for MixExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "MixExec: ")?;
+        write!(f, "{DISPLAY_NAME}")?;
         let parts: Vec<String> = self
             .sources
             .iter()
@@ -488,5 +520,46 @@ impl Mixer {
         timer.done();
         self.baseline.record_output(batch.num_rows());
         Ok(Some(batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::physical_plan::displayable;
+    use datafusion::physical_plan::empty::EmptyExec;
+
+    use super::*;
+    use crate::shuffle::mix::pattern::Interleave;
+
+    #[test]
+    fn takes_are_read_back_from_the_rendered_plan_by_their_names() -> Result<()> {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let source = |name: &str, take| MixSource {
+            name: name.to_string(),
+            plan: Arc::new(EmptyExec::new(Arc::clone(&schema))),
+            take,
+        };
+        // Names holding the separators still parse: the names are known.
+        let names = ["web; a: b".to_string(), "code".to_string()];
+        let mix = MixExec::try_new(
+            vec![source(&names[0], 600), source(&names[1], 25)],
+            Turns::Fixed(Interleave::new(vec![600, 25])),
+            Arc::clone(&schema),
+        )?;
+        let rendered = format!(
+            "ProjectionExec: expr=[x@0 as x]\n  {}",
+            displayable(&mix).indent(true)
+        );
+        assert_eq!(
+            takes_in_rendered_plan(&rendered, &names),
+            Some(vec![(names[0].clone(), 600), (names[1].clone(), 25)])
+        );
+        // Other names, or fewer of them, are another mixture: none.
+        let other = ["web".to_string(), "code".to_string()];
+        assert_eq!(takes_in_rendered_plan(&rendered, &other), None);
+        assert_eq!(takes_in_rendered_plan(&rendered, &names[..1]), None);
+        assert_eq!(takes_in_rendered_plan("EmptyExec", &names), None);
+        Ok(())
     }
 }

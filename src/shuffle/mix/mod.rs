@@ -68,7 +68,10 @@
 //! the rows), and the windows, the costly functions and the interleave in
 //! the job's final task; the order is the embedded engine's. A source the
 //! scheduler cannot count from its statistics (a filter) is counted by the
-//! scheduler itself, reading the columns the filter needs.
+//! scheduler itself, reading the columns the filter needs. The feed's
+//! realised proportions come back from the scheduler's plan of the finished
+//! job ([`exec::takes_in_rendered_plan`]): no metrics travel back to a
+//! Ballista client.
 
 pub mod exec;
 pub mod logical;
