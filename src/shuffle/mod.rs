@@ -118,7 +118,6 @@ pub use merge::{ShuffleMergeExec, shuffle_batch_rows};
 pub use permute::{PermuteExec, PermuteMode};
 pub use planner::{
     FinalStage, ShuffleExtensionPlanner, plan_global_shuffle, plan_sorted_shuffle,
-    plan_sorted_shuffle_carrying,
 };
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;

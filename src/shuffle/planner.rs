@@ -184,33 +184,13 @@ impl FinalStage {
 /// and a [`PermuteMode::Ranged`] sort per partition under a ranged
 /// [`ShuffleMergeExec`] gives `ranges` output partitions whose concatenation in
 /// partition order is the same order (see `range.rs`).
-pub fn plan_sorted_shuffle(
-    input: Arc<dyn ExecutionPlan>,
-    source: KeySource,
-    seed: u64,
-    epoch: u64,
-    memory_limit: usize,
-    session_batch_size: usize,
-    final_stage: FinalStage,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    plan_sorted_shuffle_carrying(
-        input,
-        source,
-        seed,
-        epoch,
-        memory_limit,
-        session_batch_size,
-        final_stage,
-        None,
-    )
-}
-
-/// [`plan_sorted_shuffle`] moving `carry`'s outputs, computed from each
-/// keyed row, instead of the input's columns (as [`plan_global_shuffle`]
-/// does; the order is the same). They are computed on the tasks that key
-/// the rows, before the exchange, which then moves what they produce.
+///
+/// With `carry`, the shuffle moves its outputs, computed from each keyed
+/// row, instead of the input's columns (as [`plan_global_shuffle`] does;
+/// the order is the same). They are computed on the tasks that key the
+/// rows, before the exchange, which then moves what they produce.
 #[allow(clippy::too_many_arguments)]
-pub fn plan_sorted_shuffle_carrying(
+pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
     source: KeySource,
     seed: u64,
@@ -394,6 +374,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                             deal: deal.filter(|_| ranges >= 2),
                             unique_rows: options.is_some_and(|o| o.assume_unique_rows),
                         },
+                        None,
                     )?
                 } else {
                     plan_global_shuffle(

@@ -457,7 +457,7 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
             std::sync::Arc::new(
                 datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
-                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows, sqlfeed::shuffle::FinalStage::merge())?,
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows, sqlfeed::shuffle::FinalStage::merge(), None)?,
                 ),
             );
         // As DataFusion plans any query (the optimizer is part of planning).
@@ -740,6 +740,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
                     limit,
                     batch_rows,
                     sqlfeed::shuffle::FinalStage::ranged(ranges),
+                    None,
                 )?;
             let state = s.context().state();
             for rule in state.physical_optimizers() {
@@ -787,6 +788,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
                     limit,
                     s.context().state().config().batch_size(),
                     sqlfeed::shuffle::FinalStage::ranged(ranges).dealt(deal),
+                    None,
                 )?;
             let state = s.context().state();
             for rule in state.physical_optimizers() {
@@ -844,6 +846,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
             256 << 20,
             100,
             sqlfeed::shuffle::FinalStage::ranged(5),
+            None,
         )?;
     let state = roomy.context().state();
     let mut refused = None;

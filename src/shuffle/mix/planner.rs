@@ -51,9 +51,7 @@ use super::source_seed;
 use super::window::MixWindowExec;
 use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{
-    FinalStage, KeySource, plan_global_shuffle, plan_sorted_shuffle_carrying,
-};
+use crate::shuffle::{FinalStage, KeySource, plan_global_shuffle, plan_sorted_shuffle};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -371,7 +369,7 @@ impl ExtensionPlanner for MixExtensionPlanner {
                     if self.stage_shaped {
                         // On a cluster each pass is its own stages, merged
                         // into one stream in the mixture's task.
-                        plan_sorted_shuffle_carrying(
+                        plan_sorted_shuffle(
                             input,
                             KeySource::AllColumns,
                             source_seed,
