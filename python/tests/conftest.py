@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -35,6 +36,19 @@ def require(module: str, what: str):
         pytest.skip(
             f"{module} is not installed (SQLFEED_TEST_{what.upper()}=require fails instead)"
         )
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here and in the processes a test
+    starts, as in a terminal. A launcher that runs the tests in the
+    background without job control (`nohup cmd &`) leaves SIGINT ignored;
+    Python then installs no handler, and an ignored signal stays ignored
+    across `exec`, so a Ctrl-C test would measure the launcher, not sqlfeed.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(scope="session")

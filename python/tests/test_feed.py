@@ -286,7 +286,7 @@ def test_state_dict_resumes_in_a_new_process_byte_for_byte(session, ids_data, tm
         other.load_state_dict(state)
 
 
-def test_ctrl_c_stops_the_feed_within_a_second_and_leaves_no_thread(session):
+def test_ctrl_c_stops_the_feed_within_a_second_and_leaves_no_thread(session, ctrl_c_raises):
     # A first batch that takes many seconds: a large sort.
     feed = session.feed(
         "SELECT value AS v FROM generate_series(1, 30000000) ORDER BY value DESC",

@@ -210,7 +210,7 @@ def test_a_worker_that_dies_is_an_error_not_a_hang(ids_data):
         f.close()
 
 
-def test_ctrl_c_stops_the_workers(tmp_path, ids_data):
+def test_ctrl_c_stops_the_workers(tmp_path, ids_data, ctrl_c_raises):
     script = tmp_path / "interrupted.py"
     script.write_text(
         textwrap.dedent(
