@@ -594,6 +594,7 @@ mod tests {
         use datafusion::arrow::array::Int64Array;
         use datafusion::arrow::datatypes::{DataType, Field, Schema};
         use datafusion::arrow::record_batch::RecordBatch;
+        use datafusion::common::cast::as_int64_array;
         use datafusion::datasource::memory::MemorySourceConfig;
 
         let ctx = SessionContext::new();
@@ -675,16 +676,10 @@ mod tests {
             let task = Arc::clone(&task);
             async move {
                 let batches = datafusion::physical_plan::collect(plan, task).await?;
-                let values: Vec<i64> = batches
-                    .iter()
-                    .flat_map(|b| {
-                        b.column(0)
-                            .as_any()
-                            .downcast_ref::<Int64Array>()
-                            .map(|a| a.values().to_vec())
-                            .unwrap_or_default()
-                    })
-                    .collect();
+                let mut values = vec![];
+                for batch in &batches {
+                    values.extend_from_slice(as_int64_array(batch.column(0))?.values());
+                }
                 Ok::<_, datafusion::error::DataFusionError>(values)
             }
         };
