@@ -495,9 +495,11 @@ class Feed:
 
     def stats(self) -> dict[str, Any]:
         """Metrics of the passes so far: rows/s, the share of time the loop
-        waited for data, H2D seconds, first-batch latency, seconds per epoch,
-        for a ``MIX`` query the realised rows and share of each source per
-        epoch (``{"mixture": {epoch: {source: {"rows", "share"}}}}``), and the
+        waited for data (``wait_share``, and ``wait_share_steady`` from each
+        pass's first batch on, the CLI's ``wait_frac_steady``), H2D seconds,
+        first-batch latency, seconds per epoch, for a ``MIX`` query the
+        realised rows and share of each source per epoch
+        (``{"mixture": {epoch: {source: {"rows", "share"}}}}``), and the
         prefetch depth the ring has (fewer than ``prefetch`` when its
         batches did not fit its share of the memory limit)."""
         reports = list(self._reports)
@@ -507,11 +509,16 @@ class Feed:
         rows = sum(r["rows"] for r in reports)
         wall = sum(r["wall_s"] for r in reports)
         wait = sum(r["wait_s"] for r in reports)
+        # Steady state: each pass from its first batch on (the CLI's
+        # wait_frac_steady), so start-up does not hide or swell starvation.
+        steady_wall = sum(r["wall_s"] - (r["ttfb_s"] or 0.0) for r in reports)
+        steady_wait = sum(max(r["wait_s"] - r["first_wait_s"], 0.0) for r in reports)
         return {
             "batches": sum(r["batches"] for r in reports),
             "rows": rows,
             "rows_per_s": rows / wall if wall else 0.0,
             "wait_share": wait / wall if wall else 0.0,
+            "wait_share_steady": steady_wait / steady_wall if steady_wall > 0 else 0.0,
             # Running totals (what sqlfeed.metrics takes intervals of).
             "wall_s": wall,
             "wait_s": wait,

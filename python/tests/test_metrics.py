@@ -41,6 +41,23 @@ def test_a_meter_reports_each_interval_on_its_own(session, ids_data):
     assert last["rows_per_s"] > 0 and (last["epoch"], last["step"]) == (1, 0)
 
 
+def test_the_steady_wait_share_leaves_out_the_first_batch(session, ids_data):
+    # A loop slower than the feed waits only for its first batch (the
+    # query's start-up): after it, the share must be about nothing, and
+    # never below nothing (the GPU check once printed -33.7% from a
+    # formula that took the first batch's latency out of the wait).
+    require("numpy", "numpy")
+    import time
+
+    feed = _feed(session, ids_data, prefetch=4)
+    for _batch in feed:
+        time.sleep(0.02)
+    stats = feed.stats()
+    assert stats["batches"] == 16
+    assert 0.0 <= stats["wait_share_steady"] < 0.25, stats
+    assert stats["wait_s"] > 0.0, stats
+
+
 def test_tensorboard_events_hold_the_intervals(session, ids_data, tmp_path):
     require("numpy", "numpy")
     require("torch", "torch")
