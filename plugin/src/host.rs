@@ -14,6 +14,7 @@ use datafusion::logical_expr::{
 };
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 
+use crate::constants::send_constants_as_one_row;
 use crate::{
     HEADER_SYMBOL, MODULE_SYMBOL, PLUGIN_ABI, PLUGIN_MAGIC, PluginHeader, PluginModule,
 };
@@ -218,6 +219,7 @@ impl ScalarUDFImpl for ForeignCall {
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         args.config_options = Arc::new(plugin_config(&args.config_options)?);
+        send_constants_as_one_row(&mut args.args)?;
         self.foreign.invoke_with_args(args)
     }
 
@@ -262,7 +264,8 @@ mod tests {
         );
         let err =
             check_header(path, &header(major, PLUGIN_ABI + 1)).expect_err("new ABI");
-        assert!(err.to_string().contains("plugin ABI 2"), "{err}");
+        let newer = format!("plugin ABI {}", PLUGIN_ABI + 1);
+        assert!(err.to_string().contains(&newer), "{err}");
         let mut bad = header(major, PLUGIN_ABI);
         bad.magic = 0;
         assert!(check_header(path, &bad).is_err());

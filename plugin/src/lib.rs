@@ -41,6 +41,7 @@
 
 use std::sync::Arc;
 
+mod constants;
 pub mod host;
 
 pub use datafusion;
@@ -50,11 +51,15 @@ pub use datafusion_ffi;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 
+use crate::constants::ConstantsRestored;
+
 /// First field of every [`PluginHeader`]: "SQLFEEDP" little-endian.
 pub const PLUGIN_MAGIC: u64 = u64::from_le_bytes(*b"SQLFEEDP");
 
-/// Version of [`PluginModule`]'s layout. The header's layout never changes.
-pub const PLUGIN_ABI: u32 = 1;
+/// Version of [`PluginModule`]'s layout and of how sqlfeed calls through it
+/// (2: constants cross as arrays of one row, see `constants.rs`). The
+/// header's layout never changes.
+pub const PLUGIN_ABI: u32 = 2;
 
 /// The symbol of the `extern "C" fn() -> PluginHeader` a plugin exports.
 pub const HEADER_SYMBOL: &str = "sqlfeed_plugin_header";
@@ -205,8 +210,9 @@ impl Functions {
     /// (a host bug) gets the last function rather than a panic across `extern "C"`.
     pub fn scalar_ffi(&self, index: usize) -> PluginScalarUDF {
         let (udf, costly) = &self.scalar[index.min(self.scalar.len().saturating_sub(1))];
+        let exported = ScalarUDF::new_from_impl(ConstantsRestored::new(Arc::clone(udf)));
         PluginScalarUDF {
-            udf: FFI_ScalarUDF::from(Arc::clone(udf)),
+            udf: FFI_ScalarUDF::from(Arc::new(exported)),
             costly: *costly,
         }
     }

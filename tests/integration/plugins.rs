@@ -64,6 +64,42 @@ fn a_loaded_plugin_function_computes_what_it_documents() {
 }
 
 #[test]
+fn a_plugin_function_gets_constants_as_constants_and_columns_as_columns() {
+    // Over three rows the constants 2 and 7 reach the function as scalars
+    // (constants.rs); were they columns of three rows, the template would
+    // refuse them as it refuses the column below.
+    let (ok, out, err) = csv_with_plugin(
+        &[],
+        "SELECT ngram_hash(t, 2, 7) AS g FROM (VALUES ('ab'), ('abc'), ('abcd')) v(t)",
+    );
+    assert!(ok, "{err}");
+    let rows: Vec<String> = ["ab", "abc", "abcd"]
+        .iter()
+        .map(|text| {
+            let hashes: Vec<String> =
+                ngram_hash(text, 2, 7).iter().map(u64::to_string).collect();
+            let list = format!("[{}]", hashes.join(", "));
+            // CSV quotes a field only where it holds a comma.
+            if hashes.len() > 1 {
+                format!("\"{list}\"")
+            } else {
+                list
+            }
+        })
+        .collect();
+    assert_eq!(out, format!("g\n{}\n", rows.join("\n")));
+    let (ok, _, err) = csv_with_plugin(
+        &[],
+        "SELECT ngram_hash(t, n, 7) FROM (VALUES ('abc', 2), ('abcd', 3)) v(t, n)",
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("ngram_hash: n must be a constant, not a column"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_plugin_aggregate_merges_across_partitions() {
     // 1, 2, 4, 8, 16, ... in 4 partitions: the geometric mean of 2^0..2^19
     // is 2^9.5; non-positive values and NULLs are left out.

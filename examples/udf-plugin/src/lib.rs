@@ -121,26 +121,18 @@ impl Default for NgramHash {
     }
 }
 
-/// The value of constant argument `what` of `function`. Through
-/// `datafusion-ffi` a constant arrives as an array repeating it (the host
-/// turns every argument into an array), so an array whose rows all hold one
-/// value counts as that constant.
+/// The value of constant argument `what` of `function`. sqlfeed hands a
+/// plugin its constants as `ColumnarValue::Scalar`, as DataFusion hands them
+/// to a built-in function; only in a call over one row may a constant come
+/// as an array of that row (the same values), which is taken too.
 fn constant(function: &str, what: &str, value: &ColumnarValue) -> Result<ScalarValue> {
     match value {
         ColumnarValue::Scalar(scalar) => Ok(scalar.clone()),
-        ColumnarValue::Array(array) => {
-            if array.is_empty() {
-                return ScalarValue::try_from(array.data_type());
-            }
-            let first = ScalarValue::try_from_array(array, 0)?;
-            for row in 1..array.len() {
-                if ScalarValue::try_from_array(array, row)? != first {
-                    return exec_err!(
-                        "{function}: {what} must be a constant, not a column"
-                    );
-                }
-            }
-            Ok(first)
+        ColumnarValue::Array(array) if array.len() == 1 => {
+            ScalarValue::try_from_array(array, 0)
+        }
+        ColumnarValue::Array(_) => {
+            exec_err!("{function}: {what} must be a constant, not a column")
         }
     }
 }
