@@ -29,6 +29,11 @@ import sqlfeed
 import torch
 
 
+#: Bytes of the W2 batch's tensors, the copies a batch makes:
+#: x [256,8] f32, y [256] i64, img [256,3,32,32] f32.
+W2_COPY_SIZES = [8192, 2048, 3145728]
+
+
 def w2(data: str, rows: int | None = None) -> str:
     """The W2 feed: features, label and a 3x32x32 image as float32."""
     where = f" WHERE id < {rows}" if rows is not None else ""
@@ -151,8 +156,7 @@ def h2d(data: str) -> int:
         pass
     wall = time.perf_counter() - started
     stats = feed.stats()
-    # x [256,8] f32, y [256] i64, img [256,3,32,32] f32
-    raw = sqlfeed.raw_h2d_bytes_per_s("cuda:0", [8192, 2048, 3145728], 500)
+    raw = sqlfeed.raw_h2d_bytes_per_s("cuda:0", W2_COPY_SIZES, 500)
     rate = stats["bytes"] / stats["h2d_s"] if stats["h2d_s"] else float("nan")
     print(
         f"feed H2D {rate / 1e9:.2f} GB/s vs raw {raw / 1e9:.2f} GB/s: {rate / raw:.2f}x "
@@ -171,7 +175,7 @@ def h2d_conditions(cadence_s: float) -> None:
     that cadence with the host buffers rewritten by the CPU just before
     each copy, as the feed's converter does (the copy then reads lines that
     are hot in the CPU's caches)."""
-    sizes = [8192, 2048, 3145728]
+    sizes = W2_COPY_SIZES
     host = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
     fresh = [torch.randint(0, 255, (n,), dtype=torch.uint8) for n in sizes]
     device = [torch.empty(n, dtype=torch.uint8, device="cuda:0") for n in sizes]

@@ -111,11 +111,11 @@ impl ScalarUDFImpl for ConstantsRestored {
     }
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.function.inner().coerce_types(arg_types)
+        self.function.coerce_types(arg_types)
     }
 
     fn placement(&self, args: &[ExpressionPlacement]) -> ExpressionPlacement {
-        self.function.inner().placement(args)
+        self.function.placement(args)
     }
 
     fn preserves_lex_ordering(&self, inputs: &[ExprProperties]) -> Result<bool> {

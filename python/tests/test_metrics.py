@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 import pytest
 from conftest import require
@@ -47,8 +48,6 @@ def test_the_steady_wait_share_leaves_out_the_first_batch(session, ids_data):
     # never below nothing (the GPU check once printed -33.7% from a
     # formula that took the first batch's latency out of the wait).
     require("numpy", "numpy")
-    import time
-
     feed = _feed(session, ids_data, prefetch=4)
     for _batch in feed:
         time.sleep(0.02)
@@ -154,8 +153,6 @@ def test_a_lightning_callback_logs_through_the_trainers_logger(session, ids_data
 
 
 def test_the_timeline_names_a_slow_loop_and_writes_one_page(session, ids_data, tmp_path):
-    import time
-
     feed = _feed(session, ids_data, format="dlpack")
     try:
         feed.timeline()
