@@ -51,6 +51,15 @@ def split_words(batch):
     return {"words": words, "label2": batch["label"] * 2}
 
 
+ROWS_SEEN_BY_PAIR_UP = []
+
+
+def pair_up(batch):
+    """A struct of two fields per row, counting the rows it is called on."""
+    ROWS_SEEN_BY_PAIR_UP.append(len(batch["id"]))
+    return {"a": batch["id"], "b": pc.multiply(batch["id"], 2)}
+
+
 def divide_by_zero(x):
     return pc.divide(x, 0) if len(x) else x
 
@@ -130,6 +139,20 @@ def test_a_batch_function_returns_declared_columns_and_feeds_them(gen_data):
     # The declared inputs are the arity.
     with pytest.raises(sqlfeed.PlanError, match="expected 2 arguments but received 1"):
         session.sql(f"SELECT split_words(caption) FROM '{gen_data}/*.parquet'")
+
+
+def test_a_batch_function_read_field_by_field_runs_once_per_row(ids_data):
+    # DataFusion 55's leaf-expression push-down rewrote `p['a'], p['b']`
+    # into `pair_up(id)['a'], pair_up(id)['b']`: two calls per row (issue 27).
+    f = sqlfeed.batch_udf({"a": pa.int64(), "b": pa.int64()}, inputs=["id"])(pair_up)
+    session = _session(f)
+    ROWS_SEEN_BY_PAIR_UP.clear()
+    table = session.sql(
+        "SELECT p['a'] AS a, p['b'] AS b FROM "
+        f"(SELECT pair_up(id) AS p FROM '{ids_data}/*.parquet')"
+    ).to_arrow()
+    assert sorted(table.column("b").to_pylist()) == [2 * i for i in range(1000)]
+    assert sum(ROWS_SEEN_BY_PAIR_UP) == 1000
 
 
 def test_a_raising_function_names_itself_with_the_traceback(ids_data):

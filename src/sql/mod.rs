@@ -37,6 +37,7 @@ mod folder_glob;
 pub mod function_docs;
 mod functions;
 mod mix_clause;
+pub mod no_new_evaluations;
 mod parallel_projection;
 mod planner;
 pub mod rules;

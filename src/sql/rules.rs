@@ -4,15 +4,31 @@
 
 use std::sync::Arc;
 
+use datafusion::optimizer::OptimizerRule;
+
+use super::no_new_evaluations::{GUARDED_RULES, NoNewEvaluations};
+
 /// DataFusion's logical optimizer rules with sqlfeed's in front:
 /// [`crate::shuffle::LateRowFunctions`] must see a shuffle's input projection
 /// as the SQL planner built it, before common subexpression elimination
-/// splits it or projection pushdown folds it into the scan.
-pub fn optimizer_rules()
--> Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> {
-    let mut rules: Vec<Arc<dyn datafusion::optimizer::OptimizerRule + Send + Sync>> =
+/// splits it or projection pushdown folds it into the scan. DataFusion's
+/// leaf-expression rules are guarded by [`NoNewEvaluations`]: as shipped in
+/// 55 they compute a struct made by a function once per field read.
+pub fn optimizer_rules() -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
+    let mut rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
         vec![Arc::new(crate::shuffle::LateRowFunctions)];
-    rules.extend(datafusion::optimizer::Optimizer::new().rules);
+    rules.extend(
+        datafusion::optimizer::Optimizer::new()
+            .rules
+            .into_iter()
+            .map(|rule| -> Arc<dyn OptimizerRule + Send + Sync> {
+                if GUARDED_RULES.contains(&rule.name()) {
+                    Arc::new(NoNewEvaluations::new(rule))
+                } else {
+                    rule
+                }
+            }),
+    );
     rules
 }
 
