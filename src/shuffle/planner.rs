@@ -84,16 +84,18 @@ pub fn plan_global_shuffle(
     session_batch_size: usize,
     carry: Option<Vec<(Arc<dyn PhysicalExpr>, String)>>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let columns = input.schema().fields().len();
-    // Sized for the rows the permutation moves.
-    let mut batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let carrying = carry.is_some();
-    let keyed: Arc<dyn ExecutionPlan> =
-        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
-    let (keyed, _) = carry_keyed(keyed, carry, columns)?;
-    if carrying {
-        batch_rows = batch_rows_for(&keyed, memory_limit, session_batch_size);
-    }
+    let KeyedRows {
+        plan: keyed,
+        batch_rows,
+        ..
+    } = key_rows(
+        input,
+        source,
+        (seed, epoch),
+        carry,
+        memory_limit,
+        session_batch_size,
+    )?;
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
     Ok(Arc::new(ShuffleMergeExec::new(
         permuted, seed, epoch, batch_rows,
@@ -102,6 +104,45 @@ pub fn plan_global_shuffle(
 
 /// Expressions and the names of the columns they compute.
 type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
+
+/// A shuffle's input keyed by content, as the permutation takes it.
+struct KeyedRows {
+    /// The shuffled columns, then the key.
+    plan: Arc<dyn ExecutionPlan>,
+    /// How many columns come before the key.
+    columns: usize,
+    /// Rows per batch of the permutation and merge, sized for the rows they
+    /// move: the input's, or with `carry` the outputs'.
+    batch_rows: usize,
+}
+
+/// `input` keyed by its content (`source`, with `(seed, epoch)`), and with
+/// `carry`'s outputs in place of its columns (see [`carry_keyed`]).
+fn key_rows(
+    input: Arc<dyn ExecutionPlan>,
+    source: KeySource,
+    (seed, epoch): (u64, u64),
+    carry: Option<Outputs>,
+    memory_limit: usize,
+    session_batch_size: usize,
+) -> Result<KeyedRows> {
+    let columns = input.schema().fields().len();
+    let carrying = carry.is_some();
+    let input_batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
+    let keyed: Arc<dyn ExecutionPlan> =
+        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
+    let (plan, columns) = carry_keyed(keyed, carry, columns)?;
+    let batch_rows = if carrying {
+        batch_rows_for(&plan, memory_limit, session_batch_size)
+    } else {
+        input_batch_rows
+    };
+    Ok(KeyedRows {
+        plan,
+        columns,
+        batch_rows,
+    })
+}
 
 /// `keyed` (the input's `columns` columns, then the key) with `carry`'s
 /// outputs in place of the input's columns; and how many columns come
@@ -207,15 +248,18 @@ pub fn plan_sorted_shuffle(
     } = final_stage;
     let unique_rows = unique_rows && ranges >= 2;
     let partitions = input.properties().partitioning.partition_count().max(1);
-    let columns = input.schema().fields().len();
-    let mut batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
-    let carrying = carry.is_some();
-    let keyed: Arc<dyn ExecutionPlan> =
-        Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
-    let (keyed, columns) = carry_keyed(keyed, carry, columns)?;
-    if carrying {
-        batch_rows = batch_rows_for(&keyed, memory_limit, session_batch_size);
-    }
+    let KeyedRows {
+        plan: keyed,
+        columns,
+        batch_rows,
+    } = key_rows(
+        input,
+        source,
+        (seed, epoch),
+        carry,
+        memory_limit,
+        session_batch_size,
+    )?;
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
     let ordering = LexOrdering::new([PhysicalSortExpr::new(
         Arc::clone(&key),
