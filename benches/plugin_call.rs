@@ -2,7 +2,10 @@
 //! template plugin (examples/udf-plugin) registered in-process (its rlib,
 //! no FFI) and loaded from its `cdylib` through `datafusion-ffi`, over the
 //! same 1,000,000 captions, rounds interleaved A B A B (a shared machine's
-//! noise hits both alike). Prints the median per mode and their ratio.
+//! noise hits both alike). Prints the median per mode and their ratio, then
+//! what a call's configuration costs in `datafusion-ffi`'s form: converting
+//! it (what `ForeignScalarUDF` does per call) against cloning a converted one
+//! (what sqlfeed's host does per call, converting once per configuration).
 //!
 //! ```sh
 //! cargo build --release --workspace --lib   # the plugin's .so
@@ -74,6 +77,32 @@ async fn seconds(session: &Session) -> Result<f64> {
     Ok(started.elapsed().as_secs_f64())
 }
 
+/// Microseconds per call of `f`, over `calls` calls.
+fn micros_per_call<T>(calls: u32, mut f: impl FnMut() -> T) -> f64 {
+    let started = Instant::now();
+    for _ in 0..calls {
+        std::hint::black_box(f());
+    }
+    started.elapsed().as_secs_f64() * 1e6 / f64::from(calls)
+}
+
+/// The per-call configuration costs (see the module docs).
+fn configuration_costs() {
+    use datafusion::common::config::ConfigOptions;
+    use datafusion_ffi::config::FFI_ConfigOptions;
+
+    let config = ConfigOptions::default();
+    let converted = FFI_ConfigOptions::from(&config);
+    let calls = 20_000;
+    let convert = micros_per_call(calls, || FFI_ConfigOptions::from(&config));
+    let clone = micros_per_call(calls, || converted.clone());
+    eprintln!(
+        "a call's configuration ({} entries) in FFI form: converted {convert:.1} µs, \
+         a converted one cloned {clone:.1} µs",
+        config.entries().len()
+    );
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -123,5 +152,6 @@ async fn main() -> Result<()> {
         ROWS as f64 / b / 1e6,
         100.0 * (b / a - 1.0)
     );
+    configuration_costs();
     Ok(())
 }
