@@ -323,7 +323,8 @@ impl ScalarUDFImpl for ForeignCall {
         // SAFETY: `self.udf` is a function table taken from a plugin whose
         // header `check_header` accepted (the same datafusion-ffi major and
         // plugin ABI), so `invoke_with_args` has the signature its field
-        // declares. `&self.udf` lives for the call; every other argument is
+        // declares, and its code stays mapped: `open` never unloads a
+        // library. `&self.udf` lives for the call; every other argument is
         // owned and moved into the call, which releases it (the contract
         // `ForeignScalarUDF::invoke_with_args` relies on for the same call).
         let result = unsafe {
