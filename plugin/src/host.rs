@@ -313,11 +313,11 @@ impl ScalarUDFImpl for ForeignCall {
                     schema: WrappedSchema(schema),
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<_>>()?;
         let fields = arg_fields
             .iter()
             .map(|field| Ok(WrappedSchema(FFI_ArrowSchema::try_from(field.as_ref())?)))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<_>>()?;
         let return_field =
             WrappedSchema(FFI_ArrowSchema::try_from(return_field.as_ref())?);
         // SAFETY: `self.udf` is a function table taken from a plugin whose
@@ -330,8 +330,8 @@ impl ScalarUDFImpl for ForeignCall {
         let result = unsafe {
             (self.udf.invoke_with_args)(
                 &self.udf,
-                arrays.into_iter().collect(),
-                fields.into_iter().collect(),
+                arrays,
+                fields,
                 number_rows,
                 return_field,
                 config,
