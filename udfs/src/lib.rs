@@ -173,6 +173,39 @@ macro_rules! function_basics {
 }
 pub(crate) use function_basics;
 
+/// Declares a function whose only state is a user-defined signature: it
+/// checks and coerces its own arguments in `coerce_types`, so that a wrong
+/// call is an error naming the function's syntax rather than DataFusion's
+/// generic signature mismatch. `new()` is visible to the declaring module's
+/// parent, which registers the function.
+///
+/// ```ignore
+/// crate::coercing_function! {
+///     /// `log1p(x)`: …
+///     pub struct Log1pFunc;
+/// }
+/// ```
+macro_rules! coercing_function {
+    ($(#[$meta:meta])* pub struct $name:ident;) => {
+        $(#[$meta])*
+        #[derive(Debug, PartialEq, Eq, Hash)]
+        pub struct $name {
+            signature: datafusion::logical_expr::Signature,
+        }
+
+        impl $name {
+            pub(super) fn new() -> Self {
+                Self {
+                    signature: datafusion::logical_expr::Signature::user_defined(
+                        datafusion::logical_expr::Volatility::Immutable,
+                    ),
+                }
+            }
+        }
+    };
+}
+pub(crate) use coercing_function;
+
 /// Reads the files functions load at plan time (a `tokenizer.json`) when
 /// they are named by URL (`s3://…`, `gs://…`, `az://…`, `https://…`).
 ///

@@ -14,9 +14,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Fields};
 use datafusion::common::ScalarValue;
 use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
 use datafusion::error::Result;
-use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
-};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl};
 
 use super::image_type;
 use super::transform::{check_image_arg, image_at};
@@ -37,20 +35,11 @@ pub fn tensor_type() -> DataType {
     ]))
 }
 
-/// `image_to_tensor(image [, mean, std])`: float32 values in CHW order,
-/// `pixel / 255`, then `(x - mean[c]) / std[c]` when mean and std are given
-/// (numbers, or lists with one value per channel).
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct ToTensorFunc {
-    signature: Signature,
-}
-
-impl ToTensorFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `image_to_tensor(image [, mean, std])`: float32 values in CHW order,
+    /// `pixel / 255`, then `(x - mean[c]) / std[c]` when mean and std are given
+    /// (numbers, or lists with one value per channel).
+    pub struct ToTensorFunc;
 }
 
 /// Per-channel constants from a number or a list literal.

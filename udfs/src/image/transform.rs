@@ -240,21 +240,12 @@ impl ScalarUDFImpl for CropFunc {
 
 const RESIZE: &str = "image_resize(image, height, width [, 'bilinear' | 'nearest' | 'bicubic' | 'lanczos3'])";
 
-/// `image_resize(image, h, w [, filter])`: SIMD resampling with
-/// `fast_image_resize` (convolution filters, i.e. antialiased when shrinking,
-/// like torchvision's `antialias=True`); bilinear by default. RGBA is
-/// resized with premultiplied alpha so transparent pixels do not bleed.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct ResizeFunc {
-    signature: Signature,
-}
-
-impl ResizeFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `image_resize(image, h, w [, filter])`: SIMD resampling with
+    /// `fast_image_resize` (convolution filters, i.e. antialiased when shrinking,
+    /// like torchvision's `antialias=True`); bilinear by default. RGBA is
+    /// resized with premultiplied alpha so transparent pixels do not bleed.
+    pub struct ResizeFunc;
 }
 
 /// A literal number of pixels as `i64` (0 to `u32::MAX`).
@@ -435,21 +426,12 @@ impl ScalarUDFImpl for ResizeFunc {
 
 const FLIP: &str = "image_random_flip(image, seed)";
 
-/// `image_random_flip(image, seed)`: mirrors the image left-right with
-/// probability ½, decided by `xxh3_64_with_seed(pixels, seed)` (per epoch
-/// inside a feed: see [`crate::augment`]), so a seed
-/// reproduces the augmentation and different images flip independently.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct RandomFlipFunc {
-    signature: Signature,
-}
-
-impl RandomFlipFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `image_random_flip(image, seed)`: mirrors the image left-right with
+    /// probability ½, decided by `xxh3_64_with_seed(pixels, seed)` (per epoch
+    /// inside a feed: see [`crate::augment`]), so a seed
+    /// reproduces the augmentation and different images flip independently.
+    pub struct RandomFlipFunc;
 }
 
 impl ScalarUDFImpl for RandomFlipFunc {

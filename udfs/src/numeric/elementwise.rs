@@ -8,26 +8,15 @@ use datafusion::arrow::datatypes::{
 };
 use datafusion::common::{exec_err, internal_err};
 use datafusion::error::Result;
-use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
-};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl};
 
 const CLIP: &str = "clip(x, lo, hi)";
 const LOG1P: &str = "log1p(x)";
 
-/// `clip(x, lo, hi)`: `x` limited to `[lo, hi]`; NaN stays NaN, ±inf is
-/// clipped, `lo > hi` in a row is an error naming the row.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct ClipFunc {
-    signature: Signature,
-}
-
-impl ClipFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `clip(x, lo, hi)`: `x` limited to `[lo, hi]`; NaN stays NaN, ±inf is
+    /// clipped, `lo > hi` in a row is an error naming the row.
+    pub struct ClipFunc;
 }
 
 fn clip_typed<T: ArrowPrimitiveType>(
@@ -104,18 +93,9 @@ impl ScalarUDFImpl for ClipFunc {
     }
 }
 
-/// `log1p(x)`: `ln(1 + x)` computed without the rounding of `1 + x`.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct Log1pFunc {
-    signature: Signature,
-}
-
-impl Log1pFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `log1p(x)`: `ln(1 + x)` computed without the rounding of `1 + x`.
+    pub struct Log1pFunc;
 }
 
 impl ScalarUDFImpl for Log1pFunc {

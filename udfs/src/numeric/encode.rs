@@ -13,8 +13,7 @@ use datafusion::common::ScalarValue;
 use datafusion::common::{exec_err, internal_err, plan_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
-    Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl,
 };
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -81,19 +80,10 @@ fn boundaries(value: Option<&ScalarValue>) -> Result<Vec<f64>> {
     Ok(bounds)
 }
 
-/// `bucketize(x, [b0, …])`: the number of boundaries `<= x`, as int32, so
-/// bucket `k` holds `b[k-1] <= x < b[k]`; NaN lands after every boundary.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct BucketizeFunc {
-    signature: Signature,
-}
-
-impl BucketizeFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `bucketize(x, [b0, …])`: the number of boundaries `<= x`, as int32, so
+    /// bucket `k` holds `b[k-1] <= x < b[k]`; NaN lands after every boundary.
+    pub struct BucketizeFunc;
 }
 
 impl ScalarUDFImpl for BucketizeFunc {
@@ -159,26 +149,17 @@ impl ScalarUDFImpl for BucketizeFunc {
     }
 }
 
-/// `one_hot(i, n)`: a fixed-size list of `n` float32 with 1.0 at `i`; an `i`
-/// outside `[0, n)` is an error naming the row and the value.
-///
-/// `one_hot(value, ['a', 'b', ...] [, 'zeros'])`: the same list, as wide as
-/// the vocabulary, with 1.0 at the position of the string `value` in it
-/// (see [`super::vocabulary`]); a value outside the vocabulary is an error
-/// naming it, or an all-zero row with `'zeros'`. The second argument's type
-/// tells the forms apart: a list is a vocabulary. NULL gives a NULL row in
-/// both.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct OneHotFunc {
-    signature: Signature,
-}
-
-impl OneHotFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `one_hot(i, n)`: a fixed-size list of `n` float32 with 1.0 at `i`; an `i`
+    /// outside `[0, n)` is an error naming the row and the value.
+    ///
+    /// `one_hot(value, ['a', 'b', ...] [, 'zeros'])`: the same list, as wide as
+    /// the vocabulary, with 1.0 at the position of the string `value` in it
+    /// (see [`super::vocabulary`]); a value outside the vocabulary is an error
+    /// naming it, or an all-zero row with `'zeros'`. The second argument's type
+    /// tells the forms apart: a list is a vocabulary. NULL gives a NULL row in
+    /// both.
+    pub struct OneHotFunc;
 }
 
 fn one_hot_width(value: Option<&ScalarValue>) -> Result<i32> {
@@ -334,18 +315,9 @@ impl ScalarUDFImpl for OneHotFunc {
     }
 }
 
-/// `hash_bucket(value, n [, seed])`; see [`hash_bytes`] for the definition.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct HashBucketFunc {
-    signature: Signature,
-}
-
-impl HashBucketFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `hash_bucket(value, n [, seed])`; see [`hash_bytes`] for the definition.
+    pub struct HashBucketFunc;
 }
 
 /// The bucket of one value: `xxh3_64_with_seed(bytes, seed) mod n` where

@@ -10,27 +10,17 @@ use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float32Type};
 use datafusion::common::{plan_datafusion_err, plan_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
-    Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl,
 };
 
 const FEATURE_VECTOR: &str = "feature_vector(x1, x2, ..., xn)";
 /// Widest vector accepted (a plan with more arguments is a mistake).
 const MAX_WIDTH: usize = 1 << 16;
 
-/// See the module docs. A NULL argument value becomes a NULL element (the
-/// feed then names the row, or fills it when told to).
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct FeatureVectorFunc {
-    signature: Signature,
-}
-
-impl FeatureVectorFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// See the module docs. A NULL argument value becomes a NULL element (the
+    /// feed then names the row, or fills it when told to).
+    pub struct FeatureVectorFunc;
 }
 
 fn vector_type(width: usize, nullable: bool) -> Result<DataType> {

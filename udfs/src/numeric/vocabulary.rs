@@ -25,8 +25,7 @@ use datafusion::common::{
 };
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl, Signature,
-    Volatility,
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDFImpl,
 };
 
 const LABEL_ENCODE: &str = "label_encode(value, ['a', 'b', ...] [, '-1'])";
@@ -448,19 +447,10 @@ pub(super) fn parameters(
     Ok((vocabulary, on_unknown(encoder, scalar(2))?))
 }
 
-/// `label_encode(value, ['a', 'b', ...] [, '-1'])`: the int64 position of
-/// `value` in the vocabulary; see the module docs.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct LabelEncodeFunc {
-    signature: Signature,
-}
-
-impl LabelEncodeFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `label_encode(value, ['a', 'b', ...] [, '-1'])`: the int64 position of
+    /// `value` in the vocabulary; see the module docs.
+    pub struct LabelEncodeFunc;
 }
 
 impl ScalarUDFImpl for LabelEncodeFunc {

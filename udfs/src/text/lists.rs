@@ -51,18 +51,9 @@ fn list_of(value: &ColumnarValue, rows: usize) -> Result<GenericListArray<i32>> 
     Ok(value.to_array(rows)?.as_list::<i32>().clone())
 }
 
-/// `attention_mask(ids [, len])`; see the module docs.
-#[derive(Debug, PartialEq, Eq, Hash)]
-pub struct AttentionMaskFunc {
-    signature: Signature,
-}
-
-impl AttentionMaskFunc {
-    pub(super) fn new() -> Self {
-        Self {
-            signature: Signature::user_defined(Volatility::Immutable),
-        }
-    }
+crate::coercing_function! {
+    /// `attention_mask(ids [, len])`; see the module docs.
+    pub struct AttentionMaskFunc;
 }
 
 impl ScalarUDFImpl for AttentionMaskFunc {
