@@ -11,8 +11,20 @@ use datafusion::error::Result;
 use sqlfeed::Session;
 use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
+use tempfile::TempDir;
 
 use crate::common::{arc, collect, gen_data, rows, run, sqlfeed, write_parquet};
+
+/// A temporary folder with `rows` generated rows in `files` Parquet files
+/// under `data/`, and the path `cache/` for an epoch cache; both go when
+/// the folder is dropped.
+fn scratch(rows: u64, files: usize) -> Result<(TempDir, PathBuf, PathBuf)> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("data");
+    gen_data(&data, rows, files)?;
+    let cache = dir.path().join("cache");
+    Ok((dir, data, cache))
+}
 
 fn session(cache_dir: &Path) -> Result<Session> {
     Session::builder()
@@ -73,10 +85,7 @@ fn query(data: &Path) -> String {
 
 #[tokio::test]
 async fn cached_results_equal_the_query_and_are_reused_by_later_sessions() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 3000, 3)?;
+    let (_dir, data, cache) = scratch(3000, 3)?;
     let query = query(&data);
 
     let first = session(&cache)?;
@@ -185,10 +194,7 @@ async fn a_changed_input_file_or_query_is_a_miss() -> Result<()> {
 
 #[tokio::test]
 async fn damaged_or_missing_cache_files_are_recomputed_never_served() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 3000, 3)?;
+    let (_dir, data, cache) = scratch(3000, 3)?;
     let query = query(&data);
     let expected = {
         let session = session(&cache)?;
@@ -286,10 +292,7 @@ async fn tables_in_memory_and_volatile_queries_are_cached_for_the_session_only()
 
 #[tokio::test]
 async fn the_size_limit_removes_the_least_recently_used_entries() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 3000, 3)?;
+    let (dir, data, cache) = scratch(3000, 3)?;
     let files = format!("{}/*.parquet", data.display());
     let entry_bytes = {
         let probe = session(&dir.path().join("probe"))?;
@@ -336,10 +339,7 @@ async fn the_size_limit_removes_the_least_recently_used_entries() -> Result<()> 
 
 #[test]
 fn concurrent_processes_fill_one_entry_without_corrupting_it() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 20_000, 4)?;
+    let (_dir, data, cache) = scratch(20_000, 4)?;
     let sql = format!(
         "CACHE TABLE t AS {}; SELECT count(*) AS n, sum(id) AS s FROM t",
         query(&data)
@@ -409,10 +409,7 @@ fn folder_with_file(parent: &Path, name: &str) -> std::io::Result<PathBuf> {
 #[tokio::test]
 async fn folders_of_live_processes_in_other_pid_namespaces_survive_a_sweep() -> Result<()>
 {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 300, 1)?;
+    let (_dir, data, cache) = scratch(300, 1)?;
     // Another container's fill and session folder: their names carry a pid
     // that does not exist in this namespace, but their owner is alive and
     // holds their locks (here: this test, through its own open files).
@@ -508,10 +505,7 @@ fn image_query(data: &Path) -> String {
 
 #[test]
 fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 3000, 3)?;
+    let (_dir, data, cache) = scratch(3000, 3)?;
     // Functions run after the uncached shuffle (keyed on what they read);
     // the cache stores their results with that key's content hash.
     let sql = image_query(&data);
@@ -558,10 +552,7 @@ fn cached_feeds_reshuffle_every_epoch_like_uncached_ones() -> Result<()> {
 /// `p` of the entry is partition `p`), from a fill and from a hit.
 #[test]
 fn unshuffled_cached_feeds_keep_the_query_order() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 3000, 3)?;
+    let (_dir, data, cache) = scratch(3000, 3)?;
     let sql = image_query(&data);
     let first = session(&cache)?;
     // A shuffled feed's entry of the same query holds its rows in another
@@ -643,10 +634,7 @@ fn only_manifest(cache: &Path, key: &str) -> Result<serde_json::Value> {
 
 #[tokio::test]
 async fn a_rewritten_tokenizer_file_is_a_miss_and_gives_the_new_tokens() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 300, 2)?;
+    let (dir, data, cache) = scratch(300, 2)?;
     let tokenizer = dir.path().join("model").join("tokenizer.json");
     std::fs::create_dir_all(dir.path().join("model"))?;
     std::fs::copy(MINILM_TOKENIZER, &tokenizer)?;
@@ -710,10 +698,7 @@ async fn a_rewritten_tokenizer_file_is_a_miss_and_gives_the_new_tokens() -> Resu
 /// written (the fill beside the epoch is awaited before the feed ends).
 #[test]
 fn a_one_epoch_cached_feed_leaves_the_entry_written() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 600, 2)?;
+    let (_dir, data, cache) = scratch(600, 2)?;
     let session = session(&cache)?;
     let mut feed = Feed::builder(&session, query(&data))
         .shuffle(3)
@@ -735,10 +720,7 @@ fn a_one_epoch_cached_feed_leaves_the_entry_written() -> Result<()> {
 /// part of the rows) and leaves no files; the next feed fills it whole.
 #[test]
 fn a_feed_stopped_while_filling_leaves_no_entry() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("data");
-    let cache = dir.path().join("cache");
-    gen_data(&data, 3000, 3)?;
+    let (_dir, data, cache) = scratch(3000, 3)?;
     let sql = image_query(&data);
     let session = session(&cache)?;
     let mut feed = Feed::builder(&session, &sql)

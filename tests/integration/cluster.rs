@@ -246,6 +246,16 @@ fn data(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The flat data's images decoded, resized to 4×4 and normalised: a query
+/// whose functions cost more than its scan.
+fn image_query(dir: &Path) -> String {
+    format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/flat/*.parquet'",
+        dir.display()
+    )
+}
+
 const TOKENIZER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
@@ -1019,11 +1029,7 @@ fn a_feed_survives_an_executor_killed_mid_epoch_with_the_same_batches() -> Resul
 fn a_cached_cluster_feed_computes_once_and_keeps_the_batches() -> Result<()> {
     let dir = tempfile::tempdir()?;
     data(dir.path())?;
-    let sql = format!(
-        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
-         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/flat/*.parquet'",
-        dir.path().display()
-    );
+    let sql = image_query(dir.path());
     let cache = dir.path().join("cache");
     let run = |cluster: Option<&str>, extra: &[&str]| {
         let mut command = sqlfeed();
@@ -1092,11 +1098,7 @@ fn a_cached_cluster_feed_computes_once_and_keeps_the_batches() -> Result<()> {
 fn an_executor_cache_is_written_and_read_on_the_executors() -> Result<()> {
     let dir = tempfile::tempdir()?;
     data(dir.path())?;
-    let sql = format!(
-        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
-         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/flat/*.parquet'",
-        dir.path().display()
-    );
+    let sql = image_query(dir.path());
     let shared = dir.path().join("shared-cache");
     let cluster = Cluster::start(2);
     let url = cluster.url();

@@ -302,6 +302,11 @@ fn the_cli_prints_row_positions_and_resumes_from_them_under_another_shape() {
     );
 }
 
+/// A feed of `sql` over two epochs shuffled with `seed`.
+fn two_shuffled_epochs(session: &Session, sql: &str, seed: u64) -> FeedBuilder {
+    Feed::builder(session, sql).shuffle(seed).epochs(2)
+}
+
 /// `scheme://host/path` of the files `sql` reads, as a checkpoint lists them.
 fn manifest(session: &Session, sql: &str) -> Result<Vec<String>> {
     let runtime = tokio::runtime::Runtime::new()?;
@@ -315,10 +320,8 @@ fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Resul
     let sql = ids(dir.path())?;
     let session = session()?;
     let feed = |batch: usize, rank: usize, world: usize| {
-        Feed::builder(&session, &sql)
+        two_shuffled_epochs(&session, &sql, 6)
             .batch_size(batch)
-            .shuffle(6)
-            .epochs(2)
             .shard(rank, world)
     };
     // Two ranks of 64 stop after global step 2: 384 rows consumed.
@@ -419,10 +422,8 @@ fn a_checkpoint_resumes_another_shape_and_refuses_another_query_or_seed() -> Res
     let sql = ids(dir.path())?;
     let session = session()?;
     let feed = |batch: usize, rank: usize, world: usize| {
-        Feed::builder(&session, &sql)
+        two_shuffled_epochs(&session, &sql, 5)
             .batch_size(batch)
-            .shuffle(5)
-            .epochs(2)
             .shard(rank, world)
     };
     // Before any batch the checkpoint is the feed's start.
