@@ -117,7 +117,8 @@ pub use logical::{ShuffleKey, ShuffleNode};
 pub use merge::{ShuffleMergeExec, shuffle_batch_rows};
 pub use permute::{PermuteExec, PermuteMode};
 pub use planner::{
-    FinalStage, ShuffleExtensionPlanner, plan_global_shuffle, plan_sorted_shuffle,
+    FinalStage, GlobalShuffle, ShuffleExtensionPlanner, plan_global_shuffle,
+    plan_sorted_shuffle,
 };
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;

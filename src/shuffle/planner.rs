@@ -77,29 +77,50 @@ fn batch_rows_for(
 /// with the 5 they become).
 pub fn plan_global_shuffle(
     input: Arc<dyn ExecutionPlan>,
-    source: KeySource,
-    seed: u64,
-    epoch: u64,
-    memory_limit: usize,
-    session_batch_size: usize,
-    carry: Option<Vec<(Arc<dyn PhysicalExpr>, String)>>,
+    shuffle: GlobalShuffle,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    let (seed, epoch) = (shuffle.seed, shuffle.epoch);
     let KeyedRows {
         plan: keyed,
         batch_rows,
         ..
-    } = key_rows(
-        input,
-        source,
-        (seed, epoch),
-        carry,
-        memory_limit,
-        session_batch_size,
-    )?;
+    } = key_rows(input, shuffle)?;
     let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
     Ok(Arc::new(ShuffleMergeExec::new(
         permuted, seed, epoch, batch_rows,
     )))
+}
+
+/// A global shuffle's order and what it moves: what [`plan_global_shuffle`]
+/// and [`plan_sorted_shuffle`], two plans of the same order, both take.
+#[derive(Debug, Clone)]
+pub struct GlobalShuffle {
+    /// What the content key hashes.
+    pub source: KeySource,
+    pub seed: u64,
+    pub epoch: u64,
+    /// The session's memory limit, which the permutation's and merge's
+    /// batches are sized against (with `session_batch_size`).
+    pub memory_limit: usize,
+    pub session_batch_size: usize,
+    /// Expressions over the input's columns whose outputs the shuffle moves
+    /// instead of those columns (see [`plan_global_shuffle`]).
+    pub carry: Option<Outputs>,
+}
+
+impl GlobalShuffle {
+    /// The plan of this shuffle over `input`: stage-shaped, ending with
+    /// `final_stage` (a cluster's), or one machine's.
+    pub fn plan(
+        self,
+        input: Arc<dyn ExecutionPlan>,
+        final_stage: Option<FinalStage>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match final_stage {
+            Some(final_stage) => plan_sorted_shuffle(input, self, final_stage),
+            None => plan_global_shuffle(input, self),
+        }
+    }
 }
 
 /// Expressions and the names of the columns they compute.
@@ -116,16 +137,17 @@ struct KeyedRows {
     batch_rows: usize,
 }
 
-/// `input` keyed by its content (`source`, with `(seed, epoch)`), and with
-/// `carry`'s outputs in place of its columns (see [`carry_keyed`]).
-fn key_rows(
-    input: Arc<dyn ExecutionPlan>,
-    source: KeySource,
-    (seed, epoch): (u64, u64),
-    carry: Option<Outputs>,
-    memory_limit: usize,
-    session_batch_size: usize,
-) -> Result<KeyedRows> {
+/// `input` keyed by its content (the shuffle's `source`, seed and epoch),
+/// and with `carry`'s outputs in place of its columns (see [`carry_keyed`]).
+fn key_rows(input: Arc<dyn ExecutionPlan>, shuffle: GlobalShuffle) -> Result<KeyedRows> {
+    let GlobalShuffle {
+        source,
+        seed,
+        epoch,
+        memory_limit,
+        session_batch_size,
+        carry,
+    } = shuffle;
     let columns = input.schema().fields().len();
     let carrying = carry.is_some();
     let input_batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
@@ -161,6 +183,28 @@ fn carry_keyed(
         SHUFFLE_KEY_COLUMN.to_string(),
     ));
     Ok((Arc::new(ProjectionExec::try_new(carry, keyed)?), carried))
+}
+
+/// How the session's options ask a stage-shaped shuffle to end: in one
+/// merge, or in the session's partitions as ordered key ranges, dealt to
+/// ranks or planned for unique rows when asked.
+fn requested_final_stage(session: &dyn Session) -> FinalStage {
+    let options = session
+        .config()
+        .options()
+        .extensions
+        .get::<crate::config::SqlfeedOptions>();
+    let ordered_partitions = options.is_some_and(|o| o.ordered_result_partitions);
+    let ranges = if ordered_partitions {
+        session.config().target_partitions()
+    } else {
+        1
+    };
+    FinalStage {
+        ranges,
+        deal: options.and_then(Deal::requested).filter(|_| ranges >= 2),
+        unique_rows: options.is_some_and(|o| o.assume_unique_rows),
+    }
 }
 
 /// How a stage-shaped shuffle ends (see [`plan_sorted_shuffle`]).
@@ -230,17 +274,12 @@ impl FinalStage {
 /// row, instead of the input's columns (as [`plan_global_shuffle`] does;
 /// the order is the same). They are computed on the tasks that key the
 /// rows, before the exchange, which then moves what they produce.
-#[allow(clippy::too_many_arguments)]
 pub fn plan_sorted_shuffle(
     input: Arc<dyn ExecutionPlan>,
-    source: KeySource,
-    seed: u64,
-    epoch: u64,
-    memory_limit: usize,
-    session_batch_size: usize,
+    shuffle: GlobalShuffle,
     final_stage: FinalStage,
-    carry: Option<Outputs>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    let (seed, epoch) = (shuffle.seed, shuffle.epoch);
     let FinalStage {
         ranges,
         deal,
@@ -252,14 +291,7 @@ pub fn plan_sorted_shuffle(
         plan: keyed,
         columns,
         batch_rows,
-    } = key_rows(
-        input,
-        source,
-        (seed, epoch),
-        carry,
-        memory_limit,
-        session_batch_size,
-    )?;
+    } = key_rows(input, shuffle)?;
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
     let ordering = LexOrdering::new([PhysicalSortExpr::new(
         Arc::clone(&key),
@@ -390,47 +422,17 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     MemoryLimit::Finite(bytes) => bytes,
                     _ => usize::MAX / 2,
                 };
-                let (source, batch_size) =
-                    (key_source(shuffle, input)?, session.config().batch_size());
-                if self.stage_shaped {
-                    let options = session
-                        .config()
-                        .options()
-                        .extensions
-                        .get::<crate::config::SqlfeedOptions>();
-                    let ordered_partitions =
-                        options.is_some_and(|o| o.ordered_result_partitions);
-                    let deal = options.and_then(Deal::requested);
-                    let ranges = if ordered_partitions {
-                        session.config().target_partitions()
-                    } else {
-                        1
-                    };
-                    plan_sorted_shuffle(
-                        Arc::clone(input),
-                        source,
-                        seed,
-                        epoch,
-                        memory_limit,
-                        batch_size,
-                        FinalStage {
-                            ranges,
-                            deal: deal.filter(|_| ranges >= 2),
-                            unique_rows: options.is_some_and(|o| o.assume_unique_rows),
-                        },
-                        None,
-                    )?
-                } else {
-                    plan_global_shuffle(
-                        Arc::clone(input),
-                        source,
-                        seed,
-                        epoch,
-                        memory_limit,
-                        batch_size,
-                        None,
-                    )?
-                }
+                let global = GlobalShuffle {
+                    source: key_source(shuffle, input)?,
+                    seed,
+                    epoch,
+                    memory_limit,
+                    session_batch_size: session.config().batch_size(),
+                    carry: None,
+                };
+                let final_stage =
+                    self.stage_shaped.then(|| requested_final_stage(session));
+                global.plan(Arc::clone(input), final_stage)?
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(Arc::clone(input), buffer_rows, seed))

@@ -4,9 +4,26 @@ use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::Int64Type;
 use datafusion::error::Result;
 use sqlfeed::Session;
-use sqlfeed::shuffle::{ShuffleSpec, shuffle};
+use sqlfeed::shuffle::{GlobalShuffle, KeySource, ShuffleSpec, shuffle};
 
 use crate::common::{arc, collect, files_below, gen_data, rows, write_parquet};
+
+/// A global shuffle keyed on every column, moving them all.
+fn all_columns(
+    seed: u64,
+    epoch: u64,
+    memory_limit: usize,
+    batch_rows: usize,
+) -> GlobalShuffle {
+    GlobalShuffle {
+        source: KeySource::AllColumns,
+        seed,
+        epoch,
+        memory_limit,
+        session_batch_size: batch_rows,
+        carry: None,
+    }
+}
 
 fn session(partitions: usize, batch_size: usize) -> Result<Session> {
     Session::builder()
@@ -445,19 +462,14 @@ async fn the_sorted_plan_and_the_permute_plan_agree() -> Result<()> {
         let batch_rows = s.context().state().config().batch_size();
         let permuted = sqlfeed::shuffle::plan_global_shuffle(
             std::sync::Arc::clone(&input),
-            sqlfeed::shuffle::KeySource::AllColumns,
-            11,
-            2,
-            limit,
-            batch_rows,
-            None,
+            all_columns(11, 2, limit, batch_rows),
         )?;
         // Under an operator that asks for no order (as a cluster's final
         // stage or a feed's sink may be), the optimizer must keep the merge.
         let mut sorted: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
             std::sync::Arc::new(
                 datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec::new(
-                    sqlfeed::shuffle::plan_sorted_shuffle(input, sqlfeed::shuffle::KeySource::AllColumns, 11, 2, limit, batch_rows, sqlfeed::shuffle::FinalStage::merge(), None)?,
+                    sqlfeed::shuffle::plan_sorted_shuffle(input, all_columns(11, 2, limit, batch_rows), sqlfeed::shuffle::FinalStage::merge())?,
                 ),
             );
         // As DataFusion plans any query (the optimizer is part of planning).
@@ -734,13 +746,8 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
             let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
                 sqlfeed::shuffle::plan_sorted_shuffle(
                     input,
-                    sqlfeed::shuffle::KeySource::AllColumns,
-                    8,
-                    0,
-                    limit,
-                    batch_rows,
+                    all_columns(8, 0, limit, batch_rows),
                     sqlfeed::shuffle::FinalStage::ranged(ranges),
-                    None,
                 )?;
             let state = s.context().state();
             for rule in state.physical_optimizers() {
@@ -782,13 +789,8 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
             let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
                 sqlfeed::shuffle::plan_sorted_shuffle(
                     input,
-                    sqlfeed::shuffle::KeySource::AllColumns,
-                    8,
-                    0,
-                    limit,
-                    s.context().state().config().batch_size(),
+                    all_columns(8, 0, limit, s.context().state().config().batch_size()),
                     sqlfeed::shuffle::FinalStage::ranged(ranges).dealt(deal),
-                    None,
                 )?;
             let state = s.context().state();
             for rule in state.physical_optimizers() {
@@ -840,13 +842,8 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
     let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =
         sqlfeed::shuffle::plan_sorted_shuffle(
             input,
-            sqlfeed::shuffle::KeySource::AllColumns,
-            8,
-            0,
-            256 << 20,
-            100,
+            all_columns(8, 0, 256 << 20, 100),
             sqlfeed::shuffle::FinalStage::ranged(5),
-            None,
         )?;
     let state = roomy.context().state();
     let mut refused = None;

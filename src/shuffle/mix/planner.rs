@@ -51,7 +51,7 @@ use super::source_seed;
 use super::window::MixWindowExec;
 use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{FinalStage, KeySource, plan_global_shuffle, plan_sorted_shuffle};
+use crate::shuffle::{FinalStage, GlobalShuffle, KeySource};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -167,7 +167,7 @@ type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
 ///
 /// Cheap functions run on every row of a pass, the rows the window skips
 /// included; what they save is the permutation's gather, one random read
-/// per row and column (see [`plan_global_shuffle`]).
+/// per row and column (see [`crate::shuffle::plan_global_shuffle`]).
 fn early_and_late(finish: Outputs) -> Result<(Option<Outputs>, Option<Outputs>)> {
     let late: Vec<bool> = finish
         .iter()
@@ -366,30 +366,17 @@ impl ExtensionPlanner for MixExtensionPlanner {
                     // instance, and a second run found it drained).
                     let input = reset_plan_states(Arc::clone(&input.physical))?;
                     let pass = window.first_pass + i;
-                    if self.stage_shaped {
-                        // On a cluster each pass is its own stages, merged
-                        // into one stream in the mixture's task.
-                        plan_sorted_shuffle(
-                            input,
-                            KeySource::AllColumns,
-                            source_seed,
-                            pass,
-                            memory_limit,
-                            batch_size,
-                            FinalStage::merge(),
-                            carry.clone(),
-                        )
-                    } else {
-                        plan_global_shuffle(
-                            input,
-                            KeySource::AllColumns,
-                            source_seed,
-                            pass,
-                            memory_limit,
-                            batch_size,
-                            carry.clone(),
-                        )
-                    }
+                    let shuffle = GlobalShuffle {
+                        source: KeySource::AllColumns,
+                        seed: source_seed,
+                        epoch: pass,
+                        memory_limit,
+                        session_batch_size: batch_size,
+                        carry: carry.clone(),
+                    };
+                    // On a cluster each pass is its own stages, merged into
+                    // one stream in the mixture's task.
+                    shuffle.plan(input, self.stage_shaped.then(FinalStage::merge))
                 })
                 .collect::<Result<Vec<_>>>()?;
             let mut plan: Arc<dyn ExecutionPlan> =
