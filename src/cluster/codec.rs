@@ -189,6 +189,22 @@ impl FunctionRegistry {
     }
 }
 
+/// The function methods both codecs share: sqlfeed's functions by name
+/// from `self.functions`, any other through Ballista's codec `self.inner`.
+macro_rules! functions_then_ballista {
+    () => {
+        fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
+            self.functions
+                .decode_or(name, buf, || self.inner.try_decode_udf(name, buf))
+        }
+
+        fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
+            self.functions
+                .encode_or(node, buf, |buf| self.inner.try_encode_udf(node, buf))
+        }
+    };
+}
+
 /// Logical codec: [`ShuffleNode`] and sqlfeed functions, the rest to Ballista.
 #[derive(Debug)]
 pub struct SqlfeedLogicalCodec {
@@ -318,15 +334,7 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
         self.inner.try_encode_file_format(buf, node)
     }
 
-    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
-        self.functions
-            .decode_or(name, buf, || self.inner.try_decode_udf(name, buf))
-    }
-
-    fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
-        self.functions
-            .encode_or(node, buf, |buf| self.inner.try_encode_udf(node, buf))
-    }
+    functions_then_ballista!();
 }
 
 /// Physical codec: the shuffle operators and sqlfeed functions, the rest to
@@ -506,15 +514,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         encode(&wire, buf)
     }
 
-    fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {
-        self.functions
-            .decode_or(name, buf, || self.inner.try_decode_udf(name, buf))
-    }
-
-    fn try_encode_udf(&self, node: &ScalarUDF, buf: &mut Vec<u8>) -> Result<()> {
-        self.functions
-            .encode_or(node, buf, |buf| self.inner.try_encode_udf(node, buf))
-    }
+    functions_then_ballista!();
 }
 
 /// A [`MixExec`] of `inputs` (one per source, in order) from its wire form.

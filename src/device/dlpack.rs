@@ -259,29 +259,25 @@ pub trait DLPackManaged: Sized {
     fn manager_ctx(&self) -> *mut c_void;
 }
 
-impl DLPackManaged for DLManagedTensor {
-    const CAPSULE_NAME: &'static std::ffi::CStr = c"dltensor";
+/// Both managed structs hold `deleter` and `manager_ctx` under those names.
+macro_rules! dlpack_managed {
+    ($managed:ty, $capsule_name:literal) => {
+        impl DLPackManaged for $managed {
+            const CAPSULE_NAME: &'static std::ffi::CStr = $capsule_name;
 
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
-        self.deleter
-    }
+            fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
+                self.deleter
+            }
 
-    fn manager_ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
+            fn manager_ctx(&self) -> *mut c_void {
+                self.manager_ctx
+            }
+        }
+    };
 }
 
-impl DLPackManaged for DLManagedTensorVersioned {
-    const CAPSULE_NAME: &'static std::ffi::CStr = c"dltensor_versioned";
-
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
-        self.deleter
-    }
-
-    fn manager_ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-}
+dlpack_managed!(DLManagedTensor, c"dltensor");
+dlpack_managed!(DLManagedTensorVersioned, c"dltensor_versioned");
 
 /// The `deleter` of our exports, legacy and versioned.
 ///
