@@ -166,11 +166,11 @@ mod tests {
 
     #[tokio::test]
     async fn clip_with_inverted_bounds_names_the_row() {
-        let err = query_error("SELECT clip(x, 2, 1) FROM (VALUES (1.0)) AS t(x)").await;
-        assert!(
-            err.contains("lo (2.0) must be <= hi (1.0), not so in row 0"),
-            "{err}"
-        );
+        query_error(
+            "SELECT clip(x, 2, 1) FROM (VALUES (1.0)) AS t(x)",
+            &["lo (2.0) must be <= hi (1.0), not so in row 0"],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -191,9 +191,7 @@ mod tests {
 
     #[tokio::test]
     async fn wrong_argument_types_name_the_signature() {
-        let err = query_error("SELECT log1p('a')").await;
-        assert!(err.contains("log1p(x)"), "{err}");
-        let err = query_error("SELECT clip(1.0, 2.0)").await;
-        assert!(err.contains("clip(x, lo, hi)"), "{err}");
+        query_error("SELECT log1p('a')", &["log1p(x)"]).await;
+        query_error("SELECT clip(1.0, 2.0)", &["clip(x, lo, hi)"]).await;
     }
 }

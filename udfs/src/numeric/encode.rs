@@ -461,12 +461,9 @@ mod tests {
 
     #[tokio::test]
     async fn bucketize_rejects_unsorted_or_nan_boundaries_at_plan_time() {
-        let err = query_error("SELECT bucketize(1.0, [3, 1])").await;
-        assert!(err.contains("sorted ascending"), "{err}");
-        let err = query_error("SELECT bucketize(1.0, ['NaN'::double])").await;
-        assert!(err.contains("NaN"), "{err}");
-        let err = query_error("SELECT bucketize(1.0, 2.0)").await;
-        assert!(err.contains(BUCKETIZE), "{err}");
+        query_error("SELECT bucketize(1.0, [3, 1])", &["sorted ascending"]).await;
+        query_error("SELECT bucketize(1.0, ['NaN'::double])", &["NaN"]).await;
+        query_error("SELECT bucketize(1.0, 2.0)", &[BUCKETIZE]).await;
     }
 
     #[tokio::test]
@@ -486,12 +483,14 @@ mod tests {
     #[tokio::test]
     async fn one_hot_out_of_range_names_row_and_value() {
         let err =
-            query_error("SELECT one_hot(x, 3) FROM (VALUES (1), (3)) AS t(x)").await;
+            query_error("SELECT one_hot(x, 3) FROM (VALUES (1), (3)) AS t(x)", &[]).await;
         assert!(err.contains("index 3 in row 1 is outside [0, 3)"), "{err}");
-        let err = query_error("SELECT one_hot(1, 0)").await;
-        assert!(err.contains("n must be in 1..="), "{err}");
-        let err = query_error("SELECT one_hot(x, x) FROM (VALUES (1)) AS t(x)").await;
-        assert!(err.contains("constant"), "{err}");
+        query_error("SELECT one_hot(1, 0)", &["n must be in 1..="]).await;
+        query_error(
+            "SELECT one_hot(x, x) FROM (VALUES (1)) AS t(x)",
+            &["constant"],
+        )
+        .await;
     }
 
     /// The rows of a `one_hot` result, `None` for a NULL row.
@@ -573,19 +572,18 @@ mod tests {
 
     #[tokio::test]
     async fn one_hot_unknown_value_names_value_row_and_vocabulary() -> Result<()> {
-        let err = query_error(&format!(
-            "SELECT one_hot(s, {PENGUINS}) FROM (VALUES ('Adelie'), ('Emperor')) AS t(s)"
-        ))
-        .await;
-        assert!(
-            err.contains(
+        query_error(
+            &format!(
+                "SELECT one_hot(s, {PENGUINS}) FROM (VALUES ('Adelie'), ('Emperor')) AS t(s)"
+            ),
+            &[
                 "one_hot: value 'Emperor' in row 1 is not in the vocabulary \
                  ['Adelie', 'Chinstrap', 'Gentoo']; add it to the vocabulary, or pass \
-                 'zeros' as the third argument"
-            ),
-            "{err}"
-        );
-        assert!(err.contains("Execution error"), "{err}");
+                 'zeros' as the third argument",
+                "Execution error",
+            ],
+        )
+        .await;
         // Through a dictionary: the row of the key, not of the dictionary value.
         let batch = penguins(vec![Some(0), Some(0), Some(1)])?;
         let err = query_table(
@@ -618,38 +616,40 @@ mod tests {
             vec![Some(vec![0.0; 3]), Some(vec![1.0, 0.0, 0.0])]
         );
         // 'error' is the default, spelled out.
-        let err =
-            query_error(&format!("SELECT one_hot('Emperor', {PENGUINS}, 'error')")).await;
-        assert!(err.contains("value 'Emperor' in row 0"), "{err}");
+        query_error(
+            &format!("SELECT one_hot('Emperor', {PENGUINS}, 'error')"),
+            &["value 'Emperor' in row 0"],
+        )
+        .await;
         Ok(())
     }
 
     #[tokio::test]
     async fn one_hot_bad_vocabulary_or_option_is_a_plan_error() {
-        let err = query_error("SELECT one_hot('a', ['a', 'b', 'b'])").await;
-        assert!(
-            err.contains("Error during planning")
-                && err.contains(
-                    "'b' appears twice in the vocabulary, at positions 1 and 2"
-                ),
-            "{err}"
-        );
-        let err = query_error("SELECT one_hot('a', ['a'], 'ignore')").await;
-        assert!(
-            err.contains("Error during planning")
-                && err.contains("unknown option 'ignore'")
-                && err.contains("accepted: 'error' (the default) or 'zeros'"),
-            "{err}"
-        );
-        let err = query_error("SELECT one_hot('a', 3)").await;
-        assert!(
-            err.contains("the value is a string (Utf8)") && err.contains("vocabulary"),
-            "{err}"
-        );
-        let err = query_error("SELECT one_hot(1, ['a'])").await;
-        assert!(err.contains("the value must be a string"), "{err}");
-        let err = query_error("SELECT one_hot('a', [1, 2])").await;
-        assert!(err.contains("constant list of strings"), "{err}");
+        query_error(
+            "SELECT one_hot('a', ['a', 'b', 'b'])",
+            &[
+                "Error during planning",
+                "'b' appears twice in the vocabulary, at positions 1 and 2",
+            ],
+        )
+        .await;
+        query_error(
+            "SELECT one_hot('a', ['a'], 'ignore')",
+            &[
+                "Error during planning",
+                "unknown option 'ignore'",
+                "accepted: 'error' (the default) or 'zeros'",
+            ],
+        )
+        .await;
+        query_error(
+            "SELECT one_hot('a', 3)",
+            &["the value is a string (Utf8)", "vocabulary"],
+        )
+        .await;
+        query_error("SELECT one_hot(1, ['a'])", &["the value must be a string"]).await;
+        query_error("SELECT one_hot('a', [1, 2])", &["constant list of strings"]).await;
     }
 
     #[tokio::test]
@@ -776,9 +776,7 @@ mod tests {
 
     #[tokio::test]
     async fn hash_bucket_bad_arguments_are_plan_errors() {
-        let err = query_error("SELECT hash_bucket(1.5, 10)").await;
-        assert!(err.contains(HASH_BUCKET), "{err}");
-        let err = query_error("SELECT hash_bucket('a', 0)").await;
-        assert!(err.contains("n must be >= 1"), "{err}");
+        query_error("SELECT hash_bucket(1.5, 10)", &[HASH_BUCKET]).await;
+        query_error("SELECT hash_bucket('a', 0)", &["n must be >= 1"]).await;
     }
 }

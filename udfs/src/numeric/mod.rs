@@ -279,11 +279,18 @@ pub(crate) mod test_util {
         )])?)
     }
 
-    /// The error text of `sql`.
-    pub async fn query_error(sql: &str) -> String {
-        match query(sql).await {
+    /// The error text of `sql`, which must fail saying each of `needles`.
+    pub async fn query_error(sql: &str, needles: &[&str]) -> String {
+        let err = match query(sql).await {
             Ok(array) => panic!("{sql} returned {array:?}"),
             Err(e) => e.to_string(),
+        };
+        for needle in needles {
+            assert!(
+                err.contains(needle),
+                "{sql}: the error does not say {needle:?}: {err}"
+            );
         }
+        err
     }
 }

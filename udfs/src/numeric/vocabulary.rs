@@ -571,10 +571,8 @@ mod tests {
                  (VALUES ('Adelie'), ('Emperor')) AS t(s)"
             )
         };
-        let err = query_error(&sql("")).await;
-        assert!(err.contains("value 'Emperor' in row 1"), "{err}");
-        let err = query_error(&sql(", 'error'")).await;
-        assert!(err.contains("value 'Emperor' in row 1"), "{err}");
+        query_error(&sql(""), &["value 'Emperor' in row 1"]).await;
+        query_error(&sql(", 'error'"), &["value 'Emperor' in row 1"]).await;
         let out = query(&sql(", '-1'")).await?;
         assert_eq!(codes(&out), vec![Some(0), Some(-1)]);
         Ok(())
@@ -582,33 +580,43 @@ mod tests {
 
     #[tokio::test]
     async fn label_encode_bad_vocabulary_or_option_is_a_plan_error() {
-        let err = query_error("SELECT label_encode('a', ['a', 'b', 'a'])").await;
-        assert!(
-            err.contains("'a' appears twice in the vocabulary, at positions 0 and 2"),
-            "{err}"
-        );
+        let err = query_error(
+            "SELECT label_encode('a', ['a', 'b', 'a'])",
+            &["'a' appears twice in the vocabulary, at positions 0 and 2"],
+        )
+        .await;
         assert!(err.contains("Error during planning"), "{err}");
-        let err = query_error("SELECT label_encode('a', ['a'], 'zeros')").await;
-        assert!(
-            err.contains("unknown option 'zeros'")
-                && err.contains("accepted: 'error' (the default) or '-1'"),
-            "{err}"
-        );
+        let err = query_error(
+            "SELECT label_encode('a', ['a'], 'zeros')",
+            &[
+                "unknown option 'zeros'",
+                "accepted: 'error' (the default) or '-1'",
+            ],
+        )
+        .await;
         assert!(err.contains("Error during planning"), "{err}");
-        let err = query_error("SELECT label_encode('a', [1, 2])").await;
-        assert!(err.contains("constant list of strings"), "{err}");
-        let err = query_error("SELECT label_encode(1, ['a'])").await;
-        assert!(err.contains("the value must be a string"), "{err}");
+        query_error(
+            "SELECT label_encode('a', [1, 2])",
+            &["constant list of strings"],
+        )
+        .await;
+        query_error(
+            "SELECT label_encode(1, ['a'])",
+            &["the value must be a string"],
+        )
+        .await;
         // `['a', NULL]` stays a `make_array` call (`crate::planner` plans
         // lists of strings only), so it is no constant either.
-        let err = query_error("SELECT label_encode('a', ['a', NULL])").await;
-        assert!(err.contains("a list with a NULL entry"), "{err}");
-        let err =
-            query_error("SELECT label_encode(s, [s]) FROM (VALUES ('a')) AS t(s)").await;
-        assert!(
-            err.contains("constant list of strings written in the query"),
-            "{err}"
-        );
+        query_error(
+            "SELECT label_encode('a', ['a', NULL])",
+            &["a list with a NULL entry"],
+        )
+        .await;
+        query_error(
+            "SELECT label_encode(s, [s]) FROM (VALUES ('a')) AS t(s)",
+            &["constant list of strings written in the query"],
+        )
+        .await;
     }
 
     #[tokio::test]
