@@ -91,6 +91,16 @@ pub fn session() -> Result<sqlfeed::Session> {
         .build()
 }
 
+/// A session of `partitions` partitions and record batches of
+/// `batch_size` rows, under a 256 MiB memory limit.
+pub fn sized_session(partitions: usize, batch_size: usize) -> Result<sqlfeed::Session> {
+    sqlfeed::Session::builder()
+        .target_partitions(partitions)
+        .batch_size(batch_size)
+        .memory_limit(256 << 20)
+        .build()
+}
+
 /// Collects `sql` on `session` into batches.
 pub async fn collect(session: &sqlfeed::Session, sql: &str) -> Result<Vec<RecordBatch>> {
     session.collect(session.sql(sql).await?).await

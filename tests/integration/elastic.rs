@@ -168,23 +168,13 @@ fn resuming_after_the_rows_of_a_step_of_the_same_shape_is_exact() -> Result<()> 
     let dir = tempfile::tempdir()?;
     let sql = ids(dir.path())?;
     let session = session()?;
-    let feed = || {
-        Feed::builder(&session, &sql)
-            .shard(1, 3)
-            .shuffle(9)
-            .epochs(2)
-    };
+    let feed = || two_shuffled_epochs(&session, &sql, 9).shard(1, 3);
     // Token budgets pack rows of 1-5 tokens: their steps depend on the rows
     // before them, and greedy packing restarts at a step boundary exactly.
     let tokens = format!(
         "SELECT id, array_repeat(id, CAST(id % 5 + 1 AS INT)) AS tokens FROM ({sql})"
     );
-    let token_feed = || {
-        Feed::builder(&session, &tokens)
-            .shard(1, 3)
-            .shuffle(9)
-            .epochs(2)
-    };
+    let token_feed = || two_shuffled_epochs(&session, &tokens, 9).shard(1, 3);
     for builder in [
         &(|| feed().batch_size(40)) as &dyn Fn() -> FeedBuilder,
         &|| token_feed().batch_tokens(37),
@@ -206,12 +196,7 @@ fn skipped_steps_leave_every_other_batch_where_it_was() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let sql = ids(dir.path())?;
     let session = session()?;
-    let feed = || {
-        Feed::builder(&session, &sql)
-            .batch_size(64)
-            .shuffle(3)
-            .epochs(2)
-    };
+    let feed = || two_shuffled_epochs(&session, &sql, 3).batch_size(64);
     let whole = fed(feed())?;
     let last = whole.iter().filter(|b| b.0 == 0).count() as u64 - 1;
     let skipped = fed(feed().skip_steps(0, [2, 3, last]).skip_steps(1, [0]))?;

@@ -15,15 +15,9 @@ use sqlfeed::Session;
 use sqlfeed::device::{DType, Device};
 use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder};
 
-use crate::common::{arc, digest_lines, gen_data, run, sqlfeed, write_parquet};
-
-fn session(partitions: usize, batch_size: usize) -> Result<Session> {
-    Session::builder()
-        .target_partitions(partitions)
-        .batch_size(batch_size)
-        .memory_limit(256 << 20)
-        .build()
-}
+use crate::common::{
+    arc, digest_lines, gen_data, run, sized_session as session, sqlfeed, write_parquet,
+};
 
 /// `ids` of every batch of a feed of `SELECT id …`, as (epoch, step, ids).
 fn id_batches(builder: FeedBuilder) -> Result<Vec<(u64, u64, Vec<i64>)>> {

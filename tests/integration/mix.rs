@@ -11,7 +11,7 @@ use sqlfeed::Session;
 use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
 
-use crate::common::{arc, collect, rows, write_parquet};
+use crate::common::{arc, collect, rows, sized_session as session, write_parquet};
 
 /// Ids of `web` start here, of `code` at 10 000 and of `math` at 20 000.
 fn source_of(id: i64) -> usize {
@@ -69,14 +69,6 @@ fn fed(builder: sqlfeed::feed::FeedBuilder) -> Result<Vec<(u64, u64, Vec<i64>)>>
             ))
         })
         .collect()
-}
-
-fn session(partitions: usize, batch_size: usize) -> Result<Session> {
-    Session::builder()
-        .target_partitions(partitions)
-        .batch_size(batch_size)
-        .memory_limit(256 << 20)
-        .build()
 }
 
 #[tokio::test]

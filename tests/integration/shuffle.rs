@@ -6,7 +6,9 @@ use datafusion::error::Result;
 use sqlfeed::Session;
 use sqlfeed::shuffle::{GlobalShuffle, KeySource, ShuffleSpec, shuffle};
 
-use crate::common::{arc, collect, files_below, gen_data, rows, write_parquet};
+use crate::common::{
+    arc, collect, files_below, gen_data, rows, sized_session as session, write_parquet,
+};
 
 /// A global shuffle keyed on every column, moving them all.
 fn all_columns(
@@ -23,14 +25,6 @@ fn all_columns(
         session_batch_size: batch_rows,
         carry: None,
     }
-}
-
-fn session(partitions: usize, batch_size: usize) -> Result<Session> {
-    Session::builder()
-        .target_partitions(partitions)
-        .batch_size(batch_size)
-        .memory_limit(256 << 20)
-        .build()
 }
 
 /// 12k generated rows (~2.3 MB of ids, captions and token lists in Arrow)
