@@ -150,9 +150,9 @@ pub(crate) fn documentation_of(
 
 /// The parts of a `ScalarUDFImpl` every function of this crate writes the
 /// same way: `documentation` (looked up by its name), `signature` (its field
-/// `signature`) and, given one, the constant `name`. Used inside
-/// `impl ScalarUDFImpl for …`; a function whose name depends on its options
-/// (`pad` / `truncate`) writes `name` itself.
+/// `signature`) and, given one, `name`: a constant, or one of two chosen
+/// by a boolean field (`if random { "…" } else { "…" }`). Used inside
+/// `impl ScalarUDFImpl for …`.
 macro_rules! function_basics {
     () => {
         fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
@@ -168,6 +168,14 @@ macro_rules! function_basics {
 
         fn name(&self) -> &str {
             $name
+        }
+    };
+    // Two functions of one struct, told apart by its boolean field `$flag`.
+    (if $flag:ident { $yes:literal } else { $no:literal }) => {
+        $crate::function_basics!();
+
+        fn name(&self) -> &str {
+            if self.$flag { $yes } else { $no }
         }
     };
 }

@@ -446,15 +446,11 @@ impl ImageDecodeFunc {
 }
 
 impl ScalarUDFImpl for ImageDecodeFunc {
-    crate::function_basics!();
-
-    fn name(&self) -> &str {
-        if self.lenient {
-            "try_image_decode"
-        } else {
-            "image_decode"
-        }
-    }
+    crate::function_basics!(if lenient {
+        "try_image_decode"
+    } else {
+        "image_decode"
+    });
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let plan_error = |what: String| {

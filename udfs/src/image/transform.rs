@@ -149,15 +149,11 @@ impl CropFunc {
 }
 
 impl ScalarUDFImpl for CropFunc {
-    crate::function_basics!();
-
-    fn name(&self) -> &str {
-        if self.random {
-            "image_random_crop"
-        } else {
-            "image_center_crop"
-        }
-    }
+    crate::function_basics!(if random {
+        "image_random_crop"
+    } else {
+        "image_center_crop"
+    });
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let arity = if self.random { 4 } else { 3 };

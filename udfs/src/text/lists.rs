@@ -144,11 +144,7 @@ impl ShapeFunc {
 }
 
 impl ScalarUDFImpl for ShapeFunc {
-    crate::function_basics!();
-
-    fn name(&self) -> &str {
-        if self.pad { "pad" } else { "truncate" }
-    }
+    crate::function_basics!(if pad { "pad" } else { "truncate" });
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let arity = if self.pad { 3 } else { 2 };

@@ -326,15 +326,7 @@ impl ReadsAssets for TokenizeFunc {
 }
 
 impl ScalarUDFImpl for TokenizeFunc {
-    crate::function_basics!();
-
-    fn name(&self) -> &str {
-        if self.pair {
-            "tokenize_pair"
-        } else {
-            "tokenize"
-        }
-    }
+    crate::function_basics!(if pair { "tokenize_pair" } else { "tokenize" });
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
         let n = self.texts();
