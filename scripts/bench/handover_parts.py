@@ -49,7 +49,7 @@ def hand_overs(data: str, part: str, step: float, batches: int) -> list[float]:
     raw = feed._pass
     importer, by_capsule, host_only, stream = feed._importer
     if part == "capsules":
-        importer = lambda capsule: capsule  # noqa: E731
+        importer = lambda capsule: capsule
     times = []
     held = None
     for _ in range(batches):
@@ -76,7 +76,9 @@ def main() -> None:
     args = p.parse_args()
     for round in range(1, args.rounds + 1):
         for part in ("pop", "capsules", "torch"):
-            times = sorted(hand_overs(args.data, part, args.step_ms / 1000, args.batches))
+            times = sorted(
+                hand_overs(args.data, part, args.step_ms / 1000, args.batches)
+            )
 
             def at(q: float, times: list[float] = times) -> float:
                 return times[int(q * (len(times) - 1))] * 1e6
