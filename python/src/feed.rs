@@ -140,26 +140,17 @@ impl FeedOptions {
             }
             None => builder.resume_at(self.first_epoch, self.first_step),
         };
-        if let Some((epoch, old_files, rows)) = self.appended {
-            builder = builder.continue_over_appended(epoch, old_files, rows);
-        }
+        builder = builder
+            .given(self.appended, |b, (epoch, old_files, rows)| {
+                b.continue_over_appended(epoch, old_files, rows)
+            })
+            .given(self.shuffle, FeedBuilder::shuffle)
+            .given(self.batch_tokens, FeedBuilder::batch_tokens)
+            .given(self.bucket_by_length, FeedBuilder::bucket_by_length)
+            .given(self.order_lanes, FeedBuilder::order_lanes)
+            .given(self.delta_versions, FeedBuilder::delta_versions);
         for (epoch, steps) in self.skip_steps {
             builder = builder.skip_steps(epoch, steps);
-        }
-        if let Some(seed) = self.shuffle {
-            builder = builder.shuffle(seed);
-        }
-        if let Some(tokens) = self.batch_tokens {
-            builder = builder.batch_tokens(tokens);
-        }
-        if let Some(window) = self.bucket_by_length {
-            builder = builder.bucket_by_length(window);
-        }
-        if let Some(lanes) = self.order_lanes {
-            builder = builder.order_lanes(lanes);
-        }
-        if let Some(versions) = self.delta_versions {
-            builder = builder.delta_versions(versions);
         }
         for options in &self.columns {
             let (name, spec) = column_spec(options)?;

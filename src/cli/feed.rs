@@ -13,7 +13,9 @@ use xxhash_rust::xxh3::Xxh3;
 use super::progress::FeedProgress;
 use crate::Session;
 use crate::device::Device;
-use crate::feed::{Checkpoint, ColumnSpec, Feed, FeedReport, NextBatch, OnDataChange};
+use crate::feed::{
+    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, OnDataChange,
+};
 
 /// How long the loop waits for a batch before it checks for SIGINT/SIGTERM.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
@@ -326,28 +328,19 @@ pub fn run(
                 .or_else(|| std::env::var("TORCHELASTIC_RUN_ID").ok())
                 .unwrap_or_default(),
         )
-        .device(args.device);
-    if let Some(seed) = args.shuffle_seed {
-        builder = builder.shuffle(seed);
-    }
-    if let Some(tokens) = args.batch_tokens {
-        builder = builder.batch_tokens(tokens);
-    }
-    if let Some(lanes) = args.order_lanes {
-        builder = builder.order_lanes(lanes);
-    }
-    if let Some(window) = args.bucket_by_length {
-        builder = builder.bucket_by_length(window);
-    }
+        .device(args.device)
+        .given(args.shuffle_seed, FeedBuilder::shuffle)
+        .given(args.batch_tokens, FeedBuilder::batch_tokens)
+        .given(args.order_lanes, FeedBuilder::order_lanes)
+        .given(args.bucket_by_length, FeedBuilder::bucket_by_length);
     let (rank, world) = args.shard.unwrap_or((0, 1));
-    builder = builder.shard(rank, world);
-    if let Some((epoch, step)) = args.resume {
-        builder = builder.resume_at(epoch, step);
-    }
-    if let Some((epoch, rows)) = args.resume_rows {
-        let chunk = (args.batch_size * world).max(1) as u64;
-        builder = builder.resume_after_rows(epoch, rows, rows / chunk);
-    }
+    let chunk = (args.batch_size * world).max(1) as u64;
+    builder = builder
+        .shard(rank, world)
+        .given(args.resume, |b, (epoch, step)| b.resume_at(epoch, step))
+        .given(args.resume_rows, |b, (epoch, rows)| {
+            b.resume_after_rows(epoch, rows, rows / chunk)
+        });
     if let Some(path) = &args.resume_from {
         let bytes = std::fs::read(path).with_context(|| {
             format!(

@@ -72,6 +72,16 @@ pub struct FeedBuilder {
 }
 
 impl FeedBuilder {
+    /// `set(self, value)` for an option that is given, `self` unchanged
+    /// for one that is not: `builder.given(seed, FeedBuilder::shuffle)`, for
+    /// callers that hold their options as `Option`s (the CLI, Python).
+    pub fn given<T>(self, value: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
+        match value {
+            Some(value) => set(self, value),
+            None => self,
+        }
+    }
+
     /// Keeps the query's result in the session's epoch cache
     /// ([`crate::cache`]): the first epoch writes it while streaming (the
     /// query runs once, the first batch comes as soon as uncached), later
