@@ -16,6 +16,12 @@ extensions_options! {
         /// output bytes, keeping the row order
         /// (`crate::sql::ParallelProjectionExec`); 0 turns it off.
         pub function_batch_bytes: usize, default = 4 << 20
+        /// A feed's file scans read record batches of about this many
+        /// decoded bytes when their rows are wide (by the files'
+        /// statistics), instead of the session's batch size in rows; the
+        /// batches a feed hands over are the same (`feed::scan_batches`).
+        /// 0 turns it off.
+        pub scan_batch_bytes: usize, default = 4 << 20
         /// The consumer reads the result partitions in partition order (a
         /// cluster feed's shared job does): a distributed `SHUFFLE` then
         /// ends in one task per key range instead of one task merging

@@ -67,6 +67,7 @@ mod order;
 mod producer;
 mod prometheus;
 mod provenance;
+mod scan_batches;
 mod sink;
 mod source;
 mod timeline;

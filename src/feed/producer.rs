@@ -433,6 +433,17 @@ impl Producer {
         // not the one from when the SQL was parsed.
         state.mark_start_execution();
         let mut physical = catch_panic(state.create_physical_plan(&plan)).await?;
+        let scan_batch_bytes = state
+            .config()
+            .options()
+            .extensions
+            .get::<crate::config::SqlfeedOptions>()
+            .map_or(4 << 20, |o| o.scan_batch_bytes);
+        physical = super::scan_batches::fit_scan_batches(
+            physical,
+            scan_batch_bytes,
+            state.config().batch_size(),
+        )?;
         let fill = match filling {
             Some((finish, fill)) => {
                 // The optimizer keeps a plan's schema: the unoptimized plan

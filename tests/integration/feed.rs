@@ -1171,3 +1171,62 @@ fn costly_functions_over_interleaved_lanes_give_the_lanes_order() -> Result<()> 
     assert!(ids.windows(2).any(|w| w[1] < w[0]));
     Ok(())
 }
+
+/// Wide rows (~4 KB PNGs): a feed's scans read record batches of about
+/// `sqlfeed.scan_batch_bytes` instead of the session's 8192 rows, and every
+/// batch the feed hands over is the one of scans at 8192 rows, unshuffled
+/// (four lanes, turns of the session's batch size) and shuffled (whose
+/// scans keep the shuffle's own batch size).
+#[test]
+fn wide_rows_are_scanned_in_small_batches_and_feed_the_same_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut options = sqlfeed::datagen::GenOptions::new(3000, dir.path());
+    options.files = 3;
+    options.image_size = 48;
+    sqlfeed::datagen::generate(&options)?;
+    let sql = format!(
+        "SELECT id, image_png FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let scan_batches = |plan: &str| -> usize {
+        plan.lines()
+            .filter(|l| l.contains("DataSourceExec"))
+            .filter_map(|l| l.split("output_batches=").nth(1))
+            .filter_map(|n| n.split([',', ' ', ']']).next()?.parse::<usize>().ok())
+            .sum()
+    };
+    for shuffle in [None, Some(5)] {
+        let run = |scan_batch_bytes: usize| -> Result<(Vec<Vec<i64>>, usize)> {
+            let session = session(2, 8192)?;
+            futures::executor::block_on(session.context().sql(&format!(
+                "SET sqlfeed.scan_batch_bytes = {scan_batch_bytes}"
+            )))?;
+            let mut feed = Feed::builder(&session, sql.clone())
+                .batch_size(100)
+                .given(shuffle, FeedBuilder::shuffle)
+                .device(Device::Cpu)
+                .build()?;
+            let mut ids = vec![];
+            for batch in feed.by_ref() {
+                ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+            }
+            Ok((ids, scan_batches(&feed.epoch_plans()[0].1)))
+        };
+        let (fitted, fitted_scan_batches) = run(1 << 20)?;
+        let (whole, whole_scan_batches) = run(0)?;
+        assert_eq!(fitted.len(), 30, "{shuffle:?}");
+        assert_eq!(fitted, whole, "{shuffle:?}");
+        if shuffle.is_none() {
+            // ~4.3 KB rows in 1 MiB: batches of ~240 rows, five per file of
+            // 1000 rows, against one per file at 8192.
+            assert!(
+                fitted_scan_batches >= 4 * whole_scan_batches && whole_scan_batches > 0,
+                "{fitted_scan_batches} scan batches fitted, {whole_scan_batches} not"
+            );
+        } else {
+            // Under the shuffle, its own batch size for its memory share.
+            assert_eq!(fitted_scan_batches, whole_scan_batches);
+        }
+    }
+    Ok(())
+}
