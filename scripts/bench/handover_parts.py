@@ -16,25 +16,16 @@ Prints the percentiles of each part, the parts interleaved A B C A B C.
 """
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import sqlfeed
 import torch  # noqa: F401  (the importer's module, loaded before the clock)
+from w2_features import w2_features
 
 
 def w2_feed(session: sqlfeed.Session, data: str) -> sqlfeed.Feed:
-    here = os.path.dirname(os.path.abspath(__file__))
-    features = subprocess.run(
-        [sys.executable, f"{here}/w2_features.py", data],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    query = f"SELECT {features} AS x, label AS y, image AS img FROM '{data}/*.parquet'"
+    query = f"SELECT {w2_features(data)} AS x, label AS y, image AS img FROM '{data}/*.parquet'"
     columns = {"img": {"dtype": "float32", "shape": [3, 32, 32], "scale": 1 / 255}}
     return session.feed(
         query, batch_size=256, drop_last=True, prefetch=8, device="cpu", columns=columns

@@ -14,13 +14,11 @@ and reports the share of time the loop waited for data.
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 
 import sqlfeed
 import torch  # noqa: F401  (imported before the clock starts, as the peers do)
+from w2_features import w2_features
 
 p = argparse.ArgumentParser()
 p.add_argument("--workload", choices=["W2", "W4", "W5"], required=True)
@@ -40,14 +38,7 @@ if args.workload == "W4":
     query = f"SELECT tokens AS input_ids FROM {files}"
     columns = {}
 else:
-    here = os.path.dirname(os.path.abspath(__file__))
-    features = subprocess.run(
-        [sys.executable, f"{here}/w2_features.py", args.data],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    query = f"SELECT {features} AS x, label AS y, image AS img FROM {files}"
+    query = f"SELECT {w2_features(args.data)} AS x, label AS y, image AS img FROM {files}"
     columns = {"img": {"dtype": "float32", "shape": [3, 32, 32], "scale": 1 / 255}}
 # The session is the engine, made once per process (as ray.init is for Ray
 # Data, which the harness reports apart as init_s); the CLI makes its own
