@@ -443,7 +443,9 @@ impl Producer {
             physical,
             scan_batch_bytes,
             state.config().batch_size(),
-        )?;
+            state.runtime_env(),
+        )
+        .await?;
         let fill = match filling {
             Some((finish, fill)) => {
                 // The optimizer keeps a plan's schema: the unoptimized plan

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!  DataSourceExec (files)  batch_size = None → the session's (8192 rows)
-//!        │  statistics: byte size (or its columns' sum) / rows = bytes per row
+//!        │  bytes per row: statistics (byte size, or its columns' sum) / rows,
+//!        │  else the first Parquet file's footer (uncompressed chunk sizes)
 //!        ▼
 //!  DataSourceExec (files)  batch_size = Some(scan_batch_bytes / bytes per row),
 //!                          between MIN_SCAN_BATCH_ROWS and the session's
@@ -26,7 +27,7 @@
 //! content, so every batch a feed hands over is the same.
 //!
 //! # When not
-//! A scan without both statistics (row count and byte size), or whose rows
+//! A scan whose width neither statistics nor a Parquet footer tell, or whose rows
 //! are narrow enough that the session's batch size fits, is left as planned;
 //! so is every scan with `sqlfeed.scan_batch_bytes` 0, and every scan under
 //! a global shuffle, which runs its subtree with batches sized for its
@@ -35,10 +36,17 @@
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::physical_plan::parquet::{
+    DefaultParquetFileReaderFactory, ParquetFileReaderFactory,
+};
 use datafusion::datasource::physical_plan::{FileScanConfig, FileScanConfigBuilder};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 
 use crate::shuffle::ShuffleMergeExec;
@@ -47,42 +55,45 @@ use crate::shuffle::ShuffleMergeExec;
 pub(super) const MIN_SCAN_BATCH_ROWS: usize = 64;
 
 /// `plan` with each file scan whose rows are wide reading record batches of
-/// about `batch_bytes` (0: none); see the module docs.
-pub(super) fn fit_scan_batches(
+/// about `batch_bytes` (0: none); see the module docs. `runtime` holds the
+/// object stores a footer is read from when the statistics lack sizes.
+pub(super) async fn fit_scan_batches(
     plan: Arc<dyn ExecutionPlan>,
     batch_bytes: usize,
     session_batch_rows: usize,
+    runtime: &RuntimeEnv,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     if batch_bytes == 0 {
         return Ok(plan);
     }
+    // The scans to fit, in the order `transform_down` visits them (both
+    // walk the tree first node first), and their rows' widths.
+    let mut scans = vec![];
+    plan.apply(|node| {
+        if node.downcast_ref::<ShuffleMergeExec>().is_some() {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        if unsized_file_scan(node).is_some() {
+            scans.push(Arc::clone(node));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let mut widths = Vec::with_capacity(scans.len());
+    for scan in &scans {
+        widths.push(row_bytes(scan, runtime).await?);
+    }
+    let mut widths = widths.into_iter();
     plan.transform_down(|node| {
         // A shuffle runs its subtree with batches sized for its memory share
         // (`ShuffleMergeExec`): its scans read those.
         if node.downcast_ref::<ShuffleMergeExec>().is_some() {
             return Ok(Transformed::new(node, false, TreeNodeRecursion::Jump));
         }
-        let Some(config) = node
-            .downcast_ref::<DataSourceExec>()
-            .and_then(|scan| scan.data_source().downcast_ref::<FileScanConfig>())
-        else {
+        let Some(config) = unsized_file_scan(&node) else {
             return Ok(Transformed::no(node));
         };
-        if config.batch_size.is_some() {
-            return Ok(Transformed::no(node));
-        }
-        let statistics =
-            StatisticsContext::new().compute(node.as_ref(), &StatisticsArgs::new())?;
-        let rows = statistics.num_rows.get_value().copied();
-        // A projected scan knows its columns' sizes, not always their sum.
-        let bytes = statistics.total_byte_size.get_value().copied().or_else(|| {
-            statistics
-                .column_statistics
-                .iter()
-                .map(|column| column.byte_size.get_value().copied())
-                .sum::<Option<usize>>()
-        });
-        match fitted_rows(rows, bytes, batch_bytes, session_batch_rows) {
+        let width = widths.next().flatten();
+        match fitted_rows(width, batch_bytes, session_batch_rows) {
             Some(fitted) => {
                 let config = FileScanConfigBuilder::from(config.clone())
                     .with_batch_size(Some(fitted))
@@ -97,17 +108,97 @@ pub(super) fn fit_scan_batches(
     .map(|transformed| transformed.data)
 }
 
-/// Rows per scan batch of about `batch_bytes` for `rows` rows of `bytes`
-/// bytes in all, or `None` when the session's batch size already fits (or
-/// nothing is known).
+/// `node`'s file scan configuration, if it is a file scan whose batch size
+/// is the session's.
+fn unsized_file_scan(node: &Arc<dyn ExecutionPlan>) -> Option<&FileScanConfig> {
+    node.downcast_ref::<DataSourceExec>()
+        .and_then(|scan| scan.data_source().downcast_ref::<FileScanConfig>())
+        .filter(|config| config.batch_size.is_none())
+}
+
+/// Decoded bytes per row of `scan`'s output: from its statistics (the
+/// byte size, or its columns' sum where a projection hides the total), else
+/// from the first file's Parquet footer (writers such as pyarrow record no
+/// size statistics by default, the footer has every column chunk's
+/// uncompressed size). `None` when neither tells.
+async fn row_bytes(
+    scan: &Arc<dyn ExecutionPlan>,
+    runtime: &RuntimeEnv,
+) -> Result<Option<usize>> {
+    let statistics =
+        StatisticsContext::new().compute(scan.as_ref(), &StatisticsArgs::new())?;
+    let rows = statistics.num_rows.get_value().copied().filter(|&r| r > 0);
+    let bytes = statistics.total_byte_size.get_value().copied().or_else(|| {
+        statistics
+            .column_statistics
+            .iter()
+            .map(|column| column.byte_size.get_value().copied())
+            .sum::<Option<usize>>()
+    });
+    if let (Some(rows), Some(bytes)) = (rows, bytes) {
+        return Ok(Some(bytes.div_ceil(rows)));
+    }
+    Ok(footer_row_bytes(scan, runtime).await)
+}
+
+/// Uncompressed bytes per row of `scan`'s columns in its first Parquet
+/// file's footer; `None` for other formats or a footer that cannot be read
+/// (the scan then reports that itself, with the file's name).
+async fn footer_row_bytes(
+    scan: &Arc<dyn ExecutionPlan>,
+    runtime: &RuntimeEnv,
+) -> Option<usize> {
+    let config = unsized_file_scan(scan)?;
+    if config.file_source().file_type() != "parquet" {
+        return None;
+    }
+    let file = config.file_groups.iter().flat_map(|g| g.iter()).next()?;
+    let store = runtime.object_store(&config.object_store_url).ok()?;
+    let mut reader: Box<dyn AsyncFileReader> =
+        DefaultParquetFileReaderFactory::new(store)
+            .create_reader(0, file.clone(), None, &ExecutionPlanMetricsSet::new())
+            .ok()?;
+    let metadata =
+        ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+            .await
+            .ok()?;
+    // The file columns the scan reads (its own output may be expressions
+    // over them, pushed into it).
+    let file_schema = config.file_schema();
+    let read: Vec<&str> = match config.file_source().projection() {
+        Some(projection) => projection
+            .column_indices()
+            .into_iter()
+            .filter_map(|i| file_schema.fields().get(i).map(|f| f.name().as_str()))
+            .collect(),
+        None => file_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect(),
+    };
+    let (mut rows, mut bytes) = (0usize, 0usize);
+    for row_group in metadata.metadata().row_groups() {
+        rows += usize::try_from(row_group.num_rows()).ok()?;
+        for chunk in row_group.columns() {
+            let top = chunk.column_path().parts().first()?;
+            if read.contains(&top.as_str()) {
+                bytes += usize::try_from(chunk.uncompressed_size()).ok()?;
+            }
+        }
+    }
+    (rows > 0 && bytes > 0).then(|| bytes.div_ceil(rows))
+}
+
+/// Rows per scan batch of about `batch_bytes` for rows of `row_bytes` bytes,
+/// or `None` when the session's batch size already fits (or nothing is
+/// known).
 fn fitted_rows(
-    rows: Option<usize>,
-    bytes: Option<usize>,
+    row_bytes: Option<usize>,
     batch_bytes: usize,
     session_batch_rows: usize,
 ) -> Option<usize> {
-    let (rows, bytes) = (rows.filter(|&r| r > 0)?, bytes.filter(|&b| b > 0)?);
-    let row_bytes = bytes.div_ceil(rows);
+    let row_bytes = row_bytes.filter(|&b| b > 0)?;
     let fitted = (batch_bytes / row_bytes).max(MIN_SCAN_BATCH_ROWS);
     (fitted < session_batch_rows).then_some(fitted)
 }
@@ -119,13 +210,10 @@ mod tests {
     #[test]
     fn wide_rows_get_batches_of_about_four_mebibytes() {
         // 3 KiB rows (W2's images): 1365 rows of 4 MiB.
-        assert_eq!(
-            fitted_rows(Some(1000), Some(3072 * 1000), 4 << 20, 8192),
-            Some(1365)
-        );
+        assert_eq!(fitted_rows(Some(3072), 4 << 20, 8192), Some(1365));
         // 1 MiB rows: never fewer than the minimum.
         assert_eq!(
-            fitted_rows(Some(10), Some(10 << 20), 4 << 20, 8192),
+            fitted_rows(Some(1 << 20), 4 << 20, 8192),
             Some(MIN_SCAN_BATCH_ROWS)
         );
     }
@@ -133,9 +221,8 @@ mod tests {
     #[test]
     fn narrow_rows_and_unknown_sizes_keep_the_session_batch_size() {
         // 64-byte rows: 65536 rows would fit, the session's 8192 stay.
-        assert_eq!(fitted_rows(Some(1000), Some(64_000), 4 << 20, 8192), None);
-        assert_eq!(fitted_rows(None, Some(64_000), 4 << 20, 8192), None);
-        assert_eq!(fitted_rows(Some(1000), None, 4 << 20, 8192), None);
-        assert_eq!(fitted_rows(Some(0), Some(0), 4 << 20, 8192), None);
+        assert_eq!(fitted_rows(Some(64), 4 << 20, 8192), None);
+        assert_eq!(fitted_rows(None, 4 << 20, 8192), None);
+        assert_eq!(fitted_rows(Some(0), 4 << 20, 8192), None);
     }
 }
