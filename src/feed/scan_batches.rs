@@ -205,7 +205,90 @@ fn fitted_rows(
 
 #[cfg(test)]
 mod tests {
+    use datafusion::arrow::array::{BinaryArray, Int64Array, RecordBatch};
+    use datafusion::parquet::arrow::ArrowWriter;
+    use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+    use datafusion::prelude::{ParquetReadOptions, SessionContext};
+
     use super::*;
+
+    /// A file of 1000 rows of `id` and a distinct 3000-byte `blob`, written
+    /// without statistics.
+    fn wide_file_without_statistics(path: &std::path::Path) -> Result<()> {
+        let batch = RecordBatch::try_from_iter(vec![
+            ("id", Arc::new(Int64Array::from_iter_values(0..1000)) as _),
+            (
+                "blob",
+                Arc::new(BinaryArray::from_iter_values((0..1000).map(|i: u32| {
+                    let mut blob = vec![7u8; 3000];
+                    blob[..4].copy_from_slice(&i.to_le_bytes());
+                    blob
+                }))) as _,
+            ),
+        ])?;
+        let properties = WriterProperties::builder()
+            .set_statistics_enabled(EnabledStatistics::None)
+            .build();
+        let mut writer = ArrowWriter::try_new(
+            std::fs::File::create(path)?,
+            batch.schema(),
+            Some(properties),
+        )?;
+        writer.write(&batch)?;
+        writer.close()?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_footer_gives_the_width_of_the_columns_read() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("wide.parquet");
+        wide_file_without_statistics(&path)?;
+        let context = SessionContext::new();
+        context
+            .register_parquet(
+                "t",
+                path.display().to_string(),
+                ParquetReadOptions::default(),
+            )
+            .await?;
+        let plan = context
+            .sql("SELECT blob, id FROM t")
+            .await?
+            .create_physical_plan()
+            .await?;
+        let mut scans = vec![];
+        plan.apply(|node| {
+            if unsized_file_scan(node).is_some() {
+                scans.push(Arc::clone(node));
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        let [scan] = &scans[..] else {
+            panic!("one file scan: {plan:?}");
+        };
+        // The footer: 3000 bytes of blob, 4-byte lengths and an 8-byte id.
+        let width = footer_row_bytes(scan, &context.runtime_env()).await;
+        let width = width.expect("a width from the footer");
+        assert!((3000..3300).contains(&width), "{width}");
+        // Only the columns read count.
+        let ids = context
+            .sql("SELECT id FROM t")
+            .await?
+            .create_physical_plan()
+            .await?;
+        let mut narrow = None;
+        ids.apply(|node| {
+            if unsized_file_scan(node).is_some() {
+                narrow = Some(Arc::clone(node));
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        let narrow = narrow.expect("a file scan");
+        let width = footer_row_bytes(&narrow, &context.runtime_env()).await;
+        assert!(width.is_some_and(|w| w <= 16), "{width:?}");
+        Ok(())
+    }
 
     #[test]
     fn wide_rows_get_batches_of_about_four_mebibytes() {
