@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::datasource::physical_plan::parquet::{
-    DefaultParquetFileReaderFactory, ParquetFileReaderFactory,
+    CachedParquetFileReaderFactory, ParquetFileReaderFactory,
 };
 use datafusion::datasource::physical_plan::{FileScanConfig, FileScanConfigBuilder};
 use datafusion::datasource::source::DataSourceExec;
@@ -154,8 +154,12 @@ async fn footer_row_bytes(
     }
     let file = config.file_groups.iter().flat_map(|g| g.iter()).next()?;
     let store = runtime.object_store(&config.object_store_url).ok()?;
+    // Through the runtime's metadata cache, as DataFusion's own scan reads
+    // footers: planning already read this one for its statistics, so each
+    // epoch of a feed finds it there instead of fetching it again.
+    let metadata_cache = runtime.cache_manager.get_file_metadata_cache();
     let mut reader: Box<dyn AsyncFileReader> =
-        DefaultParquetFileReaderFactory::new(store)
+        CachedParquetFileReaderFactory::new(store, metadata_cache)
             .create_reader(0, file.clone(), None, &ExecutionPlanMetricsSet::new())
             .ok()?;
     let metadata =
