@@ -61,6 +61,23 @@ pub fn run(command: &mut Command) -> (bool, String, String) {
     )
 }
 
+/// `sqlfeed feed SQL --device cpu --digest`: a feed that prints a digest
+/// line a batch; add the rest of the options to it.
+pub fn digest_feed(sql: &str) -> Command {
+    let mut command = sqlfeed();
+    command.args(["feed", sql, "--device", "cpu", "--digest"]);
+    command
+}
+
+/// The value after `key` (`epoch=`, `digest=`, `resume_rows=`) in one of
+/// a feed's `batch …` lines.
+pub fn batch_field(line: &str, key: &str) -> String {
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .to_string()
+}
+
 /// The `batch epoch=… digest=…` lines of a `feed --digest` run's output.
 pub fn digest_lines(out: &str) -> Vec<String> {
     out.lines()

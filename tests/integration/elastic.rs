@@ -13,7 +13,9 @@ use sqlfeed::Session;
 use sqlfeed::device::{Device, TensorBatch};
 use sqlfeed::feed::{Checkpoint, Feed, FeedBuilder, OnDataChange};
 
-use crate::common::{arc, digest_lines, run, sqlfeed, write_parquet};
+use crate::common::{
+    arc, batch_field, digest_feed, digest_lines, run, sqlfeed, write_parquet,
+};
 
 /// One batch: (epoch, step, ids, next row position).
 type Fed = (u64, u64, Vec<i64>, (u64, u64));
@@ -227,30 +229,13 @@ fn the_cli_prints_row_positions_and_resumes_from_them_under_another_shape() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sql = ids(dir.path()).expect("data");
     let digest_lines = |args: &[&str]| -> Vec<String> {
-        let mut command = sqlfeed();
-        command
-            .args([
-                "feed",
-                &sql,
-                "--device",
-                "cpu",
-                "--digest",
-                "--shuffle-seed",
-                "4",
-            ])
-            .args(args);
-        let (ok, out, err) = run(&mut command);
+        let (ok, out, err) =
+            run(digest_feed(&sql).args(["--shuffle-seed", "4"]).args(args));
         assert!(ok, "{err}");
         digest_lines(&out)
     };
-    let field = |line: &str, key: &str| -> String {
-        line.split(' ')
-            .find_map(|f| f.strip_prefix(key))
-            .unwrap_or_else(|| panic!("no {key} in {line}"))
-            .to_string()
-    };
     let two = digest_lines(&["--batch-size", "50", "--shard", "0/2"]);
-    let position = field(&two[2], "resume_rows=");
+    let position = batch_field(&two[2], "resume_rows=");
     assert_eq!(position, "0:300");
     let mut fed_once = HashMap::new();
     for rank in 0..3 {
@@ -275,7 +260,7 @@ fn the_cli_prints_row_positions_and_resumes_from_them_under_another_shape() {
         "0:1,2",
     ]);
     let digests = |lines: &[String]| -> Vec<String> {
-        lines.iter().map(|l| field(l, "digest=")).collect()
+        lines.iter().map(|l| batch_field(l, "digest=")).collect()
     };
     let mut expected = digests(&two);
     expected.drain(1..3);
@@ -516,19 +501,8 @@ fn the_cli_saves_a_checkpoint_and_resumes_it_under_another_shape() {
     let checkpoint = dir.path().join("checkpoint.json");
     let checkpoint = checkpoint.to_str().expect("utf-8 path");
     let seeded = |seed: &str, args: &[&str]| -> (bool, Vec<String>, String) {
-        let mut command = sqlfeed();
-        command
-            .args([
-                "feed",
-                &sql,
-                "--device",
-                "cpu",
-                "--digest",
-                "--shuffle-seed",
-                seed,
-            ])
-            .args(args);
-        let (ok, out, err) = run(&mut command);
+        let (ok, out, err) =
+            run(digest_feed(&sql).args(["--shuffle-seed", seed]).args(args));
         let lines = out
             .lines()
             .filter(|l| l.starts_with("batch "))

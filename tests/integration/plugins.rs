@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use datafusion::error::Result;
 
-use crate::common::{gen_data, run, sqlfeed};
+use crate::common::{batch_field, digest_feed, gen_data, run, sqlfeed};
 
 /// The template plugin the workspace builds next to the `sqlfeed` binary.
 fn plugin() -> PathBuf {
@@ -162,34 +162,18 @@ fn a_seeded_plugin_augmentation_differs_per_epoch_and_repeats_on_a_rerun() -> Re
     );
     // Unshuffled: both epochs read the rows in the same order, so only the
     // augmentation can tell them apart.
-    let digests = || -> Vec<(String, String)> {
-        let (ok, out, err) = run(sqlfeed()
-            .arg("--load")
-            .arg(plugin())
-            .args([
-                "feed",
-                &sql,
-                "--device",
-                "cpu",
-                "--digest",
-                "--batch-size",
-                "50",
-            ])
-            .args(["--epochs", "2"]));
-        assert!(ok, "{err}");
-        out.lines()
-            .filter(|l| l.starts_with("batch "))
-            .map(|l| {
-                let field = |key: &str| {
-                    l.split(' ')
-                        .find_map(|f| f.strip_prefix(key))
-                        .unwrap_or_else(|| panic!("no {key} in {l}"))
-                        .to_string()
-                };
-                (field("epoch="), field("digest="))
-            })
-            .collect()
-    };
+    let digests =
+        || -> Vec<(String, String)> {
+            let (ok, out, err) = run(digest_feed(&sql)
+                .arg("--load")
+                .arg(plugin())
+                .args(["--batch-size", "50", "--epochs", "2"]));
+            assert!(ok, "{err}");
+            out.lines()
+                .filter(|l| l.starts_with("batch "))
+                .map(|l| (batch_field(l, "epoch="), batch_field(l, "digest=")))
+                .collect()
+        };
     let first = digests();
     assert_eq!(first.len(), 8, "{first:?}");
     let epoch = |e: &str| -> Vec<String> {
