@@ -28,7 +28,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -243,33 +243,17 @@ impl CacheScanExec {
 impl DisplayAs for CacheScanExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let in_memory: usize = self.parts.iter().map(|p| p.in_memory.len()).sum();
-        match t {
-            DisplayFormatType::TreeRender => write!(
-                f,
-                "key={}\nparts={}\nmemory_batches={in_memory}",
-                self.key,
-                self.parts.len()
-            ),
-            _ => write!(
-                f,
-                "CacheScanExec: key={}, parts={}, memory_batches={in_memory}",
-                self.key,
-                self.parts.len()
-            ),
-        }
+        let settings: [Setting; 3] = [
+            ("key", &self.key),
+            ("parts", &self.parts.len()),
+            ("memory_batches", &in_memory),
+        ];
+        crate::exec::fmt_settings(f, t, "CacheScanExec", &settings)
     }
 }
 
 impl ExecutionPlan for CacheScanExec {
-    fn name(&self) -> &str {
-        "CacheScanExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::leaf!();
+    crate::exec::leaf!("CacheScanExec");
 
     fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> Result<BatchStream> {
         let part = self.parts.get(partition).ok_or_else(|| {

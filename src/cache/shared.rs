@@ -222,18 +222,15 @@ impl SharedEntryWriteExec {
 
 impl DisplayAs for SharedEntryWriteExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => write!(f, "dir={}", self.dir),
-            _ => write!(f, "SharedEntryWriteExec: dir={}", self.dir),
-        }
+        let name = "SharedEntryWriteExec";
+        crate::exec::fmt_settings(f, t, name, &[("dir", &self.dir)])
     }
 }
 
 impl ExecutionPlan for SharedEntryWriteExec {
     crate::exec::one_input_operator! {
         name: "SharedEntryWriteExec",
-        input: input,
-        properties: |this| this.input.properties(),
+        properties: passed_through,
         rebuild: |this, child| {
             Ok(Self::try_new(child, this.dir.clone())?.with_job_of(this.job_of))
         },

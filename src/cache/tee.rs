@@ -35,7 +35,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::metrics::{
@@ -90,21 +90,15 @@ impl CacheFillExec {
 impl DisplayAs for CacheFillExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let key = &self.fill.key_hex()[..12.min(self.fill.key_hex().len())];
-        match t {
-            DisplayFormatType::TreeRender => {
-                writeln!(f, "key={key}")?;
-                write!(f, "parts={}", self.parts)
-            }
-            _ => write!(f, "CacheFillExec: key={key}, parts={}", self.parts),
-        }
+        let settings: [Setting; 2] = [("key", &key), ("parts", &self.parts)];
+        crate::exec::fmt_settings(f, t, "CacheFillExec", &settings)
     }
 }
 
 impl ExecutionPlan for CacheFillExec {
     crate::exec::one_input_operator! {
         name: "CacheFillExec",
-        input: input,
-        properties: |this| this.input.properties(),
+        properties: passed_through,
         rebuild: |this, child| Self::try_new(child, Arc::clone(&this.fill), this.parts),
     }
 

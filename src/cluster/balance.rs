@@ -36,47 +36,37 @@ use datafusion::datasource::physical_plan::{
     FileGroup, FileScanConfig, FileScanConfigBuilder,
 };
 use datafusion::datasource::source::DataSourceExec;
-use datafusion::error::Result;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::exec::{NodeRewrite, PlanNode, Rewritten};
 use crate::shuffle::ShuffleKeyExec;
 
 /// See the module docs.
 #[derive(Debug, Default)]
 pub struct BalanceScanRows;
 
-impl PhysicalOptimizerRule for BalanceScanRows {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_down(|node| {
-            if node.as_ref().downcast_ref::<ShuffleKeyExec>().is_none() {
-                return Ok(Transformed::no(node));
-            }
-            let balanced = node.transform_up(|below| {
-                Ok(match balanced_scan(&below) {
-                    Some(scan) => Transformed::yes(scan),
-                    None => Transformed::no(below),
-                })
-            })?;
-            Ok(Transformed::new(
-                balanced.data,
-                balanced.transformed,
-                TreeNodeRecursion::Jump,
-            ))
-        })
-        .map(|t| t.data)
-    }
+crate::exec::node_rewrite_rule!(BalanceScanRows);
 
-    fn name(&self) -> &str {
-        "sqlfeed_balance_scan_rows"
-    }
+impl NodeRewrite for BalanceScanRows {
+    const NAME: &'static str = "sqlfeed_balance_scan_rows";
+    // From the root, to stop below the first `ShuffleKeyExec`.
+    const ROOT_FIRST: bool = true;
 
-    fn schema_check(&self) -> bool {
-        true
+    fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
+        if node.as_ref().downcast_ref::<ShuffleKeyExec>().is_none() {
+            return Ok(Transformed::no(node));
+        }
+        let balanced = node.transform_up(|below| {
+            Ok(match balanced_scan(&below) {
+                Some(scan) => Transformed::yes(scan),
+                None => Transformed::no(below),
+            })
+        })?;
+        Ok(Transformed::new(
+            balanced.data,
+            balanced.transformed,
+            TreeNodeRecursion::Jump,
+        ))
     }
 }
 
@@ -165,6 +155,8 @@ fn balanced_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>
 mod tests {
     use super::*;
     use datafusion::arrow::array::{BinaryArray, Int64Array, RecordBatch};
+    use datafusion::error::Result;
+    use datafusion::physical_optimizer::PhysicalOptimizerRule;
     use datafusion::physical_plan::ExecutionPlanProperties;
     use datafusion::prelude::SessionContext;
 

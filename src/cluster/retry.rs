@@ -28,7 +28,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use datafusion::common::exec_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -85,10 +85,8 @@ impl ExactRetryExec {
 
 impl DisplayAs for ExactRetryExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => write!(f, "retries={MAX_RETRIES}"),
-            _ => write!(f, "ExactRetryExec: retries={MAX_RETRIES}"),
-        }
+        let retries: Setting = ("retries", &MAX_RETRIES);
+        crate::exec::fmt_settings(f, t, "ExactRetryExec", &[retries])
     }
 }
 
@@ -256,13 +254,7 @@ mod tests {
     }
 
     impl ExecutionPlan for Flaky {
-        fn name(&self) -> &str {
-            "Flaky"
-        }
-        fn properties(&self) -> &Arc<PlanProperties> {
-            &self.properties
-        }
-        crate::exec::leaf!();
+        crate::exec::leaf!("Flaky");
         fn execute(
             &self,
             _partition: usize,

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use ballista_core::execution_plans::DistributedQueryExec;
 use ballista_core::serde::protobuf::CancelJobParams;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
@@ -122,18 +122,15 @@ impl JobWatchExec {
 
 impl DisplayAs for JobWatchExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => write!(f, "scheduler={}", self.scheduler),
-            _ => write!(f, "JobWatchExec: scheduler={}", self.scheduler),
-        }
+        let scheduler: Setting = ("scheduler", &self.scheduler);
+        crate::exec::fmt_settings(f, t, "JobWatchExec", &[scheduler])
     }
 }
 
 impl ExecutionPlan for JobWatchExec {
     crate::exec::one_input_operator! {
         name: "JobWatchExec",
-        input: input,
-        properties: |this| this.input.properties(),
+        properties: passed_through,
         rebuild: |this, child| Ok(Self::new(child, this.scheduler.clone())),
     }
 

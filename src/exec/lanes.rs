@@ -116,8 +116,7 @@ impl DisplayAs for LaneInterleaveExec {
 impl ExecutionPlan for LaneInterleaveExec {
     crate::exec::one_input_operator! {
         name: "LaneInterleaveExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| Ok(Self::new(child, this.turn_rows)),
     }
 

@@ -6,16 +6,24 @@
 //!   expressions are costly per row;
 //! - [`lanes`]: an unshuffled query's partitions read as one stream, in
 //!   turns of rows (the feed's and a cluster job's order);
-//! - [`panics`]: panics turned into errors, in one place.
+//! - [`display`]: how operators show their settings in plans;
+//! - [`panics`]: panics turned into errors, in one place;
+//! - [`rule`]: optimizer rules that rewrite a plan one node at a time.
 
+pub(crate) mod display;
 pub(crate) mod lanes;
 pub(crate) mod panics;
 pub(crate) mod plan;
+pub(crate) mod rule;
 
+pub(crate) use display::{Setting, fmt_settings};
 pub(crate) use panics::{catch_panic, catching_panics, panic_error, panic_message};
 pub(crate) use plan::{
     BatchStream, calls_costly_function, column_names, costly_function_names,
     counted_rows, first_input_statistics, keeps_input_order, leaf, no_expressions,
     one_input_logical_node, one_input_operator, row_wise_properties, rows_passed_through,
     single_child, statistics_of_one_input, with_u64_column,
+};
+pub(crate) use rule::{
+    NodeRewrite, PlanNode, Rewritten, node_rewrite_rule, rewrite_nodes,
 };

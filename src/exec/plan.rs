@@ -157,9 +157,9 @@ macro_rules! no_expressions {
 }
 pub(crate) use no_expressions;
 
-/// The scaffolding of an operator over the one input in its field `$input`
-/// that evaluates no expressions of its own: `name`, `properties` (what
-/// `|this| …` gives: its own, or `this.input.properties()` for an operator
+/// The scaffolding of an operator over the one input in its field `input`
+/// that evaluates no expressions of its own: `name`, `properties` (`own`:
+/// its field `properties`; `passed_through`: its input's, for an operator
 /// that keeps its input's partitioning, order and boundedness), `children`,
 /// `apply_expressions`, and `with_new_children`, which checks that there is
 /// one child and rebuilds the operator over it with `|this, child| …`
@@ -168,33 +168,38 @@ pub(crate) use no_expressions;
 /// ```text
 /// crate::exec::one_input_operator! {
 ///     name: "LocalShuffleExec",
-///     input: input,
-///     properties: |this| &this.properties,
+///     properties: own,
 ///     rebuild: |this, child| Ok(Self::new(child, this.buffer_rows, this.seed)),
 /// }
 /// ```
 macro_rules! one_input_operator {
-    (
-        name: $name:literal,
-        input: $input:ident,
-        properties: |$own:ident| $properties:expr,
-        rebuild: |$this:pat, $child:ident| $rebuild:expr $(,)?
-    ) => {
-        fn name(&self) -> &str {
-            $name
-        }
-
+    (name: $name:literal, properties: own, rebuild: $($rebuild:tt)+) => {
         fn properties(
             &self,
         ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
-            let $own = self;
-            $properties
+            &self.properties
+        }
+
+        $crate::exec::one_input_operator!(@common $name, $($rebuild)+);
+    };
+    (name: $name:literal, properties: passed_through, rebuild: $($rebuild:tt)+) => {
+        fn properties(
+            &self,
+        ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            self.input.properties()
+        }
+
+        $crate::exec::one_input_operator!(@common $name, $($rebuild)+);
+    };
+    (@common $name:literal, |$this:pat, $child:ident| $rebuild:expr $(,)?) => {
+        fn name(&self) -> &str {
+            $name
         }
 
         fn children(
             &self,
         ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
-            vec![&self.$input]
+            vec![&self.input]
         }
 
         $crate::exec::no_expressions!();
@@ -271,11 +276,22 @@ pub(crate) use one_input_logical_node;
 pub(crate) type BatchStream = datafusion::execution::SendableRecordBatchStream;
 
 /// The `ExecutionPlan` methods of a leaf (an operator without inputs) that
-/// evaluates no expressions: `children`, `apply_expressions` and
+/// evaluates no expressions and keeps its `properties` in a field of that
+/// name: `name`, `properties`, `children`, `apply_expressions` and
 /// `with_new_children`, which refuses children by the operator's name. Used
 /// inside `impl ExecutionPlan for …`.
 macro_rules! leaf {
-    () => {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(
+            &self,
+        ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
+            &self.properties
+        }
+
         fn children(
             &self,
         ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {

@@ -89,7 +89,7 @@ use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
 use crate::device::{BatchMeta, SlotPool, TensorBatch};
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 
 /// What the producer sends to [`super::Feed`].
 pub(crate) enum FeedEvent {
@@ -261,21 +261,15 @@ impl DisplayAs for DeviceSinkExec {
                 fields.push(("resume_after_rows", rows.to_string()))
             }
         }
-        let (prefix, separator) = match t {
-            DisplayFormatType::TreeRender => ("", "\n"),
-            _ => ("DeviceSinkExec: ", ", "),
-        };
-        let fields: Vec<String> =
-            fields.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        write!(f, "{prefix}{}", fields.join(separator))
+        let settings: Vec<Setting> = fields.iter().map(|(k, v)| (*k, v as _)).collect();
+        crate::exec::fmt_settings(f, t, "DeviceSinkExec", &settings)
     }
 }
 
 impl ExecutionPlan for DeviceSinkExec {
     crate::exec::one_input_operator! {
         name: "DeviceSinkExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| {
             let target = Arc::clone(&this.target);
             Ok(Self::new(child, target, this.epoch, this.start).dealt(this.dealt))

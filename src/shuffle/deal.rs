@@ -50,7 +50,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use datafusion::arrow::array::{
     Array, AsArray, RecordBatch, UInt32Array, UInt32Builder, UInt64Array, UInt64Builder,
 };
@@ -249,28 +249,21 @@ impl DisplayAs for DealExec {
             world,
             drop_last,
         } = self.deal;
-        match t {
-            DisplayFormatType::TreeRender => write!(
-                f,
-                "batch_rows={batch_rows}\nworld={world}\ndrop_last={drop_last}\nranges={}",
-                self.ranges
-            ),
-            _ => write!(
-                f,
-                "DealExec: batch_rows={batch_rows}, world={world}, drop_last={drop_last}, \
-                 ranges={}, partitions={}",
-                self.ranges,
-                self.partitions()
-            ),
-        }
+        let settings: [Setting; 5] = [
+            ("batch_rows", &batch_rows),
+            ("world", &world),
+            ("drop_last", &drop_last),
+            ("ranges", &self.ranges),
+            ("partitions", &self.partitions()),
+        ];
+        crate::exec::fmt_settings(f, t, "DealExec", &settings)
     }
 }
 
 impl ExecutionPlan for DealExec {
     crate::exec::one_input_operator! {
         name: "DealExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| Self::try_new(child, this.deal, this.ranges),
     }
 
@@ -525,18 +518,14 @@ impl RankShardExec {
 impl DisplayAs for RankShardExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let partitions = self.properties.partitioning.partition_count();
-        match t {
-            DisplayFormatType::TreeRender => write!(f, "partitions={partitions}"),
-            _ => write!(f, "RankShardExec: partitions={partitions}"),
-        }
+        crate::exec::fmt_settings(f, t, "RankShardExec", &[("partitions", &partitions)])
     }
 }
 
 impl ExecutionPlan for RankShardExec {
     crate::exec::one_input_operator! {
         name: "RankShardExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |_, child| Self::try_new(child),
     }
 

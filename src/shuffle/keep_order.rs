@@ -24,12 +24,13 @@
 use std::sync::Arc;
 
 use datafusion::common::plan_err;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
+
+use crate::exec::{NodeRewrite, PlanNode, Rewritten};
 
 use super::{DealExec, RankShardExec, ShuffleMergeExec};
 
@@ -182,39 +183,27 @@ fn check_ranged_shuffles(plan: &Arc<dyn ExecutionPlan>, keeps_order: bool) -> Re
 #[derive(Debug, Default)]
 pub struct KeepShuffleOrder;
 
-impl PhysicalOptimizerRule for KeepShuffleOrder {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
-                return resize_rank_exchange(shard, &node);
-            }
-            let Some(repartition) = node.as_ref().downcast_ref::<RepartitionExec>()
-            else {
-                return Ok(Transformed::no(node));
-            };
-            if matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_))
-                && carries_shuffle_order(repartition.input())
-            {
-                return Ok(Transformed::yes(Arc::clone(repartition.input())));
-            }
-            Ok(Transformed::no(node))
-        })
-        .map(|t| t.data)
-        .and_then(|plan| {
-            check_ranged_shuffles(&plan, true)?;
-            Ok(plan)
-        })
+crate::exec::node_rewrite_rule!(KeepShuffleOrder);
+
+impl NodeRewrite for KeepShuffleOrder {
+    const NAME: &'static str = "sqlfeed_keep_shuffle_order";
+
+    fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
+        if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
+            return resize_rank_exchange(shard, &node);
+        }
+        let Some(repartition) = node.as_ref().downcast_ref::<RepartitionExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        if matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_))
+            && carries_shuffle_order(repartition.input())
+        {
+            return Ok(Transformed::yes(Arc::clone(repartition.input())));
+        }
+        Ok(Transformed::no(node))
     }
 
-    fn name(&self) -> &str {
-        "sqlfeed_keep_shuffle_order"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
+    fn check(&self, plan: &PlanNode) -> Result<()> {
+        check_ranged_shuffles(plan, true)
     }
 }

@@ -268,8 +268,7 @@ impl DisplayAs for ShuffleKeyExec {
 impl ExecutionPlan for ShuffleKeyExec {
     crate::exec::one_input_operator! {
         name: "ShuffleKeyExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| {
             Self::try_new(child, this.seed, this.epoch)?.with_source(this.source.clone())
         },

@@ -46,7 +46,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::shuffle_seed;
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use crate::rand::SplitMix64;
 
 /// A shuffle buffer per partition: holds `buffer_rows` rows and emits a
@@ -92,16 +92,9 @@ impl LocalShuffleExec {
 
 impl DisplayAs for LocalShuffleExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => {
-                write!(f, "buffer={}\nseed={}", self.buffer_rows, self.seed)
-            }
-            _ => write!(
-                f,
-                "LocalShuffleExec: buffer={}, seed={}",
-                self.buffer_rows, self.seed
-            ),
-        }
+        let settings: [Setting; 2] =
+            [("buffer", &self.buffer_rows), ("seed", &self.seed)];
+        crate::exec::fmt_settings(f, t, "LocalShuffleExec", &settings)
     }
 }
 
@@ -212,8 +205,7 @@ impl ShuffleBuffer {
 impl ExecutionPlan for LocalShuffleExec {
     crate::exec::one_input_operator! {
         name: "LocalShuffleExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| Ok(Self::new(child, this.buffer_rows, this.seed)),
     }
 

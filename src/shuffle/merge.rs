@@ -29,7 +29,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::error::Result;
@@ -173,39 +173,25 @@ impl ShuffleMergeExec {
 
 impl DisplayAs for ShuffleMergeExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let (seed, epoch, rows) = (self.seed, self.epoch, self.batch_rows);
-        match t {
-            DisplayFormatType::TreeRender => {
-                write!(f, "seed={seed}\nepoch={epoch}\nbatch_rows={rows}")?;
-                if self.ranged {
-                    write!(f, "\nranged=true")?;
-                }
-                if self.unique_rows {
-                    write!(f, "\nunique_rows=true")?;
-                }
-            }
-            _ => {
-                write!(
-                    f,
-                    "ShuffleMergeExec: seed={seed}, epoch={epoch}, batch_rows={rows}"
-                )?;
-                if self.ranged {
-                    write!(f, ", ranged=true")?;
-                }
-                if self.unique_rows {
-                    write!(f, ", unique_rows=true")?;
-                }
-            }
+        let mut settings: Vec<Setting> = vec![
+            ("seed", &self.seed),
+            ("epoch", &self.epoch),
+            ("batch_rows", &self.batch_rows),
+        ];
+        if self.ranged {
+            settings.push(("ranged", &true));
         }
-        Ok(())
+        if self.unique_rows {
+            settings.push(("unique_rows", &true));
+        }
+        crate::exec::fmt_settings(f, t, "ShuffleMergeExec", &settings)
     }
 }
 
 impl ExecutionPlan for ShuffleMergeExec {
     crate::exec::one_input_operator! {
         name: "ShuffleMergeExec",
-        input: input,
-        properties: |this| this.input.properties(),
+        properties: passed_through,
         rebuild: |this, child| {
             Ok(Self::new(child, this.seed, this.epoch, this.batch_rows)
                 .ranged(this.ranged)

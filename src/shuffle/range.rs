@@ -34,7 +34,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use datafusion::arrow::array::{
     Array, AsArray, BinaryArray, RecordBatch, UInt32Array, UInt64Array, new_null_array,
 };
@@ -200,22 +200,18 @@ impl RangeBucketExec {
 
 impl DisplayAs for RangeBucketExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        match t {
-            DisplayFormatType::TreeRender => write!(f, "ranges={}", self.partitions)?,
-            _ => write!(f, "RangeBucketExec: ranges={}", self.partitions)?,
-        }
+        let mut settings: Vec<Setting> = vec![("ranges", &self.partitions)];
         if self.counted {
-            write!(f, ", counted=true")?;
+            settings.push(("counted", &true));
         }
-        Ok(())
+        crate::exec::fmt_settings(f, t, "RangeBucketExec", &settings)
     }
 }
 
 impl ExecutionPlan for RangeBucketExec {
     crate::exec::one_input_operator! {
         name: "RangeBucketExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| Self::try_new_counted(child, this.partitions, this.counted),
     }
 

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::exec_datafusion_err;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::{
     FileOpener, FileScanConfig, FileScanConfigBuilder, FileSource,
@@ -48,14 +48,15 @@ use datafusion::datasource::table_schema::TableSchema;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::physical_expr::projection::ProjectionExprs;
 use datafusion::physical_expr::{EquivalenceProperties, LexOrdering, PhysicalSortExpr};
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::filter_pushdown::FilterPushdownPropagation;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::sort_pushdown::SortOrderPushdownResult;
-use datafusion::physical_plan::{DisplayFormatType, ExecutionPlan, PhysicalExpr};
+use datafusion::physical_plan::{DisplayFormatType, PhysicalExpr};
 use datafusion_datasource::morsel::{Morsel, MorselPlan, MorselPlanner, Morselizer};
 use futures::{FutureExt, StreamExt};
 use object_store::ObjectStore;
+
+use crate::exec::{NodeRewrite, PlanNode, Rewritten};
 
 /// Whether `error` is the Parquet or Arrow reader failing on the bytes (as
 /// opposed to, say, a schema that does not fit the table).
@@ -108,38 +109,27 @@ fn name_file(file: &str, error: DataFusionError) -> DataFusionError {
 #[derive(Debug, Default)]
 pub struct NameFileErrors;
 
-impl PhysicalOptimizerRule for NameFileErrors {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        _config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(scan) = node.downcast_ref::<DataSourceExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>() else {
-                return Ok(Transformed::no(node));
-            };
-            if config.file_source().is::<NamedErrorsSource>() {
-                return Ok(Transformed::no(node));
-            }
-            let source = NamedErrorsSource::new(Arc::clone(config.file_source()));
-            let config = FileScanConfigBuilder::from(config.clone())
-                .with_source(Arc::new(source))
-                .build();
-            let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
-            Ok(Transformed::yes(scan))
-        })
-        .map(|t| t.data)
-    }
+crate::exec::node_rewrite_rule!(NameFileErrors);
 
-    fn name(&self) -> &str {
-        "name_file_errors"
-    }
+impl NodeRewrite for NameFileErrors {
+    const NAME: &'static str = "name_file_errors";
 
-    fn schema_check(&self) -> bool {
-        true
+    fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
+        let Some(scan) = node.downcast_ref::<DataSourceExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>() else {
+            return Ok(Transformed::no(node));
+        };
+        if config.file_source().is::<NamedErrorsSource>() {
+            return Ok(Transformed::no(node));
+        }
+        let source = NamedErrorsSource::new(Arc::clone(config.file_source()));
+        let config = FileScanConfigBuilder::from(config.clone())
+            .with_source(Arc::new(source))
+            .build();
+        let scan: PlanNode = DataSourceExec::from_data_source(config);
+        Ok(Transformed::yes(scan))
     }
 }
 

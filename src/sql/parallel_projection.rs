@@ -46,14 +46,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{exec_datafusion_err, resources_datafusion_err};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -65,8 +64,7 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::config::SqlfeedOptions;
-use crate::exec::BatchStream;
-use crate::exec::calls_costly_function;
+use crate::exec::{BatchStream, NodeRewrite, PlanNode, Rewritten, calls_costly_function};
 
 /// Rows of the first morsel, before any output has been measured; later
 /// unmeasured morsels double, up to [`MAX_GUESS_ROWS`].
@@ -357,50 +355,37 @@ impl MorselCutter {
 #[derive(Debug, Default)]
 pub struct ParallelFunctions;
 
-impl PhysicalOptimizerRule for ParallelFunctions {
-    fn optimize(
-        &self,
-        plan: Arc<dyn ExecutionPlan>,
-        config: &ConfigOptions,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
+crate::exec::node_rewrite_rule!(ParallelFunctions);
+
+impl NodeRewrite for ParallelFunctions {
+    const NAME: &'static str = "sqlfeed_parallel_functions";
+
+    fn rewrite(&self, node: PlanNode, config: &ConfigOptions) -> Rewritten {
         let batch_bytes = config
             .extensions
             .get::<SqlfeedOptions>()
             .map_or(SqlfeedOptions::default().function_batch_bytes, |o| {
                 o.function_batch_bytes
             });
-        if batch_bytes == 0 {
-            return Ok(plan);
-        }
-        let cores = config.execution.target_partitions.max(1);
-        plan.transform_up(|node| {
-            let Some(projection) = node.as_ref().downcast_ref::<ProjectionExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            if !projection
+        let Some(projection) = node.as_ref().downcast_ref::<ProjectionExec>() else {
+            return Ok(Transformed::no(node));
+        };
+        if batch_bytes == 0
+            || !projection
                 .expr()
                 .iter()
                 .any(|e| calls_costly_function(&e.expr))
-            {
-                return Ok(Transformed::no(node));
-            }
-            let partitions = projection.input().output_partitioning().partition_count();
-            let workers = (cores / partitions.max(1)).max(1);
-            Ok(Transformed::yes(Arc::new(ParallelProjectionExec::new(
-                projection,
-                workers,
-                batch_bytes,
-            )) as Arc<dyn ExecutionPlan>))
-        })
-        .map(|t| t.data)
-    }
-
-    fn name(&self) -> &str {
-        "sqlfeed_parallel_functions"
-    }
-
-    fn schema_check(&self) -> bool {
-        true
+        {
+            return Ok(Transformed::no(node));
+        }
+        let cores = config.execution.target_partitions.max(1);
+        let partitions = projection.input().output_partitioning().partition_count();
+        let workers = (cores / partitions.max(1)).max(1);
+        Ok(Transformed::yes(Arc::new(ParallelProjectionExec::new(
+            projection,
+            workers,
+            batch_bytes,
+        )) as PlanNode))
     }
 }
 

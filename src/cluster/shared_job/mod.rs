@@ -367,15 +367,7 @@ impl DisplayAs for SharedJobExec {
 }
 
 impl ExecutionPlan for SharedJobExec {
-    fn name(&self) -> &str {
-        "SharedJobExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::leaf!();
+    crate::exec::leaf!("SharedJobExec");
 
     fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {

@@ -228,8 +228,7 @@ impl DisplayAs for PermuteExec {
 impl ExecutionPlan for PermuteExec {
     crate::exec::one_input_operator! {
         name: "PermuteExec",
-        input: input,
-        properties: |this| &this.properties,
+        properties: own,
         rebuild: |this, child| Self::try_new_with_mode(child, this.mode),
     }
 

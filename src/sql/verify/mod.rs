@@ -228,35 +228,18 @@ impl VerifyExec {
 
 impl DisplayAs for VerifyExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let decode = self.decode.join(", ");
-        match t {
-            DisplayFormatType::TreeRender => {
-                write!(f, "files={}", self.files.len())?;
-                if !decode.is_empty() {
-                    write!(f, "\ndecode=[{decode}]")?;
-                }
-            }
-            _ => {
-                write!(f, "VerifyExec: files={}", self.files.len())?;
-                if !decode.is_empty() {
-                    write!(f, ", decode=[{decode}]")?;
-                }
-            }
+        let decode = format!("[{}]", self.decode.join(", "));
+        let files = self.files.len();
+        let mut settings: Vec<Setting> = vec![("files", &files)];
+        if !self.decode.is_empty() {
+            settings.push(("decode", &decode));
         }
-        Ok(())
+        crate::exec::fmt_settings(f, t, "VerifyExec", &settings)
     }
 }
 
 impl ExecutionPlan for VerifyExec {
-    fn name(&self) -> &str {
-        "VerifyExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    crate::exec::leaf!();
+    crate::exec::leaf!("VerifyExec");
 
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.metrics.clone_inner())
@@ -299,7 +282,7 @@ impl ExecutionPlan for VerifyExec {
 }
 
 mod file;
-use crate::exec::BatchStream;
+use crate::exec::{BatchStream, Setting};
 use file::{Counters, Shared, missing_decode_columns, verify_file};
 pub(crate) use file::{locate_damage, reason};
 
