@@ -45,10 +45,9 @@ use crate::shuffle::ShuffleKeyExec;
 #[derive(Debug, Default)]
 pub struct BalanceScanRows;
 
-crate::exec::node_rewrite_rule!(BalanceScanRows);
+crate::exec::node_rewrite_rule!(BalanceScanRows, "sqlfeed_balance_scan_rows");
 
 impl NodeRewrite for BalanceScanRows {
-    const NAME: &'static str = "sqlfeed_balance_scan_rows";
     // From the root, to stop below the first `ShuffleKeyExec`.
     const ROOT_FIRST: bool = true;
 

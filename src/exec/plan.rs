@@ -174,15 +174,15 @@ pub(crate) use no_expressions;
 /// ```
 macro_rules! one_input_operator {
     (name: $name:literal, properties: own, rebuild: $($rebuild:tt)+) => {
-        fn properties(
-            &self,
-        ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
-            &self.properties
-        }
+        $crate::exec::name_and_properties!($name);
 
         $crate::exec::one_input_operator!(@common $name, $($rebuild)+);
     };
     (name: $name:literal, properties: passed_through, rebuild: $($rebuild:tt)+) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
         fn properties(
             &self,
         ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
@@ -192,13 +192,7 @@ macro_rules! one_input_operator {
         $crate::exec::one_input_operator!(@common $name, $($rebuild)+);
     };
     (@common $name:literal, |$this:pat, $child:ident| $rebuild:expr $(,)?) => {
-        fn name(&self) -> &str {
-            $name
-        }
-
-        fn children(
-            &self,
-        ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        fn children(&self) -> Vec<&$crate::exec::PlanNode> {
             vec![&self.input]
         }
 
@@ -206,10 +200,8 @@ macro_rules! one_input_operator {
 
         fn with_new_children(
             self: std::sync::Arc<Self>,
-            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
-        ) -> datafusion::error::Result<
-            std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-        > {
+            children: Vec<$crate::exec::PlanNode>,
+        ) -> datafusion::error::Result<$crate::exec::PlanNode> {
             let $child = $crate::exec::single_child($name, &children)?;
             let $this: &Self = &self;
             let rebuilt: datafusion::error::Result<Self> = $rebuild;
@@ -275,12 +267,9 @@ pub(crate) use one_input_logical_node;
 /// its signature to stand on one line.
 pub(crate) type BatchStream = datafusion::execution::SendableRecordBatchStream;
 
-/// The `ExecutionPlan` methods of a leaf (an operator without inputs) that
-/// evaluates no expressions and keeps its `properties` in a field of that
-/// name: `name`, `properties`, `children`, `apply_expressions` and
-/// `with_new_children`, which refuses children by the operator's name. Used
-/// inside `impl ExecutionPlan for …`.
-macro_rules! leaf {
+/// An operator's `name` and its `properties`, kept in a field of that name.
+/// Used inside `impl ExecutionPlan for …`.
+macro_rules! name_and_properties {
     ($name:literal) => {
         fn name(&self) -> &str {
             $name
@@ -291,10 +280,20 @@ macro_rules! leaf {
         ) -> &std::sync::Arc<datafusion::physical_plan::PlanProperties> {
             &self.properties
         }
+    };
+}
+pub(crate) use name_and_properties;
 
-        fn children(
-            &self,
-        ) -> Vec<&std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+/// The `ExecutionPlan` methods of a leaf (an operator without inputs) that
+/// evaluates no expressions and keeps its `properties` in a field of that
+/// name: `name`, `properties`, `children`, `apply_expressions` and
+/// `with_new_children`, which refuses children by the operator's name. Used
+/// inside `impl ExecutionPlan for …`.
+macro_rules! leaf {
+    ($name:literal) => {
+        $crate::exec::name_and_properties!($name);
+
+        fn children(&self) -> Vec<&$crate::exec::PlanNode> {
             vec![]
         }
 
@@ -302,10 +301,8 @@ macro_rules! leaf {
 
         fn with_new_children(
             self: std::sync::Arc<Self>,
-            children: Vec<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>>,
-        ) -> datafusion::error::Result<
-            std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
-        > {
+            children: Vec<$crate::exec::PlanNode>,
+        ) -> datafusion::error::Result<$crate::exec::PlanNode> {
             if children.is_empty() {
                 Ok(self)
             } else {

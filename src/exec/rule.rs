@@ -25,8 +25,6 @@ pub(crate) type Rewritten = Result<Transformed<PlanNode>>;
 
 /// A rule that rewrites a plan node by node; see the module docs.
 pub(crate) trait NodeRewrite {
-    /// The rule's name in DataFusion's optimizer listings.
-    const NAME: &'static str;
     /// Whether the walk starts at the root (a rewrite may then return
     /// `TreeNodeRecursion::Jump` to leave a subtree alone) rather than at the
     /// leaves.
@@ -57,10 +55,11 @@ pub(crate) fn rewrite_nodes<R: NodeRewrite>(
     Ok(rewritten.data)
 }
 
-/// Implements DataFusion's `PhysicalOptimizerRule` for a [`NodeRewrite`].
-/// (A blanket impl is not allowed for a trait of another crate.)
+/// Implements DataFusion's `PhysicalOptimizerRule` for a [`NodeRewrite`],
+/// by the name its optimizer listings show. (A blanket impl is not allowed
+/// for a trait of another crate.)
 macro_rules! node_rewrite_rule {
-    ($rule:ty) => {
+    ($rule:ty, $name:literal) => {
         impl datafusion::physical_optimizer::PhysicalOptimizerRule for $rule {
             fn optimize(
                 &self,
@@ -71,7 +70,7 @@ macro_rules! node_rewrite_rule {
             }
 
             fn name(&self) -> &str {
-                <$rule as $crate::exec::NodeRewrite>::NAME
+                $name
             }
 
             fn schema_check(&self) -> bool {

@@ -183,11 +183,9 @@ fn check_ranged_shuffles(plan: &Arc<dyn ExecutionPlan>, keeps_order: bool) -> Re
 #[derive(Debug, Default)]
 pub struct KeepShuffleOrder;
 
-crate::exec::node_rewrite_rule!(KeepShuffleOrder);
+crate::exec::node_rewrite_rule!(KeepShuffleOrder, "sqlfeed_keep_shuffle_order");
 
 impl NodeRewrite for KeepShuffleOrder {
-    const NAME: &'static str = "sqlfeed_keep_shuffle_order";
-
     fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
         if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
             return resize_rank_exchange(shard, &node);

@@ -109,11 +109,9 @@ fn name_file(file: &str, error: DataFusionError) -> DataFusionError {
 #[derive(Debug, Default)]
 pub struct NameFileErrors;
 
-crate::exec::node_rewrite_rule!(NameFileErrors);
+crate::exec::node_rewrite_rule!(NameFileErrors, "name_file_errors");
 
 impl NodeRewrite for NameFileErrors {
-    const NAME: &'static str = "name_file_errors";
-
     fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
         let Some(scan) = node.downcast_ref::<DataSourceExec>() else {
             return Ok(Transformed::no(node));

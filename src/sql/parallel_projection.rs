@@ -164,13 +164,7 @@ impl DisplayAs for ParallelProjectionExec {
 }
 
 impl ExecutionPlan for ParallelProjectionExec {
-    fn name(&self) -> &str {
-        "ParallelProjectionExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
+    crate::exec::name_and_properties!("ParallelProjectionExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.input]
@@ -355,11 +349,9 @@ impl MorselCutter {
 #[derive(Debug, Default)]
 pub struct ParallelFunctions;
 
-crate::exec::node_rewrite_rule!(ParallelFunctions);
+crate::exec::node_rewrite_rule!(ParallelFunctions, "sqlfeed_parallel_functions");
 
 impl NodeRewrite for ParallelFunctions {
-    const NAME: &'static str = "sqlfeed_parallel_functions";
-
     fn rewrite(&self, node: PlanNode, config: &ConfigOptions) -> Rewritten {
         let batch_bytes = config
             .extensions

@@ -219,13 +219,7 @@ impl DisplayAs for MixExec {
 }
 
 impl ExecutionPlan for MixExec {
-    fn name(&self) -> &str {
-        "MixExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
+    crate::exec::name_and_properties!("MixExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         self.sources.iter().map(|s| &s.plan).collect()

@@ -111,13 +111,7 @@ impl DisplayAs for MixWindowExec {
 }
 
 impl ExecutionPlan for MixWindowExec {
-    fn name(&self) -> &str {
-        "MixWindowExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
+    crate::exec::name_and_properties!("MixWindowExec");
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         self.passes.iter().collect()
