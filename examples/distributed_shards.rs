@@ -15,7 +15,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;
@@ -29,17 +28,14 @@ use sqlfeed::feed::Feed;
 const WORLD: usize = 4;
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(rank) = common::flag(&args, "--rank") {
+    let args = common::Args::from_env();
+    if let Some(rank) = args.flag("--rank") {
         return run_rank(&args, &rank);
     }
-    let data = common::data(&args)?;
+    let data = args.data()?;
     // Keeps an in-process cluster alive until the ranks are done.
     let mut local_cluster = None;
-    let cluster = match (
-        common::flag(&args, "--cluster"),
-        args.iter().any(|a| a == "--local-cluster"),
-    ) {
+    let cluster = match (args.flag("--cluster"), args.has("--local-cluster")) {
         (Some(url), _) => Some(url),
         (None, true) => {
             // A scheduler and two executors on 127.0.0.1 (free ports), on
@@ -113,13 +109,13 @@ fn main() -> Result<()> {
 }
 
 /// One rank: its shard of one shuffled epoch, batch counts and row ids.
-fn run_rank(args: &[String], rank: &str) -> Result<()> {
+fn run_rank(args: &common::Args, rank: &str) -> Result<()> {
     let rank: usize = rank
         .parse()
         .map_err(|_| DataFusionError::Plan(format!("bad rank '{rank}'")))?;
-    let data = common::data(args)?;
+    let data = args.data()?;
     let mut builder = Session::builder();
-    if let Some(url) = common::flag(args, "--cluster") {
+    if let Some(url) = args.flag("--cluster") {
         builder = builder.cluster(url);
     }
     let session = builder.build()?;

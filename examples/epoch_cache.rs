@@ -10,7 +10,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use datafusion::error::Result;
@@ -19,13 +18,11 @@ use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = common::data(&args)?;
-    let epochs: u64 = common::flag(&args, "--epochs")
-        .and_then(|e| e.parse().ok())
-        .unwrap_or(3);
+    let args = common::Args::from_env();
+    let data = args.data()?;
+    let epochs: u64 = args.number("--epochs", 3);
     let mut builder = Session::builder();
-    if let Some(dir) = common::flag(&args, "--cache-dir") {
+    if let Some(dir) = args.flag("--cache-dir") {
         builder = builder.cache_dir(dir);
     }
     let session = builder.build()?;

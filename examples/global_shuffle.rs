@@ -10,7 +10,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use datafusion::arrow::array::AsArray;
@@ -21,9 +20,9 @@ use sqlfeed::session::parse_memory_size;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = common::data(&args)?;
-    let limit = common::flag(&args, "--memory-limit").unwrap_or_else(|| "16M".into());
+    let args = common::Args::from_env();
+    let data = args.data()?;
+    let limit = args.flag("--memory-limit").unwrap_or_else(|| "16M".into());
     let limit =
         parse_memory_size(&limit).map_err(datafusion::error::DataFusionError::Plan)?;
     let spill = tempfile::tempdir()?;

@@ -9,7 +9,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -18,8 +17,8 @@ use sqlfeed::Session;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = common::data(&args)?;
+    let args = common::Args::from_env();
+    let data = args.data()?;
     let session = Session::try_new()?;
 
     let schema = session

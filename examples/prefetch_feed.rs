@@ -9,7 +9,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::time::Duration;
@@ -20,15 +19,11 @@ use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = common::data(&args)?;
-    let step = Duration::from_secs_f64(
-        common::flag(&args, "--step-ms")
-            .and_then(|s| s.parse::<f64>().ok())
-            .unwrap_or(5.0)
-            / 1000.0,
-    );
-    let device: Device = common::flag(&args, "--device")
+    let args = common::Args::from_env();
+    let data = args.data()?;
+    let step = Duration::from_secs_f64(args.number("--step-ms", 5.0) / 1000.0);
+    let device: Device = args
+        .flag("--device")
         .unwrap_or_else(|| "auto".into())
         .parse()?;
     let session = Session::try_new()?;

@@ -9,7 +9,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use std::time::Instant;
@@ -20,11 +19,9 @@ use sqlfeed::Session;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = common::data(&args)?;
-    let partitions: usize = common::flag(&args, "--partitions")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(2);
+    let args = common::Args::from_env();
+    let data = args.data()?;
+    let partitions: usize = args.number("--partitions", 2);
     let session = Session::builder().target_partitions(partitions).build()?;
     let sql = format!(
         "WITH stats AS (SELECT avg(f0) AS m0, stddev(f0) AS s0, avg(f1) AS m1, stddev(f1) AS s1 \

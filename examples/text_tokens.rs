@@ -10,7 +10,6 @@
 // Examples report on stdout.
 #![allow(clippy::print_stdout)]
 
-#[path = "common/mod.rs"]
 mod common;
 
 use datafusion::error::Result;
@@ -19,18 +18,16 @@ use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let data = common::data(&args)?;
-    let tokenizer = common::flag(&args, "--tokenizer").unwrap_or_else(|| {
+    let args = common::Args::from_env();
+    let data = args.data()?;
+    let tokenizer = args.flag("--tokenizer").unwrap_or_else(|| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
         )
         .to_string()
     });
-    let budget: usize = common::flag(&args, "--tokens")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(4096);
+    let budget: usize = args.number("--tokens", 4096);
     let session = Session::try_new()?;
     // Captions are short; a caption and the generated token list together
     // make the lengths vary the way documents do.
