@@ -33,20 +33,14 @@ fn main() -> Result<()> {
                 label AS y
          FROM '{data}'"
     );
-    let feed = Feed::builder(&session, sql)
+    let mut feed = Feed::builder(&session, sql)
         .shuffle(42)
         .batch_size(256)
         .drop_last(true)
         .prefetch(8)
         .device(device)
         .build()?;
-    let tensors: Vec<String> = feed
-        .tensors()
-        .iter()
-        .map(|t| format!("{} {}", t.name, t.dtype))
-        .collect();
-    println!("feed on {}: {}", feed.device(), tensors.join(", "));
-    let mut feed = feed;
+    println!("{}", feed.describe());
     let mut steps = 0;
     for batch in feed.by_ref() {
         let batch = batch?;

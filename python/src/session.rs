@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use sqlfeed::Session;
+use sqlfeed::session::SessionBuilder;
 
 use crate::errors::{IntoPy, PlanError};
 use crate::feed::{FeedOptions, PyFeed};
@@ -119,22 +120,13 @@ impl PySession {
             };
             builder = builder.memory_limit(bytes);
         }
-        if let Some(partitions) = target_partitions {
-            builder = builder.target_partitions(partitions);
-        }
-        if let Some(dir) = cache_dir {
-            builder = builder.cache_dir(dir);
-        }
-        if let Some(dir) = spill_dir {
-            builder = builder.spill_dir(dir);
-        }
-        if let Some(rows) = batch_size {
-            builder = builder.batch_size(rows);
-        }
-        // None leaves it to SQLFEED_ALLOW_HTTP, as in the Rust builder.
-        if let Some(allow) = allow_http {
-            builder = builder.allow_http(allow);
-        }
+        builder = builder
+            .given(target_partitions, SessionBuilder::target_partitions)
+            .given(cache_dir, SessionBuilder::cache_dir)
+            .given(spill_dir, SessionBuilder::spill_dir)
+            .given(batch_size, SessionBuilder::batch_size)
+            // None leaves it to SQLFEED_ALLOW_HTTP, as in the Rust builder.
+            .given(allow_http, SessionBuilder::allow_http);
         if let Some(url) = cluster {
             #[cfg(feature = "ballista")]
             {

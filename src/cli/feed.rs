@@ -372,12 +372,7 @@ pub fn run(
         );
     }
     let mut feed = builder.build()?;
-    let tensors: Vec<String> = feed
-        .tensors()
-        .iter()
-        .map(|t| format!("{} {}", t.name, t.dtype))
-        .collect();
-    eprintln!("feed on {}: {}", feed.device(), tensors.join(", "));
+    eprintln!("{}", feed.describe());
 
     let mut progress = std::io::stderr()
         .is_terminal()

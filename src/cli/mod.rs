@@ -378,29 +378,17 @@ impl Cli {
 
 /// The session options shared by every command.
 fn session_builder(cli: &Cli) -> SessionBuilder {
-    let mut builder = Session::builder();
-    if let Some(limit) = cli.memory_limit {
-        builder = builder.memory_limit(limit);
-    }
-    if let Some(dir) = &cli.spill_dir {
-        builder = builder.spill_dir(dir);
-    }
-    // Unset, the session reads SQLFEED_ALLOW_HTTP.
-    if cli.allow_http {
-        builder = builder.allow_http(true);
-    }
-    if let Some(n) = cli.target_partitions {
-        builder = builder.target_partitions(n);
-    }
-    if let Some(pixels) = cli.max_image_pixels {
-        builder = builder.max_image_pixels(pixels);
-    }
-    if let Some(dir) = &cli.cache_dir {
-        builder = builder.cache_dir(dir);
-    }
-    if let Some(bytes) = cli.cache_max_size {
-        builder = builder.cache_max_bytes(bytes as u64);
-    }
+    let mut builder = Session::builder()
+        .given(cli.memory_limit, SessionBuilder::memory_limit)
+        .given(cli.spill_dir.as_ref(), |b, dir| b.spill_dir(dir))
+        // Unset, the session reads SQLFEED_ALLOW_HTTP.
+        .given(cli.allow_http.then_some(true), SessionBuilder::allow_http)
+        .given(cli.target_partitions, SessionBuilder::target_partitions)
+        .given(cli.max_image_pixels, SessionBuilder::max_image_pixels)
+        .given(cli.cache_dir.as_ref(), |b, dir| b.cache_dir(dir))
+        .given(cli.cache_max_size, |b, bytes| {
+            b.cache_max_bytes(bytes as u64)
+        });
     for dir in &cli.plugin_dirs {
         builder = builder.plugin_dir(dir);
     }

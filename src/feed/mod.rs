@@ -212,6 +212,14 @@ impl Feed {
         &self.tensors
     }
 
+    /// What a feed says when it starts: `feed on cpu: x float32, y int64`.
+    pub fn describe(&self) -> String {
+        let tensors: Vec<String> = (self.tensors.iter())
+            .map(|t| format!("{} {}", t.name, t.dtype))
+            .collect();
+        format!("feed on {}: {}", self.device, tensors.join(", "))
+    }
+
     /// How many batches this feed hands over, once the rows of an epoch are
     /// counted ([`FeedLength::rows_per_epoch`]): a progress bar's total.
     pub fn length(&self) -> FeedLength {

@@ -60,6 +60,16 @@ pub struct SessionBuilder {
 }
 
 impl SessionBuilder {
+    /// `set(self, value)` for an option that is given, `self` unchanged
+    /// for one that is not: `builder.given(n, SessionBuilder::batch_size)`,
+    /// for callers that hold their options as `Option`s (the CLI, Python).
+    pub fn given<T>(self, value: Option<T>, set: impl FnOnce(Self, T) -> Self) -> Self {
+        match value {
+            Some(value) => set(self, value),
+            None => self,
+        }
+    }
+
     /// Caps the memory of all operators; beyond it they spill or fail cleanly.
     pub fn memory_limit(mut self, bytes: usize) -> Self {
         self.memory_limit = Some(bytes);
