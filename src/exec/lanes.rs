@@ -38,7 +38,6 @@ use std::sync::Arc;
 use super::BatchStream;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
@@ -131,11 +130,7 @@ impl ExecutionPlan for LaneInterleaveExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
-        if partition != 0 {
-            return internal_err!(
-                "LaneInterleaveExec has one partition, asked for {partition}"
-            );
-        }
+        crate::exec::only_partition("LaneInterleaveExec", partition)?;
         ordered_partitions(&self.input, ctx, self.turn_rows)
     }
 }

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::internal_datafusion_err;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::physical_expr::{
     EquivalenceProperties, PhysicalExpr, ScalarFunctionExpr,
@@ -262,6 +262,26 @@ macro_rules! one_input_logical_node {
     };
 }
 pub(crate) use one_input_logical_node;
+
+/// `metrics`, read from the `ExecutionPlanMetricsSet` the operator keeps in
+/// its field `metrics`. Used inside `impl ExecutionPlan for …`.
+macro_rules! metrics_of_field {
+    () => {
+        fn metrics(&self) -> Option<datafusion::physical_plan::metrics::MetricsSet> {
+            Some(self.metrics.clone_inner())
+        }
+    };
+}
+pub(crate) use metrics_of_field;
+
+/// Checks that `partition` is 0, for an operator `name` with one output
+/// partition: another is DataFusion's mistake, not the user's.
+pub(crate) fn only_partition(name: &str, partition: usize) -> Result<()> {
+    if partition != 0 {
+        return internal_err!("{name} has one partition, asked for {partition}");
+    }
+    Ok(())
+}
 
 /// The stream `ExecutionPlan::execute` returns, by a name short enough for
 /// its signature to stand on one line.

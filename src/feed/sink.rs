@@ -69,14 +69,14 @@ use std::time::Instant;
 use datafusion::arrow::array::{RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::exec_datafusion_err;
-use datafusion::common::{internal_err, plan_err};
+use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
-    Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet, Time,
+    Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -283,11 +283,7 @@ impl ExecutionPlan for DeviceSinkExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
-        if partition != 0 {
-            return internal_err!(
-                "DeviceSinkExec has one partition, asked for {partition}"
-            );
-        }
+        crate::exec::only_partition("DeviceSinkExec", partition)?;
         let metrics = SinkMetrics::new(&self.metrics);
         let run = SinkRun {
             input: Arc::clone(&self.input),
@@ -304,9 +300,7 @@ impl ExecutionPlan for DeviceSinkExec {
         )))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::metrics_of_field!();
 }
 
 /// Operator metrics shown by `EXPLAIN ANALYZE`-style plans.

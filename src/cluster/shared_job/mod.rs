@@ -64,9 +64,7 @@ use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
-};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
@@ -370,11 +368,7 @@ impl ExecutionPlan for SharedJobExec {
     crate::exec::leaf!("SharedJobExec");
 
     fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> Result<BatchStream> {
-        if partition != 0 {
-            return internal_err!(
-                "SharedJobExec has one partition, asked for {partition}"
-            );
-        }
+        crate::exec::only_partition("SharedJobExec", partition)?;
         let job = Arc::clone(&self.request);
         let fetched = Fetched {
             rows: MetricBuilder::new(&self.metrics).counter("fetched_rows", partition),
@@ -392,7 +386,5 @@ impl ExecutionPlan for SharedJobExec {
         )))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::metrics_of_field!();
 }

@@ -56,7 +56,7 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
 };
 use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::stream::{
@@ -274,9 +274,7 @@ impl ExecutionPlan for MixExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
-        if partition != 0 {
-            return internal_err!("MixExec has one partition, asked for {partition}");
-        }
+        crate::exec::only_partition("MixExec", partition)?;
         let mut readers = Vec::with_capacity(self.sources.len());
         for source in &self.sources {
             let counter = MetricBuilder::new(&self.metrics)
@@ -307,9 +305,7 @@ impl ExecutionPlan for MixExec {
         )))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::metrics_of_field!();
 
     /// The epoch's rows are known when the mixture is planned: a
     /// `count(*)` of a mixture (a feed's `len()`, its progress bar's total)

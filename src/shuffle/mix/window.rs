@@ -34,9 +34,7 @@ use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet,
-};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, PlanProperties,
@@ -146,11 +144,7 @@ impl ExecutionPlan for MixWindowExec {
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
-        if partition != 0 {
-            return internal_err!(
-                "MixWindowExec has one partition, asked for {partition}"
-            );
-        }
+        crate::exec::only_partition("MixWindowExec", partition)?;
         let reader = WindowReader {
             passes: self.passes.iter().cloned().collect(),
             current: None,
@@ -169,9 +163,7 @@ impl ExecutionPlan for MixWindowExec {
         )))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::metrics_of_field!();
 }
 
 /// Reads the window: the passes in turn, `skip` rows dropped, `left` rows

@@ -88,7 +88,7 @@ use datafusion::physical_expr::{
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, RecordOutput, SpillMetrics,
+    BaselineMetrics, ExecutionPlanMetricsSet, RecordOutput, SpillMetrics,
 };
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
@@ -402,7 +402,5 @@ impl ExecutionPlan for PermuteExec {
         )))
     }
 
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
+    crate::exec::metrics_of_field!();
 }
