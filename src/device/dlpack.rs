@@ -147,15 +147,28 @@ pub(crate) fn dl_dtype(dtype: DType) -> DLDataType {
     }
 }
 
+/// What an export describes: a tensor's memory, where it lives, its element
+/// type and layout, and what keeps the memory alive until the consumer runs
+/// the export's deleter.
+pub(crate) struct ExportedTensor<'a> {
+    pub(crate) data: *mut c_void,
+    pub(crate) device: Device,
+    pub(crate) dtype: DType,
+    pub(crate) shape: &'a [usize],
+    pub(crate) strides: &'a [usize],
+    pub(crate) keep_alive: Box<dyn Any + Send>,
+}
+
 /// The tensor description and the context that owns its arrays.
-fn describe(
-    data: *mut c_void,
-    device: Device,
-    dtype: DType,
-    shape: &[usize],
-    strides: &[usize],
-    keep_alive: Box<dyn Any + Send>,
-) -> (Box<ExportContext>, DLTensor) {
+fn describe(tensor: ExportedTensor) -> (Box<ExportContext>, DLTensor) {
+    let ExportedTensor {
+        data,
+        device,
+        dtype,
+        shape,
+        strides,
+        keep_alive,
+    } = tensor;
     let mut context = Box::new(ExportContext {
         shape: shape.iter().map(|&d| d as i64).collect(),
         strides: strides.iter().map(|&s| s as i64).collect(),
@@ -183,16 +196,9 @@ fn describe(
     (context, dl_tensor)
 }
 
-/// Builds a heap-allocated `DLManagedTensor` describing `data`.
-pub(crate) fn export(
-    data: *mut c_void,
-    device: Device,
-    dtype: DType,
-    shape: &[usize],
-    strides: &[usize],
-    keep_alive: Box<dyn Any + Send>,
-) -> *mut DLManagedTensor {
-    let (context, dl_tensor) = describe(data, device, dtype, shape, strides, keep_alive);
+/// Builds a heap-allocated `DLManagedTensor` describing `tensor`.
+pub(crate) fn export(tensor: ExportedTensor) -> *mut DLManagedTensor {
+    let (context, dl_tensor) = describe(tensor);
     Box::into_raw(Box::new(DLManagedTensor {
         dl_tensor,
         manager_ctx: Box::into_raw(context).cast(),
@@ -200,18 +206,13 @@ pub(crate) fn export(
     }))
 }
 
-/// Builds a heap-allocated `DLManagedTensorVersioned` describing `data`,
+/// Builds a heap-allocated `DLManagedTensorVersioned` describing `tensor`,
 /// read-only unless `access` is [`Access::Writable`].
 pub(crate) fn export_versioned(
-    data: *mut c_void,
-    device: Device,
-    dtype: DType,
-    shape: &[usize],
-    strides: &[usize],
+    tensor: ExportedTensor,
     access: Access,
-    keep_alive: Box<dyn Any + Send>,
 ) -> *mut DLManagedTensorVersioned {
-    let (context, dl_tensor) = describe(data, device, dtype, shape, strides, keep_alive);
+    let (context, dl_tensor) = describe(tensor);
     Box::into_raw(Box::new(DLManagedTensorVersioned {
         version: DLPACK_VERSION,
         manager_ctx: Box::into_raw(context).cast(),
@@ -314,18 +315,31 @@ mod tests {
         }
     }
 
+    /// Four bytes on the CPU at `data`, which set `released` when the
+    /// export is deleted.
+    fn bytes(data: *mut c_void, released: &Arc<AtomicBool>) -> ExportedTensor<'static> {
+        ExportedTensor {
+            data,
+            device: Device::Cpu,
+            dtype: DType::UInt8,
+            shape: &[4],
+            strides: &[1],
+            keep_alive: Box::new(SetOnDrop(Arc::clone(released))),
+        }
+    }
+
     #[test]
     fn export_describes_the_tensor_and_the_deleter_releases_it() {
         let released = Arc::new(AtomicBool::new(false));
         let mut data = [0f32; 6];
-        let managed = export(
-            data.as_mut_ptr().cast(),
-            Device::Cuda(3),
-            DType::BFloat16,
-            &[2, 3],
-            &[3, 1],
-            Box::new(SetOnDrop(Arc::clone(&released))),
-        );
+        let managed = export(ExportedTensor {
+            data: data.as_mut_ptr().cast(),
+            device: Device::Cuda(3),
+            dtype: DType::BFloat16,
+            shape: &[2, 3],
+            strides: &[3, 1],
+            keep_alive: Box::new(SetOnDrop(Arc::clone(&released))),
+        });
         // SAFETY: `managed` is a live export we have not deleted yet.
         let tensor = unsafe { &(*managed).dl_tensor };
         assert_eq!(tensor.data, data.as_mut_ptr().cast());
@@ -367,15 +381,8 @@ mod tests {
         ] {
             let released = Arc::new(AtomicBool::new(false));
             let mut data = [0u8; 4];
-            let managed = export_versioned(
-                data.as_mut_ptr().cast(),
-                Device::Cpu,
-                DType::UInt8,
-                &[4],
-                &[1],
-                access,
-                Box::new(SetOnDrop(Arc::clone(&released))),
-            );
+            let managed =
+                export_versioned(bytes(data.as_mut_ptr().cast(), &released), access);
             // SAFETY: `managed` is a live export we have not deleted yet.
             let export = unsafe { &*managed };
             assert_eq!(export.version, DLPackVersion { major: 1, minor: 0 });
@@ -393,15 +400,7 @@ mod tests {
         let mut data = [0u8; 4];
         let address: *mut c_void = data.as_mut_ptr().cast();
         let make = |released: &Arc<AtomicBool>| {
-            export_versioned(
-                address,
-                Device::Cpu,
-                DType::UInt8,
-                &[4],
-                &[1],
-                Access::ReadOnly,
-                Box::new(SetOnDrop(Arc::clone(released))),
-            )
+            export_versioned(bytes(address, released), Access::ReadOnly)
         };
         let released = Arc::new(AtomicBool::new(false));
         // SAFETY: a live export, never deleted elsewhere: `give` fails.

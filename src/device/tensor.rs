@@ -341,14 +341,7 @@ impl Tensor {
     /// release is ordered after the work queued on it).
     pub fn to_dlpack_on(&self, stream: ConsumerStream) -> Result<*mut DLManagedTensor> {
         self.lease.use_on(stream)?;
-        Ok(dlpack::export(
-            self.data_ptr(),
-            self.device,
-            self.dtype(),
-            self.shape(),
-            &self.strides(),
-            Box::new(Arc::clone(&self.lease)),
-        ))
+        Ok(dlpack::export(self.exported(&self.strides())))
     }
 
     /// Exports the tensor as a DLPack 1.x `DLManagedTensorVersioned` read on
@@ -361,13 +354,20 @@ impl Tensor {
     ) -> Result<*mut DLManagedTensorVersioned> {
         self.lease.use_on(stream)?;
         Ok(dlpack::export_versioned(
-            self.data_ptr(),
-            self.device,
-            self.dtype(),
-            self.shape(),
-            &self.strides(),
+            self.exported(&self.strides()),
             access,
-            Box::new(Arc::clone(&self.lease)),
         ))
+    }
+
+    /// This tensor as an export describes it, holding its slot's lease.
+    fn exported<'a>(&'a self, strides: &'a [usize]) -> dlpack::ExportedTensor<'a> {
+        dlpack::ExportedTensor {
+            data: self.data_ptr(),
+            device: self.device,
+            dtype: self.dtype(),
+            shape: self.shape(),
+            strides,
+            keep_alive: Box::new(Arc::clone(&self.lease)),
+        }
     }
 }

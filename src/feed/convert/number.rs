@@ -30,56 +30,19 @@ macro_rules! integer {
 }
 integer!(u8, u16, u32, u64, i8, i16, i32, i64);
 
-impl Number for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-    fn to_i64(self) -> Option<i64> {
-        None
-    }
-    fn is_nonzero(self) -> bool {
-        self != 0.0
-    }
+macro_rules! float {
+    ($($t:ty => $to_f32:expr),*) => {$(
+        impl Number for $t {
+            #[inline(always)]
+            fn to_f32(self) -> f32 { ($to_f32)(self) }
+            #[inline(always)]
+            fn to_f64(self) -> f64 { f64::from(self) }
+            fn to_i64(self) -> Option<i64> { None }
+            fn is_nonzero(self) -> bool { self.to_f64() != 0.0 }
+        }
+    )*};
 }
-
-impl Number for f64 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self as f32
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        self
-    }
-    fn to_i64(self) -> Option<i64> {
-        None
-    }
-    fn is_nonzero(self) -> bool {
-        self != 0.0
-    }
-}
-
-impl Number for f16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        f32::from(self)
-    }
-    #[inline(always)]
-    fn to_f64(self) -> f64 {
-        f64::from(self)
-    }
-    fn to_i64(self) -> Option<i64> {
-        None
-    }
-    fn is_nonzero(self) -> bool {
-        f32::from(self) != 0.0
-    }
-}
+float!(f32 => f32::from, f64 => |x: f64| x as f32, f16 => f32::from);
 
 /// A failed conversion: the element's index and its value as text.
 type Offending = (usize, String);
