@@ -25,15 +25,9 @@ if [[ ! -d $table/_delta_log ]]; then
   "$python" -c "import deltalake, sys; deltalake.convert_to_deltalake(sys.argv[1])" "$table"
 fi
 
-x_sql=$(python3 "$PWD/scripts/bench/w2_features.py" "$data")
+source scripts/bench/w2_feed.sh
 feed() { # FROM-target → RESULT line of the sqlfeed W2 feed
-  "$bin" feed "SELECT $x_sql AS x, label AS y, image AS img FROM '$1'" \
-    --batch-size 256 --drop-last --prefetch 8 --device cpu \
-    --tensor img:dtype=float32,shape=3x32x32,scale=1/255 --result-json 2>/dev/null |
-    grep '^RESULT '
-}
-rate() { # RESULT line → rows/s
-  python3 -c 'import json,sys; r=json.loads(sys.stdin.read().split(" ",1)[1]); print(round(r["rows"]/r["wall_s"]))'
+  w2_feed "SELECT $x_sql AS x, label AS y, image AS img FROM '$1'"
 }
 cat "$data"/*.parquet > /dev/null  # the page cache, as peers.py warms it
 

@@ -20,23 +20,14 @@ python=${3:-$PWD/target/test-venv/bin/python}
 bin=${SQLFEED_BIN:-$PWD/target/release/sqlfeed}
 [[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
 
-x_sql=$(python3 "$PWD/scripts/bench/w2_features.py" "$data")
+source scripts/bench/w2_feed.sh
 cols="$x_sql AS x, label AS y, image AS img"
 web="SELECT $cols FROM '$data/part-000[0-9].parquet'"
 code="SELECT $cols FROM '$data/part-001[0-3].parquet'"
 math="SELECT $cols FROM '$data/part-001[45].parquet'"
 mix="SELECT x, y, img FROM (MIX ($web) AS web WEIGHT 0.6, ($code) AS code WEIGHT 0.25, ($math) AS math WEIGHT 0.15 SEED 1)"
 union="$web UNION ALL $code UNION ALL $math"
-feed() { # SQL [options…] → RESULT line of the W2 feed
-  local sql=$1
-  shift
-  "$bin" feed "$sql" "$@" --batch-size 256 --drop-last --prefetch 8 --device cpu \
-    --tensor img:dtype=float32,shape=3x32x32,scale=1/255 --result-json 2>/dev/null |
-    grep '^RESULT '
-}
-rate() { # RESULT line → rows/s
-  python3 -c 'import json,sys; r=json.loads(sys.stdin.read().split(" ",1)[1]); print(round(r["rows"]/r["wall_s"]))'
-}
+feed() { w2_feed "$@"; }
 cat "$data"/*.parquet > /dev/null  # the page cache, as peers.py warms it
 
 printf '%-34s %-6s %12s\n' case round rows_per_s

@@ -46,13 +46,7 @@ for round in $(seq "$rounds"); do
 done
 # W5: a step of 1.1x the Python loop's own per-batch time in W2; the goal
 # is a wait of at most 2% after the first batch.
-step_ms=$("$py" - "$out" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"sqlfeed_python"' in l and '"W2"' in l]
-r = rows[-1]
-print(round(1.1 * 1000 * r["wall_s"] / (r["rows"] / 256), 3))
-PY
-)
+step_ms=$("$py" scripts/bench/w5_step.py "$out")
 for round in $(seq "$rounds"); do
   echo "== W5 round $round, step ${step_ms} ms"
   external sqlfeed_python W5 "$py" "$feed_py" --workload W5 --data "$data" --step-ms "$step_ms"

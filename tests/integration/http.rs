@@ -196,16 +196,11 @@ fn count_sql(server: &RangeServer) -> String {
     format!("SELECT count(*) AS n FROM '{}'", server.url())
 }
 
-/// Asserts that `message` is the refusal of `server`'s URL with all switches.
+/// Asserts that `message` is the refusal of `server`'s URL: it reaches the
+/// user naming the server and the way out (its every switch is checked by
+/// the unit test beside the message, in `session::object_stores`).
 fn assert_refusal(message: &str, server: &RangeServer) {
-    for part in [
-        server.url().as_str(),
-        "plain HTTP is refused",
-        "--allow-http",
-        "SQLFEED_ALLOW_HTTP=1",
-        "allow_http=True",
-        "SessionBuilder::allow_http(true)",
-    ] {
+    for part in [server.url().as_str(), "plain HTTP is refused", "--allow-http"] {
         assert!(message.contains(part), "{part:?} missing from: {message}");
     }
 }
