@@ -62,22 +62,33 @@ def order(n, shuffle, epoch=0):
     return np.random.default_rng(SEED + epoch).permutation(n)
 
 
+def drain(batches, start, cap):
+    """Consumes `batches` (each an image tensor) until they end or `cap`
+    seconds have passed since `start`: (rows, wall_s, ttfb_s)."""
+    ttfb, rows = None, 0
+    for x in batches:
+        rows += x.shape[0]
+        ttfb = ttfb or time.perf_counter() - start
+        if time.perf_counter() - start > cap:
+            break
+    return rows, time.perf_counter() - start, ttfb
+
+
 def run_pillow(data, size, shuffle, cap):
     import torch
 
     start = time.perf_counter()
     blobs, labels = load(data)
     idx = order(len(blobs), shuffle)
-    ttfb, rows = None, 0
-    for b in range(len(idx) // BATCH):
-        chunk = idx[b * BATCH:(b + 1) * BATCH]
-        x = torch.from_numpy(np.stack([pil_transform(blobs[int(i)].as_py(), size) for i in chunk]))
-        y = torch.from_numpy(labels[chunk].astype(np.int64))
-        rows += x.shape[0]
-        ttfb = ttfb or time.perf_counter() - start
-        if time.perf_counter() - start > cap:
-            break
-    return rows, time.perf_counter() - start, ttfb
+
+    def batches():
+        for b in range(len(idx) // BATCH):
+            chunk = idx[b * BATCH:(b + 1) * BATCH]
+            x = torch.from_numpy(np.stack([pil_transform(blobs[int(i)].as_py(), size) for i in chunk]))
+            torch.from_numpy(labels[chunk].astype(np.int64))  # y, as a loader makes it
+            yield x
+
+    return drain(batches(), start, cap)
 
 
 class PhotoDataset:
@@ -104,13 +115,7 @@ def run_dataloader(data, size, shuffle, cap):
         dataset, batch_size=BATCH, shuffle=shuffle, num_workers=2, drop_last=True,
         generator=torch.Generator().manual_seed(SEED), persistent_workers=False,
     )
-    ttfb, rows = None, 0
-    for x, y in loader:
-        rows += x.shape[0]
-        ttfb = ttfb or time.perf_counter() - start
-        if time.perf_counter() - start > cap:
-            break
-    return rows, time.perf_counter() - start, ttfb
+    return drain((x for x, y in loader), start, cap)
 
 
 def run_dali(data, size, shuffle, cap):
@@ -146,18 +151,16 @@ def run_dali(data, size, shuffle, cap):
 
     p = pipe()
     p.build()
-    ttfb, rows = None, 0
-    for _ in range(steps):
-        try:
-            x, y = p.run()
-        except StopIteration:
-            break
-        x = torch.from_numpy(np.array(x.as_tensor()))
-        rows += x.shape[0]
-        ttfb = ttfb or time.perf_counter() - start
-        if time.perf_counter() - start > cap:
-            break
-    return rows, time.perf_counter() - start, ttfb
+
+    def batches():
+        for _ in range(steps):
+            try:
+                x, _y = p.run()
+            except StopIteration:
+                return
+            yield torch.from_numpy(np.array(x.as_tensor()))
+
+    return drain(batches(), start, cap)
 
 
 def run_ray(data, size, shuffle, cap):
@@ -175,13 +178,8 @@ def run_ray(data, size, shuffle, cap):
         return {"x": x, "y": batch["label"].astype(np.int64)}
 
     ds = ds.map_batches(transform, batch_size=BATCH, batch_format="numpy")
-    ttfb, rows = None, 0
-    for batch in ds.iter_torch_batches(batch_size=BATCH, drop_last=True):
-        rows += batch["x"].shape[0]
-        ttfb = ttfb or time.perf_counter() - start
-        if time.perf_counter() - start > cap:
-            break
-    return rows, time.perf_counter() - start, ttfb
+    batches = ds.iter_torch_batches(batch_size=BATCH, drop_last=True)
+    return drain((batch["x"] for batch in batches), start, cap)
 
 
 PEERS = {"pillow": run_pillow, "dataloader": run_dataloader, "dali": run_dali, "ray": run_ray}
