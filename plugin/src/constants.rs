@@ -26,14 +26,13 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::ScalarValue;
 use datafusion::common::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::logical_expr::sort_properties::ExprProperties;
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ExpressionPlacement, ReturnFieldArgs,
-    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    ColumnarValue, Documentation, ExpressionPlacement, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl,
 };
 
 /// Host side: each constant argument as an array of one row.
@@ -76,25 +75,7 @@ impl ConstantsRestored {
 }
 
 impl ScalarUDFImpl for ConstantsRestored {
-    fn name(&self) -> &str {
-        self.function.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.function.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.function.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.function.return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.function.return_field_from_args(args)
-    }
+    crate::answered_by_wrapped_function!(function);
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         restore_constants(&mut args.args, args.number_rows)?;
@@ -104,14 +85,6 @@ impl ScalarUDFImpl for ConstantsRestored {
     fn with_updated_config(&self, config: &ConfigOptions) -> Option<ScalarUDF> {
         let updated = self.function.inner().with_updated_config(config)?;
         Some(ScalarUDF::new_from_impl(Self::new(Arc::new(updated))))
-    }
-
-    fn short_circuits(&self) -> bool {
-        self.function.short_circuits()
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.function.coerce_types(arg_types)
     }
 
     fn placement(&self, args: &[ExpressionPlacement]) -> ExpressionPlacement {

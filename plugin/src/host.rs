@@ -5,13 +5,11 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::arrow::ffi::{FFI_ArrowSchema, to_ffi};
 use datafusion::common::config::{ConfigOptions, ExtensionOptions, Extensions};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
-    AggregateUDFImpl, ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature,
+    AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
 };
 use datafusion_ffi::arrow_wrappers::{WrappedArray, WrappedSchema};
 use datafusion_ffi::config::FFI_ConfigOptions;
@@ -272,25 +270,7 @@ fn plugin_result<T>(result: FFI_Result<T>) -> Result<T> {
 }
 
 impl ScalarUDFImpl for ForeignCall {
-    fn name(&self) -> &str {
-        self.foreign.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.foreign.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.foreign.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.foreign.return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.foreign.return_field_from_args(args)
-    }
+    crate::answered_by_wrapped_function!(foreign);
 
     fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         send_constants_as_one_row(&mut args.args)?;
@@ -348,14 +328,6 @@ impl ScalarUDFImpl for ForeignCall {
         // An error leaves the function as it is, as `ForeignScalarUDF` does.
         let updated = plugin_result(result).ok()?.into_option()?;
         Some(ScalarUDF::new_from_impl(ForeignCall::new(updated)))
-    }
-
-    fn short_circuits(&self) -> bool {
-        self.foreign.short_circuits()
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.foreign.coerce_types(arg_types)
     }
 }
 

@@ -53,6 +53,61 @@ use datafusion_ffi::udf::FFI_ScalarUDF;
 
 use crate::constants::ConstantsRestored;
 
+/// The `ScalarUDFImpl` methods of a function that wraps another and answers
+/// them as the wrapped one does: `name`, `aliases`, `signature`,
+/// `return_type`, `return_field_from_args`, `short_circuits` and
+/// `coerce_types`, read from the field `$wrapped`. For sqlfeed's wrappers
+/// (plugin calls, constants restored, user functions); used inside
+/// `impl ScalarUDFImpl for …`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! answered_by_wrapped_function {
+    ($wrapped:ident) => {
+        fn name(&self) -> &str {
+            self.$wrapped.name()
+        }
+
+        fn aliases(&self) -> &[String] {
+            self.$wrapped.aliases()
+        }
+
+        fn signature(&self) -> &$crate::datafusion::logical_expr::Signature {
+            self.$wrapped.signature()
+        }
+
+        fn return_type(
+            &self,
+            arg_types: &[$crate::datafusion::arrow::datatypes::DataType],
+        ) -> $crate::datafusion::error::Result<
+            $crate::datafusion::arrow::datatypes::DataType,
+        > {
+            self.$wrapped.return_type(arg_types)
+        }
+
+        fn return_field_from_args(
+            &self,
+            args: $crate::datafusion::logical_expr::ReturnFieldArgs,
+        ) -> $crate::datafusion::error::Result<
+            $crate::datafusion::arrow::datatypes::FieldRef,
+        > {
+            self.$wrapped.return_field_from_args(args)
+        }
+
+        fn short_circuits(&self) -> bool {
+            self.$wrapped.short_circuits()
+        }
+
+        fn coerce_types(
+            &self,
+            arg_types: &[$crate::datafusion::arrow::datatypes::DataType],
+        ) -> $crate::datafusion::error::Result<
+            Vec<$crate::datafusion::arrow::datatypes::DataType>,
+        > {
+            self.$wrapped.coerce_types(arg_types)
+        }
+    };
+}
+
 /// First field of every [`PluginHeader`]: "SQLFEEDP" little-endian.
 pub const PLUGIN_MAGIC: u64 = u64::from_le_bytes(*b"SQLFEEDP");
 

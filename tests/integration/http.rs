@@ -200,7 +200,11 @@ fn count_sql(server: &RangeServer) -> String {
 /// user naming the server and the way out (its every switch is checked by
 /// the unit test beside the message, in `session::object_stores`).
 fn assert_refusal(message: &str, server: &RangeServer) {
-    for part in [server.url().as_str(), "plain HTTP is refused", "--allow-http"] {
+    for part in [
+        server.url().as_str(),
+        "plain HTTP is refused",
+        "--allow-http",
+    ] {
         assert!(message.contains(part), "{part:?} missing from: {message}");
     }
 }

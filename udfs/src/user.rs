@@ -18,13 +18,11 @@ use std::any::Any;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature,
+    ColumnarValue, Documentation, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
 };
 
 /// Where a [`UserFunction`] comes from.
@@ -117,25 +115,7 @@ pub fn as_user_function(udf: &ScalarUDF) -> Option<&UserFunction> {
 }
 
 impl ScalarUDFImpl for UserFunction {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.inner.return_field_from_args(args)
-    }
+    sqlfeed_plugin::answered_by_wrapped_function!(inner);
 
     fn with_updated_config(&self, config: &ConfigOptions) -> Option<ScalarUDF> {
         let updated = self.inner.inner().with_updated_config(config)?;
@@ -149,14 +129,6 @@ impl ScalarUDFImpl for UserFunction {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         self.inner.invoke_with_args(args)
-    }
-
-    fn short_circuits(&self) -> bool {
-        self.inner.short_circuits()
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.inner.coerce_types(arg_types)
     }
 
     fn output_ordering(&self, inputs: &[ExprProperties]) -> Result<SortProperties> {
@@ -185,6 +157,7 @@ pub fn user_function(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::datatypes::DataType;
     use datafusion::logical_expr::{Volatility, create_udf};
 
     #[test]
