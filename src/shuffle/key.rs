@@ -46,6 +46,18 @@ use crate::rand::splitmix64;
 /// Name of the key column between [`ShuffleKeyExec`] and the sort.
 pub const SHUFFLE_KEY_COLUMN: &str = "__sqlfeed_shuffle_key";
 
+/// Checks that [`SHUFFLE_KEY_COLUMN`] is the last column of `input`, what
+/// `operator` reads it as: elsewhere, the plan is sqlfeed's mistake.
+pub(crate) fn check_key_is_last(operator: &str, input: &SchemaRef) -> Result<()> {
+    let last = input.fields().last().map(|f| f.name().as_str());
+    if last != Some(SHUFFLE_KEY_COLUMN) {
+        return internal_err!(
+            "{operator} needs {SHUFFLE_KEY_COLUMN} as the last input column"
+        );
+    }
+    Ok(())
+}
+
 /// The hash seed of `(seed, epoch)`: SplitMix64 of `seed ^ SplitMix64(epoch)`,
 /// so neighbouring seeds and epochs give unrelated permutations.
 pub fn shuffle_seed(seed: u64, epoch: u64) -> u64 {

@@ -55,8 +55,6 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::SHUFFLE_KEY_COLUMN;
-
 /// Name of the column [`RangeBucketExec`] adds (before the key).
 pub const RANGE_BUCKET_COLUMN: &str = "__sqlfeed_range_bucket";
 
@@ -151,12 +149,8 @@ impl RangeBucketExec {
         counted: bool,
     ) -> Result<Self> {
         let input_schema = input.schema();
+        super::key::check_key_is_last("RangeBucketExec", &input_schema)?;
         let fields = input_schema.fields();
-        if fields.last().map(|f| f.name().as_str()) != Some(SHUFFLE_KEY_COLUMN) {
-            return internal_err!(
-                "RangeBucketExec needs {SHUFFLE_KEY_COLUMN} as the last input column"
-            );
-        }
         let partitions = partitions.max(1);
         let mut with_bucket: Vec<Arc<Field>> = fields[..fields.len() - 1].to_vec();
         if counted {

@@ -153,12 +153,8 @@ impl PermuteExec {
         mode: PermuteMode,
     ) -> Result<Self> {
         let input_schema = input.schema();
+        super::key::check_key_is_last("PermuteExec", &input_schema)?;
         let fields = input_schema.fields();
-        if fields.last().map(|f| f.name().as_str()) != Some(SHUFFLE_KEY_COLUMN) {
-            return internal_err!(
-                "PermuteExec needs {SHUFFLE_KEY_COLUMN} as the last input column"
-            );
-        }
         let properties = match mode {
             PermuteMode::Gather => {
                 let schema = Arc::new(Schema::new_with_metadata(
