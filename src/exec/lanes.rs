@@ -40,9 +40,8 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::common::spawn_buffered;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -87,11 +86,9 @@ pub struct LaneInterleaveExec {
 impl LaneInterleaveExec {
     /// Interleaves `input`'s partitions in turns of `turn_rows` rows.
     pub fn new(input: Arc<dyn ExecutionPlan>, turn_rows: usize) -> Self {
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            Partitioning::UnknownPartitioning(1),
+        let properties = Arc::new(crate::exec::one_bounded_partition(
+            input.schema(),
             EmissionType::Incremental,
-            Boundedness::Bounded,
         ));
         Self {
             input,

@@ -274,6 +274,20 @@ macro_rules! metrics_of_field {
 }
 pub(crate) use metrics_of_field;
 
+/// The properties of an operator with one bounded output partition of
+/// `schema` and no known order, emitting as `emission` says.
+pub(crate) fn one_bounded_partition(
+    schema: SchemaRef,
+    emission: datafusion::physical_plan::execution_plan::EmissionType,
+) -> PlanProperties {
+    PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        datafusion::physical_plan::Partitioning::UnknownPartitioning(1),
+        emission,
+        datafusion::physical_plan::execution_plan::Boundedness::Bounded,
+    )
+}
+
 /// Checks that `partition` is 0, for an operator `name` with one output
 /// partition: another is DataFusion's mistake, not the user's.
 pub(crate) fn only_partition(name: &str, partition: usize) -> Result<()> {

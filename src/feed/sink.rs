@@ -73,8 +73,7 @@ use datafusion::common::plan_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
 };
@@ -202,12 +201,8 @@ impl DeviceSinkExec {
         epoch: u64,
         start: EpochStart,
     ) -> Self {
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(summary_schema()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        );
+        let properties =
+            crate::exec::one_bounded_partition(summary_schema(), EmissionType::Final);
         Self {
             input,
             target,

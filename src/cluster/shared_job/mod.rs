@@ -62,8 +62,7 @@ use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -273,11 +272,9 @@ impl SharedJobExec {
         let lane_turn_rows =
             (!shuffle_under_projections(plan, true)).then(|| config.batch_size());
         let schema: SchemaRef = Arc::clone(plan.schema().inner());
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(1),
+        let properties = crate::exec::one_bounded_partition(
+            Arc::clone(&schema),
             EmissionType::Incremental,
-            Boundedness::Bounded,
         );
         let request = JobRequest {
             scheduler,

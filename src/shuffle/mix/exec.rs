@@ -53,8 +53,7 @@ use datafusion::common::stats::Precision;
 use datafusion::common::{Statistics, exec_err, internal_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
 };
@@ -121,11 +120,9 @@ impl MixExec {
         }
         let schema =
             Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()));
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(Arc::clone(&schema)),
-            Partitioning::UnknownPartitioning(1),
+        let properties = Arc::new(crate::exec::one_bounded_partition(
+            Arc::clone(&schema),
             EmissionType::Incremental,
-            Boundedness::Bounded,
         ));
         Ok(Self {
             sources,

@@ -32,8 +32,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -71,11 +70,9 @@ impl MixWindowExec {
             );
         }
         let schema: SchemaRef = passes[0].schema();
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(schema),
-            Partitioning::UnknownPartitioning(1),
+        let properties = Arc::new(crate::exec::one_bounded_partition(
+            schema,
             EmissionType::Incremental,
-            Boundedness::Bounded,
         ));
         Ok(Self {
             source,

@@ -82,9 +82,7 @@ use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::physical_expr::{
-    EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
-};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics::{
@@ -161,12 +159,7 @@ impl PermuteExec {
                     fields[..fields.len() - 1].to_vec(),
                     input_schema.metadata().clone(),
                 ));
-                PlanProperties::new(
-                    EquivalenceProperties::new(schema),
-                    Partitioning::UnknownPartitioning(1),
-                    EmissionType::Final,
-                    Boundedness::Bounded,
-                )
+                crate::exec::one_bounded_partition(schema, EmissionType::Final)
             }
             PermuteMode::PerPartition | PermuteMode::Ranged => {
                 let key: Arc<dyn PhysicalExpr> =

@@ -51,8 +51,8 @@ use datafusion::datasource::TableType;
 use datafusion::error::Result;
 use datafusion::execution::{FunctionRegistry, TaskContext};
 use datafusion::logical_expr::Expr;
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -204,11 +204,9 @@ impl VerifyExec {
         decode: Vec<String>,
         max_pixels: u64,
     ) -> Self {
-        let properties = PlanProperties::new(
-            EquivalenceProperties::new(verify_schema()),
-            Partitioning::UnknownPartitioning(1),
+        let properties = crate::exec::one_bounded_partition(
+            verify_schema(),
             EmissionType::Incremental,
-            Boundedness::Bounded,
         );
         Self {
             store,
