@@ -39,14 +39,8 @@ pub(crate) struct Shard {
 /// Cuts fixed batches; see the module docs.
 #[derive(Debug)]
 pub(crate) struct ShardBatcher {
-    /// `B`.
-    batch_rows: usize,
-    /// `r`.
-    rank: usize,
-    /// `W`.
-    world: usize,
-    /// Drop the final partial chunk.
-    drop_last: bool,
+    /// How it cuts (`batch_rows` and `world` at least 1).
+    shard: Shard,
     /// Where the epoch starts, as given (for the end-of-epoch check).
     start: EpochStart,
     /// Rows of the order still to skip before the first chunk (resume).
@@ -69,19 +63,14 @@ pub(crate) struct ShardBatcher {
 
 impl ShardBatcher {
     pub(crate) fn new(shard: Shard, epoch: u64, start: EpochStart) -> Self {
-        let Shard {
-            batch_rows,
-            rank,
-            world,
-            drop_last,
-        } = shard;
-        let (batch_rows, world) = (batch_rows.max(1), world.max(1));
-        let (skip_rows, step) = start.in_chunks(batch_rows * world);
+        let shard = Shard {
+            batch_rows: shard.batch_rows.max(1),
+            world: shard.world.max(1),
+            ..shard
+        };
+        let (skip_rows, step) = start.in_chunks(shard.batch_rows * shard.world);
         Self {
-            batch_rows,
-            rank,
-            world,
-            drop_last,
+            shard,
             start,
             skip_rows,
             seen_rows: 0,
@@ -95,7 +84,7 @@ impl ShardBatcher {
     }
 
     fn chunk_capacity(&self) -> usize {
-        self.batch_rows * self.world
+        self.shard.batch_rows * self.shard.world
     }
 
     /// Steps seen so far (full chunks, plus the last one after `finish`).
@@ -108,7 +97,7 @@ impl ShardBatcher {
     /// after it has a row, which `finish` turns into a padded step.
     pub(crate) fn step_follows(&self, step: u64) -> bool {
         self.step > step + 1
-            || (self.step == step + 1 && !self.drop_last && self.chunk_rows > 0)
+            || (self.step == step + 1 && !self.shard.drop_last && self.chunk_rows > 0)
     }
 
     /// Adds rows; appends the batches they complete to `out`.
@@ -117,7 +106,7 @@ impl ShardBatcher {
         if rows == 0 {
             return;
         }
-        let want_head = (self.world - 1).saturating_sub(self.head_rows);
+        let want_head = (self.shard.world - 1).saturating_sub(self.head_rows);
         if want_head > 0 {
             let take = want_head.min(rows);
             // A copy: a slice would keep the epoch's whole first record
@@ -137,10 +126,10 @@ impl ShardBatcher {
             self.chunk_rows += take;
             offset += take;
             if self.chunk_rows == self.chunk_capacity() {
-                let start = self.rank * self.batch_rows;
+                let start = self.shard.rank * self.shard.batch_rows;
                 out.push(BatchRows {
-                    pieces: slice_rows(&self.chunk, start, self.batch_rows),
-                    rows: self.batch_rows,
+                    pieces: slice_rows(&self.chunk, start, self.shard.batch_rows),
+                    rows: self.shard.batch_rows,
                     epoch: self.epoch,
                     step: self.step,
                     rows_after: before + offset as u64,
@@ -157,7 +146,7 @@ impl ShardBatcher {
     pub(crate) fn beyond_the_end(&self) -> Option<String> {
         let rows = self.seen_rows;
         let chunk = self.chunk_capacity() as u64;
-        let steps = if self.drop_last {
+        let steps = if self.shard.drop_last {
             rows / chunk
         } else {
             rows.div_ceil(chunk)
@@ -179,12 +168,12 @@ impl ShardBatcher {
     /// Ends the epoch: emits this rank's part of the last partial chunk.
     pub(crate) fn finish(&mut self, out: &mut Vec<BatchRows>) {
         let rows = self.chunk_rows;
-        if rows == 0 || self.drop_last {
+        if rows == 0 || self.shard.drop_last {
             self.chunk.clear();
             self.chunk_rows = 0;
             return;
         }
-        let padded = rows.div_ceil(self.world) * self.world;
+        let padded = rows.div_ceil(self.shard.world) * self.shard.world;
         let mut sequence = std::mem::take(&mut self.chunk);
         let mut missing = padded - rows;
         while missing > 0 && self.head_rows > 0 {
@@ -192,9 +181,9 @@ impl ShardBatcher {
             sequence.extend(slice_rows(&self.head, 0, take));
             missing -= take;
         }
-        let per_rank = padded / self.world;
+        let per_rank = padded / self.shard.world;
         out.push(BatchRows {
-            pieces: slice_rows(&sequence, self.rank * per_rank, per_rank),
+            pieces: slice_rows(&sequence, self.shard.rank * per_rank, per_rank),
             rows: per_rank,
             epoch: self.epoch,
             step: self.step,

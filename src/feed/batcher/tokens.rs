@@ -35,15 +35,8 @@ pub(crate) struct Tokens {
 /// batches. The last, budget-incomplete batch is dropped with `drop_last`.
 #[derive(Debug)]
 pub(crate) struct TokenBatcher {
-    /// Padded tokens per batch.
-    budget: usize,
-    /// Index of the variable-length column that is measured.
-    column: usize,
-    /// Fixed padded length (`pad_to`), if any.
-    pad_to: Option<usize>,
-    rank: usize,
-    world: usize,
-    drop_last: bool,
+    /// How it packs (`budget` and `world` at least 1).
+    tokens: Tokens,
     /// Steps not emitted (resume at a step of this shape).
     skip_steps: u64,
     /// Rows of the order still to skip before packing (resume after rows).
@@ -83,25 +76,17 @@ impl TokenBatcher {
     }
 
     pub(crate) fn new(tokens: Tokens, epoch: u64, start: EpochStart) -> Self {
-        let Tokens {
-            budget,
-            column,
-            pad_to,
-            rank,
-            world,
-            drop_last,
-        } = tokens;
+        let tokens = Tokens {
+            budget: tokens.budget.max(1),
+            world: tokens.world.max(1),
+            ..tokens
+        };
         let (skip_steps, skip_rows, first_step) = match start {
             EpochStart::Step(step) => (step, 0, 0),
             EpochStart::Rows { rows, first_step } => (0, rows, first_step),
         };
         Self {
-            budget: budget.max(1),
-            column,
-            pad_to,
-            rank,
-            world: world.max(1),
-            drop_last,
+            tokens,
             skip_steps,
             skip_rows,
             consumed_rows: skip_rows,
@@ -119,7 +104,7 @@ impl TokenBatcher {
 
     /// Complete steps so far.
     pub(crate) fn steps(&self) -> u64 {
-        self.first_step + self.closed / self.world as u64
+        self.first_step + self.closed / self.tokens.world as u64
     }
 
     /// After [`Self::finish`]: why the resume point lies beyond the epoch's
@@ -134,9 +119,9 @@ impl TokenBatcher {
             return;
         }
         let index = self.closed;
-        let step = self.first_step + index / self.world as u64;
+        let step = self.first_step + index / self.tokens.world as u64;
         let pieces = std::mem::take(&mut self.current);
-        if index % self.world as u64 == self.rank as u64 {
+        if index % self.tokens.world as u64 == self.tokens.rank as u64 {
             self.own = Some(BatchRows {
                 pieces,
                 rows: self.current_rows,
@@ -149,7 +134,7 @@ impl TokenBatcher {
         self.current_rows = 0;
         self.current_longest = 0;
         self.closed += 1;
-        if self.closed.is_multiple_of(self.world as u64)
+        if self.closed.is_multiple_of(self.tokens.world as u64)
             && let Some(mut own) = self.own.take()
             && own.step >= self.skip_steps
         {
@@ -164,16 +149,16 @@ impl TokenBatcher {
         let skipped = self.skip_rows.min(batch.num_rows() as u64) as usize;
         self.skip_rows -= skipped as u64;
         let batch = batch.slice(skipped, batch.num_rows() - skipped);
-        let array = std::sync::Arc::clone(batch.column(self.column));
+        let array = std::sync::Arc::clone(batch.column(self.tokens.column));
         let mut run_start = 0;
         for row in 0..batch.num_rows() {
-            let len = match self.pad_to {
+            let len = match self.tokens.pad_to {
                 Some(len) => len,
                 None => crate::feed::convert::value_len(&array, row),
             };
             let longest = self.current_longest.max(len);
             let rows = self.current_rows + (row - run_start) + 1;
-            if rows > 1 && rows * longest > self.budget {
+            if rows > 1 && rows * longest > self.tokens.budget {
                 if row > run_start {
                     self.current.push(batch.slice(run_start, row - run_start));
                     self.current_rows += row - run_start;
@@ -193,7 +178,7 @@ impl TokenBatcher {
     }
 
     pub(crate) fn finish(&mut self, out: &mut Vec<BatchRows>) {
-        if self.drop_last {
+        if self.tokens.drop_last {
             self.current.clear();
             self.current_rows = 0;
         } else {
