@@ -5,6 +5,8 @@ use std::collections::VecDeque;
 
 use datafusion::arrow::array::RecordBatch;
 
+use crate::feed::convert::memory_of;
+
 /// Length bucketing: sorts each window of rows by the length of a
 /// variable-length column, cuts it into chunks of `B × W` rows (one global
 /// step each), and emits the full chunks in a seeded random order (the
@@ -80,11 +82,7 @@ impl LengthBucketer {
 
     /// Bytes of input this bucketer holds (for the feed's memory budget).
     pub(crate) fn held_bytes(&self) -> usize {
-        self.buffer
-            .iter()
-            .chain(&self.incoming)
-            .map(RecordBatch::get_array_memory_size)
-            .sum()
+        memory_of(self.buffer.iter().chain(&self.incoming))
     }
 
     /// The next chunk in emission order, once its window is complete.

@@ -21,7 +21,7 @@
 use datafusion::arrow::array::RecordBatch;
 
 use super::EpochStart;
-use crate::feed::convert::BatchRows;
+use crate::feed::convert::{BatchRows, memory_of};
 
 /// How [`ShardBatcher`] cuts: `batch_rows` rows per rank and step.
 #[derive(Debug, Clone, Copy)]
@@ -158,11 +158,7 @@ impl ShardBatcher {
     /// its chunk's slices keep alive (a slice keeps its whole batch), and the
     /// head.
     pub(crate) fn held_bytes(&self) -> usize {
-        self.chunk
-            .iter()
-            .chain(&self.head)
-            .map(RecordBatch::get_array_memory_size)
-            .sum()
+        memory_of(self.chunk.iter().chain(&self.head))
     }
 
     /// Ends the epoch: emits this rank's part of the last partial chunk.

@@ -4,7 +4,7 @@
 use datafusion::arrow::array::RecordBatch;
 
 use super::EpochStart;
-use crate::feed::convert::BatchRows;
+use crate::feed::convert::{BatchRows, memory_of};
 
 /// How [`TokenBatcher`] cuts.
 #[derive(Debug, Clone, Copy)]
@@ -68,11 +68,7 @@ impl TokenBatcher {
     /// the step's batches waiting for the other ranks').
     pub(crate) fn held_bytes(&self) -> usize {
         let own = self.own.iter().flat_map(|b| &b.pieces);
-        self.current
-            .iter()
-            .chain(own)
-            .map(RecordBatch::get_array_memory_size)
-            .sum()
+        memory_of(self.current.iter().chain(own))
     }
 
     pub(crate) fn new(tokens: Tokens, epoch: u64, start: EpochStart) -> Self {

@@ -47,11 +47,17 @@ impl BatchRows {
     /// Bytes of input these rows keep alive (a slice keeps its whole
     /// record batch).
     pub(crate) fn held_bytes(&self) -> usize {
-        self.pieces
-            .iter()
-            .map(RecordBatch::get_array_memory_size)
-            .sum()
+        memory_of(&self.pieces)
     }
+}
+
+/// The memory `batches` hold (what the feed's budget counts of the record
+/// batches a batcher keeps between calls).
+pub(crate) fn memory_of<'a>(batches: impl IntoIterator<Item = &'a RecordBatch>) -> usize {
+    batches
+        .into_iter()
+        .map(RecordBatch::get_array_memory_size)
+        .sum()
 }
 
 /// Padding statistics of one batch.
