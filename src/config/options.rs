@@ -68,6 +68,14 @@ extensions_options! {
     }
 }
 
+impl SqlfeedOptions {
+    /// The settings in `config`, or the defaults where the session has none
+    /// registered.
+    pub fn of(config: &datafusion::config::ConfigOptions) -> Self {
+        config.extensions.get::<Self>().cloned().unwrap_or_default()
+    }
+}
+
 impl ConfigExtension for SqlfeedOptions {
     const PREFIX: &'static str = "sqlfeed";
 }

@@ -277,12 +277,7 @@ impl Producer {
                 epoch,
             ),
         );
-        let mut sqlfeed_options = config
-            .options()
-            .extensions
-            .get::<crate::config::SqlfeedOptions>()
-            .cloned()
-            .unwrap_or_default();
+        let mut sqlfeed_options = crate::config::SqlfeedOptions::of(config.options());
         sqlfeed_options.feed_step_rows = (options.batch_size * options.world) as u64;
         config.options_mut().extensions.insert(sqlfeed_options);
         config
@@ -433,12 +428,8 @@ impl Producer {
         // not the one from when the SQL was parsed.
         state.mark_start_execution();
         let mut physical = catch_panic(state.create_physical_plan(&plan)).await?;
-        let scan_batch_bytes = state
-            .config()
-            .options()
-            .extensions
-            .get::<crate::config::SqlfeedOptions>()
-            .map_or(4 << 20, |o| o.scan_batch_bytes);
+        let scan_batch_bytes =
+            crate::config::SqlfeedOptions::of(state.config().options()).scan_batch_bytes;
         physical = super::scan_batches::fit_scan_batches(
             physical,
             scan_batch_bytes,

@@ -74,13 +74,9 @@ impl EpochSource {
 fn executor_cache_dir(session: &Session) -> Option<String> {
     let state = session.context().state_ref();
     let state = state.read();
-    state
-        .config()
-        .options()
-        .extensions
-        .get::<crate::config::SqlfeedOptions>()
-        .map(|o| o.executor_cache_dir.clone())
-        .filter(|dir| !dir.is_empty())
+    let dir =
+        crate::config::SqlfeedOptions::of(state.config().options()).executor_cache_dir;
+    Some(dir).filter(|dir| !dir.is_empty())
 }
 
 #[cfg(test)]

@@ -527,12 +527,7 @@ impl OptimizerRule for LateRowFunctions {
         plan: LogicalPlan,
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let enabled = config
-            .options()
-            .extensions
-            .get::<SqlfeedOptions>()
-            .is_none_or(|o| o.late_materialization);
-        if !enabled {
+        if !SqlfeedOptions::of(config.options().as_ref()).late_materialization {
             return Ok(Transformed::no(plan));
         }
         let LogicalPlan::Extension(extension) = &plan else {

@@ -189,21 +189,16 @@ fn carry_keyed(
 /// merge, or in the session's partitions as ordered key ranges, dealt to
 /// ranks or planned for unique rows when asked.
 fn requested_final_stage(session: &dyn Session) -> FinalStage {
-    let options = session
-        .config()
-        .options()
-        .extensions
-        .get::<crate::config::SqlfeedOptions>();
-    let ordered_partitions = options.is_some_and(|o| o.ordered_result_partitions);
-    let ranges = if ordered_partitions {
+    let options = crate::config::SqlfeedOptions::of(session.config().options());
+    let ranges = if options.ordered_result_partitions {
         session.config().target_partitions()
     } else {
         1
     };
     FinalStage {
         ranges,
-        deal: options.and_then(Deal::requested).filter(|_| ranges >= 2),
-        unique_rows: options.is_some_and(|o| o.assume_unique_rows),
+        deal: Deal::requested(&options).filter(|_| ranges >= 2),
+        unique_rows: options.assume_unique_rows,
     }
 }
 

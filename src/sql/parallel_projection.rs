@@ -351,12 +351,7 @@ crate::exec::node_rewrite_rule!(ParallelFunctions, "sqlfeed_parallel_functions")
 
 impl NodeRewrite for ParallelFunctions {
     fn rewrite(&self, node: PlanNode, config: &ConfigOptions) -> Rewritten {
-        let batch_bytes = config
-            .extensions
-            .get::<SqlfeedOptions>()
-            .map_or(SqlfeedOptions::default().function_batch_bytes, |o| {
-                o.function_batch_bytes
-            });
+        let batch_bytes = SqlfeedOptions::of(config).function_batch_bytes;
         let Some(projection) = node.as_ref().downcast_ref::<ProjectionExec>() else {
             return Ok(Transformed::no(node));
         };

@@ -283,13 +283,9 @@ impl ExtensionPlanner for MixExtensionPlanner {
                 let step_rows = spec
                     .step_rows
                     .or_else(|| {
-                        session
-                            .config()
-                            .options()
-                            .extensions
-                            .get::<crate::config::SqlfeedOptions>()
-                            .map(|o| o.feed_step_rows)
-                            .filter(|&rows| rows > 0)
+                        let options =
+                            crate::config::SqlfeedOptions::of(session.config().options());
+                        Some(options.feed_step_rows).filter(|&rows| rows > 0)
                     })
                     .ok_or_else(|| {
                         plan_datafusion_err!("a MIX with weights by step needs the rows of a step: in a feed \
