@@ -4,6 +4,8 @@
 
 #[path = "memory/common.rs"]
 mod common;
+#[path = "support/files.rs"]
+mod files;
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
 use datafusion::error::Result;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
+use files::files_below;
 use futures::StreamExt;
 use sqlfeed::Session;
 
@@ -126,20 +129,6 @@ async fn a_shuffle_six_times_the_memory_limit_spills_within_bounded_rss() -> Res
     let left = files_below(spill.path());
     assert!(left.is_empty(), "spill files left: {left:?}");
     Ok(())
-}
-
-/// Every file below `dir`, at any depth.
-fn files_below(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = vec![];
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(files_below(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
 
 /// What streaming one query cost.

@@ -153,16 +153,6 @@ pub fn arc<A: datafusion::arrow::array::Array + 'static>(
     Arc::new(a)
 }
 
-/// Every file below `dir` (for checking that spill folders end up empty).
-pub fn files_below(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            out.extend(files_below(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
-}
+#[path = "../support/files.rs"]
+mod files;
+pub use files::files_below;
