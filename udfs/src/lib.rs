@@ -402,6 +402,20 @@ pub(crate) fn check_arity(
     ))
 }
 
+/// A function's result field `name` of `data_type`, nullable where its first
+/// argument is (a function of one value that maps NULL to NULL).
+#[allow(dead_code)] // unused when every family is disabled
+pub(crate) fn nullable_like_first(
+    name: &str,
+    data_type: datafusion::arrow::datatypes::DataType,
+    args: &datafusion::logical_expr::ReturnFieldArgs,
+) -> datafusion::arrow::datatypes::FieldRef {
+    let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
+    Arc::new(datafusion::arrow::datatypes::Field::new(
+        name, data_type, nullable,
+    ))
+}
+
 /// Registers every enabled function on `ctx`, and puts this crate's
 /// expression planners ahead of DataFusion's
 /// ([`planner::register_expr_planners`]; a session built with a

@@ -118,8 +118,11 @@ impl ScalarUDFImpl for BucketizeFunc {
         if let Some(Some(bounds)) = args.scalar_arguments.get(1) {
             boundaries(Some(bounds))?;
         }
-        let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
-        Ok(Arc::new(Field::new("bucketize", DataType::Int32, nullable)))
+        Ok(crate::nullable_like_first(
+            "bucketize",
+            DataType::Int32,
+            &args,
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -366,12 +369,11 @@ impl ScalarUDFImpl for HashBucketFunc {
             args.scalar_arguments.get(1).copied().flatten(),
             args.scalar_arguments.get(2).copied(),
         )?;
-        let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
-        Ok(Arc::new(Field::new(
+        Ok(crate::nullable_like_first(
             "hash_bucket",
             DataType::Int64,
-            nullable,
-        )))
+            &args,
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     AnyDictionaryArray, Array, ArrayRef, AsArray, Int64Array, Int64Builder,
 };
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::arrow::datatypes::{DataType, FieldRef};
 use datafusion::common::{HashMap, ScalarValue};
 use datafusion::common::{
     exec_err, internal_datafusion_err, internal_err, plan_datafusion_err, plan_err,
@@ -474,12 +474,11 @@ impl ScalarUDFImpl for LabelEncodeFunc {
         if let Some(Some(option)) = args.scalar_arguments.get(2) {
             on_unknown(&LABEL_ENCODER, Some(Some(option)))?;
         }
-        let nullable = args.arg_fields.first().is_none_or(|f| f.is_nullable());
-        Ok(Arc::new(Field::new(
+        Ok(crate::nullable_like_first(
             "label_encode",
             DataType::Int64,
-            nullable,
-        )))
+            &args,
+        ))
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
