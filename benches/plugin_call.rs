@@ -57,11 +57,7 @@ fn library() -> PathBuf {
         .parent()
         .and_then(|deps| deps.parent())
         .expect("target/release");
-    let library = release.join(format!(
-        "{}sqlfeed_udf_plugin.{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_EXTENSION
-    ));
+    let library = sqlfeed_plugin::host::library_in(release, "sqlfeed_udf_plugin");
     assert!(
         library.exists(),
         "{} is missing: cargo build --release --workspace --lib",

@@ -33,6 +33,17 @@ pub struct Loaded {
     pub aggregate: Vec<Arc<dyn AggregateUDFImpl>>,
 }
 
+/// Where cargo puts the `cdylib` of the crate `crate_name` (its name with
+/// `_` for `-`) in the target folder `dir`: `dir/libname.so` on Linux,
+/// `name.dll` on Windows.
+pub fn library_in(dir: &Path, crate_name: &str) -> std::path::PathBuf {
+    let (prefix, extension) = (
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_EXTENSION,
+    );
+    dir.join(format!("{prefix}{crate_name}.{extension}"))
+}
+
 /// A Plan error about plugin `path` (the user gave a bad library).
 pub fn plugin_error(path: &Path, message: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Plan(format!("plugin '{}': {message}", path.display()))

@@ -15,13 +15,8 @@ use crate::common::{batch_field, digest_feed, gen_data, run, sqlfeed};
 fn plugin() -> PathBuf {
     let dir = Path::new(env!("CARGO_BIN_EXE_sqlfeed"))
         .parent()
-        .expect("the binary's folder")
-        .to_path_buf();
-    let library = dir.join(format!(
-        "{}sqlfeed_udf_plugin.{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_EXTENSION
-    ));
+        .expect("the binary's folder");
+    let library = sqlfeed_plugin::host::library_in(dir, "sqlfeed_udf_plugin");
     assert!(
         library.exists(),
         "{} is missing: build the workspace's libraries first (cargo build --workspace \
