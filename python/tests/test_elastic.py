@@ -19,14 +19,20 @@ def _feed(session, ids_data, **options):
     return session.feed(f"SELECT id FROM '{ids_data}/*.parquet'", **options)
 
 
+def _ids_of_first(feeds, batches):
+    """How often each id came in the first `batches` batches of `feeds`."""
+    ids = collections.Counter()
+    for feed in feeds:
+        it = iter(feed)
+        for _ in range(batches):
+            ids.update(next(it)["id"].tolist())
+    return ids
+
+
 def test_a_two_rank_checkpoint_resumes_on_three_ranks_with_every_row_once(session, ids_data):
     require("numpy", "numpy")
     before = [_feed(session, ids_data, shard=(rank, 2)) for rank in (0, 1)]
-    consumed = collections.Counter()
-    for feed in before:
-        it = iter(feed)
-        for _ in range(4):
-            consumed.update(next(it)["id"].tolist())
+    consumed = _ids_of_first(before, 4)
     states = [feed.state_dict() for feed in before]
     assert states[0]["rows"] == 4 * 64 * 2
     assert {k: v for k, v in states[0].items() if k != "rank"} == {
@@ -171,11 +177,7 @@ def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path):
     data = tmp_path / "ids"
     shutil.copytree(ids_data, data)
     before = [_feed(session, data, shard=(rank, 2)) for rank in (0, 1)]
-    consumed = collections.Counter()
-    for feed in before:
-        it = iter(feed)
-        for _ in range(3):
-            consumed.update(next(it)["id"].tolist())
+    consumed = _ids_of_first(before, 3)
     state = json.loads(json.dumps(before[0].state_dict()))
     assert state["rows"] == 384 and state["appended"] is None
     added = pa.table({"id": pa.array(range(1000, 1250), pa.int64())})
