@@ -361,6 +361,22 @@ fn required<T>(value: Option<T>, what: &str) -> std::result::Result<T, String> {
     value.ok_or_else(|| format!("its {what} is missing"))
 }
 
+/// An error unless a mixture of the sources `names` has one of `what` per
+/// source (`count` in all).
+fn one_per_source(
+    names: &[String],
+    count: usize,
+    what: &str,
+) -> std::result::Result<(), String> {
+    if count != names.len() {
+        return Err(format!(
+            "its mixture has {} sources and {count} {what}",
+            names.len()
+        ));
+    }
+    Ok(())
+}
+
 fn usize_of(value: u64, what: &str) -> std::result::Result<usize, String> {
     usize::try_from(value)
         .map_err(|_| format!("its {what} {value} does not fit this machine"))
@@ -441,13 +457,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             ranged: permute.ranged,
         },
         Node::Mix(mix) => {
-            if mix.weights.len() != mix.names.len() {
-                return Err(format!(
-                    "its mixture has {} sources and {} weights",
-                    mix.names.len(),
-                    mix.weights.len()
-                ));
-            }
+            one_per_source(&mix.names, mix.weights.len(), "weights")?;
             WireNode::Mix {
                 spec: MixSpec::new(
                     mix.names,
@@ -460,13 +470,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             }
         }
         Node::MixExec(mix) => {
-            if mix.takes.len() != mix.names.len() {
-                return Err(format!(
-                    "its mixture has {} sources and {} shares",
-                    mix.names.len(),
-                    mix.takes.len()
-                ));
-            }
+            one_per_source(&mix.names, mix.takes.len(), "shares")?;
             let turns = match required(mix.turns, "mixture turns")? {
                 TurnsKind::Fixed(quotas) => TurnsOrigin::Fixed {
                     quotas: quotas.positions,
