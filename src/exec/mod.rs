@@ -1,9 +1,9 @@
 //! The operator toolkit every operator module shares (`shuffle`, `cache`,
 //! `sql`, `cluster`, `feed`): a leaf that imports nothing of the crate.
 //!
-//! - [`plan`]: the scaffolding of single-input operators (their one child,
-//!   the statistics of operators that pass rows through), and which
-//!   expressions are costly per row;
+//! - [`plan`]: the scaffolding of operators (leaves, single inputs, one
+//!   output partition, metrics; the statistics of operators that pass rows
+//!   through), and which expressions are costly per row;
 //! - [`lanes`]: an unshuffled query's partitions read as one stream, in
 //!   turns of rows (the feed's and a cluster job's order);
 //! - [`display`]: how operators show their settings in plans;
