@@ -8,7 +8,8 @@ use datafusion::arrow::array::{Float64Array, Int64Array};
 use datafusion::error::Result;
 
 use crate::common::{
-    arc, collect, gen_data, one_column, run, session, sqlfeed, write_parquet,
+    arc, assert_contains, collect, generated, one_column, run, session, sqlfeed,
+    write_parquet,
 };
 
 /// The error text of `sql`, which must fail saying each of `needles`.
@@ -125,8 +126,7 @@ async fn bad_sql_reports_line_and_column() {
 
 #[test]
 fn cli_errors_exit_non_zero_and_print_no_result() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 10, 1)?;
+    let dir = generated(10, 1)?;
     std::fs::write(dir.path().join("zz.parquet"), b"not parquet at all")?;
     let (ok, out, err) = run(sqlfeed().args([
         "-c",
@@ -172,10 +172,7 @@ async fn the_image_pixel_limit_is_a_session_setting() -> Result<()> {
         .await
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("8x8 pixels is more than the limit of 50 pixels"),
-        "{err}"
-    );
+    assert_contains(&err, &["8x8 pixels is more than the limit of 50 pixels"]);
     let sql = format!("SELECT count(try_image_decode(image_png)) AS n FROM {files}");
     let strict_count = crate::common::collect(&strict, &sql).await?;
     assert_eq!(

@@ -13,7 +13,9 @@ use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
 use tempfile::TempDir;
 
-use crate::common::{arc, collect, gen_data, rows, run, sqlfeed, write_parquet};
+use crate::common::{
+    arc, assert_contains, collect, gen_data, rows, run, sqlfeed, write_parquet,
+};
 
 /// A temporary folder with `rows` generated rows in `files` Parquet files
 /// under `data/`, and the path `cache/` for an epoch cache; both go when
@@ -247,10 +249,7 @@ async fn damaged_or_missing_cache_files_are_recomputed_never_served() -> Result<
     ]));
     assert!(ok, "{err}");
     assert!(out.ends_with("n\n2000\n"), "{out}");
-    assert!(
-        err.contains("is damaged and is recomputed") && err.contains("part-00000.arrow"),
-        "{err}"
-    );
+    assert_contains(&err, &["is damaged and is recomputed", "part-00000.arrow"]);
     Ok(())
 }
 

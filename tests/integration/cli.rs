@@ -8,7 +8,9 @@ use datafusion::arrow::array::{
     ArrayRef, Date32Array, Int64Array, RecordBatch, TimestampMicrosecondArray,
 };
 
-use crate::common::{csv, gen_data, run, sqlfeed, write_parquet};
+use crate::common::{
+    assert_contains, csv, gen_data, generated, run, sqlfeed, write_parquet,
+};
 
 #[test]
 fn formats_csv_json_ndjson_and_table() {
@@ -69,8 +71,7 @@ fn script_file_with_statements_and_commands() -> Result<()> {
 
 #[test]
 fn summarize_and_sample_statements() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 400, 2)?;
+    let dir = generated(400, 2)?;
     let path = format!("{}/*.parquet", dir.path().display());
     let summary = csv(&format!("SUMMARIZE '{path}'"));
     let label = summary
@@ -211,10 +212,7 @@ fn functions_and_help_list_what_exists() {
     assert!(out.contains("[0.0, 0.0, 1.0, 0.0]"), "{out}");
     let (ok, help, _) = run(sqlfeed().args(["-c", "\\?"]));
     assert!(ok);
-    assert!(
-        help.contains("SUMMARIZE <table>") && help.contains("\\timing"),
-        "{help}"
-    );
+    assert_contains(&help, &["SUMMARIZE <table>", "\\timing"]);
 }
 
 #[test]
@@ -232,8 +230,7 @@ fn unknown_command_and_bad_memory_limit_are_errors() {
 /// an added context keeps what it adds.
 #[test]
 fn an_error_is_said_once_with_its_context() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 100, 1)?;
+    let dir = generated(100, 1)?;
     let query = format!("SELECT image FROM '{}/*.parquet'", dir.path().display());
     let (ok, _, err) = run(sqlfeed().args(["-c", &query]));
     assert!(!ok);
@@ -242,10 +239,7 @@ fn an_error_is_said_once_with_its_context() -> Result<()> {
     let missing = dir.path().join("none.sql");
     let (ok, _, err) = run(sqlfeed().args(["-f", &missing.display().to_string()]));
     assert!(!ok);
-    assert!(
-        err.contains("cannot read SQL file") && err.contains("No such file"),
-        "{err}"
-    );
+    assert_contains(&err, &["cannot read SQL file", "No such file"]);
     Ok(())
 }
 
@@ -476,10 +470,7 @@ fn feed_keeps_its_totals_in_a_prometheus_file() -> Result<()> {
     assert!(
         values["sqlfeed_wait_seconds_total"] <= values["sqlfeed_running_seconds_total"]
     );
-    assert!(
-        text.contains("# TYPE sqlfeed_rows_total counter\n"),
-        "{text}"
-    );
+    assert_contains(&text, &["# TYPE sqlfeed_rows_total counter\n"]);
 
     let (ok, _, err) = run(sqlfeed().args([
         "feed",

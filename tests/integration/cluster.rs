@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use datafusion::error::Result;
 
-use crate::common::{digest_lines, gen_data, run, sqlfeed, write_parquet};
+use crate::common::{
+    assert_contains, digest_lines, gen_data, generated, run, sqlfeed, write_parquet,
+};
 
 /// Processes of one test cluster; killed on drop.
 pub struct Cluster {
@@ -436,8 +438,7 @@ fn binding_beyond_loopback_needs_a_flag() {
 
 #[test]
 fn an_executor_killed_mid_job_ends_the_job_promptly_and_clearly() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 10_000, 4)?;
+    let dir = generated(10_000, 4)?;
     // 81M joined pairs: seconds of work on every executor.
     let side = format!(
         "(SELECT id FROM '{}/*.parquet' WHERE id < 9000)",
@@ -829,8 +830,7 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
 
 #[test]
 fn standalone_mode_runs_a_cluster_in_process() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1500, 3)?;
+    let dir = generated(1500, 3)?;
     let sql = format!(
         "SELECT id, hash_bucket(caption, 10) AS b FROM '{}/*.parquet' SHUFFLE SEED 3",
         dir.path().display()
@@ -848,10 +848,7 @@ fn standalone_mode_runs_a_cluster_in_process() -> Result<()> {
         Duration::from_secs(120),
     );
     assert!(ok, "{err}");
-    assert!(
-        out.contains("distributed_plan") && out.contains("ShuffleWriterExec"),
-        "{out}"
-    );
+    assert_contains(&out, &["distributed_plan", "ShuffleWriterExec"]);
     Ok(())
 }
 
@@ -947,8 +944,7 @@ fn stage_one_tasks_of_a_shuffle_are_balanced_by_rows() -> Result<()> {
 /// with an error saying so.
 #[test]
 fn a_feed_survives_an_executor_killed_mid_epoch_with_the_same_batches() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 10_000, 4)?;
+    let dir = generated(10_000, 4)?;
     // 81M candidate pairs (seconds of work on each executor), 81k rows out.
     let side = format!(
         "(SELECT id FROM '{}/*.parquet' WHERE id < 9000)",
@@ -1218,8 +1214,7 @@ fn fetched_bytes(explained: &str) -> f64 {
 /// embedded feed's either way.
 #[test]
 fn a_cluster_feed_widens_tensors_on_the_client_with_the_embedded_batches() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1000, 2)?;
+    let dir = generated(1000, 2)?;
     let cluster = Cluster::start(2);
     let sql = format!(
         "SELECT id, image_to_tensor(image_resize(image_decode(image_jpeg), 8, 8), \
@@ -1264,8 +1259,7 @@ fn a_cluster_feed_widens_tensors_on_the_client_with_the_embedded_batches() -> Re
 /// `ballista.shuffle.compression.codec` reaches the executors' files.
 #[test]
 fn the_clients_shuffle_codec_reaches_the_executors() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1000, 2)?;
+    let dir = generated(1000, 2)?;
     let cluster = Cluster::start(1);
     let sql = format!(
         "SELECT get_field(image_resize(image_decode(image_png), 16, 16), 'pixels') AS x, \

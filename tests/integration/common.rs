@@ -17,6 +17,13 @@ pub fn gen_data(dir: &Path, rows: u64, files: usize) -> Result<Vec<PathBuf>> {
     Ok(generate(&options)?.files)
 }
 
+/// A temporary folder of `rows` generated rows in `files` files.
+pub fn generated(rows: u64, files: usize) -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    gen_data(dir.path(), rows, files)?;
+    Ok(dir)
+}
+
 /// Writes `batch` as one Parquet file.
 pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     if let Some(parent) = path.parent() {
@@ -76,6 +83,15 @@ pub fn batch_field(line: &str, key: &str) -> String {
         .find_map(|f| f.strip_prefix(key))
         .unwrap_or_else(|| panic!("no {key} in {line}"))
         .to_string()
+}
+
+/// Asserts that `text` (an error, a plan, a command's output) says each of
+/// `needles`, naming the first it misses.
+#[track_caller]
+pub fn assert_contains(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
 }
 
 /// The `batch epoch=… digest=…` lines of a `feed --digest` run's output.

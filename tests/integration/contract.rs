@@ -13,7 +13,7 @@ use sqlfeed::device::{Device, TensorBatch};
 use sqlfeed::feed::{Feed, FeedBuilder};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::common::{arc, gen_data, write_parquet};
+use crate::common::{arc, assert_contains, generated, write_parquet};
 
 /// Runs `work` on its own thread and fails the test instead of hanging when
 /// it takes longer than `limit`.
@@ -191,10 +191,7 @@ fn a_group_by_feed_needs_an_order_by() -> Result<()> {
         .build()
         .expect_err("refused")
         .to_string();
-    assert!(
-        err.contains("ORDER BY") && err.contains("--shuffle-seed"),
-        "{err}"
-    );
+    assert_contains(&err, &["ORDER BY", "--shuffle-seed"]);
     let ordered = feed_ids(
         Feed::builder(&session, format!("{grouped} ORDER BY id")).batch_size(10),
     )?;
@@ -225,8 +222,7 @@ fn augmented(builder: FeedBuilder) -> Result<Vec<CropDigest>> {
 
 #[test]
 fn seeded_augmentations_change_per_epoch_and_reproduce_on_resume() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 64, 1)?;
+    let dir = generated(64, 1)?;
     let session = Session::builder().target_partitions(2).build()?;
     let sql = format!(
         "SELECT image_random_flip(image_random_crop(image_decode(image_png), 5, 5, 7), 7) \

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use datafusion::error::Result;
 
-use crate::common::{gen_data, run, sqlfeed};
+use crate::common::{assert_contains, gen_data, run, sqlfeed};
 
 /// The example binary `name`, built by `cargo test` next to the test binaries.
 fn example(name: &str) -> Command {
@@ -35,26 +35,20 @@ fn run_example(name: &str, args: &[&str]) -> String {
 fn distributed_shards(data: &str) {
     // 2000 rows, 4 ranks × 64 rows per step, drop_last: 7 batches each.
     let embedded = run_example("distributed_shards", &["--data", data]);
-    assert!(
-        embedded.contains("4 ranks on the embedded engine"),
-        "{embedded}"
-    );
+    assert_contains(&embedded, &["4 ranks on the embedded engine"]);
     for rank in 0..4 {
         assert!(
             embedded.contains(&format!("rank {rank}: 7 batches of 64")),
             "{embedded}"
         );
     }
-    assert!(
-        embedded.contains("1792 rows over 4 ranks, 1792 distinct: shards are disjoint"),
-        "{embedded}"
+    assert_contains(
+        &embedded,
+        &["1792 rows over 4 ranks, 1792 distinct: shards are disjoint"],
     );
     let clustered =
         run_example("distributed_shards", &["--data", data, "--local-cluster"]);
-    assert!(
-        clustered.contains("4 ranks on df://127.0.0.1:"),
-        "{clustered}"
-    );
+    assert_contains(&clustered, &["4 ranks on df://127.0.0.1:"]);
     // The cluster serves each rank exactly its embedded shard.
     let rank_lines = |out: &str| -> Vec<String> {
         out.lines()
@@ -82,10 +76,7 @@ fn examples_run_and_report_what_they_promise() -> Result<()> {
     assert!(out.contains("on 2 partitions"), "{out}");
 
     let out = run_example("prefetch_feed", &["--data", &data, "--step-ms", "1"]);
-    assert!(
-        out.contains("first batch: image Float32 [256, 3, 8, 8]"),
-        "{out}"
-    );
+    assert_contains(&out, &["first batch: image Float32 [256, 3, 8, 8]"]);
     assert!(out.contains("7 steps of 1.0 ms"), "{out}");
     assert!(out.contains("the loop waited"), "{out}");
 
@@ -125,10 +116,7 @@ fn examples_run_and_report_what_they_promise() -> Result<()> {
         cache.as_str(),
     ];
     let out = run_example("epoch_cache", &args);
-    assert!(
-        out.contains("epoch 0:") && out.contains("epoch 1:"),
-        "{out}"
-    );
+    assert_contains(&out, &["epoch 0:", "epoch 1:"]);
     assert!(out.contains("cache entry"), "{out}");
     let again = run_example("epoch_cache", &args);
     let entry = |text: &str| {

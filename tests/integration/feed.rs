@@ -16,7 +16,8 @@ use sqlfeed::device::{DType, Device};
 use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder};
 
 use crate::common::{
-    arc, digest_lines, gen_data, run, sized_session as session, sqlfeed, write_parquet,
+    arc, assert_contains, digest_lines, generated, run, sized_session as session,
+    sqlfeed, write_parquet,
 };
 
 /// `ids` of every batch of a feed of `SELECT id …`, as (epoch, step, ids).
@@ -99,8 +100,7 @@ fn epoch_marks(builder: FeedBuilder) -> Result<EpochMarks> {
 /// epoch's start, so every batch says whether it is its epoch's last.
 #[test]
 fn every_batch_knows_whether_it_ends_its_epoch() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1000, 3)?;
+    let dir = generated(1000, 3)?;
     // Record batches of 7 rows: chunk ends never line up with them.
     let session = session(2, 7)?;
     let sql = format!(
@@ -236,8 +236,7 @@ fn shuffled_feed_is_the_same_for_any_partitioning_and_differs_per_epoch() -> Res
 
 #[test]
 fn resume_in_a_new_process_equals_the_uninterrupted_run_byte_for_byte() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1500, 3)?;
+    let dir = generated(1500, 3)?;
     let sql = format!(
         "SELECT id, f0 * 2 AS x, tokens, image_to_tensor(image_decode(image_png)) AS img \
          FROM '{}/*.parquet'",
@@ -404,8 +403,7 @@ fn tensors_hold_the_columns_values() -> Result<()> {
 
 #[test]
 fn decoded_images_become_nhwc_and_image_tensors_nchw() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 20, 1)?;
+    let dir = generated(20, 1)?;
     let session = session(1, 8192)?;
     let sql = format!(
         "SELECT image_decode(image_png) AS hwc, image_to_tensor(image_decode(image_png)) AS chw, \
@@ -494,8 +492,7 @@ fn dlpack_export_describes_the_tensor_and_keeps_its_slot() -> Result<()> {
 
 #[test]
 fn dropping_a_feed_mid_epoch_stops_everything() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 20_000, 4)?;
+    let dir = generated(20_000, 4)?;
     let session = session(2, 512)?;
     let sql = format!(
         "SELECT id, tokens, image_to_tensor(image_decode(image_png)) AS img FROM '{}/*.parquet'",
@@ -524,8 +521,7 @@ fn dropping_a_feed_mid_epoch_stops_everything() -> Result<()> {
 
 #[test]
 fn columns_that_cannot_be_tensors_are_build_errors() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 10, 1)?;
+    let dir = generated(10, 1)?;
     let files = format!("'{}/*.parquet'", dir.path().display());
     let session = session(1, 8192)?;
     for (sql, needles) in [
@@ -592,10 +588,7 @@ fn bad_values_name_the_column_and_row() -> Result<()> {
     let err = first_error(
         Feed::builder(&session, format!("SELECT w FROM {file}")).batch_size(3),
     );
-    assert!(
-        err.contains("column 'w', row 1") && err.contains("fill_null"),
-        "{err}"
-    );
+    assert_contains(&err, &["column 'w', row 1", "fill_null"]);
     let mut filled = Feed::builder(&session, format!("SELECT w FROM {file}"))
         .batch_size(3)
         .device(Device::Cpu)
@@ -614,19 +607,13 @@ fn bad_values_name_the_column_and_row() -> Result<()> {
             .batch_size(3)
             .column("big", ColumnSpec::new().dtype(DType::UInt8)),
     );
-    assert!(
-        err.contains("column 'big', row 2") && err.contains("300"),
-        "{err}"
-    );
+    assert_contains(&err, &["column 'big', row 2", "300"]);
     let err = first_error(
         Feed::builder(&session, format!("SELECT make_array(big) AS l FROM {file}"))
             .batch_size(3)
             .column("l", ColumnSpec::new().shape([2])),
     );
-    assert!(
-        err.contains("column 'l', row 0") && err.contains("1 values"),
-        "{err}"
-    );
+    assert_contains(&err, &["column 'l', row 0", "1 values"]);
     Ok(())
 }
 
@@ -643,10 +630,7 @@ fn cuda_without_a_gpu_is_a_clear_error() -> Result<()> {
         Err(err) if required => panic!("SQLFEED_TEST_CUDA=require: {err}"),
         Err(err) => {
             let msg = err.to_string();
-            assert!(
-                msg.contains("CUDA") && msg.contains("--device cpu"),
-                "{msg}"
-            );
+            assert_contains(&msg, &["CUDA", "--device cpu"]);
         }
     }
     assert!(matches!(Device::auto(), Device::Cpu | Device::Cuda(0)));
@@ -666,14 +650,8 @@ fn epoch_plans_carry_the_sink_metrics() -> Result<()> {
     assert_eq!(batches, 10);
     let (epoch, plan) = &feed.epoch_plans()[0];
     assert_eq!(*epoch, 0);
-    assert!(
-        plan.contains("DeviceSinkExec: device=cpu, batch_size=10"),
-        "{plan}"
-    );
-    assert!(
-        plan.contains("batches=10") && plan.contains("output_rows=100"),
-        "{plan}"
-    );
+    assert_contains(plan, &["DeviceSinkExec: device=cpu, batch_size=10"]);
+    assert_contains(plan, &["batches=10", "output_rows=100"]);
     assert!(plan.contains("ShuffleMergeExec: seed=3, epoch=0"), "{plan}");
     Ok(())
 }
@@ -683,8 +661,7 @@ type FedTokens = (Vec<(usize, usize)>, Vec<i64>, f64);
 
 #[test]
 fn token_budgets_pack_batches_and_bucketing_cuts_padding() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 3000, 3)?;
+    let dir = generated(3000, 3)?;
     let session = session(2, 8192)?;
     let sql = format!(
         "SELECT id, tokens FROM '{}/*.parquet'",
@@ -761,17 +738,13 @@ fn token_budgets_pack_batches_and_bucketing_cuts_padding() -> Result<()> {
     .build()
     .unwrap_err()
     .to_string();
-    assert!(
-        err.contains("exactly one") && err.contains("has 0"),
-        "{err}"
-    );
+    assert_contains(&err, &["exactly one", "has 0"]);
     Ok(())
 }
 
 #[test]
 fn tokenized_captions_feed_as_padded_ids_with_masks() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 300, 2)?;
+    let dir = generated(300, 2)?;
     let tokenizer = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json"
@@ -829,10 +802,7 @@ fn the_prefetch_ring_counts_against_the_memory_limit() -> Result<()> {
         .expect("an error, not silence")
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("prefetch ring") && err.contains("--memory-limit"),
-        "{err}"
-    );
+    assert_contains(&err, &["prefetch ring", "--memory-limit"]);
     drop(feed);
     assert_eq!(session.context().runtime_env().memory_pool.reserved(), 0);
     // Small batches fit.
@@ -901,8 +871,7 @@ fn heavy_batches_fit_the_prefetch_ring_to_its_memory_share() -> Result<()> {
 
 #[test]
 fn images_of_different_shapes_in_one_batch_name_the_row_and_the_fix() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 10, 1)?;
+    let dir = generated(10, 1)?;
     let files = format!("'{}/*.parquet'", dir.path().display());
     let sql = format!(
         "SELECT image_decode(image_png) AS img FROM {files} WHERE id < 3 \
@@ -914,14 +883,8 @@ fn images_of_different_shapes_in_one_batch_name_the_row_and_the_fix() -> Result<
         .device(Device::Cpu)
         .build()?;
     let err = feed.next().expect("an error").unwrap_err().to_string();
-    assert!(
-        err.contains("column 'img'") && err.contains("image_resize"),
-        "{err}"
-    );
-    assert!(
-        err.contains("[4, 4, 3]") && err.contains("[8, 8, 3]"),
-        "{err}"
-    );
+    assert_contains(&err, &["column 'img'", "image_resize"]);
+    assert_contains(&err, &["[4, 4, 3]", "[8, 8, 3]"]);
     Ok(())
 }
 
@@ -1047,10 +1010,7 @@ fn timestamps_dates_and_durations_become_epoch_counts() -> Result<()> {
         "{err}"
     );
     let err = err.to_string();
-    assert!(
-        err.contains("column 'x'") && err.contains("unit=s"),
-        "{err}"
-    );
+    assert_contains(&err, &["column 'x'", "unit=s"]);
     // A finer unit that overflows int64: an execution error naming the row
     // and the value.
     // 10^10 s is in 2286, past int64 nanoseconds (2262).
@@ -1125,8 +1085,7 @@ type IdsAndImages = (Vec<(Vec<i64>, Vec<u8>)>, String);
 /// order, across turns of 100 rows and 3 lanes (a file each).
 #[test]
 fn costly_functions_over_interleaved_lanes_give_the_lanes_order() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1500, 3)?;
+    let dir = generated(1500, 3)?;
     let sql = format!(
         "SELECT id, image_to_tensor(image_decode(image_png)) AS img FROM '{}/*.parquet'",
         dir.path().display()
@@ -1156,10 +1115,7 @@ fn costly_functions_over_interleaved_lanes_give_the_lanes_order() -> Result<()> 
         Ok((batches, plan))
     };
     let (parallel, plan) = run(true, 100)?;
-    assert!(
-        plan.contains("LaneInterleaveExec: 3 lanes, turns of 100 rows"),
-        "{plan}"
-    );
+    assert_contains(&plan, &["LaneInterleaveExec: 3 lanes, turns of 100 rows"]);
     let (lane_by_lane, plain) = run(false, 100)?;
     assert!(!plain.contains("LaneInterleaveExec"), "{plain}");
     assert_eq!(parallel.len(), 1500usize.div_ceil(64));

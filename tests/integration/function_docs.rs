@@ -9,7 +9,7 @@ use sqlfeed::sql::function_docs::{
     documented_functions, example_parts, functions_markdown,
 };
 
-use crate::common::{collect, session};
+use crate::common::{assert_contains, collect, session};
 
 #[tokio::test]
 async fn every_documented_example_runs_and_prints_its_output() -> Result<()> {
@@ -60,9 +60,6 @@ async fn information_schema_shows_the_documentation() -> Result<()> {
     )
     .await?;
     let text = pretty_format_batches(&batches)?.to_string();
-    assert!(
-        text.contains("image_to_tensor(image [, mean, std])"),
-        "{text}"
-    );
+    assert_contains(&text, &["image_to_tensor(image [, mean, std])"]);
     Ok(())
 }

@@ -6,7 +6,9 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{Float64Type, Int32Type, Int64Type};
 use datafusion::error::Result;
 
-use crate::common::{arc, collect, gen_data, one_column, rows, session, write_parquet};
+use crate::common::{
+    arc, collect, gen_data, generated, one_column, rows, session, write_parquet,
+};
 
 fn count(batches: &[datafusion::arrow::array::RecordBatch]) -> i64 {
     batches[0].column(0).as_primitive::<Int64Type>().value(0)
@@ -162,8 +164,7 @@ async fn sample_ids(
 
 #[tokio::test]
 async fn sample_is_reproducible_uniform_and_independent_of_partitioning() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 2000, 4)?;
+    let dir = generated(2000, 4)?;
     let ids = |partitions, seed| sample_ids(dir.path(), partitions, seed);
     let a = ids(1, 7).await?;
     assert_eq!(a.len(), 50);
@@ -215,8 +216,7 @@ async fn sample_larger_than_the_table_returns_every_row() -> Result<()> {
 
 #[tokio::test]
 async fn describe_a_path_and_a_query() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 10, 1)?;
+    let dir = generated(10, 1)?;
     let session = session()?;
     let described =
         rows(&collect(&session, &format!("DESCRIBE '{}'", dir.path().display())).await?);
@@ -234,8 +234,7 @@ async fn describe_a_path_and_a_query() -> Result<()> {
 
 #[tokio::test]
 async fn sorts_larger_than_the_memory_limit_spill_and_finish() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 6000, 2)?;
+    let dir = generated(6000, 2)?;
     let spill = tempfile::tempdir()?;
     let session = sqlfeed::Session::builder()
         .memory_limit(3 << 20)
@@ -264,8 +263,7 @@ async fn sorts_larger_than_the_memory_limit_spill_and_finish() -> Result<()> {
 /// gen's PNG and JPEG hold the same picture: decoded, they agree closely.
 #[tokio::test]
 async fn generated_png_and_jpeg_decode_to_the_same_picture() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 20, 1)?;
+    let dir = generated(20, 1)?;
     let session = session()?;
     let batches = collect(
         &session,
@@ -320,8 +318,7 @@ async fn udfs_are_registered_in_the_session() -> Result<()> {
 async fn explain_tree_and_statistics_see_through_a_shuffle() -> Result<()> {
     use datafusion::common::stats::Precision;
     use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 300, 3)?;
+    let dir = generated(300, 3)?;
     let s = session()?;
     let sql = format!(
         "SELECT id, image_to_tensor(image_decode(image_png)) AS px FROM '{}/*.parquet' \

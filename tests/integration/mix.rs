@@ -11,7 +11,9 @@ use sqlfeed::Session;
 use sqlfeed::device::Device;
 use sqlfeed::feed::Feed;
 
-use crate::common::{arc, collect, rows, sized_session as session, write_parquet};
+use crate::common::{
+    arc, assert_contains, collect, rows, sized_session as session, write_parquet,
+};
 
 /// Ids of `web` start here, of `code` at 10 000 and of `math` at 20 000.
 fn source_of(id: i64) -> usize {
@@ -347,10 +349,7 @@ fn feeds_that_would_undo_a_mixture_are_refused() -> Result<()> {
         .map(|_| ())
         .expect_err("a shuffled feed over a mixture is refused")
         .to_string();
-    assert!(
-        shuffled.contains("without a shuffle") && shuffled.contains("SEED"),
-        "{shuffled}"
-    );
+    assert_contains(&shuffled, &["without a shuffle", "SEED"]);
     Ok(())
 }
 
@@ -446,10 +445,7 @@ async fn sources_are_aligned_to_the_first_or_refused_by_name() -> Result<()> {
     .await
     .expect_err("a source without rows")
     .to_string();
-    assert!(
-        empty.contains("'nothing'") && empty.contains("no rows"),
-        "{empty}"
-    );
+    assert_contains(&empty, &["'nothing'", "no rows"]);
     Ok(())
 }
 

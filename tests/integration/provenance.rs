@@ -12,7 +12,7 @@ use sqlfeed::Session;
 use sqlfeed::device::Device;
 use sqlfeed::feed::{BatchOrigins, Feed, FeedBuilder, OnDataChange};
 
-use crate::common::{arc, run, sqlfeed};
+use crate::common::{arc, assert_contains, run, sqlfeed};
 use crate::elastic::session;
 
 /// Rows per file and per row group of [`ids`].
@@ -290,10 +290,7 @@ fn the_cli_explains_a_batch_of_another_rank() -> Result<()> {
         "0:5:1",
     ]));
     assert!(ok, "{err}");
-    assert!(
-        err.contains("batch epoch=0 step=5 rank=1: 16 rows"),
-        "{err}"
-    );
+    assert_contains(&err, &["batch epoch=0 step=5 rank=1: 16 rows"]);
     let mut lines = out.lines();
     assert_eq!(lines.next(), Some("position\tfile\trow_group\trow"));
     let cli: Vec<(String, u64)> = lines

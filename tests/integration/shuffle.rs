@@ -7,7 +7,8 @@ use sqlfeed::Session;
 use sqlfeed::shuffle::{GlobalShuffle, KeySource, ShuffleSpec, shuffle};
 
 use crate::common::{
-    arc, collect, files_below, gen_data, rows, sized_session as session, write_parquet,
+    arc, assert_contains, collect, files_below, generated, rows,
+    sized_session as session, write_parquet,
 };
 
 /// A global shuffle keyed on every column, moving them all.
@@ -30,8 +31,7 @@ fn all_columns(
 /// 12k generated rows (~2.3 MB of ids, captions and token lists in Arrow)
 /// and a 2-partition session with a 1 MB budget spilling into its own folder.
 fn spilling_fixture() -> Result<(tempfile::TempDir, tempfile::TempDir, Session)> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 12_000, 4)?;
+    let dir = generated(12_000, 4)?;
     let spill = tempfile::tempdir()?;
     let session = Session::builder()
         .memory_limit(1 << 20)
@@ -56,8 +56,7 @@ fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {
 
 #[tokio::test]
 async fn shuffle_is_a_permutation_for_any_input() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1500, 5)?;
+    let dir = generated(1500, 5)?;
     let s = session(4, 128)?;
     let data = format!("'{}'", dir.path().display());
     let cases = [
@@ -82,8 +81,7 @@ async fn shuffle_is_a_permutation_for_any_input() -> Result<()> {
 
 #[tokio::test]
 async fn order_depends_on_seed_epoch_and_data_only() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 2000, 4)?;
+    let dir = generated(2000, 4)?;
     let query = |seed: u64, epoch: u64| {
         format!(
             "SELECT id, caption FROM '{}' WHERE label < 8 SHUFFLE SEED {seed} EPOCH {epoch}",
@@ -179,8 +177,7 @@ async fn shuffle_larger_than_memory_spills_and_cleans_up() -> Result<()> {
 
 #[tokio::test]
 async fn rust_api_matches_the_sql_clause() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 300, 2)?;
+    let dir = generated(300, 2)?;
     let s = session(2, 8192)?;
     let query = format!("SELECT id FROM '{}'", dir.path().display());
     let from_sql = ids(&collect(&s, &format!("{query} SHUFFLE SEED 3 EPOCH 2")).await?);
@@ -194,8 +191,7 @@ async fn rust_api_matches_the_sql_clause() -> Result<()> {
 
 #[tokio::test]
 async fn local_shuffle_buffer_permutes_within_reach() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 1000, 1)?;
+    let dir = generated(1000, 1)?;
     let s = session(1, 64)?;
     let base = format!("SELECT id FROM '{}'", dir.path().display());
     let plain = ids(&collect(&s, &base).await?);
@@ -793,10 +789,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
             let plan = datafusion::physical_plan::displayable(staged.as_ref())
                 .indent(true)
                 .to_string();
-            assert!(
-                plan.contains("RankShardExec") && plan.contains("counted=true"),
-                "{plan}"
-            );
+            assert_contains(&plan, &["RankShardExec", "counted=true"]);
             let tree = datafusion::physical_plan::displayable(staged.as_ref())
                 .tree_render()
                 .to_string();
@@ -1000,8 +993,7 @@ fn above_last_shuffle(explain: &str, function: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_functions_after_the_shuffle_give_the_same_batches() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 300, 3)?;
+    let dir = generated(300, 3)?;
     for (sql, function) in late_materialization_queries(dir.path()) {
         let mut results = vec![];
         for (late, partitions) in [(true, 2), (false, 2), (true, 3), (false, 1)] {
@@ -1029,8 +1021,7 @@ async fn row_functions_after_the_shuffle_give_the_same_batches() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volatile_functions_stay_under_the_shuffle() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    gen_data(dir.path(), 50, 1)?;
+    let dir = generated(50, 1)?;
     let s = session(2, 64)?;
     let sql = format!(
         "EXPLAIN SELECT random() AS r, upper(caption) AS c FROM '{}' SHUFFLE SEED 1",
