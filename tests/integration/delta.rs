@@ -16,7 +16,7 @@ use sqlfeed::Session;
 use sqlfeed::device::Device;
 use sqlfeed::feed::{Checkpoint, Feed, OnDataChange};
 
-use crate::common::arc;
+use crate::common::{arc, collect};
 
 fn external(e: impl std::error::Error + Send + Sync + 'static) -> DataFusionError {
     DataFusionError::External(Box::new(e))
@@ -80,11 +80,7 @@ async fn a_delta_folder_is_read_as_its_table_at_the_version_asked_for() -> Resul
         ids(&session, &format!("SELECT id FROM '{t}@v1' WHERE id >= 0")).await?,
         (0..150).collect::<Vec<_>>()
     );
-    let history = session
-        .sql(&format!("DESCRIBE HISTORY '{t}'"))
-        .await?
-        .collect()
-        .await?;
+    let history = collect(&session, &format!("DESCRIBE HISTORY '{t}'")).await?;
     let versions: Vec<i64> = history
         .iter()
         .flat_map(|b| {
@@ -97,31 +93,23 @@ async fn a_delta_folder_is_read_as_its_table_at_the_version_asked_for() -> Resul
 
     // VERIFY reads every page of the version's files, and only those.
     for (target, files) in [(format!("{t}"), 1), (format!("{t}@v1"), 2)] {
-        let verified = session
-            .sql(&format!("VERIFY '{target}'"))
-            .await?
-            .collect()
-            .await?;
+        let verified = collect(&session, &format!("VERIFY '{target}'")).await?;
         let rows: usize = verified.iter().map(|b| b.num_rows()).sum();
         assert_eq!(rows, files, "VERIFY '{target}'");
     }
 
     // A catalog table, at the version its location names.
-    session
-        .sql(&format!(
-            "CREATE EXTERNAL TABLE ev STORED AS DELTA LOCATION '{t}@v1'"
-        ))
-        .await?
-        .collect()
-        .await?;
+    collect(
+        &session,
+        &format!("CREATE EXTERNAL TABLE ev STORED AS DELTA LOCATION '{t}@v1'"),
+    )
+    .await?;
     assert_eq!(ids(&session, "SELECT id FROM ev").await?.len(), 150);
-    session
-        .sql(&format!(
-            "CREATE EXTERNAL TABLE now STORED AS DELTA LOCATION '{t}'"
-        ))
-        .await?
-        .collect()
-        .await?;
+    collect(
+        &session,
+        &format!("CREATE EXTERNAL TABLE now STORED AS DELTA LOCATION '{t}'"),
+    )
+    .await?;
     assert_eq!(ids(&session, "SELECT id FROM now").await?.len(), 50);
 
     let err = session

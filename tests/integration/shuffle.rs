@@ -222,10 +222,7 @@ async fn local_shuffle_buffer_permutes_within_reach() -> Result<()> {
 async fn shuffle_clause_parses_where_an_alias_could_be() -> Result<()> {
     let s = session(2, 8192)?;
     // After `FROM t` sqlparser alone would read SHUFFLE as an alias.
-    s.sql("CREATE TABLE t AS VALUES (1), (2), (3)")
-        .await?
-        .collect()
-        .await?;
+    collect(&s, "CREATE TABLE t AS VALUES (1), (2), (3)").await?;
     let got = collect(&s, "SELECT * FROM t SHUFFLE SEED 1").await?;
     assert_eq!(got.iter().map(|b| b.num_rows()).sum::<usize>(), 3);
     let explained =
@@ -257,10 +254,11 @@ async fn shuffle_clause_parses_where_an_alias_could_be() -> Result<()> {
 #[tokio::test]
 async fn shuffle_composes_with_subqueries_ctes_limits_and_explain() -> Result<()> {
     let s = session(2, 16)?;
-    s.sql("CREATE TABLE t AS SELECT value AS x FROM generate_series(1, 200)")
-        .await?
-        .collect()
-        .await?;
+    collect(
+        &s,
+        "CREATE TABLE t AS SELECT value AS x FROM generate_series(1, 200)",
+    )
+    .await?;
     let shuffled = rows(&collect(&s, "SELECT x FROM t SHUFFLE SEED 9").await?);
     assert_eq!(shuffled.len(), 200);
     let mut sorted = shuffled.clone();
@@ -364,10 +362,7 @@ async fn the_dialects_words_stay_names() -> Result<()> {
         rows(&collect(&s, "SELECT shuffle FROM (SELECT 1 AS shuffle)").await?),
         vec![vec!["1".to_string()]]
     );
-    s.sql("CREATE TABLE shuffle AS VALUES (1), (2)")
-        .await?
-        .collect()
-        .await?;
+    collect(&s, "CREATE TABLE shuffle AS VALUES (1), (2)").await?;
     assert_eq!(
         rows(&collect(&s, "SELECT count(*) FROM shuffle").await?),
         vec![vec!["2".to_string()]]
