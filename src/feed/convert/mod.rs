@@ -5,15 +5,14 @@
 //! counts, rescaled to the column's `unit` on the way (see `columns`).
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, GenericBinaryArray, GenericListArray,
-    OffsetSizeTrait, PrimitiveArray, RecordBatch, StructArray,
+    Array, ArrayRef, AsArray, BooleanArray, PrimitiveArray, RecordBatch, StructArray,
 };
 use datafusion::arrow::datatypes::{
-    DataType, Date32Type, Date64Type, DurationMicrosecondType, DurationMillisecondType,
-    DurationNanosecondType, DurationSecondType, Float16Type, Float32Type, Float64Type,
-    Int8Type, Int16Type, Int32Type, Int64Type, TimeUnit, TimestampMicrosecondType,
-    TimestampMillisecondType, TimestampNanosecondType, TimestampSecondType, UInt8Type,
-    UInt16Type, UInt32Type, UInt64Type,
+    ArrowNativeType, DataType, Date32Type, Date64Type, DurationMicrosecondType,
+    DurationMillisecondType, DurationNanosecondType, DurationSecondType, Float16Type,
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, TimeUnit,
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::common::{exec_err, internal_err};
@@ -423,42 +422,23 @@ impl ColumnWriter<'_> {
         }
         match array.data_type() {
             DataType::List(_) => {
-                self.write_list_row(array.as_list::<i32>(), row, out, at, take)
+                let list = array.as_list::<i32>();
+                let start = list.value_offsets()[row].as_usize();
+                self.convert(list.values().as_ref(), start, take, out, at)
             }
             DataType::LargeList(_) => {
-                self.write_list_row(array.as_list::<i64>(), row, out, at, take)
+                let list = array.as_list::<i64>();
+                let start = list.value_offsets()[row].as_usize();
+                self.convert(list.values().as_ref(), start, take, out, at)
             }
             DataType::Binary => {
-                self.write_binary_row(array.as_binary::<i32>(), row, out, at, take)
+                self.convert_bytes(&array.as_binary::<i32>().value(row)[..take], out, at)
             }
             DataType::LargeBinary => {
-                self.write_binary_row(array.as_binary::<i64>(), row, out, at, take)
+                self.convert_bytes(&array.as_binary::<i64>().value(row)[..take], out, at)
             }
             other => internal_err!("variable-length writer got {other}"),
         }
-    }
-
-    fn write_list_row<O: OffsetSizeTrait>(
-        &self,
-        list: &GenericListArray<O>,
-        row: usize,
-        out: &mut [u8],
-        at: usize,
-        take: usize,
-    ) -> Result<()> {
-        let start = list.value_offsets()[row].as_usize();
-        self.convert(list.values().as_ref(), start, take, out, at)
-    }
-
-    fn write_binary_row<O: OffsetSizeTrait>(
-        &self,
-        binary: &GenericBinaryArray<O>,
-        row: usize,
-        out: &mut [u8],
-        at: usize,
-        take: usize,
-    ) -> Result<()> {
-        self.convert_bytes(&binary.value(row)[..take], out, at)
     }
 
     /// Fills a NULL row with the fill value, or fails.
