@@ -18,7 +18,7 @@ use object_store::azure::MicrosoftAzureBuilder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::common::{gen_data, run, sqlfeed};
+use crate::common::{gen_data, run, sqlfeed, succeeded};
 
 /// Azurite's Blob service on a free loopback port, killed on drop.
 struct Azurite {
@@ -157,18 +157,16 @@ async fn azure_paths_folder_globs_and_partitions() -> Result<()> {
     }
     let query =
         |sql: &str| run(az_sqlfeed(&azurite).args(["--format", "csv", "-c", sql]));
-    let (ok, out, err) = query(
+    let out = succeeded(query(
         "SELECT month, count(*) AS n FROM 'az://data/flights/month=*/*.parquet' \
          GROUP BY month ORDER BY n DESC",
-    );
-    assert!(ok, "{err}");
+    ));
     assert_eq!(out, "month,n\n1,120\n2,80\n10,40\n");
-    let (ok, out, err) =
-        query("SELECT count(*) AS n FROM 'az://data/flights/month=1*/*.parquet'");
-    assert!(ok, "{err}");
+    let out = succeeded(query(
+        "SELECT count(*) AS n FROM 'az://data/flights/month=1*/*.parquet'",
+    ));
     assert_eq!(out, "n\n160\n");
-    let (ok, out, err) = query("SELECT count(*) AS n FROM 'az://data/flights/'");
-    assert!(ok, "{err}");
+    let out = succeeded(query("SELECT count(*) AS n FROM 'az://data/flights/'"));
     assert_eq!(out, "n\n240\n");
     let (ok, _, err) = query("SELECT * FROM 'az://data/none/*/*.parquet'");
     assert!(!ok);
@@ -180,12 +178,11 @@ async fn azure_paths_folder_globs_and_partitions() -> Result<()> {
         crate::delta::three_versions(&local.path().join("events")).await?;
         crate::s3::upload_tree(az.as_ref(), &local.path().join("events"), "lake/events")
             .await?;
-        let (ok, out, err) = query("SELECT count(*) AS n FROM 'az://data/lake/events/'");
-        assert!(ok, "{err}");
+        let out = succeeded(query("SELECT count(*) AS n FROM 'az://data/lake/events/'"));
         assert_eq!(out, "n\n50\n", "never the files the overwrite removed");
-        let (ok, out, err) =
-            query("SELECT count(*) AS n FROM 'az://data/lake/events' VERSION AS OF 1");
-        assert!(ok, "{err}");
+        let out = succeeded(query(
+            "SELECT count(*) AS n FROM 'az://data/lake/events' VERSION AS OF 1",
+        ));
         assert_eq!(out, "n\n150\n");
     }
     Ok(())

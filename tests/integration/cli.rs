@@ -9,7 +9,7 @@ use datafusion::arrow::array::{
 };
 
 use crate::common::{
-    assert_contains, csv, gen_data, generated, run, sqlfeed, write_parquet,
+    assert_contains, csv, gen_data, generated, run, sqlfeed, succeeded, write_parquet,
 };
 
 #[test]
@@ -61,8 +61,7 @@ fn script_file_with_statements_and_commands() -> Result<()> {
             dir.path().display()
         ),
     )?;
-    let (ok, out, err) = run(sqlfeed().args(["--format", "csv", "-f"]).arg(&script));
-    assert!(ok, "{err}");
+    let out = succeeded(run(sqlfeed().args(["--format", "csv", "-f"]).arg(&script)));
     assert!(out.contains("public,train,BASE TABLE"), "{out}");
     assert!(out.contains("column_name,data_type,is_nullable"), "{out}");
     assert!(out.contains("caption,Utf8,"), "{out}");
@@ -98,10 +97,9 @@ pub fn twelve_columns() -> String {
 
 #[test]
 fn piped_tables_keep_every_column_whatever_columns_says() {
-    let (ok, out, err) = run(sqlfeed()
+    let out = succeeded(run(sqlfeed()
         .env("COLUMNS", "40")
-        .args(["-c", &twelve_columns()]));
-    assert!(ok, "{err}");
+        .args(["-c", &twelve_columns()])));
     assert!(out.contains("| c5 ") && out.contains("| c11 "), "{out}");
     assert!(!out.contains('…') && !out.contains("shown"), "{out}");
     assert!(out.ends_with("\n1 row\n"), "{out}");
@@ -309,7 +307,7 @@ fn gen_is_byte_identical_for_a_seed() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let generate = |name: &str, seed: &str| {
         let out = dir.path().join(name);
-        let (ok, _, err) = run(sqlfeed()
+        succeeded(run(sqlfeed()
             .args([
                 "gen",
                 "--rows",
@@ -322,8 +320,7 @@ fn gen_is_byte_identical_for_a_seed() -> Result<()> {
                 seed,
                 "--out",
             ])
-            .arg(&out));
-        assert!(ok, "{err}");
+            .arg(&out)));
         out
     };
     let (a, b, c) = (generate("a", "5"), generate("b", "5"), generate("c", "6"));
@@ -395,7 +392,7 @@ fn broken_pipe_is_not_an_error() {
 #[test]
 fn set_applies_a_setting_and_names_a_bad_one() {
     // Applied before the statements run.
-    let (ok, out, err) = run(sqlfeed().args([
+    let out = succeeded(run(sqlfeed().args([
         "--set",
         "datafusion.execution.batch_size=1234",
         "--format",
@@ -403,8 +400,7 @@ fn set_applies_a_setting_and_names_a_bad_one() {
         "-c",
         "SELECT value FROM information_schema.df_settings \
          WHERE name = 'datafusion.execution.batch_size'",
-    ]));
-    assert!(ok, "{err}");
+    ])));
     assert_eq!(out, "value\n1234\n");
     // An unknown key and a value the setting cannot take are named.
     for (setting, named) in [
@@ -429,7 +425,7 @@ fn feed_keeps_its_totals_in_a_prometheus_file() -> Result<()> {
     gen_data(&dir.path().join("data"), 400, 2)?;
     let path = dir.path().join("metrics").join("sqlfeed.prom");
     std::fs::create_dir(dir.path().join("metrics"))?;
-    let (ok, _, err) = run(sqlfeed()
+    succeeded(run(sqlfeed()
         .args([
             "feed",
             &format!("SELECT id FROM '{}/data/*.parquet'", dir.path().display()),
@@ -445,8 +441,7 @@ fn feed_keeps_its_totals_in_a_prometheus_file() -> Result<()> {
             "job=train \"a\"",
             "--prometheus",
         ])
-        .arg(&path));
-    assert!(ok, "{err}");
+        .arg(&path)));
     let text = std::fs::read_to_string(&path)?;
     let names: Vec<_> = std::fs::read_dir(path.parent().expect("a folder"))?
         .map(|entry| entry.map(|e| e.file_name()))

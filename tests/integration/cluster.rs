@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use datafusion::error::Result;
 
 use crate::common::{
-    assert_contains, digest_lines, gen_data, generated, run, sqlfeed, write_parquet,
+    assert_contains, digest_lines, gen_data, generated, run, sqlfeed, succeeded,
+    write_parquet,
 };
 
 /// Processes of one test cluster; killed on drop.
@@ -818,8 +819,7 @@ fn feed_ranks_share_one_job_per_epoch_and_get_the_embedded_batches() -> Result<(
             .args(["--batch-size", "64", "--epochs", "1", "--device", "cpu"])
             .args(["--run-id", "fetch-test", "--shard", "0/3", "--explain-analyze"])
             .args(shuffle);
-        let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(120));
-        assert!(ok, "{err}");
+        let out = succeeded(run_bounded(&mut command, Duration::from_secs(120)));
         assert!(
             out.contains(&format!("fetched_rows={rows}")),
             "{shuffle:?}: {out}"
@@ -835,19 +835,17 @@ fn standalone_mode_runs_a_cluster_in_process() -> Result<()> {
         "SELECT id, hash_bucket(caption, 10) AS b FROM '{}/*.parquet' SHUFFLE SEED 3",
         dir.path().display()
     );
-    let (ok, out, err) = run_bounded(
+    let out = succeeded(run_bounded(
         sqlfeed().args(["--cluster", "standalone", "--format", "csv", "-c", &sql]),
         Duration::from_secs(120),
-    );
-    assert!(ok, "{err}");
+    ));
     assert_eq!(out.lines().count(), 1501);
     assert_eq!(out, embedded(&sql));
     // EXPLAIN shows the stages the scheduler cut.
-    let (ok, out, err) = run_bounded(
+    let out = succeeded(run_bounded(
         sqlfeed().args(["--cluster", "standalone", "-c", &format!("EXPLAIN {sql}")]),
         Duration::from_secs(120),
-    );
-    assert!(ok, "{err}");
+    ));
     assert_contains(&out, &["distributed_plan", "ShuffleWriterExec"]);
     Ok(())
 }

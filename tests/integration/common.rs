@@ -94,6 +94,14 @@ pub fn assert_contains(text: &str, needles: &[&str]) {
     }
 }
 
+/// The output of a run of the binary ([`run`]: success, stdout, stderr)
+/// that must have succeeded; a failure panics with its stderr.
+#[track_caller]
+pub fn succeeded<T>((ok, out, err): (bool, T, String)) -> T {
+    assert!(ok, "{err}");
+    out
+}
+
 /// The `batch epoch=… digest=…` lines of a `feed --digest` run's output.
 pub fn digest_lines(out: &str) -> Vec<String> {
     out.lines()

@@ -15,7 +15,7 @@ use sqlfeed::feed::{Checkpoint, Feed, FeedBuilder, OnDataChange};
 
 use crate::common::{
     arc, assert_contains, batch_field, digest_feed, digest_lines, run, sqlfeed,
-    write_parquet,
+    succeeded, write_parquet,
 };
 
 /// One batch: (epoch, step, ids, next row position).
@@ -230,9 +230,9 @@ fn the_cli_prints_row_positions_and_resumes_from_them_under_another_shape() {
     let dir = tempfile::tempdir().expect("tempdir");
     let sql = ids(dir.path()).expect("data");
     let digest_lines = |args: &[&str]| -> Vec<String> {
-        let (ok, out, err) =
-            run(digest_feed(&sql).args(["--shuffle-seed", "4"]).args(args));
-        assert!(ok, "{err}");
+        let out = succeeded(run(digest_feed(&sql)
+            .args(["--shuffle-seed", "4"])
+            .args(args)));
         digest_lines(&out)
     };
     let two = digest_lines(&["--batch-size", "50", "--shard", "0/2"]);
@@ -506,7 +506,7 @@ fn the_cli_saves_a_checkpoint_and_resumes_it_under_another_shape() {
         (ok, lines, err)
     };
     let feed = |args: &[&str]| seeded("4", args);
-    let (ok, _, err) = feed(&[
+    succeeded(feed(&[
         "--batch-size",
         "50",
         "--shard",
@@ -515,8 +515,7 @@ fn the_cli_saves_a_checkpoint_and_resumes_it_under_another_shape() {
         "3",
         "--save-checkpoint",
         checkpoint,
-    ]);
-    assert!(ok, "{err}");
+    ]));
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(checkpoint).expect("written"))
             .expect("JSON");

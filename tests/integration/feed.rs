@@ -17,7 +17,7 @@ use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder};
 
 use crate::common::{
     arc, assert_contains, digest_lines, generated, run, sized_session as session,
-    sqlfeed, write_parquet,
+    sqlfeed, succeeded, write_parquet,
 };
 
 /// `ids` of every batch of a feed of `SELECT id …`, as (epoch, step, ids).
@@ -243,7 +243,7 @@ fn resume_in_a_new_process_equals_the_uninterrupted_run_byte_for_byte() -> Resul
         dir.path().display()
     );
     let feed = |extra: &[&str]| {
-        let (ok, out, err) = run(sqlfeed()
+        let out = succeeded(run(sqlfeed()
             .args([
                 "--target-partitions",
                 "2",
@@ -261,8 +261,7 @@ fn resume_in_a_new_process_equals_the_uninterrupted_run_byte_for_byte() -> Resul
                 "cpu",
                 "--digest",
             ])
-            .args(extra));
-        assert!(ok, "{err}");
+            .args(extra)));
         digest_lines(&out)
     };
     let full = feed(&[]);

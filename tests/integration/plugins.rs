@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use datafusion::error::Result;
 
-use crate::common::{assert_contains, batch_field, digest_feed, gen_data, run, sqlfeed};
+use crate::common::{
+    assert_contains, batch_field, digest_feed, gen_data, run, sqlfeed, succeeded,
+};
 
 /// The template plugin the workspace builds next to the `sqlfeed` binary.
 fn plugin() -> PathBuf {
@@ -48,8 +50,10 @@ fn csv_with_plugin(args: &[&str], sql: &str) -> (bool, String, String) {
 
 #[test]
 fn a_loaded_plugin_function_computes_what_it_documents() {
-    let (ok, out, err) = csv_with_plugin(&[], "SELECT ngram_hash('héllo', 3, 1000) AS g");
-    assert!(ok, "{err}");
+    let out = succeeded(csv_with_plugin(
+        &[],
+        "SELECT ngram_hash('héllo', 3, 1000) AS g",
+    ));
     let expected = ngram_hash("héllo", 3, 1000)
         .iter()
         .map(u64::to_string)
@@ -63,11 +67,10 @@ fn a_plugin_function_gets_constants_as_constants_and_columns_as_columns() {
     // Over three rows the constants 2 and 7 reach the function as scalars
     // (constants.rs); were they columns of three rows, the template would
     // refuse them as it refuses the column below.
-    let (ok, out, err) = csv_with_plugin(
+    let out = succeeded(csv_with_plugin(
         &[],
         "SELECT ngram_hash(t, 2, 7) AS g FROM (VALUES ('ab'), ('abc'), ('abcd')) v(t)",
-    );
-    assert!(ok, "{err}");
+    ));
     let rows: Vec<String> = ["ab", "abc", "abcd"]
         .iter()
         .map(|text| {
@@ -97,8 +100,7 @@ fn a_plugin_aggregate_merges_across_partitions() {
     // is 2^9.5; non-positive values and NULLs are left out.
     let sql = "SELECT round(geo_mean(CASE WHEN v = 0 THEN -1 ELSE power(2.0, v - 1) END), 6) AS g \
                FROM (SELECT value AS v FROM range(0, 21))";
-    let (ok, out, err) = csv_with_plugin(&["--target-partitions", "4"], sql);
-    assert!(ok, "{err}");
+    let out = succeeded(csv_with_plugin(&["--target-partitions", "4"], sql));
     let expected = (2f64.powf(9.5) * 1e6).round() / 1e6;
     assert_eq!(out, format!("g\n{expected}\n"));
 }
@@ -110,15 +112,14 @@ fn create_function_registers_one_function_of_a_library() {
         "CREATE FUNCTION ngram_hash() LANGUAGE rust AS '{}'",
         library.display()
     );
-    let (ok, out, err) = run(sqlfeed().args([
+    let out = succeeded(run(sqlfeed().args([
         "--format",
         "csv",
         "-c",
         &create,
         "-c",
         "SELECT ngram_hash('abcd', 2, 7) AS g",
-    ]));
-    assert!(ok, "{err}");
+    ])));
     let expected = ngram_hash("abcd", 2, 7)
         .iter()
         .map(u64::to_string)
@@ -156,11 +157,10 @@ fn a_seeded_plugin_augmentation_differs_per_epoch_and_repeats_on_a_rerun() -> Re
     // augmentation can tell them apart.
     let digests =
         || -> Vec<(String, String)> {
-            let (ok, out, err) = run(digest_feed(&sql)
+            let out = succeeded(run(digest_feed(&sql)
                 .arg("--load")
                 .arg(plugin())
-                .args(["--batch-size", "50", "--epochs", "2"]));
-            assert!(ok, "{err}");
+                .args(["--batch-size", "50", "--epochs", "2"])));
             out.lines()
                 .filter(|l| l.starts_with("batch "))
                 .map(|l| (batch_field(l, "epoch="), batch_field(l, "digest=")))
@@ -275,14 +275,12 @@ fn a_cache_entry_of_a_plugin_function_is_not_served_to_another_build() -> Result
         dir.path().display()
     );
     let cache_table = |library: &Path| -> String {
-        let (ok, out, err) = run(sqlfeed()
+        succeeded(run(sqlfeed()
             .arg("--cache-dir")
             .arg(&cache)
             .arg("--load")
             .arg(library)
-            .args(["--format", "csv", "-c", &sql]));
-        assert!(ok, "{err}");
-        out
+            .args(["--format", "csv", "-c", &sql])))
     };
     let first = cache_table(&plugin());
     assert!(first.contains("computed"), "{first}");

@@ -15,7 +15,7 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::common::{assert_contains, gen_data, run, sqlfeed};
+use crate::common::{assert_contains, gen_data, run, sqlfeed, succeeded};
 
 /// A moto server on a free loopback port, killed on drop.
 struct Moto {
@@ -178,34 +178,32 @@ async fn s3_globs_hive_partitions_summarize_and_errors() -> Result<()> {
 
     let query = |sql: &str| run(s3_sqlfeed(&moto).args(["--format", "csv", "-c", sql]));
 
-    let (ok, out, err) =
-        query("SELECT count(*) AS n, sum(id) AS s FROM 's3://train/flat/*.parquet'");
-    assert!(ok, "{err}");
+    let out = succeeded(query(
+        "SELECT count(*) AS n, sum(id) AS s FROM 's3://train/flat/*.parquet'",
+    ));
     assert_eq!(out, format!("n,s\n500,{}\n", 499 * 500 / 2));
 
-    let (ok, out, err) = query(
+    let out = succeeded(query(
         "SELECT month, count(*) AS n FROM 's3://train/hive/' GROUP BY month ORDER BY month",
-    );
-    assert!(ok, "{err}");
+    ));
     assert_eq!(out, "month,n\n1,120\n2,80\n");
 
     // Wildcards in folders (issue 20), a partition folder among them.
-    let (ok, out, err) = query(
+    let out = succeeded(query(
         "SELECT month, count(*) AS n FROM 's3://train/hive/month=*/*.parquet' \
          GROUP BY month ORDER BY month",
-    );
-    assert!(ok, "{err}");
+    ));
     assert_eq!(out, "month,n\n1,120\n2,80\n");
-    let (ok, out, err) =
-        query("SELECT count(*) AS n FROM 's3://train/hive/month=2*/*.parquet'");
-    assert!(ok, "{err}");
+    let out = succeeded(query(
+        "SELECT count(*) AS n FROM 's3://train/hive/month=2*/*.parquet'",
+    ));
     assert_eq!(out, "n\n80\n");
-    let (ok, out, err) = query("SELECT count(*) AS n FROM 's3://train/[f]lat/*.parquet'");
-    assert!(ok, "{err}");
+    let out = succeeded(query(
+        "SELECT count(*) AS n FROM 's3://train/[f]lat/*.parquet'",
+    ));
     assert_eq!(out, "n\n500\n");
 
-    let (ok, out, err) = query("SUMMARIZE 's3://train/flat/'");
-    assert!(ok, "{err}");
+    let out = succeeded(query("SUMMARIZE 's3://train/flat/'"));
     assert!(
         out.lines().any(|l| l.starts_with("id,Int64,value,500,0,")),
         "{out}"
@@ -268,11 +266,10 @@ async fn tokenizers_load_from_s3_urls() -> Result<()> {
 
     let query = |sql: &str| run(s3_sqlfeed(&moto).args(["--format", "csv", "-c", sql]));
     // The reference ids of bert-base-uncased's vocabulary (see udfs tests).
-    let (ok, out, err) = query(
+    let out = succeeded(query(
         "SELECT tokenize('hello world', 's3://models/minilm/tokenizer.json') AS ids \
          FROM (VALUES (1), (2)) v(x)",
-    );
-    assert!(ok, "{err}");
+    ));
     assert_eq!(
         out,
         "ids\n\"[101, 7592, 2088, 102]\"\n\"[101, 7592, 2088, 102]\"\n"
@@ -307,15 +304,13 @@ async fn s3_delta_tables_read_at_every_version() -> Result<()> {
     upload_tree(s3.as_ref(), &local.path().join("events"), "events").await?;
     let query = |sql: &str| run(s3_sqlfeed(&moto).args(["--format", "csv", "-c", sql]));
 
-    let (ok, out, err) = query("SELECT count(*) AS n FROM 's3://lake/events/'");
-    assert!(ok, "{err}");
+    let out = succeeded(query("SELECT count(*) AS n FROM 's3://lake/events/'"));
     assert_eq!(out, "n\n50\n", "never the files the overwrite removed");
-    let (ok, out, err) =
-        query("SELECT count(*) AS n FROM 's3://lake/events' VERSION AS OF 1");
-    assert!(ok, "{err}");
+    let out = succeeded(query(
+        "SELECT count(*) AS n FROM 's3://lake/events' VERSION AS OF 1",
+    ));
     assert_eq!(out, "n\n150\n");
-    let (ok, out, err) = query("DESCRIBE HISTORY 's3://lake/events'");
-    assert!(ok, "{err}");
+    let out = succeeded(query("DESCRIBE HISTORY 's3://lake/events'"));
     assert_eq!(out.lines().count(), 4, "a header and 3 commits: {out}");
     let (ok, _, err) = query("SELECT * FROM 's3://lake/events@v9'");
     assert!(!ok);
