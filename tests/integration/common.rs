@@ -147,6 +147,14 @@ pub async fn collect(session: &sqlfeed::Session, sql: &str) -> Result<Vec<Record
     session.collect(session.sql(sql).await?).await
 }
 
+/// The error of a statement that must fail to plan on `session`.
+pub async fn sql_error(session: &sqlfeed::Session, sql: &str) -> String {
+    match session.sql(sql).await {
+        Ok(_) => panic!("{sql} was planned"),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// Rows of `batches` formatted as strings per cell (for order-sensitive checks).
 pub fn rows(batches: &[RecordBatch]) -> Vec<Vec<String>> {
     use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};

@@ -278,6 +278,19 @@ fn two_shuffled_epochs(session: &Session, sql: &str, seed: u64) -> FeedBuilder {
     Feed::builder(session, sql).shuffle(seed).epochs(2)
 }
 
+/// [`two_shuffled_epochs`] in a shape: `|batch size, rank, world|`.
+fn in_shape<'a>(
+    session: &'a Session,
+    sql: &'a str,
+    seed: u64,
+) -> impl Fn(usize, usize, usize) -> FeedBuilder + 'a {
+    move |batch, rank, world| {
+        two_shuffled_epochs(session, sql, seed)
+            .batch_size(batch)
+            .shard(rank, world)
+    }
+}
+
 /// `scheme://host/path` of the files `sql` reads, as a checkpoint lists them.
 fn manifest(session: &Session, sql: &str) -> Result<Vec<String>> {
     let runtime = tokio::runtime::Runtime::new()?;
@@ -290,11 +303,7 @@ fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Resul
     let dir = tempfile::tempdir()?;
     let sql = ids(dir.path())?;
     let session = session()?;
-    let feed = |batch: usize, rank: usize, world: usize| {
-        two_shuffled_epochs(&session, &sql, 6)
-            .batch_size(batch)
-            .shard(rank, world)
-    };
+    let feed = in_shape(&session, &sql, 6);
     // Two ranks of 64 stop after global step 2: 384 rows consumed.
     let before: Vec<Vec<Fed>> = ranks(2, |rank| feed(64, rank, 2))?
         .into_iter()
@@ -389,11 +398,7 @@ fn a_checkpoint_resumes_another_shape_and_refuses_another_query_or_seed() -> Res
     let dir = tempfile::tempdir()?;
     let sql = ids(dir.path())?;
     let session = session()?;
-    let feed = |batch: usize, rank: usize, world: usize| {
-        two_shuffled_epochs(&session, &sql, 5)
-            .batch_size(batch)
-            .shard(rank, world)
-    };
+    let feed = in_shape(&session, &sql, 5);
     // Before any batch the checkpoint is the feed's start.
     let (_, start) = taken_and_checkpoint(feed(64, 0, 2), 0)?;
     assert_eq!((start.epoch, start.step, start.rows), (0, 0, Some(0)));
