@@ -132,6 +132,21 @@ pub fn session() -> Result<sqlfeed::Session> {
         .build()
 }
 
+/// A session of one partition under a memory limit of `bytes`.
+pub fn budget_session(bytes: usize) -> Result<sqlfeed::Session> {
+    sqlfeed::Session::builder()
+        .memory_limit(bytes)
+        .target_partitions(1)
+        .build()
+}
+
+/// Pearson's chi-square of `observed` counts against their `expected` ones.
+pub fn chi_square(observed: impl IntoIterator<Item = (u32, f64)>) -> f64 {
+    (observed.into_iter())
+        .map(|(o, expected)| (o as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
 /// A session of `partitions` partitions and record batches of
 /// `batch_size` rows, under a 256 MiB memory limit.
 pub fn sized_session(partitions: usize, batch_size: usize) -> Result<sqlfeed::Session> {

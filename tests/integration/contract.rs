@@ -13,7 +13,7 @@ use sqlfeed::device::{Device, TensorBatch};
 use sqlfeed::feed::{Feed, FeedBuilder};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::common::{arc, assert_contains, generated, write_parquet};
+use crate::common::{arc, assert_contains, budget_session, generated, write_parquet};
 
 /// Runs `work` on its own thread and fails the test instead of hanging when
 /// it takes longer than `limit`.
@@ -121,10 +121,7 @@ fn gradient_accumulation_holds_more_batches_than_prefetch() -> Result<()> {
 #[test]
 fn holding_past_the_memory_budget_is_a_prompt_error() -> Result<()> {
     // 64 KiB per batch against a 2 MiB budget: about 30 can be held.
-    let session = Session::builder()
-        .memory_limit(2 << 20)
-        .target_partitions(1)
-        .build()?;
+    let session = budget_session(2 << 20)?;
     let sql = "SELECT one_hot(value % 10, 128) AS v FROM generate_series(1, 40000)";
     let started = Instant::now();
     let outcome = bounded(Duration::from_secs(60), {
@@ -334,10 +331,7 @@ fn next_within_answers_pending_while_the_first_batch_is_computed() -> Result<()>
 fn a_poller_that_holds_every_slot_between_polls_is_not_deadlocked() -> Result<()> {
     use sqlfeed::feed::NextBatch;
     // 512 KiB per batch against a 3 MiB budget: the ring and no extra slot.
-    let session = Session::builder()
-        .memory_limit(3 << 20)
-        .target_partitions(1)
-        .build()?;
+    let session = budget_session(3 << 20)?;
     let sql = "SELECT one_hot(value % 10, 128) AS v FROM generate_series(1, 40000)";
     let outcome = bounded(
         Duration::from_secs(60),

@@ -11,13 +11,12 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{Float32Type, Int32Type};
 use datafusion::error::Result;
-use sqlfeed::Session;
 use sqlfeed::device::{DType, Device};
 use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder};
 
 use crate::common::{
-    arc, assert_contains, digest_lines, generated, run, sized_session as session,
-    sqlfeed, succeeded, write_parquet,
+    arc, assert_contains, budget_session, digest_lines, generated, run,
+    sized_session as session, sqlfeed, succeeded, write_parquet,
 };
 
 /// `ids` of every batch of a feed of `SELECT id …`, as (epoch, step, ids).
@@ -786,10 +785,7 @@ fn tokenized_captions_feed_as_padded_ids_with_masks() -> Result<()> {
 
 #[test]
 fn the_prefetch_ring_counts_against_the_memory_limit() -> Result<()> {
-    let session = Session::builder()
-        .memory_limit(4 << 20)
-        .target_partitions(1)
-        .build()?;
+    let session = budget_session(4 << 20)?;
     // 16 KiB per row, 8 MiB per batch: one slot alone exceeds the 4 MiB budget.
     let sql = "SELECT one_hot(value % 10, 4096) AS v FROM generate_series(1, 2000)";
     let mut feed = Feed::builder(&session, sql)
@@ -821,10 +817,7 @@ fn the_prefetch_ring_counts_against_the_memory_limit() -> Result<()> {
 fn heavy_batches_fit_the_prefetch_ring_to_its_memory_share() -> Result<()> {
     use datafusion::execution::memory_pool::MemoryConsumer;
     let limit = 64 << 20;
-    let session = Session::builder()
-        .memory_limit(limit)
-        .target_partitions(1)
-        .build()?;
+    let session = budget_session(limit)?;
     let pool = &session.context().runtime_env().memory_pool;
     // What a spilling shuffle would hold: the ring has its 16 MiB share and
     // not much more.

@@ -7,7 +7,8 @@ use datafusion::arrow::datatypes::{Float64Type, Int32Type, Int64Type};
 use datafusion::error::Result;
 
 use crate::common::{
-    arc, collect, gen_data, generated, one_column, rows, session, write_parquet,
+    arc, chi_square, collect, gen_data, generated, one_column, rows, session,
+    write_parquet,
 };
 
 fn count(batches: &[datafusion::arrow::array::RecordBatch]) -> i64 {
@@ -185,10 +186,7 @@ async fn sample_is_reproducible_uniform_and_independent_of_partitioning() -> Res
         }
     }
     let expected = 40.0 * 50.0 / 4.0;
-    let chi2: f64 = quarters
-        .iter()
-        .map(|&o| (o as f64 - expected).powi(2) / expected)
-        .sum();
+    let chi2 = chi_square(quarters.iter().map(|&o| (o, expected)));
     // 3 degrees of freedom: p = 0.001 at 16.27.
     assert!(chi2 < 16.27, "quarters {quarters:?}, chi2 {chi2}");
     Ok(())

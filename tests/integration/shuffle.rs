@@ -7,7 +7,7 @@ use sqlfeed::Session;
 use sqlfeed::shuffle::{GlobalShuffle, KeySource, ShuffleSpec, shuffle};
 
 use crate::common::{
-    arc, assert_contains, collect, files_below, generated, rows,
+    arc, assert_contains, chi_square, collect, files_below, generated, rows,
     sized_session as session, write_parquet,
 };
 
@@ -134,11 +134,7 @@ async fn positions_are_uniform_across_seeds() -> Result<()> {
         }
     }
     let expected = seeds as f64 / 8.0;
-    let chi2: f64 = counts
-        .iter()
-        .flatten()
-        .map(|&o| (o as f64 - expected).powi(2) / expected)
-        .sum();
+    let chi2 = chi_square(counts.iter().flatten().map(|&o| (o, expected)));
     // 49 degrees of freedom: p = 0.001 at 85.35.
     assert!(chi2 < 85.35, "chi2 {chi2}, counts {counts:?}");
     Ok(())
@@ -653,15 +649,10 @@ async fn positions_of_repeated_rows_are_uniform_across_seeds() -> Result<()> {
             counts[content][position] += 1;
         }
     }
-    let chi2: f64 = counts
-        .iter()
-        .zip(multiplicity)
-        .flat_map(|(row, (_, n))| {
-            let expected = seeds as f64 * n / 8.0;
-            row.iter()
-                .map(move |&o| (o as f64 - expected).powi(2) / expected)
-        })
-        .sum();
+    let chi2 = chi_square(counts.iter().zip(multiplicity).flat_map(|(row, (_, n))| {
+        let expected = seeds as f64 * n / 8.0;
+        row.iter().map(move |&o| (o, expected))
+    }));
     // (4 − 1) × (8 − 1) = 21 degrees of freedom: p = 0.001 at 46.80.
     assert!(chi2 < 46.80, "chi2 {chi2}, counts {counts:?}");
     Ok(())
