@@ -16,8 +16,6 @@ repeat=${2:-2}
 workloads=${3:-W2,W4,W5}
 has() { [[ ",$workloads," == *",$1,"* ]]; }
 py=${PEERS_PY:-/tmp/peers-venv/bin/python}
-bench=$(cd ../shared/bench 2>/dev/null && pwd || echo /work/shared/bench)
-bin=$PWD/target/release/sqlfeed
 out=$PWD/target/bench-feed.jsonl
 
 # shellcheck source=bench/feed-args.sh

@@ -17,10 +17,9 @@ cd "$(dirname "$0")/.."
 data=${1:-/tmp/bench-data/big}
 rounds=${2:-2}
 py=${PY:-python3}
-bench=$(cd ../shared/bench 2>/dev/null && pwd || echo /work/shared/bench)
-bin=$PWD/target/release/sqlfeed
 out=$PWD/target/bench-python-path.jsonl
-feed_py=$PWD/scripts/bench/py_feed.py
+# shellcheck source=bench/feed-args.sh
+source "$PWD/scripts/bench/feed-args.sh"
 [[ -x $bin && -f target/release/lib_sqlfeed.so ]] || {
   echo "build first: cargo build --release --workspace --lib --bins" >&2; exit 1; }
 
@@ -30,9 +29,6 @@ cp -r python/sqlfeed "$package/"
 rm -f "$package/sqlfeed/_sqlfeed.abi3.so"
 cp target/release/lib_sqlfeed.so "$package/sqlfeed/_sqlfeed.abi3.so"
 export PYTHONPATH=$package
-
-# shellcheck source=bench/feed-args.sh
-source "$PWD/scripts/bench/feed-args.sh"
 
 for round in $(seq "$rounds"); do
   echo "== round $round"

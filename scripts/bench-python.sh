@@ -14,11 +14,7 @@ cd "$(dirname "$0")/.."
 data=${1:-/tmp/bench-data/big}
 rounds=${2:-2}
 py=${PY:-python3}
-bench=$(cd ../shared/bench 2>/dev/null && pwd || echo /work/shared/bench)
-bin=$PWD/target/release/sqlfeed
 out=$PWD/target/bench-python.jsonl
-feed_py=$PWD/scripts/bench/py_feed.py
-
 # shellcheck source=bench/feed-args.sh
 source "$PWD/scripts/bench/feed-args.sh"
 

@@ -1,5 +1,10 @@
 # Sourced by scripts/bench-*.sh: the CLI feeds of the shared bench workloads
-# and the harness call. Needs $py, $data, $bench and $out set.
+# and the harness call. Needs $py, $data and $out set; sets $bench (the
+# peer harness), $bin (the release CLI) and $feed_py (the Python feed).
+
+bench=$(cd ../shared/bench 2>/dev/null && pwd || echo /work/shared/bench)
+bin=$PWD/target/release/sqlfeed
+feed_py=$PWD/scripts/bench/py_feed.py
 
 # x = (f - mean) / std with the generator's constants, as the peers do.
 x_sql=$("$py" "$PWD/scripts/bench/w2_features.py" "$data")
