@@ -379,10 +379,6 @@ impl SinkRun {
         let skipped = self.target.skipped_steps.get(&epoch).unwrap_or(&no_skips);
         let mut pool = self.target.pool.lock().await;
         let mut ready = Vec::new();
-        // The newest batch, until the rows prove that another step follows
-        // it or the epoch ends: only then is it known whether it is the
-        // epoch's last (see "Epoch ends" above).
-        let mut newest: Option<BatchRows> = None;
         let mut handed = Handed::default();
         let mut input_done = false;
         while !input_done {
@@ -402,17 +398,16 @@ impl SinkRun {
                 self.hand_over_all_but_newest(
                     &mut pool,
                     &mut ready,
-                    &mut newest,
                     skipped,
                     &mut handed,
                 )
                 .await?;
                 // With skipped steps, the step that follows might be one of
                 // them: only a later batch or the end proves "not last".
-                if let Some(step) = newest.as_ref().map(|b| b.step)
+                if let Some(step) = handed.newest.as_ref().map(|b| b.step)
                     && skipped.is_empty()
                     && batcher.step_follows(step)
-                    && let Some(not_last) = newest.take()
+                    && let Some(not_last) = handed.newest.take()
                 {
                     self.deliver(&mut pool, not_last, false, &mut handed)
                         .await?;
@@ -420,7 +415,7 @@ impl SinkRun {
                 held.resize(
                     batcher.held_bytes()
                         + bucketer.as_ref().map_or(0, LengthBucketer::held_bytes)
-                        + newest.as_ref().map_or(0, BatchRows::held_bytes),
+                        + handed.newest.as_ref().map_or(0, BatchRows::held_bytes),
                 );
                 // Bucketed chunks one at a time, each delivered before the
                 // next is gathered.
@@ -435,15 +430,9 @@ impl SinkRun {
             }
         }
         batcher.finish(&mut ready);
-        self.hand_over_all_but_newest(
-            &mut pool,
-            &mut ready,
-            &mut newest,
-            skipped,
-            &mut handed,
-        )
-        .await?;
-        if let Some(last) = newest.take() {
+        self.hand_over_all_but_newest(&mut pool, &mut ready, skipped, &mut handed)
+            .await?;
+        if let Some(last) = handed.newest.take() {
             self.deliver(&mut pool, last, true, &mut handed).await?;
         }
         let steps = batcher.steps();
@@ -460,18 +449,17 @@ impl SinkRun {
     }
 
     /// Hands over the batches in `ready` (but skipped steps) except the
-    /// newest, which replaces `newest` until it is known whether it ends
-    /// the epoch.
+    /// newest, which replaces `handed.newest` until it is known whether it
+    /// ends the epoch.
     async fn hand_over_all_but_newest(
         &self,
         pool: &mut SlotPool,
         ready: &mut Vec<BatchRows>,
-        newest: &mut Option<BatchRows>,
         skipped: &BTreeSet<u64>,
         handed: &mut Handed,
     ) -> Result<()> {
         for batch_rows in ready.drain(..).filter(|b| !skipped.contains(&b.step)) {
-            if let Some(earlier) = newest.replace(batch_rows) {
+            if let Some(earlier) = handed.newest.replace(batch_rows) {
                 self.deliver(pool, earlier, false, handed).await?;
             }
         }
@@ -535,13 +523,17 @@ impl SinkRun {
     }
 }
 
-/// What a sink run handed over so far.
+/// What a sink run handed over so far, and the batch it holds back.
 #[derive(Debug, Default)]
 struct Handed {
     /// Batches.
     batches: u64,
     /// Rows in them.
     rows: u64,
+    /// The newest batch, until the rows prove that another step follows it
+    /// or the epoch ends: only then is it known whether it is the epoch's
+    /// last (see "Epoch ends" above).
+    newest: Option<BatchRows>,
 }
 
 /// The input's rows in a deterministic order: see "Ordering" above.
