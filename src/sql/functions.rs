@@ -57,17 +57,7 @@ impl RowKeyFunc {
 }
 
 impl ScalarUDFImpl for RowKeyFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "sqlfeed_row_key"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    function_basics!("sqlfeed_row_key");
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         if arg_types.len() < 2 {
@@ -126,6 +116,26 @@ pub fn infos() -> Vec<sqlfeed_udfs::FunctionInfo> {
     ]
 }
 
+/// The `ScalarUDFImpl` methods sqlfeed's own functions write alike: `name`,
+/// `documentation` (looked up by that name) and `signature` (the field
+/// `signature`), as `sqlfeed_udfs` does for its functions.
+macro_rules! function_basics {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
+            documentation_of(self.name())
+        }
+
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+    };
+}
+use function_basics;
+
 /// The documentation of sqlfeed's own function `name`.
 fn documentation_of(
     name: &str,
@@ -157,17 +167,7 @@ impl ByteLengthFunc {
 }
 
 impl ScalarUDFImpl for ByteLengthFunc {
-    fn documentation(&self) -> Option<&datafusion::logical_expr::Documentation> {
-        documentation_of(self.name())
-    }
-
-    fn name(&self) -> &str {
-        "byte_length"
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
+    function_basics!("byte_length");
 
     fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
         match arg_types {
