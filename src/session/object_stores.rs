@@ -259,45 +259,38 @@ impl LazyObjectStoreRegistry {
         let host = url.host_str().unwrap_or_default();
         let retry = self.limits.retry_config();
         let client = self.client_settings();
+        // Every network store is built alike: its builder (from the
+        // environment, with the bucket or URL), the retries, then the client
+        // settings as the store's own keys.
+        macro_rules! network_store {
+            ($builder:expr, $client_key:path) => {{
+                let builder = (client.into_iter())
+                    .fold($builder.with_retry(retry), |builder, (key, value)| {
+                        builder.with_config($client_key(key), value)
+                    });
+                Arc::new(builder.build().map_err(|e| store_error(url, e))?)
+            }};
+        }
         let store: Arc<dyn ObjectStore> = match url.scheme() {
             "file" => Arc::new(LocalFileSystem::new()),
-            "s3" | "s3a" => {
-                let mut builder = AmazonS3Builder::from_env()
-                    .with_bucket_name(host)
-                    .with_retry(retry);
-                for (key, value) in client {
-                    builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
-                }
-                Arc::new(builder.build().map_err(|e| store_error(url, e))?)
-            }
-            "gs" | "gcs" => {
-                let mut builder = GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(host)
-                    .with_retry(retry);
-                for (key, value) in client {
-                    builder = builder.with_config(GoogleConfigKey::Client(key), value);
-                }
-                Arc::new(builder.build().map_err(|e| store_error(url, e))?)
-            }
-            "az" | "azure" | "abfs" | "abfss" | "adl" => {
-                let mut builder = MicrosoftAzureBuilder::from_env()
-                    .with_url(url.as_str())
-                    .with_retry(retry);
-                for (key, value) in client {
-                    builder = builder.with_config(AzureConfigKey::Client(key), value);
-                }
-                Arc::new(builder.build().map_err(|e| store_error(url, e))?)
-            }
+            "s3" | "s3a" => network_store!(
+                AmazonS3Builder::from_env().with_bucket_name(host),
+                AmazonS3ConfigKey::Client
+            ),
+            "gs" | "gcs" => network_store!(
+                GoogleCloudStorageBuilder::from_env().with_bucket_name(host),
+                GoogleConfigKey::Client
+            ),
+            "az" | "azure" | "abfs" | "abfss" | "adl" => network_store!(
+                MicrosoftAzureBuilder::from_env().with_url(url.as_str()),
+                AzureConfigKey::Client
+            ),
             // Before the builder, which would only say "builder error".
             "http" if !self.allow_http => return Err(http_refused(url)),
-            "http" | "https" => {
-                let base = &url[..url::Position::BeforePath];
-                let mut builder = HttpBuilder::new().with_url(base).with_retry(retry);
-                for (key, value) in client {
-                    builder = builder.with_config(key, value);
-                }
-                Arc::new(builder.build().map_err(|e| store_error(url, e))?)
-            }
+            "http" | "https" => network_store!(
+                HttpBuilder::new().with_url(&url[..url::Position::BeforePath]),
+                std::convert::identity
+            ),
             other => {
                 return plan_err!(
                     "unsupported URL scheme '{other}' in {url}: sqlfeed reads file paths, \
