@@ -527,6 +527,11 @@ impl ObjectStore for CountingObjectStore {
 mod tests {
     use super::*;
 
+    /// A registry with the default limits and counters of its own.
+    fn registry() -> LazyObjectStoreRegistry {
+        LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default())
+    }
+
     #[test]
     fn store_key_ignores_path_and_keeps_port() -> Result<()> {
         let url = Url::parse("http://127.0.0.1:9000/bucket/a/b.parquet")
@@ -537,8 +542,7 @@ mod tests {
 
     #[test]
     fn unknown_scheme_is_a_plan_error_naming_it() {
-        let registry =
-            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default());
+        let registry = registry();
         let url = Url::parse("ftp://host/x.parquet").expect("static URL parses");
         let err = registry.get_store(&url).expect_err("ftp is not supported");
         assert!(err.to_string().contains("'ftp'"), "{err}");
@@ -546,8 +550,7 @@ mod tests {
 
     #[test]
     fn http_is_refused_by_default_naming_the_url_and_the_switches() {
-        let registry =
-            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default());
+        let registry = registry();
         let url = Url::parse("http://127.0.0.1:8765/").expect("static URL parses");
         let err = registry.get_store(&url).expect_err("plain HTTP is refused");
         assert!(matches!(err, DataFusionError::Plan(_)), "{err:?}");
@@ -566,15 +569,12 @@ mod tests {
 
     #[test]
     fn http_and_https_build_when_allowed() -> Result<()> {
-        let registry =
-            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default())
-                .with_allow_http(true);
+        let allowing = registry().with_allow_http(true);
         for url in ["http://127.0.0.1:8765/", "https://example.com/"] {
-            registry.get_store(&Url::parse(url).expect("static URL parses"))?;
+            allowing.get_store(&Url::parse(url).expect("static URL parses"))?;
         }
         // https needs no switch.
-        let refusing =
-            LazyObjectStoreRegistry::new(ObjectStoreLimits::default(), Arc::default());
+        let refusing = registry();
         refusing.get_store(&Url::parse("https://example.com/").expect("static URL"))?;
         Ok(())
     }
