@@ -515,21 +515,21 @@ mod tests {
             Some(vec![vec![(0, 0.8), (10, 0.8), (10, 0.2)], vec![]])
         );
         assert_eq!(spec.step_rows, Some(32));
-        for (sql, expected) in [
-            ("MIX (SELECT 1) WEIGHT STEPS 0.5", "takes (step: weight"),
-            (
-                "MIX (SELECT 1) WEIGHT STEPS (5: 1, 4: 1)",
-                "must not go back",
-            ),
-            (
-                "MIX (SELECT 1) WEIGHT STEPS (5: x)",
-                "must be a non-negative number",
-            ),
-            ("MIX (SELECT 1) WEIGHT 1 BATCH 8", "no source has them"),
-        ] {
-            let err = rewritten(sql).expect_err(sql).to_string();
-            assert!(err.contains(expected), "{sql}: {err}");
-        }
+        super::super::shuffle_clause::assert_refused(
+            rewritten,
+            &[
+                ("MIX (SELECT 1) WEIGHT STEPS 0.5", "takes (step: weight"),
+                (
+                    "MIX (SELECT 1) WEIGHT STEPS (5: 1, 4: 1)",
+                    "must not go back",
+                ),
+                (
+                    "MIX (SELECT 1) WEIGHT STEPS (5: x)",
+                    "must be a non-negative number",
+                ),
+                ("MIX (SELECT 1) WEIGHT 1 BATCH 8", "no source has them"),
+            ],
+        );
         Ok(())
     }
 
@@ -548,22 +548,22 @@ mod tests {
 
     #[test]
     fn bad_mixtures_say_why() {
-        for (sql, expected) in [
-            ("MIX (SELECT 1)", "needs WEIGHT <w> after it"),
-            ("MIX (SELECT 1) WEIGHT x", "takes a non-negative number"),
-            ("MIX (SELECT 1) WEIGHT -1", "takes a non-negative number"),
-            ("MIX (SELECT 1) WEIGHT 0", "every weight is 0"),
-            (
-                "MIX (SELECT 1) AS a WEIGHT 1, (SELECT 2) AS a WEIGHT 1",
-                "two sources are named 'a'",
-            ),
-            ("MIX (SELECT 1) WEIGHT 1 SEED 1 SEED 2", "takes SEED once"),
-            ("MIX (SELECT 1) WEIGHT 1 ROWS", "ROWS needs a value"),
-            ("MIX (SELECT 1) WEIGHT 1, 5", "expected a (query)"),
-            ("MIX (SELECT 1 WEIGHT 1", "never closed"),
-        ] {
-            let err = rewritten(sql).expect_err(sql).to_string();
-            assert!(err.contains(expected), "{sql}: {err}");
-        }
+        super::super::shuffle_clause::assert_refused(
+            rewritten,
+            &[
+                ("MIX (SELECT 1)", "needs WEIGHT <w> after it"),
+                ("MIX (SELECT 1) WEIGHT x", "takes a non-negative number"),
+                ("MIX (SELECT 1) WEIGHT -1", "takes a non-negative number"),
+                ("MIX (SELECT 1) WEIGHT 0", "every weight is 0"),
+                (
+                    "MIX (SELECT 1) AS a WEIGHT 1, (SELECT 2) AS a WEIGHT 1",
+                    "two sources are named 'a'",
+                ),
+                ("MIX (SELECT 1) WEIGHT 1 SEED 1 SEED 2", "takes SEED once"),
+                ("MIX (SELECT 1) WEIGHT 1 ROWS", "ROWS needs a value"),
+                ("MIX (SELECT 1) WEIGHT 1, 5", "expected a (query)"),
+                ("MIX (SELECT 1 WEIGHT 1", "never closed"),
+            ],
+        );
     }
 }

@@ -536,6 +536,20 @@ pub(super) fn replace_under_marked_aliases(
     .map(|t| t.data)
 }
 
+/// Asserts that each SQL text of `cases` fails in `run` with an error that
+/// says the text paired with it.
+#[cfg(test)]
+#[track_caller]
+pub(super) fn assert_refused<T: std::fmt::Debug>(
+    run: impl Fn(&str) -> Result<T>,
+    cases: &[(&str, &str)],
+) {
+    for (sql, expected) in cases {
+        let err = run(sql).expect_err(sql).to_string();
+        assert!(err.contains(expected), "{sql}: {err}");
+    }
+}
+
 /// `sql`'s tokens through `rewrite`, printed back (for the rewrites' tests).
 #[cfg(test)]
 pub(super) fn rewritten_with(
@@ -641,25 +655,25 @@ mod tests {
 
     #[test]
     fn bad_clauses_say_why() {
-        for (sql, expected) in [
-            (
-                "SELECT 1 SHUFFLE SEED x",
-                "SEED must be a non-negative integer",
-            ),
-            ("SELECT 1 SHUFFLE SEED 1 SEED 2", "SHUFFLE takes SEED once"),
-            ("SELECT 1 SHUFFLE EPOCH", "EPOCH needs a value"),
-            (
-                "SELECT 1 LOCAL SHUFFLE BUFFER 0",
-                "BUFFER must be at least 1 row",
-            ),
-            (
-                "SELECT 1 SHUFFLE SEED 99999999999999999999",
-                "non-negative integer",
-            ),
-        ] {
-            let err = rewritten(sql).expect_err(sql).to_string();
-            assert!(err.contains(expected), "{sql}: {err}");
-        }
+        assert_refused(
+            rewritten,
+            &[
+                (
+                    "SELECT 1 SHUFFLE SEED x",
+                    "SEED must be a non-negative integer",
+                ),
+                ("SELECT 1 SHUFFLE SEED 1 SEED 2", "SHUFFLE takes SEED once"),
+                ("SELECT 1 SHUFFLE EPOCH", "EPOCH needs a value"),
+                (
+                    "SELECT 1 LOCAL SHUFFLE BUFFER 0",
+                    "BUFFER must be at least 1 row",
+                ),
+                (
+                    "SELECT 1 SHUFFLE SEED 99999999999999999999",
+                    "non-negative integer",
+                ),
+            ],
+        );
     }
 
     #[test]
