@@ -108,12 +108,7 @@ impl ScalarUDFImpl for ToTensorFunc {
     crate::function_basics!("image_to_tensor");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if !matches!(arg_types.len(), 1 | 3) {
-            return plan_err!(
-                "image_to_tensor takes 1 or 3 arguments, got {}; signature: {TO_TENSOR}",
-                arg_types.len()
-            );
-        }
+        crate::check_arity(self.name(), TO_TENSOR, arg_types.len(), &[1, 3])?;
         check_image_arg(self.name(), TO_TENSOR, &arg_types[0])?;
         let mut types = vec![image_type()];
         types.extend(arg_types[1..].iter().cloned());

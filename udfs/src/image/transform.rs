@@ -297,12 +297,7 @@ impl ScalarUDFImpl for ResizeFunc {
     crate::function_basics!("image_resize");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if !matches!(arg_types.len(), 3 | 4) {
-            return plan_err!(
-                "image_resize takes 3 or 4 arguments, got {}; signature: {RESIZE}",
-                arg_types.len()
-            );
-        }
+        crate::check_arity(self.name(), RESIZE, arg_types.len(), &[3, 4])?;
         check_image_arg(self.name(), RESIZE, &arg_types[0])?;
         let mut types = vec![image_type(), DataType::Int64, DataType::Int64];
         types.extend(arg_types.get(3).map(|_| DataType::Utf8));
@@ -434,12 +429,7 @@ impl ScalarUDFImpl for RandomFlipFunc {
     crate::function_basics!("image_random_flip");
 
     fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        if arg_types.len() != 2 {
-            return plan_err!(
-                "image_random_flip takes 2 arguments, got {}; signature: {FLIP}",
-                arg_types.len()
-            );
-        }
+        crate::check_arity(self.name(), FLIP, arg_types.len(), &[2])?;
         check_image_arg(self.name(), FLIP, &arg_types[0])?;
         Ok(vec![image_type(), DataType::Int64])
     }
