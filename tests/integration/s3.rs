@@ -43,6 +43,14 @@ fn start_moto(test: &str) -> Option<Moto> {
     start_moto_with_env(test, &[])
 }
 
+/// [`start_moto`] with the bucket `bucket` made, and a store of it.
+fn moto_with_bucket(test: &str, bucket: &str) -> Option<(Moto, Arc<dyn ObjectStore>)> {
+    let moto = start_moto(test)?;
+    create_bucket(&moto.endpoint, bucket);
+    let store = store(&moto.endpoint, bucket);
+    Some((moto, store))
+}
+
 /// [`start_moto`] with extra environment for the server.
 fn start_moto_with_env(test: &str, env: &[(&str, &str)]) -> Option<Moto> {
     let required = std::env::var("SQLFEED_TEST_S3").is_ok_and(|v| v == "require");
@@ -157,11 +165,11 @@ fn s3_sqlfeed(moto: &Moto) -> Command {
 
 #[tokio::test]
 async fn s3_globs_hive_partitions_summarize_and_errors() -> Result<()> {
-    let Some(moto) = start_moto("s3_globs_hive_partitions_summarize_and_errors") else {
+    let Some((moto, s3)) =
+        moto_with_bucket("s3_globs_hive_partitions_summarize_and_errors", "train")
+    else {
         return Ok(());
     };
-    create_bucket(&moto.endpoint, "train");
-    let s3 = store(&moto.endpoint, "train");
     let local = tempfile::tempdir()?;
     gen_data(&local.path().join("flat"), 500, 3)?;
     gen_data(&local.path().join("month=1"), 120, 1)?;
@@ -250,11 +258,10 @@ fn wrong_credentials_fail_fast_naming_the_url() {
 
 #[tokio::test]
 async fn tokenizers_load_from_s3_urls() -> Result<()> {
-    let Some(moto) = start_moto("tokenizers_load_from_s3_urls") else {
+    let Some((moto, s3)) = moto_with_bucket("tokenizers_load_from_s3_urls", "models")
+    else {
         return Ok(());
     };
-    create_bucket(&moto.endpoint, "models");
-    let s3 = store(&moto.endpoint, "models");
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json");
     s3.put(
@@ -294,11 +301,11 @@ async fn tokenizers_load_from_s3_urls() -> Result<()> {
 #[cfg(feature = "delta")]
 #[tokio::test]
 async fn s3_delta_tables_read_at_every_version() -> Result<()> {
-    let Some(moto) = start_moto("s3_delta_tables_read_at_every_version") else {
+    let Some((moto, s3)) =
+        moto_with_bucket("s3_delta_tables_read_at_every_version", "lake")
+    else {
         return Ok(());
     };
-    create_bucket(&moto.endpoint, "lake");
-    let s3 = store(&moto.endpoint, "lake");
     let local = tempfile::tempdir()?;
     crate::delta::three_versions(&local.path().join("events")).await?;
     upload_tree(s3.as_ref(), &local.path().join("events"), "events").await?;
