@@ -62,9 +62,14 @@ fn script_file_with_statements_and_commands() -> Result<()> {
         ),
     )?;
     let out = succeeded(run(sqlfeed().args(["--format", "csv", "-f"]).arg(&script)));
-    assert!(out.contains("public,train,BASE TABLE"), "{out}");
-    assert!(out.contains("column_name,data_type,is_nullable"), "{out}");
-    assert!(out.contains("caption,Utf8,"), "{out}");
+    assert_contains(
+        &out,
+        &[
+            "public,train,BASE TABLE",
+            "column_name,data_type,is_nullable",
+            "caption,Utf8,",
+        ],
+    );
     Ok(())
 }
 
@@ -196,8 +201,7 @@ fn summarize_shows_temporal_min_and_max_as_dates_and_times() -> Result<()> {
 fn functions_and_help_list_what_exists() {
     let (ok, out, _) = run(sqlfeed().args(["-c", "\\functions"]));
     assert!(ok);
-    assert!(out.contains("standardize(x, mean, std)"), "{out}");
-    assert!(out.contains("byte_length(value)"), "{out}");
+    assert_contains(&out, &["standardize(x, mean, std)", "byte_length(value)"]);
     // One name: its whole documentation, example output included.
     let (ok, out, _) = run(sqlfeed().args(["-c", "\\functions one_hot"]));
     assert!(ok);
@@ -348,11 +352,15 @@ fn demo_generates_data_and_prints_one_row_per_label() -> Result<()> {
         .arg(&data));
     assert!(ok, "{err}");
     assert!(err.contains("generated 2000 rows"), "{err}");
-    assert!(out.contains("10 rows in"), "{out}");
-    assert!(out.contains("preprocessed 2000 rows"), "{out}");
+    assert_contains(&out, &["10 rows in", "preprocessed 2000 rows"]);
     // Then the training feed: 2 epochs of ⌊2000 / 256⌋ = 7 exact batches.
-    assert!(err.contains("feed on cpu: x float32, y int64, image float32, tokens int64, tokens_mask bool"), "{err}");
-    assert!(err.contains("14 batches, 3584 rows"), "{err}");
+    assert_contains(
+        &err,
+        &[
+            "feed on cpu: x float32, y int64, image float32, tokens int64, tokens_mask bool",
+            "14 batches, 3584 rows",
+        ],
+    );
     // Second run reuses the data.
     let (ok, _, err) = run(sqlfeed()
         .args(["demo", "--rows", "2000", "--dir"])

@@ -500,8 +500,7 @@ fn an_executor_killed_mid_job_ends_the_job_promptly_and_clearly() -> Result<()> 
     } else {
         // sqlfeed's guard noticed the lost executor (3 s of missed
         // heartbeats), cancelled the job and named the executor.
-        assert!(err.contains("was lost while job"), "{err}");
-        assert!(err.contains("run it again"), "{err}");
+        assert_contains(&err, &["was lost while job", "run it again"]);
         assert!(
             killed_at.elapsed() < Duration::from_secs(30),
             "{:?}",
@@ -1138,8 +1137,7 @@ fn an_executor_cache_is_written_and_read_on_the_executors() -> Result<()> {
         assert!(!epochs[0].contains("dealt=true"), "{}", epochs[0]);
         for epoch in &epochs[1..] {
             // Read from the parts and dealt: each rank fetched its half.
-            assert!(epoch.contains("dealt=true"), "{epoch}");
-            assert!(epoch.contains("fetched_rows=1.50 K"), "{epoch}");
+            assert_contains(epoch, &["dealt=true", "fetched_rows=1.50 K"]);
         }
     }
     // One committed entry whose parts hold the epoch's rows.

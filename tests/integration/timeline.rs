@@ -13,7 +13,7 @@ use sqlfeed::datagen::{GenOptions, generate};
 use sqlfeed::device::Device;
 use sqlfeed::feed::{Bound, Feed};
 
-use super::common::{run, sqlfeed};
+use super::common::{assert_contains, run, sqlfeed};
 
 /// 64×64 PNGs: decoding them is the feed's work.
 fn images(dir: &Path, rows: u64) -> Result<String> {
@@ -172,8 +172,7 @@ fn the_cli_writes_a_page_that_renders_in_a_browser_with_the_verdict() -> Result<
     // The browser's DOM holds the verdict and the charts.
     let (ok, dom, err) = headless(&browser, &page, &["--dump-dom"]);
     assert!(ok, "chromium --dump-dom failed: {err}");
-    assert!(dom.contains("id=\"verdict\""), "{dom}");
-    assert!(dom.contains("bound by image_"), "{dom}");
+    assert_contains(&dom, &["id=\"verdict\"", "bound by image_"]);
     assert_eq!(dom.matches("<svg").count(), 5, "five charts");
     // And it paints them: the busiest stage's colour fills part of the
     // screenshot (#4e79a7, the first colour of the palette).
