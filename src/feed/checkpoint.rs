@@ -559,6 +559,18 @@ mod tests {
         );
     }
 
+    /// The error of resuming `checkpoint` in `shape` over `files`, which
+    /// must be refused.
+    fn refusal(
+        checkpoint: &Checkpoint,
+        shape: &FeedShape,
+        files: &[InputFile],
+        on_change: OnDataChange,
+    ) -> String {
+        let refused = checkpoint.resume_point(shape, files, on_change);
+        refused.expect_err("a refused resume").to_string()
+    }
+
     #[test]
     fn a_new_shape_goes_on_from_the_same_row() -> Result<()> {
         let data = [file("file:/d/a.parquet", 5)];
@@ -579,10 +591,8 @@ mod tests {
             bucketed: true,
             ..three_ranks
         };
-        let err = checkpoint(&data)
-            .resume_point(&bucketed, &data, OnDataChange::Error)
-            .unwrap_err();
-        assert!(err.to_string().contains("world=2, batch_size=4"), "{err}");
+        let err = refusal(&checkpoint(&data), &bucketed, &data, OnDataChange::Error);
+        assert!(err.contains("world=2, batch_size=4"), "{err}");
         Ok(())
     }
 
@@ -593,21 +603,24 @@ mod tests {
             seed: Some(4),
             ..shape()
         };
-        let err = checkpoint(&data)
-            .resume_point(&other_seed, &data, OnDataChange::Continue)
-            .unwrap_err();
-        assert!(
-            err.to_string().contains("seed=3 but this feed has seed=4"),
-            "{err}"
+        let err = refusal(
+            &checkpoint(&data),
+            &other_seed,
+            &data,
+            OnDataChange::Continue,
         );
+        assert!(err.contains("seed=3 but this feed has seed=4"), "{err}");
         let other_query = FeedShape {
             query: query_fingerprint("SELECT 2"),
             ..shape()
         };
-        let err = checkpoint(&data)
-            .resume_point(&other_query, &data, OnDataChange::Continue)
-            .unwrap_err();
-        assert!(err.to_string().contains("query="), "{err}");
+        let err = refusal(
+            &checkpoint(&data),
+            &other_query,
+            &data,
+            OnDataChange::Continue,
+        );
+        assert!(err.contains("query="), "{err}");
     }
 
     #[test]
@@ -618,12 +631,9 @@ mod tests {
             before[1].clone(),
             file("file:/d/c.parquet", 9),
         ];
-        let err = checkpoint(&before)
-            .resume_point(&shape(), &added, OnDataChange::Error)
-            .unwrap_err();
+        let err = refusal(&checkpoint(&before), &shape(), &added, OnDataChange::Error);
         assert!(
-            err.to_string()
-                .contains("1 added: file:/d/c.parquet): the rest of epoch 1"),
+            err.contains("1 added: file:/d/c.parquet): the rest of epoch 1"),
             "{err}"
         );
         let restart = checkpoint(&before).resume_point(
@@ -648,12 +658,14 @@ mod tests {
         );
         assert_eq!(appended.data.len(), 2);
         let rewritten = [file("file:/d/a.parquet", 6), before[1].clone()];
-        let err = checkpoint(&before)
-            .resume_point(&shape(), &rewritten, OnDataChange::Continue)
-            .unwrap_err();
+        let err = refusal(
+            &checkpoint(&before),
+            &shape(),
+            &rewritten,
+            OnDataChange::Continue,
+        );
         assert!(
-            err.to_string()
-                .contains("1 changed (size or modification time): file:/d/a.parquet"),
+            err.contains("1 changed (size or modification time): file:/d/a.parquet"),
             "{err}"
         );
         let unshuffled = FeedShape {
@@ -662,10 +674,13 @@ mod tests {
         };
         let mut unshuffled_checkpoint = checkpoint(&before);
         unshuffled_checkpoint.seed = None;
-        let err = unshuffled_checkpoint
-            .resume_point(&unshuffled, &added, OnDataChange::Continue)
-            .unwrap_err();
-        assert!(err.to_string().contains("needs a shuffled feed"), "{err}");
+        let err = refusal(
+            &unshuffled_checkpoint,
+            &unshuffled,
+            &added,
+            OnDataChange::Continue,
+        );
+        assert!(err.contains("needs a shuffled feed"), "{err}");
         Ok(())
     }
 

@@ -147,6 +147,11 @@ mod tests {
         assert_eq!(tokens.batches_in_run(1_000), None);
     }
 
+    /// The start of an epoch after `rows` of it, at step `first_step`.
+    fn after_rows(rows: u64, first_step: u64) -> EpochStart {
+        EpochStart::Rows { rows, first_step }
+    }
+
     #[test]
     fn a_run_is_the_rest_of_its_first_epoch_then_whole_ones_less_skips() {
         let mut run = length(10, 2, false);
@@ -158,13 +163,7 @@ mod tests {
         assert_eq!(run.batches_in_run(95), Some(12));
         // After 50 rows of epoch 1 (another shape's checkpoint): 45 rows
         // left, 3 steps numbered from 7.
-        run.resume = (
-            1,
-            EpochStart::Rows {
-                rows: 50,
-                first_step: 7,
-            },
-        );
+        run.resume = (1, after_rows(50, 7));
         assert_eq!(run.batches_in_run(95), Some(13));
         // Skips count where they fall inside the run: step 8 of epoch 1
         // (steps 7..10), step 4 of epoch 3; not step 2 of epoch 1 (before
@@ -185,13 +184,7 @@ mod tests {
         // rows, 6 steps; after 20 of them, 4. Epoch 1 is whole again.
         run.continued = Some((0, 40));
         assert_eq!(run.batches_in_run(100), Some(16));
-        run.resume = (
-            0,
-            EpochStart::Rows {
-                rows: 20,
-                first_step: 2,
-            },
-        );
+        run.resume = (0, after_rows(20, 2));
         assert_eq!(run.batches_in_run(100), Some(14));
     }
 
