@@ -11,6 +11,7 @@
 
 mod common;
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::error::Result;
 use sqlfeed::Session;
@@ -21,19 +22,11 @@ async fn main() -> Result<()> {
     let data = args.data()?;
     let session = Session::try_new()?;
 
-    let schema = session
-        .collect(session.sql(&format!("DESCRIBE '{data}'")).await?)
-        .await?;
+    let schema = query(&session, &format!("DESCRIBE '{data}'")).await?;
     println!("{}", pretty_format_batches(&schema)?);
     let read_for_schema = session.io_counters().bytes_read();
 
-    let first = session
-        .collect(
-            session
-                .sql(&format!("SELECT * FROM '{data}' LIMIT 1"))
-                .await?,
-        )
-        .await?;
+    let first = query(&session, &format!("SELECT * FROM '{data}' LIMIT 1")).await?;
     let shown = first.iter().map(|b| b.num_rows()).sum::<usize>();
     println!(
         "first row: {shown} row(s), {} columns",
@@ -42,13 +35,7 @@ async fn main() -> Result<()> {
     let read = session.io_counters().bytes_read();
 
     // The whole dataset's size, from the listing (no data read).
-    let size = session
-        .collect(
-            session
-                .sql(&format!("SELECT count(*) AS rows FROM '{data}'"))
-                .await?,
-        )
-        .await?;
+    let size = query(&session, &format!("SELECT count(*) AS rows FROM '{data}'")).await?;
     println!("{}", pretty_format_batches(&size)?);
     let total: u64 = local_bytes(&data);
     println!(
@@ -57,6 +44,11 @@ async fn main() -> Result<()> {
         100.0 * read as f64 / total.max(1) as f64
     );
     Ok(())
+}
+
+/// Plans `sql` and collects its batches.
+async fn query(session: &Session, sql: &str) -> Result<Vec<RecordBatch>> {
+    session.collect(session.sql(sql).await?).await
 }
 
 /// Size of the local files matching `pattern` (0 for URLs).
