@@ -271,6 +271,12 @@ async fn wrong_arguments_are_plan_errors() {
 }
 
 /// Runs `expr` (with `b` bound to each blob) over a table of PNG blobs.
+/// Asserts that [`eval`] of `expr` over `blobs` fails saying `expected`.
+async fn eval_error(blobs: Vec<Vec<u8>>, expr: &str, expected: &str) {
+    let err = eval(blobs, expr).await.expect_err(expr).to_string();
+    assert!(err.contains(expected), "{expr}: {err}");
+}
+
 async fn eval(blobs: Vec<Vec<u8>>, expr: &str) -> Result<ArrayRef> {
     let ctx = SessionContext::new();
     crate::register_all(&ctx)?;
@@ -301,17 +307,12 @@ async fn center_crop_takes_the_middle_window() -> Result<()> {
         .flat_map(|(y, x)| (0..3).map(move |c| (y * 12 + x * 3 + c) as u8))
         .collect();
     assert_eq!(fields(out.as_struct(), 0), (2, 2, 3, expected));
-    let err = eval(
+    eval_error(
         vec![png(1, 1, &[0, 0, 0], ExtendedColorType::Rgb8)],
         "image_center_crop(image_decode(b), 2, 2)",
+        "row 0 is 1x1, smaller than the 2x2 crop",
     )
-    .await
-    .expect_err("too small")
-    .to_string();
-    assert!(
-        err.contains("row 0 is 1x1, smaller than the 2x2 crop"),
-        "{err}"
-    );
+    .await;
     Ok(())
 }
 
@@ -365,17 +366,12 @@ async fn to_tensor_is_chw_scaled_and_normalised() -> Result<()> {
     for (got, want) in values(&normalised).iter().zip(want) {
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }
-    let err = eval(
+    eval_error(
         vec![blob],
         "image_to_tensor(image_decode(b), [0.5, 0.5], [1.0])",
+        "mean has 2 values but the image in row 0 has 3 channels",
     )
-    .await
-    .expect_err("2 means for 3 channels")
-    .to_string();
-    assert!(
-        err.contains("mean has 2 values but the image in row 0 has 3 channels"),
-        "{err}"
-    );
+    .await;
     Ok(())
 }
 
@@ -449,13 +445,8 @@ async fn resize_keeps_flat_colours_and_nearest_picks_pixels() -> Result<()> {
     assert_eq!((h, w, c), (2, 2, 1));
     assert!(pixels.iter().all(|p| gray.contains(p)), "{pixels:?}");
     assert!(pixels.windows(2).all(|p| p[0] < p[1]), "{pixels:?}");
-    let err = eval(vec![flat], "image_resize(image_decode(b), 0, 4)")
-        .await
-        .expect_err("zero height");
-    assert!(
-        err.to_string().contains("height must be in 1..=65535"),
-        "{err}"
-    );
+    let zero_height = "image_resize(image_decode(b), 0, 4)";
+    eval_error(vec![flat], zero_height, "height must be in 1..=65535").await;
     Ok(())
 }
 
