@@ -40,6 +40,7 @@ use sqlfeed_udfs::augment::epoch_seed;
 use sqlfeed_udfs::user::{FunctionOrigin, user_function};
 
 /// A Python function; see the module docs.
+#[derive(Debug)]
 pub(crate) struct PyFunction {
     name: String,
     signature: Signature,
@@ -51,16 +52,6 @@ pub(crate) struct PyFunction {
     seed: Option<u64>,
     /// `module.qualname`, for messages.
     qualname: String,
-}
-
-impl std::fmt::Debug for PyFunction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PyFunction")
-            .field("name", &self.name)
-            .field("qualname", &self.qualname)
-            .field("return_type", &self.return_type)
-            .finish()
-    }
 }
 
 impl PartialEq for PyFunction {
