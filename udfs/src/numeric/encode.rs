@@ -495,8 +495,10 @@ mod tests {
         .await;
     }
 
-    /// The rows of a `one_hot` result, `None` for a NULL row.
-    fn one_hot_rows(out: &ArrayRef) -> Vec<Option<Vec<f32>>> {
+    /// The rows of a `one_hot` result `width` wide, `None` for a NULL row.
+    #[track_caller]
+    fn one_hot_rows(out: &ArrayRef, width: i32) -> Vec<Option<Vec<f32>>> {
+        assert_eq!(out.data_type(), &one_hot_type(width));
         let list = out.as_fixed_size_list();
         (0..list.len())
             .map(|row| {
@@ -517,9 +519,8 @@ mod tests {
              (VALUES ('Gentoo'), ('Adelie'), (NULL), ('Chinstrap')) AS t(s)"
         ))
         .await?;
-        assert_eq!(out.data_type(), &one_hot_type(3));
         assert_eq!(
-            one_hot_rows(&out),
+            one_hot_rows(&out, 3),
             vec![
                 Some(vec![0.0, 0.0, 1.0]),
                 Some(vec![1.0, 0.0, 0.0]),
@@ -538,9 +539,8 @@ mod tests {
                  (VALUES ('Chinstrap'), (NULL)) AS t(s)"
             ))
             .await?;
-            assert_eq!(out.data_type(), &one_hot_type(3), "{t}");
             assert_eq!(
-                one_hot_rows(&out),
+                one_hot_rows(&out, 3),
                 vec![Some(vec![0.0, 1.0, 0.0]), None],
                 "{t}"
             );
@@ -558,9 +558,8 @@ mod tests {
             batch,
         )
         .await?;
-        assert_eq!(out.data_type(), &one_hot_type(3));
         assert_eq!(
-            one_hot_rows(&out),
+            one_hot_rows(&out, 3),
             vec![
                 Some(vec![0.0, 0.0, 1.0]),
                 None,
@@ -607,14 +606,14 @@ mod tests {
         ))
         .await?;
         assert_eq!(
-            one_hot_rows(&out),
+            one_hot_rows(&out, 3),
             vec![Some(vec![0.0; 3]), Some(vec![0.0, 0.0, 1.0]), None]
         );
         let batch = penguins(vec![Some(1), Some(2)])?;
         let sql = format!("SELECT one_hot(species, {PENGUINS}, 'zeros') FROM t");
         let out = query_table(&sql, batch).await?;
         assert_eq!(
-            one_hot_rows(&out),
+            one_hot_rows(&out, 3),
             vec![Some(vec![0.0; 3]), Some(vec![1.0, 0.0, 0.0])]
         );
         // 'error' is the default, spelled out.
