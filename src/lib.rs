@@ -35,5 +35,7 @@ pub mod rand;
 pub mod session;
 pub mod shuffle;
 pub mod sql;
+#[cfg(test)]
+mod test_util;
 
 pub use session::{Session, SessionBuilder};

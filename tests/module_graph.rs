@@ -24,7 +24,7 @@ type Graph = BTreeMap<String, BTreeSet<String>>;
 /// The top-level modules from the bottom up: each imports only from the
 /// layers before its own. A new module must be placed here.
 const LAYERS: &[&[&str]] = &[
-    &["config", "rand", "exec"],
+    &["config", "rand", "exec", "test_util"],
     &["device", "datagen", "shuffle"],
     &["cache"],
     &["sql"],

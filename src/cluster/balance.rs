@@ -155,9 +155,13 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{BinaryArray, Int64Array, RecordBatch};
     use datafusion::error::Result;
+    use datafusion::parquet::basic::Compression;
+    use datafusion::parquet::file::properties::WriterProperties;
     use datafusion::physical_optimizer::PhysicalOptimizerRule;
     use datafusion::physical_plan::ExecutionPlanProperties;
     use datafusion::prelude::SessionContext;
+
+    use crate::test_util::{plan_over_parquet, write_parquet};
 
     /// A file of `rows` rows of `payload` bytes each.
     fn write(path: &std::path::Path, rows: usize, payload: usize) -> Result<()> {
@@ -173,22 +177,11 @@ mod tests {
                 )) as _,
             ),
         ])?;
-        let file = std::fs::File::create(path)?;
-        let mut writer = datafusion::parquet::arrow::ArrowWriter::try_new(
-            file,
-            batch.schema(),
-            Some(
-                datafusion::parquet::file::properties::WriterProperties::builder()
-                    .set_max_row_group_row_count(Some(50))
-                    .set_compression(
-                        datafusion::parquet::basic::Compression::UNCOMPRESSED,
-                    )
-                    .build(),
-            ),
-        )?;
-        writer.write(&batch)?;
-        writer.close()?;
-        Ok(())
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(50))
+            .set_compression(Compression::UNCOMPRESSED)
+            .build();
+        write_parquet(path, &batch, Some(properties))
     }
 
     /// Rows each partition of `plan` reads.
@@ -213,17 +206,7 @@ mod tests {
         let ctx = SessionContext::new_with_config(
             datafusion::prelude::SessionConfig::new().with_target_partitions(2),
         );
-        ctx.register_parquet(
-            "t",
-            dir.path().to_string_lossy().as_ref(),
-            datafusion::prelude::ParquetReadOptions::default(),
-        )
-        .await?;
-        let scan = ctx
-            .sql("SELECT id, blob FROM t")
-            .await?
-            .create_physical_plan()
-            .await?;
+        let scan = plan_over_parquet(&ctx, dir.path(), "SELECT id, blob FROM t").await?;
         let by_bytes = rows_per_partition(&ctx, Arc::clone(&scan)).await?;
         assert_eq!(by_bytes.len(), 2);
         assert_eq!(by_bytes.iter().sum::<usize>(), 4200);

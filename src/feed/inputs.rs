@@ -71,12 +71,7 @@ pub(super) mod tests {
             "id",
             std::sync::Arc::new(ids) as datafusion::arrow::array::ArrayRef,
         )])?;
-        let file = std::fs::File::create(path)?;
-        let mut writer =
-            datafusion::parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None)?;
-        writer.write(&batch)?;
-        writer.close()?;
-        Ok(())
+        crate::test_util::write_parquet(path, &batch, None)
     }
 
     #[tokio::test]

@@ -210,11 +210,11 @@ fn fitted_rows(
 #[cfg(test)]
 mod tests {
     use datafusion::arrow::array::{BinaryArray, Int64Array, RecordBatch};
-    use datafusion::parquet::arrow::ArrowWriter;
     use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
-    use datafusion::prelude::{ParquetReadOptions, SessionContext};
+    use datafusion::prelude::SessionContext;
 
     use super::*;
+    use crate::test_util::plan_over_parquet;
 
     /// A file of 1000 rows of `id` and a distinct 3000-byte `blob`, written
     /// without statistics.
@@ -233,14 +233,7 @@ mod tests {
         let properties = WriterProperties::builder()
             .set_statistics_enabled(EnabledStatistics::None)
             .build();
-        let mut writer = ArrowWriter::try_new(
-            std::fs::File::create(path)?,
-            batch.schema(),
-            Some(properties),
-        )?;
-        writer.write(&batch)?;
-        writer.close()?;
-        Ok(())
+        crate::test_util::write_parquet(path, &batch, Some(properties))
     }
 
     #[tokio::test]
@@ -249,18 +242,7 @@ mod tests {
         let path = dir.path().join("wide.parquet");
         wide_file_without_statistics(&path)?;
         let context = SessionContext::new();
-        context
-            .register_parquet(
-                "t",
-                path.display().to_string(),
-                ParquetReadOptions::default(),
-            )
-            .await?;
-        let plan = context
-            .sql("SELECT blob, id FROM t")
-            .await?
-            .create_physical_plan()
-            .await?;
+        let plan = plan_over_parquet(&context, &path, "SELECT blob, id FROM t").await?;
         let mut scans = vec![];
         plan.apply(|node| {
             if unsized_file_scan(node).is_some() {
