@@ -599,27 +599,18 @@ mod tests {
     #[test]
     fn another_query_or_seed_is_refused() {
         let data = [file("file:/d/a.parquet", 5)];
+        let saved = checkpoint(&data);
         let other_seed = FeedShape {
             seed: Some(4),
             ..shape()
         };
-        let err = refusal(
-            &checkpoint(&data),
-            &other_seed,
-            &data,
-            OnDataChange::Continue,
-        );
+        let err = refusal(&saved, &other_seed, &data, OnDataChange::Continue);
         assert!(err.contains("seed=3 but this feed has seed=4"), "{err}");
         let other_query = FeedShape {
             query: query_fingerprint("SELECT 2"),
             ..shape()
         };
-        let err = refusal(
-            &checkpoint(&data),
-            &other_query,
-            &data,
-            OnDataChange::Continue,
-        );
+        let err = refusal(&saved, &other_query, &data, OnDataChange::Continue);
         assert!(err.contains("query="), "{err}");
     }
 
