@@ -15,7 +15,7 @@ use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionConfig;
 
-use super::batcher::EpochStart;
+use super::batcher::{EpochStart, Shard};
 use super::columns::{self, TensorColumn};
 use super::epoch_cache::{EpochCache, EpochQuery};
 use super::metrics::FeedMetrics;
@@ -88,10 +88,12 @@ impl Producer {
             ready: events.clone(),
             columns,
             batching: Batching {
-                batch_rows: options.batch_size,
-                rank: options.rank,
-                world: options.world,
-                drop_last: options.drop_last,
+                shard: Shard {
+                    batch_rows: options.batch_size,
+                    rank: options.rank,
+                    world: options.world,
+                    drop_last: options.drop_last,
+                },
                 token_budget: options.token_budget,
                 bucket_window: options.bucket_window,
                 length_column,

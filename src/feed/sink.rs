@@ -119,14 +119,9 @@ pub(crate) type ReadySender = mpsc::Sender<FeedEvent>;
 /// How rows become batches (fixed for a feed).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Batching {
-    /// Rows per batch (`B`).
-    pub(crate) batch_rows: usize,
-    /// This rank.
-    pub(crate) rank: usize,
-    /// Number of ranks (`W`).
-    pub(crate) world: usize,
-    /// Drop the last partial chunk.
-    pub(crate) drop_last: bool,
+    /// Rows per batch (`B`), this rank of `W`, and whether the last partial
+    /// chunk is dropped.
+    pub(crate) shard: Shard,
     /// Pack batches to a token budget instead of a row count.
     pub(crate) token_budget: Option<usize>,
     /// Length bucketing: window in global steps.
@@ -237,10 +232,10 @@ impl DisplayAs for DeviceSinkExec {
             ("device", device),
             match b.token_budget {
                 Some(tokens) => ("batch_tokens", tokens.to_string()),
-                None => ("batch_size", b.batch_rows.to_string()),
+                None => ("batch_size", b.shard.batch_rows.to_string()),
             },
-            ("shard", format!("{}/{}", b.rank, b.world)),
-            ("drop_last", b.drop_last.to_string()),
+            ("shard", format!("{}/{}", b.shard.rank, b.shard.world)),
+            ("drop_last", b.shard.drop_last.to_string()),
             ("epoch", self.epoch.to_string()),
         ];
         if self.dealt {
@@ -343,28 +338,23 @@ impl SinkRun {
                 budget,
                 column: length_column,
                 pad_to: b.length_column.and_then(|(_, pad_to)| pad_to),
-                rank: b.rank,
-                world: b.world,
-                drop_last: b.drop_last,
+                rank: b.shard.rank,
+                world: b.shard.world,
+                drop_last: b.shard.drop_last,
             }),
             // The deal on the executors cut the shard and the last step, so
             // the rows are this rank's: a step is `B` of them.
             None if self.dealt => Cut::Dealt {
-                batch_rows: b.batch_rows,
-                world: b.world,
+                batch_rows: b.shard.batch_rows,
+                world: b.shard.world,
             },
-            None => Cut::Shard(Shard {
-                batch_rows: b.batch_rows,
-                rank: b.rank,
-                world: b.world,
-                drop_last: b.drop_last,
-            }),
+            None => Cut::Shard(b.shard),
         };
         let mut batcher = Batcher::new(cut, epoch, self.start);
         let mut bucketer = b.bucket_window.map(|window| {
             LengthBucketer::new(
                 window,
-                b.batch_rows * b.world,
+                b.shard.batch_rows * b.shard.world,
                 length_column,
                 b.seed,
                 epoch,
@@ -499,8 +489,8 @@ impl SinkRun {
             // position after it is the next epoch's start).
             rows_after: if self.dealt {
                 (rows.step + 1)
-                    * (self.target.batching.batch_rows * self.target.batching.world)
-                        as u64
+                    * (self.target.batching.shard.batch_rows
+                        * self.target.batching.shard.world) as u64
             } else {
                 rows.rows_after
             },

@@ -163,6 +163,8 @@ pub async fn collect(session: &sqlfeed::Session, sql: &str) -> Result<Vec<Record
 }
 
 /// The error of a statement that must fail to plan on `session`.
+// Only the Delta Lake tests use it so far.
+#[cfg_attr(not(feature = "delta"), allow(dead_code))]
 pub async fn sql_error(session: &sqlfeed::Session, sql: &str) -> String {
     match session.sql(sql).await {
         Ok(_) => panic!("{sql} was planned"),
