@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use datafusion::arrow::ffi::{FFI_ArrowSchema, to_ffi};
 use datafusion::common::config::{ConfigOptions, ExtensionOptions, Extensions};
+use datafusion::common::plan_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
     AggregateUDFImpl, ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
@@ -46,7 +47,7 @@ pub fn library_in(dir: &Path, crate_name: &str) -> std::path::PathBuf {
 
 /// A Plan error about plugin `path` (the user gave a bad library).
 pub fn plugin_error(path: &Path, message: impl std::fmt::Display) -> DataFusionError {
-    DataFusionError::Plan(format!("plugin '{}': {message}", path.display()))
+    plan_datafusion_err!("plugin '{}': {message}", path.display())
 }
 
 /// Opens the library at `path`, checks its header and takes its functions.
