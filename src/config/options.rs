@@ -70,9 +70,12 @@ extensions_options! {
 
 impl SqlfeedOptions {
     /// The settings in `config`, or the defaults where the session has none
-    /// registered.
-    pub fn of(config: &datafusion::config::ConfigOptions) -> Self {
-        config.extensions.get::<Self>().cloned().unwrap_or_default()
+    /// registered; borrowed, so that a rule reading one setting per plan
+    /// node copies nothing.
+    pub fn of(config: &datafusion::config::ConfigOptions) -> &Self {
+        static DEFAULTS: std::sync::LazyLock<SqlfeedOptions> =
+            std::sync::LazyLock::new(SqlfeedOptions::default);
+        config.extensions.get::<Self>().unwrap_or(&DEFAULTS)
     }
 }
 

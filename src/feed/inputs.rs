@@ -20,7 +20,7 @@ pub async fn input_files(session: &Session, sql: &str) -> Result<Vec<InputFile>>
     // Only the files matter here: a MIX whose weights change by step plans
     // with any step size (the feed's comes with each epoch's plan).
     let mut config = state.config().clone();
-    let mut options = crate::config::SqlfeedOptions::of(config.options());
+    let mut options = crate::config::SqlfeedOptions::of(config.options()).clone();
     if options.feed_step_rows == 0 {
         options.feed_step_rows = 1;
         config.options_mut().extensions.insert(options);

@@ -279,7 +279,8 @@ impl Producer {
                 epoch,
             ),
         );
-        let mut sqlfeed_options = crate::config::SqlfeedOptions::of(config.options());
+        let mut sqlfeed_options =
+            crate::config::SqlfeedOptions::of(config.options()).clone();
         sqlfeed_options.feed_step_rows = (options.batch_size * options.world) as u64;
         config.options_mut().extensions.insert(sqlfeed_options);
         config

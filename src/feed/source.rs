@@ -75,8 +75,8 @@ fn executor_cache_dir(session: &Session) -> Option<String> {
     let state = session.context().state_ref();
     let state = state.read();
     let dir =
-        crate::config::SqlfeedOptions::of(state.config().options()).executor_cache_dir;
-    Some(dir).filter(|dir| !dir.is_empty())
+        &crate::config::SqlfeedOptions::of(state.config().options()).executor_cache_dir;
+    Some(dir.clone()).filter(|dir| !dir.is_empty())
 }
 
 #[cfg(test)]

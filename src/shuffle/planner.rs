@@ -197,7 +197,7 @@ fn requested_final_stage(session: &dyn Session) -> FinalStage {
     };
     FinalStage {
         ranges,
-        deal: Deal::requested(&options).filter(|_| ranges >= 2),
+        deal: Deal::requested(options).filter(|_| ranges >= 2),
         unique_rows: options.assume_unique_rows,
     }
 }

@@ -351,10 +351,10 @@ crate::exec::node_rewrite_rule!(ParallelFunctions, "sqlfeed_parallel_functions")
 
 impl NodeRewrite for ParallelFunctions {
     fn rewrite(&self, node: PlanNode, config: &ConfigOptions) -> Rewritten {
-        let batch_bytes = SqlfeedOptions::of(config).function_batch_bytes;
         let Some(projection) = node.as_ref().downcast_ref::<ProjectionExec>() else {
             return Ok(Transformed::no(node));
         };
+        let batch_bytes = SqlfeedOptions::of(config).function_batch_bytes;
         if batch_bytes == 0
             || !projection
                 .expr()
