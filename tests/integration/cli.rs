@@ -9,7 +9,8 @@ use datafusion::arrow::array::{
 };
 
 use crate::common::{
-    assert_contains, csv, gen_data, generated, run, sqlfeed, succeeded, write_parquet,
+    assert_contains, csv, csv_with, gen_data, generated, run, sqlfeed, succeeded,
+    write_parquet,
 };
 
 #[test]
@@ -400,15 +401,11 @@ fn broken_pipe_is_not_an_error() {
 #[test]
 fn set_applies_a_setting_and_names_a_bad_one() {
     // Applied before the statements run.
-    let out = succeeded(run(sqlfeed().args([
-        "--set",
-        "datafusion.execution.batch_size=1234",
-        "--format",
-        "csv",
-        "-c",
+    let out = csv_with(
+        &["--set", "datafusion.execution.batch_size=1234"],
         "SELECT value FROM information_schema.df_settings \
          WHERE name = 'datafusion.execution.batch_size'",
-    ])));
+    );
     assert_eq!(out, "value\n1234\n");
     // An unknown key and a value the setting cannot take are named.
     for (setting, named) in [
