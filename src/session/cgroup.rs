@@ -180,9 +180,36 @@ mod tests {
         }
     }
 
+    /// The real machine's cgroups, read here file by file: the limit found
+    /// is the lowest number in a limit file on this process's cgroup paths,
+    /// and none is found only where no such file holds a limit.
     #[test]
-    fn this_process_limit_can_be_read_without_error() {
-        // Whatever the machine: a number or none, never a panic.
-        let _ = memory_limit();
+    fn this_process_limit_is_the_lowest_limit_file_on_its_cgroup_paths() {
+        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mount = Path::new(CGROUP_MOUNT);
+        let mut limits = vec![];
+        for line in membership.lines() {
+            let Some(path) = line.splitn(3, ':').nth(2) else {
+                continue;
+            };
+            for ancestor in Path::new(path.trim_start_matches('/')).ancestors() {
+                for file in [
+                    mount.join(ancestor).join("memory.max"),
+                    mount
+                        .join("memory")
+                        .join(ancestor)
+                        .join("memory.limit_in_bytes"),
+                ] {
+                    if let Some(limit) = std::fs::read_to_string(&file)
+                        .ok()
+                        .and_then(|text| text.trim().parse::<u64>().ok())
+                        .filter(|&limit| limit < UNLIMITED)
+                    {
+                        limits.push(limit);
+                    }
+                }
+            }
+        }
+        assert_eq!(memory_limit(), limits.iter().copied().min(), "{membership}");
     }
 }
