@@ -400,10 +400,12 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 batch_rows,
                 ranged,
                 unique_rows,
+                copies,
             } => Arc::new(
                 ShuffleMergeExec::new(input, seed, epoch, batch_rows)
                     .ranged(ranged)
-                    .unique_rows(unique_rows),
+                    .unique_rows(unique_rows)
+                    .with_copies(copies),
             ),
             WireNode::RangeBucket { ranges, counted } => {
                 Arc::new(RangeBucketExec::try_new_counted(input, ranges, counted)?)
@@ -421,13 +423,16 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::Permute {
                 per_partition,
                 ranged,
+                copies,
             } => {
                 let mode = match (ranged, per_partition) {
                     (true, _) => PermuteMode::Ranged,
                     (false, true) => PermuteMode::PerPartition,
                     (false, false) => PermuteMode::Gather,
                 };
-                Arc::new(PermuteExec::try_new_with_mode(input, mode)?)
+                Arc::new(
+                    PermuteExec::try_new_with_mode(input, mode)?.with_copies(copies)?,
+                )
             }
 
             other @ (WireNode::Shuffle { .. }
@@ -461,6 +466,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 batch_rows: root.batch_rows(),
                 ranged: root.is_ranged(),
                 unique_rows: root.is_unique_rows(),
+                copies: root.copies(),
             }
         } else if let Some(bucket) = plan.downcast_ref::<RangeBucketExec>() {
             WireNode::RangeBucket {
@@ -507,6 +513,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::Permute {
                 per_partition: permute.mode() == PermuteMode::PerPartition,
                 ranged: permute.mode() == PermuteMode::Ranged,
+                copies: permute.copies(),
             }
         } else {
             return self.inner.try_encode(node, buf, proto_converter);

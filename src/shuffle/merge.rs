@@ -29,6 +29,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::CopyIdentity;
 use crate::exec::{BatchStream, Setting};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Schema};
@@ -112,6 +113,8 @@ pub struct ShuffleMergeExec {
     /// With `ranged`: the shuffle was planned for unique rows (no copy
     /// stage), and a repeated row fails the task (`unique.rs`).
     unique_rows: bool,
+    /// With `unique_rows`: which columns make two rows copies.
+    copies: CopyIdentity,
 }
 
 impl ShuffleMergeExec {
@@ -129,7 +132,19 @@ impl ShuffleMergeExec {
             batch_rows: batch_rows.max(1),
             ranged: false,
             unique_rows: false,
+            copies: CopyIdentity::Values,
         }
+    }
+
+    /// Tells repeated rows apart by `copies` (see [`CopyIdentity`]).
+    pub fn with_copies(mut self, copies: CopyIdentity) -> Self {
+        self.copies = copies;
+        self
+    }
+
+    /// Which columns make two rows copies.
+    pub fn copies(&self) -> CopyIdentity {
+        self.copies
     }
 
     /// This ranged shuffle planned for unique rows: a repeated row fails the
@@ -195,7 +210,8 @@ impl ExecutionPlan for ShuffleMergeExec {
         rebuild: |this, child| {
             Ok(Self::new(child, this.seed, this.epoch, this.batch_rows)
                 .ranged(this.ranged)
-                .unique_rows(this.unique_rows))
+                .unique_rows(this.unique_rows)
+                .with_copies(this.copies))
         },
     }
 
@@ -250,7 +266,7 @@ impl ExecutionPlan for ShuffleMergeExec {
         );
         let stream = self.input.execute(partition, Arc::new(ctx))?;
         if self.unique_rows {
-            super::unique::refuse_repeated_rows(stream)
+            super::unique::refuse_repeated_rows(stream, self.copies)
         } else {
             Ok(stream)
         }

@@ -103,6 +103,7 @@ use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 
 pub use content_hash::row_key_hash;
+pub use copies::CopyIdentity;
 pub use deal::{Deal, DealExec, RANK_ROUTE_COLUMN, RankShardExec};
 pub use keep_order::KeepShuffleOrder;
 pub use key::{

@@ -18,7 +18,7 @@ use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion_session::Session;
 
 use super::{
-    Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
+    CopyIdentity, Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
     RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec, RankShardExec,
     SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
     ShuffleSpec, shuffle_batch_rows,
@@ -82,10 +82,12 @@ pub fn plan_global_shuffle(
     let (seed, epoch) = (shuffle.seed, shuffle.epoch);
     let KeyedRows {
         plan: keyed,
+        copies,
         batch_rows,
         ..
     } = key_rows(input, shuffle)?;
-    let permuted: Arc<dyn ExecutionPlan> = Arc::new(PermuteExec::try_new(keyed)?);
+    let permuted: Arc<dyn ExecutionPlan> =
+        Arc::new(PermuteExec::try_new(keyed)?.with_copies(copies)?);
     Ok(Arc::new(ShuffleMergeExec::new(
         permuted, seed, epoch, batch_rows,
     )))
@@ -132,6 +134,8 @@ struct KeyedRows {
     plan: Arc<dyn ExecutionPlan>,
     /// How many columns come before the key.
     columns: usize,
+    /// Which of those columns make two rows copies.
+    copies: CopyIdentity,
     /// Rows per batch of the permutation and merge, sized for the rows they
     /// move: the input's, or with `carry` the outputs'.
     batch_rows: usize,
@@ -150,6 +154,7 @@ fn key_rows(input: Arc<dyn ExecutionPlan>, shuffle: GlobalShuffle) -> Result<Key
     } = shuffle;
     let columns = input.schema().fields().len();
     let carrying = carry.is_some();
+    let copies = carried_copy_identity(CopyIdentity::of(&source), carry.as_deref());
     let input_batch_rows = batch_rows_for(&input, memory_limit, session_batch_size);
     let keyed: Arc<dyn ExecutionPlan> =
         Arc::new(ShuffleKeyExec::try_new(input, seed, epoch)?.with_source(source)?);
@@ -162,8 +167,28 @@ fn key_rows(input: Arc<dyn ExecutionPlan>, shuffle: GlobalShuffle) -> Result<Key
     Ok(KeyedRows {
         plan,
         columns,
+        copies,
         batch_rows,
     })
+}
+
+/// The copy identity of the input's rows after `carry` replaced its columns:
+/// a content hash column carried as it is keeps telling copies apart (at its
+/// new position); otherwise the carried values do.
+fn carried_copy_identity(
+    copies: CopyIdentity,
+    carry: Option<&[(Arc<dyn PhysicalExpr>, String)]>,
+) -> CopyIdentity {
+    let (CopyIdentity::ContentHash(index), Some(carry)) = (copies, carry) else {
+        return copies;
+    };
+    carry
+        .iter()
+        .position(|(expr, _)| {
+            expr.downcast_ref::<Column>()
+                .is_some_and(|column| column.index() == index)
+        })
+        .map_or(CopyIdentity::Values, CopyIdentity::ContentHash)
 }
 
 /// `keyed` (the input's `columns` columns, then the key) with `carry`'s
@@ -285,6 +310,7 @@ pub fn plan_sorted_shuffle(
     let KeyedRows {
         plan: keyed,
         columns,
+        copies,
         batch_rows,
     } = key_rows(input, shuffle)?;
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
@@ -302,10 +328,10 @@ pub fn plan_sorted_shuffle(
             keyed,
             Partitioning::Hash(vec![key], partitions),
         )?);
-        Arc::new(PermuteExec::try_new_with_mode(
-            exchanged,
-            PermuteMode::PerPartition,
-        )?)
+        Arc::new(
+            PermuteExec::try_new_with_mode(exchanged, PermuteMode::PerPartition)?
+                .with_copies(copies)?,
+        )
     };
     let shuffled: Arc<dyn ExecutionPlan> = if ranges >= 2 {
         let bucketed: Arc<dyn ExecutionPlan> = Arc::new(
@@ -325,7 +351,8 @@ pub fn plan_sorted_shuffle(
         let shuffled: Arc<dyn ExecutionPlan> = Arc::new(
             ShuffleMergeExec::new(sorted, seed, epoch, batch_rows)
                 .ranged(true)
-                .unique_rows(unique_rows),
+                .unique_rows(unique_rows)
+                .with_copies(copies),
         );
         match deal {
             None => shuffled,

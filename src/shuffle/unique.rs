@@ -39,9 +39,9 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
-use super::SHUFFLE_KEY_COLUMN;
 use super::copies::rows_equal;
 use super::range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN};
+use super::{CopyIdentity, SHUFFLE_KEY_COLUMN};
 
 /// What the error of a repeated row says first: the cluster client looks for
 /// it in a failed job's message.
@@ -49,16 +49,16 @@ pub const REPEATED_ROWS: &str =
     "sqlfeed: repeated rows in a SHUFFLE planned for unique rows";
 
 /// Where the columns of a keyed, range-routed row are.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Layout {
-    /// Columns `0..content` are the row's values.
-    content: usize,
+    /// The columns that make two rows copies (see [`CopyIdentity`]).
+    content: std::ops::Range<usize>,
     key: usize,
     counts: Option<usize>,
 }
 
 impl Layout {
-    fn of(schema: &SchemaRef) -> Result<Self> {
+    fn of(schema: &SchemaRef, copies: CopyIdentity) -> Result<Self> {
         let index = |name: &str| schema.index_of(name).ok();
         let Some(key) = index(SHUFFLE_KEY_COLUMN) else {
             return internal_err!("the unique-rows check needs {SHUFFLE_KEY_COLUMN}");
@@ -69,8 +69,16 @@ impl Layout {
             .flatten()
             .min()
             .unwrap_or(key);
+        if let CopyIdentity::ContentHash(index) = copies
+            && index >= content
+        {
+            return internal_err!(
+                "the unique-rows check's content hash column {index} is not one of the \
+                 {content} columns of a row"
+            );
+        }
         Ok(Self {
-            content,
+            content: copies.columns(content),
             key,
             counts,
         })
@@ -86,7 +94,7 @@ struct Run {
 
 impl Run {
     /// Checks row `i` of `batch` against the run; fails on a repeated row.
-    fn push(&mut self, batch: &RecordBatch, i: usize, layout: Layout) -> Result<()> {
+    fn push(&mut self, batch: &RecordBatch, i: usize, layout: &Layout) -> Result<()> {
         let keys = batch.column(layout.key).as_primitive::<UInt64Type>();
         let key = keys.value(i);
         if self.key != Some(key) {
@@ -95,7 +103,7 @@ impl Run {
         } else if self
             .rows
             .iter()
-            .any(|seen| rows_equal(batch, i, seen, 0, layout.content))
+            .any(|seen| rows_equal(batch, i, seen, 0, layout.content.clone()))
         {
             return exec_err!(
                 "{REPEATED_ROWS}: two rows hold the same values (key {key:016x}). A cluster \
@@ -110,12 +118,14 @@ impl Run {
 }
 
 /// `input` (key-sorted rows of one range) passed on unchanged, failing at
-/// the first row whose values another row of the range holds.
+/// the first row whose values (as `copies` says) another row of the range
+/// holds.
 pub(crate) fn refuse_repeated_rows(
     input: SendableRecordBatchStream,
+    copies: CopyIdentity,
 ) -> Result<SendableRecordBatchStream> {
     let schema = input.schema();
-    let layout = Layout::of(&schema)?;
+    let layout = Layout::of(&schema, copies)?;
     let mut run = Run::default();
     let checked = input.map(move |batch| {
         let batch = batch?;
@@ -124,7 +134,7 @@ pub(crate) fn refuse_repeated_rows(
             if counts.as_ref().is_some_and(|c| c.is_valid(i)) {
                 continue;
             }
-            run.push(&batch, i, layout)?;
+            run.push(&batch, i, &layout)?;
         }
         Ok(batch)
     });
@@ -163,7 +173,9 @@ mod tests {
             schema,
             futures::stream::iter(batches.into_iter().map(Ok)),
         ));
-        let out: Vec<RecordBatch> = refuse_repeated_rows(stream)?.try_collect().await?;
+        let out: Vec<RecordBatch> = refuse_repeated_rows(stream, CopyIdentity::Values)?
+            .try_collect()
+            .await?;
         Ok(out.iter().map(RecordBatch::num_rows).sum())
     }
 

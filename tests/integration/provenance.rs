@@ -121,6 +121,67 @@ fn explained_rows_are_the_rows_of_the_batch() -> Result<()> {
     Ok(())
 }
 
+/// Issue 56, item 1: over repeated rows the explained rows hold the values
+/// of the batch at each position (the feed spreads copies; explaining put
+/// them side by side), and no row is named twice in an epoch.
+#[test]
+fn explained_copies_of_repeated_rows_are_in_the_batch_where_the_feed_puts_them()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // Two files of 500 rows, v = i % 700 over i in 0..1000: 300 values
+    // twice (copies in one file and across the two), 400 once.
+    for file in 0..2i64 {
+        let values =
+            Int64Array::from_iter_values((file * 500..(file + 1) * 500).map(|i| i % 700));
+        let batch = RecordBatch::try_from_iter(vec![("v", arc(values))])?;
+        let out = std::fs::File::create(dir.path().join(format!("part-{file}.parquet")))?;
+        let mut writer = ArrowWriter::try_new(out, batch.schema(), None)?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    let value_at = |origin: &sqlfeed::feed::RowOrigin| -> i64 {
+        let file: i64 = if origin.file.ends_with("part-1.parquet") {
+            1
+        } else {
+            0
+        };
+        (file * 500 + origin.row as i64) % 700
+    };
+    let session = session()?;
+    let glob = format!("{}/*.parquet", dir.path().display());
+    for (seed, world) in [(7, 1), (3, 2)] {
+        for rank in 0..world {
+            let builder = Feed::builder(&session, format!("SELECT v FROM '{glob}'"))
+                .shuffle(seed)
+                .batch_size(100)
+                .shard(rank, world)
+                .epochs(2);
+            let mut named = std::collections::HashSet::new();
+            for batch in builder.clone().device(Device::Cpu).build()? {
+                let batch = batch?;
+                let fed = batch.tensor("v")?.as_slice::<i64>()?.to_vec();
+                let origins = builder.explain_batch(batch.epoch(), batch.step())?;
+                let explained: Vec<i64> = origins.rows.iter().map(value_at).collect();
+                assert_eq!(
+                    explained,
+                    fed,
+                    "seed {seed} rank {rank}/{world} epoch {} step {}",
+                    batch.epoch(),
+                    batch.step()
+                );
+                for origin in origins.rows {
+                    assert!(
+                        named.insert((batch.epoch(), origin.file.clone(), origin.row)),
+                        "{origin:?} named twice in epoch {}",
+                        batch.epoch()
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn explained_batches_follow_an_elastic_resume_and_a_folder_glob() -> Result<()> {
     let dir = tempfile::tempdir()?;

@@ -1020,3 +1020,73 @@ async fn volatile_functions_stay_under_the_shuffle() -> Result<()> {
     assert!(!above_last_shuffle(&plan, "random()"), "{plan}");
     Ok(())
 }
+
+/// Issue 56, item 1: keyed by a content hash column, rows that share it are
+/// copies whatever else they carry (`explain_batch`'s origins ride along),
+/// so they are spread like independent rows, and each copy's place is the
+/// same in memory and spilled, on any partitioning: copies are numbered in
+/// the order of what they carry.
+#[tokio::test]
+async fn rows_sharing_a_content_hash_are_spread_and_placed_the_same_when_spilled()
+-> Result<()> {
+    use datafusion::logical_expr::{Extension, LogicalPlan};
+    use sqlfeed::shuffle::{ShuffleKey, ShuffleNode};
+
+    // 200k rows (~5 MB keyed) of 1000 contents (200 copies each); `origin`
+    // rides along.
+    let dir = tempfile::tempdir()?;
+    let origin = Int64Array::from_iter_values(0..200_000);
+    let content = Int64Array::from_iter_values((0..200_000).map(|i| (i * 7919) % 1000));
+    let batch = RecordBatch::try_from_iter(vec![
+        ("origin", arc(origin)),
+        ("content", arc(content)),
+    ])?;
+    write_parquet(&dir.path().join("rows.parquet"), &batch)?;
+    let spill = tempfile::tempdir()?;
+    let roomy = session(3, 1024)?;
+    let tight = Session::builder()
+        .memory_limit(1 << 20)
+        .target_partitions(2)
+        .batch_size(1024)
+        .spill_dir(spill.path())
+        .build()?;
+    let mut orders = vec![];
+    for s in [&roomy, &tight] {
+        let sql = format!(
+            "SELECT origin, CAST(content AS BIGINT UNSIGNED) AS h FROM '{}'",
+            dir.path().display()
+        );
+        let (state, plan) = s.sql(&sql).await?.into_parts();
+        let shuffled = LogicalPlan::Extension(Extension {
+            node: std::sync::Arc::new(ShuffleNode::try_new_keyed(
+                plan,
+                ShuffleSpec::Global { seed: 4, epoch: 1 },
+                ShuffleKey::ContentHash("h".into()),
+            )?),
+        });
+        let df = datafusion::dataframe::DataFrame::new(state, shuffled);
+        let analyzed = rows(&df.clone().explain(false, true)?.collect().await?);
+        let plan = &analyzed[0][1];
+        assert_contains(plan, &["copies_by=h"]);
+        let spilled = !plan.contains("spill_count=0") && plan.contains("spill_count=");
+        orders.push((ids(&df.collect().await?), spilled));
+    }
+    let [(in_memory, false), (spilled, true)] = &orders[..] else {
+        panic!(
+            "expected one run in memory and one spilled: {:?}",
+            orders.iter().map(|o| o.1).collect::<Vec<_>>()
+        );
+    };
+    assert_eq!(in_memory, spilled, "copies placed differently when spilled");
+    assert_eq!(sorted(in_memory), (0..200_000).collect::<Vec<i64>>());
+    // Spread: a content's 200 copies do not sit side by side (neighbours of
+    // one content are ~1/1000 of the rows when spread, all but 1000 when
+    // not).
+    let content_of = |origin: i64| (origin * 7919) % 1000;
+    let adjacent = in_memory
+        .windows(2)
+        .filter(|w| content_of(w[0]) == content_of(w[1]))
+        .count();
+    assert!(adjacent < 1000, "{adjacent} neighbours share their content");
+    Ok(())
+}

@@ -279,6 +279,11 @@ pub struct ShuffleRoot {
     /// plan without a copy stage relies on.
     #[prost(bool, tag = "5")]
     pub unique_rows: bool,
+    /// Version 3: the content hash column that alone makes two rows copies
+    /// (absent: every column does). An executor that ignored it would
+    /// compare the columns that ride along and order copies differently.
+    #[prost(uint64, optional, tag = "6")]
+    pub copies_by_column: Option<u64>,
 }
 
 /// `LocalShuffleExec`, and `ShuffleSpec::Local`.
@@ -297,4 +302,7 @@ pub struct Permute {
     pub per_partition: bool,
     #[prost(bool, tag = "2")]
     pub ranged: bool,
+    /// Version 3: as `ShuffleRoot::copies_by_column`.
+    #[prost(uint64, optional, tag = "3")]
+    pub copies_by_column: Option<u64>,
 }

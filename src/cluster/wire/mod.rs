@@ -29,7 +29,7 @@ use messages::*;
 
 use crate::shuffle::mix::MixSpec;
 use crate::shuffle::mix::pattern::{TurnsOrigin, Window};
-use crate::shuffle::{Deal, KeySource, ShuffleKey, ShuffleSpec};
+use crate::shuffle::{CopyIdentity, Deal, KeySource, ShuffleKey, ShuffleSpec};
 
 /// What a sqlfeed payload holds: the nodes of sqlfeed's codecs
 /// (`super::codec`), as the messages below carry them.
@@ -64,6 +64,8 @@ pub enum WireNode {
         /// Planned for unique rows: a repeated row fails the task
         /// (`ShuffleMergeExec::unique_rows`).
         unique_rows: bool,
+        /// Which columns make two rows copies (`ShuffleMergeExec::copies`).
+        copies: CopyIdentity,
     },
     /// `RangeBucketExec`.
     RangeBucket {
@@ -100,6 +102,8 @@ pub enum WireNode {
         per_partition: bool,
         /// `PermuteMode::Ranged` (overrides `per_partition`).
         ranged: bool,
+        /// Which columns make two rows copies (`PermuteExec::copies`).
+        copies: CopyIdentity,
     },
 
     /// `MixNode` (logical).
@@ -144,7 +148,7 @@ pub const PREFIX: &[u8] = b"sqlfeed";
 pub const WIRE_FORMAT: u8 = 2;
 
 /// The version of the messages below; see the module docs.
-pub const WIRE_VERSION: u32 = 2;
+pub const WIRE_VERSION: u32 = 3;
 
 fn to_points(schedules: &[Vec<(u64, f64)>]) -> Vec<SchedulePoints> {
     schedules
@@ -271,12 +275,14 @@ fn to_message(node: &WireNode) -> Node {
             batch_rows,
             ranged,
             unique_rows,
+            copies,
         } => Node::ShuffleRoot(ShuffleRoot {
             seed: *seed,
             epoch: *epoch,
             batch_rows: *batch_rows as u64,
             ranged: *ranged,
             unique_rows: *unique_rows,
+            copies_by_column: copies_by_column(*copies),
         }),
         WireNode::RangeBucket { ranges, counted } => Node::RangeBucket(RangeBucket {
             ranges: *ranges as u64,
@@ -301,9 +307,11 @@ fn to_message(node: &WireNode) -> Node {
         WireNode::Permute {
             per_partition,
             ranged,
+            copies,
         } => Node::Permute(Permute {
             per_partition: *per_partition,
             ranged: *ranged,
+            copies_by_column: copies_by_column(*copies),
         }),
         WireNode::Mix { spec } => Node::Mix(MixSpecNode {
             names: spec.names.clone(),
@@ -377,6 +385,23 @@ fn one_per_source(
     Ok(())
 }
 
+/// A [`CopyIdentity`] as its message field: the content hash column's
+/// position, absent for [`CopyIdentity::Values`].
+fn copies_by_column(copies: CopyIdentity) -> Option<u64> {
+    match copies {
+        CopyIdentity::Values => None,
+        CopyIdentity::ContentHash(index) => Some(index as u64),
+    }
+}
+
+/// The [`CopyIdentity`] of a message field written by [`copies_by_column`].
+fn copy_identity(column: Option<u64>) -> std::result::Result<CopyIdentity, String> {
+    Ok(match column {
+        None => CopyIdentity::Values,
+        Some(index) => CopyIdentity::ContentHash(usize_of(index, "content hash column")?),
+    })
+}
+
 fn usize_of(value: u64, what: &str) -> std::result::Result<usize, String> {
     usize::try_from(value)
         .map_err(|_| format!("its {what} {value} does not fit this machine"))
@@ -433,6 +458,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             batch_rows: usize_of(root.batch_rows, "batch rows")?,
             ranged: root.ranged,
             unique_rows: root.unique_rows,
+            copies: copy_identity(root.copies_by_column)?,
         },
         Node::RangeBucket(bucket) => WireNode::RangeBucket {
             ranges: usize_of(bucket.ranges, "range count")?,
@@ -455,6 +481,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
         Node::Permute(permute) => WireNode::Permute {
             per_partition: permute.per_partition,
             ranged: permute.ranged,
+            copies: copy_identity(permute.copies_by_column)?,
         },
         Node::Mix(mix) => {
             one_per_source(&mix.names, mix.weights.len(), "weights")?;
@@ -553,6 +580,7 @@ mod tests {
                 batch_rows: 8192,
                 ranged: false,
                 unique_rows: false,
+                copies: CopyIdentity::Values,
             },
             WireNode::ShuffleRoot {
                 seed: 7,
@@ -560,6 +588,7 @@ mod tests {
                 batch_rows: 64,
                 ranged: true,
                 unique_rows: true,
+                copies: CopyIdentity::ContentHash(0),
             },
             WireNode::RangeBucket {
                 ranges: 4,
@@ -588,14 +617,17 @@ mod tests {
             WireNode::Permute {
                 per_partition: true,
                 ranged: false,
+                copies: CopyIdentity::Values,
             },
             WireNode::Permute {
                 per_partition: false,
                 ranged: false,
+                copies: CopyIdentity::ContentHash(3),
             },
             WireNode::Permute {
                 per_partition: false,
                 ranged: true,
+                copies: CopyIdentity::Values,
             },
             WireNode::Function,
             WireNode::UserFunction {
@@ -679,12 +711,15 @@ mod tests {
                 batch_rows: 3,
                 ranged: false,
                 unique_rows: false,
+                copies: CopyIdentity::ContentHash(4),
             },
             &mut buf,
         );
-        // version = 2 (field 1, varint); shuffle_root (field 4, length 6):
-        // seed (1) = 1, epoch (2) = 2, batch_rows (3) = 3.
-        let expected: &[u8] = b"sqlfeed\x02\x08\x02\x22\x06\x08\x01\x10\x02\x18\x03";
+        // version = 3 (field 1, varint); shuffle_root (field 4, length 8):
+        // seed (1) = 1, epoch (2) = 2, batch_rows (3) = 3,
+        // copies_by_column (6) = 4.
+        let expected: &[u8] =
+            b"sqlfeed\x02\x08\x03\x22\x08\x08\x01\x10\x02\x18\x03\x30\x04";
         assert_eq!(buf, expected);
     }
 
@@ -717,7 +752,7 @@ mod tests {
         assert!(err.contains("invalid protobuf"), "{err}");
         assert!(message(b"sqlfeed").contains("empty"));
         // (Field 99, length 0.)
-        let err = message(b"sqlfeed\x02\x08\x02\x9a\x06\x00");
+        let err = message(b"sqlfeed\x02\x08\x03\x9a\x06\x00");
         assert!(err.contains("no node this version knows"), "{err}");
         // Required parts left out.
         let mut buf = b"sqlfeed\x02".to_vec();

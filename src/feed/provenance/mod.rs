@@ -41,7 +41,12 @@
 //!
 //! Rows with equal content are interchangeable copies in the order (see
 //! [`crate::shuffle`]): which of them a batch holds is then not defined, and
-//! the answer names one of them.
+//! the answer names, at each position, a copy with that content, each copy
+//! once per epoch. The origins query's shuffle counts copies by the content
+//! hash alone ([`crate::shuffle::CopyIdentity::ContentHash`]): the origins
+//! that ride along differ between copies, and compared with them every copy
+//! looked unique and kept its content key, so copies sat side by side where
+//! the feed spreads them.
 //!
 //! # What it follows
 //! Rows through scans of Parquet files, projections, filters, sorts,

@@ -39,6 +39,9 @@
 //! the later copies apart, then the first copies are merged with them (see
 //! `merge_runs`). Any numbering of identical rows gives the same output, so
 //! this is as partition-invariant as the content key (see [`super::copies`]).
+//! Which columns are compared is the operator's [`CopyIdentity`]: all of
+//! them, or only a content hash column that the other columns ride along
+//! with (`explain_batch`'s origins, a cached epoch).
 //!
 //! # Ordering
 //! Output is in ascending key order, the same order as the sort-based plan.
@@ -99,7 +102,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::SHUFFLE_KEY_COLUMN;
+use super::{CopyIdentity, SHUFFLE_KEY_COLUMN};
 
 mod permuter;
 use crate::exec::BatchStream;
@@ -131,6 +134,9 @@ pub struct PermuteExec {
     input: Arc<dyn ExecutionPlan>,
     /// Which partitions are permuted together.
     mode: PermuteMode,
+    /// Which columns make two rows copies (unused by [`PermuteMode::Ranged`],
+    /// whose rows have their final keys).
+    copies: CopyIdentity,
     /// Output schema: the input's without the key ([`PermuteMode::Gather`])
     /// or with the final key ([`PermuteMode::PerPartition`]).
     schema: SchemaRef,
@@ -178,6 +184,7 @@ impl PermuteExec {
         Ok(Self {
             input,
             mode,
+            copies: CopyIdentity::Values,
             schema: Arc::clone(properties.eq_properties.schema()),
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -188,28 +195,65 @@ impl PermuteExec {
     pub fn mode(&self) -> PermuteMode {
         self.mode
     }
+
+    /// Tells copies apart by `copies` ([`CopyIdentity::Values`] unless set);
+    /// a content hash column that is not one of the input's columns before
+    /// the key is an internal error.
+    pub fn with_copies(mut self, copies: CopyIdentity) -> Result<Self> {
+        let key_column = self.input.schema().fields().len() - 1;
+        if let CopyIdentity::ContentHash(index) = copies
+            && index >= key_column
+        {
+            return internal_err!(
+                "PermuteExec: content hash column {index} is not one of the {key_column} \
+                 columns before the key"
+            );
+        }
+        self.copies = copies;
+        Ok(self)
+    }
+
+    /// Which columns make two rows copies.
+    pub fn copies(&self) -> CopyIdentity {
+        self.copies
+    }
 }
 
 impl DisplayAs for PermuteExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        // Copies told apart by a content hash column: name it.
+        let copies = match self.copies {
+            CopyIdentity::Values => None,
+            CopyIdentity::ContentHash(index) => {
+                Some(self.input.schema().field(index).name().clone())
+            }
+        };
         if let DisplayFormatType::TreeRender = t {
             let mode = match self.mode {
                 PermuteMode::Gather => "gather",
                 PermuteMode::PerPartition => "per_partition",
                 PermuteMode::Ranged => "ranged",
             };
-            return write!(f, "key={SHUFFLE_KEY_COLUMN}\nmode={mode}");
+            write!(f, "key={SHUFFLE_KEY_COLUMN}\nmode={mode}")?;
+            if let Some(column) = copies {
+                write!(f, "\ncopies_by={column}")?;
+            }
+            return Ok(());
         }
         match self.mode {
-            PermuteMode::Gather => write!(f, "PermuteExec: key={SHUFFLE_KEY_COLUMN}"),
+            PermuteMode::Gather => write!(f, "PermuteExec: key={SHUFFLE_KEY_COLUMN}")?,
             PermuteMode::PerPartition => write!(
                 f,
                 "PermuteExec: key={SHUFFLE_KEY_COLUMN}, preserve_partitioning=true"
-            ),
+            )?,
             PermuteMode::Ranged => write!(
                 f,
                 "PermuteExec: key={SHUFFLE_KEY_COLUMN}, preserve_partitioning=true, ranged=true"
-            ),
+            )?,
+        }
+        match copies {
+            Some(column) => write!(f, ", copies_by={column}"),
+            None => Ok(()),
         }
     }
 }
@@ -218,7 +262,9 @@ impl ExecutionPlan for PermuteExec {
     crate::exec::one_input_operator! {
         name: "PermuteExec",
         properties: own,
-        rebuild: |this, child| Self::try_new_with_mode(child, this.mode),
+        rebuild: |this, child| {
+            Self::try_new_with_mode(child, this.mode)?.with_copies(this.copies)
+        },
     }
 
     // All input partitions are read here, in parallel; nothing to gain from
@@ -353,7 +399,12 @@ impl ExecutionPlan for PermuteExec {
             spill_manager,
             ctx.session_config().batch_size().max(1),
             // Below a range exchange the copies are numbered already.
-            self.mode != PermuteMode::Ranged,
+            (self.mode != PermuteMode::Ranged)
+                .then(|| self.copies.columns(input_schema.fields().len() - 1)),
+            match self.mode {
+                PermuteMode::Ranged => vec![],
+                _ => self.copies.ties(input_schema.fields().len() - 1),
+            },
         );
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);

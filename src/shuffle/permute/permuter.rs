@@ -3,6 +3,7 @@
 //! spilled when the reservation is full, and the output in key order
 //! (gathered from memory, or merged from the runs).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -27,7 +28,9 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
 use super::super::SHUFFLE_KEY_COLUMN;
-use super::super::copies::{CopyCounter, copy_key, spread_copies_in_index};
+use super::super::copies::{
+    CopyCounter, copy_key, order_copies_by_ties, spread_copies_in_index,
+};
 
 use super::INDEX_ENTRY_BYTES;
 
@@ -49,11 +52,19 @@ pub(super) struct Permuter {
     spill_manager: SpillManager,
     /// Rows per output batch and per spilled batch.
     batch_rows: usize,
-    /// Position of the key column (= the number of content columns).
+    /// Position of the key column (= the number of carried columns).
     key_column: usize,
-    /// The keys are content keys whose copies still need their own keys;
-    /// unset for the sorter of copies, whose keys are final.
-    spread_copies: bool,
+    /// The keys are content keys whose copies still need their own keys,
+    /// and these columns tell copies apart ([`CopyIdentity::columns`]);
+    /// `None` for the sorter of copies and below a range exchange, whose
+    /// keys are final.
+    ///
+    /// [`CopyIdentity::columns`]: super::super::CopyIdentity
+    spread_copies: Option<Range<usize>>,
+    /// The columns that order rows of equal keys (copies, before they are
+    /// numbered) among themselves; empty where copies are equal in every
+    /// column. Runs, merges and the index all follow it (see `copies.rs`).
+    ties: Vec<usize>,
     /// Most bytes held before spilling, besides what the pool allows; set
     /// for the sorter of later copies (see `merge_runs`).
     hold_limit: Option<usize>,
@@ -66,7 +77,8 @@ impl Permuter {
         pool: &Arc<dyn MemoryPool>,
         spill_manager: SpillManager,
         batch_rows: usize,
-        spread_copies: bool,
+        spread_copies: Option<Range<usize>>,
+        ties: Vec<usize>,
     ) -> Self {
         let key_column = spill_manager.schema().fields().len() - 1;
         let merge_headroom = MemoryConsumer::new(format!(
@@ -85,6 +97,7 @@ impl Permuter {
             batch_rows,
             key_column,
             spread_copies,
+            ties,
             hold_limit: None,
         }
     }
@@ -153,9 +166,10 @@ impl Permuter {
     /// Builds the index of everything held, sorted by key. It is built once,
     /// at its exact size, from the held key columns (growing it batch by
     /// batch would briefly need three times its size when it reallocates).
-    /// Equal keys (copies of one row) fall back to arrival order, which
-    /// cannot be seen in the output.
-    pub(super) fn build_index(&mut self) {
+    /// Equal keys (copies of one row) are then ordered by the tie columns;
+    /// without any they stay in arrival order, which cannot be seen in the
+    /// output (the copies are equal in every column).
+    pub(super) fn build_index(&mut self) -> Result<()> {
         let rows = self.held.iter().map(|b| b.num_rows()).sum();
         let mut index = Vec::with_capacity(rows);
         for (batch_index, batch) in self.held.iter().enumerate() {
@@ -172,7 +186,9 @@ impl Permuter {
             }
         }
         index.sort_unstable();
+        order_copies_by_ties(&self.held, &mut index, &self.ties)?;
         self.index = index;
+        Ok(())
     }
 
     /// Output batch number `chunk`: the content columns of that slice of the
@@ -212,7 +228,7 @@ impl Permuter {
 
     /// Writes everything held as one run sorted by the held keys, and frees it.
     pub(super) fn spill(&mut self) -> Result<()> {
-        self.build_index();
+        self.build_index()?;
         let mut file = self
             .spill_manager
             .create_in_progress_file("PermuteExec run")?;
@@ -250,7 +266,7 @@ impl Permuter {
             .map(|run| run.max_record_batch_memory)
             .max()
             .unwrap_or(0);
-        let merges = if self.spread_copies { 2 } else { 1 };
+        let merges = if self.spread_copies.is_some() { 2 } else { 1 };
         let wanted = largest * 4 * merges;
         if wanted > self.merge_headroom.size() {
             let _ = self.merge_headroom.try_resize(wanted);
@@ -265,9 +281,9 @@ impl Permuter {
     ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         {
             let _timer = baseline.elapsed_compute().timer();
-            self.build_index();
-            if self.spread_copies
-                && spread_copies_in_index(&self.held, &mut self.index, self.key_column)
+            self.build_index()?;
+            if let Some(columns) = self.spread_copies.clone()
+                && spread_copies_in_index(&self.held, &mut self.index, columns)
             {
                 self.index.sort_unstable();
             }
@@ -300,8 +316,16 @@ impl Permuter {
         let schema = Arc::clone(self.spill_manager.schema());
         let key: Arc<dyn PhysicalExpr> =
             Arc::new(Column::new(SHUFFLE_KEY_COLUMN, self.key_column));
-        let ordering = LexOrdering::new([PhysicalSortExpr::new_default(key)])
-            .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
+        // Equal keys by the tie columns, as every run was written.
+        let ties = self.ties.iter().map(|&c| {
+            let column: Arc<dyn PhysicalExpr> =
+                Arc::new(Column::new(schema.field(c).name(), c));
+            PhysicalSortExpr::new_default(column)
+        });
+        let ordering = LexOrdering::new(
+            std::iter::once(PhysicalSortExpr::new_default(key)).chain(ties),
+        )
+        .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
         StreamingMergeBuilder::new()
             .with_sorted_spill_files(runs)
             .with_streams(streams)
@@ -331,10 +355,10 @@ impl Permuter {
             self.spill()?;
         }
         let runs = std::mem::take(&mut self.runs);
-        if !self.spread_copies {
+        let Some(copy_columns) = self.spread_copies.clone() else {
             let headroom = self.merge_headroom.take();
             return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
-        }
+        };
         // Everything is on disk: the copies take over the (empty) reservation,
         // so that a fair pool does not split the budget with an idle consumer.
         let reservation = std::mem::replace(
@@ -346,14 +370,15 @@ impl Permuter {
             &self.pool,
             self.spill_manager.clone(),
             self.batch_rows,
-            false,
+            None,
+            self.ties.clone(),
         );
         // The later copies accumulate while pass 1 merges and the operators
         // above run: a spillable consumer of a fair pool may take all that
         // is left and starve them, so it holds no more than this partition
         // set aside for a merge, and spills beyond.
         copies.hold_limit = Some(self.merge_headroom.size().max(1));
-        let mut counter = CopyCounter::new(self.key_column);
+        let mut counter = CopyCounter::new(copy_columns.clone());
         // Pass 1 merges alone, with all the headroom; it is given back to the
         // pool when the pass ends and set aside again at once for pass 2.
         let headroom_bytes = self.merge_headroom.size();
@@ -378,7 +403,7 @@ impl Permuter {
         // the outer one of its first copies with the later copies (the rest,
         // plus what the copies' sorter set aside if it spilled).
         let key_column = self.key_column;
-        let mut counter = CopyCounter::new(key_column);
+        let mut counter = CopyCounter::new(copy_columns);
         let runs_headroom = self.merge_headroom.split(self.merge_headroom.size() / 2);
         let first_copies = self
             .merge(runs, vec![], baseline.intermediate(), runs_headroom)?
