@@ -17,9 +17,6 @@ use crate::feed::{
     Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, OnDataChange,
 };
 
-/// How long the loop waits for a batch before it checks for SIGINT/SIGTERM.
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
-
 /// Options of `sqlfeed feed`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FeedArgs {
@@ -367,11 +364,16 @@ pub fn run(
                 "--explain rank {explained} is not a rank of --shard's world of {world}"
             );
         }
-        return print_origins(
-            &builder.shard(explained, world).explain_batch(epoch, step)?,
-        );
+        // Explaining reads the epoch up to the batch (a whole shuffle):
+        // waited for here, so that a signal ends it.
+        let explained = super::signals::until_signalled("explain", move || {
+            builder.shard(explained, world).explain_batch(epoch, step)
+        })??;
+        return print_origins(&explained);
     }
-    let mut feed = builder.build()?;
+    // Planning lists the files (a stalled object store can hold it).
+    let mut feed =
+        super::signals::until_signalled("feed-planning", move || builder.build())??;
     eprintln!("{}", feed.describe());
 
     let mut progress = std::io::stderr()
@@ -400,7 +402,7 @@ pub fn run(
             }
             return Err(super::signals::Stopped(stop).into());
         }
-        let batch = match feed.next_within(SIGNAL_CHECK) {
+        let batch = match feed.next_within(super::signals::SIGNAL_CHECK) {
             NextBatch::Ready(batch) => batch,
             NextBatch::Failed(err) => return Err(err.into()),
             NextBatch::Finished => break,

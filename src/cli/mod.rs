@@ -340,7 +340,13 @@ fn feed_until_stopped(
     match feed::run(&session, args, runtime.handle()) {
         Ok(()) => Ok(Ended::Finished(ExitCode::SUCCESS)),
         Err(e) => match e.downcast_ref::<signals::Stopped>() {
-            Some(signals::Stopped(stop)) => Ok(Ended::Stopped(*stop)),
+            Some(signals::Stopped(stop)) => {
+                // A planning or explaining call stopped midway still holds
+                // a clone of the session, so dropping ours would not remove
+                // the folder (see signals.rs).
+                let _ = std::fs::remove_dir_all(session.spill_folder());
+                Ok(Ended::Stopped(*stop))
+            }
             None => Err(e),
         },
     }

@@ -16,10 +16,24 @@
 //!  the session is dropped (its spill folder removed), one line on stderr,
 //!  exit 128 + signal: 130 for SIGINT, 143 for SIGTERM
 //! ```
+//! A feed's planning (`FeedBuilder::build`: listing the files, a stalled
+//! object store) and `--explain` (a whole shuffled epoch of origins) are
+//! blocking library calls that never look at the signal: they run on a
+//! thread of their own while the CLI waits in [`until_signalled`], which
+//! returns [`Stopped`] within 100 ms of a signal. The abandoned call ends
+//! with the process; the session's spill folder, which it may still hold
+//! through a clone of the session, is removed before the exit
+//! (`Session::remove_spill_folder`).
+//!
 //! The REPL keeps its own handling (Ctrl-C cancels the statement); the
 //! scheduler and executor servers keep the default action.
 
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// How often a blocked wait looks for a signal.
+pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// The termination signal received, 0 while none.
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
@@ -101,6 +115,41 @@ async fn wait() -> std::io::Result<Stop> {
 async fn wait() -> std::io::Result<Stop> {
     tokio::signal::ctrl_c().await?;
     Ok(Stop::Interrupt)
+}
+
+/// Runs `work`, a blocking call that does not look for signals, on a thread
+/// of its own and returns its result, or [`Stopped`] within
+/// [`SIGNAL_CHECK`] of a signal (see the module docs: the call is then
+/// abandoned, to end with the process).
+pub(crate) fn until_signalled<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("sqlfeed-{what}"))
+        .spawn(move || {
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            // The receiver is gone when a signal came first.
+            let _ = sender.send(done);
+        })
+        .map_err(|e| anyhow::anyhow!("cannot start a thread for {what}: {e}"))?;
+    loop {
+        if let Some(stop) = requested() {
+            return Err(Stopped(stop).into());
+        }
+        match receiver.recv_timeout(SIGNAL_CHECK) {
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(panic)) => anyhow::bail!(
+                "sqlfeed panicked in {what}: {}. This is a bug; please report it",
+                crate::exec::panic_message(&panic)
+            ),
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                anyhow::bail!("the thread of {what} ended without an answer")
+            }
+        }
+    }
 }
 
 /// The error a command returns when it stopped because of a signal, so that

@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::{files_below, sqlfeed};
@@ -185,4 +187,92 @@ fn sigint_to_a_spilling_query_cancels_it_and_exits_130() {
         Vec::<String>::new(),
         "spill folder removed"
     );
+}
+
+/// An HTTP server on 127.0.0.1 that accepts connections and never answers:
+/// an object store that stalls.
+struct StallingServer {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl StallingServer {
+    fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let port = listener.local_addr().expect("bound").port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (count, stopped) = (Arc::clone(&accepted), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut held = vec![];
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        held.push(stream);
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Self {
+            port,
+            accepted,
+            stop,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for StallingServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Issue 56, item 2: a feed being planned over a stalled store, and an
+/// `--explain`, stop on SIGTERM / SIGINT like a running feed (they were
+/// alive 10 s after it; the promise is a second).
+#[test]
+fn signals_stop_a_feed_while_it_is_planned_and_while_it_explains() {
+    for (signal, code, explain) in [("TERM", 143, false), ("INT", 130, true)] {
+        let server = StallingServer::start();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sql = format!(
+            "SELECT * FROM 'http://127.0.0.1:{}/data.parquet'",
+            server.port
+        );
+        let mut command = sqlfeed();
+        command
+            .args(["--allow-http", "--spill-dir"])
+            .arg(dir.path())
+            .args(["feed", &sql, "--shuffle-seed", "1", "--device", "cpu"]);
+        if explain {
+            command.args(["--explain", "0:3"]);
+        }
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sqlfeed starts");
+        wait_for("a connection to the stalled store", &mut child, || {
+            server.accepted() > 0
+        });
+        let (exit, stderr, _) = signal_and_wait(child, signal);
+        assert_eq!(exit, Some(code), "explain {explain}: {stderr}");
+        assert!(
+            stderr.contains(&format!("stopped by SIG{signal}")),
+            "{stderr}"
+        );
+        assert_eq!(
+            spill_folders(dir.path()),
+            Vec::<String>::new(),
+            "spill folder removed"
+        );
+    }
 }
