@@ -35,6 +35,7 @@
 mod builder;
 mod cgroup;
 mod create_function;
+mod library_file;
 mod scale_out;
 use crate::cache::liveness;
 pub mod object_stores;

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  --load libp.so ─┐
-//!  CREATE FUNCTION ├─► load(path) ─ read bytes ─► identity = xxh3-128(content)
-//!  --plugin-dir D ─┘        │
+//!  CREATE FUNCTION ├─► load(path) ─ read bytes ─► whole ELF? (library_file.rs)
+//!  --plugin-dir D ─┘        │                     identity = xxh3-128(content)
 //!                           ├─ dlopen ─► sqlfeed_plugin_header(): magic, plugin
 //!                           │            ABI, DataFusion major ─► refused by
 //!                           │            name on any mismatch, nothing called
@@ -76,6 +76,16 @@ pub fn load(path: &Path) -> Result<Arc<Plugin>> {
     })?;
     let bytes = std::fs::read(&canonical)
         .map_err(|e| plugin_error(&canonical, format!("cannot read it: {e}")))?;
+    // A library cut short maps pages past its end: SIGBUS on first touch.
+    super::library_file::check_whole_library(&bytes).map_err(|damage| {
+        plugin_error(
+            &canonical,
+            format!(
+                "the library is damaged: {damage}. Copy or build it again (a partial \
+                 copy or download cuts a file short)"
+            ),
+        )
+    })?;
     let identity = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes));
     drop(bytes);
     let mut loaded = LOADED

@@ -266,6 +266,31 @@ int not_a_plugin(void) { return 1; }
     assert_contains(&err, &["defines a function 'ngram_hash', which plugin"]);
 }
 
+/// Issue 56, item 3: a library cut short is named as damaged before the
+/// loader maps it (it crashed the process with SIGBUS).
+#[test]
+fn a_truncated_library_is_named_as_damaged_instead_of_crashing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let whole = std::fs::read(plugin()).expect("the plugin is readable");
+    for (name, cut) in [("libhalf.so", whole.len() / 2), ("libshort.so", 60)] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, &whole[..cut]).expect("write");
+        let mut command = sqlfeed();
+        command.arg("--load").arg(&path).args(["-c", "SELECT 1"]);
+        let output = command.output().expect("sqlfeed runs");
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "not killed by a signal: {err}"
+        );
+        assert_contains(
+            &err,
+            &[name, "the library is damaged", "Copy or build it again"],
+        );
+    }
+}
+
 #[test]
 fn a_cache_entry_of_a_plugin_function_is_not_served_to_another_build() -> Result<()> {
     let dir = tempfile::tempdir()?;
