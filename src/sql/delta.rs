@@ -48,7 +48,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use datafusion::catalog::{
     Session as CatalogSession, TableProvider, TableProviderFactory,
 };
-use datafusion::common::{Statistics, internal_err, plan_err};
+use datafusion::common::{Statistics, exec_err, internal_err, plan_err};
 use datafusion::common::{internal_datafusion_err, plan_datafusion_err};
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::error::{DataFusionError, Result};
@@ -180,6 +180,15 @@ async fn load(state: &SessionState, name: &str, at: &DeltaAt) -> Result<DeltaTab
         DeltaAt::Timestamp(time) => table.load_with_datetime(*time).await,
     };
     if let Err(e) = loaded {
+        // The kernel's words for a damaged log name neither the version nor
+        // the file ("Json error: Truncated record", a `ParsedLogPath`
+        // struct): read the log ourselves for those.
+        let store = table.log_store().object_store(None);
+        if let Some(damage) = damaged_log(store.as_ref()).await {
+            return exec_err!(
+                "cannot read {at} of the Delta Lake table '{name}': {damage}"
+            );
+        }
         let newest = match table.get_latest_version().await {
             Ok(newest) => format!(" (its newest version is {newest})"),
             Err(_) => String::new(),
@@ -222,6 +231,81 @@ async fn check_committed_by(
         );
     }
     Ok(())
+}
+
+/// What is wrong with the commit log of the table `store` is rooted at, in
+/// words naming the version and its file: a commit missing between the
+/// newest checkpoint and the newest commit, or a commit file with a line
+/// that is not JSON (cut short by a failed copy). `None` when the log reads
+/// well (the failure lies elsewhere) or cannot be listed.
+async fn damaged_log(store: &dyn ObjectStore) -> Option<String> {
+    let log = Path::from(DELTA_LOG);
+    let mut commits = std::collections::BTreeMap::new();
+    let mut checkpoint: Option<Version> = None;
+    let mut listing = store.list(Some(&log));
+    while let Some(meta) = listing.next().await {
+        let meta = meta.ok()?;
+        let Some(file) = meta.location.filename() else {
+            continue;
+        };
+        let Some((digits, kind)) = file.split_once('.') else {
+            continue;
+        };
+        let Ok(version) = digits.parse::<Version>() else {
+            continue;
+        };
+        if digits.len() != 20 {
+            continue;
+        }
+        if kind == "json" {
+            commits.insert(version, meta.location);
+        } else if kind.starts_with("checkpoint") {
+            checkpoint = checkpoint.max(Some(version));
+        }
+    }
+    let newest = *commits.keys().next_back()?;
+    // Below the newest checkpoint, commits may be cleaned up; above it the
+    // log is replayed commit by commit, so each must be there and whole.
+    let first = match checkpoint {
+        Some(checkpoint) => checkpoint + 1,
+        None => 0,
+    };
+    for version in first..=newest {
+        let Some(location) = commits.get(&version) else {
+            let next = commits.range(version..).next().map_or(newest, |(v, _)| *v);
+            return Some(format!(
+                "its commit log has no version {version}: {DELTA_LOG}/{version:020}.json is \
+                 missing between {} and version {next}. Restore the file from a backup, or \
+                 read an earlier version (@v{})",
+                match version.checked_sub(1) {
+                    Some(before)
+                        if commits.contains_key(&before)
+                            || checkpoint == Some(before) =>
+                        format!("version {before}"),
+                    _ => "the start of the log".to_string(),
+                },
+                version.saturating_sub(1)
+            ));
+        };
+        let bytes = store.get(location).await.ok()?.bytes().await.ok()?;
+        let text = String::from_utf8_lossy(&bytes);
+        for (number, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            if let Err(e) = serde_json::from_str::<serde_json::Value>(line) {
+                return Some(format!(
+                    "version {version}'s commit {location} is damaged: line {} of its {} \
+                     bytes is not JSON ({e}), as when a copy was cut short. Restore the \
+                     file from a backup, or read an earlier version (@v{})",
+                    number + 1,
+                    bytes.len(),
+                    version.saturating_sub(1)
+                ));
+            }
+        }
+    }
+    None
 }
 
 fn delta_error(name: &str, at: &DeltaAt, e: impl std::fmt::Display) -> DataFusionError {
