@@ -66,6 +66,11 @@ def prometheus_text(
     formatter of the CLI's ``--prometheus``. A bad label name raises
     :class:`PlanError`."""
 
+def write_whole(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` whole (a temporary file renamed over it)
+    with the mode a plain ``open()`` gives under the umask; ``OSError`` if it
+    cannot."""
+
 class Session:
     def __init__(
         self,

@@ -21,7 +21,6 @@ in Prometheus' text format for node_exporter's textfile collector, and
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -100,15 +99,10 @@ def write_prometheus(
 ) -> None:
     """Writes :func:`prometheus_text` to ``path`` whole (a temporary file
     renamed over it), as node_exporter's textfile collector wants: call it
-    every few hundred steps of a long run."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    with tempfile.NamedTemporaryFile(
-        "w", dir=folder, prefix=".sqlfeed-", suffix=".prom", delete=False
-    ) as out:
-        out.write(prometheus_text(feed, labels))
-        written = out.name
-    os.replace(written, path)
+    every few hundred steps of a long run. The file gets the mode a plain
+    ``open()`` gives under the process's umask (0644 under the usual 022),
+    so that the collector, running as a user of its own, can read it."""
+    _sqlfeed.write_whole(os.fspath(path), prometheus_text(feed, labels))
 
 
 def _meter_for(feed: Feed, owner: Any) -> FeedMeter:

@@ -81,3 +81,16 @@ pub(crate) fn prometheus_text(
     };
     sqlfeed::feed::prometheus_text(&report, epoch, step, &labels).py_err()
 }
+
+/// Writes `text` to `path` whole (a temporary file renamed over it) with
+/// the mode a plain `open()` gives under the umask: the writer of the CLI's
+/// `--prometheus`, so both faces write files node_exporter can read.
+#[pyfunction]
+pub(crate) fn write_whole(path: std::path::PathBuf, text: &str) -> PyResult<()> {
+    sqlfeed::feed::write_whole(&path, text).map_err(|e| {
+        pyo3::exceptions::PyOSError::new_err(format!(
+            "cannot write {}: {e}",
+            path.display()
+        ))
+    })
+}

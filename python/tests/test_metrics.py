@@ -5,6 +5,7 @@ Prometheus. The numbers are read back by the tools' own readers."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 
@@ -93,6 +94,11 @@ def test_prometheus_text_holds_the_totals(session, ids_data, tmp_path):
     write_prometheus(feed, path, labels={"job": 'train "a"'})
     text = path.read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["sqlfeed.prom"], "written whole, by a rename"
+    # Issue 56, item 7: readable by node_exporter's own user (a temporary
+    # file's 0600 was kept): the mode a plain open() gives under the umask.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
     assert "# TYPE sqlfeed_rows_total counter" in text
     sample = re.compile(r'^(\w+)\{rank="1",world="2",job="train \\"a\\""\} (\S+)$')
     values = {}

@@ -155,16 +155,21 @@ pub fn prometheus_text(
 }
 
 /// Writes `text` to `path` whole: into a temporary file beside it, then
-/// renamed over it, so a reader sees the old file or the new one.
+/// renamed over it, so a reader sees the old file or the new one. The file
+/// gets the mode a plain `open()` gives under the process's umask (0644
+/// under the usual 022), not a temporary file's 0600: node_exporter's
+/// textfile collector runs as a user of its own and must read it.
 pub fn write_whole(path: &Path, text: &str) -> std::io::Result<()> {
     let folder = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    let mut file = tempfile::Builder::new()
-        .prefix(".sqlfeed-")
-        .suffix(".prom")
-        .tempfile_in(folder)?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".sqlfeed-").suffix(".prom");
+    // Created with mode 0666, which the kernel narrows by the umask.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut file = builder.tempfile_in(folder)?;
     file.write_all(text.as_bytes())?;
     file.persist(path).map_err(|e| e.error)?;
     Ok(())
@@ -250,6 +255,27 @@ mod tests {
             .map(|entry| entry.map(|e| e.file_name()))
             .collect::<std::io::Result<_>>()?;
         assert_eq!(names, vec![std::ffi::OsString::from("sqlfeed.prom")]);
+        Ok(())
+    }
+
+    /// Issue 56, item 7: not a temporary file's 0600, which node_exporter's
+    /// own user cannot read, but what `open()` gives under the umask.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_file_gets_the_mode_of_a_plain_open() -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        // Read, not set: `umask(2)` would change it for every thread.
+        let status = std::fs::read_to_string("/proc/self/status")?;
+        let umask = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Umask:"))
+            .and_then(|octal| u32::from_str_radix(octal.trim(), 8).ok())
+            .expect("Linux reports the umask");
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("sqlfeed.prom");
+        write_whole(&path, "x 1\n")?;
+        let mode = std::fs::metadata(&path)?.permissions().mode() & 0o777;
+        assert_eq!(mode, 0o666 & !umask);
         Ok(())
     }
 }
