@@ -29,10 +29,8 @@ use std::sync::Arc;
 use datafusion::common::ScalarValue;
 use datafusion::common::config::ConfigOptions;
 use datafusion::error::Result;
-use datafusion::logical_expr::sort_properties::ExprProperties;
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ExpressionPlacement, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl,
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
 };
 
 /// Host side: each constant argument as an array of one row.
@@ -85,18 +83,6 @@ impl ScalarUDFImpl for ConstantsRestored {
     fn with_updated_config(&self, config: &ConfigOptions) -> Option<ScalarUDF> {
         let updated = self.function.inner().with_updated_config(config)?;
         Some(ScalarUDF::new_from_impl(Self::new(Arc::new(updated))))
-    }
-
-    fn placement(&self, args: &[ExpressionPlacement]) -> ExpressionPlacement {
-        self.function.placement(args)
-    }
-
-    fn preserves_lex_ordering(&self, inputs: &[ExprProperties]) -> Result<bool> {
-        self.function.preserves_lex_ordering(inputs)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.function.documentation()
     }
 }
 

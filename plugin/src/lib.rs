@@ -53,10 +53,15 @@ use datafusion_ffi::udf::FFI_ScalarUDF;
 
 use crate::constants::ConstantsRestored;
 
-/// The `ScalarUDFImpl` methods of a function that wraps another and answers
-/// them as the wrapped one does: `name`, `aliases`, `signature`,
-/// `return_type`, `return_field_from_args`, `short_circuits` and
-/// `coerce_types`, read from the field `$wrapped`. For sqlfeed's wrappers
+/// Every `ScalarUDFImpl` method of a function that wraps another, answered
+/// as the wrapped one answers it, but the two a wrapper must write itself:
+/// `invoke_with_args` (what the wrapper is for) and `with_updated_config`
+/// (which must wrap the updated function again). The wrapped function is
+/// the `ScalarUDF` (or `Arc<ScalarUDF>`) in the field `$wrapped`; its
+/// implementation answers, so nothing falls back to a default: DataFusion's
+/// own wrappers (`AliasedScalarUDFImpl`) forward the whole contract too, and
+/// a wrapper that left out `simplify`, `placement` or the ordering methods
+/// silently planned its function as if it had none. For sqlfeed's wrappers
 /// (plugin calls, constants restored, user functions); used inside
 /// `impl ScalarUDFImpl for …`.
 #[doc(hidden)]
@@ -64,15 +69,31 @@ use crate::constants::ConstantsRestored;
 macro_rules! answered_by_wrapped_function {
     ($wrapped:ident) => {
         fn name(&self) -> &str {
-            self.$wrapped.name()
+            self.$wrapped.inner().name()
         }
 
         fn aliases(&self) -> &[String] {
-            self.$wrapped.aliases()
+            self.$wrapped.inner().aliases()
+        }
+
+        // Deprecated in DataFusion, still part of the contract.
+        #[allow(deprecated)]
+        fn display_name(
+            &self,
+            args: &[$crate::datafusion::logical_expr::Expr],
+        ) -> $crate::datafusion::error::Result<String> {
+            self.$wrapped.inner().display_name(args)
+        }
+
+        fn schema_name(
+            &self,
+            args: &[$crate::datafusion::logical_expr::Expr],
+        ) -> $crate::datafusion::error::Result<String> {
+            self.$wrapped.inner().schema_name(args)
         }
 
         fn signature(&self) -> &$crate::datafusion::logical_expr::Signature {
-            self.$wrapped.signature()
+            self.$wrapped.inner().signature()
         }
 
         fn return_type(
@@ -81,7 +102,7 @@ macro_rules! answered_by_wrapped_function {
         ) -> $crate::datafusion::error::Result<
             $crate::datafusion::arrow::datatypes::DataType,
         > {
-            self.$wrapped.return_type(arg_types)
+            self.$wrapped.inner().return_type(arg_types)
         }
 
         fn return_field_from_args(
@@ -90,11 +111,100 @@ macro_rules! answered_by_wrapped_function {
         ) -> $crate::datafusion::error::Result<
             $crate::datafusion::arrow::datatypes::FieldRef,
         > {
-            self.$wrapped.return_field_from_args(args)
+            self.$wrapped.inner().return_field_from_args(args)
+        }
+
+        // Deprecated in DataFusion, still part of the contract it calls.
+        #[allow(deprecated)]
+        fn is_nullable(
+            &self,
+            args: &[$crate::datafusion::logical_expr::Expr],
+            schema: &dyn $crate::datafusion::common::ExprSchema,
+        ) -> bool {
+            self.$wrapped.inner().is_nullable(args, schema)
+        }
+
+        fn is_strict(&self) -> bool {
+            self.$wrapped.inner().is_strict()
+        }
+
+        fn simplify(
+            &self,
+            args: Vec<$crate::datafusion::logical_expr::Expr>,
+            info: &$crate::datafusion::logical_expr::simplify::SimplifyContext,
+        ) -> $crate::datafusion::error::Result<
+            $crate::datafusion::logical_expr::simplify::ExprSimplifyResult,
+        > {
+            self.$wrapped.inner().simplify(args, info)
+        }
+
+        fn preimage(
+            &self,
+            args: &[$crate::datafusion::logical_expr::Expr],
+            lit_expr: &$crate::datafusion::logical_expr::Expr,
+            info: &$crate::datafusion::logical_expr::simplify::SimplifyContext,
+        ) -> $crate::datafusion::error::Result<
+            $crate::datafusion::logical_expr::preimage::PreimageResult,
+        > {
+            self.$wrapped.inner().preimage(args, lit_expr, info)
         }
 
         fn short_circuits(&self) -> bool {
-            self.$wrapped.short_circuits()
+            self.$wrapped.inner().short_circuits()
+        }
+
+        fn conditional_arguments<'a>(
+            &self,
+            args: &'a [$crate::datafusion::logical_expr::Expr],
+        ) -> Option<(
+            Vec<&'a $crate::datafusion::logical_expr::Expr>,
+            Vec<&'a $crate::datafusion::logical_expr::Expr>,
+        )> {
+            self.$wrapped.inner().conditional_arguments(args)
+        }
+
+        fn evaluate_bounds(
+            &self,
+            input: &[&$crate::datafusion::logical_expr::interval_arithmetic::Interval],
+        ) -> $crate::datafusion::error::Result<
+            $crate::datafusion::logical_expr::interval_arithmetic::Interval,
+        > {
+            self.$wrapped.inner().evaluate_bounds(input)
+        }
+
+        fn propagate_constraints(
+            &self,
+            interval: &$crate::datafusion::logical_expr::interval_arithmetic::Interval,
+            inputs: &[&$crate::datafusion::logical_expr::interval_arithmetic::Interval],
+        ) -> $crate::datafusion::error::Result<
+            Option<Vec<$crate::datafusion::logical_expr::interval_arithmetic::Interval>>,
+        > {
+            self.$wrapped
+                .inner()
+                .propagate_constraints(interval, inputs)
+        }
+
+        fn output_ordering(
+            &self,
+            inputs: &[$crate::datafusion::logical_expr::sort_properties::ExprProperties],
+        ) -> $crate::datafusion::error::Result<
+            $crate::datafusion::logical_expr::sort_properties::SortProperties,
+        > {
+            self.$wrapped.inner().output_ordering(inputs)
+        }
+
+        fn preserves_lex_ordering(
+            &self,
+            inputs: &[$crate::datafusion::logical_expr::sort_properties::ExprProperties],
+        ) -> $crate::datafusion::error::Result<bool> {
+            self.$wrapped.inner().preserves_lex_ordering(inputs)
+        }
+
+        fn strictly_order_preserving(
+            &self,
+            inputs: &[$crate::datafusion::logical_expr::sort_properties::ExprProperties],
+        ) -> $crate::datafusion::error::Result<bool> {
+            self.$wrapped.inner().strictly_order_preserving(inputs)
         }
 
         fn coerce_types(
@@ -103,7 +213,27 @@ macro_rules! answered_by_wrapped_function {
         ) -> $crate::datafusion::error::Result<
             Vec<$crate::datafusion::arrow::datatypes::DataType>,
         > {
-            self.$wrapped.coerce_types(arg_types)
+            self.$wrapped.inner().coerce_types(arg_types)
+        }
+
+        fn struct_field_mapping(
+            &self,
+            literal_args: &[Option<$crate::datafusion::common::ScalarValue>],
+        ) -> Option<$crate::datafusion::logical_expr::StructFieldMapping> {
+            self.$wrapped.inner().struct_field_mapping(literal_args)
+        }
+
+        fn documentation(
+            &self,
+        ) -> Option<&$crate::datafusion::logical_expr::Documentation> {
+            self.$wrapped.inner().documentation()
+        }
+
+        fn placement(
+            &self,
+            args: &[$crate::datafusion::logical_expr::ExpressionPlacement],
+        ) -> $crate::datafusion::logical_expr::ExpressionPlacement {
+            self.$wrapped.inner().placement(args)
         }
     };
 }
@@ -261,21 +391,22 @@ impl Functions {
         self.aggregate.len()
     }
 
-    /// Scalar function `index` through the stable ABI. An index out of range
-    /// (a host bug) gets the last function rather than a panic across `extern "C"`.
-    pub fn scalar_ffi(&self, index: usize) -> PluginScalarUDF {
-        let (udf, costly) = &self.scalar[index.min(self.scalar.len().saturating_sub(1))];
+    /// Scalar function `index` through the stable ABI; `None` past the last
+    /// (never another function in its place).
+    pub fn scalar_ffi(&self, index: usize) -> Option<PluginScalarUDF> {
+        let (udf, costly) = self.scalar.get(index)?;
         let exported = ScalarUDF::new_from_impl(ConstantsRestored::new(Arc::clone(udf)));
-        PluginScalarUDF {
+        Some(PluginScalarUDF {
             udf: FFI_ScalarUDF::from(Arc::new(exported)),
             costly: *costly,
-        }
+        })
     }
 
-    /// Aggregate function `index` through the stable ABI (see [`Self::scalar_ffi`]).
-    pub fn aggregate_ffi(&self, index: usize) -> FFI_AggregateUDF {
-        let udaf = &self.aggregate[index.min(self.aggregate.len().saturating_sub(1))];
-        FFI_AggregateUDF::from(Arc::clone(udaf))
+    /// Aggregate function `index` through the stable ABI; `None` past the
+    /// last.
+    pub fn aggregate_ffi(&self, index: usize) -> Option<FFI_AggregateUDF> {
+        let udaf = self.aggregate.get(index)?;
+        Some(FFI_AggregateUDF::from(Arc::clone(udaf)))
     }
 }
 
@@ -304,19 +435,23 @@ macro_rules! export_plugin {
         /// sqlfeed's plugin module (see `sqlfeed_plugin::PluginModule`).
         #[unsafe(no_mangle)]
         pub extern "C" fn sqlfeed_plugin_module() -> $crate::PluginModule {
+            // Only called by a host that read the counts from a module that
+            // did not fail, with an index below them (`host::open` loops
+            // over `0..count`). Anything else is a host bug: nothing can be
+            // returned across `extern "C"` that is not a function, and
+            // answering with another function would run the wrong code, so
+            // the process stops (a panic may not unwind across the ABI).
             extern "C" fn scalar(index: usize) -> $crate::PluginScalarUDF {
-                // Only called by a host that read `scalar_count` > 0 from a
-                // module that did not fail.
-                match sqlfeed_plugin_functions() {
-                    Some(functions) => functions.scalar_ffi(index),
+                match sqlfeed_plugin_functions().and_then(|f| f.scalar_ffi(index)) {
+                    Some(function) => function,
                     None => ::std::process::abort(),
                 }
             }
             extern "C" fn aggregate(
                 index: usize,
             ) -> $crate::datafusion_ffi::udaf::FFI_AggregateUDF {
-                match sqlfeed_plugin_functions() {
-                    Some(functions) => functions.aggregate_ffi(index),
+                match sqlfeed_plugin_functions().and_then(|f| f.aggregate_ffi(index)) {
+                    Some(function) => function,
                     None => ::std::process::abort(),
                 }
             }

@@ -20,9 +20,8 @@ use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
-use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
-    ColumnarValue, Documentation, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
 };
 
 /// Where a [`UserFunction`] comes from.
@@ -130,18 +129,6 @@ impl ScalarUDFImpl for UserFunction {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         self.inner.invoke_with_args(args)
     }
-
-    fn output_ordering(&self, inputs: &[ExprProperties]) -> Result<SortProperties> {
-        self.inner.output_ordering(inputs)
-    }
-
-    fn preserves_lex_ordering(&self, inputs: &[ExprProperties]) -> Result<bool> {
-        self.inner.preserves_lex_ordering(inputs)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
-    }
 }
 
 /// `udf` as a shared [`UserFunction`] handle.
@@ -158,7 +145,11 @@ pub fn user_function(
 mod tests {
     use super::*;
     use datafusion::arrow::datatypes::DataType;
-    use datafusion::logical_expr::{Volatility, create_udf};
+    use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
+    use datafusion::logical_expr::sort_properties::ExprProperties;
+    use datafusion::logical_expr::{
+        Expr, ExpressionPlacement, Volatility, col, create_udf, lit,
+    };
 
     #[test]
     fn a_user_function_keeps_the_name_and_is_found_again() {
@@ -183,5 +174,105 @@ mod tests {
         assert!(user.is_costly());
         assert!(as_user_function(&plain).is_none());
         assert_eq!(user.origin().describe(), "Python function 'm.twice'");
+    }
+
+    /// A function whose every optional answer differs from the default.
+    #[derive(Debug, PartialEq, Eq, Hash)]
+    struct Particular {
+        signature: datafusion::logical_expr::Signature,
+        aliases: Vec<String>,
+    }
+
+    impl ScalarUDFImpl for Particular {
+        fn name(&self) -> &str {
+            "particular"
+        }
+        fn aliases(&self) -> &[String] {
+            &self.aliases
+        }
+        fn display_name(&self, _args: &[Expr]) -> Result<String> {
+            Ok("shown".into())
+        }
+        fn schema_name(&self, _args: &[Expr]) -> Result<String> {
+            Ok("named".into())
+        }
+        fn signature(&self) -> &datafusion::logical_expr::Signature {
+            &self.signature
+        }
+        fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+            Ok(DataType::Int64)
+        }
+        fn is_strict(&self) -> bool {
+            true
+        }
+        fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+            Ok(args.args[0].clone())
+        }
+        fn simplify(
+            &self,
+            _args: Vec<Expr>,
+            _info: &SimplifyContext,
+        ) -> Result<ExprSimplifyResult> {
+            Ok(ExprSimplifyResult::Simplified(lit(7i64)))
+        }
+        fn short_circuits(&self) -> bool {
+            true
+        }
+        fn preserves_lex_ordering(&self, _inputs: &[ExprProperties]) -> Result<bool> {
+            Ok(true)
+        }
+        fn strictly_order_preserving(&self, _inputs: &[ExprProperties]) -> Result<bool> {
+            Ok(true)
+        }
+        fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+            Ok(vec![DataType::Int64; arg_types.len()])
+        }
+        fn placement(&self, _args: &[ExpressionPlacement]) -> ExpressionPlacement {
+            ExpressionPlacement::MoveTowardsLeafNodes
+        }
+    }
+
+    /// Issue 56, item 8: the wrapper answers every method as the wrapped
+    /// function does (half of them fell back to DataFusion's defaults).
+    #[test]
+    // `display_name` is deprecated in DataFusion, still part of the contract.
+    #[allow(deprecated)]
+    fn a_user_function_answers_the_whole_contract_as_the_wrapped_one() -> Result<()> {
+        let inner = ScalarUDF::new_from_impl(Particular {
+            signature: datafusion::logical_expr::Signature::any(1, Volatility::Immutable),
+            aliases: vec!["also".into()],
+        });
+        let wrapped = user_function(
+            inner.clone(),
+            "id".into(),
+            false,
+            FunctionOrigin::Python {
+                qualname: "m.particular".into(),
+            },
+        );
+        let (inner, wrapped) = (inner.inner(), wrapped.inner());
+        let args = [col("x")];
+        assert_eq!(wrapped.aliases(), inner.aliases());
+        assert_eq!(wrapped.display_name(&args)?, "shown");
+        assert_eq!(wrapped.schema_name(&args)?, "named");
+        assert!(wrapped.is_strict());
+        assert!(wrapped.short_circuits());
+        let info = SimplifyContext::default();
+        assert!(matches!(
+            wrapped.simplify(args.to_vec(), &info)?,
+            ExprSimplifyResult::Simplified(e) if e == lit(7i64)
+        ));
+        let ordered = [ExprProperties::new_unknown()];
+        assert!(wrapped.preserves_lex_ordering(&ordered)?);
+        assert!(wrapped.strictly_order_preserving(&ordered)?);
+        assert_eq!(
+            wrapped.coerce_types(&[DataType::Int32])?,
+            vec![DataType::Int64]
+        );
+        assert_eq!(
+            wrapped.placement(&[ExpressionPlacement::Column]),
+            ExpressionPlacement::MoveTowardsLeafNodes
+        );
+        Ok(())
     }
 }
