@@ -4,7 +4,8 @@
 # (pyarrow, DuckDB, Polars, DataFusion-python, Ray Data, PyTorch DataLoader),
 # alternating sqlfeed and the peers round by round (A B A B), each under the
 # harness's monitor (page cache warmed, peak PSS of the whole process tree).
-# Writes BENCHMARKS.md: the machine, every run, medians and sqlfeed/peer
+# Writes its section of BENCHMARKS.md (between the bench-suite markers; the
+# other sections stay): the machine, every run, medians and sqlfeed/peer
 # ratios from this one run.
 #
 #   scripts/bench-suite.sh [PLAN=quick|full] [ROUNDS=2]
@@ -106,5 +107,6 @@ for round in $(seq "$rounds"); do
     [ -n "$step" ] && peer W5 "$p" "$main" --step-ms "$step"
   done
 done
-"$py" "$root/scripts/bench/benchmarks_md.py" "$out" "$plan" "$rounds" > "$root/BENCHMARKS.md"
-echo "wrote BENCHMARKS.md"
+"$py" "$root/scripts/bench/benchmarks_md.py" "$out" "$plan" "$rounds" |
+  "$py" "$root/scripts/bench/splice_section.py" bench-suite "$root/BENCHMARKS.md"
+echo "wrote its section of BENCHMARKS.md (the other sections are kept)"
