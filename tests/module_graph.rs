@@ -15,6 +15,10 @@
 //! `lib.rs` (`crate::Session`) counts as the module it comes from. `mod.rs`
 //! is its module itself (what a file takes from it is the module's shared
 //! core, not another concern).
+//!
+//! Inside `feed`, the user's options ([`FEED_OPTIONS`]) are read only where
+//! they are resolved into the feed's plan ([`FEED_OPTIONS_READERS`]): the
+//! producer, the sink and provenance read the plan.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -33,6 +37,37 @@ const LAYERS: &[&[&str]] = &[
     &["feed"],
     &["cli"],
 ];
+
+/// The type of a feed's options as the user gave them.
+const FEED_OPTIONS: &str = "FeedBuilder";
+
+/// The files of `src/feed/` that may name [`FEED_OPTIONS`] in code: where
+/// the options are defined and resolved into the plan, and the module root
+/// that makes them (`Feed::builder`).
+const FEED_OPTIONS_READERS: &[&str] = &["feed/builder.rs", "feed/plan.rs", "feed/mod.rs"];
+
+/// The files under `src/feed/` (as `feed/…`) outside [`FEED_OPTIONS_READERS`]
+/// whose code names `FeedBuilder`.
+fn feed_option_readers(src: &Path) -> Vec<String> {
+    let mut files = vec![];
+    rust_files(&src.join("feed"), &mut files);
+    let mut readers: Vec<String> = files
+        .iter()
+        .filter_map(|file| {
+            let name = file
+                .strip_prefix(src)
+                .ok()?
+                .to_string_lossy()
+                .replace('\\', "/");
+            let text = std::fs::read_to_string(file).ok()?;
+            (!FEED_OPTIONS_READERS.contains(&name.as_str())
+                && code_of(&text).contains(FEED_OPTIONS))
+            .then_some(name)
+        })
+        .collect();
+    readers.sort();
+    readers
+}
 
 /// `Name` → `module` for every `pub use module::{Name, …};` of `lib.rs`.
 fn root_reexports(src: &Path) -> BTreeMap<String, String> {
@@ -336,4 +371,36 @@ fn a_cycle_is_found() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
     );
     assert_eq!(cycle(&edges, |n| n != "c"), None);
+}
+
+#[test]
+fn only_the_plan_reads_a_feeds_options() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert!(src.join("feed/plan.rs").exists(), "the feed's plan moved");
+    let readers = feed_option_readers(&src);
+    assert!(
+        readers.is_empty(),
+        "files under src/feed/ that read the user's options ({FEED_OPTIONS}) instead of the \
+         resolved FeedPlan: {}",
+        readers.join(", ")
+    );
+}
+
+#[test]
+fn a_reader_of_a_feeds_options_is_found() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let feed = dir.path().join("feed");
+    std::fs::create_dir_all(&feed).expect("feed folder");
+    let write =
+        |name: &str, text: &str| std::fs::write(feed.join(name), text).expect("write");
+    write("plan.rs", "fn resolve(b: FeedBuilder) {}");
+    write(
+        "sink.rs",
+        "// docs may name FeedBuilder\nfn cut(b: &FeedBuilder) {}",
+    );
+    write(
+        "batcher.rs",
+        "/// FeedBuilder in a doc comment only\nfn push() {}",
+    );
+    assert_eq!(feed_option_readers(dir.path()), ["feed/sink.rs"]);
 }

@@ -1,5 +1,8 @@
-//! [`FeedBuilder`]: a feed's options, checked and resolved (a checkpoint
-//! against the data, Delta Lake versions pinned) when the feed is built.
+//! [`FeedBuilder`]: a feed's options as the user gives them, checked and
+//! resolved (a checkpoint against the data, Delta Lake versions pinned) into
+//! the immutable [`FeedPlan`] when the feed is built; the producer, the sink
+//! and provenance read the plan, never these options (`tests/module_graph.rs`
+//! holds them to it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
@@ -13,15 +16,15 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
 use super::batcher::EpochStart;
 use super::checkpoint::{
-    AppendedState, CHECKPOINT_VERSION, Checkpoint, FeedShape, ManifestEntry,
-    OnDataChange, query_fingerprint,
+    Checkpoint, FeedShape, OnDataChange, ResumePoint, query_fingerprint,
 };
 use super::columns::ColumnSpec;
 use super::epoch_cache::EpochCache;
 use super::length::FeedLength;
 use super::metrics::FeedMetrics;
+use super::plan::{FeedPlan, FeedRows};
 use super::producer::Producer;
-use super::source::EpochSource;
+use super::provenance::{self, BatchOrigins};
 use super::timeline::Timeline;
 use super::{
     Feed, NEXT_FEED_ID, RING_SHARE_DIVISOR, appended, list_inputs, mixture, on_runtime,
@@ -55,10 +58,6 @@ pub struct FeedBuilder {
     pub(super) order_lanes: usize,
     /// Steps not handed over, by epoch.
     pub(super) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
-    /// `Some(kept)`: feed each row's origin (file id, row in file) and the
-    /// output columns `kept` instead of the query's columns, on the
-    /// embedded engine (see `provenance.rs`).
-    pub(super) origins: Option<Vec<String>>,
     /// An epoch continued over appended data (see `appended.rs`).
     pub(super) appended: Option<appended::Appended>,
     /// A checkpoint to resume, resolved against the data when the feed is
@@ -243,21 +242,11 @@ impl FeedBuilder {
         self
     }
 
-    /// What the number of batches of the feed depends on; after `build`,
-    /// with a checkpoint resolved ([`Feed::length`]).
+    /// What the number of batches of the feed depends on, as the options
+    /// say now; after `build`, with a checkpoint resolved, see
+    /// [`Feed::length`].
     pub fn length(&self) -> FeedLength {
-        FeedLength {
-            session: self.session.clone(),
-            sql: self.sql.clone(),
-            batch_size: self.batch_size,
-            world: self.world,
-            drop_last: self.drop_last,
-            token_budget: self.token_budget.is_some(),
-            end_epoch: self.epochs,
-            resume: self.resume,
-            skipped_steps: self.skipped_steps.clone(),
-            continued: self.appended.as_ref().map(|a| (a.epoch, a.rows)),
-        }
+        FeedPlan::of_resolved(self.clone(), FeedRows::Query).length()
     }
 
     /// The SQL as the user wrote it (before Delta versions were pinned):
@@ -320,80 +309,7 @@ impl FeedBuilder {
             return Ok(self);
         };
         let point = checkpoint.resume_point(&self.shape(), now, on_data_change)?;
-        self.resume = match point.rows {
-            Some(rows) => (
-                point.epoch,
-                EpochStart::Rows {
-                    rows,
-                    first_step: point.step,
-                },
-            ),
-            None => (point.epoch, EpochStart::Step(point.step)),
-        };
-        self.skipped_steps = point.skipped;
-        self.appended = point.appended.map(|appended| {
-            let mut old_files: Vec<String> =
-                appended.data.into_iter().map(|f| f.0.location).collect();
-            old_files.sort();
-            old_files.dedup();
-            appended::Appended {
-                epoch: appended.epoch,
-                old_files,
-                rows: appended.rows,
-            }
-        });
-        Ok(self)
-    }
-
-    /// The checkpoint of this feed at its start, over the data `data`:
-    /// what [`Feed::checkpoint`] fills in as batches are handed over.
-    pub(super) fn checkpoint_at_start(&self, data: &[InputFile]) -> Checkpoint {
-        let (epoch, start) = self.resume;
-        let (step, rows) = match start {
-            EpochStart::Rows { rows, first_step } => (first_step, Some(rows)),
-            // A token budget's steps have no fixed number of rows.
-            EpochStart::Step(step) => (
-                step,
-                self.token_budget
-                    .is_none()
-                    .then(|| step * (self.batch_size * self.world) as u64),
-            ),
-        };
-        let appended = self.appended.as_ref().map(|appended| AppendedState {
-            epoch: appended.epoch,
-            // The old files are unchanged (a continuation refuses others).
-            data: data
-                .iter()
-                .filter(|f| appended.old_files.binary_search(&f.location).is_ok())
-                .cloned()
-                .map(ManifestEntry)
-                .collect(),
-            rows: appended.rows,
-        });
-        Checkpoint {
-            version: CHECKPOINT_VERSION,
-            epoch,
-            step,
-            rows,
-            seed: self.shuffle_seed,
-            rank: self.rank,
-            world: self.world,
-            batch_size: self.batch_size,
-            batch_tokens: self.token_budget,
-            drop_last: self.drop_last,
-            query: query_fingerprint(self.query_sql()),
-            skipped: self
-                .skipped_steps
-                .iter()
-                .filter(|(_, steps)| !steps.is_empty())
-                .map(|(epoch, steps)| {
-                    (epoch.to_string(), steps.iter().copied().collect())
-                })
-                .collect(),
-            appended,
-            data: Some(data.iter().cloned().map(ManifestEntry).collect()),
-            delta_versions: self.delta_versions.clone(),
-        }
+        Ok(self.resume_point(point))
     }
 
     /// Leaves out this rank's batches of global steps `steps` of `epoch` —
@@ -423,10 +339,17 @@ impl FeedBuilder {
 
     /// Checks the options, opens the device, plans the query, checks that
     /// every column can become a tensor and starts producing batches.
-    pub fn build(mut self) -> Result<Feed> {
+    pub fn build(self) -> Result<Feed> {
+        self.build_feeding(FeedRows::Query)
+    }
+
+    /// [`Self::build`], the feed's batches holding `rows`: the options are
+    /// resolved here, once, into the [`FeedPlan`] the feed runs.
+    pub(super) fn build_feeding(self, rows: FeedRows) -> Result<Feed> {
         let started = Instant::now();
         self.validate()?;
         let device = self.device.unwrap_or_else(Device::auto);
+        let prefetch = self.prefetch;
         let backend = Backend::try_new(device)?;
         let id = NEXT_FEED_ID.fetch_add(1, Ordering::Relaxed);
         let thread_name = format!("sqlfeed-{id}");
@@ -442,33 +365,10 @@ impl FeedBuilder {
             .enable_all()
             .build()
             .map_err(|e| resources_datafusion_err!("cannot start feed threads: {e}"))?;
-        // The files the order is over, listed once as the feed starts: its
-        // checkpoints record them, so that a resume over changed data is
-        // noticed (an explain's feed is internal and takes none).
-        #[cfg(feature = "delta")]
-        if self.user_sql.is_none() {
-            self.pin_delta_versions(&runtime)?;
-        }
-        {
-            let (session, sql) = (self.session.clone(), self.sql.clone());
-            let shuffled = self.shuffle_seed.is_some();
-            on_runtime(&runtime, async move {
-                mixture::check(&session, &sql, shuffled).await
-            })?;
-        }
-        let checkpoint = match self.origins {
-            Some(_) => None,
-            None => {
-                let data = list_inputs(&runtime, &self.session, &self.sql)?;
-                if self.checkpoint.is_some() {
-                    self = self.resolve_checkpoint(&data)?;
-                    self.validate()?;
-                }
-                Some(self.checkpoint_at_start(&data))
-            }
-        };
+        let (plan, data) = self.resolve(&runtime, rows)?;
+        let checkpoint = data.map(|data| plan.checkpoint_at_start(&data));
         let metrics = Arc::new(FeedMetrics::started_at(started));
-        let memory_pool = &self.session.context().runtime_env().memory_pool;
+        let memory_pool = &plan.session.context().runtime_env().memory_pool;
         let ring_memory =
             MemoryConsumer::new(format!("feed {id} prefetch ring")).register(memory_pool);
         // The ring's share is set aside before the query runs: a shuffle
@@ -478,26 +378,23 @@ impl FeedBuilder {
             MemoryLimit::Finite(limit) => limit / RING_SHARE_DIVISOR,
             _ => 0,
         };
-        let pool = SlotPool::new(backend, self.prefetch + 1)
+        let pool = SlotPool::new(backend, prefetch + 1)
             .with_reservation(ring_memory, ring_share);
         let loans = pool.loans();
         let pool = Arc::new(tokio::sync::Mutex::new(pool));
         let (events_tx, events) = mpsc::channel();
         let (init_tx, init_rx) = mpsc::channel();
-        let source =
-            EpochSource::choose(&self.session, self.cache, self.shuffle_seed.is_some());
         let timeline = Arc::new(Timeline::new(
             Arc::clone(&metrics),
             Arc::clone(&loans),
             Arc::clone(memory_pool),
-            self.session.context().state().config().target_partitions(),
-            self.query_sql().to_string(),
+            plan.session.context().state().config().target_partitions(),
+            plan.user_sql.clone(),
         ));
         let sampler = timeline.start(format!("{thread_name}-timeline"))?;
-        let length = self.length();
+        let length = plan.length();
         let producer = Producer {
-            source,
-            options: self,
+            plan,
             pool: Arc::clone(&pool),
             metrics: Arc::clone(&metrics),
             timeline: Arc::clone(&timeline),
@@ -536,6 +433,195 @@ impl FeedBuilder {
             }
         }
         Ok(feed)
+    }
+
+    /// Where each row of this rank's batch at `(epoch, step)` came from:
+    /// its Parquet file, row group and row, in batch order, without running
+    /// the query's preprocessing (see `provenance`). The batch is the one
+    /// this feed — or an uninterrupted run of its shape, for a position it
+    /// does not reach — hands over there. Feeds cut by `batch_tokens` or
+    /// `bucket_by_length` also compute their variable-length column, whose
+    /// lengths cut the batches.
+    ///
+    /// ```no_run
+    /// # fn main() -> datafusion::error::Result<()> {
+    /// use sqlfeed::feed::Feed;
+    /// let session = sqlfeed::Session::try_new()?;
+    /// let feed = Feed::builder(
+    ///     &session,
+    ///     "SELECT image_to_tensor(image_decode(jpeg)) AS x, label AS y FROM 'data/*.parquet'",
+    /// )
+    /// .shuffle(42)
+    /// .batch_size(256)
+    /// .shard(5, 8);
+    /// // The loss spiked at step 41 213 of epoch 3: what did rank 5 train on?
+    /// for row in feed.explain_batch(3, 41_213)?.rows {
+    ///     println!("{} row group {} row {}", row.file, row.row_group, row.row);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
+        if self.checkpoint.is_some() {
+            // The batch of the feed as resumed, over the data as it is now.
+            let now = provenance::block_on(super::input_files(&self.session, &self.sql))?;
+            return self
+                .clone()
+                .resolve_checkpoint(&now)?
+                .explain_batch(epoch, step);
+        }
+        if self
+            .skipped_steps
+            .get(&epoch)
+            .is_some_and(|steps| steps.contains(&step))
+        {
+            return plan_err!(
+                "step {step} of epoch {epoch} is skipped (skip_steps): no batch is \
+                 handed over there"
+            );
+        }
+        // Batches cut by length need the one variable-length column the
+        // batcher measures (and so the function that computes it).
+        let kept = if self.token_budget.is_some() || self.bucket_window.is_some() {
+            provenance::block_on(provenance::variable_length_outputs(
+                &self.session,
+                &self.sql,
+                &self.columns,
+            ))?
+        } else {
+            vec![]
+        };
+        let mut origins = self.clone();
+        // Another epoch's continuation does not change this one; this
+        // epoch's is followed through its anti join.
+        origins.appended = self.appended.clone().filter(|a| a.epoch == epoch);
+        origins.columns = self
+            .columns
+            .iter()
+            .filter(|(name, _)| kept.contains(name))
+            .cloned()
+            .collect();
+        origins.device = Some(Device::Cpu);
+        origins.cache = false;
+        origins.prefetch = 2;
+        origins.epochs = origins.epochs.max(epoch + 1);
+        origins.resume = match self.resume {
+            // A resume under another shape numbers its steps from there.
+            (first, start @ EpochStart::Rows { first_step, .. })
+                if first == epoch && first_step <= step =>
+            {
+                (first, start)
+            }
+            _ => (epoch, EpochStart::Step(step)),
+        };
+        let feed = origins.build_feeding(FeedRows::Origins { kept })?;
+        provenance::batch_origins(
+            feed,
+            &self.session,
+            &self.sql,
+            (epoch, step),
+            provenance::ExplainedShape {
+                rank: self.rank,
+                world: self.world,
+                batch_size: self.batch_size,
+                drop_last: self.drop_last,
+            },
+        )
+    }
+
+    /// The options resolved into the feed's plan, on `runtime`: the Delta
+    /// Lake versions pinned, the MIX checked and, for a feed of the query's
+    /// rows, the files listed (returned: what its checkpoints record, so
+    /// that a resume over changed data is noticed; an explain's feed is
+    /// internal and takes none) and a checkpoint resolved against them.
+    fn resolve(
+        mut self,
+        runtime: &tokio::runtime::Runtime,
+        rows: FeedRows,
+    ) -> Result<(FeedPlan, Option<Vec<InputFile>>)> {
+        #[cfg(feature = "delta")]
+        if self.user_sql.is_none() {
+            self.pin_delta_versions(runtime)?;
+        }
+        {
+            let (session, sql) = (self.session.clone(), self.sql.clone());
+            let shuffled = self.shuffle_seed.is_some();
+            on_runtime(runtime, async move {
+                mixture::check(&session, &sql, shuffled).await
+            })?;
+        }
+        let data = match rows {
+            FeedRows::Origins { .. } => None,
+            FeedRows::Query => {
+                let data = list_inputs(runtime, &self.session, &self.sql)?;
+                if self.checkpoint.is_some() {
+                    self = self.resolve_checkpoint(&data)?;
+                    self.validate()?;
+                }
+                Some(data)
+            }
+        };
+        Ok((FeedPlan::of_resolved(self, rows), data))
+    }
+
+    /// The checkpoint this feed would start at, resolved as
+    /// [`Self::build`] resolves it (a checkpoint given to
+    /// [`Self::resume_from`] checked against the data now, the Delta Lake
+    /// versions pinned, the files listed), without starting it: what a
+    /// position is before its first batch ([`Feed::checkpoint`] then moves
+    /// it batch by batch).
+    pub fn start_checkpoint(self) -> Result<Checkpoint> {
+        self.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sqlfeed-checkpoint")
+            .enable_all()
+            .build()
+            .map_err(|e| resources_datafusion_err!("cannot start a thread: {e}"))?;
+        let (plan, data) = self.resolve(&runtime, FeedRows::Query)?;
+        Ok(plan.checkpoint_at_start(&data.unwrap_or_default()))
+    }
+
+    /// The checkpoint this feed starts at as its options say, without
+    /// resolving them (no checkpoint given to [`Self::resume_from`] is
+    /// applied, no Delta Lake version pinned) or listing the files: its
+    /// `data` is `None` until a feed lists them.
+    pub fn unlisted_start_checkpoint(&self) -> Checkpoint {
+        let mut checkpoint =
+            FeedPlan::of_resolved(self.clone(), FeedRows::Query).checkpoint_at_start(&[]);
+        checkpoint.data = None;
+        checkpoint
+    }
+
+    /// Starts at `point` (of [`Checkpoint::resume_point`] or
+    /// [`Checkpoint::own_point`]): its epoch and step or rows, its skipped
+    /// steps and its continuation over appended data. Replaces
+    /// `resume_at`, `resume_after_rows`, `continue_over_appended` and
+    /// earlier skipped steps.
+    pub fn resume_point(mut self, point: ResumePoint) -> Self {
+        self.resume = match point.rows {
+            Some(rows) => (
+                point.epoch,
+                EpochStart::Rows {
+                    rows,
+                    first_step: point.step,
+                },
+            ),
+            None => (point.epoch, EpochStart::Step(point.step)),
+        };
+        self.skipped_steps = point.skipped;
+        self.appended = point.appended.map(|appended| {
+            let mut old_files: Vec<String> =
+                appended.data.into_iter().map(|f| f.0.location).collect();
+            old_files.sort();
+            old_files.dedup();
+            appended::Appended {
+                epoch: appended.epoch,
+                old_files,
+                rows: appended.rows,
+            }
+        });
+        self
     }
 
     pub(super) fn validate(&self) -> Result<()> {

@@ -239,6 +239,60 @@ impl Checkpoint {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// Where the feed that wrote this checkpoint goes on: its position as
+    /// it is, without the checks of [`Self::resume_point`] (the shape and
+    /// data are its own). A continuation over appended data holds only in
+    /// its own epoch.
+    pub fn own_point(&self) -> Result<ResumePoint> {
+        Ok(ResumePoint {
+            epoch: self.epoch,
+            step: self.step,
+            rows: self.rows,
+            skipped: self.skipped_steps()?,
+            appended: self
+                .appended
+                .clone()
+                .filter(|appended| appended.epoch == self.epoch),
+        })
+    }
+
+    /// This checkpoint moved to the start of `epoch` (a training loop's
+    /// `set_epoch`): no step, row or continuation of another epoch.
+    pub fn at_epoch_start(&self, epoch: u64) -> Self {
+        Self {
+            epoch,
+            step: 0,
+            rows: Some(0),
+            appended: None,
+            ..self.clone()
+        }
+    }
+
+    /// This checkpoint with global steps `steps` of `epoch` left out too.
+    pub fn skipping(&self, epoch: u64, steps: impl IntoIterator<Item = u64>) -> Self {
+        let mut skipped = self.clone();
+        let kept = skipped.skipped.entry(epoch.to_string()).or_default();
+        kept.extend(steps);
+        kept.sort_unstable();
+        kept.dedup();
+        skipped
+    }
+
+    /// The skipped steps by epoch number.
+    fn skipped_steps(&self) -> Result<BTreeMap<u64, BTreeSet<u64>>> {
+        let mut skipped = BTreeMap::new();
+        for (epoch, steps) in &self.skipped {
+            let epoch: u64 = epoch.parse().map_err(|_| {
+                plan_datafusion_err!(
+                    "the checkpoint's skipped steps are keyed by {epoch:?}, not an epoch \
+                     number"
+                )
+            })?;
+            skipped.insert(epoch, steps.iter().copied().collect());
+        }
+        Ok(skipped)
+    }
+
     /// Where a feed of shape `here`, over the data listed `now`, resumes
     /// this checkpoint. Under the same shape the batches are exactly the
     /// uninterrupted run's. Under another world size, batch size, token
@@ -395,21 +449,11 @@ impl Checkpoint {
             // Numbered as this shape's step the rows fall in (informative).
             step = rows / (here.batch_size * here.world).max(1) as u64;
         }
-        let mut skipped = BTreeMap::new();
-        for (epoch, steps) in &self.skipped {
-            let epoch: u64 = epoch.parse().map_err(|_| {
-                plan_datafusion_err!(
-                    "the checkpoint's skipped steps are keyed by {epoch:?}, not an epoch \
-                     number"
-                )
-            })?;
-            skipped.insert(epoch, steps.iter().copied().collect());
-        }
         Ok(ResumePoint {
             epoch: self.epoch,
             step,
             rows,
-            skipped,
+            skipped: self.skipped_steps()?,
             appended,
         })
     }

@@ -64,6 +64,7 @@ mod length;
 mod metrics;
 mod mixture;
 mod order;
+mod plan;
 mod producer;
 mod prometheus;
 mod provenance;
@@ -194,7 +195,6 @@ impl Feed {
             run_id: String::new(),
             order_lanes: DEFAULT_ORDER_LANES,
             skipped_steps: BTreeMap::new(),
-            origins: None,
             appended: None,
             checkpoint: None,
             user_sql: None,

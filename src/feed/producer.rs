@@ -10,21 +10,20 @@ use datafusion::common::plan_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
-use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
+use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionConfig;
 
-use super::batcher::{EpochStart, Shard};
+use super::TensorInfo;
 use super::columns::{self, TensorColumn};
 use super::epoch_cache::{EpochCache, EpochQuery};
 use super::metrics::FeedMetrics;
 use super::order;
+use super::plan::{EpochRoute, FeedOrder, FeedPlan};
 use super::provenance;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
-use super::source::EpochSource;
 use super::timeline::Timeline;
-use super::{FeedBuilder, TensorInfo};
 use crate::device::{DType, SlotPool};
 use crate::exec::catch_panic;
 use crate::session::{CompletedJob, EpochJob, EpochJobPlan, JobMixture, ScaleOut};
@@ -32,15 +31,14 @@ use crate::shuffle::{ShuffleSpec, shuffle};
 
 /// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.
 pub(super) struct Producer {
-    pub(super) options: FeedBuilder,
+    /// The feed, resolved.
+    pub(super) plan: FeedPlan,
     pub(super) pool: Arc<tokio::sync::Mutex<SlotPool>>,
     pub(super) metrics: Arc<FeedMetrics>,
     /// Sees each epoch's plan while it runs.
     pub(super) timeline: Arc<Timeline>,
     /// The epoch cache (with `cache(true)`).
     pub(super) cache: EpochCache,
-    /// Where the epochs run.
-    pub(super) source: EpochSource,
 }
 
 impl Producer {
@@ -69,17 +67,16 @@ impl Producer {
         events: mpsc::Sender<FeedEvent>,
         init: &mut Option<mpsc::Sender<Result<Vec<TensorInfo>>>>,
     ) -> Result<()> {
-        let options = &self.options;
-        let first_epoch = options.resume.0;
+        let feed = &self.plan;
+        let first_epoch = feed.epochs.start;
         let mut epoch_start = Instant::now();
         let first_plan = self.plan_epoch(first_epoch).await?;
-        let columns = columns::resolve(&first_plan.plan.schema(), &options.columns)?;
-        let length_column =
-            if options.token_budget.is_some() || options.bucket_window.is_some() {
-                Some(length_column(&columns)?)
-            } else {
-                None
-            };
+        let columns = columns::resolve(&first_plan.plan.schema(), &feed.columns)?;
+        let length_column = if feed.cut.measures_lengths() {
+            Some(length_column(&columns)?)
+        } else {
+            None
+        };
         if let Some(init) = init.take() {
             let _ = init.send(Ok(tensor_infos(&columns)));
         }
@@ -88,22 +85,16 @@ impl Producer {
             ready: events.clone(),
             columns,
             batching: Batching {
-                shard: Shard {
-                    batch_rows: options.batch_size,
-                    rank: options.rank,
-                    world: options.world,
-                    drop_last: options.drop_last,
-                },
-                token_budget: options.token_budget,
-                bucket_window: options.bucket_window,
+                shard: feed.shard,
+                bucket_window: feed.cut.bucket_window(),
                 length_column,
-                seed: options.shuffle_seed.unwrap_or(0),
+                seed: feed.order.seed().unwrap_or(0),
             },
             metrics: Arc::clone(&self.metrics),
-            skipped_steps: options.skipped_steps.clone(),
+            skipped_steps: feed.skipped_steps.clone(),
         });
         let mut plan = Some(first_plan);
-        for epoch in first_epoch..options.epochs {
+        for epoch in feed.epochs.clone() {
             let EpochPlan {
                 plan: input,
                 task_ctx,
@@ -115,16 +106,19 @@ impl Producer {
                 Some(plan) => plan,
                 None => self.plan_epoch(epoch).await?,
             };
-            let start = self.epoch_start(epoch);
-            let sink: Arc<dyn ExecutionPlan> = Arc::new(
-                DeviceSinkExec::new(input, Arc::clone(&target), epoch, start)
-                    .dealt(dealt),
-            );
+            let cut = feed.sink_cut(length_column, dealt);
+            let sink: Arc<dyn ExecutionPlan> = Arc::new(DeviceSinkExec::new(
+                input,
+                Arc::clone(&target),
+                epoch,
+                feed.epoch_start(epoch),
+                cut,
+            ));
             self.timeline.epoch_started(&sink);
             catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
             self.timeline.epoch_finished();
             if let Some(fill) = fill {
-                self.cache.commit(&options.session, &fill).await?;
+                self.cache.commit(&feed.session, &fill).await?;
             }
             if let Some(after) = after {
                 after()?;
@@ -147,21 +141,74 @@ impl Producer {
         Ok(())
     }
 
-    /// Where `epoch`'s batches start: the resume point in the first epoch,
-    /// the beginning in later ones.
-    fn epoch_start(&self, epoch: u64) -> EpochStart {
-        match self.options.resume {
-            (first, start) if first == epoch => start,
-            _ => EpochStart::BEGIN,
+    /// The physical plan of one epoch's query and the context to run it
+    /// in: one match over the epoch's route (see [`FeedPlan::route`]).
+    async fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
+        let feed = &self.plan;
+        match feed.route(epoch) {
+            EpochRoute::ExecutorCache {
+                scale_out,
+                spec,
+                dir,
+            } => {
+                self.plan_executor_cached_epoch(scale_out, spec, epoch, dir)
+                    .await
+            }
+            EpochRoute::Continued {
+                appended,
+                seed,
+                origins,
+            } => {
+                let df = appended.remaining(&feed.session, &feed.sql, seed).await?;
+                let df = match origins {
+                    Some(kept) => origins_of(df, kept)?,
+                    None => df,
+                };
+                self.plan_embedded(df, None, epoch).await
+            }
+            EpochRoute::Origins { kept, spec } => {
+                let df = origins_of(self.query(spec).await?, kept)?;
+                self.plan_embedded(df, None, epoch).await
+            }
+            EpochRoute::LocalCache { spec, cluster } => {
+                let layout = self.cache_layout();
+                let query = (self.cache)
+                    .epoch_query(&feed.session, &feed.sql, spec, layout)
+                    .await?;
+                match (query, cluster) {
+                    // A hit: the entry is on this machine.
+                    (EpochQuery::Plain(df), _) => {
+                        self.plan_embedded(df, None, epoch).await
+                    }
+                    (EpochQuery::Filling { df, finish, fill }, Some(scale_out)) => {
+                        self.plan_cluster_fill(scale_out, df, (finish, fill), spec, epoch)
+                    }
+                    (EpochQuery::Filling { df, finish, fill }, None) => {
+                        self.plan_embedded(df, Some((finish, fill)), epoch).await
+                    }
+                }
+            }
+            EpochRoute::Cluster { scale_out, spec } => {
+                let df = self.query(spec).await?;
+                let may_deal = feed.start_on_the_grid(epoch);
+                let (job, mixture) =
+                    self.plan_cluster_epoch(scale_out, df, epoch, may_deal, None)?;
+                Ok(EpochPlan::of_job(job, None, mixture))
+            }
+            EpochRoute::Embedded { spec } => {
+                let df = self.query(spec).await?;
+                self.plan_embedded(df, None, epoch).await
+            }
         }
     }
 
-    /// Whether `epoch` may be dealt on the executors: its start is a step
-    /// of this shape (a resume under another shape is cut here).
-    fn start_on_the_grid(&self, epoch: u64) -> bool {
-        let options = &self.options;
-        self.epoch_start(epoch)
-            .on_the_grid(options.batch_size * options.world)
+    /// The feed's query, shuffled by `spec`.
+    async fn query(&self, spec: Option<ShuffleSpec>) -> Result<DataFrame> {
+        let df = self.plan.session.sql(&self.plan.sql).await?;
+        Ok(match spec {
+            Some(spec) => shuffle(df, spec)?,
+            None => df,
+        })
     }
 
     /// The epoch's query as the one job on the session's cluster that all
@@ -176,27 +223,12 @@ impl Producer {
         may_deal: bool,
         completed: Option<CompletedJob>,
     ) -> Result<(EpochJobPlan, JobMixture)> {
-        let options = &self.options;
-        // Batches by token budget or length buckets depend on the whole
-        // stream, and one rank has nothing to deal.
-        let deal = (may_deal
-            && options.world >= 2
-            && options.token_budget.is_none()
-            && options.bucket_window.is_none())
-        .then_some(crate::shuffle::Deal {
-            batch_rows: options.batch_size,
-            world: options.world,
-            drop_last: options.drop_last,
-        });
+        let feed = &self.plan;
         // The cache changes the job's result (each row's content hash comes
         // with it): ranks of a cached and an uncached run must not share it.
         let run = format!(
-            "{}\0{:?}\0{}\0{}\0{}",
-            options.sql,
-            options.shuffle_seed,
-            options.run_id,
-            options.cache,
-            options.order_lanes,
+            "{}\0{:?}\0{}\0{}",
+            feed.sql, feed.order, feed.run_id, feed.cache,
         );
         let (state, plan) = query.into_parts();
         let config = self.epoch_config(state.config(), epoch);
@@ -210,12 +242,39 @@ impl Producer {
             partition_order,
             run,
             epoch,
-            rank: options.rank,
-            deal,
+            rank: feed.shard.rank,
+            deal: feed.deal(may_deal),
             completed,
             mixture: Some(Arc::clone(&mixture)),
         })?;
         Ok((job, mixture))
+    }
+
+    /// The first epoch of a locally cached feed on the cluster: the job's
+    /// rows (with their content hashes) are written into the entry here, as
+    /// they arrive, and finished on the way. Not dealt: the entry needs
+    /// every row of the epoch.
+    fn plan_cluster_fill(
+        &self,
+        scale_out: &Arc<dyn ScaleOut>,
+        df: DataFrame,
+        (finish, fill): (Vec<Expr>, Arc<crate::cache::EntryFill>),
+        spec: Option<ShuffleSpec>,
+        epoch: u64,
+    ) -> Result<EpochPlan> {
+        let (state, logical) = (df.clone()).into_parts();
+        let (job, mixture) =
+            self.plan_cluster_epoch(scale_out, df, epoch, false, None)?;
+        let plan =
+            EpochCache::tee(&state, &logical, job.plan, &finish, &fill, spec.is_some())?;
+        Ok(EpochPlan {
+            plan,
+            task_ctx: job.task_ctx,
+            fill: Some(fill),
+            dealt: job.dealt,
+            after: None,
+            mixture: Some(mixture),
+        })
     }
 
     /// A cached, shuffled cluster epoch whose entry the executors keep in
@@ -230,21 +289,21 @@ impl Producer {
         epoch: u64,
         dir: &str,
     ) -> Result<EpochPlan> {
-        let options = &self.options;
+        let feed = &self.plan;
         let (df, fill) = self
             .cache
-            .executor_epoch(&options.session, &options.sql, spec, dir)
+            .executor_epoch(&feed.session, &feed.sql, spec, dir)
             .await?;
         let completed: CompletedJob = Arc::default();
         let (job, mixture) = self.plan_cluster_epoch(
             scale_out,
             df,
             epoch,
-            fill.is_none() && self.start_on_the_grid(epoch),
+            fill.is_none() && feed.start_on_the_grid(epoch),
             Some(Arc::clone(&completed)),
         )?;
         let after: Option<AfterEpoch> = match fill {
-            Some(fill) if options.rank == 0 => Some(Box::new(move || {
+            Some(fill) if feed.shard.rank == 0 => Some(Box::new(move || {
                 let job = completed.lock().ok().and_then(|job| job.clone());
                 let Some((job, rows)) = job else {
                     return internal_err!(
@@ -255,14 +314,7 @@ impl Producer {
             })),
             _ => None,
         };
-        Ok(EpochPlan {
-            plan: job.plan,
-            task_ctx: job.task_ctx,
-            fill: None,
-            dealt: job.dealt,
-            after,
-            mixture: Some(mixture),
-        })
+        Ok(EpochPlan::of_job(job, after, mixture))
     }
 
     /// `config` as epoch `epoch`'s query is planned with, on either engine
@@ -271,17 +323,18 @@ impl Producer {
     /// augment; a MIX without SEED/EPOCH takes them too, and its weight
     /// schedules count steps of this feed's global batch.
     fn epoch_config(&self, config: &SessionConfig, epoch: u64) -> SessionConfig {
-        let options = &self.options;
+        let feed = &self.plan;
         let mut config = config.clone();
         config.options_mut().extensions.insert(
             sqlfeed_udfs::augment::AugmentOptions::for_epoch(
-                options.shuffle_seed.unwrap_or(0),
+                feed.order.seed().unwrap_or(0),
                 epoch,
             ),
         );
         let mut sqlfeed_options =
             crate::config::SqlfeedOptions::of(config.options()).clone();
-        sqlfeed_options.feed_step_rows = (options.batch_size * options.world) as u64;
+        sqlfeed_options.feed_step_rows =
+            (feed.shard.batch_rows * feed.shard.world) as u64;
         config.options_mut().extensions.insert(sqlfeed_options);
         config
     }
@@ -299,120 +352,41 @@ impl Producer {
 
     /// What the epoch's plan must keep of its partitions' order.
     fn partition_order(&self) -> crate::config::PartitionOrder {
-        match self.options.shuffle_seed {
+        match self.plan.order {
             // A global shuffle orders rows by content: it keeps the faster
             // work-stealing scan.
-            Some(_) => crate::config::PartitionOrder::Content,
-            None => {
-                crate::config::PartitionOrder::Partitions(Some(self.options.order_lanes))
+            FeedOrder::Shuffled { .. } => crate::config::PartitionOrder::Content,
+            FeedOrder::Unshuffled { lanes } => {
+                crate::config::PartitionOrder::Partitions(Some(lanes))
             }
         }
     }
 
     /// What an unshuffled feed's cache entry layout depends on: the ordered
-    /// partitions an embedded epoch reads, or a cluster job's one stream.
+    /// partitions an embedded epoch reads, or a cluster job's one stream (a
+    /// shuffled entry's layout depends on neither).
     fn cache_layout(&self) -> String {
-        if self.source.scale_out().is_some() {
-            return "cluster".to_string();
+        match (self.plan.source.scale_out(), self.plan.order) {
+            (Some(_), _) => "cluster".to_string(),
+            (None, FeedOrder::Unshuffled { lanes }) => lanes.to_string(),
+            (None, FeedOrder::Shuffled { .. }) => "shuffled".to_string(),
         }
-        self.options.order_lanes.to_string()
     }
 
-    /// The physical plan of one epoch's query and the context to run it in.
-    async fn plan_epoch(&self, epoch: u64) -> Result<EpochPlan> {
-        let options = &self.options;
-        let spec = options
-            .shuffle_seed
-            .map(|seed| ShuffleSpec::Global { seed, epoch });
-        if let (EpochSource::ExecutorCache { scale_out, dir }, Some(spec)) =
-            (&self.source, spec)
-        {
-            return self
-                .plan_executor_cached_epoch(scale_out, spec, epoch, dir)
-                .await;
-        }
-        let continued = options.appended.as_ref().filter(|a| a.epoch == epoch);
-        let query = if let (Some(appended), Some(seed)) =
-            (continued, options.shuffle_seed)
-        {
-            // Not cached: the continued epoch is another set of rows.
-            EpochQuery::Plain(
-                appended
-                    .remaining(&options.session, &options.sql, seed)
-                    .await?,
-            )
-        } else if options.cache {
-            self.cache
-                .epoch_query(&options.session, &options.sql, spec, self.cache_layout())
-                .await?
-        } else {
-            let df = options.session.sql(&options.sql).await?;
-            EpochQuery::Plain(match spec {
-                Some(spec) => shuffle(df, spec)?,
-                None => df,
-            })
-        };
-        let (df, filling) = match query {
-            EpochQuery::Plain(df) if let Some(kept) = &options.origins => {
-                let (state, plan) = df.into_parts();
-                let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
-                let plan = provenance::origins_plan(plan, row_key, kept)?;
-                (DataFrame::new(state, plan), None)
-            }
-            EpochQuery::Plain(df) => (df, None),
-            EpochQuery::Filling { df, finish, fill } => (df, Some((finish, fill))),
-        };
-        // With the epoch cache, epochs that read the entry run here, on the
-        // embedded engine, also in a cluster session: the entry is on this
-        // machine (the first epoch computed it on the cluster). So do the
-        // origins of a batch: the order is the same on either engine.
-        let reads_local_cache = options.cache && filling.is_none();
-        // A continued epoch joins against rows held here.
-        let embedded =
-            reads_local_cache || options.origins.is_some() || continued.is_some();
-        if let Some(scale_out) = self.source.scale_out().filter(|_| !embedded) {
-            let (state, logical) = (df.clone()).into_parts();
-            // A cache fill needs every row of the epoch here.
-            let may_deal = filling.is_none() && self.start_on_the_grid(epoch);
-            let (
-                EpochJobPlan {
-                    plan,
-                    task_ctx,
-                    dealt,
-                },
-                mixture,
-            ) = self.plan_cluster_epoch(scale_out, df, epoch, may_deal, None)?;
-            // A miss: the job's rows (with their content hashes) are written
-            // into the entry here, as they arrive, and finished on the way.
-            return Ok(match filling {
-                Some((finish, fill)) => EpochPlan {
-                    plan: EpochCache::tee(
-                        &state,
-                        &logical,
-                        plan,
-                        &finish,
-                        &fill,
-                        spec.is_some(),
-                    )?,
-                    task_ctx,
-                    fill: Some(fill),
-                    dealt,
-                    after: None,
-                    mixture: Some(mixture),
-                },
-                None => EpochPlan {
-                    plan,
-                    task_ctx,
-                    fill: None,
-                    dealt,
-                    after: None,
-                    mixture: Some(mixture),
-                },
-            });
-        }
+    /// `df`, with the cache entry `filling` it writes on the way, planned
+    /// and run on this process's engine (also in a cluster session: the
+    /// epoch cache's entry, an explain's origins and a continued epoch's
+    /// consumed rows are here).
+    async fn plan_embedded(
+        &self,
+        df: DataFrame,
+        filling: Option<(Vec<Expr>, Arc<crate::cache::EntryFill>)>,
+        epoch: u64,
+    ) -> Result<EpochPlan> {
+        let feed = &self.plan;
         let (state, plan) = df.into_parts();
         // Here, also in a cluster session: with the embedded planner.
-        let state = if self.source.scale_out().is_some() {
+        let state = if feed.source.scale_out().is_some() {
             SessionStateBuilder::new_from_existing(state)
                 .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
                 .build()
@@ -450,22 +424,18 @@ impl Producer {
                     physical,
                     &finish,
                     &fill,
-                    spec.is_some(),
+                    feed.order.seed().is_some(),
                 )?;
                 Some(fill)
             }
             None => None,
         };
-        if options.shuffle_seed.is_none() {
+        if feed.order.seed().is_none() {
             order::check_deterministic_order(&physical)?;
             physical = order::interleave_under_costly_functions(
                 physical,
                 state.config().batch_size(),
-                options
-                    .session
-                    .context()
-                    .copied_config()
-                    .target_partitions(),
+                feed.session.context().copied_config().target_partitions(),
             )?;
         }
         Ok(EpochPlan {
@@ -493,6 +463,30 @@ struct EpochPlan {
     /// A cluster job's mixture rows, reported when it completed (`None`:
     /// the plan runs here and its `MixExec` counts them).
     mixture: Option<JobMixture>,
+}
+
+impl EpochPlan {
+    /// The plan of a cluster job: the rows it hands this process (dealt or
+    /// the whole epoch), `after` run when the epoch ended.
+    fn of_job(job: EpochJobPlan, after: Option<AfterEpoch>, mixture: JobMixture) -> Self {
+        Self {
+            plan: job.plan,
+            task_ctx: job.task_ctx,
+            fill: None,
+            dealt: job.dealt,
+            after,
+            mixture: Some(mixture),
+        }
+    }
+}
+
+/// The origins of `df`'s rows (see `provenance`) with the output columns
+/// `kept`, instead of its columns.
+fn origins_of(df: DataFrame, kept: &[String]) -> Result<DataFrame> {
+    let (state, plan) = df.into_parts();
+    let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
+    let plan = provenance::origins_plan(plan, row_key, kept)?;
+    Ok(DataFrame::new(state, plan))
 }
 
 /// Work for the end of an epoch.

@@ -83,7 +83,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::batcher::{Batcher, Cut, EpochStart, LengthBucketer, Shard, Tokens};
+use super::batcher::{Batcher, Cut, EpochStart, LengthBucketer, Shard};
 use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
@@ -116,14 +116,12 @@ pub(crate) enum FeedEvent {
 /// The sending side of the ready channel.
 pub(crate) type ReadySender = mpsc::Sender<FeedEvent>;
 
-/// How rows become batches (fixed for a feed).
+/// How rows become batches besides an epoch's [`Cut`] (fixed for a feed).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Batching {
     /// Rows per batch (`B`), this rank of `W`, and whether the last partial
     /// chunk is dropped.
     pub(crate) shard: Shard,
-    /// Pack batches to a token budget instead of a row count.
-    pub(crate) token_budget: Option<usize>,
     /// Length bucketing: window in global steps.
     pub(crate) bucket_window: Option<usize>,
     /// The measured variable-length column (index, `pad_to`), for token
@@ -173,8 +171,11 @@ pub struct DeviceSinkExec {
     epoch: u64,
     /// Where the epoch starts (resume).
     start: EpochStart,
-    /// The input is this rank's rows only (see [`DeviceSinkExec::dealt`]).
-    dealt: bool,
+    /// How the rows are cut into this rank's batches, as the feed's plan
+    /// says: [`Cut::Dealt`] when the input is this rank's rows only (a
+    /// cluster job dealt on the executors, which cut the shard and the last
+    /// step).
+    cut: Cut,
     /// Cached plan properties.
     properties: Arc<PlanProperties>,
     /// Batches, rows, bytes, convert and stall time.
@@ -195,6 +196,7 @@ impl DeviceSinkExec {
         target: Arc<SinkTarget>,
         epoch: u64,
         start: EpochStart,
+        cut: Cut,
     ) -> Self {
         let properties =
             crate::exec::one_bounded_partition(summary_schema(), EmissionType::Final);
@@ -203,19 +205,10 @@ impl DeviceSinkExec {
             target,
             epoch,
             start,
-            dealt: false,
+            cut,
             properties: Arc::new(properties),
             metrics: ExecutionPlanMetricsSet::new(),
         }
-    }
-
-    /// With `dealt`, the input is this rank's rows only (a cluster job
-    /// dealt on the executors): they are cut as one rank's, into batches of
-    /// `B` rows and a shorter last one (the deal applied `drop_last` and the
-    /// padding already).
-    pub(crate) fn dealt(mut self, dealt: bool) -> Self {
-        self.dealt = dealt;
-        self
     }
 }
 
@@ -230,15 +223,17 @@ impl DisplayAs for DeviceSinkExec {
             .unwrap_or_else(|_| "busy".into());
         let mut fields = vec![
             ("device", device),
-            match b.token_budget {
-                Some(tokens) => ("batch_tokens", tokens.to_string()),
-                None => ("batch_size", b.shard.batch_rows.to_string()),
+            match self.cut {
+                Cut::Tokens(tokens) => ("batch_tokens", tokens.budget.to_string()),
+                Cut::Shard(_) | Cut::Dealt { .. } => {
+                    ("batch_size", b.shard.batch_rows.to_string())
+                }
             },
             ("shard", format!("{}/{}", b.shard.rank, b.shard.world)),
             ("drop_last", b.shard.drop_last.to_string()),
             ("epoch", self.epoch.to_string()),
         ];
-        if self.dealt {
+        if matches!(self.cut, Cut::Dealt { .. }) {
             fields.push(("dealt", "true".into()));
         }
         if let Some(window) = b.bucket_window {
@@ -262,7 +257,7 @@ impl ExecutionPlan for DeviceSinkExec {
         properties: own,
         rebuild: |this, child| {
             let target = Arc::clone(&this.target);
-            Ok(Self::new(child, target, this.epoch, this.start).dealt(this.dealt))
+            Ok(Self::new(child, target, this.epoch, this.start, this.cut))
         },
     }
 
@@ -280,7 +275,7 @@ impl ExecutionPlan for DeviceSinkExec {
             target: Arc::clone(&self.target),
             epoch: self.epoch,
             start: self.start,
-            dealt: self.dealt,
+            cut: self.cut,
             metrics,
         };
         let stream = futures::stream::once(run.run(ctx));
@@ -322,7 +317,7 @@ struct SinkRun {
     target: Arc<SinkTarget>,
     epoch: u64,
     start: EpochStart,
-    dealt: bool,
+    cut: Cut,
     metrics: SinkMetrics,
 }
 
@@ -333,24 +328,7 @@ impl SinkRun {
         let b = self.target.batching;
         let epoch = self.epoch;
         let length_column = b.length_column.map_or(0, |(index, _)| index);
-        let cut = match b.token_budget {
-            Some(budget) => Cut::Tokens(Tokens {
-                budget,
-                column: length_column,
-                pad_to: b.length_column.and_then(|(_, pad_to)| pad_to),
-                rank: b.shard.rank,
-                world: b.shard.world,
-                drop_last: b.shard.drop_last,
-            }),
-            // The deal on the executors cut the shard and the last step, so
-            // the rows are this rank's: a step is `B` of them.
-            None if self.dealt => Cut::Dealt {
-                batch_rows: b.shard.batch_rows,
-                world: b.shard.world,
-            },
-            None => Cut::Shard(b.shard),
-        };
-        let mut batcher = Batcher::new(cut, epoch, self.start);
+        let mut batcher = Batcher::new(self.cut, epoch, self.start);
         let mut bucketer = b.bucket_window.map(|window| {
             LengthBucketer::new(
                 window,
@@ -487,12 +465,11 @@ impl SinkRun {
             // Dealt rows are this rank's only: a step of the global order is
             // `B × W` of them (the last one's count is not needed, since the
             // position after it is the next epoch's start).
-            rows_after: if self.dealt {
-                (rows.step + 1)
-                    * (self.target.batching.shard.batch_rows
-                        * self.target.batching.shard.world) as u64
-            } else {
-                rows.rows_after
+            rows_after: match self.cut {
+                Cut::Dealt { batch_rows, world } => {
+                    (rows.step + 1) * (batch_rows * world) as u64
+                }
+                Cut::Shard(_) | Cut::Tokens(_) => rows.rows_after,
             },
         };
         let batch = pool.lease(slot, meta);

@@ -1,6 +1,7 @@
-//! `FeedBuilder::explain_batch`: the batch at a position located in the
-//! epoch's order, its rows' origins read from the scans' file and row
-//! columns, and the files they name resolved to row groups.
+//! The work of `FeedBuilder::explain_batch` (which resolves the feed of
+//! origins): the batch at a position located in the epoch's order, its
+//! rows' origins read from the scans' file and row columns, and the files
+//! they name resolved to row groups.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,216 +20,152 @@ use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderO
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 
-use super::super::FeedBuilder;
-use super::super::batcher::EpochStart;
 use super::{
     BatchOrigins, ORIGIN_FILE_COLUMN, ORIGIN_ROW_COLUMN, RowOrigin, file_ids,
     scanned_files,
 };
-use crate::device::Device;
 
-impl FeedBuilder {
-    /// Where each row of this rank's batch at `(epoch, step)` came from:
-    /// its Parquet file, row group and row, in batch order, without running
-    /// the query's preprocessing (see the [module docs](self)). The batch
-    /// is the one this feed — or an uninterrupted run of its shape, for a
-    /// position it does not reach — hands over there. Feeds cut by
-    /// `batch_tokens` or `bucket_by_length` also compute their
-    /// variable-length column, whose lengths cut the batches.
-    ///
-    /// ```no_run
-    /// # fn main() -> datafusion::error::Result<()> {
-    /// use sqlfeed::feed::Feed;
-    /// let session = sqlfeed::Session::try_new()?;
-    /// let feed = Feed::builder(
-    ///     &session,
-    ///     "SELECT image_to_tensor(image_decode(jpeg)) AS x, label AS y FROM 'data/*.parquet'",
-    /// )
-    /// .shuffle(42)
-    /// .batch_size(256)
-    /// .shard(5, 8);
-    /// // The loss spiked at step 41 213 of epoch 3: what did rank 5 train on?
-    /// for row in feed.explain_batch(3, 41_213)?.rows {
-    ///     println!("{} row group {} row {}", row.file, row.row_group, row.row);
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn explain_batch(&self, epoch: u64, step: u64) -> Result<BatchOrigins> {
-        if self.checkpoint.is_some() {
-            // The batch of the feed as resumed, over the data as it is now.
-            let now =
-                self.block_on(super::super::input_files(&self.session, &self.sql))?;
-            return self
-                .clone()
-                .resolve_checkpoint(&now)?
-                .explain_batch(epoch, step);
+/// What [`batch_origins`] reports besides the batch: the shape the batch
+/// was cut with, for the error of a position the epoch does not reach.
+pub(crate) struct ExplainedShape {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) batch_size: usize,
+    pub(crate) drop_last: bool,
+}
+
+/// The origins of the batch at `(epoch, step)` of `feed`, a feed of each
+/// row's origin (`FeedRows::Origins`) started at or before that step, of
+/// the query `sql` on `session`.
+pub(crate) fn batch_origins(
+    feed: super::super::Feed,
+    session: &crate::Session,
+    sql: &str,
+    (epoch, step): (u64, u64),
+    shape: ExplainedShape,
+) -> Result<BatchOrigins> {
+    let mut found = None;
+    for batch in feed {
+        let batch = batch?;
+        if batch.epoch() != epoch || batch.step() > step {
+            break;
         }
-        if self
-            .skipped_steps
-            .get(&epoch)
-            .is_some_and(|steps| steps.contains(&step))
-        {
-            return plan_err!(
-                "step {step} of epoch {epoch} is skipped (skip_steps): no batch is \
-                 handed over there"
-            );
+        if batch.step() == step {
+            found = Some((
+                batch
+                    .tensor(ORIGIN_FILE_COLUMN)?
+                    .as_slice::<i64>()?
+                    .to_vec(),
+                batch.tensor(ORIGIN_ROW_COLUMN)?.as_slice::<i64>()?.to_vec(),
+            ));
+            break;
         }
-        // Batches cut by length need the one variable-length column the
-        // batcher measures (and so the function that computes it).
-        let kept = if self.token_budget.is_some() || self.bucket_window.is_some() {
-            self.block_on(self.variable_length_outputs())?
-        } else {
-            vec![]
-        };
-        let mut origins = self.clone();
-        // Another epoch's continuation does not change this one; this
-        // epoch's is followed through its anti join.
-        origins.appended = self.appended.clone().filter(|a| a.epoch == epoch);
-        origins.columns = self
-            .columns
-            .iter()
-            .filter(|(name, _)| kept.contains(name))
-            .cloned()
-            .collect();
-        origins.origins = Some(kept);
-        origins.device = Some(Device::Cpu);
-        origins.cache = false;
-        origins.prefetch = 2;
-        origins.epochs = origins.epochs.max(epoch + 1);
-        origins.resume = match self.resume {
-            // A resume under another shape numbers its steps from there.
-            (first, start @ EpochStart::Rows { first_step, .. })
-                if first == epoch && first_step <= step =>
-            {
-                (first, start)
-            }
-            _ => (epoch, EpochStart::Step(step)),
-        };
-        let feed = origins.build()?;
-        let mut found = None;
-        for batch in feed {
-            let batch = batch?;
-            if batch.epoch() != epoch || batch.step() > step {
-                break;
-            }
-            if batch.step() == step {
-                found = Some((
-                    batch
-                        .tensor(ORIGIN_FILE_COLUMN)?
-                        .as_slice::<i64>()?
-                        .to_vec(),
-                    batch.tensor(ORIGIN_ROW_COLUMN)?.as_slice::<i64>()?.to_vec(),
-                ));
-                break;
-            }
-        }
-        let Some((file_ids, rows)) = found else {
-            return plan_err!(
-                "epoch {epoch} has no step {step} for rank {} of {} (batch size {}{}): \
-                 the epoch ends before it",
-                self.rank,
-                self.world,
-                self.batch_size,
-                if self.drop_last { ", drop_last" } else { "" }
-            );
-        };
-        let files = self.block_on(self.origin_files())?;
-        let by_id: HashMap<i64, &OriginFile> =
-            files.iter().map(|file| (file.id, file)).collect();
-        let mut origins = Vec::with_capacity(rows.len());
-        for (id, row) in file_ids.into_iter().zip(rows) {
-            let file = by_id.get(&id).ok_or_else(|| {
-                internal_datafusion_err!(
-                    "batch row from a file with id {id} that the query does not list"
-                )
-            })?;
-            let row = u64::try_from(row)
-                .map_err(|_| internal_datafusion_err!("negative file row index {row}"))?;
-            origins.push(RowOrigin {
-                file: file.location.clone(),
-                row_group: file.row_group_of(row)?,
-                row,
-            });
-        }
-        Ok(BatchOrigins {
-            epoch,
-            step,
-            rank: self.rank,
-            rows: origins,
-        })
     }
-
-    /// Runs `future` to completion on a runtime of its own (explain_batch
-    /// is called from synchronous code, as `build` is).
-    fn block_on<T>(&self, future: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                resources_datafusion_err!("cannot start a thread for explain_batch: {e}")
-            })?
-            .block_on(future)
+    let Some((file_ids, rows)) = found else {
+        return plan_err!(
+            "epoch {epoch} has no step {step} for rank {} of {} (batch size {}{}): \
+             the epoch ends before it",
+            shape.rank,
+            shape.world,
+            shape.batch_size,
+            if shape.drop_last { ", drop_last" } else { "" }
+        );
+    };
+    let files = block_on(origin_files(session, sql))?;
+    let by_id: HashMap<i64, &OriginFile> =
+        files.iter().map(|file| (file.id, file)).collect();
+    let mut origins = Vec::with_capacity(rows.len());
+    for (id, row) in file_ids.into_iter().zip(rows) {
+        let file = by_id.get(&id).ok_or_else(|| {
+            internal_datafusion_err!(
+                "batch row from a file with id {id} that the query does not list"
+            )
+        })?;
+        let row = u64::try_from(row)
+            .map_err(|_| internal_datafusion_err!("negative file row index {row}"))?;
+        origins.push(RowOrigin {
+            file: file.location.clone(),
+            row_group: file.row_group_of(row)?,
+            row,
+        });
     }
+    Ok(BatchOrigins {
+        epoch,
+        step,
+        rank: shape.rank,
+        rows: origins,
+    })
+}
 
-    /// The query's output columns that become padded tensors, by the
-    /// feed's own column rules: what `batch_tokens` and `bucket_by_length`
-    /// measure.
-    async fn variable_length_outputs(&self) -> Result<Vec<String>> {
-        let df = self.session.sql(&self.sql).await?;
-        let columns =
-            super::super::columns::resolve(df.schema().as_arrow(), &self.columns)?;
-        Ok(columns
-            .into_iter()
-            .filter(|column| column.mask_name.is_some())
-            .map(|column| column.name.to_string())
-            .collect())
-    }
+/// Runs `future` to completion on a runtime of its own (explaining is
+/// called from synchronous code, as building a feed is).
+pub(crate) fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            resources_datafusion_err!("cannot start a thread for explain_batch: {e}")
+        })?
+        .block_on(future)
+}
 
-    /// The files the feed's query scans, with their ids and row groups.
-    async fn origin_files(&self) -> Result<Vec<OriginFile>> {
-        let (state, scanned) = scanned(&self.session, &self.sql).await?;
-        let metrics = ExecutionPlanMetricsSet::new();
-        let mut files = Vec::with_capacity(scanned.len());
-        for ScannedFile {
-            store_url,
-            file,
-            location,
+/// The output columns of `sql` that become padded tensors under the
+/// feed's column rules `columns`: what `batch_tokens` and
+/// `bucket_by_length` measure.
+pub(crate) async fn variable_length_outputs(
+    session: &crate::Session,
+    sql: &str,
+    columns: &[(String, super::super::ColumnSpec)],
+) -> Result<Vec<String>> {
+    let df = session.sql(sql).await?;
+    let columns = super::super::columns::resolve(df.schema().as_arrow(), columns)?;
+    Ok(columns
+        .into_iter()
+        .filter(|column| column.mask_name.is_some())
+        .map(|column| column.name.to_string())
+        .collect())
+}
+
+/// The files the feed's query scans, with their ids and row groups.
+async fn origin_files(session: &crate::Session, sql: &str) -> Result<Vec<OriginFile>> {
+    let (state, scanned) = scanned(session, sql).await?;
+    let metrics = ExecutionPlanMetricsSet::new();
+    let mut files = Vec::with_capacity(scanned.len());
+    for ScannedFile {
+        store_url,
+        file,
+        location,
+        id,
+        ..
+    } in scanned
+    {
+        let store = state.runtime_env().object_store(&store_url)?;
+        let mut reader: Box<dyn AsyncFileReader> = DefaultParquetFileReaderFactory::new(
+            store,
+        )
+        .create_reader(0, file.clone(), None, &metrics)?;
+        let metadata =
+            ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+                .await
+                .map_err(|e| {
+                    exec_datafusion_err!(
+                        "cannot read the Parquet footer of {location}: {e}"
+                    )
+                })?;
+        let metadata = metadata.metadata();
+        let mut row_group_ends = Vec::with_capacity(metadata.num_row_groups());
+        let mut end = 0u64;
+        for group in metadata.row_groups() {
+            end += group.num_rows().max(0) as u64;
+            row_group_ends.push(end);
+        }
+        files.push(OriginFile {
             id,
-            ..
-        } in scanned
-        {
-            let store = state.runtime_env().object_store(&store_url)?;
-            let mut reader: Box<dyn AsyncFileReader> =
-                DefaultParquetFileReaderFactory::new(store).create_reader(
-                    0,
-                    file.clone(),
-                    None,
-                    &metrics,
-                )?;
-            let metadata =
-                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-                    .await
-                    .map_err(|e| {
-                        exec_datafusion_err!(
-                            "cannot read the Parquet footer of {location}: {e}"
-                        )
-                    })?;
-            let metadata = metadata.metadata();
-            let mut row_group_ends = Vec::with_capacity(metadata.num_row_groups());
-            let mut end = 0u64;
-            for group in metadata.row_groups() {
-                end += group.num_rows().max(0) as u64;
-                row_group_ends.push(end);
-            }
-            files.push(OriginFile {
-                id,
-                location,
-                row_group_ends,
-            });
-        }
-        Ok(files)
+            location,
+            row_group_ends,
+        });
     }
+    Ok(files)
 }
 
 /// A file a query scans.
@@ -307,7 +244,7 @@ pub(crate) async fn scanned_file_ids(
         .collect())
 }
 
-/// A file a feed's query scans, as [`FeedBuilder::explain_batch`] names it.
+/// A file a feed's query scans, as `FeedBuilder::explain_batch` names it.
 pub(super) struct OriginFile {
     /// Its [`file_ids`] value.
     id: i64,

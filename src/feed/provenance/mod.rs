@@ -86,7 +86,9 @@ use crate::shuffle::{
 };
 
 mod explain;
-pub(crate) use explain::scanned_file_ids;
+pub(crate) use explain::{
+    ExplainedShape, batch_origins, block_on, scanned_file_ids, variable_length_outputs,
+};
 
 /// The file id and row that the scans of an epoch continued over appended
 /// data carry into its anti join (`appended.rs`); the origins take them
