@@ -7,7 +7,7 @@ feeds yield (:class:`Tensor`).
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 __version__: str
 
@@ -71,6 +71,20 @@ def write_whole(path: str, text: str) -> None:
     with the mode a plain ``open()`` gives under the umask; ``OSError`` if it
     cannot."""
 
+class FunctionSpec(TypedDict):
+    """What ``sqlfeed.functions`` registers a Python function with."""
+
+    name: str
+    invoke: Callable[[object, int, int | None], object]
+    returns: object
+    inputs: object | None
+    arg_count: int | None
+    volatility: str
+    identity: str
+    costly: bool
+    qualname: str
+    seed: int | None
+
 class Session:
     def __init__(
         self,
@@ -84,31 +98,13 @@ class Session:
         plugins: list[str] = ...,
     ) -> None: ...
     def sql(self, query: str) -> SqlResult: ...
-    def _register_function(
-        self,
-        name: str,
-        invoke: Callable[[object, int, int | None], object],
-        returns: object,
-        inputs: object | None,
-        arg_count: int | None,
-        volatility: str,
-        identity: str,
-        costly: bool,
-        qualname: str,
-        seed: int | None,
-    ) -> None: ...
+    def _register_function(self, spec: FunctionSpec) -> None: ...
     def _start_feed(self, options: dict[str, Any]) -> RawFeed: ...
-    def _input_files(self, query: str) -> list[tuple[str, int, int, str | None]]: ...
+    def _start_position(self, options: dict[str, Any], listed: bool) -> FeedPosition: ...
+    def _resume(self, options: dict[str, Any], state: str, on_data_change: str) -> FeedPosition: ...
     def _explain_batch(
         self, options: dict[str, Any], epoch: int, step: int
     ) -> list[tuple[str, int, int]]: ...
-    def _resume_point(
-        self,
-        query: str,
-        state: str,
-        shape: tuple[int | None, int, int, int | None, bool, bool],
-        on_data_change: str,
-    ) -> tuple[int, int, int | None, list[tuple[int, list[int]]], str | None]: ...
     @property
     def memory_limit(self) -> int: ...
     @property
@@ -133,13 +129,29 @@ class RawFeed:
         by_capsule: bool,
         host_only: bool,
         stream: Callable[[int], int] | None = None,
-    ) -> tuple[dict[str, Any], int, int, int] | None: ...
-    def _checkpoint(self) -> str | None: ...
+    ) -> dict[str, Any] | None: ...
+    def _position(self) -> FeedPosition: ...
     def _timeline(self) -> tuple[str, str]: ...
     def close(self) -> None: ...
     @property
     def running(self) -> bool: ...
     def report(self) -> dict[str, Any]: ...
+
+class FeedPosition:
+    """Where a feed is: the Rust checkpoint, whose rules move, resume and
+    skip it (``Feed.state_dict()`` is its JSON)."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def rows(self) -> int | None: ...
+    @property
+    def listed(self) -> bool: ...
+    def at_epoch_start(self, epoch: int) -> FeedPosition: ...
+    def skipping(self, epoch: int, steps: list[int]) -> FeedPosition: ...
+    def to_json(self) -> str: ...
 
 class Batch:
     """A batch's tensors by name, and where it sits in the feed."""

@@ -15,6 +15,13 @@ and one response segment (created and resized by the worker); each is
 unlinked by its creator. The parent waits on the pipe with the GIL released,
 so as many engine threads as workers run at once.
 
+A worker is handed the function pickled (by module and name) and imports it
+first thing, answering ``("ready",)`` or ``("cannot-import", why)``: a
+function defined where a spawned process cannot find it (``python -c``, a
+notebook) is refused with what to do instead of looking like a dead worker.
+An exception the function raises travels back pickled (with its traceback
+as text) and is raised again here as itself.
+
 A worker ignores SIGINT (Ctrl-C is the training process's to handle) and
 exits when its pipe closes, when the pool closes it (at exit, within a
 second: stop, then SIGTERM, then SIGKILL) or when its parent process is
@@ -34,7 +41,7 @@ import traceback
 from multiprocessing import shared_memory
 from typing import Any
 
-from sqlfeed.functions import FunctionFailed, FunctionSpec, apply
+from sqlfeed.functions import FunctionFailed, FunctionSpec, add_note, apply
 
 #: Smallest shared-memory segment (bytes); segments grow to the largest batch.
 MIN_SEGMENT_BYTES = 1 << 20
@@ -105,7 +112,9 @@ class _Worker:
         parent, child = context.Pipe()
         self.process = context.Process(
             target=_worker_main,
-            args=(child, spec, os.getpid()),
+            # Pickled here, unpickled in the worker's own code: a function it
+            # cannot import is then an answer, not a crash in bootstrap.
+            args=(child, pickle.dumps(spec), os.getpid()),
             name=f"sqlfeed-{spec.name}-{index}",
             daemon=True,
         )
@@ -115,6 +124,22 @@ class _Worker:
         self.request: shared_memory.SharedMemory | None = None
         self.response: shared_memory.SharedMemory | None = None
         self.broken = False
+        try:
+            hello = self.conn.recv()
+        except (EOFError, OSError) as exc:
+            self.close()
+            raise WorkerDied(
+                f"{_describe_exit(self.process.exitcode)} while starting; pid {self.process.pid}"
+            ) from exc
+        if hello[0] == "cannot-import":
+            self.close()
+            raise FunctionFailed(
+                f"worker processes cannot import Python function '{spec.name}' "
+                f"({spec.qualname}): {hello[1]}. A worker is a new Python process that "
+                "imports the function by its module and name, so a function defined in "
+                "`python -c`, a notebook or an interactive session cannot reach it: define "
+                "it in a module (a .py file the workers can import), or use concurrency=1"
+            )
 
     def call(self, table: Any, num_rows: int, seed: int | None) -> Any:
         import pyarrow as pa
@@ -141,6 +166,17 @@ class _Worker:
             raise
         if reply[0] == "error":
             raise FunctionFailed(f"{reply[1]}\n(in worker process {self.process.pid})")
+        if reply[0] == "raised":
+            _, payload, text = reply
+            where = f"in worker process {self.process.pid}, whose traceback was:\n{text}"
+            try:
+                raised = pickle.loads(payload) if payload is not None else None
+            except Exception:
+                raised = None
+            if not isinstance(raised, BaseException):
+                raise FunctionFailed(f"{text}\n({where})")
+            add_note(raised, where)
+            raise raised
         _, name, out_size = reply
         if self.response is None or self.response.name != name:
             _close(self.response, unlink=False)
@@ -253,9 +289,16 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-def _worker_main(conn: Any, spec: FunctionSpec, parent_pid: int) -> None:
+def _worker_main(conn: Any, pickled_spec: bytes, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        spec = pickle.loads(pickled_spec)
+    except Exception as exc:
+        conn.send(("cannot-import", f"{type(exc).__name__}: {exc}"))
+        conn.close()
+        return
+    conn.send(("ready",))
     import pyarrow as pa
 
     request: shared_memory.SharedMemory | None = None
@@ -288,8 +331,13 @@ def _worker_main(conn: Any, spec: FunctionSpec, parent_pid: int) -> None:
                 conn.send(("ok", response.name, out_size))
             except FunctionFailed as failed:
                 conn.send(("error", str(failed)))
-            except Exception:
-                conn.send(("error", traceback.format_exc()))
+            except Exception as exc:
+                text = "".join(traceback.format_exception(exc)).rstrip()
+                try:
+                    payload: bytes | None = pickle.dumps(exc)
+                except Exception:
+                    payload = None
+                conn.send(("raised", payload, text))
     finally:
         _close(request, unlink=False)
         _close(response, unlink=True)

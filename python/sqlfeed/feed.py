@@ -33,10 +33,6 @@ FORMATS = ("torch", "numpy", "jax", "dlpack")
 #: Keys a column spec may have.
 COLUMN_KEYS = ("dtype", "shape", "scale", "offset", "pad_to", "pad_value", "fill_null", "unit")
 
-#: Version of :meth:`Feed.state_dict`'s layout (2 adds ``rows`` and
-#: ``skipped``; version 1 states still load).
-STATE_VERSION = 2
-
 
 def auto_shard() -> tuple[int, int]:
     """``(rank, world)`` of this process: from ``torch.distributed`` when it is
@@ -194,25 +190,13 @@ class Feed:
             "order_lanes": order_lanes,
             "run_id": run_id or "",
         }
-        # The position of the next batch.
-        self._epoch = 0
-        self._step = 0
-        # Rows of the epoch's order all ranks together consumed: the
-        # position under any shape (None: only the step is known, from a
-        # version 1 state of a token-budget feed).
-        self._rows: int | None = 0
-        # Global steps left out, by epoch (skip_steps).
-        self._skipped: dict[int, list[int]] = {}
-        # An epoch continued over appended data: {"epoch", "data" (the
-        # checkpoint's manifest), "rows" (of its order consumed)}.
-        self._appended: dict[str, Any] | None = None
-        # The files the current (or last) pass's order is over, listed when
-        # it started: a checkpoint records them.
-        self._data: list[list[Any]] | None = None
-        # The Delta Lake tables the query names without a version, and the
-        # versions the first pass pinned them to (or the loaded state's):
-        # every later pass and a resume read those versions.
-        self._delta_versions: dict[str, int] | None = None
+        # Where the feed is (``_sqlfeed.FeedPosition``: the Rust checkpoint,
+        # whose rules move, resume and skip it; None before anything set
+        # it: the start of epoch 0). While a pass's batches are being taken
+        # the pass holds it (``_moving``): the batches taken are the ones
+        # trained on.
+        self._position: Any = None
+        self._moving: Any = None
         self._pass: Any = None
         self._len: int | None = None
         self._reports: list[dict[str, Any]] = []
@@ -229,29 +213,38 @@ class Feed:
         end of the current epoch, or with ``epochs=N`` to the end of epoch
         ``N-1``."""
         self.close()
-        first = self._epoch
+        first = self.epoch
         end = first + 1 if self._epochs is None else self._epochs
         if first >= end:
             return iter(())
-        options = dict(
-            self._options,
-            first_epoch=first,
-            end_epoch=end,
-            first_step=self._step,
-            first_row=self._rows,
-            skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
-            appended=self._appended_option(first),
-            delta_versions=self._delta_versions,
-        )
-        raw = self._session._inner._start_feed(options)
-        # The files the pass's order is over, as the feed listed them when
-        # it started, and the Delta versions it read: what a checkpoint
-        # records.
-        checkpoint = json.loads(raw._checkpoint())
-        self._data = checkpoint["data"]
-        self._delta_versions = checkpoint.get("delta_versions", {})
+        raw = self._session._inner._start_feed(self._pass_options(end, self._now()))
+        # The pass's start: the files its order is over, as it listed them,
+        # and the Delta versions it read — what a checkpoint records.
+        self._position = raw._position()
         self._pass = self._last_pass = raw
         return self._run(raw, end)
+
+    def _pass_options(self, end: int, position: Any) -> dict[str, Any]:
+        """What the extension starts a pass (or resolves a position) with."""
+        return dict(self._options, end_epoch=end, position=position)
+
+    def _now(self) -> Any:
+        """The position (``None``: the start of epoch 0)."""
+        if self._moving is not None:
+            return self._moving._position()
+        return self._position
+
+    def _made(self, listed: bool = False) -> Any:
+        """The position, made where there is none yet; ``listed``: with the
+        files its order is over listed (what a state records)."""
+        position = self._now()
+        if position is None or (listed and not position.listed):
+            # (A position has no last epoch: the extension ignores end_epoch.)
+            made = self._session._inner._start_position(self._pass_options(1, position), listed)
+            if self._moving is None:
+                self._position = made
+            return made
+        return position
 
     def _run(self, raw: Any, end: int) -> Iterator[dict[str, Any]]:
         # The position is set before a batch is handed out: a loop that stops
@@ -262,17 +255,20 @@ class Feed:
                 # One call per batch: the tensors are made in Rust.
                 take = raw._next_dict
                 importer, by_capsule, host_only, stream = self._importer
-                while (taken := take(importer, by_capsule, host_only, stream)) is not None:
-                    batch, self._epoch, self._step, self._rows = taken
+                while (batch := take(importer, by_capsule, host_only, stream)) is not None:
+                    self._moving = raw
                     yield batch
             else:
                 convert = self._converter
                 for batch in raw:
-                    self._epoch, self._step = batch.next_position
-                    self._rows = batch.next_row_position[1]
+                    self._moving = raw
                     yield convert(batch)
-            self._epoch, self._step, self._rows = end, 0, 0
+            self._moving = None
+            self._position = raw._position().at_epoch_start(end)
         finally:
+            if self._moving is raw:
+                self._position = raw._position()
+                self._moving = None
             self._reports.append(raw.report())
             raw.close()
             if self._pass is raw:
@@ -280,6 +276,9 @@ class Feed:
 
     def close(self) -> None:
         """Stops a running pass and its threads (held batches stay valid)."""
+        if self._moving is not None:
+            self._position = self._moving._position()
+            self._moving = None
         if self._pass is not None:
             self._pass.close()
             self._pass = None
@@ -315,18 +314,21 @@ class Feed:
         before ``on_train_epoch_start``, where code calls ``set_epoch``.
         Batches taken from it still move the position, since they are the
         ones trained on."""
-        self._epoch, self._step, self._rows = int(epoch), 0, 0
-        self._appended = None
+        position = self._made()
+        self._moving = None
+        self._position = position.at_epoch_start(int(epoch))
 
     @property
     def epoch(self) -> int:
         """The epoch of the next batch."""
-        return self._epoch
+        position = self._now()
+        return 0 if position is None else position.epoch
 
     @property
     def step(self) -> int:
         """The step (within :attr:`epoch`) of the next batch."""
-        return self._step
+        position = self._now()
+        return 0 if position is None else position.step
 
     @property
     def epochs(self) -> int | None:
@@ -342,46 +344,15 @@ class Feed:
     def world(self) -> int:
         return self._world
 
-    def _fingerprint(self) -> str:
-        return _sqlfeed.query_fingerprint(self._query)
-
     def state_dict(self) -> dict[str, Any]:
         """Where the feed is, as a small JSON-serialisable dict (the
         StatefulDataLoader protocol), the same on every rank: loading it in a
         new process resumes with exactly the next batch — under the same
         shape, or under another world size, batch size or token budget (see
-        :meth:`load_state_dict`)."""
-        return {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "step": self._step,
-            # Rows of the epoch's order consumed by all ranks together.
-            "rows": self._rows,
-            **self._settings(),
-            "skipped": {str(e): sorted(s) for e, s in sorted(self._skipped.items())},
-            # The checkpoint's epoch continues over appended data: the rows
-            # above count from the continuation.
-            "appended": self._appended if self._appended_option(self._epoch) else None,
-            # [location, size, modified_ns(, e_tag)] of every file the
-            # order is over: listed when the pass started, or now.
-            "data": self._data if self._data is not None else _manifest(self._session, self._query),
-            # {table: version} of the Delta Lake tables the query names
-            # without a version: a resume reads these versions again.
-            **({"delta_versions": self._delta_versions} if self._delta_versions else {}),
-        }
-
-    def _settings(self) -> dict[str, Any]:
-        """What a state's rows depend on: the query and seed (which pick the
-        order) and the shape (which cuts it into steps)."""
-        return {
-            "seed": self._options["shuffle"],
-            "rank": self._rank,
-            "world": self._world,
-            "batch_size": self._options["batch_size"],
-            "batch_tokens": self._options["batch_tokens"],
-            "drop_last": self._options["drop_last"],
-            "query": self._fingerprint(),
-        }
+        :meth:`load_state_dict`). It is the Rust feed's checkpoint
+        (``sqlfeed::feed::Checkpoint``), the format of the CLI's
+        ``--save-checkpoint``."""
+        return json.loads(self._made(listed=True).to_json())
 
     def load_state_dict(self, state: Mapping[str, Any], on_data_change: str = "error") -> None:
         """Continues from :meth:`state_dict`'s position.
@@ -407,31 +378,11 @@ class Feed:
         checkpoint: no row is fed twice in the epoch and every new row is in
         it; later epochs cover everything. A checkpoint taken in such an
         epoch records that, and resumes it."""
-        epoch, step, rows, skipped, appended = self._session._inner._resume_point(
-            self._query,
-            json.dumps(dict(state)),
-            (
-                self._options["shuffle"],
-                self._world,
-                self._options["batch_size"],
-                self._options["batch_tokens"],
-                self._options["drop_last"],
-                self._options["bucket_by_length"] is not None,
-            ),
-            on_data_change,
+        position = self._session._inner._resume(
+            self._pass_options(1, None), json.dumps(dict(state)), on_data_change
         )
         self.close()
-        self._epoch, self._step, self._rows = epoch, step, rows
-        self._skipped = {e: list(s) for e, s in skipped}
-        self._appended = None if appended is None else json.loads(appended)
-        self._delta_versions = dict(state.get("delta_versions") or {}) or None
-
-    def _appended_option(self, first_epoch: int) -> tuple[int, list[str], int] | None:
-        """The Rust feed's continuation, for a pass starting at ``first_epoch``."""
-        appended = self._appended
-        if appended is None or int(appended["epoch"]) != first_epoch:
-            return None
-        return (int(appended["epoch"]), [f[0] for f in appended["data"]], int(appended["rows"]))
+        self._position = position
 
     def skip_steps(self, epoch: int, steps: Iterable[int]) -> None:
         """Leaves out global steps ``steps`` of ``epoch`` (the batches of a loss
@@ -440,8 +391,7 @@ class Feed:
         the run is the uninterrupted one minus those steps, on every rank.
         Kept in :meth:`state_dict`."""
         self.close()
-        merged = set(self._skipped.get(int(epoch), [])) | {int(s) for s in steps}
-        self._skipped[int(epoch)] = sorted(merged)
+        self._position = self._made().skipping(int(epoch), [int(s) for s in steps])
 
     def explain_batch(self, epoch: int, step: int, rank: int | None = None) -> list[dict[str, Any]]:
         """Where each row of the batch at global step ``step`` of ``epoch``
@@ -454,22 +404,14 @@ class Feed:
         It is the batch this feed hands over there (after
         :meth:`load_state_dict`, under its shape), or an uninterrupted run's.
         Rows with identical content are interchangeable copies in a shuffled
-        order; the answer names one of them."""
+        order; the answer names, at each position, a copy with that content,
+        and the same copies on every call (each once per epoch)."""
         rank = self._rank if rank is None else int(rank)
         if not 0 <= rank < self._world:
             raise _sqlfeed.PlanError(f"rank={rank}: the feed's ranks are 0..{self._world - 1}")
-        end = self._epoch + 1 if self._epochs is None else self._epochs
-        options = dict(
-            self._options,
-            rank=rank,
-            first_epoch=self._epoch,
-            end_epoch=max(end, self._epoch + 1),
-            first_step=self._step,
-            first_row=self._rows,
-            skip_steps=sorted((e, sorted(s)) for e, s in self._skipped.items()),
-            appended=self._appended_option(self._epoch),
-            delta_versions=self._delta_versions,
-        )
+        first = self.epoch
+        end = first + 1 if self._epochs is None else self._epochs
+        options = dict(self._pass_options(max(end, first + 1), self._now()), rank=rank)
         rows = self._session._inner._explain_batch(options, int(epoch), int(step))
         return [{"file": file, "row_group": group, "row": row} for file, group, row in rows]
 
@@ -545,17 +487,9 @@ class Feed:
     def __repr__(self) -> str:
         return (
             f"sqlfeed.Feed(batch_size={self._options['batch_size']}, "
-            f"shard=({self._rank}, {self._world}), epoch={self._epoch}, step={self._step}, "
+            f"shard=({self._rank}, {self._world}), epoch={self.epoch}, step={self.step}, "
             f"format={self._format!r})"
         )
-
-
-def _manifest(session: Session, query: str) -> list[list[Any]]:
-    """``[location, size, modified_ns(, e_tag)]`` of every file ``query`` reads."""
-    return [
-        [location, size, modified] + ([e_tag] if e_tag is not None else [])
-        for location, size, modified, e_tag in session._inner._input_files(query)
-    ]
 
 
 def _importer(format: str) -> tuple[Any, bool, bool, Any] | None:

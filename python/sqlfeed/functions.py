@@ -34,7 +34,15 @@ rather than free-threaded CPython: the libraries a preprocessing function
 calls (Pillow, tokenizers, NumPy) are GIL-bound or not yet safe without it
 on most installations, and a crashing C extension then takes down a worker,
 not the training process. A worker that dies is an error naming it, never a
-hang; Ctrl-C (or the end of the process) stops the workers.
+hang; Ctrl-C (or the end of the process) stops the workers. A function the
+workers cannot import (one defined in ``python -c``, a notebook or the
+REPL) is refused with what to do.
+
+Errors: an exception the function raises comes back to your code as itself
+(``except MyError:`` works, in-process and from workers), with a note naming
+the function and the batch. sqlfeed's own complaints about a function (a
+result of the wrong length or type, a worker that died or cannot import it)
+raise :class:`FunctionFailed`, a :class:`sqlfeed.ExecutionError`.
 
 Exactness: a function's **identity** (its bytecode, constants, default
 arguments, the values its closure and the globals it names hold, or an
@@ -54,10 +62,11 @@ import hashlib
 import inspect
 import pickle
 import threading
-import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from sqlfeed._sqlfeed import ExecutionError
 
 if TYPE_CHECKING:
     import pyarrow
@@ -200,16 +209,18 @@ class Function:
         # in this process they would only take turns at the GIL.
         parallel = self.costly and self.concurrency > 1
         session._register_function(
-            self.name,
-            self._invoke,
-            returns,
-            inputs,
-            self.arg_count,
-            self.volatility,
-            self.identity,
-            parallel,
-            self.qualname,
-            self.seed if self.seeded else None,
+            {
+                "name": self.name,
+                "invoke": self._invoke,
+                "returns": returns,
+                "inputs": inputs,
+                "arg_count": self.arg_count,
+                "volatility": self.volatility,
+                "identity": self.identity,
+                "costly": parallel,
+                "qualname": self.qualname,
+                "seed": self.seed if self.seeded else None,
+            }
         )
 
 
@@ -239,9 +250,17 @@ class FunctionSpec:
         self.inputs = inputs
 
 
-class FunctionFailed(Exception):
-    """A user function raised or returned something unusable; the message
-    names the function and the batch and holds the traceback."""
+class FunctionFailed(ExecutionError):
+    """sqlfeed could not use a user function's work: it returned something
+    unusable, or its worker process died or cannot import it. The message
+    names the function and the batch. (An exception the function itself
+    raises comes back as itself.)"""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` where Python has notes (3.11+)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
 
 
 def udf(
@@ -382,11 +401,13 @@ def apply(spec: FunctionSpec, table: pyarrow.Table, num_rows: int, seed: int | N
                 batch = pa.RecordBatch.from_arrays(columns, names=names)
             result = spec.fn(batch, **kwargs)
     except Exception as exc:
-        raise FunctionFailed(
-            f"Python function '{spec.name}' ({spec.qualname}) raised "
-            f"{type(exc).__name__}: {exc} on a batch of {num_rows} rows\n"
-            + "".join(traceback.format_exception(exc)).rstrip()
-        ) from None
+        # The caller gets the exception itself back, told where it came from.
+        add_note(
+            exc,
+            f"raised in Python function '{spec.name}' ({spec.qualname}) on a batch of "
+            f"{num_rows} rows",
+        )
+        raise
     try:
         if spec.kind == "scalar":
             array = to_arrow(result, spec.return_type)

@@ -55,9 +55,13 @@ pub(crate) fn register(py: Python<'_>, m: &Bound<'_, PyModule>) -> PyResult<()> 
     Ok(())
 }
 
-/// The Python exception for a Rust error: the class by the innermost
-/// error's kind, the message as Rust prints it.
+/// The Python exception for a Rust error: an exception a Python function
+/// raised, as itself (wherever in the error's chain it is); otherwise the
+/// class by the innermost error's kind, the message as Rust prints it.
 pub(crate) fn to_py(err: DataFusionError) -> PyErr {
+    if let Some(raised) = raised_in_python(&err) {
+        return raised;
+    }
     let message = err.to_string();
     match err.find_root() {
         DataFusionError::Plan(_)
@@ -69,6 +73,18 @@ pub(crate) fn to_py(err: DataFusionError) -> PyErr {
         DataFusionError::Internal(_) => InternalError::new_err(message),
         _ => ExecutionError::new_err(message),
     }
+}
+
+/// The exception a Python function raised that `err` carries, if any.
+fn raised_in_python(err: &DataFusionError) -> Option<PyErr> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(error) = cause {
+        if let Some(raised) = error.downcast_ref::<crate::functions::RaisedInPython>() {
+            return Some(raised.exception());
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// `Result` into `PyResult`.

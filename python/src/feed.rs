@@ -25,13 +25,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
 use sqlfeed::Session;
 use sqlfeed::device::{ConsumerStream, DType, Device, Tensor, TensorBatch};
-use sqlfeed::feed::{ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, Timeline};
+use sqlfeed::feed::{
+    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, Timeline,
+};
 
 use crate::dlpack;
 use crate::errors::{IntoPy, PlanError, to_py};
-
-/// A batch of framework tensors by name and `(epoch, step, rows)` after it.
-type MadeBatch<'py> = (Bound<'py, PyDict>, u64, u64, u64);
+use crate::position::{PositionArg, PyFeedPosition, position_of};
 
 /// How long one wait for a batch lasts before Ctrl-C is checked.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
@@ -87,19 +87,13 @@ pub(crate) struct FeedOptions {
     query: String,
     batch_size: usize,
     shuffle: Option<u64>,
-    /// Epochs `first_epoch..end_epoch` run in this pass.
-    first_epoch: u64,
+    /// The pass runs from `position` (absent: the start of epoch 0) to the
+    /// end of epoch `end_epoch - 1`.
     end_epoch: u64,
-    /// Step of `first_epoch` to start at (resume), or the number of the
-    /// first batch when `first_row` is given.
-    first_step: u64,
-    /// Rows of `first_epoch`'s order consumed before (resume under any
-    /// shape); `None`: resume at `first_step` of this shape.
-    first_row: Option<u64>,
-    /// Global steps not handed over, as `(epoch, steps)`.
-    skip_steps: Vec<(u64, Vec<u64>)>,
-    /// `(epoch, old files, rows)`: the epoch continues over appended data.
-    appended: Option<(u64, Vec<String>, u64)>,
+    /// Where the pass starts: the feed's position (see `position.rs`),
+    /// with its skipped steps, continuation and Delta Lake versions.
+    #[pyo3(default)]
+    position: Option<PositionArg>,
     drop_last: bool,
     prefetch: usize,
     rank: usize,
@@ -111,10 +105,6 @@ pub(crate) struct FeedOptions {
     cache: bool,
     order_lanes: Option<usize>,
     run_id: String,
-    /// The Delta Lake tables' versions an earlier pass (or the loaded state)
-    /// pinned; `None` or absent: pin them at their newest now.
-    #[pyo3(default)]
-    delta_versions: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl FeedOptions {
@@ -134,24 +124,14 @@ impl FeedOptions {
             .device(self.device.parse::<Device>()?)
             .cache(self.cache)
             .run_id(self.run_id);
-        builder = match self.first_row {
-            Some(rows) => {
-                builder.resume_after_rows(self.first_epoch, rows, self.first_step)
-            }
-            None => builder.resume_at(self.first_epoch, self.first_step),
-        };
+        if let Some(PositionArg(position)) = &self.position {
+            builder = position.apply(builder)?;
+        }
         builder = builder
-            .given(self.appended, |b, (epoch, old_files, rows)| {
-                b.continue_over_appended(epoch, old_files, rows)
-            })
             .given(self.shuffle, FeedBuilder::shuffle)
             .given(self.batch_tokens, FeedBuilder::batch_tokens)
             .given(self.bucket_by_length, FeedBuilder::bucket_by_length)
-            .given(self.order_lanes, FeedBuilder::order_lanes)
-            .given(self.delta_versions, FeedBuilder::delta_versions);
-        for (epoch, steps) in self.skip_steps {
-            builder = builder.skip_steps(epoch, steps);
-        }
+            .given(self.order_lanes, FeedBuilder::order_lanes);
         for options in &self.columns {
             let (name, spec) = column_spec(options)?;
             builder = builder.column(name, spec);
@@ -191,6 +171,8 @@ struct Snapshot {
     epoch_seconds: Vec<(u64, f64)>,
     epoch_mixtures: Vec<(u64, Vec<(String, u64)>)>,
     device: String,
+    /// The position after the batch last handed over.
+    position: Option<Checkpoint>,
 }
 
 impl Snapshot {
@@ -200,6 +182,7 @@ impl Snapshot {
             epoch_seconds: feed.epoch_seconds().to_vec(),
             epoch_mixtures: feed.epoch_mixtures().to_vec(),
             device: feed.device().to_string(),
+            position: feed.checkpoint().ok(),
         }
     }
 }
@@ -282,8 +265,8 @@ impl PyFeed {
     /// (`numpy.from_dlpack`, which then must be on the host: `host_only`).
     /// `stream(ordinal)` gives the consumer's current CUDA stream handle for
     /// a capsule of a CUDA tensor (torch's `current_stream().cuda_stream`),
-    /// asked once per batch. Returns `(tensors, next_epoch, next_step,
-    /// next_rows)` — the position after the batch — or `None` at the end.
+    /// asked once per batch. Returns the tensors by name, or `None` at the
+    /// end; the position after the batch is the pass's (`_position`).
     #[pyo3(signature = (importer, by_capsule, host_only, stream = None))]
     fn _next_dict<'py>(
         &self,
@@ -292,12 +275,10 @@ impl PyFeed {
         by_capsule: bool,
         host_only: bool,
         stream: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Option<MadeBatch<'py>>> {
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(batch) = self.next_batch(py)? else {
             return Ok(None);
         };
-        let (next_epoch, next_step) = batch.next_position();
-        let next_rows = batch.next_row_position().1;
         let tensors = PyDict::new(py);
         let mut consumer = None;
         for tensor in batch.tensors() {
@@ -333,17 +314,24 @@ impl PyFeed {
             };
             tensors.set_item(tensor.name(), imported)?;
         }
-        Ok(Some((tensors, next_epoch, next_step, next_rows)))
+        Ok(Some(tensors))
     }
 
-    /// The pass's checkpoint as JSON (after the batch last handed over;
-    /// `None` once the pass is over): its data manifest is the listing the
-    /// pass's order is over.
-    fn _checkpoint(&self) -> PyResult<Option<String>> {
+    /// The pass's position after the batch last handed over (also once
+    /// the pass is over), as `Feed::checkpoint` keeps it: its data manifest
+    /// is the listing the pass's order is over.
+    fn _position(&self) -> PyResult<PyFeedPosition> {
         let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        match guard.as_ref() {
-            Some(feed) => Ok(Some(feed.checkpoint().py_err()?.to_json())),
-            None => Ok(None),
+        if let Some(feed) = guard.as_ref() {
+            return position_of(feed.checkpoint());
+        }
+        drop(guard);
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref().and_then(|snapshot| snapshot.position.clone()) {
+            Some(checkpoint) => Ok(PyFeedPosition::new(checkpoint)),
+            None => Err(crate::errors::InternalError::new_err(
+                "the pass has no position: it never started",
+            )),
         }
     }
 

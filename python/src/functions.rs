@@ -19,17 +19,32 @@
 //! workers busy.
 //!
 //! # Errors
-//! A raising function is an ExecutionError whose message the Python side
-//! wrote: the function, its origin, the batch, the traceback. A result of
-//! the wrong length or type is an ExecutionError naming the function, what
-//! it returned and what it declared.
+//! A raising function's exception comes back to the caller as itself
+//! (`except MyError` matches), carried through the engine in a
+//! [`RaisedInPython`] whose text (the traceback, and the note the Python
+//! side added: the function, its origin, the batch) is what Rust shows. A
+//! result of the wrong length or type is an ExecutionError naming the
+//! function, what it returned and what it declared; sqlfeed's own
+//! `FunctionFailed` (a worker that died or could not import the function)
+//! is an ExecutionError too.
+//!
+//! # At exit
+//! A query that failed leaves engine threads that may still be running its
+//! other batches' Python calls (the session's runtime never waits for its
+//! threads, see `session.rs`). A thread inside Python while the interpreter
+//! finalizes aborts the process ("Fatal Python error: PyGILState_Release").
+//! So every call is counted while it runs, and an `atexit` handler
+//! ([`close_python_calls`]) refuses new calls and waits, without the GIL,
+//! for the running ones to return before finalization starts.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{Array, ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
-use datafusion::common::{exec_err, plan_err};
+use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
@@ -105,28 +120,35 @@ impl ScalarUDFImpl for PyFunction {
         )?;
         // The same mixing as sqlfeed's own seeded functions and plugins.
         let seed = self.seed.map(|seed| epoch_seed(seed, &args.config_options));
-        let result = Python::attach(|py| -> std::result::Result<ArrayRef, String> {
-            let export =
-                Py::new(py, ArrowBatchExport::new(batch)).map_err(|e| e.to_string())?;
+        let not_run = || {
+            exec_datafusion_err!(
+                "Python function '{}' ({}) was not run: the Python interpreter is \
+                 shutting down",
+                self.name,
+                self.qualname
+            )
+        };
+        let _running = PythonCall::enter().ok_or_else(not_run)?;
+        let result = Python::try_attach(|py| -> Result<ArrayRef> {
+            let export = Py::new(py, ArrowBatchExport::new(batch))
+                .map_err(|e| exec_datafusion_err!("{e}"))?;
             let out = self
                 .invoke
                 .call1(py, (export, rows, seed))
-                .map_err(|e| python_error_text(py, &e))?;
+                .map_err(|e| raised(py, e))?;
             let mut batches = import_stream(out.bind(py))
-                .map_err(|e| python_error_text(py, &e))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| raised(py, e))?
+                .collect::<std::result::Result<Vec<_>, _>>()?;
             match (batches.len(), batches.pop()) {
                 (1, Some(batch)) if batch.num_columns() == 1 => {
                     Ok(Arc::clone(batch.column(0)))
                 }
-                (n, _) => Err(format!(
-                    "sqlfeed's Python side returned {n} batches instead of one column; \
-                     this is a bug in sqlfeed"
-                )),
+                (n, _) => internal_err!(
+                    "sqlfeed's Python side returned {n} batches instead of one column"
+                ),
             }
         })
-        .map_err(DataFusionError::Execution)?;
+        .ok_or_else(not_run)??;
         if result.len() != rows {
             return exec_err!(
                 "Python function '{}' ({}) returned {} values for {rows} rows; it must \
@@ -149,14 +171,103 @@ impl ScalarUDFImpl for PyFunction {
     }
 }
 
-/// The message of a Python exception (sqlfeed's Python side puts the
-/// function, the batch and the traceback in it).
-fn python_error_text(py: Python<'_>, err: &PyErr) -> String {
-    let value = err.value(py);
-    match value.str() {
-        Ok(text) => text.to_string(),
-        Err(_) => err.to_string(),
+/// An exception a Python function raised, carried through the engine to
+/// the caller, who gets it back as itself (`crate::errors::to_py`).
+#[derive(Debug)]
+pub(crate) struct RaisedInPython {
+    /// What Rust shows of it (see [`raised`]).
+    text: String,
+    /// The exception.
+    err: PyErr,
+}
+
+impl RaisedInPython {
+    /// The exception, to raise again.
+    pub(crate) fn exception(&self) -> PyErr {
+        Python::attach(|py| self.err.clone_ref(py))
     }
+}
+
+impl std::fmt::Display for RaisedInPython {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for RaisedInPython {}
+
+/// `err`, raised by a Python function or by sqlfeed's Python side, as the
+/// engine's error: sqlfeed's own errors (a `sqlfeed.Error`, such as
+/// `FunctionFailed`) by their message, which says it all; a user's
+/// exception by its traceback with the note naming the function and the
+/// batch (`sqlfeed.functions.apply` adds it).
+fn raised(py: Python<'_>, err: PyErr) -> DataFusionError {
+    let text = if err.is_instance_of::<crate::errors::Error>(py) {
+        err.value(py)
+            .str()
+            .map_or_else(|_| err.to_string(), |text| text.to_string())
+    } else {
+        formatted_exception(py, &err).unwrap_or_else(|| err.to_string())
+    };
+    DataFusionError::External(Box::new(RaisedInPython { text, err }))
+}
+
+/// `traceback.format_exception(err)` as one text (notes included).
+fn formatted_exception(py: Python<'_>, err: &PyErr) -> Option<String> {
+    let lines = py
+        .import("traceback")
+        .ok()?
+        .call_method1("format_exception", (err.value(py),))
+        .ok()?;
+    let lines: Vec<String> = lines.extract().ok()?;
+    Some(lines.concat().trim_end().to_string())
+}
+
+/// Python calls that engine threads are running now.
+static CALLS_IN_PYTHON: AtomicUsize = AtomicUsize::new(0);
+/// Set by [`close_python_calls`]: no new call starts.
+static PYTHON_CLOSING: AtomicBool = AtomicBool::new(false);
+
+/// Longest [`close_python_calls`] waits for running calls: a function that
+/// never returns must not keep the process from exiting.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// One running Python call, counted while it lives (see the module docs).
+struct PythonCall;
+
+impl PythonCall {
+    /// Counts a call, unless the interpreter is closing.
+    fn enter() -> Option<Self> {
+        // SeqCst on both sides: either this sees the flag, or the closing
+        // thread sees this count (it sets the flag, then reads the count).
+        CALLS_IN_PYTHON.fetch_add(1, Ordering::SeqCst);
+        if PYTHON_CLOSING.load(Ordering::SeqCst) {
+            CALLS_IN_PYTHON.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(PythonCall)
+    }
+}
+
+impl Drop for PythonCall {
+    fn drop(&mut self) {
+        CALLS_IN_PYTHON.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Registered with `atexit` when the module loads: refuses new Python
+/// calls from engine threads and waits (GIL released, at most
+/// [`CLOSE_WAIT`]) for the running ones to return, so that no engine
+/// thread is inside Python when the interpreter finalizes.
+#[pyfunction]
+pub(crate) fn close_python_calls(py: Python<'_>) {
+    PYTHON_CLOSING.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + CLOSE_WAIT;
+    py.detach(|| {
+        while CALLS_IN_PYTHON.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
 }
 
 /// One record batch offered through the Arrow PyCapsule stream protocol,
@@ -219,7 +330,10 @@ fn import_schema(obj: &Bound<'_, PyAny>) -> PyResult<Arc<Schema>> {
     Ok(import_stream(obj)?.schema())
 }
 
-/// What `sqlfeed.functions` registers: see `_sqlfeed.pyi`.
+/// What `sqlfeed.functions` registers, by name (a dict): see
+/// `_sqlfeed.pyi`.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
 pub(crate) struct FunctionSpec<'py> {
     pub(crate) name: String,
     pub(crate) invoke: Py<PyAny>,

@@ -16,9 +16,11 @@ mod feed;
 // `unsafe` once more: reading the Arrow C stream a Python function returns.
 #[allow(unsafe_code)]
 mod functions;
+mod position;
 mod result;
 mod session;
 mod tools;
+mod wait;
 
 use pyo3::prelude::*;
 
@@ -40,11 +42,17 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<feed::PyFeed>()?;
     m.add_class::<feed::PyBatch>()?;
     m.add_class::<feed::PyTensor>()?;
+    m.add_class::<position::PyFeedPosition>()?;
     m.add_class::<functions::ArrowBatchExport>()?;
     m.add_function(wrap_pyfunction!(session::cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(session::query_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(tools::generate, m)?)?;
     m.add_function(wrap_pyfunction!(tools::raw_h2d_bytes_per_s, m)?)?;
     m.add_function(wrap_pyfunction!(tools::prometheus_text, m)?)?;
+    m.add_function(wrap_pyfunction!(tools::write_whole, m)?)?;
+    // Before the interpreter finalizes, no engine thread may be inside a
+    // Python function (see `functions::close_python_calls`).
+    let close = wrap_pyfunction!(functions::close_python_calls, m)?;
+    py.import("atexit")?.call_method1("register", (close,))?;
     Ok(())
 }

@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use sqlfeed::Session;
 
-use crate::errors::{IntoPy, PlanError};
+use crate::errors::PlanError;
 
 /// A planned query; see `sqlfeed.SqlResult`.
 #[pyclass(module = "sqlfeed._sqlfeed", name = "SqlResult", frozen)]
@@ -72,15 +72,13 @@ impl PySqlResult {
         }
         let df = self.dataframe();
         let session = self.session.clone();
-        let stream = py.detach(|| {
-            self.runtime.block_on(async move {
-                let plan = df.create_physical_plan().await?;
-                session.execute_stream(plan)
-            })
-        });
+        let stream = crate::wait::wait_for_future(py, &self.runtime, async move {
+            let plan = df.create_physical_plan().await?;
+            session.execute_stream(plan)
+        })?;
         let reader = BlockingReader {
             schema: Arc::clone(self.df.schema().inner()),
-            stream: Some(stream.py_err()?),
+            stream: Some(stream),
             runtime: Arc::clone(&self.runtime),
         };
         let ffi = FFI_ArrowArrayStream::new(Box::new(reader));
@@ -94,9 +92,8 @@ impl PySqlResult {
         let df = self.dataframe();
         let schema = Arc::clone(df.schema().inner());
         let session = self.session.clone();
-        let batches = py
-            .detach(|| self.runtime.block_on(session.collect(df)))
-            .py_err()?;
+        let batches =
+            crate::wait::wait_for_future(py, &self.runtime, session.collect(df))?;
         // The batches' own schema: the plan's may differ in metadata.
         let schema = batches.first().map_or(schema, RecordBatch::schema);
         let reader = datafusion::arrow::record_batch::RecordBatchIterator::new(
@@ -121,17 +118,12 @@ impl PySqlResult {
     /// The plan as `EXPLAIN` prints it.
     fn explain(&self, py: Python<'_>) -> PyResult<String> {
         let df = self.dataframe();
-        let rendered = py.detach(|| {
-            self.runtime.block_on(async move {
-                let plan = df.create_physical_plan().await?;
-                Ok::<_, datafusion::error::DataFusionError>(
-                    datafusion::physical_plan::displayable(plan.as_ref())
-                        .indent(true)
-                        .to_string(),
-                )
-            })
-        });
-        rendered.py_err()
+        crate::wait::wait_for_future(py, &self.runtime, async move {
+            let plan = df.create_physical_plan().await?;
+            Ok(datafusion::physical_plan::displayable(plan.as_ref())
+                .indent(true)
+                .to_string())
+        })
     }
 
     fn __repr__(&self) -> String {

@@ -9,6 +9,7 @@ use sqlfeed::session::SessionBuilder;
 
 use crate::errors::{IntoPy, PlanError};
 use crate::feed::{FeedOptions, PyFeed};
+use crate::position::PyFeedPosition;
 use crate::result::PySqlResult;
 
 /// A sqlfeed session; see `sqlfeed.Session` for the documented API.
@@ -51,38 +52,6 @@ pub(crate) enum MemorySize {
     Bytes(usize),
     /// Text for `parse_memory_size`.
     Text(String),
-}
-
-/// One file a query reads, as Python gets it: `(location, size,
-/// modified_ns, e_tag)`.
-type InputFileRow = (String, u64, i64, Option<String>);
-
-/// `(seed, world, batch_size, batch_tokens, drop_last, bucketed)` of a feed.
-type FeedShapeArgs = (Option<u64>, usize, usize, Option<usize>, bool, bool);
-
-/// `(epoch, step, rows, skipped steps by epoch, continuation as JSON)`.
-type ResumePointRow = (u64, u64, Option<u64>, Vec<(u64, Vec<u64>)>, Option<String>);
-
-impl PySession {
-    /// The files `query` reads (its data manifest), listed without the GIL.
-    /// The Delta Lake tables `query` names are read at `delta_versions`
-    /// (a checkpoint's pins; empty: their newest versions).
-    fn input_files(
-        &self,
-        py: Python<'_>,
-        query: &str,
-        delta_versions: &std::collections::BTreeMap<String, u64>,
-    ) -> PyResult<Vec<sqlfeed::cache::InputFile>> {
-        let session = self.session.clone();
-        py.detach(|| {
-            self.runtime.block_on(sqlfeed::feed::input_files_at(
-                &session,
-                query,
-                delta_versions,
-            ))
-        })
-        .py_err()
-    }
 }
 
 #[pymethods]
@@ -162,76 +131,69 @@ impl PySession {
     /// Plans one statement of sqlfeed SQL; runs nothing until read.
     fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PySqlResult> {
         let session = self.session.clone();
-        let df = py.detach(|| self.runtime.block_on(session.sql(query)));
+        let df = crate::wait::wait_for_future(py, &self.runtime, session.sql(query))?;
         Ok(PySqlResult::new(
-            df.py_err()?,
+            df,
             self.session.clone(),
             Arc::clone(&self.runtime),
         ))
     }
 
-    /// The files `query` reads, as `(location, size, modified_ns, e_tag)`
-    /// sorted by location: what a feed's checkpoint records of its data.
-    fn _input_files(&self, py: Python<'_>, query: &str) -> PyResult<Vec<InputFileRow>> {
-        Ok(self
-            .input_files(py, query, &Default::default())?
-            .into_iter()
-            .map(|f| (f.location, f.size, f.modified_ns, f.e_tag))
-            .collect())
-    }
-
-    /// Where a feed of `query` and shape `(seed, world, batch_size,
-    /// batch_tokens, drop_last, bucketed)` resumes the checkpoint `state`
-    /// (JSON) over the data as it is now: `(epoch, step, rows, skipped,
-    /// appended)`, `appended` as JSON; see `sqlfeed.Feed.load_state_dict`
-    /// and `sqlfeed::feed::Checkpoint::resume_point`, whose rule this is.
-    fn _resume_point(
+    /// Where a feed described by `options` starts (their `position`, else
+    /// the start of epoch 0): with `listed`, resolved as a pass would
+    /// resolve it (the Delta Lake versions pinned, the files listed: what a
+    /// state records); else as the options say, its files unknown until a
+    /// pass lists them. `sqlfeed.Feed`'s position before its first pass.
+    fn _start_position(
         &self,
         py: Python<'_>,
-        query: &str,
+        options: FeedOptions,
+        listed: bool,
+    ) -> PyResult<PyFeedPosition> {
+        let session = self.session.clone();
+        crate::wait::wait_for_call(py, "feed-position", move || {
+            // A position is not bounded by a pass's last epoch.
+            let builder = options.builder(&session)?.epochs(u64::MAX);
+            if listed {
+                builder.start_checkpoint()
+            } else {
+                Ok(builder.unlisted_start_checkpoint())
+            }
+        })
+        .map(PyFeedPosition::new)
+    }
+
+    /// Where a feed described by `options` resumes the checkpoint `state`
+    /// (JSON) over the data as it is now: the checkpoint's rules
+    /// (`sqlfeed::feed::Checkpoint::resume_point`), as `FeedBuilder::
+    /// resume_from` applies them; see `sqlfeed.Feed.load_state_dict`.
+    fn _resume(
+        &self,
+        py: Python<'_>,
+        options: FeedOptions,
         state: &str,
-        shape: FeedShapeArgs,
         on_data_change: &str,
-    ) -> PyResult<ResumePointRow> {
-        let (seed, world, batch_size, batch_tokens, drop_last, bucketed) = shape;
-        let here = sqlfeed::feed::FeedShape {
-            query: sqlfeed::feed::query_fingerprint(query),
-            seed,
-            world,
-            batch_size,
-            batch_tokens,
-            drop_last,
-            bucketed,
-        };
+    ) -> PyResult<PyFeedPosition> {
         let on_data_change: sqlfeed::feed::OnDataChange =
             on_data_change.parse().py_err()?;
         let checkpoint =
             sqlfeed::feed::Checkpoint::from_json(state, "the state").py_err()?;
-        let now = self.input_files(py, query, &checkpoint.delta_versions)?;
-        let point = checkpoint
-            .resume_point(&here, &now, on_data_change)
-            .py_err()?;
-        let appended = point
-            .appended
-            .map(|appended| serde_json::to_string(&appended).unwrap_or_default());
-        Ok((
-            point.epoch,
-            point.step,
-            point.rows,
-            point
-                .skipped
-                .into_iter()
-                .map(|(epoch, steps)| (epoch, steps.into_iter().collect()))
-                .collect(),
-            appended,
-        ))
+        let session = self.session.clone();
+        crate::wait::wait_for_call(py, "feed-resume", move || {
+            // A position is not bounded by a pass's last epoch.
+            options
+                .builder(&session)?
+                .epochs(u64::MAX)
+                .resume_from(checkpoint, on_data_change)
+                .start_checkpoint()
+        })
+        .map(PyFeedPosition::new)
     }
 
     /// Starts a feed pass; see `sqlfeed.Feed` (which calls this).
     fn _start_feed(&self, py: Python<'_>, options: FeedOptions) -> PyResult<PyFeed> {
         let session = self.session.clone();
-        py.detach(|| options.build(&session))
-            .py_err()
+        crate::wait::wait_for_call(py, "feed-start", move || options.build(&session))
             .map(PyFeed::new)
     }
 
@@ -246,9 +208,9 @@ impl PySession {
         step: u64,
     ) -> PyResult<Vec<(String, usize, u64)>> {
         let session = self.session.clone();
-        let origins = py
-            .detach(|| options.builder(&session)?.explain_batch(epoch, step))
-            .py_err()?;
+        let origins = crate::wait::wait_for_call(py, "explain", move || {
+            options.builder(&session)?.explain_batch(epoch, step)
+        })?;
         Ok(origins
             .rows
             .into_iter()
@@ -256,36 +218,15 @@ impl PySession {
             .collect())
     }
 
-    /// Registers a Python function (see `sqlfeed.functions`); replaces a
-    /// Python function of the same name, refuses to shadow any other.
-    #[pyo3(signature = (name, invoke, returns, inputs, arg_count, volatility, identity, costly, qualname, seed))]
-    #[allow(clippy::too_many_arguments)]
+    /// Registers a Python function (see `sqlfeed.functions`) described by
+    /// `spec`, a dict of `FunctionSpec`'s fields; replaces a Python function
+    /// of the same name, refuses to shadow any other.
     fn _register_function(
         &self,
-        name: String,
-        invoke: Py<PyAny>,
-        returns: Bound<'_, PyAny>,
-        inputs: Option<Bound<'_, PyAny>>,
-        arg_count: Option<usize>,
-        volatility: String,
-        identity: String,
-        costly: bool,
-        qualname: String,
-        seed: Option<u64>,
+        spec: crate::functions::FunctionSpec<'_>,
     ) -> PyResult<()> {
-        crate::functions::check_name_free(&self.session, &name).py_err()?;
-        let udf = crate::functions::python_udf(crate::functions::FunctionSpec {
-            name,
-            invoke,
-            returns,
-            inputs,
-            arg_count,
-            volatility,
-            identity,
-            costly,
-            qualname,
-            seed,
-        })?;
+        crate::functions::check_name_free(&self.session, &spec.name).py_err()?;
+        let udf = crate::functions::python_udf(spec)?;
         self.session.context().register_udf(udf.as_ref().clone());
         Ok(())
     }

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -157,13 +158,55 @@ def test_a_batch_function_read_field_by_field_runs_once_per_row(ids_data):
 
 def test_a_raising_function_names_itself_with_the_traceback(ids_data):
     session = _session(sqlfeed.udf(pa.float64())(divide_by_zero))
-    with pytest.raises(sqlfeed.ExecutionError) as err:
+    # The function's own exception comes back (issue 56, item 8).
+    with pytest.raises(pa.ArrowInvalid) as err:
         session.sql(f"SELECT divide_by_zero(id) FROM '{ids_data}/*.parquet'").to_arrow()
-    text = str(err.value)
+    text = "".join(traceback.format_exception(err.value))
+    assert "divide by zero" in str(err.value)
     assert "Python function 'divide_by_zero' (test_functions.divide_by_zero)" in text
-    assert "ArrowInvalid" in text and "divide by zero" in text
+    assert "on a batch of" in text
     assert "Traceback (most recent call last)" in text
     assert "test_functions.py" in text and "in divide_by_zero" in text
+
+
+class ReadingFailed(Exception):
+    """A user's own exception type (module level: workers unpickle it)."""
+
+
+def fail_reading(x):
+    raise ReadingFailed(f"cannot read row {x[0]}")
+
+
+def test_a_users_exception_comes_back_as_itself_and_sqlfeeds_are_sqlfeed_errors(ids_data):
+    """Issue 56, item 8: ``except MyError`` matches, in-process and from a
+    worker process; FunctionFailed is a sqlfeed.Error."""
+    for concurrency in (1, 2):
+        f = sqlfeed.udf(pa.int64(), concurrency=concurrency)(fail_reading)
+        session = _session(f)
+        try:
+            with pytest.raises(ReadingFailed, match="cannot read row") as err:
+                session.sql(f"SELECT fail_reading(id) FROM '{ids_data}/*.parquet'").to_arrow()
+            text = "".join(traceback.format_exception(err.value))
+            assert "raised in Python function 'fail_reading' (test_functions.fail_reading)" in text
+            if concurrency > 1:
+                assert "in worker process" in text and "in fail_reading" in text
+            # Through a feed too.
+            feed = session.feed(
+                f"SELECT fail_reading(id) AS x FROM '{ids_data}/*.parquet'",
+                batch_size=64,
+                device="cpu",
+                format="numpy",
+            )
+            with pytest.raises(ReadingFailed):
+                list(feed)
+        finally:
+            f.close()
+    assert issubclass(sqlfeed.FunctionFailed, sqlfeed.ExecutionError)
+    assert issubclass(sqlfeed.FunctionFailed, sqlfeed.Error)
+    session = _session(sqlfeed.udf(pa.int64())(one_short))
+    with pytest.raises(sqlfeed.Error) as err:
+        session.sql(f"SELECT one_short(id) FROM '{ids_data}/*.parquet'").to_arrow()
+    assert isinstance(err.value, sqlfeed.FunctionFailed), type(err.value)
 
 
 def test_a_result_of_the_wrong_length_or_type_is_an_error(ids_data):
@@ -211,6 +254,121 @@ def test_a_function_workers_cannot_import_is_refused_with_what_to_do(ids_data):
     session = _session(sqlfeed.udf(pa.int64(), name="lam", concurrency=2)(lambda x: x))
     with pytest.raises(sqlfeed.ExecutionError, match="cannot be sent to worker processes"):
         session.sql(f"SELECT lam(id) FROM '{ids_data}/*.parquet'").to_arrow()
+
+
+def test_a_function_of_python_c_is_refused_as_unimportable_not_as_a_dead_worker(ids_data):
+    """Issue 56, item 5: a function defined in ``python -c`` pickles by name
+    but no worker can import it; the error said the worker died (out of
+    memory?)."""
+    script = textwrap.dedent(
+        f"""
+        import pyarrow as pa, sqlfeed
+        def halve(x):
+            return x
+        f = sqlfeed.udf(pa.int64(), concurrency=2)(halve)
+        s = sqlfeed.Session(functions=[f], target_partitions=2)
+        try:
+            s.sql("SELECT halve(id) FROM '{ids_data}/*.parquet'").to_arrow()
+        except sqlfeed.FunctionFailed as err:
+            print("REFUSED", err)
+        finally:
+            f.close()
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED worker processes cannot import Python function 'halve'" in done.stdout
+    assert "Can't get attribute 'halve'" in done.stdout
+    assert "define it in a module" in done.stdout and "concurrency=1" in done.stdout
+    assert "out of memory" not in done.stdout
+
+
+def test_the_interpreter_exits_cleanly_after_a_failed_query(tmp_path, ids_data):
+    """Issue 56, item 4: engine threads of a failed query were still inside
+    Python functions while the interpreter finalized (``Fatal Python error:
+    PyGILState_Release``, about 4 runs in 10)."""
+    script = tmp_path / "fails_then_exits.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            import pyarrow as pa, pyarrow.compute as pc, sqlfeed
+
+            def boom(x):
+                if pc.min(x).as_py() < 50:
+                    raise ValueError("boom")
+                time.sleep(0.05)
+                return x
+
+            f = sqlfeed.udf(pa.int64(), name="boom")(boom)
+            s = sqlfeed.Session(functions=[f], target_partitions=4, batch_size=16)
+            try:
+                s.sql("SELECT sum(boom(id)) FROM '{ids_data}/*.parquet'").to_arrow()
+            except ValueError:
+                print("FAILED AS EXPECTED", flush=True)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for run in range(8):
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert "FAILED AS EXPECTED" in done.stdout, (run, done.stdout, done.stderr)
+        assert done.returncode == 0 and "Fatal Python error" not in done.stderr, (
+            run,
+            done.returncode,
+            done.stderr[-2000:],
+        )
+
+
+def test_ctrl_c_stops_a_query_that_is_being_collected(tmp_path, ids_data):
+    """Issue 56, item 8: ``to_arrow()`` waited for the whole query before
+    Ctrl-C was seen."""
+    script = tmp_path / "interrupted_query.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import time
+            import pyarrow as pa, sqlfeed
+
+            def slow(x):
+                time.sleep(0.5)
+                return x
+
+            f = sqlfeed.udf(pa.int64(), name="slow")(slow)
+            s = sqlfeed.Session(functions=[f], target_partitions=2, batch_size=8)
+            print("started", flush=True)
+            s.sql("SELECT slow(id) FROM '{ids_data}/*.parquet'").to_arrow()
+            print("finished", flush=True)
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    child = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        child.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        # The query takes about a minute (125 batches of half a second on
+        # two threads); interrupted, it ends within a few seconds.
+        _, stderr = child.communicate(timeout=30)
+        took = time.monotonic() - sent
+        assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+        assert child.returncode != 0
+        assert took < 20, f"{took:.1f} s after SIGINT"
+    finally:
+        child.kill()
 
 
 def test_a_worker_that_dies_is_an_error_not_a_hang(ids_data):

@@ -18,8 +18,8 @@ use std::any::Any;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
+use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
 };
@@ -126,8 +126,22 @@ impl ScalarUDFImpl for UserFunction {
         }))
     }
 
+    /// The wrapped function's call; its error comes back inside a
+    /// `Context` naming the function, which no operator mistakes for its
+    /// own (a scan that names the file it read does not call a raising
+    /// function's error a damaged file) and which keeps the error itself
+    /// (a Python function's exception reaches its caller as itself).
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        self.inner.invoke_with_args(args)
+        self.inner.invoke_with_args(args).map_err(|error| {
+            DataFusionError::Context(
+                format!(
+                    "in function '{}' ({})",
+                    self.inner.name(),
+                    self.origin.describe()
+                ),
+                Box::new(error),
+            )
+        })
     }
 }
 

@@ -1,0 +1,84 @@
+//! Every blocking wait of the extension, in one place: without the GIL (the
+//! query may run Python functions on engine threads, which need it), and
+//! looking for signals every [`SIGNAL_CHECK`], as datafusion-python's
+//! `wait_for_future` does, so that Ctrl-C raises `KeyboardInterrupt` at
+//! once instead of after the query.
+//!
+//! ```text
+//!  Python thread ── detach (GIL released) ──► block_on(select! {
+//!                                                 the work ─► its result
+//!                                                 every 100 ms ─► attach, check_signals()
+//!                                               })                  └─► KeyboardInterrupt
+//! ```
+//! Raised by a signal, [`wait_for_future`] drops the future, which cancels
+//! its query (its streams and tasks end); [`wait_for_call`], for synchronous
+//! library calls (building a feed, explaining a batch), leaves the call to
+//! end on its thread: what it built is dropped there.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use crate::errors::IntoPy;
+
+/// How often a wait looks for a signal.
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// Runs `future` on `runtime` to its end, or until a signal's handler
+/// raises (see the module docs).
+pub(crate) fn wait_for_future<T: Send>(
+    py: Python<'_>,
+    runtime: &tokio::runtime::Runtime,
+    future: impl Future<Output = datafusion::error::Result<T>> + Send,
+) -> PyResult<T> {
+    py.detach(|| {
+        runtime.block_on(async {
+            let mut future = std::pin::pin!(future);
+            loop {
+                tokio::select! {
+                    done = &mut future => return done.py_err(),
+                    () = tokio::time::sleep(SIGNAL_CHECK) => {
+                        Python::attach(|py| py.check_signals())?;
+                    }
+                }
+            }
+        })
+    })
+}
+
+/// Runs `call` (a blocking library call) on a thread of its own and waits
+/// for it, or until a signal's handler raises (see the module docs).
+pub(crate) fn wait_for_call<T: Send + 'static>(
+    py: Python<'_>,
+    what: &str,
+    call: impl FnOnce() -> datafusion::error::Result<T> + Send + 'static,
+) -> PyResult<T> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("sqlfeed-{what}"))
+        .spawn(move || {
+            // Gone when a signal raised first: the result is dropped here.
+            let _ = sender.send(call());
+        })
+        .map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "cannot start a thread for {what}: {e}"
+            ))
+        })?;
+    py.detach(move || {
+        loop {
+            match receiver.recv_timeout(SIGNAL_CHECK) {
+                Ok(done) => return done.py_err(),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    Python::attach(|py| py.check_signals())?;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(crate::errors::InternalError::new_err(format!(
+                        "{what} panicked; this is a bug in sqlfeed, please report it"
+                    )));
+                }
+            }
+        }
+    })
+}
