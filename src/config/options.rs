@@ -61,6 +61,12 @@ extensions_options! {
         /// executors write and send the narrow input; the values are the
         /// same either way (`crate::cluster::scale_out`).
         pub widen_on_client: bool, default = true
+        /// A feed plans and starts its next epoch while the current one is
+        /// consumed (on the embedded engine, where the next epoch does not
+        /// read what the current one writes), so that an epoch boundary
+        /// does not wait for the next epoch's shuffle; both epochs share the
+        /// session's memory limit (`feed::lookahead`).
+        pub epoch_lookahead: bool, default = true
         /// Rows per global step (batch size × world) of the feed the plan
         /// runs for, in which a `MIX`'s weight schedules count their steps;
         /// 0 outside a feed.

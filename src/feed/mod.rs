@@ -61,6 +61,7 @@ mod convert;
 mod epoch_cache;
 mod inputs;
 mod length;
+mod lookahead;
 mod metrics;
 mod mixture;
 mod order;

@@ -197,6 +197,8 @@ pub(super) struct FeedPlan {
     pub(super) run_id: String,
     /// Where the epochs run.
     pub(super) source: EpochSource,
+    /// The session's `sqlfeed.epoch_lookahead`.
+    pub(super) lookahead: bool,
 }
 
 impl FeedPlan {
@@ -221,6 +223,11 @@ impl FeedPlan {
             builder.shuffle_seed.is_some(),
         );
         let user_sql = builder.query_sql().to_string();
+        let lookahead = {
+            let state = builder.session.context().state_ref();
+            let state = state.read();
+            crate::config::SqlfeedOptions::of(state.config().options()).epoch_lookahead
+        };
         Self {
             session: builder.session,
             sql: builder.sql,
@@ -243,6 +250,29 @@ impl FeedPlan {
             appended: builder.appended,
             run_id: builder.run_id,
             source,
+            lookahead,
+        }
+    }
+
+    /// Whether `epoch` may be planned and started while the epoch before
+    /// it is consumed (`feed::lookahead`), the one before `filling` the
+    /// local epoch cache or not: on the embedded engine, never while the
+    /// cache the epoch would read is being written, never for an explain's
+    /// feed (it stops at its batch).
+    pub(super) fn looks_ahead_to(&self, epoch: u64, filling: bool) -> bool {
+        if !self.lookahead || !self.epochs.contains(&epoch) {
+            return false;
+        }
+        match self.route(epoch) {
+            EpochRoute::Embedded { .. } => true,
+            EpochRoute::LocalCache { cluster: None, .. } => !filling,
+            EpochRoute::LocalCache {
+                cluster: Some(_), ..
+            }
+            | EpochRoute::ExecutorCache { .. }
+            | EpochRoute::Continued { .. }
+            | EpochRoute::Origins { .. }
+            | EpochRoute::Cluster { .. } => false,
         }
     }
 

@@ -18,6 +18,7 @@ use datafusion::prelude::SessionConfig;
 use super::TensorInfo;
 use super::columns::{self, TensorColumn};
 use super::epoch_cache::{EpochCache, EpochQuery};
+use super::lookahead::LookaheadExec;
 use super::metrics::FeedMetrics;
 use super::order;
 use super::plan::{EpochRoute, FeedOrder, FeedPlan};
@@ -93,7 +94,8 @@ impl Producer {
             metrics: Arc::clone(&self.metrics),
             skipped_steps: feed.skipped_steps.clone(),
         });
-        let mut plan = Some(first_plan);
+        // The epoch planned ahead (its error surfaces when it would start).
+        let mut planned = Some(Ok(first_plan));
         for epoch in feed.epochs.clone() {
             let EpochPlan {
                 plan: input,
@@ -102,8 +104,8 @@ impl Producer {
                 dealt,
                 after,
                 mixture,
-            } = match plan.take() {
-                Some(plan) => plan,
+            } = match planned.take() {
+                Some(plan) => plan?,
                 None => self.plan_epoch(epoch).await?,
             };
             let cut = feed.sink_cut(length_column, dealt);
@@ -115,7 +117,16 @@ impl Producer {
                 cut,
             ));
             self.timeline.epoch_started(&sink);
-            catch_panic(collect(Arc::clone(&sink), task_ctx)).await?;
+            let run = catch_panic(collect(Arc::clone(&sink), task_ctx));
+            // The next epoch is planned and started while this one runs.
+            if feed.looks_ahead_to(epoch + 1, fill.is_some()) {
+                let (ran, ahead) =
+                    futures::future::join(run, self.plan_ahead(epoch + 1)).await;
+                ran?;
+                planned = Some(ahead);
+            } else {
+                run.await?;
+            }
             self.timeline.epoch_finished();
             if let Some(fill) = fill {
                 self.cache.commit(&feed.session, &fill).await?;
@@ -200,6 +211,17 @@ impl Producer {
                 self.plan_embedded(df, None, epoch).await
             }
         }
+    }
+
+    /// `epoch`'s plan, started ([`LookaheadExec`]): its partitions run into
+    /// buffers until the sink reads them.
+    async fn plan_ahead(&self, epoch: u64) -> Result<EpochPlan> {
+        let plan = self.plan_epoch(epoch).await?;
+        let started = LookaheadExec::start(plan.plan, Arc::clone(&plan.task_ctx))?;
+        Ok(EpochPlan {
+            plan: Arc::new(started),
+            ..plan
+        })
     }
 
     /// The feed's query, shuffled by `spec`.

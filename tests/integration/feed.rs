@@ -1178,3 +1178,63 @@ fn wide_rows_are_scanned_in_small_batches_and_feed_the_same_batches() -> Result<
     }
     Ok(())
 }
+
+/// Issue 55, item 2: a shuffled feed plans and starts epoch e+1 while epoch
+/// e is consumed (its plan is a `LookaheadExec`), with the batches of a
+/// feed that does not, also when both epochs' shuffles share a memory
+/// limit they do not fit (they spill); off with `sqlfeed.epoch_lookahead`.
+#[test]
+fn later_epochs_start_ahead_with_the_same_batches_under_a_tight_memory_limit()
+-> Result<()> {
+    let dir = generated(12_000, 4)?;
+    let sql = format!("SELECT id, tokens FROM '{}'", dir.path().display());
+    let spill = tempfile::tempdir()?;
+    let run = |session: &sqlfeed::Session| -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+        let mut feed = Feed::builder(session, &sql)
+            .shuffle(6)
+            .batch_size(500)
+            .epochs(3)
+            .prefetch(2)
+            .device(Device::Cpu)
+            .build()?;
+        let mut ids = vec![];
+        for batch in feed.by_ref() {
+            ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+        }
+        let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+        Ok((ids, plans))
+    };
+    let tight = sqlfeed::Session::builder()
+        .memory_limit(3 << 20)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    let (ahead, plans) = run(&tight)?;
+    assert_eq!(plans.len(), 3);
+    assert!(!plans[0].contains("LookaheadExec"), "{}", plans[0]);
+    for plan in &plans[1..] {
+        assert_contains(plan, &["LookaheadExec", "ShuffleMergeExec"]);
+    }
+    let spilled = plans
+        .iter()
+        .any(|plan| plan.contains("spill_count=") && !plan.contains("spill_count=0"));
+    assert!(spilled, "no spill under 3 MiB: {}", plans[1]);
+    assert_eq!(tight.context().runtime_env().memory_pool.reserved(), 0);
+    let one_at_a_time = sqlfeed::Session::builder()
+        .memory_limit(256 << 20)
+        .target_partitions(2)
+        .setting("sqlfeed.epoch_lookahead", "false")
+        .build()?;
+    let (alone, plans) = run(&one_at_a_time)?;
+    assert!(plans.iter().all(|p| !p.contains("LookaheadExec")));
+    assert_eq!(ahead, alone);
+    // Three epochs, each every row once, in different orders.
+    assert_eq!(ahead.len(), 3 * 24);
+    for epoch in ahead.chunks(24) {
+        let mut ids: Vec<i64> = epoch.iter().flatten().copied().collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..12_000).collect::<Vec<_>>());
+    }
+    assert_ne!(ahead[0], ahead[24]);
+    Ok(())
+}
