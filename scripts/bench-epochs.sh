@@ -8,8 +8,8 @@
 #   scripts/bench-epochs.sh [ROWS=2000000] [ROUNDS=2] [STEP_MS=8] [EPOCHS=2]
 #
 # The narrow feed of issue 55: 8 float32 features as `x`, the label as `y`,
-# 16 Parquet files generated once under target/bench-epochs, batches of
-# 4096. STEP_MS is the simulated training step: slower than the feed, so
+# 16 Parquet files written once under target/bench-epochs by sqlfeed itself
+# (COPY … TO, deterministic values), batches of 4096. STEP_MS is the simulated training step: slower than the feed, so
 # that every wait after the first batch is the feed's fault (at an epoch
 # boundary, the next epoch's shuffle). Needs a release build.
 set -euo pipefail
@@ -21,8 +21,20 @@ epochs=${4:-2}
 bin=$PWD/target/release/sqlfeed
 [[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
 data=target/bench-epochs/rows-$rows
-if [[ ! -f $data/_meta.json ]]; then
-  "$bin" gen --rows "$rows" --files 16 --out "$data" >/dev/null
+if [[ ! -f $data/done ]]; then
+  mkdir -p "$data"
+  per_file=$(( rows / 16 ))
+  features=$(for f in 0 1 2 3 4 5 6 7; do
+    printf 'CAST(((value * %d + %d) %% 1000003) AS FLOAT) / 1000003.0 AS f%d, ' \
+      $(( 2654435761 + 97 * f )) $(( 7919 * f )) "$f"
+  done)
+  for file in $(seq 0 15); do
+    first=$(( file * per_file ))
+    "$bin" -c "COPY (SELECT $features CAST(value % 10 AS INT) AS label \
+      FROM generate_series($first, $(( first + per_file - 1 )))) \
+      TO '$data/part-$file.parquet' STORED AS PARQUET" >/dev/null
+  done
+  touch "$data/done"
 fi
 sql="SELECT feature_vector(f0, f1, f2, f3, f4, f5, f6, f7) AS x, label AS y FROM '$data/*.parquet'"
 

@@ -32,6 +32,9 @@ pub(crate) struct FeedMetrics {
     pub(crate) padding: AtomicU64,
     /// All elements of padded tensors.
     pub(crate) padded_total: AtomicU64,
+    /// Batches the producer handed over (ahead of the consumer's taking
+    /// them): a cluster epoch's first one says its job completed.
+    pub(crate) produced: AtomicU64,
     /// Nanoseconds from build to the first batch (`u64::MAX` = none yet).
     pub(crate) first_batch_ns: AtomicU64,
     /// Nanoseconds from build to the start of the consumer's current wait
@@ -55,6 +58,7 @@ impl FeedMetrics {
             stall_ns: AtomicU64::new(0),
             padding: AtomicU64::new(0),
             padded_total: AtomicU64::new(0),
+            produced: AtomicU64::new(0),
             first_batch_ns: AtomicU64::new(u64::MAX),
             waiting_since_ns: AtomicU64::new(u64::MAX),
         }

@@ -480,6 +480,7 @@ impl SinkRun {
         let feed = &self.target.metrics;
         FeedMetrics::add(&feed.padding, stats.padding);
         FeedMetrics::add(&feed.padded_total, stats.total);
+        FeedMetrics::add(&feed.produced, 1);
         // Counted before the send so that the consumer's `taken` never
         // runs ahead of it.
         pool.loans().queued();

@@ -1238,3 +1238,46 @@ fn later_epochs_start_ahead_with_the_same_batches_under_a_tight_memory_limit()
     assert_ne!(ahead[0], ahead[24]);
     Ok(())
 }
+
+/// Issue 55, item 3 (in part): a cluster feed joins (rank 0: submits) the
+/// next epoch's job once the current epoch's job has completed and its
+/// first batch is here, while the rank reads the rest, with the embedded
+/// batches.
+#[cfg(feature = "ballista")]
+#[test]
+fn a_cluster_feed_starts_the_next_epochs_job_while_it_reads_the_current_one() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let files = id_files(dir.path())?;
+    let sql = format!("SELECT id FROM '{files}'");
+    let cluster = sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()?;
+    let embedded = session(2, 64)?;
+    let run = |session: &sqlfeed::Session| -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+        let mut feed = Feed::builder(session, &sql)
+            .shuffle(13)
+            .batch_size(100)
+            .epochs(3)
+            .run_id("lookahead")
+            .device(Device::Cpu)
+            .build()?;
+        let mut ids = vec![];
+        for batch in feed.by_ref() {
+            ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+        }
+        Ok((
+            ids,
+            feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
+        ))
+    };
+    let (on_cluster, plans) = run(&cluster)?;
+    assert!(!plans[0].contains("LookaheadExec"), "{}", plans[0]);
+    for plan in &plans[1..] {
+        assert_contains(plan, &["LookaheadExec", "SharedJobExec"]);
+    }
+    let (here, _) = run(&embedded)?;
+    assert_eq!(on_cluster, here);
+    Ok(())
+}
