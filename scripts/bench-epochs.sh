@@ -9,7 +9,9 @@
 #
 # The narrow feed of issue 55: 8 float32 features as `x`, the label as `y`,
 # 16 Parquet files written once under target/bench-epochs by sqlfeed itself
-# (COPY … TO, deterministic values), batches of 4096. STEP_MS is the simulated training step: slower than the feed, so
+# (COPY … TO, deterministic values with no repeated rows up to 4·10⁹: a
+# feed whose rows repeat pays for numbering the copies, which is another
+# measurement), batches of 4096. STEP_MS is the simulated training step: slower than the feed, so
 # that every wait after the first batch is the feed's fault (at an epoch
 # boundary, the next epoch's shuffle). Needs a release build.
 set -euo pipefail
@@ -20,12 +22,12 @@ step_ms=${3:-8}
 epochs=${4:-2}
 bin=$PWD/target/release/sqlfeed
 [[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
-data=target/bench-epochs/rows-$rows
+data=target/bench-epochs/unique-$rows
 if [[ ! -f $data/done ]]; then
   mkdir -p "$data"
   per_file=$(( rows / 16 ))
   features=$(for f in 0 1 2 3 4 5 6 7; do
-    printf 'CAST(((value * %d + %d) %% 1000003) AS FLOAT) / 1000003.0 AS f%d, ' \
+    printf 'CAST(((value * %d + %d) %% 4294967291) AS FLOAT) / 4294967291.0 AS f%d, ' \
       $(( 2654435761 + 97 * f )) $(( 7919 * f )) "$f"
   done)
   for file in $(seq 0 15); do

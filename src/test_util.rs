@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::error::Result;
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::file::properties::WriterProperties;
@@ -36,4 +36,19 @@ pub(crate) async fn plan_over_parquet(
     ctx.register_parquet("t", location, ParquetReadOptions::default())
         .await?;
     ctx.sql(sql).await?.create_physical_plan().await
+}
+
+/// The values of the first column of `batches`, an `Int64` column (none
+/// from a batch whose first column is of another type).
+pub(crate) fn first_int64s(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .map(|a| a.values().to_vec())
+                .unwrap_or_default()
+        })
+        .collect()
 }

@@ -222,6 +222,8 @@ mod tests {
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 
+    use crate::test_util::first_int64s as ids;
+
     /// A plan yielding `ids` in batches of 3, failing with an executor loss
     /// after `fail_after` rows.
     #[derive(Debug)]
@@ -279,19 +281,6 @@ mod tests {
                 futures::stream::iter(items),
             )))
         }
-    }
-
-    fn ids(batches: &[RecordBatch]) -> Vec<i64> {
-        batches
-            .iter()
-            .flat_map(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .map(|a| a.values().to_vec())
-                    .unwrap_or_default()
-            })
-            .collect()
     }
 
     /// A later attempt drops exactly the rows the earlier ones delivered,

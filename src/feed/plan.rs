@@ -166,24 +166,6 @@ pub(super) enum EpochRoute<'a> {
     Embedded { spec: Option<ShuffleSpec> },
 }
 
-/// When the next epoch starts while the current one is consumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Lookahead {
-    /// Not: it depends on the current epoch's end (a cache the current epoch
-    /// fills, an executor-cache entry its end commits), or it is an
-    /// explain's feed (which stops at its batch), or the session turned it
-    /// off (`sqlfeed.epoch_lookahead`).
-    Not,
-    /// When the current epoch starts (on the embedded engine).
-    AtOnce,
-    /// Once the current epoch handed over its first batch: a cluster job,
-    /// submitted (or joined) once the current epoch's job completed, so
-    /// that it is planned knowing whether that job met repeated rows
-    /// (`crate::shuffle::unique`) and the two jobs do not compete for the
-    /// executors' first stages.
-    AfterFirstBatch,
-}
-
 /// A feed resolved; see the module docs.
 #[derive(Debug)]
 pub(super) struct FeedPlan {
@@ -272,21 +254,24 @@ impl FeedPlan {
         }
     }
 
-    /// Whether and when `epoch` is planned and started while the epoch
-    /// before it is consumed (`feed::lookahead`), the one before `filling`
-    /// the local epoch cache or not; see [`Lookahead`].
-    pub(super) fn lookahead_to(&self, epoch: u64, filling: bool) -> Lookahead {
+    /// Whether `epoch` is planned and started while the epoch before it is
+    /// consumed (`feed::lookahead`), the one before `filling` the local
+    /// epoch cache or not: on the embedded engine and as the next cluster
+    /// job; not where it depends on the current epoch's end (a cache the
+    /// current epoch fills, an executor-cache entry its end commits), not
+    /// for an explain's feed (which stops at its batch), not when the
+    /// session turned it off (`sqlfeed.epoch_lookahead`).
+    pub(super) fn looks_ahead_to(&self, epoch: u64, filling: bool) -> bool {
         if !self.lookahead || !self.epochs.contains(&epoch) {
-            return Lookahead::Not;
+            return false;
         }
         match self.route(epoch) {
-            EpochRoute::Embedded { .. } => Lookahead::AtOnce,
-            EpochRoute::LocalCache { cluster: None, .. } if !filling => Lookahead::AtOnce,
-            EpochRoute::Cluster { .. } => Lookahead::AfterFirstBatch,
+            EpochRoute::Embedded { .. } | EpochRoute::Cluster { .. } => true,
+            EpochRoute::LocalCache { cluster: None, .. } => !filling,
             EpochRoute::LocalCache { .. }
             | EpochRoute::ExecutorCache { .. }
             | EpochRoute::Continued { .. }
-            | EpochRoute::Origins { .. } => Lookahead::Not,
+            | EpochRoute::Origins { .. } => false,
         }
     }
 

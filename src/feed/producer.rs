@@ -22,7 +22,7 @@ use super::epoch_cache::{EpochCache, EpochQuery};
 use super::lookahead::LookaheadExec;
 use super::metrics::FeedMetrics;
 use super::order;
-use super::plan::{EpochRoute, FeedOrder, FeedPlan, Lookahead};
+use super::plan::{EpochRoute, FeedOrder, FeedPlan};
 use super::provenance;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
 use super::timeline::Timeline;
@@ -31,8 +31,8 @@ use crate::exec::catch_panic;
 use crate::session::{CompletedJob, EpochJob, EpochJobPlan, JobMixture, ScaleOut};
 use crate::shuffle::{ShuffleSpec, shuffle};
 
-/// How often a look-ahead that waits for the current epoch's first batch
-/// looks (see [`Lookahead::AfterFirstBatch`]).
+/// How often the look-ahead, waiting for the current epoch's first batch,
+/// looks.
 const FIRST_BATCH_POLL: Duration = Duration::from_millis(20);
 
 /// The producer task: plans, then runs one [`DeviceSinkExec`] per epoch.
@@ -123,35 +123,31 @@ impl Producer {
             ));
             self.timeline.epoch_started(&sink);
             let run = catch_panic(collect(Arc::clone(&sink), task_ctx));
-            // The next epoch is planned and started while this one runs.
-            match feed.lookahead_to(epoch + 1, fill.is_some()) {
-                Lookahead::Not => {
-                    run.await?;
-                }
-                lookahead => {
-                    let ended = AtomicBool::new(false);
-                    let produced = self.metrics.produced.load(Ordering::Relaxed);
-                    let run = async {
-                        let ran = run.await;
-                        ended.store(true, Ordering::Relaxed);
-                        ran
-                    };
-                    let ahead = async {
-                        if lookahead == Lookahead::AfterFirstBatch {
-                            // Until this epoch's first batch (or its end).
-                            while self.metrics.produced.load(Ordering::Relaxed)
-                                == produced
-                                && !ended.load(Ordering::Relaxed)
-                            {
-                                tokio::time::sleep(FIRST_BATCH_POLL).await;
-                            }
-                        }
-                        self.plan_ahead(epoch + 1).await
-                    };
-                    let (ran, ahead) = futures::future::join(run, ahead).await;
-                    ran?;
-                    planned = Some(ahead);
-                }
+            // The next epoch is planned and started once this one's first
+            // batch is here: before, it would take the cores this epoch's
+            // first batch waits for (on a cluster: the next job is then
+            // planned knowing whether this one met repeated rows).
+            if feed.looks_ahead_to(epoch + 1, fill.is_some()) {
+                let ended = AtomicBool::new(false);
+                let produced = self.metrics.produced.load(Ordering::Relaxed);
+                let run = async {
+                    let ran = run.await;
+                    ended.store(true, Ordering::Relaxed);
+                    ran
+                };
+                let ahead = async {
+                    while self.metrics.produced.load(Ordering::Relaxed) == produced
+                        && !ended.load(Ordering::Relaxed)
+                    {
+                        tokio::time::sleep(FIRST_BATCH_POLL).await;
+                    }
+                    self.plan_ahead(epoch + 1).await
+                };
+                let (ran, ahead) = futures::future::join(run, ahead).await;
+                ran?;
+                planned = Some(ahead);
+            } else {
+                run.await?;
             }
             self.timeline.epoch_finished();
             if let Some(fill) = fill {
