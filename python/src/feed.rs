@@ -113,6 +113,12 @@ impl FeedOptions {
         self.builder(session)?.build()
     }
 
+    /// The feed described, for a position rather than a pass: a position
+    /// is not bounded by a pass's last epoch (`end_epoch` is not read).
+    pub(crate) fn position_builder(self, session: &Session) -> Result<FeedBuilder> {
+        Ok(self.builder(session)?.epochs(u64::MAX))
+    }
+
     /// The pass described, not started.
     pub(crate) fn builder(self, session: &Session) -> Result<FeedBuilder> {
         let mut builder = Feed::builder(session, self.query)

@@ -152,8 +152,7 @@ impl PySession {
     ) -> PyResult<PyFeedPosition> {
         let session = self.session.clone();
         crate::wait::wait_for_call(py, "feed-position", move || {
-            // A position is not bounded by a pass's last epoch.
-            let builder = options.builder(&session)?.epochs(u64::MAX);
+            let builder = options.position_builder(&session)?;
             if listed {
                 builder.start_checkpoint()
             } else {
@@ -180,10 +179,8 @@ impl PySession {
             sqlfeed::feed::Checkpoint::from_json(state, "the state").py_err()?;
         let session = self.session.clone();
         crate::wait::wait_for_call(py, "feed-resume", move || {
-            // A position is not bounded by a pass's last epoch.
             options
-                .builder(&session)?
-                .epochs(u64::MAX)
+                .position_builder(&session)?
                 .resume_from(checkpoint, on_data_change)
                 .start_checkpoint()
         })

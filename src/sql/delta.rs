@@ -251,12 +251,13 @@ async fn damaged_log(store: &dyn ObjectStore) -> Option<String> {
         let Some((digits, kind)) = file.split_once('.') else {
             continue;
         };
-        let Ok(version) = digits.parse::<Version>() else {
+        // Log files are named by 20 digits of their version.
+        let Some(version) = (digits.len() == 20)
+            .then(|| digits.parse::<Version>().ok())
+            .flatten()
+        else {
             continue;
         };
-        if digits.len() != 20 {
-            continue;
-        }
         if kind == "json" {
             commits.insert(version, meta.location);
         } else if kind.starts_with("checkpoint") {
