@@ -249,6 +249,49 @@ class FunctionSpec:
         self.seeded = seeded
         self.inputs = inputs
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A decorated module-level function's name is bound to its Function,
+        # so pickle, which sends functions by module and name, would refuse
+        # the function itself ("not the same object"). Such a function goes
+        # by reference, resolved to the same Function's function in the
+        # worker (which imports the module, or the script as `__mp_main__`).
+        state = dict(self.__dict__)
+        module = getattr(self.fn, "__module__", None)
+        qualname = getattr(self.fn, "__qualname__", "")
+        if module is not None and "<locals>" not in qualname:
+            owner = _resolve(module, qualname)
+            if isinstance(owner, Function) and owner.fn is self.fn:
+                state["fn"] = _FunctionRef(module, qualname)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        fn = state["fn"]
+        if isinstance(fn, _FunctionRef):
+            owner = _resolve(fn.module, fn.qualname, import_module=True)
+            if not isinstance(owner, Function):
+                raise ImportError(f"{fn.module}.{fn.qualname} is not a sqlfeed function here")
+            state["fn"] = owner.fn
+        self.__dict__.update(state)
+
+
+class _FunctionRef:
+    """A decorated function, by module and qualified name."""
+
+    def __init__(self, module: str, qualname: str) -> None:
+        self.module = module
+        self.qualname = qualname
+
+
+def _resolve(module: str, qualname: str, import_module: bool = False) -> Any:
+    """``module.qualname`` (an attribute path), or None where it is not there."""
+    import importlib
+    import sys
+
+    owner: Any = importlib.import_module(module) if import_module else sys.modules.get(module)
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+    return owner
+
 
 class FunctionFailed(ExecutionError):
     """sqlfeed could not use a user function's work: it returned something

@@ -286,6 +286,40 @@ def test_a_function_of_python_c_is_refused_as_unimportable_not_as_a_dead_worker(
     assert "out of memory" not in done.stdout
 
 
+def test_a_decorated_module_level_function_runs_in_workers(tmp_path, ids_data):
+    """The guide's form: ``@sqlfeed.udf(..., concurrency=2)`` on a module-level
+    ``def`` binds the name to the Function, so pickle refused the function
+    itself ("not the same object as __main__.double"). It now goes by module
+    and name and the worker takes that Function's function, also from a
+    script, which spawned workers import as ``__mp_main__``."""
+    script = tmp_path / "decorated.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import pyarrow as pa, pyarrow.compute as pc, sqlfeed
+
+            @sqlfeed.udf(pa.int64(), concurrency=2)
+            def double(x):
+                return pc.multiply(x, 2)
+
+            if __name__ == "__main__":
+                s = sqlfeed.Session(functions=[double], target_partitions=2)
+                t = s.sql("SELECT sum(double(id)) AS d, sum(id) AS i FROM '{ids_data}/*.parquet'")
+                row = t.to_pylist()[0]
+                assert row["d"] == 2 * row["i"], row
+                print("OK", row["d"])
+                double.close()
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("OK "), done.stdout
+
+
 def test_the_interpreter_exits_cleanly_after_a_failed_query(tmp_path, ids_data):
     """Issue 56, item 4: engine threads of a failed query were still inside
     Python functions while the interpreter finalized (``Fatal Python error:
