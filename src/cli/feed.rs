@@ -272,7 +272,16 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 }
 
 /// One line per row of the explained batch, tab-separated under a header.
+/// A reader that stops early (`--explain 0:2 | head`) is not an error, as
+/// for query results.
 fn print_origins(origins: &crate::feed::BatchOrigins) -> anyhow::Result<()> {
+    match write_origins(origins) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        done => Ok(done?),
+    }
+}
+
+fn write_origins(origins: &crate::feed::BatchOrigins) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     eprintln!(

@@ -334,6 +334,32 @@ fn batches_cut_by_length_and_unions_are_explained() -> Result<()> {
 }
 
 #[test]
+fn an_explained_batch_piped_into_head_is_not_an_error() -> Result<()> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let sql = format!("SELECT id FROM '{}/*.parquet'", dir.path().display());
+    // One batch of all 1000 rows: ~70 KB of lines, more than a pipe holds.
+    let mut child = sqlfeed()
+        .args(["feed", &sql, "--batch-size", "1000", "--explain", "0:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first)?;
+    drop(stdout);
+    let output = child.wait_with_output()?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+#[test]
 fn the_cli_explains_a_batch_of_another_rank() -> Result<()> {
     let dir = tempfile::tempdir()?;
     ids(dir.path())?;
