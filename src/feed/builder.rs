@@ -34,6 +34,42 @@ use crate::cache::InputFile;
 use crate::device::{Backend, Device, SlotPool};
 
 /// Options of a [`Feed`]; see the module docs.
+///
+/// # Examples
+///
+/// Rank 1 of 2, two shuffled epochs of batches of 64 with the last partial
+/// batch dropped, the tensor `x` as float16 and `y` as int32:
+///
+/// ```
+/// # fn main() -> datafusion::error::Result<()> {
+/// use sqlfeed::datagen::{GenOptions, generate};
+/// use sqlfeed::device::{DType, Device};
+/// use sqlfeed::feed::{ColumnSpec, Feed};
+///
+/// let dir = tempfile::tempdir()?;
+/// generate(&GenOptions::new(1000, dir.path()))?;
+/// let session = sqlfeed::Session::try_new()?;
+/// let sql = format!(
+///     "SELECT feature_vector(f0, f1, f2) AS x, label AS y FROM '{}/'",
+///     dir.path().display()
+/// );
+/// let feed = Feed::builder(&session, sql)
+///     .shuffle(7)
+///     .epochs(2)
+///     .batch_size(64)
+///     .drop_last(true)
+///     .shard(1, 2)
+///     .device(Device::Cpu)
+///     .column("x", ColumnSpec::new().dtype(DType::Float16))
+///     .column("y", ColumnSpec::new().dtype(DType::Int32))
+///     .build()?;
+/// let batches = feed.collect::<datafusion::error::Result<Vec<_>>>()?;
+/// // 1000 rows are 7 global steps of 2 × 64 rows per epoch (the rest dropped).
+/// assert_eq!(batches.len(), 2 * 7);
+/// assert_eq!(batches[0].tensor("x")?.dtype(), DType::Float16);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct FeedBuilder {
     pub(super) session: Session,

@@ -45,6 +45,41 @@ pub const CHECKPOINT_VERSION: u32 = 2;
 /// A feed's position and what it depends on; see the module docs. Written
 /// by [`super::Feed::checkpoint`], read by
 /// [`super::FeedBuilder::resume_from`].
+///
+/// # Examples
+///
+/// Stop after 3 batches, keep the checkpoint as JSON, and resume in what
+/// could be another process: the next batch is the one the first run
+/// would have handed over.
+///
+/// ```
+/// # fn main() -> datafusion::error::Result<()> {
+/// use sqlfeed::datagen::{GenOptions, generate};
+/// use sqlfeed::device::Device;
+/// use sqlfeed::feed::{Checkpoint, Feed, OnDataChange};
+///
+/// let dir = tempfile::tempdir()?;
+/// generate(&GenOptions::new(1000, dir.path()))?;
+/// let session = sqlfeed::Session::try_new()?;
+/// let sql = format!("SELECT id AS x FROM '{}/'", dir.path().display());
+/// let builder = Feed::builder(&session, sql).shuffle(3).batch_size(100).device(Device::Cpu);
+///
+/// let mut feed = builder.clone().build()?;
+/// for _ in 0..3 {
+///     feed.next().transpose()?;
+/// }
+/// let json = feed.checkpoint()?.to_json();
+/// let uninterrupted = feed.next().transpose()?.expect("a 4th batch");
+/// drop(feed);
+///
+/// let checkpoint = Checkpoint::from_json(&json, "ckpt.json")?;
+/// assert_eq!((checkpoint.epoch, checkpoint.step), (0, 3));
+/// let mut resumed = builder.resume_from(checkpoint, OnDataChange::Error).build()?;
+/// let next = resumed.next().transpose()?.expect("the 4th batch");
+/// assert_eq!(next.tensor("x")?.as_bytes()?, uninterrupted.tensor("x")?.as_bytes()?);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// The format's version ([`CHECKPOINT_VERSION`]).

@@ -122,6 +122,40 @@ pub struct TensorInfo {
 }
 
 /// A running feed: an iterator of tensor batches. See the module docs.
+///
+/// # Examples
+///
+/// Two features and the label of 1000 rows, shuffled, in batches of 100
+/// host tensors:
+///
+/// ```
+/// # fn main() -> datafusion::error::Result<()> {
+/// use sqlfeed::datagen::{GenOptions, generate};
+/// use sqlfeed::device::Device;
+/// use sqlfeed::feed::Feed;
+///
+/// let dir = tempfile::tempdir()?;
+/// generate(&GenOptions::new(1000, dir.path()))?;
+/// let session = sqlfeed::Session::try_new()?;
+/// let sql = format!(
+///     "SELECT feature_vector(f0, f1) AS x, label AS y FROM '{}/*.parquet'",
+///     dir.path().display()
+/// );
+/// let feed = Feed::builder(&session, sql)
+///     .shuffle(42)
+///     .batch_size(100)
+///     .device(Device::Cpu)
+///     .build()?;
+/// let mut rows = 0;
+/// for batch in feed {
+///     let batch = batch?;
+///     assert_eq!(batch.tensor("x")?.shape(), &[100, 2]);
+///     rows += batch.rows();
+/// }
+/// assert_eq!(rows, 1000);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Feed {
     /// Process-unique number.
     id: u64,

@@ -85,6 +85,30 @@ const FALLBACK_MEMORY_LIMIT: usize = 4 << 30;
 
 /// A DataFusion context with sqlfeed's tables, functions and limits; see the
 /// module docs.
+///
+/// # Examples
+///
+/// Query a folder of Parquet files (here made by `sqlfeed gen`) under a
+/// memory budget of 256 MiB:
+///
+/// ```
+/// # fn main() -> datafusion::error::Result<()> {
+/// use sqlfeed::datagen::{GenOptions, generate};
+///
+/// let dir = tempfile::tempdir()?;
+/// generate(&GenOptions::new(1000, dir.path()))?;
+/// let session = sqlfeed::Session::builder().memory_limit(256 << 20).build()?;
+/// let sql = format!(
+///     "SELECT label, count(*) AS n FROM '{}/' GROUP BY label ORDER BY label",
+///     dir.path().display()
+/// );
+/// let batches = tokio::runtime::Runtime::new()?
+///     .block_on(async { session.sql(&sql).await?.collect().await })?;
+/// let labels: usize = batches.iter().map(|batch| batch.num_rows()).sum();
+/// assert_eq!(labels, 10);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Session {
     /// The DataFusion context everything runs in.
