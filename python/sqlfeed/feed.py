@@ -338,10 +338,12 @@ class Feed:
 
     @property
     def rank(self) -> int:
+        """This process's rank among the feed's ``world`` (``shard``)."""
         return self._rank
 
     @property
     def world(self) -> int:
+        """How many ranks the epoch is dealt to (``shard``)."""
         return self._world
 
     def state_dict(self) -> dict[str, Any]:

@@ -22,6 +22,8 @@ class FeedDataset(torch.utils.data.IterableDataset):
         self.feed = feed
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """One pass of the feed; refused in a DataLoader worker process (the
+        feed runs its own parallel pipeline)."""
         if torch.utils.data.get_worker_info() is not None:
             raise _sqlfeed.PlanError(
                 "sqlfeed feeds run their own parallel pipeline and cannot be split over "
@@ -30,15 +32,20 @@ class FeedDataset(torch.utils.data.IterableDataset):
         return iter(self.feed)
 
     def __len__(self) -> int:
+        """The feed's batches per rank per epoch."""
         return len(self.feed)
 
     def set_epoch(self, epoch: int) -> None:
+        """The feed's :meth:`sqlfeed.Feed.set_epoch`."""
         self.feed.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
+        """The feed's :meth:`sqlfeed.Feed.state_dict` (what torchdata's
+        ``StatefulDataLoader`` saves)."""
         return self.feed.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The feed's :meth:`sqlfeed.Feed.load_state_dict`."""
         self.feed.load_state_dict(state)
 
 

@@ -3,7 +3,7 @@
 //!
 //! Every page of every column chunk of every matching Parquet file is read
 //! and decoded (with page checksums verified where the file has them, see
-//! the README's *Bad input*), and each value of the `DECODE` columns is
+//! docs/bad-input.md), and each value of the `DECODE` columns is
 //! decoded as an image with the same checks as `image_decode` (truncated
 //! files are errors). One row per file says `ok`, or where it first fails:
 //!
