@@ -108,5 +108,6 @@ for round in $(seq "$rounds"); do
   done
 done
 "$py" "$root/scripts/bench/benchmarks_md.py" "$out" "$plan" "$rounds" |
-  "$py" "$root/scripts/bench/splice_section.py" bench-suite "$root/BENCHMARKS.md"
+  "$py" "$root/scripts/bench/splice_section.py" --command "scripts/bench-suite.sh $*" \
+    bench-suite "$root/BENCHMARKS.md"
 echo "wrote its section of BENCHMARKS.md (the other sections are kept)"
