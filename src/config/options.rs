@@ -11,6 +11,12 @@ extensions_options! {
         /// that the shuffle moves what they read, not what they produce (the
         /// order is the same either way; see `crate::shuffle::late`).
         pub late_materialization: bool, default = true
+        /// Of the functions above a one-machine `SHUFFLE`, compute the cheap
+        /// ones that do not widen their inputs (`feature_vector`,
+        /// arithmetic) between the key and the permutation, which then
+        /// gathers their outputs instead of their inputs (the same order and
+        /// batches; see `crate::shuffle::CarryCheapOutputs`).
+        pub carry_cheap_outputs: bool, default = true
         /// Evaluate costly row-wise functions (image decoding and transforms,
         /// tokenizing) on several cores and in batches of about this many
         /// output bytes, keeping the row order

@@ -84,6 +84,7 @@
 //! One partition, ordered by the (dropped) key. `LOCAL SHUFFLE` keeps the
 //! input partitioning and has no ordering.
 
+mod carry;
 mod content_hash;
 mod copies;
 pub(crate) mod deal;
@@ -102,6 +103,7 @@ mod unique;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 
+pub use carry::CarryCheapOutputs;
 pub use content_hash::row_key_hash;
 pub use copies::CopyIdentity;
 pub use deal::{Deal, DealExec, RANK_ROUTE_COLUMN, RankShardExec};

@@ -38,6 +38,9 @@ pub fn optimizer_rules() -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
 /// partition counts that [`crate::sql::ParallelFunctions`] sizes its workers
 /// by) and before projection pushdown (which would fold a projection of
 /// costly functions into the file scan, out of their reach).
+/// [`crate::shuffle::CarryCheapOutputs`] runs before `ParallelFunctions`
+/// too: it splits the projection above a shuffle, which that rule would
+/// otherwise have turned into its own operator.
 /// `parallel_functions`: false on a Ballista scheduler, which cannot
 /// serialise [`crate::sql::ParallelProjectionExec`]; its executors add it.
 pub fn physical_optimizer_rules(
@@ -51,7 +54,10 @@ pub fn physical_optimizer_rules(
         .unwrap_or(rules.len());
     let mut ours: Vec<
         Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>,
-    > = vec![Arc::new(crate::shuffle::KeepShuffleOrder)];
+    > = vec![
+        Arc::new(crate::shuffle::KeepShuffleOrder),
+        Arc::new(crate::shuffle::CarryCheapOutputs),
+    ];
     if parallel_functions {
         ours.push(Arc::new(crate::sql::ParallelFunctions));
     }

@@ -968,6 +968,25 @@ fn late_materialization_queries(dir: &std::path::Path) -> Vec<(String, &'static 
             ),
             "length(",
         ),
+        // Carried through the permutation (feature_vector, narrowing), computed
+        // above it (the widening cast, one_hot, the decoder), side by side.
+        (
+            format!(
+                "SELECT feature_vector(f0, f1, f2) AS x, CAST(label AS BIGINT) AS y, \
+                 one_hot(label, 10) AS oh, \
+                 image_to_tensor(image_resize(image_decode(image_jpeg), 4, 4)) AS img \
+                 FROM {t} SHUFFLE SEED 8"
+            ),
+            "feature_vector(",
+        ),
+        // The same over repeated rows: copies told apart by carried values.
+        (
+            format!(
+                "SELECT feature_vector(f0, f1) AS x, label FROM \
+                 (SELECT * FROM {t} UNION ALL SELECT * FROM {t}) SHUFFLE SEED 11"
+            ),
+            "feature_vector(",
+        ),
     ]
 }
 
@@ -1004,6 +1023,48 @@ async fn row_functions_after_the_shuffle_give_the_same_batches() -> Result<()> {
         }
         assert!(!results[0].is_empty(), "{sql}");
     }
+    Ok(())
+}
+
+/// Issue 55: cheap functions that do not widen their inputs run between the
+/// key and the permutation, which then gathers one vector instead of its
+/// input columns; widening and costly ones stay above (`carry.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrowing_functions_are_computed_before_the_permutation() -> Result<()> {
+    let dir = generated(50, 1)?;
+    let s = session(2, 64)?;
+    let sql = format!(
+        "EXPLAIN SELECT feature_vector(f0, f1, f2) AS x, CAST(label AS BIGINT) AS y, \
+         one_hot(label, 10) AS oh, image_to_tensor(image_decode(image_png)) AS img \
+         FROM '{}' SHUFFLE SEED 1",
+        dir.path().display()
+    );
+    let plan = rows(&collect(&s, &sql).await?).concat().join("\n");
+    let physical = plan.split("physical_plan").nth(1).expect("a physical plan");
+    let permute = physical.find("PermuteExec").expect("a permutation");
+    let (above, below) = physical.split_at(permute);
+    assert!(below.contains("feature_vector("), "{physical}");
+    for late in ["AS Int64)", "one_hot(", "image_decode("] {
+        assert!(
+            above.contains(late) && !below.contains(late),
+            "{late}:\n{physical}"
+        );
+    }
+    // Off, the permutation gathers the inputs again: the same rows in the
+    // same order.
+    let query = sql.trim_start_matches("EXPLAIN ");
+    let carried = rows(&collect(&s, query).await?);
+    s.context()
+        .sql("SET sqlfeed.carry_cheap_outputs = false")
+        .await?;
+    let plan = rows(&collect(&s, &sql).await?).concat().join("\n");
+    let physical = plan.split("physical_plan").nth(1).expect("a physical plan");
+    let permute = physical.find("PermuteExec").expect("a permutation");
+    assert!(
+        !physical[permute..].contains("feature_vector("),
+        "{physical}"
+    );
+    assert_eq!(rows(&collect(&s, query).await?), carried);
     Ok(())
 }
 

@@ -22,10 +22,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::common::plan_datafusion_err;
 use datafusion::common::plan_err;
 use datafusion::common::stats::Precision;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{internal_err, plan_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::functions_aggregate::count::count;
@@ -34,8 +33,6 @@ use datafusion::logical_expr::{
     LogicalPlan, LogicalPlanBuilder, UserDefinedLogicalNode, lit,
 };
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -169,66 +166,7 @@ type Outputs = Vec<(Arc<dyn PhysicalExpr>, String)>;
 /// included; what they save is the permutation's gather, one random read
 /// per row and column (see [`crate::shuffle::plan_global_shuffle`]).
 fn early_and_late(finish: Outputs) -> Result<(Option<Outputs>, Option<Outputs>)> {
-    let late: Vec<bool> = finish
-        .iter()
-        .map(|(expr, _)| calls_costly_function(expr))
-        .collect();
-    if late.iter().all(|&late| late) {
-        return Ok((None, Some(finish)));
-    }
-    let mut carry: Outputs = finish
-        .iter()
-        .zip(&late)
-        .filter(|(_, late)| !**late)
-        .map(|(output, _)| output.clone())
-        .collect();
-    for (expr, _) in finish
-        .iter()
-        .zip(&late)
-        .filter(|(_, late)| **late)
-        .map(|(o, _)| o)
-    {
-        for column in collect_columns(expr) {
-            match carry.iter().find(|(_, name)| name == column.name()) {
-                None => carry.push((Arc::new(column.clone()), column.name().to_string())),
-                // The same input column, carried as a cheap output already.
-                Some((carried, _))
-                    if carried
-                        .downcast_ref::<Column>()
-                        .is_some_and(|c| c.index() == column.index()) => {}
-                Some(_) => return Ok((None, Some(finish))),
-            }
-        }
-    }
-    if !late.contains(&true) {
-        return Ok((Some(carry), None));
-    }
-    // Over the carried columns: cheap outputs as they are, costly ones
-    // reading the columns carried for them (all carried above).
-    let carried = |name: &str| -> Result<Arc<dyn PhysicalExpr>> {
-        match carry.iter().position(|(_, carried)| carried == name) {
-            Some(index) => Ok(Arc::new(Column::new(name, index))),
-            None => internal_err!("mixture source: column {name} is not carried"),
-        }
-    };
-    let after_window = finish
-        .iter()
-        .zip(&late)
-        .map(|((expr, name), late)| {
-            let expr = if *late {
-                Arc::clone(expr)
-                    .transform_down(|e| match e.downcast_ref::<Column>() {
-                        Some(column) => Ok(Transformed::yes(carried(column.name())?)),
-                        None => Ok(Transformed::no(e)),
-                    })?
-                    .data
-            } else {
-                carried(name)?
-            };
-            Ok((expr, name.clone()))
-        })
-        .collect::<Result<Outputs>>()?;
-    Ok((Some(carry), Some(after_window)))
+    crate::shuffle::carry::split_carried(finish, calls_costly_function)
 }
 
 /// The most passes one source may need in one epoch: each pass is a full
