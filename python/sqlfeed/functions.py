@@ -59,8 +59,10 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib
 import inspect
 import pickle
+import sys
 import threading
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -284,9 +286,6 @@ class _FunctionRef:
 
 def _resolve(module: str, qualname: str, import_module: bool = False) -> Any:
     """``module.qualname`` (an attribute path), or None where it is not there."""
-    import importlib
-    import sys
-
     owner: Any = importlib.import_module(module) if import_module else sys.modules.get(module)
     for part in qualname.split("."):
         owner = getattr(owner, part, None)

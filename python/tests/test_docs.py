@@ -14,7 +14,8 @@ A block must exit 0. A ``text`` block right after a comment
 ``<!-- doctest: output -->`` is the output the block before it prints: its
 lines are compared with stdout, a line ``…`` matching any number of lines.
 A block that cannot run here says why in a comment right above it,
-``<!-- doctest: not run: REASON -->``, and ``NOT_RUN`` below lists each
+``<!-- doctest: not run: REASON -->`` (the nearest non-blank line above
+the fence), and ``NOT_RUN`` below lists each
 such reason, so that a new one is a decision a reviewer sees, not a silent
 skip. ``docs/functions.md`` is generated from the functions' documentation
 and its examples are run by the Rust test that generates it
@@ -30,7 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,6 @@ class Block:
     text: str
     not_run: str | None = None
     expected: list[str] | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 FENCE = re.compile(r"^(`{3,})([A-Za-z0-9_+-]*)\s*$")
@@ -95,7 +95,11 @@ def blocks_of(page: str) -> list[Block]:
             i += 1
             continue
         fence, lang = opening.group(1), opening.group(2)
-        directive = DIRECTIVE.match(lines[i - 1]) if i > 0 else None
+        # The directive is the nearest non-blank line above the fence.
+        above = i - 1
+        while above >= 0 and not lines[above].strip():
+            above -= 1
+        directive = DIRECTIVE.match(lines[above]) if above >= 0 else None
         start = i
         i += 1
         body = []
