@@ -1,31 +1,26 @@
 """Scenario 2 with your own code: the image preprocessing of 02_preprocess.py
 written as a Python batch function (Pillow decode -> resize -> float32 CHW in
-[0, 1]), the ``map_batches`` a Ray Data user already has, called in SQL next
-to the built-in version and run in two worker processes.
+[0, 1], ``preprocess_image`` in ``functions/team_prep.py``), the
+``map_batches`` a Ray Data user already has, called in SQL next to the
+built-in version and run in N worker processes.
 
     python examples/python/02_preprocess_own.py [--data GLOB] [--concurrency N]
 """
 
-import io
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 from _data import dataset, parser
-from PIL import Image
 
 import sqlfeed
 
-SIDE = 24
-
-
-def preprocess_image(batch):
-    """JPEG bytes -> float32 CHW pixels in [0, 1], flattened; labels kept."""
-    pixels = np.empty((len(batch["jpeg"]), 3 * SIDE * SIDE), np.float32)
-    for i, data in enumerate(batch["jpeg"]):
-        image = Image.open(io.BytesIO(data)).convert("RGB").resize((SIDE, SIDE), Image.BILINEAR)
-        pixels[i] = (np.asarray(image, np.float32) / 255.0).transpose(2, 0, 1).reshape(-1)
-    return {"pixels": pixels, "label": batch["label"]}
+# The team's functions live in a folder a cluster's executors can host too
+# (08_cluster_functions.py); here they run in this process.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "functions"))
+import team_prep  # noqa: E402
+from team_prep import SIDE  # noqa: E402
 
 
 if __name__ == "__main__":
@@ -37,7 +32,7 @@ if __name__ == "__main__":
         {"pixels": pa.list_(pa.float32(), 3 * SIDE * SIDE), "label": pa.int64()},
         inputs=["jpeg", "label"],
         concurrency=args.concurrency,
-    )(preprocess_image)
+    )(team_prep.preprocess_image.fn)
     session = sqlfeed.Session(functions=[ours], target_partitions=2)
 
     python_query = (

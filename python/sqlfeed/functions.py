@@ -192,6 +192,11 @@ class Function:
         return pool.call(table, num_rows, seed)
 
     def _register(self, session: Any) -> None:
+        session._register_function(self._declaration())
+
+    def _declaration(self) -> dict[str, Any]:
+        """What the engine registers: the name, types and identity, and
+        ``_invoke`` to call (see ``FunctionSpec`` in ``python/src/functions.rs``)."""
         import pyarrow as pa
 
         # Empty tables that carry the types (from_batches: no array is built,
@@ -210,20 +215,18 @@ class Function:
         # "Costly" asks the engine to run the function on several threads:
         # in this process they would only take turns at the GIL.
         parallel = self.costly and self.concurrency > 1
-        session._register_function(
-            {
-                "name": self.name,
-                "invoke": self._invoke,
-                "returns": returns,
-                "inputs": inputs,
-                "arg_count": self.arg_count,
-                "volatility": self.volatility,
-                "identity": self.identity,
-                "costly": parallel,
-                "qualname": self.qualname,
-                "seed": self.seed if self.seeded else None,
-            }
-        )
+        return {
+            "name": self.name,
+            "invoke": self._invoke,
+            "returns": returns,
+            "inputs": inputs,
+            "arg_count": self.arg_count,
+            "volatility": self.volatility,
+            "identity": self.identity,
+            "costly": parallel,
+            "qualname": self.qualname,
+            "seed": self.seed if self.seeded else None,
+        }
 
 
 class FunctionSpec:

@@ -173,7 +173,6 @@ impl ScalarUDFImpl for PyFunction {
 
 /// An exception a Python function raised, carried through the engine to
 /// the caller, who gets it back as itself (`crate::errors::to_py`).
-#[derive(Debug)]
 pub(crate) struct RaisedInPython {
     /// What Rust shows of it (see [`raised`]).
     text: String,
@@ -195,6 +194,16 @@ impl std::fmt::Display for RaisedInPython {
 }
 
 impl std::error::Error for RaisedInPython {}
+
+/// Only the text: an executor's failed task reaches the client as the debug
+/// text of its error (Ballista's), from which the client keeps the innermost
+/// quoted message (`sqlfeed::cluster`'s `tidy_job_error`); the `PyErr`'s own
+/// debug text would end that message in the middle of the traceback.
+impl std::fmt::Debug for RaisedInPython {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("RaisedInPython").field(&self.text).finish()
+    }
+}
 
 /// `err`, raised by a Python function or by sqlfeed's Python side, as the
 /// engine's error: sqlfeed's own errors (a `sqlfeed.Error`, such as

@@ -12,6 +12,8 @@
 #[allow(unsafe_code)]
 mod dlpack;
 mod errors;
+#[cfg(feature = "ballista")]
+mod executor;
 mod feed;
 // `unsafe` once more: reading the Arrow C stream a Python function returns.
 #[allow(unsafe_code)]
@@ -47,6 +49,11 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(session::cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(session::query_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(tools::generate, m)?)?;
+    #[cfg(feature = "ballista")]
+    {
+        m.add_function(wrap_pyfunction!(executor::executor_function_dirs, m)?)?;
+        m.add_function(wrap_pyfunction!(executor::serve_executor, m)?)?;
+    }
     m.add_function(wrap_pyfunction!(tools::raw_h2d_bytes_per_s, m)?)?;
     m.add_function(wrap_pyfunction!(tools::prometheus_text, m)?)?;
     m.add_function(wrap_pyfunction!(tools::write_whole, m)?)?;

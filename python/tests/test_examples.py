@@ -23,6 +23,7 @@ SINGLE = [
     "06_text.py",
     "06_text_own.py",
     "07_cache.py",
+    "08_cluster_functions.py",
 ]
 
 

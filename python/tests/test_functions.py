@@ -552,7 +552,9 @@ def test_rust_plugins_load_from_python():
         sqlfeed.Session(plugins=[REPO / "README.md"])
 
 
-def test_python_functions_are_refused_on_a_cluster(ids_data):
+def test_python_functions_need_executors_that_host_them(ids_data):
+    # A standalone cluster's executor hosts no Python functions; executors
+    # started with --function-dir do (test_cluster_functions.py).
     session = sqlfeed.Session(cluster="standalone", functions=[sqlfeed.udf(pa.int64())(plus_ten)])
-    with pytest.raises(sqlfeed.PlanError, match="cannot run on a Ballista cluster"):
+    with pytest.raises(sqlfeed.ExecutionError, match="is not hosted by this executor"):
         session.sql(f"SELECT plus_ten(id) FROM '{ids_data}/*.parquet'").to_arrow()

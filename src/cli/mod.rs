@@ -15,6 +15,7 @@ mod signals;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -26,6 +27,7 @@ pub use progress::ScanTotals;
 
 use crate::datagen::{self, GenOptions};
 use datafusion::common::runtime::SpawnedTask;
+use datafusion::logical_expr::ScalarUDF;
 
 use crate::session::{Session, SessionBuilder, parse_memory_size};
 
@@ -208,6 +210,20 @@ pub struct GenArgs {
 
 /// Parses the arguments, runs, and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
+    init_process();
+    let cli = Cli::parse();
+    exit_code(run_catching(|| run(cli)))
+}
+
+/// `argv` (program name first) parsed as the binary parses its own, or
+/// the text the binary would print for it (an error, or the help asked for).
+pub fn parse_args(argv: impl IntoIterator<Item = String>) -> Result<Cli, String> {
+    Cli::try_parse_from(argv).map_err(|e| e.render().to_string())
+}
+
+/// Logging and the panic hook of a sqlfeed process: the binary's, and a
+/// Python executor's (`python/sqlfeed/executor.py`).
+pub fn init_process() {
     let _ = env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or("warn"),
     )
@@ -216,15 +232,32 @@ pub fn main() -> ExitCode {
     // Panics inside the engine are caught at our boundary and reported as
     // errors; keep the default hook's backtrace text out of the user's way.
     std::panic::set_hook(Box::new(|info| log::debug!("caught panic: {info}")));
-    let cli = Cli::parse();
-    // A panic that escapes the engine's own catching is still reported.
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli)))
-        .unwrap_or_else(|panic| {
+}
+
+/// `command`'s outcome, a panic that escapes the engine's own catching
+/// reported as an error.
+fn run_catching(
+    command: impl FnOnce() -> anyhow::Result<ExitCode>,
+) -> anyhow::Result<ExitCode> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(command)).unwrap_or_else(
+        |panic| {
             Err(anyhow::anyhow!(
                 "sqlfeed panicked: {}. This is a bug; please report it",
                 crate::exec::panic_message(&panic)
             ))
-        });
+        },
+    )
+}
+
+/// Runs `sqlfeed executor` in a Python process that hosts `functions` (the
+/// Python functions of its `--function-dir` folders, see
+/// `python/sqlfeed/executor.py`), with the exit code the binary would have.
+pub fn run_python_executor(cli: Cli, functions: Vec<Arc<ScalarUDF>>) -> ExitCode {
+    exit_code(run_catching(|| run_hosting(cli, Some(functions))))
+}
+
+/// The exit code of `outcome`, its error printed as the binary prints it.
+fn exit_code(outcome: anyhow::Result<ExitCode>) -> ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
@@ -259,6 +292,21 @@ fn error_text(error: &anyhow::Error) -> String {
 
 /// Runs the parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    run_hosting(cli, None)
+}
+
+/// Runs the parsed command line; `hosted`: the Python functions this
+/// process hosts when it is a Python executor.
+fn run_hosting(
+    cli: Cli,
+    hosted: Option<Vec<Arc<ScalarUDF>>>,
+) -> anyhow::Result<ExitCode> {
+    #[cfg(not(feature = "ballista"))]
+    if hosted.is_some() {
+        anyhow::bail!(
+            "this build of sqlfeed has no Ballista executor to host functions in"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -277,7 +325,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                      submits them"
                 );
             }
-            runtime.block_on(server.run(session_builder(&cli), cli.memory_limit))
+            let python_host = hosted.is_some();
+            let builder =
+                session_builder(&cli).host_functions(hosted.unwrap_or_default());
+            runtime.block_on(server.run(builder, cli.memory_limit, python_host))
         }
         Some(SubCommand::Feed(args)) => {
             let ended = feed_until_stopped(&runtime, &cli, args)?;

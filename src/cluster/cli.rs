@@ -52,13 +52,20 @@ pub enum ClusterCommand {
 impl ClusterCommand {
     /// Serves until stopped, with sessions built like `builder`'s; an
     /// executor's memory budget is `memory_limit` (`--memory-limit`).
+    /// `python_host`: this process is the Python executor that
+    /// `--function-dir` starts, hosting the folders' functions (see
+    /// [`python_executor`]).
     pub async fn run(
         &self,
         builder: SessionBuilder,
         memory_limit: Option<usize>,
+        python_host: bool,
     ) -> anyhow::Result<ExitCode> {
         match self {
             Self::Scheduler(args) => scheduler(builder, args).await,
+            Self::Executor(args) if !args.function_dirs.is_empty() && !python_host => {
+                python_executor(args)
+            }
             Self::Executor(args) => executor(builder, args, memory_limit).await,
         }
     }
@@ -114,6 +121,70 @@ pub struct ExecutorArgs {
     /// Seconds between heartbeats to the scheduler.
     #[arg(long, default_value_t = 5, value_name = "SECONDS")]
     pub heartbeat_interval: u64,
+    /// Host the Python functions (`sqlfeed.udf`, `sqlfeed.batch_udf`) of the
+    /// modules in this folder, imported by name as clients import them, so
+    /// that cluster queries calling them run here. Only this executor's
+    /// folders are ever imported: a client names functions, it never sends
+    /// code. Repeatable.
+    #[arg(long = "function-dir", value_name = "DIR")]
+    pub function_dirs: Vec<PathBuf>,
+    /// With --function-dir: the Python interpreter that runs the executor
+    /// and its functions (a virtual environment's, with the sqlfeed package
+    /// and the functions' dependencies installed).
+    #[arg(
+        long,
+        value_name = "PYTHON",
+        default_value = "python3",
+        requires = "function_dirs"
+    )]
+    pub python: PathBuf,
+}
+
+/// Becomes `sqlfeed executor` inside `args.python`: that interpreter runs
+/// `sqlfeed.executor`, which imports the `--function-dir` folders' modules and
+/// serves as an executor hosting their functions, with these same
+/// arguments. The process is replaced (Unix), so signals sent to this one
+/// reach the executor.
+fn python_executor(args: &ExecutorArgs) -> anyhow::Result<ExitCode> {
+    // A bootstrap that says what to do when the interpreter lacks the
+    // package, instead of Python's bare "No module named sqlfeed".
+    const BOOTSTRAP: &str = "import sys\n\
+        try:\n    from sqlfeed.executor import main\n\
+        except ImportError as e:\n    sys.exit(f'sqlfeed executor --python {sys.executable}: this \
+        interpreter cannot import the sqlfeed package ({e}); install sqlfeed (the Python package, \
+        the same version as this binary) into it, or pass --python the interpreter of the \
+        environment that has it')\n\
+        sys.exit(main(sys.argv[2:], expect_version=sys.argv[1]))";
+    let mut command = std::process::Command::new(&args.python);
+    command
+        .arg("-c")
+        .arg(BOOTSTRAP)
+        .arg(env!("CARGO_PKG_VERSION"))
+        .args(std::env::args_os().skip(1));
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt as _;
+        let error = command.exec();
+        anyhow::bail!(
+            "cannot start the Python executor with '{}': {error}; pass --python the \
+             interpreter of an environment with the sqlfeed package",
+            args.python.display()
+        )
+    }
+    #[cfg(not(unix))]
+    {
+        let status = command.status().map_err(|error| {
+            anyhow::anyhow!(
+                "cannot start the Python executor with '{}': {error}",
+                args.python.display()
+            )
+        })?;
+        Ok(if status.success() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    }
 }
 
 /// Refuses a non-loopback address unless `allowed` (`--allow-remote`).

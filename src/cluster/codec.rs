@@ -50,6 +50,7 @@ use datafusion_proto::physical_plan::{
 };
 use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
 
+use super::declared::{PythonDeclaration, declared_function};
 use super::wire::WireNode;
 use crate::cache::CachedTable;
 use crate::cache::shared::{SharedEntryWriteExec, SharedEntryWriteNode};
@@ -61,8 +62,7 @@ use crate::shuffle::{
 };
 
 fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
-    super::wire::encode(node, buf);
-    Ok(())
+    super::wire::encode(node, buf)
 }
 
 /// The sqlfeed node in `buf`, or `None` when the bytes are not ours.
@@ -74,6 +74,10 @@ fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
 #[derive(Debug, Clone, Default)]
 pub struct FunctionRegistry {
     functions: HashMap<String, Arc<ScalarUDF>>,
+    /// A scheduler's: a Python function it does not host is planned from
+    /// the declaration the client sent (see `super::declared`). Executors
+    /// run functions, so they refuse one they do not host.
+    plans_python_by_declaration: bool,
 }
 
 impl FunctionRegistry {
@@ -84,7 +88,15 @@ impl FunctionRegistry {
                 .into_iter()
                 .map(|f| (f.name().to_string(), f))
                 .collect(),
+            plans_python_by_declaration: false,
         }
+    }
+
+    /// This registry, planning Python functions it does not host from
+    /// their declarations: a scheduler's.
+    pub fn planning_python_by_declaration(mut self) -> Self {
+        self.plans_python_by_declaration = true;
+        self
     }
 
     /// Encodes `udf` if it is sqlfeed's, else with `other` (DataFusion's
@@ -118,27 +130,19 @@ impl FunctionRegistry {
 
     fn encode(&self, udf: &ScalarUDF, buf: &mut Vec<u8>) -> Result<bool> {
         if let Some(user) = as_user_function(udf) {
-            return match user.origin() {
-                FunctionOrigin::Plugin { .. } => {
-                    encode(
-                        &WireNode::UserFunction {
-                            identity: user.identity().to_string(),
-                            origin: user.origin().describe(),
-                        },
-                        buf,
-                    )?;
-                    Ok(true)
-                }
-                FunctionOrigin::Python { .. } => plan_err!(
-                    "function '{}' is a {}, which cannot run on a Ballista cluster: \
-                     executors are sqlfeed processes without your Python interpreter. \
-                     Run this query on the embedded engine (Session() without cluster=), \
-                     or write the function as a Rust plugin (examples/udf-plugin) and \
-                     start the scheduler and executors with --plugin-dir",
-                    udf.name(),
-                    user.origin().describe()
-                ),
+            let python = match user.origin() {
+                FunctionOrigin::Plugin { .. } => None,
+                FunctionOrigin::Python { .. } => Some(PythonDeclaration::of(user)?),
             };
+            encode(
+                &WireNode::UserFunction {
+                    identity: user.identity().to_string(),
+                    origin: user.origin().describe(),
+                    python,
+                },
+                buf,
+            )?;
+            return Ok(true);
         }
         if !self.functions.contains_key(udf.name()) {
             return Ok(false);
@@ -158,14 +162,30 @@ impl FunctionRegistry {
                     env!("CARGO_PKG_VERSION")
                 ),
             },
-            Some(WireNode::UserFunction { identity, origin }) => {
+            Some(WireNode::UserFunction {
+                identity,
+                origin,
+                python,
+            }) => {
                 let here = self
                     .functions
                     .get(name)
                     .and_then(|f| as_user_function(f).map(|user| (Arc::clone(f), user)));
-                match here {
-                    Some((udf, user)) if user.identity() == identity => Ok(Some(udf)),
-                    Some((_, user)) => plan_err!(
+                match (here, python) {
+                    (Some((udf, user)), _) if user.identity() == identity => {
+                        Ok(Some(udf))
+                    }
+                    (Some((_, user)), Some(_)) => plan_err!(
+                        "function '{name}' differs between the client and this process: the \
+                         client's is {origin} (content {identity}), this executor's is {} \
+                         (content {}). Give the client and every executor the same code \
+                         (the same --function-dir, the same Python version: the content \
+                         hash covers the function's bytecode, the values it reads and its \
+                         declaration), or the same version= on both sides",
+                        user.origin().describe(),
+                        user.identity()
+                    ),
+                    (Some((_, user)), None) => plan_err!(
                         "function '{name}' differs between the client and this process: the \
                          client's comes from {origin} (content {identity}), this process's \
                          from {} (content {}). Give the client, the scheduler and every \
@@ -173,7 +193,30 @@ impl FunctionRegistry {
                         user.origin().describe(),
                         user.identity()
                     ),
-                    None => plan_err!(
+                    (None, Some(declaration)) if self.plans_python_by_declaration => {
+                        Ok(Some(declared_function(name, &identity, declaration)?))
+                    }
+                    (None, Some(declaration)) => {
+                        let module = declaration
+                            .qualname
+                            .split_once('.')
+                            .map_or(declaration.qualname.as_str(), |(module, _)| module);
+                        let hint = if module == "__main__" {
+                            "; the client defines it in its script (__main__), which no \
+                             executor can import: move it into a module of that folder and \
+                             import it in the script"
+                        } else {
+                            ""
+                        };
+                        plan_err!(
+                            "function '{name}' ({origin}, content {identity}) is not hosted \
+                             by this executor: start every executor with `sqlfeed executor \
+                             --python <interpreter> --function-dir <folder>` where the folder \
+                             holds the module of '{}' as the client imports it{hint}",
+                            declaration.qualname
+                        )
+                    }
+                    (None, None) => plan_err!(
                         "function '{name}' of {origin} is not loaded in this process (sqlfeed \
                          {}): start the scheduler and every executor with --plugin-dir \
                          <folder> holding the same library (content {identity})",
@@ -592,6 +635,80 @@ mod tests {
 
     fn registry() -> FunctionRegistry {
         FunctionRegistry::new(sqlfeed_udfs::scalar_functions().into_iter().map(Arc::new))
+    }
+
+    /// A Python function of a client: `team.prep.resize(Binary, Int32) ->
+    /// Float32`, costly, content `identity`.
+    fn python_function(identity: &str) -> Arc<ScalarUDF> {
+        use datafusion::arrow::datatypes::DataType;
+        use datafusion::logical_expr::{ColumnarValue, Volatility, create_udf};
+        sqlfeed_udfs::user::user_function(
+            create_udf(
+                "resize",
+                vec![DataType::Binary, DataType::Int32],
+                DataType::Float32,
+                Volatility::Immutable,
+                Arc::new(|args: &[ColumnarValue]| Ok(args[0].clone())),
+            ),
+            identity.into(),
+            true,
+            FunctionOrigin::Python {
+                qualname: "team.prep.resize".into(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_python_function_is_planned_by_its_declaration_and_run_where_hosted() -> Result<()>
+    {
+        let client = SqlfeedLogicalCodec::new(registry());
+        let mut buf = vec![];
+        client.try_encode_udf(&python_function("aa11"), &mut buf)?;
+
+        // The scheduler plans with the declaration and sends it on as it came.
+        let scheduler =
+            SqlfeedLogicalCodec::new(registry().planning_python_by_declaration());
+        let planned = scheduler.try_decode_udf("resize", &buf)?;
+        assert_eq!(planned.signature(), python_function("aa11").signature());
+        let user = as_user_function(&planned).expect("a user function");
+        assert_eq!((user.identity(), user.is_costly()), ("aa11", true));
+        let mut sent_on = vec![];
+        SqlfeedPhysicalCodec::new(registry().planning_python_by_declaration())
+            .try_encode_udf(&planned, &mut sent_on)?;
+        assert_eq!(sent_on, buf);
+
+        // An executor hosting the same function runs its own.
+        let hosting = |identity: &str| {
+            let mut functions: Vec<Arc<ScalarUDF>> = sqlfeed_udfs::scalar_functions()
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+            functions.push(python_function(identity));
+            SqlfeedPhysicalCodec::new(FunctionRegistry::new(functions))
+        };
+        let ran = hosting("aa11").try_decode_udf("resize", &sent_on)?;
+        assert_eq!(as_user_function(&ran).map(|u| u.identity()), Some("aa11"));
+
+        // One whose code differs, or none at all, is refused by name.
+        let differs = hosting("bb22")
+            .try_decode_udf("resize", &sent_on)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            differs.contains("content aa11") && differs.contains("content bb22"),
+            "{differs}"
+        );
+        let missing = SqlfeedPhysicalCodec::new(registry())
+            .try_decode_udf("resize", &sent_on)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("is not hosted by this executor")
+                && missing.contains("--function-dir")
+                && missing.contains("team.prep.resize"),
+            "{missing}"
+        );
+        Ok(())
     }
 
     #[tokio::test]

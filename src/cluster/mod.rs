@@ -41,6 +41,7 @@
 mod balance;
 mod cli;
 mod codec;
+mod declared;
 mod executor;
 mod retry;
 mod scale_out;
@@ -65,6 +66,7 @@ use datafusion::logical_expr::ScalarUDF;
 pub use balance::BalanceScanRows;
 pub use cli::{ClusterArgs, ClusterCommand, ExecutorArgs, SchedulerArgs};
 pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec};
+pub use declared::{DeclaredArgs, PythonDeclaration};
 pub use executor::{ExecutorOptions, run_executor};
 pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
 pub use scheduler::{SchedulerOptions, run_scheduler};

@@ -69,7 +69,9 @@ pub async fn run_scheduler(
     let plugins = session.plugins()?;
     let udfs = session.functions(&engine, &plugins)?;
     let udafs = SessionBuilder::aggregate_functions(&plugins);
-    let functions = FunctionRegistry::new(udfs.clone());
+    // The scheduler plans Python functions from the declarations clients
+    // send: it hosts no Python and never runs one.
+    let functions = FunctionRegistry::new(udfs.clone()).planning_python_by_declaration();
     let runtime = Arc::clone(&engine.runtime);
     let planning_session = session.clone();
     let state_functions = functions.clone();

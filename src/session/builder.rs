@@ -57,6 +57,9 @@ pub struct SessionBuilder {
     pub(super) plugin_dirs: Vec<PathBuf>,
     /// `SET key = value` statements applied to the built session, in order.
     pub(super) settings: Vec<(String, String)>,
+    /// Functions this process hosts besides sqlfeed's and its plugins'
+    /// (an executor's Python functions).
+    pub(super) hosted: Vec<Arc<ScalarUDF>>,
 }
 
 impl SessionBuilder {
@@ -159,6 +162,19 @@ impl SessionBuilder {
     /// plugin; what executors and schedulers use (`--plugin-dir`).
     pub fn plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.plugin_dirs.push(dir.into());
+        self
+    }
+
+    /// Adds `functions`, which this process hosts, to sqlfeed's and the
+    /// plugins' functions: what `sqlfeed executor --function-dir` does with
+    /// the Python functions of its folders, so that stage plans naming them
+    /// run here. A name taken by another function fails `build` (and an
+    /// executor's start).
+    pub fn host_functions(
+        mut self,
+        functions: impl IntoIterator<Item = Arc<ScalarUDF>>,
+    ) -> Self {
+        self.hosted.extend(functions);
         self
     }
 
@@ -406,6 +422,21 @@ impl SessionBuilder {
                 }
             }
             functions.extend(plugin.scalar.iter().map(Arc::clone));
+        }
+        for hosted in &self.hosted {
+            let origin = sqlfeed_udfs::user::as_user_function(hosted).map_or_else(
+                || "a hosted function".into(),
+                |user| user.origin().describe(),
+            );
+            if let Some(first) = origins.insert(hosted.name().to_string(), origin.clone())
+            {
+                return plan_err!(
+                    "{origin} is named '{}', which {first} already has; give it another \
+                     name (name=...)",
+                    hosted.name()
+                );
+            }
+            functions.push(Arc::clone(hosted));
         }
         Ok(functions)
     }

@@ -47,7 +47,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::{exec_datafusion_err, plan_err};
+use datafusion::common::exec_datafusion_err;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::SendableRecordBatchStream;
@@ -187,52 +187,12 @@ impl Session {
     /// Plans one statement of sqlfeed SQL (DataFusion SQL plus `SUMMARIZE`,
     /// `SAMPLE` and `DESCRIBE '<path>'`) into a [`DataFrame`].
     pub async fn sql(&self, sql: &str) -> Result<DataFrame> {
-        let df = catch_panic(sql::plan_sql(&self.ctx, sql)).await?;
-        self.check_runs_here(df)
+        catch_panic(sql::plan_sql(&self.ctx, sql)).await
     }
 
     /// Plans one parsed statement.
     pub async fn plan(&self, statement: Statement) -> Result<DataFrame> {
-        let df = catch_panic(sql::plan_statement(&self.ctx, statement)).await?;
-        self.check_runs_here(df)
-    }
-
-    /// `df`, unless this is a cluster session and `df` calls a function
-    /// only this process has (a Python function): a Plan error naming it,
-    /// before anything is sent to the scheduler.
-    fn check_runs_here(&self, df: DataFrame) -> Result<DataFrame> {
-        if self.scale_out.is_some() {
-            use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-            use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
-            let mut local = None;
-            df.logical_plan().apply_with_subqueries(|node| {
-                for expr in node.expressions() {
-                    expr.apply(|e| {
-                        if let datafusion::logical_expr::Expr::ScalarFunction(call) = e
-                            && let Some(user) = as_user_function(&call.func)
-                            && matches!(user.origin(), FunctionOrigin::Python { .. })
-                        {
-                            local.get_or_insert_with(|| {
-                                (call.func.name().to_string(), user.origin().describe())
-                            });
-                        }
-                        Ok(TreeNodeRecursion::Continue)
-                    })?;
-                }
-                Ok(TreeNodeRecursion::Continue)
-            })?;
-            if let Some((name, origin)) = local {
-                return plan_err!(
-                    "function '{name}' is a {origin}, which cannot run on a Ballista \
-                     cluster: executors are sqlfeed processes without your Python \
-                     interpreter. Run this query on the embedded engine (a session \
-                     without a cluster), or write the function as a Rust plugin \
-                     (examples/udf-plugin) and start the scheduler and executors with \
-                     --plugin-dir"
-                );
-            }
-        }
-        Ok(df)
+        catch_panic(sql::plan_statement(&self.ctx, statement)).await
     }
 
     /// Runs `df` and collects its batches, turning a panic inside the engine

@@ -127,13 +127,38 @@ pub struct MixWindowNode {
     #[prost(uint64, tag = "5")]
     pub take: u64,
 }
-/// A plugin function (`WireNode::UserFunction`).
+/// A plugin's or a Python function (`WireNode::UserFunction`).
 #[derive(Clone, PartialEq, Message)]
 pub struct UserFunctionNode {
     #[prost(string, tag = "1")]
     pub identity: String,
     #[prost(string, tag = "2")]
     pub origin: String,
+    /// A Python function's declaration; absent for a plugin's.
+    #[prost(message, optional, tag = "3")]
+    pub python: Option<PythonDeclarationNode>,
+}
+
+/// `crate::cluster::PythonDeclaration`.
+#[derive(Clone, PartialEq, Message)]
+pub struct PythonDeclarationNode {
+    #[prost(string, tag = "1")]
+    pub qualname: String,
+    /// The argument types as an Arrow IPC stream without batches, when the
+    /// function declares them (`Exact`).
+    #[prost(bytes = "vec", optional, tag = "2")]
+    pub exact_args: Option<Vec<u8>>,
+    /// The number of arguments of any type (`Any`).
+    #[prost(uint64, optional, tag = "3")]
+    pub any_args: Option<u64>,
+    /// The return type, as `exact_args` carries types (one field).
+    #[prost(bytes = "vec", tag = "4")]
+    pub return_type: Vec<u8>,
+    /// "immutable", "stable" or "volatile".
+    #[prost(string, tag = "5")]
+    pub volatility: String,
+    #[prost(bool, tag = "6")]
+    pub costly: bool,
 }
 
 /// `SharedEntryWriteNode` (logical) and `SharedEntryWriteExec`.

@@ -22,6 +22,7 @@
 
 use datafusion::common::plan_datafusion_err;
 use datafusion::error::Result;
+use datafusion::logical_expr::Volatility;
 use prost::Message;
 
 mod messages;
@@ -131,13 +132,17 @@ pub enum WireNode {
 
     /// A sqlfeed function, resolved by name where it is decoded.
     Function,
-    /// A plugin's function, resolved by name where it is decoded and
-    /// checked to be the same code there (content hash of the library).
+    /// A plugin's or a Python function, resolved by name where it is
+    /// decoded and checked to be the same code there (content hash of the
+    /// library, or of the Python function's code).
     UserFunction {
         /// `sqlfeed_udfs::user::UserFunction::identity` on the sender.
         identity: String,
-        /// The library it came from on the sender, for messages.
+        /// Where it came from on the sender, for messages.
         origin: String,
+        /// A Python function's declaration, which a scheduler plans with
+        /// (see `super::declared`); `None` for a plugin's function.
+        python: Option<crate::cluster::PythonDeclaration>,
     },
 }
 
@@ -179,16 +184,18 @@ fn from_points(
 }
 
 /// `node` as a payload, appended to `buf`.
-pub fn encode(node: &WireNode, buf: &mut Vec<u8>) {
+pub fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
+    let message = to_message(node)?;
     buf.extend_from_slice(PREFIX);
     buf.push(WIRE_FORMAT);
     buf.extend(
         Envelope {
             version: WIRE_VERSION,
-            node: Some(to_message(node)),
+            node: Some(message),
         }
         .encode_to_vec(),
     );
+    Ok(())
 }
 
 /// The node in `buf`, or `None` when the payload is not sqlfeed's.
@@ -224,8 +231,8 @@ pub fn decode(buf: &[u8]) -> Result<Option<WireNode>> {
     from_message(node).map(Some).map_err(mismatch)
 }
 
-fn to_message(node: &WireNode) -> Node {
-    match node {
+fn to_message(node: &WireNode) -> Result<Node> {
+    Ok(match node {
         WireNode::Shuffle { spec, key } => Node::Shuffle(Shuffle {
             spec: Some(Spec {
                 kind: Some(match *spec {
@@ -355,13 +362,19 @@ fn to_message(node: &WireNode) -> Node {
             take: window.take,
         }),
         WireNode::Function => Node::Function(Empty {}),
-        WireNode::UserFunction { identity, origin } => {
-            Node::UserFunction(UserFunctionNode {
-                identity: identity.clone(),
-                origin: origin.clone(),
-            })
-        }
-    }
+        WireNode::UserFunction {
+            identity,
+            origin,
+            python,
+        } => Node::UserFunction(UserFunctionNode {
+            identity: identity.clone(),
+            origin: origin.clone(),
+            python: python
+                .as_ref()
+                .map(python_declaration_to_message)
+                .transpose()?,
+        }),
+    })
 }
 
 /// A message field that must be set, or what is missing.
@@ -395,6 +408,70 @@ fn copies_by_column(copies: CopyIdentity) -> Option<u64> {
 }
 
 /// The [`CopyIdentity`] of a message field written by [`copies_by_column`].
+fn python_declaration_to_message(
+    declaration: &crate::cluster::PythonDeclaration,
+) -> Result<PythonDeclarationNode> {
+    use crate::cluster::DeclaredArgs;
+    use crate::cluster::declared::types_to_ipc;
+    let (exact_args, any_args) = match &declaration.args {
+        DeclaredArgs::Exact(types) => (Some(types_to_ipc(types)?), None),
+        DeclaredArgs::Any(n) => (None, Some(*n as u64)),
+        DeclaredArgs::Variadic => (None, None),
+    };
+    Ok(PythonDeclarationNode {
+        qualname: declaration.qualname.clone(),
+        exact_args,
+        any_args,
+        return_type: types_to_ipc(std::slice::from_ref(&declaration.return_type))?,
+        volatility: match declaration.volatility {
+            Volatility::Immutable => "immutable",
+            Volatility::Stable => "stable",
+            Volatility::Volatile => "volatile",
+        }
+        .into(),
+        costly: declaration.costly,
+    })
+}
+
+fn python_declaration_from_message(
+    node: PythonDeclarationNode,
+) -> Result<crate::cluster::PythonDeclaration> {
+    use crate::cluster::DeclaredArgs;
+    use crate::cluster::declared::types_from_ipc;
+    let args =
+        match (node.exact_args, node.any_args) {
+            (Some(bytes), _) => DeclaredArgs::Exact(types_from_ipc(&bytes)?),
+            (None, Some(n)) => DeclaredArgs::Any(usize::try_from(n).map_err(|_| {
+                plan_datafusion_err!("a Python function with {n} arguments")
+            })?),
+            (None, None) => DeclaredArgs::Variadic,
+        };
+    let [return_type] = &types_from_ipc(&node.return_type)?[..] else {
+        return Err(plan_datafusion_err!(
+            "Python function '{}': its declared return type is not one type",
+            node.qualname
+        ));
+    };
+    let volatility = match node.volatility.as_str() {
+        "immutable" => Volatility::Immutable,
+        "stable" => Volatility::Stable,
+        "volatile" => Volatility::Volatile,
+        other => {
+            return Err(plan_datafusion_err!(
+                "Python function '{}': unknown volatility '{other}'",
+                node.qualname
+            ));
+        }
+    };
+    Ok(crate::cluster::PythonDeclaration {
+        qualname: node.qualname,
+        args,
+        return_type: return_type.clone(),
+        volatility,
+        costly: node.costly,
+    })
+}
+
 fn copy_identity(column: Option<u64>) -> std::result::Result<CopyIdentity, String> {
     Ok(match column {
         None => CopyIdentity::Values,
@@ -528,6 +605,11 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
         Node::UserFunction(f) => WireNode::UserFunction {
             identity: f.identity,
             origin: f.origin,
+            python: f
+                .python
+                .map(python_declaration_from_message)
+                .transpose()
+                .map_err(|e| e.to_string())?,
         },
     })
 }
@@ -633,6 +715,43 @@ mod tests {
             WireNode::UserFunction {
                 identity: "0123456789abcdef0123456789abcdef".into(),
                 origin: "plugin '/p/libp.so' (p 0.1.0)".into(),
+                python: None,
+            },
+            WireNode::UserFunction {
+                identity: "fedcba9876543210fedcba9876543210".into(),
+                origin: "Python function 'team.prep.resize'".into(),
+                python: Some(crate::cluster::PythonDeclaration {
+                    qualname: "team.prep.resize".into(),
+                    args: crate::cluster::DeclaredArgs::Exact(vec![
+                        datafusion::arrow::datatypes::DataType::Binary,
+                        datafusion::arrow::datatypes::DataType::Int32,
+                    ]),
+                    return_type: datafusion::arrow::datatypes::DataType::Float32,
+                    volatility: datafusion::logical_expr::Volatility::Immutable,
+                    costly: true,
+                }),
+            },
+            WireNode::UserFunction {
+                identity: "00".into(),
+                origin: "Python function 'm.f'".into(),
+                python: Some(crate::cluster::PythonDeclaration {
+                    qualname: "m.f".into(),
+                    args: crate::cluster::DeclaredArgs::Any(3),
+                    return_type: datafusion::arrow::datatypes::DataType::Utf8,
+                    volatility: datafusion::logical_expr::Volatility::Volatile,
+                    costly: false,
+                }),
+            },
+            WireNode::UserFunction {
+                identity: "01".into(),
+                origin: "Python function 'm.g'".into(),
+                python: Some(crate::cluster::PythonDeclaration {
+                    qualname: "m.g".into(),
+                    args: crate::cluster::DeclaredArgs::Variadic,
+                    return_type: datafusion::arrow::datatypes::DataType::Int64,
+                    volatility: datafusion::logical_expr::Volatility::Stable,
+                    costly: false,
+                }),
             },
             WireNode::Mix {
                 spec: MixSpec::new(
@@ -694,7 +813,7 @@ mod tests {
     fn every_node_round_trips() -> Result<()> {
         for node in every_node() {
             let mut buf = vec![];
-            encode(&node, &mut buf);
+            encode(&node, &mut buf)?;
             assert_eq!(decode(&buf)?, Some(node));
         }
         Ok(())
@@ -702,7 +821,7 @@ mod tests {
 
     /// The field numbers are the format: pinned by the bytes of one node.
     #[test]
-    fn field_numbers_are_fixed() {
+    fn field_numbers_are_fixed() -> Result<()> {
         let mut buf = vec![];
         encode(
             &WireNode::ShuffleRoot {
@@ -714,13 +833,14 @@ mod tests {
                 copies: CopyIdentity::ContentHash(4),
             },
             &mut buf,
-        );
+        )?;
         // version = 3 (field 1, varint); shuffle_root (field 4, length 8):
         // seed (1) = 1, epoch (2) = 2, batch_rows (3) = 3,
         // copies_by_column (6) = 4.
         let expected: &[u8] =
             b"sqlfeed\x02\x08\x03\x22\x08\x08\x01\x10\x02\x18\x03\x30\x04";
         assert_eq!(buf, expected);
+        Ok(())
     }
 
     #[test]
@@ -747,7 +867,7 @@ mod tests {
         );
         // Truncated, empty, and a node from the future (an unknown field).
         let mut buf = vec![];
-        encode(&every_node()[1], &mut buf);
+        encode(&every_node()[1], &mut buf).expect("encodes");
         let err = message(&buf[..buf.len() - 3]);
         assert!(err.contains("invalid protobuf"), "{err}");
         assert!(message(b"sqlfeed").contains("empty"));
