@@ -29,6 +29,14 @@ class InternalError(Error):
 def cuda_device_count() -> int:
     """The number of usable CUDA devices (0 without a driver)."""
 
+def executor_function_dirs(argv: list[str]) -> list[str]:
+    """The ``--function-dir`` folders of the executor command line ``argv``
+    (program name first); ValueError with the CLI's message if it is not one."""
+
+def serve_executor(argv: list[str], functions: list[dict[str, Any]]) -> int:
+    """Runs the executor ``argv`` describes, hosting ``functions``
+    (``Function._declaration()``), until stopped; returns the exit status."""
+
 def generate(
     out: str | os.PathLike[str],
     rows: int,
