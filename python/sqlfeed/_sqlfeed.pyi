@@ -29,9 +29,10 @@ class InternalError(Error):
 def cuda_device_count() -> int:
     """The number of usable CUDA devices (0 without a driver)."""
 
-def executor_function_dirs(argv: list[str]) -> list[str]:
-    """The ``--function-dir`` folders of the executor command line ``argv``
-    (program name first); ValueError with the CLI's message if it is not one."""
+def executor_options(argv: list[str]) -> dict[str, Any]:
+    """Of the executor command line ``argv`` (program name first): its
+    ``function_dirs`` and ``task_slots`` (``--concurrent-tasks``, else the
+    cores); ValueError with the CLI's message if it is not one."""
 
 def serve_executor(argv: list[str], functions: list[dict[str, Any]]) -> int:
     """Runs the executor ``argv`` describes, hosting ``functions``

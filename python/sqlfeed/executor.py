@@ -110,6 +110,13 @@ def load_function_dirs(folders: Sequence[str | os.PathLike[str]]) -> list[Functi
     return sorted(found.values(), key=lambda f: f.name)
 
 
+def _describe(function: Function) -> str:
+    where = (
+        "in process" if function.concurrency == 1 else f"{function.concurrency} worker processes"
+    )
+    return f"{function.name} ({function.qualname}, content {function.identity}, {where})"
+
+
 def main(argv: Sequence[str] | None = None, expect_version: str | None = None) -> int:
     """Serves ``sqlfeed executor`` with the arguments ``argv`` (those after
     the program name) until stopped; returns the exit status.
@@ -127,12 +134,17 @@ def main(argv: Sequence[str] | None = None, expect_version: str | None = None) -
         )
         return 1
     try:
-        folders = _sqlfeed.executor_function_dirs(args)
-        functions = load_function_dirs(folders)
+        options = _sqlfeed.executor_options(args)
+        functions = load_function_dirs(options["function_dirs"])
     except (ValueError, FunctionDirError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
-    hosted = ", ".join(f"{f.name} ({f.qualname}, content {f.identity})" for f in functions)
+    for function in functions:
+        if not function.concurrency_given:
+            # Every task slot calls at once: in one process they would take
+            # turns at the GIL.
+            function.concurrency = options["task_slots"]
+    hosted = ", ".join(_describe(f) for f in functions)
     print(
         f"sqlfeed executor hosts {len(functions)} Python function(s)"
         + (f": {hosted}" if hosted else ""),

@@ -94,7 +94,7 @@ class Function:
         batch_format: str,
         volatility: str,
         costly: bool,
-        concurrency: int,
+        concurrency: int | None,
         version: str | None,
         seeded: bool,
         seed: int,
@@ -108,7 +108,7 @@ class Function:
             raise ValueError(f"batch_format must be one of {BATCH_FORMATS}, not {batch_format!r}")
         if volatility not in VOLATILITIES:
             raise ValueError(f"volatility must be one of {VOLATILITIES}, not {volatility!r}")
-        if not isinstance(concurrency, int) or concurrency < 1:
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be an integer >= 1, not {concurrency!r}")
         self.fn = fn
         self.kind = kind
@@ -116,7 +116,10 @@ class Function:
         self.batch_format = batch_format
         self.volatility = volatility
         self.costly = costly
-        self.concurrency = concurrency
+        # Unset: 1 (this process) embedded; an executor's task slots on a
+        # cluster (sqlfeed.executor sets it).
+        self.concurrency = 1 if concurrency is None else concurrency
+        self.concurrency_given = concurrency is not None
         self.seeded = seeded
         # A u64 in Rust; any Python int maps onto one.
         self.seed = int(seed) & ((1 << 64) - 1)
@@ -316,7 +319,7 @@ def udf(
     batch_format: str = "pyarrow",
     volatility: str = "immutable",
     costly: bool = False,
-    concurrency: int = 1,
+    concurrency: int | None = None,
     version: str | None = None,
     seeded: bool = False,
     seed: int = 0,
@@ -339,6 +342,9 @@ def udf(
             source only on the rows each epoch draws (a cheap function runs
             on every row of the source's pass, before its shuffle).
         concurrency: worker processes to run it in (1: in this process).
+            Unset: 1 embedded, and on a cluster's executor as many as the
+            executor runs tasks at once (``--concurrent-tasks``, default its
+            cores): one process's GIL would serialise them.
         version: the function's identity in cache keys instead of its code.
         seeded: pass ``seed=`` (mixed from ``seed`` and the feed's seed and
             epoch) to the function.
@@ -372,7 +378,7 @@ def batch_udf(
     batch_format: str = "numpy",
     volatility: str = "immutable",
     costly: bool = True,
-    concurrency: int = 1,
+    concurrency: int | None = None,
     version: str | None = None,
     seeded: bool = False,
     seed: int = 0,

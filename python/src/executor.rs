@@ -21,22 +21,35 @@ use sqlfeed::cluster::ClusterCommand;
 
 use crate::functions::{FunctionSpec, python_udf};
 
-/// The command line `argv` (`sqlfeed`'s, program name first) of an
-/// executor: its `--function-dir` folders. A command line `sqlfeed` would
-/// refuse raises ValueError with clap's message.
+/// Of the command line `argv` (`sqlfeed`'s, program name first) of an
+/// executor: `function_dirs`, its `--function-dir` folders, and
+/// `task_slots`, the tasks it runs at once (`--concurrent-tasks`, else the
+/// cores, as Ballista counts them). A command line `sqlfeed` would refuse
+/// raises ValueError with clap's message.
 #[pyfunction]
-pub(crate) fn executor_function_dirs(argv: Vec<String>) -> PyResult<Vec<String>> {
+pub(crate) fn executor_options<'py>(
+    py: Python<'py>,
+    argv: Vec<String>,
+) -> PyResult<Bound<'py, PyDict>> {
     let cli = parse(argv)?;
-    match &cli.command {
-        Some(SubCommand::Cluster(ClusterCommand::Executor(args))) => Ok(args
-            .function_dirs
-            .iter()
-            .map(|dir| dir.display().to_string())
-            .collect()),
-        _ => Err(pyo3::exceptions::PyValueError::new_err(
+    let Some(SubCommand::Cluster(ClusterCommand::Executor(args))) = &cli.command else {
+        return Err(pyo3::exceptions::PyValueError::new_err(
             "not an `executor` command line",
-        )),
-    }
+        ));
+    };
+    let dirs: Vec<String> = args
+        .function_dirs
+        .iter()
+        .map(|dir| dir.display().to_string())
+        .collect();
+    let slots = match args.concurrent_tasks {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let options = PyDict::new(py);
+    options.set_item("function_dirs", dirs)?;
+    options.set_item("task_slots", slots)?;
+    Ok(options)
 }
 
 /// Runs the executor `argv` describes, hosting `functions` (what

@@ -51,7 +51,7 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tools::generate, m)?)?;
     #[cfg(feature = "ballista")]
     {
-        m.add_function(wrap_pyfunction!(executor::executor_function_dirs, m)?)?;
+        m.add_function(wrap_pyfunction!(executor::executor_options, m)?)?;
         m.add_function(wrap_pyfunction!(executor::serve_executor, m)?)?;
     }
     m.add_function(wrap_pyfunction!(tools::raw_h2d_bytes_per_s, m)?)?;

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,12 +98,47 @@ def start(
     pytest.fail(f"{args[0]} did not start (exit {process.poll()}):\n{log.read_text()}")
 
 
-def stop(process: subprocess.Popen) -> None:
+def descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (Linux: /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, stack = set(), [pid]
+    while stack:
+        parent = stack.pop()
+        children = [child for child, of in parents.items() if of == parent]
+        found.update(children)
+        stack.extend(children)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for whoever adopted it is not)."""
     try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server alone, as an operator would send it; its worker
+    processes must then end by themselves."""
+    workers = descendants(process.pid)
+    process.terminate()
     process.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in workers):
+        time.sleep(0.1)
+    left = [p for p in workers if alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes {left} outlived the server {process.pid}"
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +204,8 @@ def cluster(function_dir, tmp_path_factory):
         hosts = (logs / "executor-0.log").read_text()
         for name in ("doubled", "jittered", "scaled_batch", "unlucky", "dies_on_4321"):
             assert f"{name} ({MODULE}.{name}, content " in hosts, hosts
+        # Unset concurrency: as many workers as the executor's task slots.
+        assert re.search(r"doubled \([^)]*, 2 worker processes\)", hosts), hosts
         time.sleep(2)  # both executors register (heartbeats every second)
         yield url
     finally:
