@@ -40,7 +40,11 @@ class Session:
             with ``sqlfeed-plugin``, see ``examples/udf-plugin``) whose
             functions SQL can call.
         functions: Python functions made with :func:`sqlfeed.udf` or
-            :func:`sqlfeed.batch_udf`, registered as by :meth:`register`.
+            :func:`sqlfeed.batch_udf`, part of the session from the start
+            (as :meth:`register` adds one later). With
+            ``cluster="standalone"`` its executor, in this process, runs
+            them; a cluster's own executors run the functions of their
+            ``--function-dir``.
     """
 
     def __init__(
@@ -55,6 +59,14 @@ class Session:
         plugins: Sequence[str | os.PathLike[str]] = (),
         functions: Sequence[Function] = (),
     ) -> None:
+        from sqlfeed.functions import Function
+
+        for function in functions:
+            if not isinstance(function, Function):
+                raise TypeError(
+                    "functions= takes functions made with @sqlfeed.udf(...) or "
+                    f"@sqlfeed.batch_udf(...), not {function!r}"
+                )
         self._inner = _sqlfeed.Session(
             memory_limit=memory_limit,
             target_partitions=target_partitions,
@@ -64,9 +76,10 @@ class Session:
             batch_size=batch_size,
             allow_http=allow_http,
             plugins=[os.fspath(p) for p in plugins],
+            # Part of the session from its build (also hosted by the executor
+            # of cluster="standalone", which runs in this process).
+            functions=[function._declaration() for function in functions],
         )
-        for function in functions:
-            self.register(function)
 
     def register(self, function: Function) -> None:
         """Makes a Python function (from :func:`sqlfeed.udf` or

@@ -66,6 +66,7 @@ impl PySession {
         batch_size = None,
         allow_http = None,
         plugins = Vec::new(),
+        functions = Vec::new(),
     ))]
     // One parameter per keyword of `sqlfeed.Session`: Python's signature.
     #[allow(clippy::too_many_arguments)]
@@ -79,8 +80,18 @@ impl PySession {
         batch_size: Option<usize>,
         allow_http: Option<bool>,
         plugins: Vec<std::path::PathBuf>,
+        functions: Vec<Bound<'_, pyo3::types::PyDict>>,
     ) -> PyResult<Self> {
         let mut builder = Session::builder();
+        // Functions given at the start are the session's from its build:
+        // registered like sqlfeed's own, and hosted by a standalone
+        // cluster's executor (`cluster="standalone"`), which runs in this
+        // process.
+        let hosted = functions
+            .iter()
+            .map(|spec| crate::functions::python_udf(spec.extract()?))
+            .collect::<PyResult<Vec<_>>>()?;
+        builder = builder.host_functions(hosted);
         if let Some(limit) = memory_limit {
             let bytes = match limit {
                 MemorySize::Bytes(bytes) => bytes,

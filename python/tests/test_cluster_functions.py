@@ -378,3 +378,32 @@ def test_an_interpreter_without_sqlfeed_is_named(tmp_path):
     done = run_executor(["--python", str(python), "--function-dir", str(tmp_path)], env)
     assert done.returncode == 1, done
     assert "cannot import the sqlfeed package" in done.stderr, done.stderr
+
+
+def test_a_cached_feed_on_the_cluster_gives_the_embedded_batches_from_its_cache(
+    cluster, prep, data, tmp_path
+):
+    # The cache key covers the function's identity, sent with the plan; the
+    # second epoch reads the first's entry instead of running the job.
+    query = f"SELECT doubled(f0) AS x, jittered(id) AS j, label FROM '{data}'"
+    functions = [prep.doubled, prep.jittered]
+    digests = {}
+    for where, folder in (("embedded", None), ("cluster", cluster)):
+        cache = tmp_path / where
+        session = sqlfeed.Session(cluster=folder, functions=functions, cache_dir=cache)
+        feed = session.feed(
+            query,
+            batch_size=500,
+            shuffle=3,
+            epochs=2,
+            device="cpu",
+            format="numpy",
+            cache=True,
+            run_id=f"test-57-cache-{where}",
+        )
+        digests[where] = [
+            hashlib.sha256(b"".join(b[n].tobytes() for n in sorted(b))).hexdigest() for b in feed
+        ]
+        assert any(cache.rglob("*")), f"{where}: nothing was cached in {cache}"
+    assert len(digests["cluster"]) == 24
+    assert digests["cluster"] == digests["embedded"]

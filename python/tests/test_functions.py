@@ -221,7 +221,7 @@ def test_a_result_of_the_wrong_length_or_type_is_an_error(ids_data):
 def test_names_of_sqlfeed_functions_are_not_taken():
     with pytest.raises(sqlfeed.PlanError, match="a function 'image_decode' exists already"):
         _session(sqlfeed.udf(pa.int64(), name="image_decode")(plus_ten))
-    with pytest.raises(TypeError, match="register\\(\\) takes a function made with"):
+    with pytest.raises(TypeError, match="takes functions made with @sqlfeed.udf"):
         _session(plus_ten)
 
 
@@ -552,9 +552,18 @@ def test_rust_plugins_load_from_python():
         sqlfeed.Session(plugins=[REPO / "README.md"])
 
 
-def test_python_functions_need_executors_that_host_them(ids_data):
-    # A standalone cluster's executor hosts no Python functions; executors
-    # started with --function-dir do (test_cluster_functions.py).
-    session = sqlfeed.Session(cluster="standalone", functions=[sqlfeed.udf(pa.int64())(plus_ten)])
+def test_a_standalone_cluster_runs_the_sessions_python_functions(ids_data):
+    # cluster="standalone" runs its executor in this process, which hosts the
+    # functions the session starts with; one registered later is not hosted
+    # (a real cluster's executors host their --function-dir:
+    # test_cluster_functions.py).
+    plus = sqlfeed.udf(pa.int64())(plus_ten)
+    query = f"SELECT plus_ten(id) AS y FROM '{ids_data}/*.parquet' ORDER BY y"
+    standalone = sqlfeed.Session(cluster="standalone", functions=[plus])
+    rows = standalone.sql(query).to_arrow().column("y").to_pylist()
+    assert rows == [i + 10 for i in range(1000)]
+    standalone.register(sqlfeed.udf(pa.int64(), name="later")(plus_ten))
     with pytest.raises(sqlfeed.ExecutionError, match="is not hosted by this executor"):
-        session.sql(f"SELECT plus_ten(id) FROM '{ids_data}/*.parquet'").to_arrow()
+        standalone.sql(f"SELECT later(id) FROM '{ids_data}/*.parquet'").to_arrow()
+    with pytest.raises(TypeError, match="functions= takes functions made with"):
+        sqlfeed.Session(functions=[plus_ten])

@@ -431,7 +431,7 @@ impl SessionBuilder {
             if let Some(first) = origins.insert(hosted.name().to_string(), origin.clone())
             {
                 return plan_err!(
-                    "{origin} is named '{}', which {first} already has; give it another \
+                    "a function '{}' exists already ({first}); give {origin} another \
                      name (name=...)",
                     hosted.name()
                 );
