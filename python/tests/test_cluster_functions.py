@@ -407,3 +407,13 @@ def test_a_cached_feed_on_the_cluster_gives_the_embedded_batches_from_its_cache(
         assert any(cache.rglob("*")), f"{where}: nothing was cached in {cache}"
     assert len(digests["cluster"]) == 24
     assert digests["cluster"] == digests["embedded"]
+
+
+def test_an_executor_of_another_version_than_its_binary_does_not_start(capsys, tmp_path):
+    from sqlfeed.executor import main
+
+    argv = ["executor", "--python", sys.executable, "--function-dir", str(tmp_path)]
+    assert main(argv, expect_version="0.0.0-other") == 1
+    err = capsys.readouterr().err
+    assert "the sqlfeed binary is 0.0.0-other" in err, err
+    assert "install the same version in both" in err, err
