@@ -417,3 +417,13 @@ def test_an_executor_of_another_version_than_its_binary_does_not_start(capsys, t
     err = capsys.readouterr().err
     assert "the sqlfeed binary is 0.0.0-other" in err, err
     assert "install the same version in both" in err, err
+
+
+def test_a_call_on_constants_gives_the_embedded_value(cluster, prep):
+    # Constant folding may evaluate an immutable call while planning; on the
+    # scheduler the function is only declared, so it must stay a call there.
+    query = "SELECT doubled(CAST(1.25 AS DOUBLE)) AS d"
+    values = {
+        where: s.sql(query).to_pylist() for where, s in sessions(cluster, [prep.doubled]).items()
+    }
+    assert values["cluster"] == values["embedded"] == [{"d": 2.5}]
