@@ -92,8 +92,9 @@ impl PySqlResult {
         let df = self.dataframe();
         let schema = Arc::clone(df.schema().inner());
         let session = self.session.clone();
-        let batches =
-            crate::wait::wait_for_future(py, &self.runtime, session.collect(df))?;
+        let batches = crate::wait::wait_for_future(py, &self.runtime, async move {
+            session.collect(df).await
+        })?;
         // The batches' own schema: the plan's may differ in metadata.
         let schema = batches.first().map_or(schema, RecordBatch::schema);
         let reader = datafusion::arrow::record_batch::RecordBatchIterator::new(

@@ -142,7 +142,10 @@ impl PySession {
     /// Plans one statement of sqlfeed SQL; runs nothing until read.
     fn sql(&self, py: Python<'_>, query: &str) -> PyResult<PySqlResult> {
         let session = self.session.clone();
-        let df = crate::wait::wait_for_future(py, &self.runtime, session.sql(query))?;
+        let query = query.to_owned();
+        let df = crate::wait::wait_for_future(py, &self.runtime, async move {
+            session.sql(&query).await
+        })?;
         Ok(PySqlResult::new(
             df,
             self.session.clone(),

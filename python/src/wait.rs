@@ -5,13 +5,13 @@
 //! once instead of after the query.
 //!
 //! ```text
-//!  Python thread ── detach (GIL released) ──► block_on(select! {
-//!                                                 the work ─► its result
-//!                                                 every 100 ms ─► attach, check_signals()
-//!                                               })                  └─► KeyboardInterrupt
+//!  Python thread ── detach (GIL released) ──► wait on a channel for the work
+//!                                               (a task of the runtime, or a thread)
+//!                                               every 100 ms ─► attach, check_signals()
+//!                                                                └─► KeyboardInterrupt
 //! ```
-//! Raised by a signal, [`wait_for_future`] drops the future, which cancels
-//! its query (its streams and tasks end); [`wait_for_call`], for synchronous
+//! Raised by a signal, [`wait_for_future`] aborts the task, which drops the
+//! future and so cancels its query (its streams and tasks end); [`wait_for_call`], for synchronous
 //! library calls (building a feed, explaining a batch), leaves the call to
 //! end on its thread: what it built is dropped there.
 
@@ -27,23 +27,40 @@ const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Runs `future` on `runtime` to its end, or until a signal's handler
 /// raises (see the module docs).
-pub(crate) fn wait_for_future<T: Send>(
+///
+/// The future runs as a task of `runtime` and this thread waits on a
+/// channel with a timeout, not on a tokio timer: a timer fires only when a
+/// worker thread of the runtime services the time driver, and workers busy
+/// with a query's blocking calls (Python functions) did so rarely enough
+/// that Ctrl-C took 15 s to be seen.
+pub(crate) fn wait_for_future<T: Send + 'static>(
     py: Python<'_>,
     runtime: &tokio::runtime::Runtime,
-    future: impl Future<Output = datafusion::error::Result<T>> + Send,
+    future: impl Future<Output = datafusion::error::Result<T>> + Send + 'static,
 ) -> PyResult<T> {
-    py.detach(|| {
-        runtime.block_on(async {
-            let mut future = std::pin::pin!(future);
-            loop {
-                tokio::select! {
-                    done = &mut future => return done.py_err(),
-                    () = tokio::time::sleep(SIGNAL_CHECK) => {
-                        Python::attach(|py| py.check_signals())?;
+    let (sender, receiver) = mpsc::channel();
+    let task = runtime.spawn(async move {
+        // Gone when a signal raised first: the result is dropped here.
+        let _ = sender.send(future.await);
+    });
+    py.detach(move || {
+        loop {
+            match receiver.recv_timeout(SIGNAL_CHECK) {
+                Ok(done) => return done.py_err(),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Err(raised) = Python::attach(|py| py.check_signals()) {
+                        // Dropping the future cancels its query.
+                        task.abort();
+                        return Err(raised);
                     }
                 }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(crate::errors::InternalError::new_err(
+                        "a query's task panicked; this is a bug in sqlfeed, please report it",
+                    ));
+                }
             }
-        })
+        }
     })
 }
 

@@ -400,7 +400,9 @@ def test_ctrl_c_stops_a_query_that_is_being_collected(tmp_path, ids_data):
         took = time.monotonic() - sent
         assert "KeyboardInterrupt" in stderr, stderr[-2000:]
         assert child.returncode != 0
-        assert took < 20, f"{took:.1f} s after SIGINT"
+        # It took 15 s while the engine's worker threads were busy in the
+        # function: the wait slept on a tokio timer that only they service.
+        assert took < 8, f"{took:.1f} s after SIGINT"
     finally:
         child.kill()
 
