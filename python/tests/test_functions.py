@@ -359,7 +359,7 @@ def test_the_interpreter_exits_cleanly_after_a_failed_query(tmp_path, ids_data):
         )
 
 
-def test_ctrl_c_stops_a_query_that_is_being_collected(tmp_path, ids_data):
+def test_ctrl_c_stops_a_query_that_is_being_collected(tmp_path, ids_data, ctrl_c_raises):
     """Issue 56, item 8: ``to_arrow()`` waited for the whole query before
     Ctrl-C was seen."""
     script = tmp_path / "interrupted_query.py"
