@@ -47,12 +47,12 @@ use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream
 use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 use sqlfeed_udfs::augment::epoch_seed;
-use sqlfeed_udfs::user::{FunctionOrigin, user_function};
+use sqlfeed_udfs::user::{DeclaredArgs, FunctionOrigin, user_function, volatility_named};
 
 /// A Python function; see the module docs.
 #[derive(Debug)]
@@ -363,17 +363,12 @@ pub(crate) struct FunctionSpec<'py> {
 /// The function `spec` describes, as a sqlfeed user function.
 pub(crate) fn python_udf(spec: FunctionSpec<'_>) -> PyResult<Arc<ScalarUDF>> {
     let plan_error = |message: String| crate::errors::PlanError::new_err(message);
-    let volatility = match spec.volatility.as_str() {
-        "immutable" => Volatility::Immutable,
-        "stable" => Volatility::Stable,
-        "volatile" => Volatility::Volatile,
-        other => {
-            return Err(plan_error(format!(
-                "function '{}': volatility must be 'immutable', 'stable' or 'volatile', \
-                 not '{other}'",
-                spec.name
-            )));
-        }
+    let Some(volatility) = volatility_named(&spec.volatility) else {
+        return Err(plan_error(format!(
+            "function '{}': volatility must be 'immutable', 'stable' or 'volatile', \
+             not '{}'",
+            spec.name, spec.volatility
+        )));
     };
     let returns = import_schema(&spec.returns)?;
     let [return_field] = returns.fields().iter().collect::<Vec<_>>()[..] else {
@@ -382,26 +377,20 @@ pub(crate) fn python_udf(spec: FunctionSpec<'_>) -> PyResult<Arc<ScalarUDF>> {
             spec.name
         )));
     };
-    let signature = match (&spec.inputs, spec.arg_count) {
-        (Some(inputs), _) => {
-            let types = import_schema(inputs)?
+    let args = match (&spec.inputs, spec.arg_count) {
+        (Some(inputs), _) => DeclaredArgs::Exact(
+            import_schema(inputs)?
                 .fields()
                 .iter()
                 .map(|f| f.data_type().clone())
-                .collect::<Vec<_>>();
-            if types.is_empty() {
-                Signature::nullary(volatility)
-            } else {
-                Signature::exact(types, volatility)
-            }
-        }
-        (None, Some(0)) => Signature::nullary(volatility),
-        (None, Some(n)) => Signature::any(n, volatility),
-        (None, None) => Signature::variadic_any(volatility),
+                .collect(),
+        ),
+        (None, Some(n)) => DeclaredArgs::Any(n),
+        (None, None) => DeclaredArgs::Variadic,
     };
     let function = PyFunction {
         name: spec.name,
-        signature,
+        signature: args.signature(volatility),
         return_type: return_field.data_type().clone(),
         invoke: spec.invoke,
         seed: spec.seed,

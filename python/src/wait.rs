@@ -43,25 +43,8 @@ pub(crate) fn wait_for_future<T: Send + 'static>(
         // Gone when a signal raised first: the result is dropped here.
         let _ = sender.send(future.await);
     });
-    py.detach(move || {
-        loop {
-            match receiver.recv_timeout(SIGNAL_CHECK) {
-                Ok(done) => return done.py_err(),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Err(raised) = Python::attach(|py| py.check_signals()) {
-                        // Dropping the future cancels its query.
-                        task.abort();
-                        return Err(raised);
-                    }
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(crate::errors::InternalError::new_err(
-                        "a query's task panicked; this is a bug in sqlfeed, please report it",
-                    ));
-                }
-            }
-        }
-    })
+    // Aborting the task drops the future, which cancels its query.
+    wait_for_result(py, receiver, "a query's task", || task.abort())
 }
 
 /// Runs `call` (a blocking library call) on a thread of its own and waits
@@ -83,12 +66,28 @@ pub(crate) fn wait_for_call<T: Send + 'static>(
                 "cannot start a thread for {what}: {e}"
             ))
         })?;
+    wait_for_result(py, receiver, what, || ())
+}
+
+/// Waits, without the GIL, for the result `receiver` gets, looking for a
+/// signal every [`SIGNAL_CHECK`]; when a signal's handler raises, calls
+/// `on_signal` and returns what it raised. `what` names the sender for the
+/// error when it ended (panicked) without sending.
+fn wait_for_result<T: Send>(
+    py: Python<'_>,
+    receiver: mpsc::Receiver<datafusion::error::Result<T>>,
+    what: &str,
+    on_signal: impl FnOnce() + Send,
+) -> PyResult<T> {
     py.detach(move || {
         loop {
             match receiver.recv_timeout(SIGNAL_CHECK) {
                 Ok(done) => return done.py_err(),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    Python::attach(|py| py.check_signals())?;
+                    if let Err(raised) = Python::attach(|py| py.check_signals()) {
+                        on_signal();
+                        return Err(raised);
+                    }
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(crate::errors::InternalError::new_err(format!(

@@ -194,7 +194,7 @@ impl FunctionRegistry {
                         user.identity()
                     ),
                     (None, Some(declaration)) if self.plans_python_by_declaration => {
-                        Ok(Some(declared_function(name, &identity, declaration)?))
+                        Ok(Some(declared_function(name, &identity, declaration)))
                     }
                     (None, Some(declaration)) => {
                         let module = declaration

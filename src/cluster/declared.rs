@@ -28,12 +28,12 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
-use datafusion::common::{internal_err, plan_datafusion_err, plan_err};
+use datafusion::common::{internal_err, plan_datafusion_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
-    TypeSignature, Volatility,
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
+pub use sqlfeed_udfs::user::DeclaredArgs;
 use sqlfeed_udfs::user::{FunctionOrigin, UserFunction, user_function};
 
 /// What a Python function declares: enough to plan a query that calls it.
@@ -52,17 +52,6 @@ pub struct PythonDeclaration {
     pub costly: bool,
 }
 
-/// The arguments of a [`PythonDeclaration`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum DeclaredArgs {
-    /// These types (`input_types=`), none for a nullary function.
-    Exact(Vec<DataType>),
-    /// This many arguments of any type.
-    Any(usize),
-    /// Any number of arguments of any type (`*args`).
-    Variadic,
-}
-
 impl PythonDeclaration {
     /// The declaration of `user`, a Python function of this process.
     pub fn of(user: &UserFunction) -> Result<Self> {
@@ -70,17 +59,12 @@ impl PythonDeclaration {
             return internal_err!("'{}' is not a Python function", user.inner().name());
         };
         let signature = user.inner().signature();
-        let args = match &signature.type_signature {
-            TypeSignature::Exact(types) => DeclaredArgs::Exact(types.clone()),
-            TypeSignature::Nullary => DeclaredArgs::Exact(vec![]),
-            TypeSignature::Any(n) => DeclaredArgs::Any(*n),
-            TypeSignature::VariadicAny => DeclaredArgs::Variadic,
-            other => {
-                return internal_err!(
-                    "Python function '{}' has a signature sqlfeed does not send: {other:?}",
-                    user.inner().name()
-                );
-            }
+        let Some(args) = DeclaredArgs::of(&signature.type_signature) else {
+            return internal_err!(
+                "Python function '{}' has a signature sqlfeed does not send: {:?}",
+                user.inner().name(),
+                signature.type_signature
+            );
         };
         let arg_types = match &args {
             DeclaredArgs::Exact(types) => types.clone(),
@@ -95,21 +79,6 @@ impl PythonDeclaration {
             volatility: signature.volatility,
             costly: user.is_costly(),
         })
-    }
-
-    /// The signature a function with this declaration has.
-    fn signature(&self) -> Signature {
-        match &self.args {
-            DeclaredArgs::Exact(types) if types.is_empty() => {
-                Signature::nullary(self.volatility)
-            }
-            DeclaredArgs::Exact(types) => {
-                Signature::exact(types.clone(), self.volatility)
-            }
-            DeclaredArgs::Any(0) => Signature::nullary(self.volatility),
-            DeclaredArgs::Any(n) => Signature::any(*n, self.volatility),
-            DeclaredArgs::Variadic => Signature::variadic_any(self.volatility),
-        }
     }
 }
 
@@ -180,25 +149,22 @@ pub(crate) fn declared_function(
     name: &str,
     identity: &str,
     declaration: PythonDeclaration,
-) -> Result<Arc<ScalarUDF>> {
-    if name.is_empty() {
-        return plan_err!("a Python function without a name was sent");
-    }
+) -> Arc<ScalarUDF> {
     let origin = FunctionOrigin::Python {
         qualname: declaration.qualname.clone(),
     };
     let costly = declaration.costly;
     let function = DeclaredFunction {
         name: name.to_string(),
-        signature: declaration.signature(),
+        signature: declaration.args.signature(declaration.volatility),
         declaration,
     };
-    Ok(user_function(
+    user_function(
         ScalarUDF::new_from_impl(function),
         identity.to_string(),
         costly,
         origin,
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -249,7 +215,7 @@ mod tests {
             declaration.args,
             DeclaredArgs::Exact(vec![DataType::Binary, DataType::Int32])
         );
-        let declared = declared_function("prep", "0123abcd", declaration.clone())?;
+        let declared = declared_function("prep", "0123abcd", declaration.clone());
         assert_eq!(declared.signature(), original.signature());
         #[allow(deprecated)]
         let returns = declared.return_type(&[DataType::Binary, DataType::Int32])?;

@@ -18,10 +18,12 @@ use std::any::Any;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    TypeSignature, Volatility,
 };
 
 /// Where a [`UserFunction`] comes from.
@@ -54,6 +56,63 @@ impl FunctionOrigin {
             }
         }
     }
+}
+
+/// The arguments a Python function declares: what its [`Signature`] is
+/// made from in the process that runs it, and what a cluster client sends
+/// the scheduler, which plans with it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeclaredArgs {
+    /// These types (`input_types=`), none for a nullary function.
+    Exact(Vec<DataType>),
+    /// This many arguments of any type.
+    Any(usize),
+    /// Any number of arguments of any type (`*args`).
+    Variadic,
+}
+
+impl DeclaredArgs {
+    /// The signature of a function with these arguments.
+    pub fn signature(&self, volatility: Volatility) -> Signature {
+        match self {
+            Self::Exact(types) if types.is_empty() => Signature::nullary(volatility),
+            Self::Exact(types) => Signature::exact(types.clone(), volatility),
+            Self::Any(0) => Signature::nullary(volatility),
+            Self::Any(n) => Signature::any(*n, volatility),
+            Self::Variadic => Signature::variadic_any(volatility),
+        }
+    }
+
+    /// The arguments `signature` declares, if [`Self::signature`] makes it.
+    pub fn of(signature: &TypeSignature) -> Option<Self> {
+        match signature {
+            TypeSignature::Exact(types) => Some(Self::Exact(types.clone())),
+            TypeSignature::Nullary => Some(Self::Exact(vec![])),
+            TypeSignature::Any(n) => Some(Self::Any(*n)),
+            TypeSignature::VariadicAny => Some(Self::Variadic),
+            _ => None,
+        }
+    }
+}
+
+/// `volatility` as `sqlfeed.udf(volatility=…)` names it.
+pub fn volatility_name(volatility: Volatility) -> &'static str {
+    match volatility {
+        Volatility::Immutable => "immutable",
+        Volatility::Stable => "stable",
+        Volatility::Volatile => "volatile",
+    }
+}
+
+/// The volatility [`volatility_name`] names `name`, if it names one.
+pub fn volatility_named(name: &str) -> Option<Volatility> {
+    [
+        Volatility::Immutable,
+        Volatility::Stable,
+        Volatility::Volatile,
+    ]
+    .into_iter()
+    .find(|v| volatility_name(*v) == name)
 }
 
 /// A user's scalar function; see the module docs.
@@ -188,6 +247,34 @@ mod tests {
         assert!(user.is_costly());
         assert!(as_user_function(&plain).is_none());
         assert_eq!(user.origin().describe(), "Python function 'm.twice'");
+    }
+
+    #[test]
+    fn declared_arguments_make_a_signature_and_are_read_back_from_it() {
+        for args in [
+            DeclaredArgs::Exact(vec![DataType::Binary, DataType::Int32]),
+            DeclaredArgs::Exact(vec![]),
+            DeclaredArgs::Any(2),
+            DeclaredArgs::Variadic,
+        ] {
+            let signature = args.signature(Volatility::Stable);
+            assert_eq!(signature.volatility, Volatility::Stable);
+            assert_eq!(DeclaredArgs::of(&signature.type_signature), Some(args));
+        }
+        // No arguments of any type is no arguments.
+        assert_eq!(
+            DeclaredArgs::Any(0).signature(Volatility::Immutable),
+            DeclaredArgs::Exact(vec![]).signature(Volatility::Immutable)
+        );
+        assert_eq!(DeclaredArgs::of(&TypeSignature::UserDefined), None);
+        for v in [
+            Volatility::Immutable,
+            Volatility::Stable,
+            Volatility::Volatile,
+        ] {
+            assert_eq!(volatility_named(volatility_name(v)), Some(v));
+        }
+        assert_eq!(volatility_named("sometimes"), None);
     }
 
     /// A function whose every optional answer differs from the default.

@@ -22,8 +22,8 @@
 
 use datafusion::common::plan_datafusion_err;
 use datafusion::error::Result;
-use datafusion::logical_expr::Volatility;
 use prost::Message;
+use sqlfeed_udfs::user::{volatility_name, volatility_named};
 
 mod messages;
 use messages::*;
@@ -423,12 +423,7 @@ fn python_declaration_to_message(
         exact_args,
         any_args,
         return_type: types_to_ipc(std::slice::from_ref(&declaration.return_type))?,
-        volatility: match declaration.volatility {
-            Volatility::Immutable => "immutable",
-            Volatility::Stable => "stable",
-            Volatility::Volatile => "volatile",
-        }
-        .into(),
+        volatility: volatility_name(declaration.volatility).into(),
         costly: declaration.costly,
     })
 }
@@ -452,16 +447,12 @@ fn python_declaration_from_message(
             node.qualname
         ));
     };
-    let volatility = match node.volatility.as_str() {
-        "immutable" => Volatility::Immutable,
-        "stable" => Volatility::Stable,
-        "volatile" => Volatility::Volatile,
-        other => {
-            return Err(plan_datafusion_err!(
-                "Python function '{}': unknown volatility '{other}'",
-                node.qualname
-            ));
-        }
+    let Some(volatility) = volatility_named(&node.volatility) else {
+        return Err(plan_datafusion_err!(
+            "Python function '{}': unknown volatility '{}'",
+            node.qualname,
+            node.volatility
+        ));
     };
     Ok(crate::cluster::PythonDeclaration {
         qualname: node.qualname,
