@@ -18,12 +18,7 @@ rows=${1:-6000}
 rounds=${2:-2}
 pixels=${3:-float32}
 python=${SQLFEED_PYTHON:-target/test-venv/bin/python}
-data=${TMPDIR:-/tmp}/sqlfeed-bench-pyudf-$rows
-if [[ ! -f $data/.done ]]; then
-  rm -rf "$data"
-  target/release/sqlfeed gen --rows "$rows" --files 4 --image-size 96 --out "$data" >/dev/null
-  touch "$data/.done"
-fi
+data=$(scripts/bench/pyudf-data.sh "$rows")
 ln -sf ../../target/release/lib_sqlfeed.so python/sqlfeed/_sqlfeed.abi3.so
 trap 'ln -sf ../../target/debug/lib_sqlfeed.so python/sqlfeed/_sqlfeed.abi3.so' EXIT
 PYTHONPATH=python "$python" scripts/bench/python_udf_cluster.py --data "$data" --rounds "$rounds" --pixels "$pixels"

@@ -13,12 +13,7 @@ cd "$(dirname "$0")/.."
 rows=${1:-6000}
 rounds=${2:-2}
 python=${SQLFEED_PYTHON:-target/test-venv/bin/python}
-data=${TMPDIR:-/tmp}/sqlfeed-bench-pyudf-$rows
-if [[ ! -f $data/.done ]]; then
-  rm -rf "$data"
-  target/release/sqlfeed gen --rows "$rows" --files 4 --image-size 96 --out "$data" >/dev/null
-  touch "$data/.done"
-fi
+data=$(scripts/bench/pyudf-data.sh "$rows")
 ln -sf ../../target/release/lib_sqlfeed.so python/sqlfeed/_sqlfeed.abi3.so
 PYTHONPATH=python "$python" scripts/bench_python_udf.py --data "$data" --rounds "$rounds"
 # Leave the development layout as scripts/test.sh expects it.
