@@ -15,6 +15,7 @@ use crate::Session;
 use crate::device::Device;
 use crate::feed::{
     Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, OnDataChange,
+    OnError, QuarantineLimit,
 };
 
 /// Options of `sqlfeed feed`.
@@ -162,6 +163,39 @@ pub struct FeedArgs {
     /// End with `RESULT {json}` (the line ../shared/bench/peers.py reads).
     #[arg(long)]
     pub result_json: bool,
+    /// What a row whose functions fail (a truncated image, a function
+    /// raising on it) does: `fail` stops the feed naming it; `quarantine`
+    /// leaves it out, records it and fills its slot with the row before it
+    /// in the epoch's order, so that every rank keeps its step count and
+    /// every other row its place (embedded engine, without --cache).
+    #[arg(long, value_name = "WHAT", value_enum, default_value_t = OnErrorArg::Fail)]
+    pub on_error: OnErrorArg,
+    /// With --on-error quarantine: the rows an epoch may quarantine before
+    /// the feed fails, a count (100), a percentage (0.5%) or a fraction
+    /// (0.005) of the rows of its order read so far, counting at least
+    /// 10,000 rows [default: 1%].
+    #[arg(long, value_name = "LIMIT", value_parser = parse_max_quarantined)]
+    pub max_quarantined: Option<QuarantineLimit>,
+    /// With --on-error quarantine: write the quarantined rows (epoch,
+    /// position in the order, function, column, error, file, row group,
+    /// row) to this Parquet file when the run stops, also on an error or a
+    /// signal.
+    #[arg(long, value_name = "FILE")]
+    pub quarantine_out: Option<PathBuf>,
+}
+
+/// `--on-error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnErrorArg {
+    /// Stop the feed with an error naming the row.
+    Fail,
+    /// Leave the row out, record it and fill its slot.
+    Quarantine,
+}
+
+/// `--max-quarantined`.
+fn parse_max_quarantined(text: &str) -> Result<QuarantineLimit, String> {
+    QuarantineLimit::parse(text).map_err(|e| e.message().into_owned())
 }
 
 // The value parsers of the options: each option is checked once, when the
@@ -315,6 +349,25 @@ fn save_checkpoint(feed: &Feed, path: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write the checkpoint {}", path.display()))
 }
 
+/// Writes the rows `feed` quarantined, their origins resolved with
+/// `builder` (the feed's options), to the Parquet file `path`.
+fn write_quarantine(
+    builder: &FeedBuilder,
+    feed: &Feed,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let rows = builder.quarantine_origins(feed.quarantined())?;
+    let table = crate::feed::quarantine_table(&rows)?;
+    let file = std::fs::File::create(path)
+        .with_context(|| format!("cannot create --quarantine-out {}", path.display()))?;
+    let mut writer =
+        datafusion::parquet::arrow::ArrowWriter::try_new(file, table.schema(), None)?;
+    writer.write(&table)?;
+    writer.close()?;
+    eprintln!("quarantined {} rows: {}", rows.len(), path.display());
+    Ok(())
+}
+
 /// Runs the feed and prints its report.
 pub fn run(
     session: &Session,
@@ -366,6 +419,20 @@ pub fn run(
     for (name, spec) in &args.tensors {
         builder = builder.column(name.clone(), spec.clone());
     }
+    match args.on_error {
+        OnErrorArg::Fail => {
+            if args.max_quarantined.is_some() || args.quarantine_out.is_some() {
+                bail!(
+                    "--max-quarantined and --quarantine-out need --on-error quarantine"
+                );
+            }
+        }
+        OnErrorArg::Quarantine => {
+            builder = builder.on_error(OnError::Quarantine(
+                args.max_quarantined.unwrap_or_default(),
+            ));
+        }
+    }
     if let Some((epoch, step, explained_rank)) = args.explain {
         let explained = explained_rank.unwrap_or(rank);
         if explained >= world {
@@ -381,8 +448,27 @@ pub fn run(
         return print_origins(&explained);
     }
     // Planning lists the files (a stalled object store can hold it).
+    let options = builder.clone();
     let mut feed =
         super::signals::until_signalled("feed-planning", move || builder.build())??;
+    let result = drive(&mut feed, args, runtime);
+    if let Some(path) = &args.quarantine_out {
+        // Also after an error or a signal: what was found is what to fix.
+        let written = write_quarantine(&options, &feed, path);
+        result?;
+        written?;
+        return Ok(());
+    }
+    result
+}
+
+/// Runs `feed` to its end (or --max-batches, or a signal) and prints its
+/// report.
+fn drive(
+    feed: &mut Feed,
+    args: &FeedArgs,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<()> {
     eprintln!("{}", feed.describe());
 
     let mut progress = std::io::stderr()
@@ -400,14 +486,14 @@ pub fn run(
     });
     while args.max_batches.is_none_or(|max| delivered < max) {
         if let Some(prometheus) = &mut prometheus {
-            prometheus.write_if_due(&feed)?;
+            prometheus.write_if_due(feed)?;
         }
         if let Some(stop) = super::signals::requested() {
             if let Some(path) = &args.save_checkpoint {
-                save_checkpoint(&feed, path)?;
+                save_checkpoint(feed, path)?;
             }
             if let Some(prometheus) = &mut prometheus {
-                prometheus.write(&feed)?;
+                prometheus.write(feed)?;
             }
             return Err(super::signals::Stopped(stop).into());
         }
@@ -444,17 +530,17 @@ pub fn run(
         if let (Some(path), Some(every)) = (&args.save_checkpoint, args.checkpoint_every)
             && delivered.is_multiple_of(every.max(1))
         {
-            save_checkpoint(&feed, path)?;
+            save_checkpoint(feed, path)?;
         }
         if let Some(progress) = &mut progress {
             progress.update(delivered, || feed.report());
         }
     }
     if let Some(path) = &args.save_checkpoint {
-        save_checkpoint(&feed, path)?;
+        save_checkpoint(feed, path)?;
     }
     if let Some(prometheus) = &mut prometheus {
-        prometheus.write(&feed)?;
+        prometheus.write(feed)?;
     }
     let report = feed.report();
     drop(progress);
@@ -491,7 +577,6 @@ pub fn run(
         )?;
     }
     out.flush()?;
-    drop(feed);
     Ok(())
 }
 

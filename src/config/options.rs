@@ -77,6 +77,13 @@ extensions_options! {
         /// runs for, in which a `MIX`'s weight schedules count their steps;
         /// 0 outside a feed.
         pub feed_step_rows: u64, default = 0
+        /// Every projection that computes something runs as a
+        /// `crate::sql::ParallelProjectionExec`, so that none is folded
+        /// into a file scan, out of reach of a feed's quarantine, which
+        /// isolates the failing rows of the projections at the top of the
+        /// plan (`feed::quarantine`). Set by a feed with `on_error =
+        /// quarantine`.
+        pub isolate_row_errors: bool, default = false
     }
 }
 

@@ -8,12 +8,15 @@
 //!   turns of rows (the feed's and a cluster job's order);
 //! - [`display`]: how operators show their settings in plans;
 //! - [`panics`]: panics turned into errors, in one place;
-//! - [`rule`]: optimizer rules that rewrite a plan one node at a time.
+//! - [`rule`]: optimizer rules that rewrite a plan one node at a time;
+//! - [`row_errors`]: a projection's failing rows marked instead of fatal
+//!   (a feed's quarantine).
 
 pub(crate) mod display;
 pub(crate) mod lanes;
 pub(crate) mod panics;
 pub(crate) mod plan;
+pub(crate) mod row_errors;
 pub(crate) mod rule;
 
 pub(crate) use display::{Setting, fmt_settings};

@@ -24,10 +24,11 @@ use super::length::FeedLength;
 use super::metrics::FeedMetrics;
 use super::plan::{FeedPlan, FeedRows};
 use super::producer::Producer;
-use super::provenance::{self, BatchOrigins};
+use super::provenance::{self, BatchOrigins, RowOrigin};
 use super::timeline::Timeline;
 use super::{
-    Feed, NEXT_FEED_ID, RING_SHARE_DIVISOR, appended, list_inputs, mixture, on_runtime,
+    Feed, NEXT_FEED_ID, OnError, QuarantinedRow, RING_SHARE_DIVISOR, appended,
+    list_inputs, mixture, on_runtime,
 };
 use crate::Session;
 use crate::cache::InputFile;
@@ -104,6 +105,10 @@ pub struct FeedBuilder {
     pub(super) user_sql: Option<String>,
     /// The pinned Delta Lake tables, by name as written, and their versions.
     pub(super) delta_versions: BTreeMap<String, u64>,
+    /// What a row whose functions fail does (see `quarantine`).
+    pub(super) on_error: OnError,
+    /// The rows a resumed checkpoint had quarantined.
+    pub(super) quarantined: Vec<QuarantinedRow>,
 }
 
 impl FeedBuilder {
@@ -274,7 +279,20 @@ impl FeedBuilder {
         checkpoint: Checkpoint,
         on_data_change: OnDataChange,
     ) -> Self {
+        self.quarantined = checkpoint.quarantined.clone();
         self.checkpoint = Some((checkpoint, on_data_change));
+        self
+    }
+
+    /// What a row whose functions fail does: [`OnError::Fail`] (the
+    /// default) ends the feed with an error naming it;
+    /// [`OnError::Quarantine`] leaves it out, records it
+    /// ([`Feed::quarantined`]) and fills its slot with the nearest row
+    /// before it in the epoch's order, so that every rank keeps its step
+    /// count and every other row its place (see `feed::quarantine`). On
+    /// the embedded engine, without the epoch cache.
+    pub fn on_error(mut self, on_error: OnError) -> Self {
+        self.on_error = on_error;
         self
     }
 
@@ -429,6 +447,7 @@ impl FeedBuilder {
         ));
         let sampler = timeline.start(format!("{thread_name}-timeline"))?;
         let length = plan.length();
+        let quarantine = plan.quarantine.as_ref().map(|q| Arc::clone(&q.log));
         let producer = Producer {
             plan,
             pool: Arc::clone(&pool),
@@ -457,6 +476,7 @@ impl FeedBuilder {
             waiting_since: None,
             checkpoint,
             length,
+            quarantine,
         };
         drop(pool);
         // Planning errors (bad SQL, missing files, untensorable columns) are
@@ -563,6 +583,58 @@ impl FeedBuilder {
                 drop_last: self.drop_last,
             },
         )
+    }
+
+    /// `rows` (a feed's [`Feed::quarantined`], by epoch and position) with
+    /// the file, row group and row each came from: one pass of the feed's
+    /// origins query (see `provenance`: without the preprocessing) per
+    /// epoch, up to the last row asked.
+    pub fn quarantine_origins(
+        &self,
+        mut rows: Vec<QuarantinedRow>,
+    ) -> Result<Vec<QuarantinedRow>> {
+        if self.checkpoint.is_some() {
+            // The rows of the feed as resumed, over the data as it is now.
+            let now = provenance::block_on(super::input_files(&self.session, &self.sql))?;
+            return self
+                .clone()
+                .resolve_checkpoint(&now)?
+                .quarantine_origins(rows);
+        }
+        rows.sort_by_key(|row| (row.epoch, row.position));
+        let epochs: BTreeSet<u64> = rows.iter().map(|row| row.epoch).collect();
+        for epoch in epochs {
+            let in_epoch: Vec<&mut QuarantinedRow> =
+                rows.iter_mut().filter(|row| row.epoch == epoch).collect();
+            let mut positions: Vec<u64> =
+                in_epoch.iter().map(|row| row.position).collect();
+            positions.dedup();
+            let mut origins = self.clone();
+            origins.appended = self.appended.clone().filter(|a| a.epoch == epoch);
+            origins.columns = vec![];
+            origins.device = Some(Device::Cpu);
+            origins.cache = false;
+            origins.prefetch = 2;
+            // The order is the same under any cut: one rank, plain batches.
+            (origins.rank, origins.world) = (0, 1);
+            origins.batch_size = 8192;
+            origins.drop_last = false;
+            origins.token_budget = None;
+            origins.bucket_window = None;
+            origins.skipped_steps = BTreeMap::new();
+            origins.on_error = OnError::Fail;
+            origins.epochs = epoch + 1;
+            origins.resume = (epoch, EpochStart::BEGIN);
+            let feed = origins.build_feeding(FeedRows::Origins { kept: vec![] })?;
+            let found =
+                provenance::position_origins(feed, &self.session, &self.sql, &positions)?;
+            let by_position: BTreeMap<u64, RowOrigin> =
+                positions.into_iter().zip(found).collect();
+            for row in in_epoch {
+                row.origin = by_position.get(&row.position).cloned();
+            }
+        }
+        Ok(rows)
     }
 
     /// The options resolved into the feed's plan, on `runtime`: the Delta
@@ -713,6 +785,26 @@ impl FeedBuilder {
         }
         if self.prefetch == 0 {
             return plan_error("prefetch must be at least 1".into());
+        }
+        if let OnError::Quarantine(limit) = self.on_error {
+            limit.checked()?;
+            if self.cache {
+                return plan_error(
+                    "on_error='quarantine' does not work with the epoch cache yet: the \
+                     cache stores rows, not which of them failed. Turn the cache off, or \
+                     fix the rows first (`sqlfeed verify` finds damaged images)"
+                        .into(),
+                );
+            }
+            if self.session.scale_out().is_some() {
+                return plan_error(
+                    "on_error='quarantine' runs on the embedded engine only for now: a \
+                     rank of a cluster feed reads only its own rows, so it cannot fill a \
+                     failed row's slot the way every other rank would. Run the feed \
+                     without a cluster, or fix the rows first"
+                        .into(),
+                );
+            }
         }
         if self.order_lanes == 0 {
             return plan_error("order_lanes must be at least 1".into());

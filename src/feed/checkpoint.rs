@@ -124,6 +124,10 @@ pub struct Checkpoint {
     /// them again, even after newer commits (absent when it reads none).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub delta_versions: BTreeMap<String, u64>,
+    /// The rows quarantined before this position (`on_error =
+    /// quarantine`): a resume's table starts with them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<super::QuarantinedRow>,
 }
 
 /// A continuation over appended data, as a checkpoint records it.
@@ -597,6 +601,7 @@ mod tests {
             appended: None,
             data: Some(data.iter().cloned().map(ManifestEntry).collect()),
             delta_versions: BTreeMap::new(),
+            quarantined: vec![],
         }
     }
 

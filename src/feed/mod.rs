@@ -69,6 +69,7 @@ mod plan;
 mod producer;
 mod prometheus;
 mod provenance;
+mod quarantine;
 mod scan_batches;
 mod sink;
 mod source;
@@ -94,6 +95,9 @@ pub use metrics::FeedReport;
 pub use order::DEFAULT_ORDER_LANES;
 pub use prometheus::{check_label_name, prometheus_text, write_whole};
 pub use provenance::{BatchOrigins, RowOrigin};
+pub use quarantine::{
+    FRACTION_FLOOR_ROWS, OnError, QuarantineLimit, QuarantinedRow, quarantine_table,
+};
 pub use sink::DeviceSinkExec;
 pub use timeline::{Bound, Timeline, TimelineSample, Verdict};
 
@@ -196,6 +200,8 @@ pub struct Feed {
     checkpoint: Option<Checkpoint>,
     /// What the number of batches depends on.
     length: FeedLength,
+    /// The rows quarantined so far (`on_error = quarantine`).
+    quarantine: Option<Arc<quarantine::QuarantineLog>>,
 }
 
 impl std::fmt::Debug for Feed {
@@ -234,6 +240,8 @@ impl Feed {
             checkpoint: None,
             user_sql: None,
             delta_versions: BTreeMap::new(),
+            on_error: OnError::Fail,
+            quarantined: vec![],
         }
     }
 
@@ -328,9 +336,27 @@ impl Feed {
     /// row under another world size, batch size or token budget.
     /// [`Checkpoint::to_json`] is the format of Python's `state_dict()`.
     pub fn checkpoint(&self) -> Result<Checkpoint> {
-        self.checkpoint.clone().ok_or_else(|| {
+        let mut checkpoint = self.checkpoint.clone().ok_or_else(|| {
             internal_datafusion_err!("an explain's feed has no checkpoint")
-        })
+        })?;
+        if let Some(log) = &self.quarantine {
+            checkpoint.quarantined =
+                log.rows_before(checkpoint.epoch, checkpoint.rows.unwrap_or(0));
+        }
+        Ok(checkpoint)
+    }
+
+    /// The rows quarantined so far (`on_error = quarantine`), by epoch and
+    /// position in the epoch's order, with those of the checkpoint it
+    /// resumed: the same on every rank. Rows of batches prefetched but not
+    /// yet handed over are included. Their origins are not resolved here:
+    /// [`FeedBuilder::quarantine_origins`] does that. Empty for a feed that
+    /// fails on errors.
+    pub fn quarantined(&self) -> Vec<QuarantinedRow> {
+        self.quarantine
+            .as_ref()
+            .map(|log| log.rows())
+            .unwrap_or_default()
     }
 
     /// The next batch, waiting at most `timeout` for it: for callers that

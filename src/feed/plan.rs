@@ -25,6 +25,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::FeedBuilder;
+use super::OnError;
 use super::appended::Appended;
 use super::batcher::{Cut, EpochStart, Shard, Tokens};
 use super::checkpoint::{
@@ -32,6 +33,7 @@ use super::checkpoint::{
 };
 use super::columns::ColumnSpec;
 use super::length::FeedLength;
+use super::quarantine::{Quarantine, QuarantineLog};
 use super::source::EpochSource;
 use crate::Session;
 use crate::cache::InputFile;
@@ -197,6 +199,9 @@ pub(super) struct FeedPlan {
     pub(super) run_id: String,
     /// Where the epochs run.
     pub(super) source: EpochSource,
+    /// Failing rows quarantined instead of failing the feed (a feed of the
+    /// query's rows with `on_error = quarantine`).
+    pub(super) quarantine: Option<Quarantine>,
     /// The session's `sqlfeed.epoch_lookahead`.
     pub(super) lookahead: bool,
 }
@@ -223,6 +228,13 @@ impl FeedPlan {
             builder.shuffle_seed.is_some(),
         );
         let user_sql = builder.query_sql().to_string();
+        let quarantine = match (builder.on_error, &rows) {
+            (OnError::Quarantine(limit), FeedRows::Query) => Some(Quarantine {
+                limit,
+                log: Arc::new(QuarantineLog::with_rows(&builder.quarantined)),
+            }),
+            _ => None,
+        };
         let lookahead = {
             let state = builder.session.context().state_ref();
             let state = state.read();
@@ -250,6 +262,7 @@ impl FeedPlan {
             appended: builder.appended,
             run_id: builder.run_id,
             source,
+            quarantine,
             lookahead,
         }
     }
@@ -433,6 +446,7 @@ impl FeedPlan {
             appended,
             data: Some(data.iter().cloned().map(ManifestEntry).collect()),
             delta_versions: self.delta_versions.clone(),
+            quarantined: vec![],
         }
     }
 }

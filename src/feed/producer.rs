@@ -24,6 +24,7 @@ use super::metrics::FeedMetrics;
 use super::order;
 use super::plan::{EpochRoute, FeedOrder, FeedPlan};
 use super::provenance;
+use super::quarantine;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
 use super::timeline::Timeline;
 use crate::device::{DType, SlotPool};
@@ -77,7 +78,10 @@ impl Producer {
         let first_epoch = feed.epochs.start;
         let mut epoch_start = Instant::now();
         let first_plan = self.plan_epoch(first_epoch).await?;
-        let columns = columns::resolve(&first_plan.plan.schema(), &feed.columns)?;
+        let columns = columns::resolve(
+            &quarantine::without_marker(first_plan.plan.schema()),
+            &feed.columns,
+        )?;
         let length_column = if feed.cut.measures_lengths() {
             Some(length_column(&columns)?)
         } else {
@@ -98,6 +102,7 @@ impl Producer {
             },
             metrics: Arc::clone(&self.metrics),
             skipped_steps: feed.skipped_steps.clone(),
+            quarantine: feed.quarantine.clone(),
         });
         // The epoch planned ahead (its error surfaces when it would start).
         let mut planned = Some(Ok(first_plan));
@@ -379,6 +384,12 @@ impl Producer {
             crate::config::SqlfeedOptions::of(config.options()).clone();
         sqlfeed_options.feed_step_rows =
             (feed.shard.batch_rows * feed.shard.world) as u64;
+        if feed.quarantine.is_some() {
+            // Cheap functions stay with the others in the output
+            // projection, where their failing rows are isolated.
+            sqlfeed_options.carry_cheap_outputs = false;
+            sqlfeed_options.isolate_row_errors = true;
+        }
         config.options_mut().extensions.insert(sqlfeed_options);
         config
     }
@@ -481,6 +492,12 @@ impl Producer {
                 state.config().batch_size(),
                 feed.session.context().copied_config().target_partitions(),
             )?;
+        }
+        if feed.quarantine.is_some() {
+            let batch_bytes = crate::config::SqlfeedOptions::of(state.config().options())
+                .function_batch_bytes
+                .max(1);
+            physical = quarantine::isolate_output_projections(physical, batch_bytes)?;
         }
         Ok(EpochPlan {
             plan: physical,

@@ -8,6 +8,9 @@
 //!  input partitions p0 … pN-1 (each buffered by its own task)
 //!        │ round-robin by record batch, in partition order (deterministic)
 //!        ▼            (a SHUFFLE plan has one partition: the global order)
+//!  Replacer (on_error = quarantine): rows the plan marked as failing are
+//!        │ logged and take the row before them (see `quarantine`)
+//!        ▼
 //!  ShardBatcher: chunks of B×W rows → this rank's B rows (see batcher.rs)
 //!        │ zero-copy slices
 //!        ▼
@@ -87,7 +90,9 @@ use super::batcher::{Batcher, Cut, EpochStart, LengthBucketer, Shard};
 use super::columns::TensorColumn;
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
+use super::quarantine::{Quarantine, Replacer};
 use crate::device::{BatchMeta, SlotPool, TensorBatch};
+use crate::exec::row_errors::has_row_errors;
 use crate::exec::{BatchStream, Setting};
 
 /// What the producer sends to [`super::Feed`].
@@ -146,6 +151,8 @@ pub(crate) struct SinkTarget {
     /// Steps not handed over, by epoch (a resume that skips the batches of
     /// a loss spike; every other batch stays where it was).
     pub(crate) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
+    /// Marked rows replaced before the batcher (`on_error = quarantine`).
+    pub(crate) quarantine: Option<Quarantine>,
 }
 
 impl fmt::Debug for SinkTarget {
@@ -327,6 +334,14 @@ impl SinkRun {
         let mut input = ordered_input(&self.input, context)?;
         let b = self.target.batching;
         let epoch = self.epoch;
+        // Rows whose functions failed, marked by the plan, are replaced in
+        // the epoch's order before any rank's slice is cut from it.
+        let mut replacer = match &self.target.quarantine {
+            Some(quarantine) if has_row_errors(&self.input.schema()) => Some(
+                Replacer::new(epoch, quarantine.clone(), self.input.schema()),
+            ),
+            _ => None,
+        };
         let length_column = b.length_column.map_or(0, |(index, _)| index);
         let mut batcher = Batcher::new(self.cut, epoch, self.start);
         let mut bucketer = b.bucket_window.map(|window| {
@@ -351,12 +366,23 @@ impl SinkRun {
         let mut input_done = false;
         while !input_done {
             match input.next().await {
-                Some(batch) => match &mut bucketer {
-                    Some(bucketer) => bucketer.push(batch?),
-                    None => batcher.push(batch?, &mut ready),
-                },
+                Some(batch) => {
+                    let batches = match &mut replacer {
+                        Some(replacer) => replacer.push(batch?)?,
+                        None => vec![batch?],
+                    };
+                    for batch in batches {
+                        match &mut bucketer {
+                            Some(bucketer) => bucketer.push(batch),
+                            None => batcher.push(batch, &mut ready),
+                        }
+                    }
+                }
                 None => {
                     input_done = true;
+                    if let Some(replacer) = &replacer {
+                        replacer.finish()?;
+                    }
                     if let Some(bucketer) = &mut bucketer {
                         bucketer.finish();
                     }

@@ -37,7 +37,11 @@
 //!
 //! # Errors and cancellation
 //! The first error (or a panic of a function, reported as an error naming
-//! it) ends the stream. Dropping the stream aborts the workers' tasks.
+//! it) ends the stream, unless the projection isolates row errors (a
+//! feed's quarantine, [`ParallelProjectionExec::isolating_row_errors`]):
+//! then a row whose functions fail is marked in an extra last column and
+//! the stream goes on (`crate::exec::row_errors`). Dropping the stream
+//! aborts the workers' tasks.
 
 use std::fmt;
 use std::sync::Arc;
@@ -52,7 +56,8 @@ use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
 };
@@ -64,7 +69,9 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::config::SqlfeedOptions;
-use crate::exec::{BatchStream, NodeRewrite, PlanNode, Rewritten, calls_costly_function};
+use crate::exec::{
+    BatchStream, NodeRewrite, PlanNode, Rewritten, calls_costly_function, row_errors,
+};
 
 /// Rows of the first morsel, before any output has been measured; later
 /// unmeasured morsels double, up to [`MAX_GUESS_ROWS`].
@@ -105,6 +112,9 @@ pub struct ParallelProjectionExec {
     workers: usize,
     /// Target output bytes per morsel.
     batch_bytes: usize,
+    /// Failing rows are marked in a last column instead of ending the
+    /// stream (see `crate::exec::row_errors`).
+    isolate_row_errors: bool,
     /// Output rows, compute time and morsels.
     metrics: ExecutionPlanMetricsSet,
 }
@@ -120,8 +130,39 @@ impl ParallelProjectionExec {
             properties: Arc::clone(projection.properties()),
             workers: workers.max(1),
             batch_bytes: batch_bytes.max(1),
+            isolate_row_errors: false,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// `projection` like [`Self::new`], with its row errors isolated: the
+    /// output's fields become nullable and gain the marker column
+    /// ([`row_errors::ROW_ERROR_COLUMN`]); partitioning and emission are the
+    /// projection's.
+    pub fn isolating_row_errors(
+        projection: &ProjectionExec,
+        workers: usize,
+        batch_bytes: usize,
+    ) -> Self {
+        let schema = row_errors::isolating_schema(&projection.schema());
+        let properties = projection.properties();
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            properties.output_partitioning().clone(),
+            properties.emission_type,
+            properties.boundedness,
+        );
+        Self {
+            schema,
+            properties: Arc::new(properties),
+            isolate_row_errors: true,
+            ..Self::new(projection, workers, batch_bytes)
+        }
+    }
+
+    /// Whether failing rows are marked instead of ending the stream.
+    pub fn isolates_row_errors(&self) -> bool {
+        self.isolate_row_errors
     }
 
     /// Morsels evaluated at once per partition.
@@ -148,16 +189,24 @@ impl DisplayAs for ParallelProjectionExec {
             .map(|e| format!("{} as {}", e.expr, e.alias))
             .collect::<Vec<_>>()
             .join(", ");
+        let isolated = if self.isolate_row_errors {
+            ", row_errors=isolated"
+        } else {
+            ""
+        };
         match t {
             DisplayFormatType::Default | DisplayFormatType::Verbose => write!(
                 f,
-                "ParallelProjectionExec: workers={}, batch_bytes={}, expr=[{exprs}]",
+                "ParallelProjectionExec: workers={}, batch_bytes={}{isolated}, \
+                 expr=[{exprs}]",
                 self.workers, self.batch_bytes
             ),
             DisplayFormatType::TreeRender => write!(
                 f,
-                "workers={}\nbatch_bytes={}\nexpr=[{exprs}]",
-                self.workers, self.batch_bytes
+                "workers={}\nbatch_bytes={}{}\nexpr=[{exprs}]",
+                self.workers,
+                self.batch_bytes,
+                isolated.replace(", ", "\n")
             ),
         }
     }
@@ -195,6 +244,13 @@ impl ExecutionPlan for ParallelProjectionExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let child = crate::exec::single_child(self.name(), &children)?;
         let projection = ProjectionExec::try_new(self.exprs.clone(), child)?;
+        if self.isolate_row_errors {
+            return Ok(Arc::new(Self::isolating_row_errors(
+                &projection,
+                self.workers,
+                self.batch_bytes,
+            )));
+        }
         Ok(Arc::new(Self::new(
             &projection,
             self.workers,
@@ -228,6 +284,7 @@ impl ExecutionPlan for ParallelProjectionExec {
         let schema = Arc::clone(&self.schema);
         let exprs: Arc<[ProjectionExpr]> = self.exprs.clone().into();
         let measured_rows = Arc::new(AtomicUsize::new(0));
+        let isolate = self.isolate_row_errors;
         let cutter = MorselCutter {
             input,
             current: None,
@@ -243,7 +300,11 @@ impl ExecutionPlan for ParallelProjectionExec {
                 let morsels = morsels.clone();
                 SpawnedTask::spawn(async move {
                     let timer = baseline.elapsed_compute().timer();
-                    let out = evaluate(&exprs, &schema, &morsel)?;
+                    let out = if isolate {
+                        row_errors::evaluate_isolating(&exprs, &schema, &morsel)?
+                    } else {
+                        evaluate(&exprs, &schema, &morsel)?
+                    };
                     timer.done();
                     let bytes = output_bytes(&out).max(1);
                     let rows_per_batch = (batch_bytes as u128 * out.num_rows() as u128
@@ -354,15 +415,26 @@ impl NodeRewrite for ParallelFunctions {
         let Some(projection) = node.as_ref().downcast_ref::<ProjectionExec>() else {
             return Ok(Transformed::no(node));
         };
-        let batch_bytes = SqlfeedOptions::of(config).function_batch_bytes;
-        if batch_bytes == 0
-            || !projection
+        let options = SqlfeedOptions::of(config);
+        let costly = options.function_batch_bytes > 0
+            && projection
                 .expr()
                 .iter()
-                .any(|e| calls_costly_function(&e.expr))
-        {
+                .any(|e| calls_costly_function(&e.expr));
+        // A quarantining feed keeps every computing projection out of the
+        // file scan, where its failing rows could not be isolated.
+        let computes = options.isolate_row_errors
+            && projection
+                .expr()
+                .iter()
+                .any(|e| e.expr.as_ref().downcast_ref::<Column>().is_none());
+        if !costly && !computes {
             return Ok(Transformed::no(node));
         }
+        let batch_bytes = match options.function_batch_bytes {
+            0 => SqlfeedOptions::default().function_batch_bytes,
+            bytes => bytes,
+        };
         let cores = config.execution.target_partitions.max(1);
         let partitions = projection.input().output_partitioning().partition_count();
         let workers = (cores / partitions.max(1)).max(1);
@@ -382,7 +454,7 @@ mod tests {
     use datafusion::datasource::memory::MemorySourceConfig;
     use datafusion::error::DataFusionError;
     use datafusion::logical_expr::Operator;
-    use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+    use datafusion::physical_expr::expressions::{BinaryExpr, Literal};
     use datafusion::prelude::SessionContext;
     use datafusion::scalar::ScalarValue;
 

@@ -52,6 +52,7 @@ mod local_sql;
 mod mix;
 mod plugins;
 mod provenance;
+mod quarantine;
 mod repl;
 mod s3;
 mod shuffle;

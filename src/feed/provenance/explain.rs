@@ -97,6 +97,67 @@ pub(crate) fn batch_origins(
     })
 }
 
+/// The origins of the rows at `positions` (ascending) of the order `feed`
+/// yields, a feed of each row's origin with one rank (its batches are the
+/// order, cut in turn), of the query `sql` on `session`: what a feed's
+/// quarantine table names (`FeedBuilder::quarantine_origins`).
+pub(crate) fn position_origins(
+    feed: super::super::Feed,
+    session: &crate::Session,
+    sql: &str,
+    positions: &[u64],
+) -> Result<Vec<RowOrigin>> {
+    let mut wanted = positions.iter().copied().peekable();
+    let mut found: Vec<(i64, i64)> = Vec::with_capacity(positions.len());
+    let mut offset = 0u64;
+    for batch in feed {
+        let Some(&next) = wanted.peek() else { break };
+        let batch = batch?;
+        let rows = batch.rows() as u64;
+        if next < offset + rows {
+            let files = batch
+                .tensor(ORIGIN_FILE_COLUMN)?
+                .as_slice::<i64>()?
+                .to_vec();
+            let file_rows = batch.tensor(ORIGIN_ROW_COLUMN)?.as_slice::<i64>()?.to_vec();
+            while let Some(&position) = wanted.peek()
+                && position < offset + rows
+            {
+                let at = (position - offset) as usize;
+                found.push((files[at], file_rows[at]));
+                wanted.next();
+            }
+        }
+        offset += rows;
+    }
+    if let Some(position) = wanted.next() {
+        return plan_err!(
+            "the epoch's order has {offset} rows, no row at position {position}: the data \
+             changed since the rows were quarantined"
+        );
+    }
+    let files = block_on(origin_files(session, sql))?;
+    let by_id: HashMap<i64, &OriginFile> =
+        files.iter().map(|file| (file.id, file)).collect();
+    found
+        .into_iter()
+        .map(|(id, row)| {
+            let file = by_id.get(&id).ok_or_else(|| {
+                internal_datafusion_err!(
+                    "a row from a file with id {id} that the query does not list"
+                )
+            })?;
+            let row = u64::try_from(row)
+                .map_err(|_| internal_datafusion_err!("negative file row index {row}"))?;
+            Ok(RowOrigin {
+                file: file.location.clone(),
+                row_group: file.row_group_of(row)?,
+                row,
+            })
+        })
+        .collect()
+}
+
 /// Runs `future` to completion on a runtime of its own (explaining is
 /// called from synchronous code, as building a feed is).
 pub(crate) fn block_on<T>(future: impl Future<Output = Result<T>>) -> Result<T> {

@@ -87,7 +87,8 @@ use crate::shuffle::{
 
 mod explain;
 pub(crate) use explain::{
-    ExplainedShape, batch_origins, block_on, scanned_file_ids, variable_length_outputs,
+    ExplainedShape, batch_origins, block_on, position_origins, scanned_file_ids,
+    variable_length_outputs,
 };
 
 /// The file id and row that the scans of an epoch continued over appended
