@@ -133,6 +133,19 @@ class Feed:
             every machine).
         run_id: names a training run so that its ranks share one cluster job
             per epoch (default ``$SQLFEED_RUN_ID`` or ``$TORCHELASTIC_RUN_ID``).
+        on_error: what a row whose functions fail (a truncated image, a
+            function raising on it) does. ``"fail"`` (default): iteration
+            raises, naming it. ``"quarantine"``: the row is left out and
+            recorded (:meth:`quarantined`), and its slot takes the row before
+            it in the epoch's order, so every rank keeps its step count and
+            every other batch is what it would have been; the same on any
+            world size and across resumes (embedded engine, without
+            ``cache``).
+        max_quarantined: with ``on_error="quarantine"``, the rows an epoch
+            may quarantine before iteration raises with a summary: a count
+            (``100``), a fraction (``0.005``) or a percentage (``"0.5%"``) of
+            the rows of its order read so far, counting at least 10,000 rows
+            (default 1%).
 
     Batches obey sqlfeed's batch contract: a batch (and every tensor made from
     it) stays valid as long as you hold it; hold as many as the memory budget
@@ -159,6 +172,8 @@ class Feed:
         format: str = "torch",
         order_lanes: int | None = None,
         run_id: str | None = None,
+        on_error: str = "fail",
+        max_quarantined: int | float | str | None = None,
     ) -> None:
         if format not in FORMATS:
             raise _sqlfeed.PlanError(f"format={format!r}: expected one of {list(FORMATS)}")
@@ -189,6 +204,8 @@ class Feed:
             "cache": bool(cache),
             "order_lanes": order_lanes,
             "run_id": run_id or "",
+            "on_error": str(on_error),
+            "max_quarantined": None if max_quarantined is None else str(max_quarantined),
         }
         # Where the feed is (``_sqlfeed.FeedPosition``: the Rust checkpoint,
         # whose rules move, resume and skip it; None before anything set
@@ -416,6 +433,49 @@ class Feed:
         options = dict(self._pass_options(max(end, first + 1), self._now()), rank=rank)
         rows = self._session._inner._explain_batch(options, int(epoch), int(step))
         return [{"file": file, "row_group": group, "row": row} for file, group, row in rows]
+
+    def quarantined(self, origins: bool = True) -> list[dict[str, Any]]:
+        """The rows quarantined so far (``on_error="quarantine"``), by epoch
+        and position: a dict ``{"epoch", "position", "function", "column",
+        "error", "file", "row_group", "row"}`` per row. ``position`` is the
+        row's slot in the epoch's order (the same under any world size);
+        ``function`` the innermost function that failed, ``column`` the
+        output column it computes. Every rank holds the same rows, with those
+        of the state it resumed from, and rows of batches prefetched but not
+        yet handed out. ``origins=True`` resolves each row's Parquet file, row
+        group and row by running the feed's query reduced to where rows come
+        from, once per epoch listed (no preprocessing runs); with ``False``
+        they are None."""
+        found: dict[tuple[int, int], tuple[int, int, str, str, str]] = {}
+        position = self._now()
+        if position is not None:
+            found.update(((r[0], r[1]), r) for r in position.quarantined)
+        if self._last_pass is not None:
+            found.update(((r[0], r[1]), r) for r in self._last_pass._quarantined())
+        rows = [found[key] for key in sorted(found)]
+        located: dict[tuple[int, int], tuple[str, int, int] | None] = {}
+        if origins and rows:
+            first = self.epoch
+            end = first + 1 if self._epochs is None else self._epochs
+            options = self._pass_options(max(end, first + 1), position)
+            for epoch, slot, origin in self._session._inner._quarantine_origins(options, rows):
+                located[(epoch, slot)] = origin
+        table = []
+        for epoch, slot, function, column, error in rows:
+            file, row_group, row = located.get((epoch, slot)) or (None, None, None)
+            table.append(
+                {
+                    "epoch": epoch,
+                    "position": slot,
+                    "function": function,
+                    "column": column,
+                    "error": error,
+                    "file": file,
+                    "row_group": row_group,
+                    "row": row,
+                }
+            )
+        return table
 
     # -- metrics ---------------------------------------------------------------
 

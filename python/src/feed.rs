@@ -26,7 +26,8 @@ use pyo3::types::{PyCapsule, PyDict};
 use sqlfeed::Session;
 use sqlfeed::device::{ConsumerStream, DType, Device, Tensor, TensorBatch};
 use sqlfeed::feed::{
-    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, Timeline,
+    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, OnError,
+    QuarantineLimit, QuarantinedRow, Timeline,
 };
 
 use crate::dlpack;
@@ -85,6 +86,12 @@ fn column_spec(options: &ColumnOptions) -> Result<(String, ColumnSpec)> {
 #[pyo3(from_item_all)]
 pub(crate) struct FeedOptions {
     query: String,
+    /// `"fail"` or `"quarantine"` (absent: fail).
+    #[pyo3(default)]
+    on_error: Option<String>,
+    /// `max_quarantined` as text: a count, a percentage or a fraction.
+    #[pyo3(default)]
+    max_quarantined: Option<String>,
     batch_size: usize,
     shuffle: Option<u64>,
     /// The pass runs from `position` (absent: the start of epoch 0) to the
@@ -105,6 +112,14 @@ pub(crate) struct FeedOptions {
     cache: bool,
     order_lanes: Option<usize>,
     run_id: String,
+}
+
+/// A quarantined row as Python receives it: `(epoch, position, function,
+/// column, error)`.
+pub(crate) type QuarantineTuple = (u64, u64, String, String, String);
+
+pub(crate) fn quarantine_tuple(row: QuarantinedRow) -> QuarantineTuple {
+    (row.epoch, row.position, row.function, row.column, row.error)
 }
 
 impl FeedOptions {
@@ -141,6 +156,28 @@ impl FeedOptions {
         for options in &self.columns {
             let (name, spec) = column_spec(options)?;
             builder = builder.column(name, spec);
+        }
+        let limit = self
+            .max_quarantined
+            .as_deref()
+            .map(QuarantineLimit::parse)
+            .transpose()?;
+        match self.on_error.as_deref() {
+            None | Some("fail") if limit.is_none() => {}
+            None | Some("fail") => {
+                return datafusion::common::plan_err!(
+                    "max_quarantined needs on_error='quarantine'"
+                );
+            }
+            Some("quarantine") => {
+                builder =
+                    builder.on_error(OnError::Quarantine(limit.unwrap_or_default()));
+            }
+            Some(other) => {
+                return datafusion::common::plan_err!(
+                    "on_error={other:?}: expected 'fail' (the default) or 'quarantine'"
+                );
+            }
         }
         Ok(builder)
     }
@@ -179,6 +216,8 @@ struct Snapshot {
     device: String,
     /// The position after the batch last handed over.
     position: Option<Checkpoint>,
+    /// The rows the pass quarantined.
+    quarantined: Vec<QuarantinedRow>,
 }
 
 impl Snapshot {
@@ -189,6 +228,7 @@ impl Snapshot {
             epoch_mixtures: feed.epoch_mixtures().to_vec(),
             device: feed.device().to_string(),
             position: feed.checkpoint().ok(),
+            quarantined: feed.quarantined(),
         }
     }
 }
@@ -321,6 +361,23 @@ impl PyFeed {
             tensors.set_item(tensor.name(), imported)?;
         }
         Ok(Some(tensors))
+    }
+
+    /// The rows the pass quarantined so far (also once the pass is over),
+    /// as `(epoch, position, function, column, error)`.
+    fn _quarantined(&self) -> Vec<QuarantineTuple> {
+        let guard = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let rows = match guard.as_ref() {
+            Some(feed) => feed.quarantined(),
+            None => {
+                drop(guard);
+                let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+                last.as_ref()
+                    .map(|snapshot| snapshot.quarantined.clone())
+                    .unwrap_or_default()
+            }
+        };
+        rows.into_iter().map(quarantine_tuple).collect()
     }
 
     /// The pass's position after the batch last handed over (also once

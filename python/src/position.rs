@@ -36,7 +36,10 @@ impl PyFeedPosition {
     ) -> datafusion::error::Result<FeedBuilder> {
         let point = self.checkpoint.own_point()?;
         let versions = self.checkpoint.delta_versions.clone();
-        Ok(builder.resume_point(point).delta_versions(versions))
+        Ok(builder
+            .resume_point(point)
+            .delta_versions(versions)
+            .quarantined_before(self.checkpoint.quarantined.clone()))
     }
 }
 
@@ -59,6 +62,18 @@ impl PyFeedPosition {
     #[getter]
     fn rows(&self) -> Option<u64> {
         self.checkpoint.rows
+    }
+
+    /// The rows quarantined before this position, as `(epoch, position,
+    /// function, column, error)`.
+    #[getter]
+    fn quarantined(&self) -> Vec<crate::feed::QuarantineTuple> {
+        self.checkpoint
+            .quarantined
+            .iter()
+            .cloned()
+            .map(crate::feed::quarantine_tuple)
+            .collect()
     }
 
     /// Whether the files the order is over are known (a pass listed them).

@@ -12,6 +12,10 @@ use crate::feed::{FeedOptions, PyFeed};
 use crate::position::PyFeedPosition;
 use crate::result::PySqlResult;
 
+/// A quarantined row's `(epoch, position)` and origin `(file, row_group,
+/// row)`, if found.
+type QuarantineOrigin = (u64, u64, Option<(String, usize, u64)>);
+
 /// A sqlfeed session; see `sqlfeed.Session` for the documented API.
 #[pyclass(module = "sqlfeed._sqlfeed", name = "Session", frozen)]
 pub(crate) struct PySession {
@@ -226,6 +230,41 @@ impl PySession {
             .rows
             .into_iter()
             .map(|row| (row.file, row.row_group, row.row))
+            .collect())
+    }
+
+    /// `rows` (`(epoch, position, function, column, error)`, quarantined by
+    /// the feed `options` describes) with the file, row group and row each
+    /// came from; see `sqlfeed.Feed.quarantined`.
+    fn _quarantine_origins(
+        &self,
+        py: Python<'_>,
+        options: FeedOptions,
+        rows: Vec<crate::feed::QuarantineTuple>,
+    ) -> PyResult<Vec<QuarantineOrigin>> {
+        let session = self.session.clone();
+        let rows = rows
+            .into_iter()
+            .map(|(epoch, position, function, column, error)| {
+                sqlfeed::feed::QuarantinedRow {
+                    epoch,
+                    position,
+                    function,
+                    column,
+                    error,
+                    origin: None,
+                }
+            })
+            .collect();
+        let resolved = crate::wait::wait_for_call(py, "quarantine-origins", move || {
+            options.builder(&session)?.quarantine_origins(rows)
+        })?;
+        Ok(resolved
+            .into_iter()
+            .map(|row| {
+                let origin = row.origin.map(|o| (o.file, o.row_group, o.row));
+                (row.epoch, row.position, origin)
+            })
             .collect())
     }
 

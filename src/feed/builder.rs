@@ -284,6 +284,14 @@ impl FeedBuilder {
         self
     }
 
+    /// The rows a checkpoint's run quarantined before it (what
+    /// [`Self::resume_from`] takes from the checkpoint), for a caller that
+    /// resumes by [`Self::resume_point`]: the feed's table starts with them.
+    pub fn quarantined_before(mut self, rows: Vec<QuarantinedRow>) -> Self {
+        self.quarantined = rows;
+        self
+    }
+
     /// What a row whose functions fail does: [`OnError::Fail`] (the
     /// default) ends the feed with an error naming it;
     /// [`OnError::Quarantine`] leaves it out, records it

@@ -446,7 +446,12 @@ impl FeedPlan {
             appended,
             data: Some(data.iter().cloned().map(ManifestEntry).collect()),
             delta_versions: self.delta_versions.clone(),
-            quarantined: vec![],
+            // The resumed checkpoint's rows, which the feed's table starts with.
+            quarantined: self
+                .quarantine
+                .as_ref()
+                .map(|q| q.log.rows_before(epoch, rows.unwrap_or(0)))
+                .unwrap_or_default(),
         }
     }
 }
