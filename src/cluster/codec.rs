@@ -38,15 +38,16 @@ use ballista_core::serde::{
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::TableProvider;
 use datafusion::common::TableReference;
-use datafusion::common::{internal_err, plan_err};
+use datafusion::common::{internal_err, plan_datafusion_err, plan_err};
 use datafusion::datasource::file_format::FileFormatFactory;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Extension, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::{
-    PhysicalExtensionCodec, PhysicalProtoConverterExtension,
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
 };
 use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
 
@@ -60,6 +61,9 @@ use crate::shuffle::{
     DealExec, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, RankShardExec,
     ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
 };
+use crate::sql::ParallelProjectionExec;
+use datafusion_proto::protobuf::PhysicalExprNode;
+use prost::Message;
 
 fn encode(node: &WireNode, buf: &mut Vec<u8>) -> Result<()> {
     super::wire::encode(node, buf)
@@ -430,6 +434,45 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         };
         let input = Arc::clone(input);
         Ok(match node {
+            WireNode::ParallelProjection {
+                exprs,
+                names,
+                workers,
+                batch_bytes,
+                isolate_row_errors,
+            } => {
+                let decoding = PhysicalPlanDecodeContext::new(ctx, self);
+                let schema = input.schema();
+                let exprs = exprs
+                    .iter()
+                    .zip(names)
+                    .map(|(bytes, name)| {
+                        let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(|e| {
+                            plan_datafusion_err!(
+                                "cannot decode the expression of column '{name}' of a \
+                                 ParallelProjectionExec: {e}"
+                            )
+                        })?;
+                        let expr =
+                            proto_converter.proto_to_physical_expr(&node, &schema, &decoding)?;
+                        Ok(ProjectionExpr::new(expr, name))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let projection = ProjectionExec::try_new(exprs, input)?;
+                if isolate_row_errors {
+                    Arc::new(ParallelProjectionExec::isolating_row_errors(
+                        &projection,
+                        workers,
+                        batch_bytes,
+                    ))
+                } else {
+                    Arc::new(ParallelProjectionExec::new(
+                        &projection,
+                        workers,
+                        batch_bytes,
+                    ))
+                }
+            }
             WireNode::ShuffleKey {
                 seed,
                 epoch,
@@ -523,6 +566,23 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             }
         } else if plan.downcast_ref::<RankShardExec>().is_some() {
             WireNode::RankShard
+        } else if let Some(parallel) = plan.downcast_ref::<ParallelProjectionExec>() {
+            let exprs = parallel
+                .exprs()
+                .iter()
+                .map(|e| {
+                    Ok(proto_converter
+                        .physical_expr_to_proto(&e.expr, self)?
+                        .encode_to_vec())
+                })
+                .collect::<Result<Vec<_>>>()?;
+            WireNode::ParallelProjection {
+                exprs,
+                names: parallel.exprs().iter().map(|e| e.alias.clone()).collect(),
+                workers: parallel.workers(),
+                batch_bytes: parallel.batch_bytes(),
+                isolate_row_errors: parallel.isolates_row_errors(),
+            }
         } else if let Some(write) = plan.downcast_ref::<SharedEntryWriteExec>() {
             WireNode::SharedEntryWrite {
                 dir: write.dir().to_string(),

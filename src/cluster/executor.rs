@@ -203,7 +203,8 @@ impl ExecutionEngine for NamingExecutionEngine {
             crate::sql::file_errors::NameFileErrors.optimize(plan, config.options())?;
         // Not serialised either: costly functions of the stage run on every
         // core of the executor, in order (see ParallelProjectionExec).
-        let plan = crate::sql::ParallelFunctions.optimize(plan, config.options())?;
+        let plan =
+            crate::sql::ParallelFunctions::default().optimize(plan, config.options())?;
         self.inner.create_query_stage_exec(
             job_id,
             stage_id,

@@ -143,8 +143,9 @@ pub async fn run_scheduler(
         .map_err(|e| exec_datafusion_err!("the scheduler stopped: {e}"))
 }
 
-/// The scheduler's physical optimizer rules: the embedded engine's without
-/// `ParallelFunctions` (its operator does not travel; executors add it),
+/// The scheduler's physical optimizer rules: the embedded engine's with
+/// `ParallelFunctions` for a quarantine's projections only (executors add
+/// the rest, sized to their cores),
 /// and [`super::BalanceScanRows`] after the distribution rules, so that the
 /// stage-1 tasks of a shuffle read equal numbers of rows.
 fn scheduler_physical_rules()

@@ -804,15 +804,6 @@ impl FeedBuilder {
                         .into(),
                 );
             }
-            if self.session.scale_out().is_some() {
-                return plan_error(
-                    "on_error='quarantine' runs on the embedded engine only for now: a \
-                     rank of a cluster feed reads only its own rows, so it cannot fill a \
-                     failed row's slot the way every other rank would. Run the feed \
-                     without a cluster, or fix the rows first"
-                        .into(),
-                );
-            }
         }
         if self.order_lanes == 0 {
             return plan_error("order_lanes must be at least 1".into());

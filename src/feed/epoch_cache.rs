@@ -170,7 +170,7 @@ impl EpochCache {
             Arc::new(ProjectionExec::try_new(exprs, filling)?);
         // Planned after the physical optimizer ran: the finish step's costly
         // functions (image_to_tensor) get their parallel workers here.
-        ParallelFunctions.optimize(finished, state.config_options())
+        ParallelFunctions::default().optimize(finished, state.config_options())
     }
 
     /// Commits a fill whose epoch ended; later epochs read the entry.

@@ -276,8 +276,12 @@ impl Producer {
         // The cache changes the job's result (each row's content hash comes
         // with it): ranks of a cached and an uncached run must not share it.
         let run = format!(
-            "{}\0{:?}\0{}\0{}",
-            feed.sql, feed.order, feed.run_id, feed.cache,
+            "{}\0{:?}\0{}\0{}\0{}",
+            feed.sql,
+            feed.order,
+            feed.run_id,
+            feed.cache,
+            feed.quarantine.is_some(),
         );
         let (state, plan) = query.into_parts();
         let config = self.epoch_config(state.config(), epoch);
@@ -292,7 +296,9 @@ impl Producer {
             run,
             epoch,
             rank: feed.shard.rank,
-            deal: feed.deal(may_deal),
+            // A quarantining feed's ranks read the whole order, in which
+            // the slot of a failing row takes the row before it.
+            deal: feed.deal(may_deal && feed.quarantine.is_none()),
             completed,
             mixture: Some(Arc::clone(&mixture)),
         })?;
@@ -389,6 +395,8 @@ impl Producer {
             // projection, where their failing rows are isolated.
             sqlfeed_options.carry_cheap_outputs = false;
             sqlfeed_options.isolate_row_errors = true;
+            // A projection on the client would drop the marker column.
+            sqlfeed_options.widen_on_client = false;
         }
         config.options_mut().extensions.insert(sqlfeed_options);
         config
@@ -494,10 +502,10 @@ impl Producer {
             )?;
         }
         if feed.quarantine.is_some() {
+            // Again: the lanes of an unshuffled feed rebuilt the top.
             let batch_bytes = crate::config::SqlfeedOptions::of(state.config().options())
-                .function_batch_bytes
-                .max(1);
-            physical = quarantine::isolate_output_projections(physical, batch_bytes)?;
+                .function_batch_bytes;
+            physical = crate::sql::isolate_output_projections(physical, batch_bytes)?;
         }
         Ok(EpochPlan {
             plan: physical,

@@ -36,6 +36,7 @@ pub mod file_errors;
 mod folder_glob;
 pub mod function_docs;
 mod functions;
+mod isolate_row_errors;
 mod mix_clause;
 pub mod no_new_evaluations;
 mod parallel_projection;
@@ -58,6 +59,9 @@ use datafusion::sql::sqlparser::ast::{ObjectName, Query};
 use datafusion::sql::sqlparser::dialect::{Dialect, GenericDialect, dialect_from_str};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
+pub use isolate_row_errors::{
+    IsolateRowErrors, isolate_output_projections, isolating_schema,
+};
 pub use parallel_projection::{ParallelFunctions, ParallelProjectionExec};
 pub use verify::{VerifyExec, VerifyFile, VerifySpec};
 

@@ -404,9 +404,24 @@ impl MorselCutter {
 
 /// Replaces every `ProjectionExec` that calls a costly row-wise function
 /// with a [`ParallelProjectionExec`] (`sqlfeed.function_batch_bytes`, 0 to
-/// turn off), with `target_partitions / input partitions` workers.
+/// turn off), with `target_partitions / input partitions` workers; with
+/// `sqlfeed.isolate_row_errors`, every projection that computes something.
 #[derive(Debug, Default)]
-pub struct ParallelFunctions;
+pub struct ParallelFunctions {
+    /// Only the projections a quarantine keeps out of file scans (a Ballista
+    /// scheduler's rule: executors parallelise the costly ones themselves,
+    /// for their own cores).
+    isolation_only: bool,
+}
+
+impl ParallelFunctions {
+    /// The rule for a Ballista scheduler: see `isolation_only`.
+    pub fn isolation_only() -> Self {
+        Self {
+            isolation_only: true,
+        }
+    }
+}
 
 crate::exec::node_rewrite_rule!(ParallelFunctions, "sqlfeed_parallel_functions");
 
@@ -428,7 +443,7 @@ impl NodeRewrite for ParallelFunctions {
                 .expr()
                 .iter()
                 .any(|e| e.expr.as_ref().downcast_ref::<Column>().is_none());
-        if !costly && !computes {
+        if !computes && (self.isolation_only || !costly) {
             return Ok(Transformed::no(node));
         }
         let batch_bytes = match options.function_batch_bytes {

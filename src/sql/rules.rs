@@ -41,8 +41,9 @@ pub fn optimizer_rules() -> Vec<Arc<dyn OptimizerRule + Send + Sync>> {
 /// [`crate::shuffle::CarryCheapOutputs`] runs before `ParallelFunctions`
 /// too: it splits the projection above a shuffle, which that rule would
 /// otherwise have turned into its own operator.
-/// `parallel_functions`: false on a Ballista scheduler, which cannot
-/// serialise [`crate::sql::ParallelProjectionExec`]; its executors add it.
+/// `parallel_functions`: false on a Ballista scheduler, whose executors
+/// parallelise costly functions for their own cores; it keeps only a
+/// quarantining feed's projections out of file scans.
 pub fn physical_optimizer_rules(
     parallel_functions: bool,
 ) -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
@@ -58,9 +59,14 @@ pub fn physical_optimizer_rules(
         Arc::new(crate::shuffle::KeepShuffleOrder),
         Arc::new(crate::shuffle::CarryCheapOutputs),
     ];
-    if parallel_functions {
-        ours.push(Arc::new(crate::sql::ParallelFunctions));
-    }
+    ours.push(Arc::new(if parallel_functions {
+        crate::sql::ParallelFunctions::default()
+    } else {
+        crate::sql::ParallelFunctions::isolation_only()
+    }));
     rules.splice(at..at, ours);
+    // Last: it changes the plan's schema, and projection pushdown must not
+    // fold the projections it isolates into scans afterwards.
+    rules.push(Arc::new(crate::sql::IsolateRowErrors));
     rules
 }

@@ -1432,3 +1432,78 @@ fn a_feed_job_assumes_unique_rows_and_falls_back_to_the_copy_stage() -> Result<(
     }
     Ok(())
 }
+
+#[test]
+fn a_quarantining_feed_fills_failed_slots_on_the_cluster_as_embedded() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    // 31 of the 3,000 images are not images; image_to_tensor widens (it
+    // would run on the client, which a quarantining feed does not do).
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(CASE WHEN id % 97 = 5 \
+         THEN CAST('garbage' AS BYTEA) ELSE image_png END), 4, 4)) AS px \
+         FROM '{}/flat/*.parquet'",
+        dir.path().display()
+    );
+    let table = |path: &Path| {
+        embedded(&format!(
+            "SELECT epoch, position, function, file, \"row\" FROM '{}' ORDER BY 1, 2",
+            path.display()
+        ))
+    };
+    for (order, shuffle) in [
+        ("shuffled", &["--shuffle-seed", "42"][..]),
+        ("unshuffled", &[]),
+    ] {
+        let args = |rank: usize, engine: &str| -> Vec<String> {
+            let out = dir
+                .path()
+                .join(format!("q-{order}-{engine}-{rank}.parquet"));
+            let mut args: Vec<String> = shuffle.iter().map(|s| s.to_string()).collect();
+            args.extend(
+                [
+                    "--on-error",
+                    "quarantine",
+                    "--max-quarantined",
+                    "100",
+                    "--quarantine-out",
+                    &out.display().to_string(),
+                    "--shard",
+                    &format!("{rank}/2"),
+                ]
+                .map(String::from),
+            );
+            args
+        };
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let (url, sql, args) = (url.clone(), sql.clone(), args(rank, "cluster"));
+                std::thread::spawn(move || {
+                    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                    feed_digests_of(Some(&url), &sql, &args)
+                })
+            })
+            .collect();
+        for (rank, on_cluster) in ranks.into_iter().enumerate() {
+            let on_cluster = on_cluster.join().expect("rank thread");
+            let args = args(rank, "embedded");
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let embedded_batches = feed_digests_of(None, &sql, &args);
+            // 3,000 rows, 2 × 64 per step: 24 batches per epoch and rank.
+            assert_eq!(embedded_batches.len(), 2 * 24, "{order}");
+            assert_eq!(on_cluster, embedded_batches, "{order} rank {rank}");
+            let path = |engine: &str| {
+                dir.path()
+                    .join(format!("q-{order}-{engine}-{rank}.parquet"))
+            };
+            let (cluster_table, embedded_table) =
+                (table(&path("cluster")), table(&path("embedded")));
+            assert_eq!(cluster_table, embedded_table, "{order} rank {rank}");
+            assert_eq!(cluster_table.lines().count(), 1 + 2 * 31, "{cluster_table}");
+            assert!(cluster_table.contains("image_decode"), "{cluster_table}");
+        }
+    }
+    Ok(())
+}

@@ -271,7 +271,12 @@ impl SharedJobExec {
         // partitions are lanes, read like the embedded sink reads them.
         let lane_turn_rows =
             (!shuffle_under_projections(plan, true)).then(|| config.batch_size());
-        let schema: SchemaRef = Arc::clone(plan.schema().inner());
+        let mut schema: SchemaRef = Arc::clone(plan.schema().inner());
+        if crate::config::SqlfeedOptions::of(config.options()).isolate_row_errors {
+            // The scheduler's plan marks failing rows in an extra column
+            // (`crate::sql::IsolateRowErrors`): the result's schema.
+            schema = crate::sql::isolating_schema(&schema);
+        }
         let properties = crate::exec::one_bounded_partition(
             Arc::clone(&schema),
             EmissionType::Incremental,

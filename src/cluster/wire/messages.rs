@@ -11,7 +11,7 @@ pub struct Envelope {
     pub version: u32,
     #[prost(
         oneof = "Node",
-        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15"
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
     )]
     pub node: Option<Node>,
 }
@@ -47,6 +47,24 @@ pub enum Node {
     MixExec(MixExecNode),
     #[prost(message, tag = "15")]
     MixWindow(MixWindowNode),
+    #[prost(message, tag = "16")]
+    ParallelProjection(ParallelProjectionNode),
+}
+
+/// `ParallelProjectionExec`: its expressions (DataFusion's
+/// `PhysicalExprNode`s, encoded) and output names.
+#[derive(Clone, PartialEq, Message)]
+pub struct ParallelProjectionNode {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    pub exprs: Vec<Vec<u8>>,
+    #[prost(string, repeated, tag = "2")]
+    pub names: Vec<String>,
+    #[prost(uint64, tag = "3")]
+    pub workers: u64,
+    #[prost(uint64, tag = "4")]
+    pub batch_bytes: u64,
+    #[prost(bool, tag = "5")]
+    pub isolate_row_errors: bool,
 }
 
 /// `MixNode`: its `MixSpec`.

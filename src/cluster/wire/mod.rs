@@ -84,6 +84,19 @@ pub enum WireNode {
     },
     /// `RankShardExec`.
     RankShard,
+    /// `ParallelProjectionExec`.
+    ParallelProjection {
+        /// Each expression as DataFusion's encoded `PhysicalExprNode`.
+        exprs: Vec<Vec<u8>>,
+        /// The output names.
+        names: Vec<String>,
+        /// Morsels evaluated at once per partition.
+        workers: usize,
+        /// Target output bytes per morsel.
+        batch_bytes: usize,
+        /// Failing rows marked rather than fatal.
+        isolate_row_errors: bool,
+    },
     /// `SharedEntryWriteNode` (logical) and `SharedEntryWriteExec`.
     SharedEntryWrite {
         /// The entry folder.
@@ -290,6 +303,19 @@ fn to_message(node: &WireNode) -> Result<Node> {
             ranged: *ranged,
             unique_rows: *unique_rows,
             copies_by_column: copies_by_column(*copies),
+        }),
+        WireNode::ParallelProjection {
+            exprs,
+            names,
+            workers,
+            batch_bytes,
+            isolate_row_errors,
+        } => Node::ParallelProjection(ParallelProjectionNode {
+            exprs: exprs.clone(),
+            names: names.clone(),
+            workers: *workers as u64,
+            batch_bytes: *batch_bytes as u64,
+            isolate_row_errors: *isolate_row_errors,
         }),
         WireNode::RangeBucket { ranges, counted } => Node::RangeBucket(RangeBucket {
             ranges: *ranges as u64,
@@ -528,6 +554,13 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             unique_rows: root.unique_rows,
             copies: copy_identity(root.copies_by_column)?,
         },
+        Node::ParallelProjection(projection) => WireNode::ParallelProjection {
+            exprs: projection.exprs,
+            names: projection.names,
+            workers: usize_of(projection.workers, "workers")?,
+            batch_bytes: usize_of(projection.batch_bytes, "batch bytes")?,
+            isolate_row_errors: projection.isolate_row_errors,
+        },
         Node::RangeBucket(bucket) => WireNode::RangeBucket {
             ranges: usize_of(bucket.ranges, "range count")?,
             counted: bucket.counted,
@@ -680,6 +713,13 @@ mod tests {
                 ranges: 4,
             },
             WireNode::RankShard,
+            WireNode::ParallelProjection {
+                exprs: vec![vec![1, 2, 3], vec![]],
+                names: vec!["x".into(), "y".into()],
+                workers: 4,
+                batch_bytes: 1 << 20,
+                isolate_row_errors: true,
+            },
             WireNode::SharedEntryWrite {
                 dir: "/shared/sqlfeed-cache/0a1b".into(),
             },

@@ -72,16 +72,13 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::{internal_err, plan_err};
+use datafusion::common::plan_err;
 use datafusion::error::Result;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::projection::ProjectionExec;
 
 pub(crate) use replace::Replacer;
 
 use super::RowOrigin;
 use crate::exec::row_errors::has_row_errors;
-use crate::sql::ParallelProjectionExec;
 
 /// Rows a fractional `max_quarantined` counts at least (see the module
 /// docs).
@@ -284,57 +281,6 @@ impl QuarantineLog {
 pub(crate) struct Quarantine {
     pub(crate) limit: QuarantineLimit,
     pub(crate) log: Arc<QuarantineLog>,
-}
-
-/// `plan` with the projections at its top isolating row errors (see the
-/// module docs): each is rebuilt as a [`ParallelProjectionExec`] that marks
-/// failing rows (a plain projection with one worker per partition, in
-/// morsels of about `batch_bytes`); a projection over another carries that
-/// one's marks. A plan without a projection at its top is returned as it
-/// is: nothing in its output can be isolated.
-pub(crate) fn isolate_output_projections(
-    plan: Arc<dyn ExecutionPlan>,
-    batch_bytes: usize,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let mut chain: Vec<Arc<dyn ExecutionPlan>> = vec![];
-    let mut node = Arc::clone(&plan);
-    while node.downcast_ref::<ProjectionExec>().is_some()
-        || node.downcast_ref::<ParallelProjectionExec>().is_some()
-    {
-        let child = Arc::clone(node.children()[0]);
-        chain.push(node);
-        node = child;
-    }
-    if chain.is_empty() {
-        return Ok(plan);
-    }
-    let mut rebuilt = node;
-    for projection in chain.iter().rev() {
-        let (exprs, workers, bytes) =
-            match projection.downcast_ref::<ParallelProjectionExec>() {
-                Some(parallel) => (
-                    parallel.exprs().to_vec(),
-                    parallel.workers(),
-                    parallel.batch_bytes(),
-                ),
-                None => match projection.downcast_ref::<ProjectionExec>() {
-                    Some(plain) => (plain.expr().to_vec(), 1, batch_bytes),
-                    None => {
-                        return internal_err!(
-                            "a projection chain holds {}",
-                            projection.name()
-                        );
-                    }
-                },
-            };
-        let projection = ProjectionExec::try_new(exprs, rebuilt)?;
-        rebuilt = Arc::new(ParallelProjectionExec::isolating_row_errors(
-            &projection,
-            workers,
-            bytes,
-        ));
-    }
-    Ok(rebuilt)
 }
 
 /// `schema` without the marker column of isolated row errors, if it has
