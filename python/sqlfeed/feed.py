@@ -139,8 +139,8 @@ class Feed:
             recorded (:meth:`quarantined`), and its slot takes the row before
             it in the epoch's order, so every rank keeps its step count and
             every other batch is what it would have been; the same on any
-            world size and across resumes (embedded engine, without
-            ``cache``).
+            world size, across resumes and on a cluster (not with
+            ``cache`` yet).
         max_quarantined: with ``on_error="quarantine"``, the rows an epoch
             may quarantine before iteration raises with a summary: a count
             (``100``), a fraction (``0.005``) or a percentage (``"0.5%"``) of

@@ -242,8 +242,11 @@ def test_scalar_batch_and_seeded_functions_give_the_embedded_rows(cluster, prep,
     assert tables["cluster"].equals(tables["embedded"])
 
 
-def feed_digests(session: sqlfeed.Session, query: str, run_id: str) -> list[list[str]]:
-    """Per rank of 2, the digest of every batch of a shuffled 2-epoch feed."""
+def feed_digests(
+    session: sqlfeed.Session, query: str, run_id: str, tables: list | None = None, **options
+) -> list[list[str]]:
+    """Per rank of 2, the digest of every batch of a shuffled 2-epoch feed;
+    each rank's quarantine table appended to ``tables``, if given."""
 
     def rank(r: int) -> list[str]:
         feed = session.feed(
@@ -255,6 +258,7 @@ def feed_digests(session: sqlfeed.Session, query: str, run_id: str) -> list[list
             device="cpu",
             format="numpy",
             run_id=run_id,
+            **options,
         )
         digests = []
         for batch in feed:
@@ -262,6 +266,8 @@ def feed_digests(session: sqlfeed.Session, query: str, run_id: str) -> list[list
             for name in sorted(batch):
                 h.update(name.encode() + batch[name].tobytes())
             digests.append(h.hexdigest())
+        if tables is not None:
+            tables.append(feed.quarantined())
         return digests
 
     with ThreadPoolExecutor(2) as pool:
@@ -286,6 +292,39 @@ def test_a_shuffled_feed_with_seeded_and_costly_functions_deals_the_embedded_bat
     assert digests["cluster"] == digests["embedded"]
     # The draws change with the epoch.
     assert digests["cluster"][0][:15] != digests["cluster"][0][15:]
+
+
+def test_a_quarantining_feed_fills_the_embedded_slots_on_the_cluster(cluster, prep, data):
+    # Row 1234 raises in the hosted `unlucky`; 1 in 97 images is no image.
+    query = (
+        f"SELECT unlucky(id) AS id, image_resize(image_decode(CASE WHEN id % 97 = 5 "
+        f"THEN CAST('no image' AS BYTEA) ELSE image_jpeg END), 4, 4) AS px FROM '{data}'"
+    )
+    tables: dict[str, list] = {"embedded": [], "cluster": []}
+    digests = {
+        where: feed_digests(
+            s, query, f"test-61-{where}", tables[where], on_error="quarantine", max_quarantined=200
+        )
+        for where, s in sessions(cluster, [prep.unlucky]).items()
+    }
+    assert [len(d) for d in digests["cluster"]] == [30, 30]  # 6000 rows, 2 epochs, 2 ranks
+    assert digests["cluster"] == digests["embedded"]
+    table = tables["cluster"][0]
+    assert tables["cluster"] == [table, table], "every rank holds the same table"
+
+    def rows(table: list[dict]) -> list[tuple]:
+        # The traceback differs (the executors run the function in worker
+        # processes); where it failed and what was raised do not.
+        return [(*(r[k] for k in r if k != "error"), r["error"].split("\n")[-2:]) for r in table]
+
+    assert rows(table) == rows(tables["embedded"][0])
+    functions = [(row["epoch"], row["function"]) for row in table]
+    # Per epoch: the 62 ids of 6,000 that are 5 (mod 97), and row 1234.
+    for epoch in (0, 1):
+        assert functions.count((epoch, "image_decode")) == 62
+        assert functions.count((epoch, "unlucky")) == 1
+    raised = next(row for row in table if row["function"] == "unlucky")
+    assert "row 1234 is unlucky" in raised["error"] and raised["column"] == "id"
 
 
 def test_a_function_whose_code_differs_is_refused_naming_both_hashes(cluster, prep, data):

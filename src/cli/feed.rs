@@ -167,7 +167,8 @@ pub struct FeedArgs {
     /// raising on it) does: `fail` stops the feed naming it; `quarantine`
     /// leaves it out, records it and fills its slot with the row before it
     /// in the epoch's order, so that every rank keeps its step count and
-    /// every other row its place (embedded engine, without --cache).
+    /// every other row its place, on any world size and on a cluster (not
+    /// with --cache yet).
     #[arg(long, value_name = "WHAT", value_enum, default_value_t = OnErrorArg::Fail)]
     pub on_error: OnErrorArg,
     /// With --on-error quarantine: the rows an epoch may quarantine before

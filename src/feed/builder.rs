@@ -297,8 +297,8 @@ impl FeedBuilder {
     /// [`OnError::Quarantine`] leaves it out, records it
     /// ([`Feed::quarantined`]) and fills its slot with the nearest row
     /// before it in the epoch's order, so that every rank keeps its step
-    /// count and every other row its place (see `feed::quarantine`). On
-    /// the embedded engine, without the epoch cache.
+    /// count and every other row its place (see `feed::quarantine`).
+    /// Embedded and on a cluster; not with the epoch cache yet.
     pub fn on_error(mut self, on_error: OnError) -> Self {
         self.on_error = on_error;
         self

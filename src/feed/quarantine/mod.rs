@@ -36,8 +36,9 @@
 //! The row-wise functions of the query's output — where sqlfeed runs them
 //! on a shuffled feed (after the permutation) and on an unshuffled one:
 //! the projections at the top of the epoch's plan. With quarantine on,
-//! cheap functions are not moved below the shuffle, so that they are there
-//! too. sqlfeed's functions, plugins' and Python's alike; casts and
+//! cheap functions are not moved below the shuffle, computing projections
+//! are not folded into file scans, and widening functions do not move to
+//! a cluster feed's client, so that they are all there. sqlfeed's functions, plugins' and Python's alike; casts and
 //! arithmetic as well. A function under a join, an aggregate, a sort or a
 //! `MIX` still fails the feed, as do errors no row is at fault for (memory,
 //! I/O, a damaged Parquet page, which `sqlfeed verify` finds).
@@ -60,9 +61,12 @@
 //! collective.
 //!
 //! # Where it runs
-//! On the embedded engine, without the epoch cache; a cluster feed and a
-//! cached feed refuse `on_error = quarantine` for now (a rank of a cluster
-//! feed reads only its own rows, so it cannot see the row before a slot).
+//! Embedded and on a cluster. The plan isolates row errors wherever it is
+//! planned (`crate::sql::IsolateRowErrors`, on a Ballista scheduler too), so
+//! the marked rows reach the client; each rank of a quarantining cluster
+//! feed reads the whole epoch's order (the job is not dealt per rank: the
+//! row before a slot may be another rank's). A cached feed refuses it for
+//! now: the cache stores rows, not which of them failed.
 
 mod replace;
 
