@@ -15,8 +15,9 @@
 #
 #   scripts/bench-quarantine.sh [IMAGE_ROWS=200000] [NARROW_ROWS=2000000] [ROUNDS=2]
 #
-# The data is written once under target/bench-quarantine. Needs a release
-# build (cargo build --release --workspace --bins).
+# The images are written once under target/bench-quarantine, the narrow rows
+# are bench-epochs.sh's (under target/bench-epochs). Needs a release build
+# (cargo build --release --workspace --bins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 image_rows=${1:-200000}
@@ -25,9 +26,10 @@ rounds=${3:-2}
 bin=$PWD/target/release/sqlfeed
 [[ -x $bin ]] || { echo "build first: cargo build --release --workspace --bins" >&2; exit 1; }
 images=target/bench-quarantine/images-$image_rows
-narrow=target/bench-quarantine/narrow-$narrow_rows
+narrow=target/bench-epochs/unique-$narrow_rows
 [[ -f $images/done ]] || { "$bin" gen --rows "$image_rows" --files 8 --out "$images" >/dev/null && touch "$images/done"; }
-[[ -f $narrow/done ]] || { "$bin" gen --rows "$narrow_rows" --files 16 --image-size 8 --out "$narrow" >/dev/null && touch "$narrow/done"; }
+# bench-epochs.sh writes the narrow data first; 0 rounds runs nothing else.
+[[ -f $narrow/done ]] || scripts/bench-epochs.sh "$narrow_rows" 0 >/dev/null
 
 image_sql() { # what the 1% of rows get
   echo "SELECT image_to_tensor(image_resize(image_decode(CASE WHEN id % 100 = 7 THEN $1 ELSE image_jpeg END), 16, 16)) AS x, label AS y FROM '$images/*.parquet'"

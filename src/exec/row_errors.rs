@@ -7,10 +7,10 @@
 //!  morsel of rows ──► evaluate every expression ── ok ──► rows + null marker
 //!                          │ a row error
 //!                          ▼
-//!                     halves evaluated again (bisection) until the failing
-//!                     rows stand alone; each is marked with the function
-//!                     that failed, its output column and the error text,
-//!                     and its values are nulls
+//!                     evaluated again in chunks of 16 rows, and a chunk
+//!                     that fails row by row; each failing row is marked
+//!                     with the function that failed, its output column and
+//!                     the error text, and its values are nulls
 //! ```
 //!
 //! # The marker
@@ -29,10 +29,12 @@
 //!
 //! # Cost
 //! Nothing beyond the marker's null column while every row evaluates. A
-//! morsel of `n` rows with a failing row is evaluated about `2·log2(n)`
-//! more times on shrinking slices: row-wise functions give each row the
-//! value it gets in the whole morsel, so the rows that evaluate keep their
-//! values.
+//! morsel of `n` rows with `k` failing rows is evaluated again: its rows
+//! once more in chunks of [`CHUNK_ROWS`], and `CHUNK_ROWS` rows per failing
+//! chunk one by one — about `n + 16·k` rows, where halving would evaluate
+//! about `n·log2(n/k)` (measured in BENCHMARKS.md, bench-quarantine).
+//! Row-wise functions give each row the value it gets in the whole morsel,
+//! so the rows that evaluate keep their values.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -123,6 +125,15 @@ pub fn row_errors(batch: &RecordBatch) -> Result<Vec<Option<RowError>>> {
             })
         })
         .collect())
+}
+
+/// Whether no row of `batch` (which ends with the marker column) is
+/// marked: the common case, told without reading the marks.
+pub fn none_marked(batch: &RecordBatch) -> bool {
+    batch
+        .columns()
+        .last()
+        .is_some_and(|marks| marks.null_count() == marks.len())
 }
 
 /// Whether `err` is a row's fault (see the module docs).
@@ -221,8 +232,12 @@ pub fn evaluate_isolating(
     )?)
 }
 
-/// Rows `[offset, offset + len)` of `batch` evaluated into `pieces`,
-/// halving around failures.
+/// Rows a failing morsel is evaluated again in, before a failing chunk is
+/// evaluated row by row.
+pub const CHUNK_ROWS: usize = 16;
+
+/// Rows `[offset, offset + len)` of `batch` evaluated into `pieces`: whole,
+/// and if that fails in chunks of [`CHUNK_ROWS`] rows, then rows.
 fn isolate(
     exprs: &[ProjectionExpr],
     batch: &RecordBatch,
@@ -239,9 +254,10 @@ fn isolate(
         Err(err) if !is_row_error(&err) => return Err(err),
         Err(err) if len == 1 => pieces.push(Piece::Marked(describe(exprs, &slice, err))),
         Err(_) => {
-            let half = len / 2;
-            isolate(exprs, batch, offset, half, pieces)?;
-            isolate(exprs, batch, offset + half, len - half, pieces)?;
+            let chunk = if len > CHUNK_ROWS { CHUNK_ROWS } else { 1 };
+            for start in (0..len).step_by(chunk) {
+                isolate(exprs, batch, offset + start, chunk.min(len - start), pieces)?;
+            }
         }
     }
     Ok(())
@@ -325,6 +341,9 @@ fn error_text(err: &DataFusionError) -> String {
 
 /// The marker column for `marks`.
 fn marker_array(marks: &[Option<RowError>]) -> ArrayRef {
+    if marks.iter().all(Option::is_none) {
+        return new_null_array(&DataType::Struct(row_error_fields()), marks.len());
+    }
     let text = |pick: fn(&RowError) -> &str| -> ArrayRef {
         Arc::new(StringArray::from_iter_values(
             marks.iter().map(|m| m.as_ref().map_or("", pick)),

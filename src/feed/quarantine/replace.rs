@@ -18,7 +18,7 @@ use datafusion::common::exec_err;
 use datafusion::error::Result;
 
 use super::{Quarantine, QuarantinedRow, without_marker};
-use crate::exec::row_errors::{RowError, row_errors};
+use crate::exec::row_errors::{RowError, none_marked, row_errors};
 
 /// What the summary of a failed epoch says of one function's failures.
 #[derive(Debug)]
@@ -67,6 +67,21 @@ impl Replacer {
     /// replaced: none while the epoch has had no row that evaluated, then
     /// those held back too. Fails past the limit.
     pub(crate) fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        let columns = batch.columns()[..batch.num_columns() - 1].to_vec();
+        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+        let rows = RecordBatch::try_new_with_options(
+            Arc::clone(&self.schema),
+            columns,
+            &options,
+        )?;
+        if none_marked(&batch) && self.previous.is_some() {
+            // The common case: nothing to replace, one row to remember.
+            self.seen += batch.num_rows() as u64;
+            if rows.num_rows() > 0 {
+                self.previous = Some(one_row(&rows, rows.num_rows() - 1)?);
+            }
+            return Ok(vec![rows]);
+        }
         let marks = row_errors(&batch)?;
         let mut marked = Vec::with_capacity(marks.len());
         for (row, mark) in marks.into_iter().enumerate() {
@@ -76,13 +91,6 @@ impl Replacer {
             }
         }
         self.seen += batch.num_rows() as u64;
-        let columns = batch.columns()[..batch.num_columns() - 1].to_vec();
-        let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-        let rows = RecordBatch::try_new_with_options(
-            Arc::clone(&self.schema),
-            columns,
-            &options,
-        )?;
         if self.previous.is_none() {
             let Some(first) = marked.iter().position(|m| !m) else {
                 if rows.num_rows() > 0 {
@@ -133,7 +141,7 @@ impl Replacer {
             position,
             function: mark.function,
             column: mark.column,
-            error: mark.error,
+            error: bounded(mark.error),
             origin: None,
         });
         let limit = self.quarantine.limit;
@@ -214,6 +222,28 @@ impl Replacer {
         }
         Ok(filled)
     }
+}
+
+/// Characters of an error text the table keeps: a Python traceback is
+/// about 600; every rank and every checkpoint holds each row's.
+const MAX_ERROR_CHARS: usize = 2000;
+
+/// `error`, its middle cut out past [`MAX_ERROR_CHARS`] (the start says
+/// what failed, the end what was raised).
+fn bounded(error: String) -> String {
+    let chars = error.chars().count();
+    if chars <= MAX_ERROR_CHARS {
+        return error;
+    }
+    let head: String = error.chars().take(MAX_ERROR_CHARS / 4).collect();
+    let tail: String = error
+        .chars()
+        .skip(chars - MAX_ERROR_CHARS * 3 / 4)
+        .collect();
+    format!(
+        "{head} … ({} characters cut) … {tail}",
+        chars - MAX_ERROR_CHARS
+    )
 }
 
 /// Row `row` of `batch`, copied (a slice would keep the whole batch).
@@ -301,6 +331,15 @@ mod tests {
         replacer.finish()?;
         assert_eq!(values(&out), vec![4, 4, 4, 4, 4]);
         Ok(())
+    }
+
+    #[test]
+    fn a_long_error_keeps_its_start_and_end() {
+        let long = format!("start{}end", "x".repeat(5000));
+        let kept = bounded(long);
+        assert!(kept.starts_with("start") && kept.ends_with("end"), "{kept}");
+        assert!(kept.contains("(3008 characters cut)"), "{kept}");
+        assert_eq!(bounded("short".into()), "short");
     }
 
     #[test]
