@@ -56,7 +56,10 @@
 //! record batches per partition, plus the slot ring. What the batcher, the
 //! bucketer and the newest batch hold is reserved from the session's pool
 //! after every record batch, and the ring's buffers before they are
-//! allocated, so one budget covers the feed.
+//! allocated, so one budget covers the feed. A quarantining feed's
+//! replacer holds one row, and the record batches before an epoch's first
+//! row that evaluates (rows that all failed: at most the limit's worth),
+//! which are not reserved.
 //!
 //! # Cancellation
 //! If the consumer goes away (the feed is dropped), the next hand-off fails
