@@ -379,3 +379,51 @@ fn the_cli_writes_the_table_and_names_the_limit() -> Result<()> {
     assert_contains(&stderr, &["--max-quarantined", "neither a row count"]);
     Ok(())
 }
+
+#[test]
+fn batches_cut_by_tokens_or_buckets_keep_every_ranks_step_count() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let files = ids(dir.path())?;
+    let session = session()?;
+    // A variable-length column: the failing rows' slots take another row's
+    // length, so the cut after them follows the row that fills them.
+    let sql = format!(
+        "SELECT CAST(CASE WHEN id % 37 = 5 THEN 'bad' ELSE CAST(id AS VARCHAR) END \
+         AS BIGINT) AS v, array_repeat(id, CAST(id % 7 + 1 AS BIGINT)) AS toks, id \
+         FROM '{files}'"
+    );
+    let cuts: [(&str, fn(FeedBuilder) -> FeedBuilder); 2] = [
+        ("batch_tokens", |b| b.batch_tokens(200)),
+        ("bucket_by_length", |b| b.batch_size(20).bucket_by_length(4)),
+    ];
+    for (cut, apply) in cuts {
+        let ranks = (0..2)
+            .map(|rank| {
+                let builder = quarantining(Feed::builder(&session, sql.clone()))
+                    .shuffle(6)
+                    .epochs(2)
+                    .shard(rank, 2);
+                fed(apply(builder))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let steps: Vec<Vec<(u64, u64)>> = ranks
+            .iter()
+            .map(|(batches, _)| batches.iter().map(|b| (b.0, b.1)).collect())
+            .collect();
+        assert_eq!(steps[0], steps[1], "{cut}: both ranks take the same steps");
+        let fed_ids: Vec<i64> = ranks
+            .iter()
+            .flat_map(|(batches, _)| batches.iter().flat_map(|b| b.2.clone()))
+            .collect();
+        assert!(
+            !fed_ids.iter().any(|id| bad(*id)),
+            "{cut}: a failing row was fed"
+        );
+        assert_eq!(
+            ranks[0].1, ranks[1].1,
+            "{cut}: the same table on both ranks"
+        );
+        assert_eq!(ranks[0].1.len(), 2 * 27, "{cut}");
+    }
+    Ok(())
+}

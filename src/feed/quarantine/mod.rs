@@ -27,7 +27,9 @@
 //! uniform permutation, so the rows that fill slots are a uniform sample of
 //! the rows that evaluated: no row is favoured, as one reserve row would
 //! be. A quarantined slot changes nothing else: every other batch is
-//! byte-identical to a run in which that row evaluated, resume (by step or
+//! byte-identical to a run in which that row evaluated (with `batch_tokens`
+//! or `bucket_by_length`, which cut by lengths, the cuts after a filled
+//! slot follow its filler's length, on every rank alike), resume (by step or
 //! by rows, under any world size) is exact, and `explain_batch` names the
 //! quarantined row at its slot (the row that was there, whose origin is
 //! the useful answer).
