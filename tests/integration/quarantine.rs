@@ -380,6 +380,9 @@ fn the_cli_writes_the_table_and_names_the_limit() -> Result<()> {
     Ok(())
 }
 
+/// How a test cuts a feed's batches.
+type Cut = fn(FeedBuilder) -> FeedBuilder;
+
 #[test]
 fn batches_cut_by_tokens_or_buckets_keep_every_ranks_step_count() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -392,7 +395,7 @@ fn batches_cut_by_tokens_or_buckets_keep_every_ranks_step_count() -> Result<()> 
          AS BIGINT) AS v, array_repeat(id, CAST(id % 7 + 1 AS BIGINT)) AS toks, id \
          FROM '{files}'"
     );
-    let cuts: [(&str, fn(FeedBuilder) -> FeedBuilder); 2] = [
+    let cuts: [(&str, Cut); 2] = [
         ("batch_tokens", |b| b.batch_tokens(200)),
         ("bucket_by_length", |b| b.batch_size(20).bucket_by_length(4)),
     ];
