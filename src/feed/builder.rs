@@ -15,6 +15,7 @@ use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
 use super::batcher::EpochStart;
+use super::batcher::pack::PackOptions;
 use super::checkpoint::{
     Checkpoint, FeedShape, OnDataChange, ResumePoint, query_fingerprint,
 };
@@ -109,6 +110,8 @@ pub struct FeedBuilder {
     pub(super) on_error: OnError,
     /// The rows a resumed checkpoint had quarantined.
     pub(super) quarantined: Vec<QuarantinedRow>,
+    /// Documents packed into sequences (see `batcher::pack`).
+    pub(super) pack: Option<PackOptions>,
 }
 
 impl FeedBuilder {
@@ -176,6 +179,34 @@ impl FeedBuilder {
     /// docs of `batcher.rs` for the exact rule and how ranks stay equal.
     pub fn batch_tokens(mut self, tokens: usize) -> Self {
         self.token_budget = Some(tokens);
+        self
+    }
+
+    /// Sequence packing for language models: the query's one column of
+    /// token ids (a list of integers per row, a document) is packed into
+    /// `batch_size` sequences per rank of at most `options.max_tokens`
+    /// tokens, with no padding between documents; each batch holds
+    /// `input_ids`, `position_ids` (restarting per document), `labels` (-100
+    /// at each document's first token and in padding) and `cu_seqlens`
+    /// (FlashAttention's varlen offsets). Every rank gets the same number of
+    /// sequences per step, with balanced attention cost (Σ len²). The plan
+    /// is made from the lengths, window by window of the feed's order (see
+    /// `docs/packing.md`); resumes need the same shape and packing.
+    ///
+    /// ```no_run
+    /// # async fn example(session: sqlfeed::session::Session) -> datafusion::error::Result<()> {
+    /// use sqlfeed::feed::PackOptions;
+    /// let feed = session
+    ///     .feed("SELECT tokenize(text, 'tokenizer.json') AS tokens FROM 'corpus/*.parquet'")
+    ///     .shuffle(42)
+    ///     .batch_size(8) // sequences per rank
+    ///     .pack(PackOptions::new(2048))
+    ///     .build()?;
+    /// # let _ = feed; Ok(())
+    /// # }
+    /// ```
+    pub fn pack(mut self, options: PackOptions) -> Self {
+        self.pack = Some(options);
         self
     }
 
@@ -361,6 +392,7 @@ impl FeedBuilder {
             batch_tokens: self.token_budget,
             drop_last: self.drop_last,
             bucketed: self.bucket_window.is_some(),
+            pack: self.pack,
         }
     }
 
@@ -546,7 +578,10 @@ impl FeedBuilder {
         }
         // Batches cut by length need the one variable-length column the
         // batcher measures (and so the function that computes it).
-        let kept = if self.token_budget.is_some() || self.bucket_window.is_some() {
+        let kept = if self.token_budget.is_some()
+            || self.bucket_window.is_some()
+            || self.pack.is_some()
+        {
             provenance::block_on(provenance::variable_length_outputs(
                 &self.session,
                 &self.sql,
@@ -629,6 +664,7 @@ impl FeedBuilder {
             origins.drop_last = false;
             origins.token_budget = None;
             origins.bucket_window = None;
+            origins.pack = None;
             origins.skipped_steps = BTreeMap::new();
             origins.on_error = OnError::Fail;
             origins.epochs = epoch + 1;
@@ -822,6 +858,29 @@ impl FeedBuilder {
             return plan_error(
                 "bucket_by_length needs a window of at least 1 step".into(),
             );
+        }
+        if let Some(pack) = self.pack {
+            if pack.max_tokens == 0 || pack.window == 0 {
+                return plan_error(format!(
+                    "pack={} with a window of {} documents: both must be at least 1",
+                    pack.max_tokens, pack.window
+                ));
+            }
+            if self.token_budget.is_some() || self.bucket_window.is_some() {
+                return plan_error(
+                    "pack cuts batches of batch_size sequences itself: it does not \
+                     combine with batch_tokens or bucket_by_length"
+                        .into(),
+                );
+            }
+            if self.appended.is_some() {
+                return plan_error(
+                    "a packing feed cannot continue an epoch over appended data: its \
+                     windows are cut from the epoch's start; start the epoch anew \
+                     (on_data_change='restart_epoch')"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }

@@ -37,6 +37,7 @@ use datafusion::error::{DataFusionError, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::batcher::pack::PackOptions;
 use crate::cache::InputFile;
 
 /// The checkpoint format this sqlfeed writes; it also reads version 1.
@@ -128,6 +129,10 @@ pub struct Checkpoint {
     /// quarantine`): a resume's table starts with them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<super::QuarantinedRow>,
+    /// How a packing feed packs (its windows are cut from the epoch's
+    /// start, so it resumes only under the same packing and shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackOptions>,
 }
 
 /// A continuation over appended data, as a checkpoint records it.
@@ -233,6 +238,8 @@ pub struct FeedShape {
     /// Whether batches are bucketed by length (windows cut from the epoch's
     /// start: resumable only under the same shape).
     pub bucketed: bool,
+    /// How a packing feed packs (windows cut from the epoch's start too).
+    pub pack: Option<PackOptions>,
 }
 
 /// Where a feed resumed from a checkpoint starts.
@@ -464,6 +471,17 @@ impl Checkpoint {
             self.drop_last.to_string(),
             here.drop_last.to_string(),
         );
+        let packing = |p: Option<PackOptions>| {
+            p.map_or("None".to_string(), |p| {
+                format!(
+                    "{} (window {}, pack_long={})",
+                    p.max_tokens,
+                    p.window,
+                    p.long.name()
+                )
+            })
+        };
+        compare("pack", packing(self.pack), packing(here.pack));
         let reshaped = !theirs.is_empty();
         if reshaped && rows.is_none() {
             return plan_error(format!(
@@ -479,6 +497,15 @@ impl Checkpoint {
                 "a bucket_by_length feed resumes only under its own shape; the \
                  checkpoint has {}",
                 theirs.join(", ")
+            ));
+        }
+        if reshaped && (here.pack.is_some() || self.pack.is_some()) {
+            return plan_error(format!(
+                "a packing feed resumes only under its own shape and packing (its \
+                 windows are cut from the epoch's start): the checkpoint has {} but \
+                 this feed has {}",
+                theirs.join(", "),
+                ours.join(", ")
             ));
         }
         if reshaped
@@ -581,6 +608,7 @@ mod tests {
             batch_tokens: None,
             drop_last: false,
             bucketed: false,
+            pack: None,
         }
     }
 
@@ -602,6 +630,7 @@ mod tests {
             data: Some(data.iter().cloned().map(ManifestEntry).collect()),
             delta_versions: BTreeMap::new(),
             quarantined: vec![],
+            pack: None,
         }
     }
 
@@ -673,6 +702,7 @@ mod tests {
         assert_eq!((point.step, point.rows), (2, Some(40)));
         let bucketed = FeedShape {
             bucketed: true,
+            pack: None,
             ..three_ranks
         };
         let err = refusal(&checkpoint(&data), &bucketed, &data, OnDataChange::Error);

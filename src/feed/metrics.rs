@@ -37,6 +37,10 @@ pub(crate) struct FeedMetrics {
     pub(crate) produced: AtomicU64,
     /// Nanoseconds from build to the first batch (`u64::MAX` = none yet).
     pub(crate) first_batch_ns: AtomicU64,
+    /// A packing feed's whole steps planned for this rank's batches.
+    pub(crate) pack_steps: AtomicU64,
+    /// Their worst max ÷ mean attention cost across ranks, in millionths.
+    pub(crate) pack_imbalance_ppm: AtomicU64,
     /// Nanoseconds from build to the start of the consumer's current wait
     /// (`u64::MAX` = not waiting): the wait in progress, which `wait_ns`
     /// counts only once it ends.
@@ -60,6 +64,8 @@ impl FeedMetrics {
             padded_total: AtomicU64::new(0),
             produced: AtomicU64::new(0),
             first_batch_ns: AtomicU64::new(u64::MAX),
+            pack_steps: AtomicU64::new(0),
+            pack_imbalance_ppm: AtomicU64::new(0),
             waiting_since_ns: AtomicU64::new(u64::MAX),
         }
     }
@@ -119,7 +125,17 @@ impl FeedMetrics {
                 (total > 0).then(|| get(&self.padding) as f64 / total as f64)
             },
             prefetch: ring_slots.saturating_sub(1),
+            pack_imbalance: (get(&self.pack_steps) > 0)
+                .then(|| get(&self.pack_imbalance_ppm) as f64 / 1e6),
         }
+    }
+
+    /// A packing feed planned a whole step whose ranks' attention costs
+    /// have `max ÷ mean` = `imbalance`.
+    pub(crate) fn pack_step(&self, imbalance: f64) {
+        self.pack_steps.fetch_add(1, Ordering::Relaxed);
+        let ppm = (imbalance * 1e6).round() as u64;
+        self.pack_imbalance_ppm.fetch_max(ppm, Ordering::Relaxed);
     }
 }
 
@@ -152,6 +168,10 @@ pub struct FeedReport {
     /// Batches the ring prepares ahead now: the `prefetch` option, or fewer
     /// once the ring was fitted to its share of the memory limit.
     pub prefetch: usize,
+    /// A packing feed's worst step: the most costly rank's attention cost
+    /// (Σ len² of its documents) ÷ the mean over ranks, over the whole
+    /// steps fed (an epoch's last, partial step is left out).
+    pub pack_imbalance: Option<f64>,
 }
 
 impl FeedReport {

@@ -83,12 +83,14 @@ use std::time::{Duration, Instant};
 use datafusion::common::internal_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 
+pub use batcher::pack::{LongDocuments, PackOptions};
 pub use builder::FeedBuilder;
 pub use checkpoint::{
     AppendedState, CHECKPOINT_VERSION, Checkpoint, FeedShape, ManifestEntry,
     OnDataChange, ResumePoint, query_fingerprint,
 };
 pub use columns::ColumnSpec;
+pub use convert::packed::IGNORED_LABEL;
 pub use inputs::{input_files, input_files_at};
 pub use length::FeedLength;
 pub use metrics::FeedReport;
@@ -242,6 +244,7 @@ impl Feed {
             delta_versions: BTreeMap::new(),
             on_error: OnError::Fail,
             quarantined: vec![],
+            pack: None,
         }
     }
 

@@ -27,7 +27,8 @@ use std::sync::Arc;
 use super::FeedBuilder;
 use super::OnError;
 use super::appended::Appended;
-use super::batcher::{Cut, EpochStart, Shard, Tokens};
+use super::batcher::pack::PackOptions;
+use super::batcher::{Cut, EpochStart, Pack, Shard, Tokens};
 use super::checkpoint::{
     AppendedState, CHECKPOINT_VERSION, Checkpoint, ManifestEntry, query_fingerprint,
 };
@@ -90,6 +91,8 @@ pub(super) enum BatchCut {
         /// Global steps per window.
         window: usize,
     },
+    /// `batch_size` sequences of documents packed to at most `max_tokens`.
+    Pack(PackOptions),
 }
 
 impl BatchCut {
@@ -102,6 +105,20 @@ impl BatchCut {
     pub(super) fn token_budget(self) -> Option<usize> {
         match self {
             BatchCut::Tokens { budget } => Some(budget),
+            _ => None,
+        }
+    }
+
+    /// Whether the number of steps depends on the lengths (unknown before
+    /// the epoch is read).
+    pub(super) fn steps_depend_on_lengths(self) -> bool {
+        matches!(self, BatchCut::Tokens { .. } | BatchCut::Pack(_))
+    }
+
+    /// The packing, if any.
+    pub(super) fn pack(self) -> Option<PackOptions> {
+        match self {
+            BatchCut::Pack(options) => Some(options),
             _ => None,
         }
     }
@@ -217,10 +234,11 @@ impl FeedPlan {
                 lanes: builder.order_lanes,
             },
         };
-        let cut = match (builder.token_budget, builder.bucket_window) {
-            (Some(budget), _) => BatchCut::Tokens { budget },
-            (None, Some(window)) => BatchCut::Buckets { window },
-            (None, None) => BatchCut::Rows,
+        let cut = match (builder.token_budget, builder.bucket_window, builder.pack) {
+            (_, _, Some(options)) => BatchCut::Pack(options),
+            (Some(budget), _, None) => BatchCut::Tokens { budget },
+            (None, Some(window), None) => BatchCut::Buckets { window },
+            (None, None, None) => BatchCut::Rows,
         };
         let source = EpochSource::choose(
             &builder.session,
@@ -372,6 +390,15 @@ impl FeedPlan {
                 world: self.shard.world,
                 drop_last: self.shard.drop_last,
             }),
+            BatchCut::Pack(options) => Cut::Pack(Pack {
+                options,
+                column: length_column.map_or(0, |(index, _)| index),
+                per_rank: self.shard.batch_rows,
+                rank: self.shard.rank,
+                world: self.shard.world,
+                drop_last: self.shard.drop_last,
+                seed: self.order.seed().unwrap_or(0),
+            }),
             // A step of dealt rows is `B` of this rank's.
             BatchCut::Rows | BatchCut::Buckets { .. } if dealt => Cut::Dealt {
                 batch_rows: self.shard.batch_rows,
@@ -389,7 +416,7 @@ impl FeedPlan {
             batch_size: self.shard.batch_rows,
             world: self.shard.world,
             drop_last: self.shard.drop_last,
-            token_budget: self.cut.token_budget().is_some(),
+            token_budget: self.cut.steps_depend_on_lengths(),
             end_epoch: self.epochs.end,
             resume: (self.epochs.start, self.start),
             skipped_steps: self.skipped_steps.clone(),
@@ -434,6 +461,7 @@ impl FeedPlan {
             batch_size: self.shard.batch_rows,
             batch_tokens: self.cut.token_budget(),
             drop_last: self.shard.drop_last,
+            pack: self.cut.pack(),
             query: query_fingerprint(&self.user_sql),
             skipped: self
                 .skipped_steps

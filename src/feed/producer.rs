@@ -18,10 +18,12 @@ use datafusion::prelude::SessionConfig;
 
 use super::TensorInfo;
 use super::columns::{self, TensorColumn};
+use super::convert::packed::PackedTensors;
 use super::epoch_cache::{EpochCache, EpochQuery};
 use super::lookahead::LookaheadExec;
 use super::metrics::FeedMetrics;
 use super::order;
+use super::plan::FeedRows;
 use super::plan::{EpochRoute, FeedOrder, FeedPlan};
 use super::provenance;
 use super::quarantine;
@@ -78,9 +80,21 @@ impl Producer {
         let first_epoch = feed.epochs.start;
         let mut epoch_start = Instant::now();
         let first_plan = self.plan_epoch(first_epoch).await?;
+        let schema = quarantine::without_marker(first_plan.plan.schema());
+        // A packing feed's batches are its sequences' tensors; an explain's
+        // feed (origins) packs too, but hands over each document's origin.
+        let packed = match (feed.cut.pack(), &feed.rows) {
+            (Some(_), FeedRows::Query) => {
+                Some(PackedTensors::resolve(&schema, &feed.columns)?)
+            }
+            _ => None,
+        };
         let columns = columns::resolve(
-            &quarantine::without_marker(first_plan.plan.schema()),
-            &feed.columns,
+            &schema,
+            match packed {
+                Some(_) => &[],
+                None => &feed.columns,
+            },
         )?;
         let length_column = if feed.cut.measures_lengths() {
             Some(length_column(&columns)?)
@@ -88,7 +102,11 @@ impl Producer {
             None
         };
         if let Some(init) = init.take() {
-            let _ = init.send(Ok(tensor_infos(&columns)));
+            let infos = match &packed {
+                Some(packed) => packed.tensor_infos(),
+                None => tensor_infos(&columns),
+            };
+            let _ = init.send(Ok(infos));
         }
         let target = Arc::new(SinkTarget {
             pool: Arc::clone(&self.pool),
@@ -103,6 +121,7 @@ impl Producer {
             metrics: Arc::clone(&self.metrics),
             skipped_steps: feed.skipped_steps.clone(),
             quarantine: feed.quarantine.clone(),
+            packed,
         });
         // The epoch planned ahead (its error surfaces when it would start).
         let mut planned = Some(Ok(first_plan));

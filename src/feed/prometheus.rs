@@ -192,6 +192,7 @@ mod tests {
             stall_s: 0.0,
             ttfb_s: Some(0.1),
             padding_frac: None,
+            pack_imbalance: None,
             prefetch: 2,
         }
     }

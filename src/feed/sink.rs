@@ -91,6 +91,7 @@ use futures::StreamExt;
 
 use super::batcher::{Batcher, Cut, EpochStart, LengthBucketer, Shard};
 use super::columns::TensorColumn;
+use super::convert::packed::{PackedTensors, fill_packed_slot};
 use super::convert::{BatchRows, fill_slot};
 use super::metrics::FeedMetrics;
 use super::quarantine::{Quarantine, Replacer};
@@ -156,6 +157,8 @@ pub(crate) struct SinkTarget {
     pub(crate) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
     /// Marked rows replaced before the batcher (`on_error = quarantine`).
     pub(crate) quarantine: Option<Quarantine>,
+    /// A packing feed's tensors (instead of `columns`).
+    pub(crate) packed: Option<PackedTensors>,
 }
 
 impl fmt::Debug for SinkTarget {
@@ -235,6 +238,7 @@ impl DisplayAs for DeviceSinkExec {
             ("device", device),
             match self.cut {
                 Cut::Tokens(tokens) => ("batch_tokens", tokens.budget.to_string()),
+                Cut::Pack(pack) => ("pack", pack.options.max_tokens.to_string()),
                 Cut::Shard(_) | Cut::Dealt { .. } => {
                     ("batch_size", b.shard.batch_rows.to_string())
                 }
@@ -347,6 +351,9 @@ impl SinkRun {
         };
         let length_column = b.length_column.map_or(0, |(index, _)| index);
         let mut batcher = Batcher::new(self.cut, epoch, self.start);
+        if let Batcher::Pack(packer) = &mut batcher {
+            packer.report_to(Arc::clone(&self.target.metrics));
+        }
         let mut bucketer = b.bucket_window.map(|window| {
             LengthBucketer::new(
                 window,
@@ -377,7 +384,7 @@ impl SinkRun {
                     for batch in batches {
                         match &mut bucketer {
                             Some(bucketer) => bucketer.push(batch),
-                            None => batcher.push(batch, &mut ready),
+                            None => batcher.push(batch, &mut ready)?,
                         }
                     }
                 }
@@ -421,12 +428,12 @@ impl SinkRun {
                     .map(LengthBucketer::next_chunk)
                     .transpose()?
                 {
-                    Some(Some(chunk)) => batcher.push(chunk, &mut ready),
+                    Some(Some(chunk)) => batcher.push(chunk, &mut ready)?,
                     _ => break,
                 }
             }
         }
-        batcher.finish(&mut ready);
+        batcher.finish(&mut ready)?;
         self.hand_over_all_but_newest(&mut pool, &mut ready, skipped, &mut handed)
             .await?;
         if let Some(last) = handed.newest.take() {
@@ -481,7 +488,10 @@ impl SinkRun {
 
         let convert = self.metrics.convert_time.timer();
         let convert_start = Instant::now();
-        let stats = fill_slot(&self.target.columns, &rows, pool, &mut slot)?;
+        let stats = match &self.target.packed {
+            Some(packed) => fill_packed_slot(packed, &rows, pool, &mut slot)?,
+            None => fill_slot(&self.target.columns, &rows, pool, &mut slot)?,
+        };
         pool.backend().upload(&mut slot)?;
         FeedMetrics::add_time(&self.target.metrics.convert_ns, convert_start.elapsed());
         convert.done();
@@ -498,7 +508,7 @@ impl SinkRun {
                 Cut::Dealt { batch_rows, world } => {
                     (rows.step + 1) * (batch_rows * world) as u64
                 }
-                Cut::Shard(_) | Cut::Tokens(_) => rows.rows_after,
+                Cut::Shard(_) | Cut::Tokens(_) | Cut::Pack(_) => rows.rows_after,
             },
         };
         let batch = pool.lease(slot, meta);

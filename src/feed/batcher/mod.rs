@@ -7,7 +7,8 @@
 //!   Batcher::new(Cut, epoch, EpochStart)
 //!     ├─ Cut::Shard  → ShardBatcher: chunks of B × W, rank r's slice          shard.rs
 //!     ├─ Cut::Dealt  → ShardBatcher over rows already dealt to this rank      shard.rs
-//!     └─ Cut::Tokens → TokenBatcher: batches within a padded-token budget     tokens.rs
+//!     ├─ Cut::Tokens → TokenBatcher: batches within a padded-token budget     tokens.rs
+//!     └─ Cut::Pack   → PackBatcher: documents packed into sequences           pack/
 //!     ▼
 //!   BatchRows, one per step of this rank
 //! ```
@@ -18,6 +19,7 @@
 //! records.
 
 mod buckets;
+pub(crate) mod pack;
 mod shard;
 mod start;
 mod tokens;
@@ -25,6 +27,7 @@ mod tokens;
 use datafusion::arrow::array::RecordBatch;
 
 pub(crate) use self::buckets::LengthBucketer;
+pub(crate) use self::pack::{Pack, PackBatcher};
 pub(crate) use self::shard::{Shard, ShardBatcher};
 pub(crate) use self::start::EpochStart;
 pub(crate) use self::tokens::{TokenBatcher, Tokens};
@@ -46,6 +49,8 @@ pub(crate) enum Cut {
     },
     /// Batches within a budget of padded tokens.
     Tokens(Tokens),
+    /// Documents packed into sequences of at most `max_tokens`.
+    Pack(Pack),
 }
 
 /// The batcher a feed uses.
@@ -55,6 +60,8 @@ pub(crate) enum Batcher {
     Rows(ShardBatcher),
     /// Token budget.
     Tokens(TokenBatcher),
+    /// Packed sequences.
+    Pack(PackBatcher),
 }
 
 impl Batcher {
@@ -82,27 +89,42 @@ impl Batcher {
             Cut::Tokens(tokens) => {
                 Batcher::Tokens(TokenBatcher::new(tokens, epoch, start))
             }
+            Cut::Pack(pack) => Batcher::Pack(PackBatcher::new(pack, epoch, start)),
         }
     }
 
-    pub(crate) fn push(&mut self, batch: RecordBatch, out: &mut Vec<BatchRows>) {
+    /// Cuts `batch`'s rows; the batches they complete go to `out`. Fails
+    /// only on a document a packing feed may not take (`pack_long='fail'`).
+    pub(crate) fn push(
+        &mut self,
+        batch: RecordBatch,
+        out: &mut Vec<BatchRows>,
+    ) -> datafusion::error::Result<()> {
         match self {
             Batcher::Rows(b) => b.push(batch, out),
             Batcher::Tokens(b) => b.push(batch, out),
+            Batcher::Pack(b) => return b.push(batch, out),
         }
+        Ok(())
     }
 
-    pub(crate) fn finish(&mut self, out: &mut Vec<BatchRows>) {
+    pub(crate) fn finish(
+        &mut self,
+        out: &mut Vec<BatchRows>,
+    ) -> datafusion::error::Result<()> {
         match self {
             Batcher::Rows(b) => b.finish(out),
             Batcher::Tokens(b) => b.finish(out),
+            Batcher::Pack(b) => return b.finish(out),
         }
+        Ok(())
     }
 
     pub(crate) fn steps(&self) -> u64 {
         match self {
             Batcher::Rows(b) => b.steps(),
             Batcher::Tokens(b) => b.steps(),
+            Batcher::Pack(b) => b.steps(),
         }
     }
 
@@ -111,6 +133,7 @@ impl Batcher {
         match self {
             Batcher::Rows(b) => b.beyond_the_end(),
             Batcher::Tokens(b) => b.beyond_the_end(),
+            Batcher::Pack(b) => b.beyond_the_end(),
         }
     }
 
@@ -120,7 +143,7 @@ impl Batcher {
     pub(crate) fn step_follows(&self, step: u64) -> bool {
         match self {
             Batcher::Rows(b) => b.step_follows(step),
-            Batcher::Tokens(_) => false,
+            Batcher::Tokens(_) | Batcher::Pack(_) => false,
         }
     }
 
@@ -129,6 +152,7 @@ impl Batcher {
         match self {
             Batcher::Rows(b) => b.held_bytes(),
             Batcher::Tokens(b) => b.held_bytes(),
+            Batcher::Pack(b) => b.held_bytes(),
         }
     }
 }

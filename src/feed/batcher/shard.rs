@@ -133,6 +133,7 @@ impl ShardBatcher {
                     epoch: self.epoch,
                     step: self.step,
                     rows_after: before + offset as u64,
+                    packed: None,
                 });
                 self.chunk.clear();
                 self.chunk_rows = 0;
@@ -184,6 +185,7 @@ impl ShardBatcher {
             epoch: self.epoch,
             step: self.step,
             rows_after: self.seen_rows,
+            packed: None,
         });
         self.chunk_rows = 0;
         self.step += 1;

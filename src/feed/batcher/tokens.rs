@@ -124,6 +124,7 @@ impl TokenBatcher {
                 epoch: self.epoch,
                 step,
                 rows_after: 0,
+                packed: None,
             });
         }
         self.consumed_rows += self.current_rows as u64;

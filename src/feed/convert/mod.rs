@@ -21,6 +21,7 @@ use datafusion::error::{DataFusionError, Result};
 use super::columns::{Padding, Source, TensorColumn};
 
 mod number;
+pub(crate) mod packed;
 mod temporal;
 use crate::device::TensorLayout;
 use crate::device::{DType, Slot, SlotPool, cast_slice_mut, u8_to_f32_affine};
@@ -40,6 +41,8 @@ pub(crate) struct BatchRows {
     /// Rows of the epoch's order consumed by all ranks together once this
     /// step is (what a checkpoint after it records).
     pub(crate) rows_after: u64,
+    /// How the rows make packed sequences (a packing feed).
+    pub(crate) packed: Option<crate::feed::batcher::pack::Packed>,
 }
 
 impl BatchRows {
@@ -594,6 +597,7 @@ mod tests {
             epoch: 0,
             step: 0,
             rows_after: 0,
+            packed: None,
         };
         let mut pool = SlotPool::new(Backend::Cpu, 1);
         let mut slot = pool.acquire().await?;
