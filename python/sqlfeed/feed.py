@@ -125,6 +125,20 @@ class Feed:
             tokens instead of ``batch_size`` rows.
         bucket_by_length: sort windows of this many steps by length to cut
             padding.
+        pack: pack the query's one column of token ids (a document per row)
+            into ``batch_size`` sequences per rank of at most this many
+            tokens, no padding between documents; batches hold ``input_ids``,
+            ``position_ids`` (restarting per document), ``labels`` (-100 at
+            each document's first token and in padding: Hugging Face's
+            convention, the model shifts) and ``cu_seqlens`` (int32
+            FlashAttention varlen offsets of the flattened batch). Every rank
+            gets the same number of sequences per step, with balanced
+            attention cost (Σ len²). See docs/packing.md.
+        pack_window: documents planned together (default 10,000).
+        pack_long: documents longer than ``pack``: ``"split"`` (default:
+            pieces of ``pack`` tokens), ``"truncate"`` or ``"fail"``.
+        pack_flat: one flat ``[T]`` stream per batch instead of
+            ``[batch_size, pack]``.
         cache: materialise the query once (the epoch cache); later epochs and
             runs read preprocessed rows.
         format: ``"torch"`` (default), ``"numpy"``, ``"jax"`` or ``"dlpack"``
@@ -168,6 +182,10 @@ class Feed:
         columns: Mapping[str, Mapping[str, Any]] | None = None,
         batch_tokens: int | None = None,
         bucket_by_length: int | None = None,
+        pack: int | None = None,
+        pack_window: int | None = None,
+        pack_long: str | None = None,
+        pack_flat: bool = False,
         cache: bool = False,
         format: str = "torch",
         order_lanes: int | None = None,
@@ -201,6 +219,10 @@ class Feed:
             "columns": _columns(columns),
             "batch_tokens": batch_tokens,
             "bucket_by_length": bucket_by_length,
+            "pack": None if pack is None else int(pack),
+            "pack_window": None if pack_window is None else int(pack_window),
+            "pack_long": None if pack_long is None else str(pack_long),
+            "pack_flat": bool(pack_flat),
             "cache": bool(cache),
             "order_lanes": order_lanes,
             "run_id": run_id or "",
@@ -312,6 +334,11 @@ class Feed:
             raise TypeError(
                 "len() of a feed with batch_tokens is not known before the epoch runs: "
                 "batch sizes depend on the rows' lengths"
+            )
+        if self._options["pack"] is not None:
+            raise TypeError(
+                "len() of a packing feed is not known before the epoch runs: the "
+                "number of sequences depends on the documents' lengths"
             )
         if self._len is None:
             query = self._query.strip().rstrip(";")
@@ -505,7 +532,11 @@ class Feed:
         realised rows and share of each source per epoch
         (``{"mixture": {epoch: {source: {"rows", "share"}}}}``), and the
         prefetch depth the ring has (fewer than ``prefetch`` when its
-        batches did not fit its share of the memory limit)."""
+        batches did not fit its share of the memory limit). With padded
+        tensors, ``padding_frac`` is the share of their elements that are
+        padding (over the passes so far, each pass weighted by its rows); a
+        packing feed's ``pack_imbalance`` is its worst step's most costly
+        rank (attention cost, Σ len²) ÷ the mean over ranks."""
         reports = list(self._reports)
         if self._pass is not None:
             reports.append(self._pass.report())
@@ -544,6 +575,11 @@ class Feed:
             # Batches prepared ahead: `prefetch`, or fewer where the ring was
             # fitted to its share of the memory limit (heavy batches).
             "prefetch": reports[-1]["prefetch"] if reports else self._options["prefetch"],
+            "padding_frac": _weighted(reports, "padding_frac"),
+            "pack_imbalance": max(
+                (r["pack_imbalance"] for r in reports if r.get("pack_imbalance") is not None),
+                default=None,
+            ),
         }
 
     def __repr__(self) -> str:
@@ -619,3 +655,14 @@ def _converter(format: str) -> Any:
         return out
 
     return to_jax
+
+
+def _weighted(reports: list[dict[str, Any]], key: str) -> float | None:
+    """The passes' ``key`` averaged by their rows (None where none has it)."""
+    given = [(r[key], r["rows"]) for r in reports if r.get(key) is not None]
+    rows = sum(n for _, n in given)
+    if not given:
+        return None
+    if rows == 0:
+        return given[-1][0]
+    return sum(value * n for value, n in given) / rows

@@ -26,8 +26,8 @@ use pyo3::types::{PyCapsule, PyDict};
 use sqlfeed::Session;
 use sqlfeed::device::{ConsumerStream, DType, Device, Tensor, TensorBatch};
 use sqlfeed::feed::{
-    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, OnError,
-    QuarantineLimit, QuarantinedRow, Timeline,
+    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, LongDocuments, NextBatch,
+    OnError, PackOptions, QuarantineLimit, QuarantinedRow, Timeline,
 };
 
 use crate::dlpack;
@@ -109,6 +109,15 @@ pub(crate) struct FeedOptions {
     columns: Vec<ColumnOptions>,
     batch_tokens: Option<usize>,
     bucket_by_length: Option<usize>,
+    /// `pack`: max tokens per sequence.
+    #[pyo3(default)]
+    pack: Option<usize>,
+    #[pyo3(default)]
+    pack_window: Option<usize>,
+    #[pyo3(default)]
+    pack_long: Option<String>,
+    #[pyo3(default)]
+    pack_flat: bool,
     cache: bool,
     order_lanes: Option<usize>,
     run_id: String,
@@ -153,6 +162,19 @@ impl FeedOptions {
             .given(self.batch_tokens, FeedBuilder::batch_tokens)
             .given(self.bucket_by_length, FeedBuilder::bucket_by_length)
             .given(self.order_lanes, FeedBuilder::order_lanes);
+        if let Some(max_tokens) = self.pack {
+            builder = builder.pack(PackOptions {
+                max_tokens,
+                window: self.pack_window.unwrap_or(PackOptions::DEFAULT_WINDOW),
+                long: LongDocuments::parse(self.pack_long.as_deref().unwrap_or("split"))?,
+                flat: self.pack_flat,
+            });
+        } else if self.pack_window.is_some() || self.pack_long.is_some() || self.pack_flat
+        {
+            return datafusion::common::plan_err!(
+                "pack_window, pack_long and pack_flat need pack=MAX_TOKENS"
+            );
+        }
         for options in &self.columns {
             let (name, spec) = column_spec(options)?;
             builder = builder.column(name, spec);
@@ -446,6 +468,7 @@ impl PyFeed {
             dict.set_item("stall_s", r.stall_s)?;
             dict.set_item("ttfb_s", r.ttfb_s)?;
             dict.set_item("padding_frac", r.padding_frac)?;
+            dict.set_item("pack_imbalance", r.pack_imbalance)?;
             dict.set_item("prefetch", r.prefetch)?;
             dict.set_item("epoch_seconds", snapshot.epoch_seconds)?;
             dict.set_item("epoch_mixtures", snapshot.epoch_mixtures)?;

@@ -78,6 +78,7 @@ pub(crate) fn prometheus_text(
         stall_s: 0.0,
         ttfb_s: None,
         padding_frac: None,
+        pack_imbalance: None,
     };
     sqlfeed::feed::prometheus_text(&report, epoch, step, &labels).py_err()
 }

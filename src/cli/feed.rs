@@ -14,8 +14,8 @@ use super::progress::FeedProgress;
 use crate::Session;
 use crate::device::Device;
 use crate::feed::{
-    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, NextBatch, OnDataChange,
-    OnError, QuarantineLimit,
+    Checkpoint, ColumnSpec, Feed, FeedBuilder, FeedReport, LongDocuments, NextBatch,
+    OnDataChange, OnError, PackOptions, QuarantineLimit,
 };
 
 /// Options of `sqlfeed feed`.
@@ -33,6 +33,20 @@ pub struct FeedArgs {
     /// Sort windows of this many steps by length to cut padding.
     #[arg(long, value_name = "STEPS")]
     pub bucket_by_length: Option<usize>,
+    /// Pack the query's one token-id column (documents) into sequences of
+    /// at most this many tokens, --batch-size sequences per rank: batches of
+    /// input_ids, position_ids, labels and cu_seqlens (docs/packing.md).
+    #[arg(long, value_name = "MAX_TOKENS")]
+    pub pack: Option<usize>,
+    /// Documents per packing window (with --pack).
+    #[arg(long, value_name = "DOCUMENTS", default_value_t = PackOptions::DEFAULT_WINDOW)]
+    pub pack_window: usize,
+    /// Documents longer than --pack: split, truncate or fail.
+    #[arg(long, value_name = "WHAT", default_value = "split", value_parser = parse_long_documents)]
+    pub pack_long: LongDocuments,
+    /// With --pack: one flat [T] stream per batch instead of [B, MAX_TOKENS].
+    #[arg(long)]
+    pub pack_flat: bool,
     /// Drop the last partial batch.
     #[arg(long)]
     pub drop_last: bool,
@@ -192,6 +206,11 @@ pub enum OnErrorArg {
     Fail,
     /// Leave the row out, record it and fill its slot.
     Quarantine,
+}
+
+/// `--pack-long`.
+fn parse_long_documents(text: &str) -> Result<LongDocuments, String> {
+    LongDocuments::parse(text).map_err(|e| e.message().into_owned())
 }
 
 /// `--max-quarantined`.
@@ -392,7 +411,15 @@ pub fn run(
         .given(args.shuffle_seed, FeedBuilder::shuffle)
         .given(args.batch_tokens, FeedBuilder::batch_tokens)
         .given(args.order_lanes, FeedBuilder::order_lanes)
-        .given(args.bucket_by_length, FeedBuilder::bucket_by_length);
+        .given(args.bucket_by_length, FeedBuilder::bucket_by_length)
+        .given(args.pack, |builder, max_tokens| {
+            builder.pack(PackOptions {
+                max_tokens,
+                window: args.pack_window,
+                long: args.pack_long,
+                flat: args.pack_flat,
+            })
+        });
     let (rank, world) = args.shard.unwrap_or((0, 1));
     let chunk = (args.batch_size * world).max(1) as u64;
     builder = builder
@@ -644,6 +671,11 @@ fn print_report(report: &FeedReport, step_ms: f64) {
     if let Some(padding) = report.padding_frac {
         line.push_str(&format!("; padding {:.1}%", 100.0 * padding));
     }
+    if let Some(imbalance) = report.pack_imbalance {
+        line.push_str(&format!(
+            "; worst step's rank attention cost {imbalance:.3}× the mean"
+        ));
+    }
     eprintln!("{line}");
 }
 
@@ -673,6 +705,9 @@ fn result_json(report: &FeedReport, step_ms: f64, epoch_seconds: &[f64]) -> Stri
     }
     if let Some(padding) = report.padding_frac {
         json.push_str(&format!(", \"padding_frac\": {}", number(padding)));
+    }
+    if let Some(imbalance) = report.pack_imbalance {
+        json.push_str(&format!(", \"pack_imbalance\": {}", number(imbalance)));
     }
     json.push_str(&format!(", \"prefetch\": {}", report.prefetch));
     let epochs: Vec<String> = epoch_seconds.iter().map(|s| number(*s)).collect();
