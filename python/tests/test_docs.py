@@ -3,7 +3,8 @@
 Every fenced block of README.md and ``docs/*.md`` whose language is ``sh``,
 ``sql`` or ``python`` is run, in order, in a fresh folder per page that
 holds ``data/`` (``sqlfeed gen --rows 2000``), with the debug ``sqlfeed`` on
-``PATH`` and this interpreter's ``python`` and ``sqlfeed`` package:
+``PATH`` and this interpreter's ``python`` and ``sqlfeed`` package, and
+``udfs/`` linked to the repository's (a page reads from the root):
 
 - ``sh``: ``bash -euo pipefail``, in a session of its own whose processes
   (servers a block starts in the background) are killed when it ends;
@@ -208,6 +209,9 @@ def run_page(page: str, workdir: Path, gen_folder: Path | None) -> list[str]:
     as ``data/`` unless None."""
     if gen_folder is not None:
         shutil.copytree(gen_folder, workdir / "data")
+    # Pages are read from the repository's root, where the test data of the
+    # functions (a real tokenizer.json) lies: the same paths work here.
+    (workdir / "udfs").symlink_to(REPO / "udfs", target_is_directory=True)
     env = environment(workdir)
     failures = []
     for block in blocks_of(page):

@@ -1507,3 +1507,51 @@ fn a_quarantining_feed_fills_failed_slots_on_the_cluster_as_embedded() -> Result
     }
     Ok(())
 }
+
+#[test]
+fn a_packing_feed_gives_every_rank_the_embedded_sequences_on_the_cluster() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    data(dir.path())?;
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    // 3,000 documents of 8 to 64 tokens; 2 ranks of 64 sequences of 200.
+    let sql = format!(
+        "SELECT tokens FROM '{}/flat/*.parquet'",
+        dir.path().display()
+    );
+    let args = |rank: usize| -> Vec<String> {
+        [
+            "--shuffle-seed",
+            "42",
+            "--pack",
+            "200",
+            "--pack-window",
+            "700",
+            "--shard",
+            &format!("{rank}/2"),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let (url, sql, args) = (url.clone(), sql.clone(), args(rank));
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                feed_digests_of(Some(&url), &sql, &args)
+            })
+        })
+        .collect();
+    let mut counts = vec![];
+    for (rank, on_cluster) in ranks.into_iter().enumerate() {
+        let on_cluster = on_cluster.join().expect("rank thread");
+        let args = args(rank);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let embedded_batches = feed_digests_of(None, &sql, &args);
+        assert!(!embedded_batches.is_empty());
+        assert_eq!(on_cluster, embedded_batches, "rank {rank}");
+        counts.push(embedded_batches.len());
+    }
+    assert_eq!(counts[0], counts[1], "equal step counts");
+    Ok(())
+}

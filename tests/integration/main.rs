@@ -18,6 +18,9 @@
 //! * `http`: plain `http://` URLs refused by default, read with
 //!   `--allow-http` / `SQLFEED_ALLOW_HTTP` / `allow_http` from a ranged-GET
 //!   server on 127.0.0.1.
+//! * `pack`: sequence packing: every token once, equal steps and balanced
+//!   attention cost across ranks, the same batches on any partition count,
+//!   resume.
 //! * `plugins`: Rust function plugins (`--load`, `CREATE FUNCTION … LANGUAGE
 //!   rust`, feeds, bad libraries, a cluster's `--plugin-dir`).
 //! * `provenance`: `explain_batch` / `--explain` name the file, row group and
@@ -50,6 +53,7 @@ mod globs;
 mod http;
 mod local_sql;
 mod mix;
+mod pack;
 mod plugins;
 mod provenance;
 mod quarantine;
