@@ -115,7 +115,11 @@ fn doc_section(family: &'static str) -> datafusion::logical_expr::DocSection {
         ),
         "text" => (
             "sqlfeed: text",
-            "Tokenizing with Hugging Face tokenizers and shaping token lists.",
+            "Tokenizing with Hugging Face tokenizers and shaping token lists. A feed \
+             packs tokenized documents into sequences for a language model with \
+             `pack=MAX_TOKENS` (`--pack`): no padding, `cu_seqlens` and restarting \
+             positions, attention cost balanced across ranks; see \
+             [Sequence packing](packing.md).",
         ),
         _ => ("sqlfeed", "sqlfeed's own functions."),
     };
