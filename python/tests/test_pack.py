@@ -147,11 +147,44 @@ def test_a_resume_gives_the_uninterrupted_runs_batches(session, corpus):
     assert len(taken) + len(rest) == len(whole)
     for a, b in zip(taken + rest, whole, strict=True):
         assert (a == b).all()
-    # Another world size cannot resume a packing feed's windows.
-    other = session.feed(query(corpus), **dict(options, shard=(0, 2)))
+    # Another packing is another plan: refused.
+    other = session.feed(query(corpus), **dict(options, pack=80))
     with pytest.raises(sqlfeed.PlanError, match="packing feed resumes only under its own"):
         other.load_state_dict(state)
         next(iter(other))
+
+
+def test_a_resume_on_another_world_size_feeds_every_piece_once(session, corpus):
+    """2 ranks take 4 steps; 3 ranks of 3 sequences go on to the epoch's end:
+    together they feed the pieces an uninterrupted run feeds, each once."""
+    require("torch", "torch")
+    options = dict(shuffle=4, pack=64, pack_window=120, device="cpu", epochs=1)
+    whole = Counter(
+        piece
+        for batch in session.feed(query(corpus), batch_size=2, **options)
+        for sequence in packed_documents(batch)
+        for piece in sequence
+    )
+    fed: Counter = Counter()
+    state = None
+    for rank in range(2):
+        feed = session.feed(query(corpus), batch_size=2, shard=(rank, 2), **options)
+        for step, batch in enumerate(feed):
+            fed.update(piece for sequence in packed_documents(batch) for piece in sequence)
+            if step == 3:
+                break
+        state = feed.state_dict()
+        feed.close()
+    steps = []
+    for rank in range(3):
+        feed = session.feed(query(corpus), batch_size=3, shard=(rank, 3), **options)
+        feed.load_state_dict(state)
+        batches = list(feed)
+        steps.append(len(batches))
+        for batch in batches:
+            fed.update(piece for sequence in packed_documents(batch) for piece in sequence)
+    assert len(set(steps)) == 1 and steps[0] > 0, steps
+    assert fed == whole
 
 
 def test_a_long_document_is_split_truncated_or_named(session, corpus):

@@ -16,6 +16,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
 use super::batcher::EpochStart;
 use super::batcher::pack::PackOptions;
+use super::checkpoint::PackSpan;
 use super::checkpoint::{
     Checkpoint, FeedShape, OnDataChange, ResumePoint, query_fingerprint,
 };
@@ -112,6 +113,9 @@ pub struct FeedBuilder {
     pub(super) quarantined: Vec<QuarantinedRow>,
     /// Documents packed into sequences (see `batcher::pack`).
     pub(super) pack: Option<PackOptions>,
+    /// The shapes a packing feed ran under in its first epoch before this
+    /// one (a resume under another shape).
+    pub(super) pack_history: Vec<PackSpan>,
 }
 
 impl FeedBuilder {
@@ -191,7 +195,8 @@ impl FeedBuilder {
     /// (FlashAttention's varlen offsets). Every rank gets the same number of
     /// sequences per step, with balanced attention cost (Σ len²). The plan
     /// is made from the lengths, window by window of the feed's order (see
-    /// `docs/packing.md`); resumes need the same shape and packing.
+    /// `docs/packing.md`); a checkpoint resumes under any world size and
+    /// batch size, under the same packing.
     ///
     /// ```no_run
     /// # async fn example(session: sqlfeed::session::Session) -> datafusion::error::Result<()> {
@@ -762,6 +767,7 @@ impl FeedBuilder {
             None => (point.epoch, EpochStart::Step(point.step)),
         };
         self.skipped_steps = point.skipped;
+        self.pack_history = point.pack_history;
         self.appended = point.appended.map(|appended| {
             let mut old_files: Vec<String> =
                 appended.data.into_iter().map(|f| f.0.location).collect();
@@ -857,6 +863,13 @@ impl FeedBuilder {
         if self.bucket_window == Some(0) {
             return plan_error(
                 "bucket_by_length needs a window of at least 1 step".into(),
+            );
+        }
+        if self.pack.is_none() && !self.pack_history.is_empty() {
+            return plan_error(
+                "the checkpoint is a packing feed's (it records the shapes it was packed \
+                 under): resume it with pack=… as it was written"
+                    .into(),
             );
         }
         if let Some(pack) = self.pack {

@@ -130,9 +130,26 @@ pub struct Checkpoint {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<super::QuarantinedRow>,
     /// How a packing feed packs (its windows are cut from the epoch's
-    /// start, so it resumes only under the same packing and shape).
+    /// start: it resumes under the same packing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<PackOptions>,
+    /// The shapes a packing feed ran under in `epoch` before its own, as
+    /// resumes under other shapes left them, oldest first: a resume replays
+    /// their plans to find the documents already fed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pack_history: Vec<PackSpan>,
+}
+
+/// Steps a packing feed took under one shape, before a resume under
+/// another shape took over (see `batcher::pack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PackSpan {
+    /// Sequences per rank and step.
+    pub batch_size: usize,
+    /// Ranks.
+    pub world: usize,
+    /// Steps taken under this shape.
+    pub steps: u64,
 }
 
 /// A continuation over appended data, as a checkpoint records it.
@@ -256,6 +273,9 @@ pub struct ResumePoint {
     pub skipped: BTreeMap<u64, BTreeSet<u64>>,
     /// The epoch continues over appended data.
     pub appended: Option<AppendedState>,
+    /// A packing feed's earlier shapes in `epoch` (see
+    /// [`Checkpoint::pack_history`]); `step` counts their steps too.
+    pub pack_history: Vec<PackSpan>,
 }
 
 /// The short sha-256 of a feed's SQL that a checkpoint records: the hex of
@@ -299,6 +319,7 @@ impl Checkpoint {
                 .appended
                 .clone()
                 .filter(|appended| appended.epoch == self.epoch),
+            pack_history: self.pack_history.clone(),
         })
     }
 
@@ -310,6 +331,7 @@ impl Checkpoint {
             step: 0,
             rows: Some(0),
             appended: None,
+            pack_history: vec![],
             ..self.clone()
         }
     }
@@ -499,14 +521,39 @@ impl Checkpoint {
                 theirs.join(", ")
             ));
         }
-        if reshaped && (here.pack.is_some() || self.pack.is_some()) {
+        let mut pack_history = self.pack_history.clone();
+        // `flat` lays the same sequences out otherwise: not a change of plan.
+        let plan = |p: Option<PackOptions>| p.map(|p| (p.max_tokens, p.window, p.long));
+        if plan(self.pack) != plan(here.pack) {
             return plan_error(format!(
-                "a packing feed resumes only under its own shape and packing (its \
-                 windows are cut from the epoch's start): the checkpoint has {} but \
-                 this feed has {}",
+                "a packing feed resumes only under its own packing (its windows are \
+                 cut from the epoch's start): the checkpoint has {} but this feed has {}",
                 theirs.join(", "),
                 ours.join(", ")
             ));
+        }
+        if reshaped && here.pack.is_some() {
+            // The plan of the checkpoint's shape is replayed up to its step,
+            // and what that step's window still holds is packed anew.
+            let before: u64 = pack_history.iter().map(|span| span.steps).sum();
+            pack_history.push(PackSpan {
+                batch_size: self.batch_size,
+                world: self.world,
+                steps: self.step.saturating_sub(before),
+            });
+            if appended.is_some() {
+                return plan_error(
+                    "a packing feed cannot continue an epoch over appended data".into(),
+                );
+            }
+            return Ok(ResumePoint {
+                epoch: self.epoch,
+                step: pack_history.iter().map(|span| span.steps).sum(),
+                rows: None,
+                skipped: self.skipped_steps()?,
+                appended: None,
+                pack_history,
+            });
         }
         if reshaped
             && let Some(rows) = rows
@@ -521,6 +568,7 @@ impl Checkpoint {
             rows,
             skipped: self.skipped_steps()?,
             appended,
+            pack_history,
         })
     }
 }
@@ -631,6 +679,7 @@ mod tests {
             delta_versions: BTreeMap::new(),
             quarantined: vec![],
             pack: None,
+            pack_history: vec![],
         }
     }
 
@@ -707,6 +756,69 @@ mod tests {
         };
         let err = refusal(&checkpoint(&data), &bucketed, &data, OnDataChange::Error);
         assert!(err.contains("world=2, batch_size=4"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_packing_feed_under_a_new_shape_records_the_shapes_before() -> Result<()> {
+        let data = [file("file:/d/a.parquet", 5)];
+        let packing = Some(PackOptions::new(2048));
+        let written = Checkpoint {
+            pack: packing,
+            ..checkpoint(&data)
+        };
+        let here = FeedShape {
+            pack: packing,
+            ..shape()
+        };
+        // The same shape: its own step, no history.
+        let same = written.resume_point(&here, &data, OnDataChange::Error)?;
+        assert_eq!((same.step, same.pack_history.len()), (5, 0));
+        // Three ranks: the checkpoint's 5 steps of 2 × 4 are replayed first.
+        let three = FeedShape {
+            world: 3,
+            ..here.clone()
+        };
+        let point = written.resume_point(&three, &data, OnDataChange::Error)?;
+        let first = PackSpan {
+            batch_size: 4,
+            world: 2,
+            steps: 5,
+        };
+        assert_eq!((point.step, point.rows), (5, None));
+        assert_eq!(point.pack_history, vec![first]);
+        // 4 steps later on those 3 ranks, then one rank: both shapes replayed.
+        let later = Checkpoint {
+            world: 3,
+            step: 9,
+            pack_history: vec![first],
+            ..written.clone()
+        };
+        let one = FeedShape {
+            world: 1,
+            ..here.clone()
+        };
+        let point = later.resume_point(&one, &data, OnDataChange::Error)?;
+        assert_eq!(point.step, 9);
+        assert_eq!(
+            point.pack_history,
+            vec![
+                first,
+                PackSpan {
+                    batch_size: 4,
+                    world: 3,
+                    steps: 4
+                }
+            ]
+        );
+        // Another packing is another plan.
+        let other = FeedShape {
+            pack: Some(PackOptions::new(1024)),
+            ..here
+        };
+        let err = refusal(&written, &other, &data, OnDataChange::Error);
+        assert!(err.contains("resumes only under its own packing"), "{err}");
+        assert!(err.contains("pack=2048"), "{err}");
         Ok(())
     }
 

@@ -87,7 +87,7 @@ pub use batcher::pack::{LongDocuments, PackOptions};
 pub use builder::FeedBuilder;
 pub use checkpoint::{
     AppendedState, CHECKPOINT_VERSION, Checkpoint, FeedShape, ManifestEntry,
-    OnDataChange, ResumePoint, query_fingerprint,
+    OnDataChange, PackSpan, ResumePoint, query_fingerprint,
 };
 pub use columns::ColumnSpec;
 pub use convert::packed::IGNORED_LABEL;
@@ -245,6 +245,7 @@ impl Feed {
             on_error: OnError::Fail,
             quarantined: vec![],
             pack: None,
+            pack_history: vec![],
         }
     }
 
@@ -462,18 +463,23 @@ impl Feed {
 
 /// Moves `checkpoint` past `batch`, just handed over.
 fn advance(checkpoint: &mut Checkpoint, batch: &TensorBatch) {
+    let epoch_before = checkpoint.epoch;
     let (epoch, step) = batch.next_position();
     let (_, rows) = batch.next_row_position();
     checkpoint.epoch = epoch;
     checkpoint.step = step;
     checkpoint.rows = Some(rows);
-    // A continuation over appended data ends with its epoch.
+    // A continuation over appended data ends with its epoch, and so do
+    // the shapes a packing feed ran under before a resume.
     if checkpoint
         .appended
         .as_ref()
         .is_some_and(|appended| appended.epoch != epoch)
     {
         checkpoint.appended = None;
+    }
+    if checkpoint.epoch != epoch_before {
+        checkpoint.pack_history.clear();
     }
 }
 

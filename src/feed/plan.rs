@@ -29,6 +29,7 @@ use super::OnError;
 use super::appended::Appended;
 use super::batcher::pack::PackOptions;
 use super::batcher::{Cut, EpochStart, Pack, Shard, Tokens};
+use super::checkpoint::PackSpan;
 use super::checkpoint::{
     AppendedState, CHECKPOINT_VERSION, Checkpoint, ManifestEntry, query_fingerprint,
 };
@@ -203,6 +204,9 @@ pub(super) struct FeedPlan {
     pub(super) epochs: Range<u64>,
     /// Where `epochs.start` starts.
     pub(super) start: EpochStart,
+    /// A packing feed's earlier shapes in `epochs.start` (a resume under
+    /// another shape; see `batcher::pack`).
+    pub(super) pack_history: Arc<[PackSpan]>,
     /// Steps not handed over, by epoch.
     pub(super) skipped_steps: BTreeMap<u64, BTreeSet<u64>>,
     /// How columns become tensors.
@@ -273,6 +277,7 @@ impl FeedPlan {
             cut,
             epochs: builder.resume.0..builder.epochs,
             start: builder.resume.1,
+            pack_history: Arc::from(builder.pack_history.clone()),
             skipped_steps: builder.skipped_steps,
             columns: builder.columns,
             rows,
@@ -378,6 +383,7 @@ impl FeedPlan {
     /// shard and the last step) or the whole epoch's.
     pub(super) fn sink_cut(
         &self,
+        epoch: u64,
         length_column: Option<(usize, Option<usize>)>,
         dealt: bool,
     ) -> Cut {
@@ -398,6 +404,10 @@ impl FeedPlan {
                 world: self.shard.world,
                 drop_last: self.shard.drop_last,
                 seed: self.order.seed().unwrap_or(0),
+                history: match epoch == self.epochs.start {
+                    true => Arc::clone(&self.pack_history),
+                    false => Arc::from([]),
+                },
             }),
             // A step of dealt rows is `B` of this rank's.
             BatchCut::Rows | BatchCut::Buckets { .. } if dealt => Cut::Dealt {
@@ -462,6 +472,7 @@ impl FeedPlan {
             batch_tokens: self.cut.token_budget(),
             drop_last: self.shard.drop_last,
             pack: self.cut.pack(),
+            pack_history: self.pack_history.to_vec(),
             query: query_fingerprint(&self.user_sql),
             skipped: self
                 .skipped_steps

@@ -137,7 +137,7 @@ impl Producer {
                 Some(plan) => plan?,
                 None => self.plan_epoch(epoch).await?,
             };
-            let cut = feed.sink_cut(length_column, dealt);
+            let cut = feed.sink_cut(epoch, length_column, dealt);
             let sink: Arc<dyn ExecutionPlan> = Arc::new(DeviceSinkExec::new(
                 input,
                 Arc::clone(&target),

@@ -236,7 +236,7 @@ impl DisplayAs for DeviceSinkExec {
             .unwrap_or_else(|_| "busy".into());
         let mut fields = vec![
             ("device", device),
-            match self.cut {
+            match &self.cut {
                 Cut::Tokens(tokens) => ("batch_tokens", tokens.budget.to_string()),
                 Cut::Pack(pack) => ("pack", pack.options.max_tokens.to_string()),
                 Cut::Shard(_) | Cut::Dealt { .. } => {
@@ -271,7 +271,7 @@ impl ExecutionPlan for DeviceSinkExec {
         properties: own,
         rebuild: |this, child| {
             let target = Arc::clone(&this.target);
-            Ok(Self::new(child, target, this.epoch, this.start, this.cut))
+            Ok(Self::new(child, target, this.epoch, this.start, this.cut.clone()))
         },
     }
 
@@ -289,7 +289,7 @@ impl ExecutionPlan for DeviceSinkExec {
             target: Arc::clone(&self.target),
             epoch: self.epoch,
             start: self.start,
-            cut: self.cut,
+            cut: self.cut.clone(),
             metrics,
         };
         let stream = futures::stream::once(run.run(ctx));
@@ -350,7 +350,7 @@ impl SinkRun {
             _ => None,
         };
         let length_column = b.length_column.map_or(0, |(index, _)| index);
-        let mut batcher = Batcher::new(self.cut, epoch, self.start);
+        let mut batcher = Batcher::new(self.cut.clone(), epoch, self.start);
         if let Batcher::Pack(packer) = &mut batcher {
             packer.report_to(Arc::clone(&self.target.metrics));
         }

@@ -187,7 +187,7 @@ fn ranks_of_a_step_get_balanced_attention_costs_and_little_padding() -> Result<(
 }
 
 #[test]
-fn a_packing_feed_resumes_at_its_step_and_refuses_another_shape() -> Result<()> {
+fn a_packing_feed_resumes_at_its_step_and_refuses_another_packing() -> Result<()> {
     let dir = generated(1500, 2)?;
     let session = sized_session(2, 8192)?;
     let whole = fed(packing(&session, dir.path()).shard(1, 2).epochs(2))?;
@@ -207,8 +207,12 @@ fn a_packing_feed_resumes_at_its_step_and_refuses_another_shape() -> Result<()> 
         .epochs(2)
         .resume_from(checkpoint.clone(), OnDataChange::Error))?;
     assert_eq!(rest, whole[half..].to_vec());
-    let err = packing(&session, dir.path())
-        .shard(0, 3)
+    // Another packing is another plan: refused, both named.
+    let err = Feed::builder(&session, query(dir.path()))
+        .shuffle(7)
+        .batch_size(3)
+        .pack(PackOptions::new(100))
+        .shard(1, 2)
         .epochs(2)
         .resume_from(checkpoint, OnDataChange::Error)
         .device(Device::Cpu)
@@ -217,10 +221,77 @@ fn a_packing_feed_resumes_at_its_step_and_refuses_another_shape() -> Result<()> 
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("a packing feed resumes only under its own shape"),
+        err.contains("a packing feed resumes only under its own packing"),
         "{err}"
     );
     Ok(())
+}
+
+#[test]
+fn a_packing_feed_resumes_on_another_world_and_batch_size_feeding_every_document_once()
+-> Result<()> {
+    let dir = generated(1500, 2)?;
+    let session = sized_session(2, 8192)?;
+    let mut expected = documents(dir.path())?;
+    expected.sort();
+    // 2 ranks take 5 steps, then 3 ranks of 2 sequences go on from there;
+    // a checkpoint of theirs 4 steps later resumes on 1 rank of 5.
+    let mut fed_before: Vec<Vec<i64>> = vec![];
+    let mut checkpoint = None;
+    for rank in 0..2 {
+        let mut feed = packing(&session, dir.path())
+            .shard(rank, 2)
+            .device(Device::Cpu)
+            .build()?;
+        for _ in 0..5 {
+            fed_before.extend(documents_of(&feed.next().expect("a batch")?)?);
+        }
+        checkpoint = Some(feed.checkpoint()?);
+    }
+    let checkpoint = checkpoint.expect("two ranks ran");
+    let mut second = None;
+    for rank in 0..3 {
+        let mut feed = packing(&session, dir.path())
+            .batch_size(2)
+            .shard(rank, 3)
+            .resume_from(checkpoint.clone(), OnDataChange::Error)
+            .device(Device::Cpu)
+            .build()?;
+        for _ in 0..4 {
+            let batch = feed.next().expect("a batch")?;
+            fed_before.extend(documents_of(&batch)?);
+        }
+        second = Some(feed.checkpoint()?);
+    }
+    let second = second.expect("three ranks ran");
+    assert_eq!(second.pack_history.len(), 1, "{:?}", second.pack_history);
+    assert_eq!(second.step, 9);
+    let rest = fed(packing(&session, dir.path())
+        .batch_size(5)
+        .resume_from(second, OnDataChange::Error))?;
+    let mut all: Vec<Vec<i64>> = fed_before
+        .into_iter()
+        .chain(rest.into_iter().flatten().flatten())
+        .collect();
+    all.sort();
+    assert_eq!(all, expected, "every document once across the resumes");
+    Ok(())
+}
+
+/// The documents of one packed batch.
+fn documents_of(batch: &sqlfeed::device::TensorBatch) -> Result<Vec<Vec<i64>>> {
+    let ids = batch.tensor("input_ids")?.as_slice::<i64>()?;
+    let labels = batch.tensor("labels")?.as_slice::<i64>()?;
+    let cu = batch.tensor("cu_seqlens")?.as_slice::<i32>()?;
+    Ok(cu
+        .windows(2)
+        .map(|b| (b[0] as usize, b[1] as usize))
+        .filter(|&(start, end)| {
+            !(ids[start..end].iter().all(|&id| id == 0)
+                && labels[start..end].iter().all(|&l| l == IGNORED_LABEL))
+        })
+        .map(|(start, end)| ids[start..end].to_vec())
+        .collect())
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub(crate) use self::tokens::{TokenBatcher, Tokens};
 use super::convert::BatchRows;
 
 /// How an epoch's rows are cut into this rank's batches.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) enum Cut {
     /// Fixed batches, this rank's slice of every chunk of `B × W` rows.
     Shard(Shard),

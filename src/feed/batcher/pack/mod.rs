@@ -21,10 +21,14 @@
 //! window)`, so a step's sequences are the same on every run, for any
 //! partition count, embedded or on a cluster (where every rank reads the
 //! whole order, as under a token budget). A feed resumes at a step of its
-//! own shape (`B`, `W`, `max_tokens`, window) by planning the epoch again
-//! from its start and skipping the steps before; the checkpoint's
-//! `rows` are the documents read before the step's window (a lower bound,
-//! not a resume position: another shape would cut other windows).
+//! own shape (`B`, `W`) by planning the epoch again from its start and
+//! skipping the steps before. Under another shape it replays the plan of
+//! the checkpoint's shape (and of the shapes before it, `history`) up to
+//! the step where the new one took over; what that step's window had not
+//! fed yet, or sent back, is packed again under the new shape with the
+//! windows after it, so every document is fed once across any chain of
+//! resumes. The checkpoint's `rows` are the documents read before the
+//! step's window (informative: a packing feed resumes by steps).
 //!
 //! # Memory
 //! The window's record batches (the query's columns, which a packing feed
@@ -42,6 +46,7 @@ use datafusion::error::Result;
 
 use self::plan::{WindowEnd, attention_cost, plan_window};
 use super::EpochStart;
+use crate::feed::checkpoint::PackSpan;
 use crate::feed::convert::{BatchRows, memory_of, value_len};
 use crate::feed::metrics::FeedMetrics;
 
@@ -114,7 +119,7 @@ impl PackOptions {
 }
 
 /// How [`PackBatcher`] cuts an epoch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Pack {
     /// The feed's options.
     pub(crate) options: PackOptions,
@@ -130,6 +135,10 @@ pub(crate) struct Pack {
     pub(crate) drop_last: bool,
     /// The feed's seed (0 unshuffled).
     pub(crate) seed: u64,
+    /// The shapes the epoch ran under before this one, oldest first (a
+    /// resume under another shape): their plans are replayed to find what
+    /// was fed.
+    pub(crate) history: Arc<[PackSpan]>,
 }
 
 /// A piece of a document in a sequence: `len` tokens of row `row` of the
@@ -197,6 +206,11 @@ pub(crate) struct PackBatcher {
     steps: u64,
     /// Items left out with a dropped last step.
     dropped: usize,
+    /// The history span being replayed (`history.len()`: the feed's own
+    /// shape).
+    span: usize,
+    /// Steps (counted from the epoch's start) at which that span ends.
+    span_end: u64,
     /// Where each whole step's balance is reported.
     metrics: Option<Arc<FeedMetrics>>,
 }
@@ -213,13 +227,13 @@ impl PackBatcher {
             },
             ..pack
         };
-        // Windows are cut from the epoch's start: a resume (under the same
-        // shape, as `FeedBuilder::validate` ensures) plans them again and
-        // skips to its step.
+        // Windows are cut from the epoch's start: a resume plans them again
+        // (under the shapes of `history` first) and skips to its step.
         let skip_steps = match start {
             EpochStart::Step(step) => step,
             EpochStart::Rows { first_step, .. } => first_step,
         };
+        let span_end = pack.history.first().map_or(0, |span| span.steps);
         Self {
             pack,
             epoch,
@@ -234,6 +248,8 @@ impl PackBatcher {
             windows: 0,
             steps: 0,
             dropped: 0,
+            span: 0,
+            span_end,
             metrics: None,
         }
     }
@@ -348,10 +364,44 @@ impl PackBatcher {
         Ok(())
     }
 
+    /// The shape windows are planned under now: `(sequences per rank,
+    /// ranks)` of the history span still being replayed, else the feed's.
+    fn shape(&self) -> (usize, usize) {
+        match self.pack.history.get(self.span) {
+            Some(span) => (span.batch_size.max(1), span.world.max(1)),
+            None => (self.pack.per_rank, self.pack.world),
+        }
+    }
+
+    /// Whether the history span being replayed has all its steps: the next
+    /// shape takes over.
+    fn span_done(&self) -> bool {
+        self.span < self.pack.history.len() && self.steps >= self.span_end
+    }
+
+    /// Moves to the next shape of the history (or the feed's own).
+    fn next_span(&mut self) {
+        self.span += 1;
+        if let Some(span) = self.pack.history.get(self.span) {
+            self.span_end += span.steps;
+        }
+    }
+
     /// Plans the window, emits this rank's batches of its steps, and starts
     /// the next window with what it sent back.
+    ///
+    /// Replaying an earlier shape (a resume under another one), its steps
+    /// are counted, not emitted, up to the step where the next shape took
+    /// over: what the window's later steps held, and what it sent back or
+    /// dropped, is then packed again under the next shape, so every
+    /// document is fed once across the resume.
     fn plan(&mut self, end: WindowEnd, out: &mut Vec<BatchRows>) -> Result<()> {
-        let pack = self.pack;
+        while self.span_done() {
+            self.next_span();
+        }
+        let pack = self.pack.clone();
+        let (per_rank, world) = self.shape();
+        let replaying = self.span < pack.history.len();
         let lengths: Vec<usize> = self.items.iter().map(|item| item.len).collect();
         let seed = crate::rand::splitmix64(
             pack.seed
@@ -361,17 +411,32 @@ impl PackBatcher {
         let plan = plan_window(
             &lengths,
             pack.options.max_tokens,
-            pack.world,
-            pack.per_rank,
+            world,
+            per_rank,
             end,
             seed,
         );
         self.windows += 1;
-        self.dropped += plan.dropped.len();
-        for step in &plan.steps {
+        for (index, step) in plan.steps.iter().enumerate() {
+            if replaying && self.span_done() {
+                let mut left: Vec<usize> = plan.steps[index..]
+                    .iter()
+                    .flat_map(|step| step.ranks.iter().flatten())
+                    .flat_map(|&sequence| plan.sequences[sequence].iter().copied())
+                    .chain(plan.carried.iter().copied())
+                    .chain(plan.dropped.iter().copied())
+                    .collect();
+                left.sort_unstable();
+                self.next_window(&left)?;
+                return match end {
+                    // The next shape packs what is left as the last window.
+                    WindowEnd::Last { .. } => self.plan(end, out),
+                    WindowEnd::More => Ok(()),
+                };
+            }
             let number = self.steps;
             self.steps += 1;
-            if number < self.skip_steps {
+            if replaying || number < self.skip_steps {
                 continue;
             }
             if let Some(metrics) = &self.metrics
@@ -429,6 +494,15 @@ impl PackBatcher {
                 }),
             });
         }
+        if replaying && let WindowEnd::Last { .. } = end {
+            // The epoch ended before the next shape's step under the shape
+            // replayed (its last step was cut otherwise): what it dropped
+            // is the next shape's.
+            self.next_window(&plan.dropped)?;
+            self.span = self.pack.history.len();
+            return self.plan(end, out);
+        }
+        self.dropped += plan.dropped.len();
         self.next_window(&plan.carried)
     }
 
@@ -486,6 +560,12 @@ mod tests {
     use super::super::test_rows as rows;
 
     fn pack(rank: usize, world: usize) -> Pack {
+        shaped(rank, world, 2, &[])
+    }
+
+    /// A packer of `per_rank` sequences for rank `rank` of `world`, after
+    /// `history`.
+    fn shaped(rank: usize, world: usize, per_rank: usize, history: &[PackSpan]) -> Pack {
         Pack {
             options: PackOptions {
                 max_tokens: 64,
@@ -494,11 +574,12 @@ mod tests {
                 flat: false,
             },
             column: 0,
-            per_rank: 2,
+            per_rank,
             rank,
             world,
             drop_last: false,
             seed: 5,
+            history: Arc::from(history),
         }
     }
 
@@ -595,6 +676,81 @@ mod tests {
         let resumed = run(pack(0, 2), &lengths, EpochStart::Step(5), &[60])?;
         assert_eq!(resumed[0].step, 5);
         assert_eq!(fed(&resumed), whole[5..].to_vec());
+        Ok(())
+    }
+
+    /// Tokens of each document that `runs` (every rank's batches) fed.
+    fn tokens_fed(lengths: &[usize], runs: &[Vec<BatchRows>]) -> Vec<usize> {
+        let mut tokens = vec![0; lengths.len()];
+        for batches in runs {
+            for sequence in fed(batches).iter().flatten() {
+                for &(document, _, len) in sequence {
+                    tokens[document as usize] += len;
+                }
+            }
+        }
+        tokens
+    }
+
+    #[test]
+    fn a_resume_under_other_shapes_feeds_every_token_once() -> Result<()> {
+        let lengths = lengths(400);
+        // Shape 1: 2 ranks of 2 sequences, 7 steps; shape 2: 3 ranks of 1,
+        // 9 steps; shape 3: 4 ranks of 3, to the end.
+        let first = PackSpan {
+            batch_size: 2,
+            world: 2,
+            steps: 7,
+        };
+        let second = PackSpan {
+            batch_size: 1,
+            world: 3,
+            steps: 9,
+        };
+        let mut runs = vec![];
+        for rank in 0..2 {
+            let mut all = run(shaped(rank, 2, 2, &[]), &lengths, EpochStart::BEGIN, &[])?;
+            all.truncate(7);
+            runs.push(all);
+        }
+        for rank in 0..3 {
+            let mut resumed = run(
+                shaped(rank, 3, 1, &[first]),
+                &lengths,
+                EpochStart::Step(7),
+                &[],
+            )?;
+            assert_eq!(resumed[0].step, 7, "steps go on from the resume");
+            resumed.truncate(9);
+            runs.push(resumed);
+        }
+        let mut steps = vec![];
+        for rank in 0..4 {
+            let rest = run(
+                shaped(rank, 4, 3, &[first, second]),
+                &lengths,
+                EpochStart::Step(16),
+                &[3, 77],
+            )?;
+            steps.push(rest.len());
+            runs.push(rest);
+        }
+        assert!(steps.iter().all(|&s| s == steps[0] && s > 0), "{steps:?}");
+        assert_eq!(tokens_fed(&lengths, &runs), lengths, "every token once");
+        // A resume of the last shape at its own step is the rest of its run.
+        let whole = fed(&run(
+            shaped(1, 4, 3, &[first, second]),
+            &lengths,
+            EpochStart::Step(16),
+            &[],
+        )?);
+        let later = fed(&run(
+            shaped(1, 4, 3, &[first, second]),
+            &lengths,
+            EpochStart::Step(18),
+            &[],
+        )?);
+        assert_eq!(later, whole[2..].to_vec());
         Ok(())
     }
 
