@@ -3,6 +3,8 @@
 //! attention cost across ranks, the same batches on any partition count and
 //! record-batch size, and a resume that continues exactly.
 
+use datafusion::arrow::array::AsArray;
+use datafusion::arrow::datatypes::Int32Type;
 use datafusion::error::Result;
 use sqlfeed::device::Device;
 use sqlfeed::feed::{Feed, FeedBuilder, IGNORED_LABEL, OnDataChange, PackOptions};
@@ -326,5 +328,45 @@ fn a_packing_feed_refuses_a_query_it_cannot_pack() -> Result<()> {
         .unwrap_err()
         .to_string();
     assert!(err.contains("does not combine with batch_tokens"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn explain_batch_names_the_documents_of_a_packed_batch() -> Result<()> {
+    let dir = generated(800, 2)?;
+    let session = sized_session(2, 8192)?;
+    let builder = packing(&session, dir.path()).shard(1, 2);
+    let batches = fed(builder.clone())?;
+    let step = 2;
+    let explained = builder.explain_batch(0, step as u64)?;
+    // One origin per piece fed (no document here is over 160 tokens).
+    let documents: usize = batches[step].iter().map(Vec::len).sum();
+    assert_eq!(explained.rows.len(), documents);
+    // They are those documents: each read back from its file (the
+    // generated ids run on through the rows of a file).
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mut named = vec![];
+    for origin in &explained.rows {
+        let path = origin.file.trim_start_matches("file://");
+        let path = path.trim_start_matches("file:");
+        let sql = format!(
+            "SELECT tokens FROM '{path}' WHERE id = (SELECT min(id) FROM '{path}') + {}",
+            origin.row
+        );
+        let found = runtime.block_on(crate::common::collect(&session, &sql))?;
+        let list = found[0].column(0).as_list::<i32>().value(0);
+        let tokens: Vec<i64> = list
+            .as_primitive::<Int32Type>()
+            .values()
+            .iter()
+            .map(|&v| v as i64)
+            .collect();
+        named.push(tokens);
+    }
+    let mut fed_documents: Vec<Vec<i64>> =
+        batches[step].iter().flatten().cloned().collect();
+    fed_documents.sort();
+    named.sort();
+    assert_eq!(named, fed_documents);
     Ok(())
 }
