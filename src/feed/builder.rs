@@ -15,8 +15,7 @@ use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit};
 
 use super::batcher::EpochStart;
-use super::batcher::pack::PackOptions;
-use super::checkpoint::PackSpan;
+use super::batcher::pack::{PackOptions, PackSpan};
 use super::checkpoint::{
     Checkpoint, FeedShape, OnDataChange, ResumePoint, query_fingerprint,
 };

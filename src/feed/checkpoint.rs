@@ -37,7 +37,7 @@ use datafusion::error::{DataFusionError, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::batcher::pack::PackOptions;
+use super::batcher::pack::{PackOptions, PackSpan};
 use crate::cache::InputFile;
 
 /// The checkpoint format this sqlfeed writes; it also reads version 1.
@@ -138,18 +138,6 @@ pub struct Checkpoint {
     /// their plans to find the documents already fed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pack_history: Vec<PackSpan>,
-}
-
-/// Steps a packing feed took under one shape, before a resume under
-/// another shape took over (see `batcher::pack`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct PackSpan {
-    /// Sequences per rank and step.
-    pub batch_size: usize,
-    /// Ranks.
-    pub world: usize,
-    /// Steps taken under this shape.
-    pub steps: u64,
 }
 
 /// A continuation over appended data, as a checkpoint records it.

@@ -83,11 +83,11 @@ use std::time::{Duration, Instant};
 use datafusion::common::internal_datafusion_err;
 use datafusion::error::{DataFusionError, Result};
 
-pub use batcher::pack::{LongDocuments, PackOptions};
+pub use batcher::pack::{LongDocuments, PackOptions, PackSpan};
 pub use builder::FeedBuilder;
 pub use checkpoint::{
     AppendedState, CHECKPOINT_VERSION, Checkpoint, FeedShape, ManifestEntry,
-    OnDataChange, PackSpan, ResumePoint, query_fingerprint,
+    OnDataChange, ResumePoint, query_fingerprint,
 };
 pub use columns::ColumnSpec;
 pub use convert::packed::IGNORED_LABEL;

@@ -27,9 +27,8 @@ use std::sync::Arc;
 use super::FeedBuilder;
 use super::OnError;
 use super::appended::Appended;
-use super::batcher::pack::PackOptions;
+use super::batcher::pack::{PackOptions, PackSpan};
 use super::batcher::{Cut, EpochStart, Pack, Shard, Tokens};
-use super::checkpoint::PackSpan;
 use super::checkpoint::{
     AppendedState, CHECKPOINT_VERSION, Checkpoint, ManifestEntry, query_fingerprint,
 };

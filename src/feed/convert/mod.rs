@@ -42,7 +42,7 @@ pub(crate) struct BatchRows {
     /// step is (what a checkpoint after it records).
     pub(crate) rows_after: u64,
     /// How the rows make packed sequences (a packing feed).
-    pub(crate) packed: Option<crate::feed::batcher::pack::Packed>,
+    pub(crate) packed: Option<packed::Packed>,
 }
 
 impl BatchRows {

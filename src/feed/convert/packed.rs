@@ -30,6 +30,27 @@ use super::{BatchRows, PadStats};
 use crate::device::{DType, Slot, SlotPool, TensorLayout, cast_slice_mut};
 use crate::feed::columns::ColumnSpec;
 
+/// A piece of a document in a sequence: `len` tokens of row `row` of the
+/// batch's gathered rows, from token `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub(crate) row: usize,
+    pub(crate) start: usize,
+    pub(crate) len: usize,
+}
+
+/// How a packed batch's rows make its sequences.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Packed {
+    /// This rank's sequences of the step (`per_rank` of them, the last
+    /// ones possibly empty).
+    pub(crate) sequences: Vec<Vec<Segment>>,
+    /// Tokens per sequence.
+    pub(crate) max_tokens: usize,
+    /// One flat stream rather than `[B, max_tokens]`.
+    pub(crate) flat: bool,
+}
+
 /// The label of a token no loss is computed for (PyTorch's `ignore_index`).
 pub const IGNORED_LABEL: i64 = -100;
 

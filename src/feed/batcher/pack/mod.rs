@@ -46,7 +46,7 @@ use datafusion::error::Result;
 
 use self::plan::{WindowEnd, attention_cost, plan_window};
 use super::EpochStart;
-use crate::feed::checkpoint::PackSpan;
+use crate::feed::convert::packed::{Packed, Segment};
 use crate::feed::convert::{BatchRows, memory_of, value_len};
 use crate::feed::metrics::FeedMetrics;
 
@@ -118,6 +118,20 @@ impl PackOptions {
     }
 }
 
+/// Steps a packing feed took under one shape, before a resume under
+/// another shape took over (see `batcher::pack`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct PackSpan {
+    /// Sequences per rank and step.
+    pub batch_size: usize,
+    /// Ranks.
+    pub world: usize,
+    /// Steps taken under this shape.
+    pub steps: u64,
+}
+
 /// How [`PackBatcher`] cuts an epoch.
 #[derive(Debug, Clone)]
 pub(crate) struct Pack {
@@ -139,27 +153,6 @@ pub(crate) struct Pack {
     /// resume under another shape): their plans are replayed to find what
     /// was fed.
     pub(crate) history: Arc<[PackSpan]>,
-}
-
-/// A piece of a document in a sequence: `len` tokens of row `row` of the
-/// batch's gathered rows, from token `start`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Segment {
-    pub(crate) row: usize,
-    pub(crate) start: usize,
-    pub(crate) len: usize,
-}
-
-/// How a packed batch's rows make its sequences.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Packed {
-    /// This rank's sequences of the step (`per_rank` of them, the last
-    /// ones possibly empty).
-    pub(crate) sequences: Vec<Vec<Segment>>,
-    /// Tokens per sequence.
-    pub(crate) max_tokens: usize,
-    /// One flat stream rather than `[B, max_tokens]`.
-    pub(crate) flat: bool,
 }
 
 /// A document of the window: where its row is, and where it lies in the
