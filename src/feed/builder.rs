@@ -198,15 +198,17 @@ impl FeedBuilder {
     /// batch size, under the same packing.
     ///
     /// ```no_run
-    /// # async fn example(session: sqlfeed::session::Session) -> datafusion::error::Result<()> {
-    /// use sqlfeed::feed::PackOptions;
-    /// let feed = session
-    ///     .feed("SELECT tokenize(text, 'tokenizer.json') AS tokens FROM 'corpus/*.parquet'")
+    /// # fn main() -> datafusion::error::Result<()> {
+    /// use sqlfeed::feed::{Feed, PackOptions};
+    /// let session = sqlfeed::Session::builder().build()?;
+    /// let tokens = "SELECT tokenize(text, 'tokenizer.json') AS tokens FROM 'corpus/*.parquet'";
+    /// let feed = Feed::builder(&session, tokens)
     ///     .shuffle(42)
     ///     .batch_size(8) // sequences per rank
     ///     .pack(PackOptions::new(2048))
     ///     .build()?;
-    /// # let _ = feed; Ok(())
+    /// # let _ = feed;
+    /// # Ok(())
     /// # }
     /// ```
     pub fn pack(mut self, options: PackOptions) -> Self {
