@@ -12,7 +12,8 @@
 # Gutenberg's #2600 (War and Peace, 2600-0.txt of GITenberg/War-and-Peace_2600)
 # and tinyshakespeare (karpathy/char-rnn, data/tinyshakespeare/input.txt).
 # The tokenizer is the repository's all-MiniLM-L6-v2 tokenizer.json (a real
-# WordPiece vocabulary of 30,522 tokens).
+# WordPiece vocabulary of 30,522 tokens), its truncation and padding at 128
+# turned off on every side: documents keep their own lengths.
 #
 # Each peer and sqlfeed run one unshuffled epoch from the Parquet files
 # (read, tokenize, pack, batch) in a fresh process; tokens/s counts the
@@ -41,7 +42,8 @@ py=$venv/bin/python
 corpus=$root/target/bench-pack/corpus
 "$py" scripts/bench/pack_corpus.py "$corpus" "$@"
 tokenizer=$root/udfs/tests/data/all-MiniLM-L6-v2.tokenizer.json
-tokens_sql="SELECT tokenize(text, '$tokenizer') AS tokens FROM '$corpus/*.parquet'"
+# max_len replaces the file's truncation at 128 tokens: whole documents.
+tokens_sql="SELECT tokenize(text, '$tokenizer', 1000000) AS tokens FROM '$corpus/*.parquet'"
 total=$("$bin" --format csv -c "SELECT sum(cardinality(tokens)) AS n, max(cardinality(tokens)) AS longest FROM ($tokens_sql)" | tail -1)
 echo "corpus: $total (tokens, longest document) ; max_tokens $max_tokens, 8 sequences per batch, window 10,000 documents"
 total_tokens=${total%%,*}

@@ -25,6 +25,16 @@ import time
 import numpy as np
 
 
+def whole_documents(tokenizer):
+    """The tokenizer without the file's truncation and padding (the
+    repository's tokenizer.json pads and truncates to 128): documents of
+    their own length, as sqlfeed's ``tokenize(text, path, max_len)`` with a
+    large ``max_len`` gives them."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
 def hf(corpus: str, tokenizer_json: str, max_tokens: int, sequences: int) -> dict:
     import datasets
     from tokenizers import Tokenizer
@@ -32,7 +42,7 @@ def hf(corpus: str, tokenizer_json: str, max_tokens: int, sequences: int) -> dic
 
     datasets.disable_caching()
     start = time.perf_counter()
-    tokenizer = Tokenizer.from_file(tokenizer_json)
+    tokenizer = whole_documents(Tokenizer.from_file(tokenizer_json))
     files = sorted(glob.glob(f"{corpus}/*.parquet"))
     dataset = datasets.Dataset.from_parquet(files, keep_in_memory=True)
 
@@ -70,12 +80,14 @@ def grain_run(corpus: str, tokenizer_json: str, max_tokens: int, sequences: int)
     from tokenizers import Tokenizer
 
     start = time.perf_counter()
-    tokenizer = Tokenizer.from_file(tokenizer_json)
+    tokenizer = whole_documents(Tokenizer.from_file(tokenizer_json))
     texts: list[str] = []
     for path in sorted(glob.glob(f"{corpus}/*.parquet")):
         texts.extend(pq.read_table(path, columns=["text"])["text"].to_pylist())
 
     def tokenize(text: str) -> dict:
+        # Grain's packer takes documents of at most max_tokens: longer ones
+        # are cut, as its users do (sqlfeed splits them into pieces).
         ids = np.asarray(tokenizer.encode(text).ids, dtype=np.int32)[:max_tokens]
         return {"input_ids": ids}
 
