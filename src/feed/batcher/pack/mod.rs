@@ -798,6 +798,11 @@ mod tests {
         assert_eq!(sa.len(), 2);
         assert_eq!(sb.len(), 2);
         assert_eq!(sa.iter().chain(&sb).sum::<usize>(), 3);
+        // Fewer sequences than ranks: a rank's last batch is all padding.
+        let alone = run(shaped(1, 2, 1, &[]), &[60], EpochStart::BEGIN, &[])?;
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].rows, 0);
+        assert_eq!(alone[0].packed.as_ref().unwrap().sequences, vec![vec![]]);
         let mut dropping = pack(0, 2);
         dropping.drop_last = true;
         assert!(run(dropping, &lengths, EpochStart::BEGIN, &[])?.is_empty());
