@@ -322,12 +322,7 @@ pub(crate) fn resolve(
     let mut columns = Vec::with_capacity(schema.fields().len());
     let mut tensor_names = HashSet::new();
     for (index, field) in schema.fields().iter().enumerate() {
-        let spec = specs
-            .iter()
-            .rev()
-            .find(|(name, _)| name == field.name())
-            .map(|(_, spec)| spec.clone())
-            .unwrap_or_default();
+        let spec = spec_of(specs, field.name());
         let column = resolve_column(index, field, &spec)?;
         for name in std::iter::once(&column.name).chain(column.mask_name.as_ref()) {
             if !tensor_names.insert(Arc::clone(name)) {
@@ -339,6 +334,17 @@ pub(crate) fn resolve(
         columns.push(column);
     }
     Ok(columns)
+}
+
+/// The options `specs` give column `name` (the last that names it), or the
+/// defaults.
+pub(crate) fn spec_of(specs: &[(String, ColumnSpec)], name: &str) -> ColumnSpec {
+    specs
+        .iter()
+        .rev()
+        .find(|(named, _)| named == name)
+        .map(|(_, spec)| spec.clone())
+        .unwrap_or_default()
 }
 
 fn unsupported(field: &Field, why: &str) -> DataFusionError {

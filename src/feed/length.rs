@@ -32,7 +32,8 @@ pub struct FeedLength {
     pub(super) batch_size: usize,
     pub(super) world: usize,
     pub(super) drop_last: bool,
-    pub(super) token_budget: bool,
+    /// A token budget or packing: steps depend on the rows' lengths.
+    pub(super) steps_depend_on_lengths: bool,
     /// Epochs `resume.0..end_epoch` run.
     pub(super) end_epoch: u64,
     pub(super) resume: (u64, EpochStart),
@@ -56,14 +57,14 @@ impl FeedLength {
     }
 
     /// Batches each rank gets in a whole epoch of `rows` rows; `None` under
-    /// a token budget.
+    /// a token budget or packing.
     pub fn batches_per_epoch(&self, rows: u64) -> Option<u64> {
         self.steps_after(rows, 0)
     }
 
     /// Batches this rank gets from the whole run over epochs of `rows` rows:
     /// the rest of the first epoch from where it resumes, the later epochs
-    /// whole, less the skipped steps; `None` under a token budget.
+    /// whole, less the skipped steps; `None` under a token budget or packing.
     pub fn batches_in_run(&self, rows: u64) -> Option<u64> {
         let (first_epoch, start) = self.resume;
         let (rows_before, first_step) = start.in_chunks(self.chunk_rows());
@@ -104,7 +105,7 @@ impl FeedLength {
 
     /// Steps of an epoch of `rows` rows cut from row `before` on.
     fn steps_after(&self, rows: u64, before: u64) -> Option<u64> {
-        if self.token_budget {
+        if self.steps_depend_on_lengths {
             return None;
         }
         let left = rows.saturating_sub(before);
@@ -127,7 +128,7 @@ mod tests {
             batch_size,
             world,
             drop_last,
-            token_budget: false,
+            steps_depend_on_lengths: false,
             end_epoch: 1,
             resume: (0, EpochStart::BEGIN),
             skipped_steps: BTreeMap::new(),
@@ -142,7 +143,7 @@ mod tests {
         assert_eq!(length(16, 4, true).batches_per_epoch(1_000), Some(15));
         assert_eq!(length(16, 4, false).batches_per_epoch(0), Some(0));
         let mut tokens = length(16, 4, false);
-        tokens.token_budget = true;
+        tokens.steps_depend_on_lengths = true;
         assert_eq!(tokens.batches_per_epoch(1_000), None);
         assert_eq!(tokens.batches_in_run(1_000), None);
     }

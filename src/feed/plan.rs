@@ -425,7 +425,7 @@ impl FeedPlan {
             batch_size: self.shard.batch_rows,
             world: self.shard.world,
             drop_last: self.shard.drop_last,
-            token_budget: self.cut.steps_depend_on_lengths(),
+            steps_depend_on_lengths: self.cut.steps_depend_on_lengths(),
             end_epoch: self.epochs.end,
             resume: (self.epochs.start, self.start),
             skipped_steps: self.skipped_steps.clone(),

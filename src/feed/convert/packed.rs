@@ -28,7 +28,7 @@ use datafusion::error::Result;
 
 use super::{BatchRows, PadStats};
 use crate::device::{DType, Slot, SlotPool, TensorLayout, cast_slice_mut};
-use crate::feed::columns::ColumnSpec;
+use crate::feed::columns::{self, ColumnSpec};
 
 /// A piece of a document in a sequence: `len` tokens of row `row` of the
 /// batch's gathered rows, from token `start`.
@@ -98,12 +98,7 @@ impl PackedTensors {
                 field.name()
             );
         }
-        let spec = specs
-            .iter()
-            .rev()
-            .find(|(name, _)| name == field.name())
-            .map(|(_, spec)| spec.clone())
-            .unwrap_or_default();
+        let spec = columns::spec_of(specs, field.name());
         for (name, _) in specs {
             if name != field.name() {
                 return plan_err!(
@@ -204,28 +199,29 @@ pub(crate) fn fill_packed_slot(
         true => used,
         false => packed.sequences.len() * width,
     };
+    // `length` is where the offsets end: checked once, every offset fits.
+    if i32::try_from(length).is_err() {
+        return exec_err!(
+            "a packed batch of {length} tokens: cu_seqlens are int32, so a batch holds \
+             at most {} tokens; use fewer sequences per batch",
+            i32::MAX
+        );
+    }
     // Document offsets in the flattened batch.
     let mut offsets: Vec<i32> = vec![0];
     let mut at = 0usize;
     for sequence in &packed.sequences {
         for segment in sequence {
             at += segment.len;
-            offsets.push(i32::try_from(at).unwrap_or(i32::MAX));
+            offsets.push(at as i32);
         }
         if !packed.flat {
             let filled: usize = sequence.iter().map(|s| s.len).sum();
             if filled < width {
                 at += width - filled;
-                offsets.push(i32::try_from(at).unwrap_or(i32::MAX));
+                offsets.push(at as i32);
             }
         }
-    }
-    if at > i32::MAX as usize {
-        return exec_err!(
-            "a packed batch of {at} tokens: cu_seqlens are int32, so a batch holds at \
-             most {} tokens; use fewer sequences per batch",
-            i32::MAX
-        );
     }
     let shape = match packed.flat {
         true => vec![length],

@@ -197,8 +197,6 @@ pub(crate) struct PackBatcher {
     windows: u64,
     /// Global steps planned so far.
     steps: u64,
-    /// Items left out with a dropped last step.
-    dropped: usize,
     /// The history span being replayed (`history.len()`: the feed's own
     /// shape).
     span: usize,
@@ -240,7 +238,6 @@ impl PackBatcher {
             before_window: 0,
             windows: 0,
             steps: 0,
-            dropped: 0,
             span: 0,
             span_end,
             metrics: None,
@@ -495,7 +492,6 @@ impl PackBatcher {
             self.span = self.pack.history.len();
             return self.plan(end, out);
         }
-        self.dropped += plan.dropped.len();
         self.next_window(&plan.carried)
     }
 
