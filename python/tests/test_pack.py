@@ -296,3 +296,57 @@ def test_a_causal_lm_trained_on_packed_batches_sees_each_document_alone(session,
         loss.backward()
         optimizer.step()
     assert compared > 20
+
+
+def test_lightning_trains_two_epochs_of_packed_batches(session, corpus, tmp_path):
+    """A packing feed under a real ``lightning.Trainer``: its ``len()`` is
+    unknown (a TypeError Lightning takes as an iterable without a length),
+    and each epoch is the packed epoch a plain loop reads, every token once."""
+    import warnings
+
+    torch = require("torch", "torch")
+    lightning = require("lightning", "lightning")
+    from sqlfeed.torch import FeedDataset
+
+    options = dict(batch_size=2, shuffle=6, pack=96, pack_window=150, device="cpu")
+    reference = []
+    plain = session.feed(query(corpus), **options)
+    for epoch in range(2):
+        plain.set_epoch(epoch)
+        reference.append([b["input_ids"].tolist() for b in plain])
+    assert reference[0] != reference[1], "epochs pack other orders"
+
+    class Recorder(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.seen: dict[int, list] = {}
+
+        def training_step(self, batch, batch_idx):
+            self.seen.setdefault(self.current_epoch, []).append(batch["input_ids"].tolist())
+            return ((self.w - 1.0) ** 2).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    feed = session.feed(query(corpus), **options)
+    loader = torch.utils.data.DataLoader(FeedDataset(feed), batch_size=None, num_workers=0)
+    model = Recorder()
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice on workers and logging
+        trainer.fit(model, loader)
+    assert [model.seen[e] for e in range(2)] == reference
+    total = sum(len(d) for d in documents(session, corpus))
+    for epoch in range(2):
+        fed = sum(int((torch.tensor(ids) != 0).sum()) for ids in model.seen[epoch])
+        assert fed == total, f"epoch {epoch}: every token once"
