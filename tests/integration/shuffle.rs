@@ -1151,3 +1151,27 @@ async fn rows_sharing_a_content_hash_are_spread_and_placed_the_same_when_spilled
     assert!(adjacent < 1000, "{adjacent} neighbours share their content");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_permutation_sorted_on_several_threads_is_the_one_thread_order() -> Result<()>
+{
+    // 300k rows (more than the parallel sort's threshold), each value three
+    // times: copies, numbered after the sort, must land where one thread
+    // puts them.
+    let s = session(2, 8192)?;
+    let sql = "SELECT value % 100000 AS v FROM generate_series(0, 299999) SHUFFLE SEED 3";
+    let mut orders = Vec::new();
+    for threads in [1, 3, 0] {
+        s.context()
+            .sql(&format!("SET sqlfeed.shuffle_sort_threads = {threads}"))
+            .await?;
+        orders.push(ids(&collect(&s, sql).await?));
+    }
+    assert_eq!(orders[0].len(), 300_000);
+    assert_eq!(orders[1], orders[0], "3 threads");
+    assert_eq!(orders[2], orders[0], "the session's target partitions");
+    let mut expected: Vec<i64> = (0..300_000).map(|v| v % 100_000).collect();
+    expected.sort();
+    assert_eq!(sorted(&orders[0]), expected);
+    Ok(())
+}

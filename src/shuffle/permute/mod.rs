@@ -51,7 +51,9 @@
 //!
 //! # Modes
 //! [`PermuteMode::Gather`] reads every input partition into one output
-//! partition and drops the key (the embedded plan).
+//! partition and drops the key (the embedded plan); once all of it is in
+//! memory, its index is sorted on the cores the scan used
+//! (`sqlfeed.shuffle_sort_threads`, see `index_sort.rs`), in the same order.
 //! [`PermuteMode::PerPartition`] permutes each partition on its own and keeps
 //! the final key for an order-preserving merge above (the stage-shaped plan,
 //! after a hash exchange on the content key has put all copies of a row in
@@ -104,12 +106,24 @@ use futures::StreamExt;
 
 use super::{CopyIdentity, SHUFFLE_KEY_COLUMN};
 
+mod index_sort;
 mod permuter;
 use crate::exec::BatchStream;
 use permuter::{Permuter, compact_views};
 
 /// Bytes of one index entry.
 const INDEX_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32, u32)>();
+
+/// Threads that sort a gathering permutation's index: the session's
+/// `sqlfeed.shuffle_sort_threads`, or its target partitions (the cores its
+/// scan used) where that is 0.
+fn sort_threads(ctx: &TaskContext) -> usize {
+    let config = ctx.session_config();
+    match crate::config::SqlfeedOptions::of(config.options()).shuffle_sort_threads {
+        0 => config.target_partitions(),
+        threads => threads,
+    }
+}
 
 /// Which partitions [`PermuteExec`] permutes together; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,7 +419,14 @@ impl ExecutionPlan for PermuteExec {
                 PermuteMode::Ranged => vec![],
                 _ => self.copies.ties(input_schema.fields().len() - 1),
             },
-        );
+        )
+        .with_sort_threads(match self.mode {
+            // The only partition: when its input is all in, the input's
+            // cores are free to sort.
+            PermuteMode::Gather => sort_threads(&ctx),
+            // Partitions permute side by side, one core each.
+            PermuteMode::PerPartition | PermuteMode::Ranged => 1,
+        });
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let key_column = input_schema.fields().len() - 1;

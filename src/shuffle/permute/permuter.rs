@@ -33,6 +33,7 @@ use super::super::copies::{
 };
 
 use super::INDEX_ENTRY_BYTES;
+use super::index_sort::sorted_index;
 
 /// The state of one execution.
 pub(super) struct Permuter {
@@ -68,6 +69,9 @@ pub(super) struct Permuter {
     /// Most bytes held before spilling, besides what the pool allows; set
     /// for the sorter of later copies (see `merge_runs`).
     hold_limit: Option<usize>,
+    /// Threads that sort the index once all input is held in memory (the
+    /// input's tasks are over then); 1 where other partitions still run.
+    sort_threads: usize,
 }
 
 impl Permuter {
@@ -99,7 +103,15 @@ impl Permuter {
             spread_copies,
             ties,
             hold_limit: None,
+            sort_threads: 1,
         }
+    }
+
+    /// Sorts the index of a permutation held in memory on up to `threads`
+    /// threads.
+    pub(super) fn with_sort_threads(mut self, threads: usize) -> Self {
+        self.sort_threads = threads.max(1);
+        self
     }
 
     /// Reads all input, then returns the output stream (with the key column
@@ -163,29 +175,15 @@ impl Permuter {
         Ok(())
     }
 
-    /// Builds the index of everything held, sorted by key. It is built once,
-    /// at its exact size, from the held key columns (growing it batch by
-    /// batch would briefly need three times its size when it reallocates).
-    /// Equal keys (copies of one row) are then ordered by the tie columns;
-    /// without any they stay in arrival order, which cannot be seen in the
-    /// output (the copies are equal in every column).
-    pub(super) fn build_index(&mut self) -> Result<()> {
-        let rows = self.held.iter().map(|b| b.num_rows()).sum();
-        let mut index = Vec::with_capacity(rows);
-        for (batch_index, batch) in self.held.iter().enumerate() {
-            if let Some(keys) = batch
-                .column(self.key_column)
-                .as_primitive_opt::<UInt64Type>()
-            {
-                index.extend(
-                    keys.values()
-                        .iter()
-                        .enumerate()
-                        .map(|(row, &key)| (key, batch_index as u32, row as u32)),
-                );
-            }
-        }
-        index.sort_unstable();
+    /// Builds the index of everything held, sorted by key on up to
+    /// `threads` threads (see `index_sort.rs`). It is built once, at its
+    /// exact size, from the held key columns (growing it batch by batch
+    /// would briefly need three times its size when it reallocates). Equal
+    /// keys (copies of one row) are then ordered by the tie columns; without
+    /// any they stay in arrival order, which cannot be seen in the output
+    /// (the copies are equal in every column).
+    pub(super) fn build_index(&mut self, threads: usize) -> Result<()> {
+        let mut index = sorted_index(&self.held, self.key_column, threads);
         order_copies_by_ties(&self.held, &mut index, &self.ties)?;
         self.index = index;
         Ok(())
@@ -228,7 +226,8 @@ impl Permuter {
 
     /// Writes everything held as one run sorted by the held keys, and frees it.
     pub(super) fn spill(&mut self) -> Result<()> {
-        self.build_index()?;
+        // The other partitions are still reading: one thread.
+        self.build_index(1)?;
         let mut file = self
             .spill_manager
             .create_in_progress_file("PermuteExec run")?;
@@ -281,7 +280,7 @@ impl Permuter {
     ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
         {
             let _timer = baseline.elapsed_compute().timer();
-            self.build_index()?;
+            self.build_index(self.sort_threads)?;
             if let Some(columns) = self.spread_copies.clone()
                 && spread_copies_in_index(&self.held, &mut self.index, columns)
             {

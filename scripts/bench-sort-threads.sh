@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The shuffle's barrier as the data grows (issue 55): one shuffled epoch of
+# the narrow feed (8 float32 features as `x` = feature_vector(f0 … f7), the
+# label as `y`, 16 files, batches of 4096) with the permutation's index
+# sorted on one thread (SET sqlfeed.shuffle_sort_threads = 1, the old path)
+# and on the scan's cores (the default), A B A B, at each ROWS: the first
+# batch's latency, the epoch's time, peak RSS, and a hash of every batch's
+# digest (equal on both paths: the sort's threads change when the order is
+# ready, not the order). Each size also times one plain scan of the columns
+# the feed reads (the sum of each, which file statistics cannot answer),
+# what the issue's goal compares the first batch with.
+#
+#   scripts/bench-sort-threads.sh [ROUNDS=2] [ROWS...=200000 2000000 20000000]
+#
+# The data is bench-epochs.sh's (written once under target/bench-epochs).
+# Needs a release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+shift || true
+sizes=("$@")
+[[ ${#sizes[@]} -gt 0 ]] || sizes=(200000 2000000 20000000)
+bin=$PWD/target/release/sqlfeed
+[[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
+timing=$(mktemp)
+out=$(mktemp)
+trap 'rm -f "$timing" "$out"' EXIT
+printf '%-9s %-8s %-6s %8s %9s %12s %14s\n' rows threads round ttfb_s epoch_s peak_rss_mb batch_digests
+for rows in "${sizes[@]}"; do
+  data=target/bench-epochs/unique-$rows
+  if [[ ! -f $data/done ]]; then
+    # bench-epochs.sh writes the data first; 0 rounds runs nothing else.
+    scripts/bench-epochs.sh "$rows" 0 >/dev/null
+  fi
+  files="'$data/*.parquet'"
+  sql="SELECT feature_vector(f0, f1, f2, f3, f4, f5, f6, f7) AS x, label AS y FROM $files"
+  scan="SELECT sum(f0), sum(f1), sum(f2), sum(f3), sum(f4), sum(f5), sum(f6), sum(f7), sum(label) FROM $files"
+  for round in $(seq "$rounds"); do
+    /usr/bin/time -f "%e %M" -o "$timing" "$bin" -c "$scan" >/dev/null
+    read -r scan_s scan_kb < "$timing"
+    printf '%-9s %-8s %-6s %8s %9s %12.0f %14s\n' "$rows" "scan" "$round" "-" "$scan_s" \
+      "$(echo "$scan_kb / 1024" | bc -l)" "-"
+    for threads in 1 0; do
+      /usr/bin/time -f "%M" -o "$timing" "$bin" --set "sqlfeed.shuffle_sort_threads=$threads" \
+        feed "$sql" --shuffle-seed 42 --epochs 1 --batch-size 4096 --device cpu \
+        --result-json --digest >"$out" 2>&1
+      python3 - "$rows" "$threads" "$round" "$(tail -1 "$timing")" "$out" <<'PY'
+import hashlib, json, sys
+rows, threads, round_, rss_kb, path = sys.argv[1:6]
+lines = open(path).read().splitlines()
+result = json.loads(next(l for l in lines if l.startswith("RESULT "))[7:])
+digests = hashlib.sha256("\n".join(l for l in lines if "digest" in l).encode()).hexdigest()[:12]
+label = "1" if threads == "1" else "cores"
+print(f"{rows:<9} {label:<8} {round_:<6} {result['ttfb_s']:8.2f} {result['epoch_s'][0]:9.2f} "
+      f"{int(rss_kb) / 1024:12.0f} {digests:>14}")
+PY
+    done
+  done
+done
