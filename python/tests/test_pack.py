@@ -350,3 +350,38 @@ def test_lightning_trains_two_epochs_of_packed_batches(session, corpus, tmp_path
     for epoch in range(2):
         fed = sum(int((torch.tensor(ids) != 0).sum()) for ids in model.seen[epoch])
         assert fed == total, f"epoch {epoch}: every token once"
+
+
+def test_stateful_dataloader_resumes_a_packing_feed_mid_epoch(session, corpus):
+    """torchdata's ``StatefulDataLoader`` over a packing feed (no ``len()``):
+    its state mid-epoch, loaded by a new loader, gives the rest of that
+    packed epoch, and its state at the epoch's end the next epoch whole."""
+    require("torch", "torch")
+    stateful = require("torchdata.stateful_dataloader", "torchdata")
+    from sqlfeed.torch import FeedDataset
+
+    options = dict(batch_size=2, shuffle=6, pack=96, pack_window=150, device="cpu")
+    reference = []
+    plain = session.feed(query(corpus), **options)
+    for epoch in range(3):
+        plain.set_epoch(epoch)
+        reference.append([b["input_ids"].tolist() for b in plain])
+    assert len(reference[1]) > 3
+
+    def loader():
+        return stateful.StatefulDataLoader(
+            FeedDataset(session.feed(query(corpus), **options)), batch_size=None, num_workers=0
+        )
+
+    first = loader()
+    epoch0 = [b["input_ids"].tolist() for b in first]
+    mid = iter(first)
+    epoch1 = [next(mid)["input_ids"].tolist() for _ in range(3)]
+    state = first.state_dict()
+    again = loader()
+    again.load_state_dict(state)
+    rest = [b["input_ids"].tolist() for b in again]
+    assert [epoch0, epoch1 + rest] == reference[:2]
+    third = loader()
+    third.load_state_dict(again.state_dict())
+    assert [b["input_ids"].tolist() for b in third] == reference[2]
