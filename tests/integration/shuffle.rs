@@ -166,8 +166,12 @@ async fn shuffle_larger_than_memory_spills_and_cleans_up() -> Result<()> {
         })
         .sum();
     assert!(spills > 0, "no spill under a 1 MB limit: {plan}");
+    // No row repeats, which the runs' keys alone show: the runs are read
+    // once, by the final merge, and the order is the in-memory one.
+    assert_contains(plan, &["copy_passes=0"]);
     let got = ids(&collect(&s, &query).await?);
     assert_eq!(sorted(&got), (0..12_000).collect::<Vec<i64>>());
+    assert_eq!(got, ids(&collect(&session(2, 8192)?, &query).await?));
     let leftovers = files_below(spill.path());
     assert!(leftovers.is_empty(), "spill files left: {leftovers:?}");
     Ok(())
@@ -702,6 +706,10 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
     let spilled = rows(&collect(&spilling, &format!("{sql} SHUFFLE SEED 8")).await?);
     assert_eq!(in_memory.len(), 12_000);
     assert_eq!(spilled, in_memory);
+    // The runs' keys repeat: one pass over the runs numbers the copies.
+    let analyzed =
+        collect(&spilling, &format!("EXPLAIN ANALYZE {sql} SHUFFLE SEED 8")).await?;
+    assert_contains(&rows(&analyzed)[0][1], &["copy_passes=1"]);
     let adjacent = adjacent_copies(&in_memory);
     assert!(adjacent < 20, "{adjacent} adjacent copies (uniform: ~3)");
     let leftovers = files_below(spill.path());

@@ -73,15 +73,17 @@
 //! partition's merge depending on scheduling. Spill files are deleted when the
 //! stream is dropped, also on error or cancellation. Copies after the first,
 //! found when merging spilled runs, are held and spilled the same way by a
-//! second consumer and written to disk before the final merge; without
-//! repeated rows there are none, and the runs are read twice (once to look
-//! for copies).
+//! second consumer and written to disk before the final merge. Each run's
+//! keys are also written alone beside it (8 bytes a row): their merge tells
+//! whether any content key repeats, and without repeated rows the runs are
+//! read once, by the final merge; with them, once more to number the copies
+//! (the `copy_passes` metric counts those passes).
 
 use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
-use datafusion::arrow::datatypes::{Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::Statistics;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
@@ -91,7 +93,7 @@ use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, PhysicalSor
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, RecordOutput, SpillMetrics,
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, SpillMetrics,
 };
 use datafusion::physical_plan::spill::SpillManager;
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
@@ -399,11 +401,23 @@ impl ExecutionPlan for PermuteExec {
                 );
             }
         };
+        let spill_metrics = SpillMetrics::new(&self.metrics, partition);
         let spill_manager = SpillManager::new(
             ctx.runtime_env(),
-            SpillMetrics::new(&self.metrics, partition),
+            spill_metrics.clone(),
             Arc::clone(&input_schema),
         );
+        let key_spill_manager = SpillManager::new(
+            ctx.runtime_env(),
+            spill_metrics,
+            Arc::new(Schema::new(vec![Field::new(
+                SHUFFLE_KEY_COLUMN,
+                DataType::UInt64,
+                false,
+            )])),
+        );
+        let copy_passes =
+            MetricBuilder::new(&self.metrics).counter("copy_passes", partition);
         let reservation = MemoryConsumer::new(format!("PermuteExec[{partition}]"))
             .with_can_spill(true)
             .register(ctx.memory_pool());
@@ -426,7 +440,8 @@ impl ExecutionPlan for PermuteExec {
             PermuteMode::Gather => sort_threads(&ctx),
             // Partitions permute side by side, one core each.
             PermuteMode::PerPartition | PermuteMode::Ranged => 1,
-        });
+        })
+        .with_key_runs(key_spill_manager, copy_passes);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let key_column = input_schema.fields().len() - 1;

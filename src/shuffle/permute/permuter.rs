@@ -19,7 +19,7 @@ use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::expressions::Column;
-use datafusion::physical_plan::metrics::BaselineMetrics;
+use datafusion::physical_plan::metrics::{BaselineMetrics, Count};
 use datafusion::physical_plan::sorts::streaming_merge::{
     SortedSpillFile, StreamingMergeBuilder,
 };
@@ -72,6 +72,15 @@ pub(super) struct Permuter {
     /// Threads that sort the index once all input is held in memory (the
     /// input's tasks are over then); 1 where other partitions still run.
     sort_threads: usize,
+    /// Where the keys of each run go, alone and in the run's order, when
+    /// copies still need numbering: merged, they tell whether any content
+    /// key repeats without reading the rows (see `merge_runs`).
+    key_spill_manager: Option<SpillManager>,
+    /// The runs' keys, one file per run.
+    key_runs: Vec<SortedSpillFile>,
+    /// Full passes over the runs made to number copies: 0 when the keys
+    /// showed that no row repeats.
+    copy_passes: Option<Count>,
 }
 
 impl Permuter {
@@ -104,7 +113,25 @@ impl Permuter {
             ties,
             hold_limit: None,
             sort_threads: 1,
+            key_spill_manager: None,
+            key_runs: Vec::new(),
+            copy_passes: None,
         }
+    }
+
+    /// Writes each run's keys beside it to files of `manager` (whose schema
+    /// is the key column alone), so that a merge of the runs looks for
+    /// copies in the keys first; counts the full passes in `copy_passes`.
+    pub(super) fn with_key_runs(
+        mut self,
+        manager: SpillManager,
+        copy_passes: Count,
+    ) -> Self {
+        if self.spread_copies.is_some() {
+            self.key_spill_manager = Some(manager);
+            self.copy_passes = Some(copy_passes);
+        }
+        self
     }
 
     /// Sorts the index of a permutation held in memory on up to `threads`
@@ -242,6 +269,25 @@ impl Permuter {
                 max_record_batch_memory: max_batch_bytes,
             });
         }
+        if let Some(manager) = &self.key_spill_manager {
+            let mut file = manager.create_in_progress_file("PermuteExec run keys")?;
+            let mut max_batch_bytes = 0;
+            for chunk in self.index.chunks(self.batch_rows) {
+                let keys =
+                    UInt64Array::from_iter_values(chunk.iter().map(|entry| entry.0));
+                let batch = RecordBatch::try_new(
+                    Arc::clone(manager.schema()),
+                    vec![Arc::new(keys)],
+                )?;
+                max_batch_bytes = max_batch_bytes.max(file.append_batch(&batch)?);
+            }
+            if let Some(file) = file.finish()? {
+                self.key_runs.push(SortedSpillFile {
+                    file,
+                    max_record_batch_memory: max_batch_bytes,
+                });
+            }
+        }
         self.held.clear();
         self.index = Vec::new();
         self.reservation.free();
@@ -337,15 +383,61 @@ impl Permuter {
             .build()
     }
 
+    /// Whether any key repeats in the merge of `key_runs` (each sorted): a
+    /// walk of the keys alone, with the headroom set aside for merging (it
+    /// is set aside again after, best effort, as when it was first).
+    async fn keys_repeat(
+        &mut self,
+        key_runs: Vec<SortedSpillFile>,
+        baseline: &BaselineMetrics,
+    ) -> Result<bool> {
+        let Some(manager) = self.key_spill_manager.clone() else {
+            return Ok(true);
+        };
+        let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, 0));
+        let ordering = LexOrdering::new([PhysicalSortExpr::new_default(key)])
+            .ok_or_else(|| internal_datafusion_err!("empty key ordering"))?;
+        let headroom_bytes = self.merge_headroom.size();
+        let mut merged = StreamingMergeBuilder::new()
+            .with_sorted_spill_files(key_runs)
+            .with_streams(vec![])
+            .with_spill_manager(manager.clone())
+            .with_schema(Arc::clone(manager.schema()))
+            .with_expressions(&ordering)
+            .with_metrics(baseline.intermediate())
+            .with_batch_size(self.batch_rows)
+            .with_reservation(self.merge_headroom.take())
+            .build()?;
+        let mut last = None;
+        let mut repeats = false;
+        'walk: while let Some(batch) = merged.next().await {
+            let batch = batch?;
+            let _timer = baseline.elapsed_compute().timer();
+            for &key in content_keys(&batch, 0)?.values() {
+                if last == Some(key) {
+                    repeats = true;
+                    break 'walk;
+                }
+                last = Some(key);
+            }
+        }
+        drop(merged);
+        let _ = self.merge_headroom.try_resize(headroom_bytes);
+        Ok(repeats)
+    }
+
     /// Some runs are on disk: spill the rest and merge all runs by key.
     ///
-    /// With content keys, copies of a row can sit in different runs, so the
-    /// merge in content-key order is walked first to number them (pass 1):
-    /// copies after the first go, with their own keys, to a second sorter.
-    /// When there are none the runs are merged once more as they are;
-    /// otherwise the merge of the runs minus those copies (pass 2, whose
-    /// content keys are their final keys) is merged with the sorted copies.
-    /// Without repeated rows this costs one more read of the runs.
+    /// With content keys, copies of a row can sit in different runs. Each
+    /// run's keys were written beside it, so their merge, 8 bytes a row, is
+    /// walked first: when no key repeats, no row has copies and the runs are
+    /// merged once, as they are. Otherwise the merge of the runs in
+    /// content-key order is walked to number the copies (pass 1): copies
+    /// after the first go, with their own keys, to a second sorter. When
+    /// there are none (equal keys of different rows) the runs are merged
+    /// once more as they are; otherwise the merge of the runs minus those
+    /// copies (pass 2, whose content keys are their final keys) is merged
+    /// with the sorted copies.
     pub(super) async fn merge_runs(
         mut self,
         baseline: BaselineMetrics,
@@ -358,6 +450,16 @@ impl Permuter {
             let headroom = self.merge_headroom.take();
             return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
         };
+        // No content key repeats (the keys of every run, merged, say so, at
+        // 8 bytes a row): no row has copies, and every content key is final.
+        let key_runs = std::mem::take(&mut self.key_runs);
+        if key_runs.len() == runs.len() && !self.keys_repeat(key_runs, &baseline).await? {
+            let headroom = self.merge_headroom.take();
+            return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
+        }
+        if let Some(passes) = &self.copy_passes {
+            passes.add(1);
+        }
         // Everything is on disk: the copies take over the (empty) reservation,
         // so that a fair pool does not split the budget with an idle consumer.
         let reservation = std::mem::replace(
