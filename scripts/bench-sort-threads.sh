@@ -44,16 +44,11 @@ for rows in "${sizes[@]}"; do
       /usr/bin/time -f "%M" -o "$timing" "$bin" --set "sqlfeed.shuffle_sort_threads=$threads" \
         feed "$sql" --shuffle-seed 42 --epochs 1 --batch-size 4096 --device cpu \
         --result-json --digest >"$out" 2>&1
-      python3 - "$rows" "$threads" "$round" "$(tail -1 "$timing")" "$out" <<'PY'
-import hashlib, json, sys
-rows, threads, round_, rss_kb, path = sys.argv[1:6]
-lines = open(path).read().splitlines()
-result = json.loads(next(l for l in lines if l.startswith("RESULT "))[7:])
-digests = hashlib.sha256("\n".join(l for l in lines if "digest" in l).encode()).hexdigest()[:12]
-label = "1" if threads == "1" else "cores"
-print(f"{rows:<9} {label:<8} {round_:<6} {result['ttfb_s']:8.2f} {result['epoch_s'][0]:9.2f} "
-      f"{int(rss_kb) / 1024:12.0f} {digests:>14}")
-PY
+      read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")
+      label=cores
+      [[ $threads == 1 ]] && label=1
+      printf '%-9s %-8s %-6s %8s %9s %12.0f %14s\n' "$rows" "$label" "$round" "$ttfb" "$epoch" \
+        "$(echo "$(tail -1 "$timing") / 1024" | bc -l)" "$digests"
     done
   done
 done

@@ -45,15 +45,10 @@ for case in "${cases[@]}"; do
       # The bytes spilled: the same query's EXPLAIN ANALYZE (a second run).
       spilled=$("$exe" --memory-limit "$limit" -c "EXPLAIN ANALYZE $sql SHUFFLE SEED 42" 2>/dev/null |
         grep -o 'spilled_bytes=[0-9.]* [KMGT]*B' | head -1 | cut -d= -f2)
-      python3 - "$rows" "$limit" "$name" "$round" "$(tail -1 "$timing")" "$out" "$spilled" <<'PY'
-import hashlib, json, sys
-rows, limit, name, round_, rss_kb, path, spilled = sys.argv[1:8]
-lines = open(path).read().splitlines()
-result = json.loads(next(l for l in lines if l.startswith("RESULT "))[7:])
-digests = hashlib.sha256("\n".join(l for l in lines if "digest" in l).encode()).hexdigest()[:12]
-print(f"{rows:<9} {limit:<6} {name:<5} {round_:<6} {result['ttfb_s']:8.2f} "
-      f"{result['epoch_s'][0]:9.2f} {int(rss_kb) / 1024:12.0f} {spilled or '-':>10} {digests:>14}")
-PY
+      read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")
+      printf '%-9s %-6s %-5s %-6s %8s %9s %12.0f %10s %14s\n' "$rows" "$limit" "$name" \
+        "$round" "$ttfb" "$epoch" "$(echo "$(tail -1 "$timing") / 1024" | bc -l)" \
+        "${spilled:--}" "$digests"
     done
   done
 done
