@@ -298,6 +298,21 @@ def test_a_causal_lm_trained_on_packed_batches_sees_each_document_alone(session,
     assert compared > 20
 
 
+# The packing feed the trainer tests read: a few steps per epoch.
+TRAINER_OPTIONS = dict(batch_size=2, shuffle=6, pack=96, pack_window=150, device="cpu")
+
+
+def packed_epochs(session: sqlfeed.Session, corpus: Path, epochs: int) -> list[list[list]]:
+    """Each epoch's ``input_ids`` batches of the trainer tests' feed, read by a
+    plain loop with ``set_epoch``."""
+    feed = session.feed(query(corpus), **TRAINER_OPTIONS)
+    out = []
+    for epoch in range(epochs):
+        feed.set_epoch(epoch)
+        out.append([b["input_ids"].tolist() for b in feed])
+    return out
+
+
 def test_lightning_trains_two_epochs_of_packed_batches(session, corpus, tmp_path):
     """A packing feed under a real ``lightning.Trainer``: its ``len()`` is
     unknown (a TypeError Lightning takes as an iterable without a length),
@@ -308,12 +323,7 @@ def test_lightning_trains_two_epochs_of_packed_batches(session, corpus, tmp_path
     lightning = require("lightning", "lightning")
     from sqlfeed.torch import FeedDataset
 
-    options = dict(batch_size=2, shuffle=6, pack=96, pack_window=150, device="cpu")
-    reference = []
-    plain = session.feed(query(corpus), **options)
-    for epoch in range(2):
-        plain.set_epoch(epoch)
-        reference.append([b["input_ids"].tolist() for b in plain])
+    reference = packed_epochs(session, corpus, 2)
     assert reference[0] != reference[1], "epochs pack other orders"
 
     class Recorder(lightning.LightningModule):
@@ -329,7 +339,7 @@ def test_lightning_trains_two_epochs_of_packed_batches(session, corpus, tmp_path
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    feed = session.feed(query(corpus), **options)
+    feed = session.feed(query(corpus), **TRAINER_OPTIONS)
     loader = torch.utils.data.DataLoader(FeedDataset(feed), batch_size=None, num_workers=0)
     model = Recorder()
     trainer = lightning.Trainer(
@@ -360,17 +370,14 @@ def test_stateful_dataloader_resumes_a_packing_feed_mid_epoch(session, corpus):
     stateful = require("torchdata.stateful_dataloader", "torchdata")
     from sqlfeed.torch import FeedDataset
 
-    options = dict(batch_size=2, shuffle=6, pack=96, pack_window=150, device="cpu")
-    reference = []
-    plain = session.feed(query(corpus), **options)
-    for epoch in range(3):
-        plain.set_epoch(epoch)
-        reference.append([b["input_ids"].tolist() for b in plain])
+    reference = packed_epochs(session, corpus, 3)
     assert len(reference[1]) > 3
 
     def loader():
         return stateful.StatefulDataLoader(
-            FeedDataset(session.feed(query(corpus), **options)), batch_size=None, num_workers=0
+            FeedDataset(session.feed(query(corpus), **TRAINER_OPTIONS)),
+            batch_size=None,
+            num_workers=0,
         )
 
     first = loader()
