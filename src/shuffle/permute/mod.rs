@@ -407,21 +407,10 @@ impl ExecutionPlan for PermuteExec {
             spill_metrics.clone(),
             Arc::clone(&input_schema),
         );
-        let key_spill_manager = SpillManager::new(
-            ctx.runtime_env(),
-            spill_metrics,
-            Arc::new(Schema::new(vec![Field::new(
-                SHUFFLE_KEY_COLUMN,
-                DataType::UInt64,
-                false,
-            )])),
-        );
-        let copy_passes =
-            MetricBuilder::new(&self.metrics).counter("copy_passes", partition);
         let reservation = MemoryConsumer::new(format!("PermuteExec[{partition}]"))
             .with_can_spill(true)
             .register(ctx.memory_pool());
-        let permuter = Permuter::new(
+        let mut permuter = Permuter::new(
             reservation,
             ctx.memory_pool(),
             spill_manager,
@@ -440,8 +429,23 @@ impl ExecutionPlan for PermuteExec {
             PermuteMode::Gather => sort_threads(&ctx),
             // Partitions permute side by side, one core each.
             PermuteMode::PerPartition | PermuteMode::Ranged => 1,
-        })
-        .with_key_runs(key_spill_manager, copy_passes);
+        });
+        // Copies are numbered here (not below a range exchange): each run's
+        // keys go beside it, to look for copies in them first.
+        if self.mode != PermuteMode::Ranged {
+            let key_spill_manager = SpillManager::new(
+                ctx.runtime_env(),
+                spill_metrics,
+                Arc::new(Schema::new(vec![Field::new(
+                    SHUFFLE_KEY_COLUMN,
+                    DataType::UInt64,
+                    false,
+                )])),
+            );
+            let copy_passes =
+                MetricBuilder::new(&self.metrics).counter("copy_passes", partition);
+            permuter = permuter.with_key_runs(key_spill_manager, copy_passes);
+        }
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let schema = Arc::clone(&self.schema);
         let key_column = input_schema.fields().len() - 1;

@@ -72,15 +72,21 @@ pub(super) struct Permuter {
     /// Threads that sort the index once all input is held in memory (the
     /// input's tasks are over then); 1 where other partitions still run.
     sort_threads: usize,
-    /// Where the keys of each run go, alone and in the run's order, when
-    /// copies still need numbering: merged, they tell whether any content
-    /// key repeats without reading the rows (see `merge_runs`).
-    key_spill_manager: Option<SpillManager>,
-    /// The runs' keys, one file per run.
-    key_runs: Vec<SortedSpillFile>,
+    /// Each run's keys, written beside it when copies still need
+    /// numbering (see `merge_runs`).
+    key_runs: Option<KeyRuns>,
+}
+
+/// The keys of a [`Permuter`]'s runs, alone and in each run's order: merged,
+/// they tell whether any content key repeats without reading the rows.
+struct KeyRuns {
+    /// Writes them (its schema is the key column alone).
+    manager: SpillManager,
+    /// One file per run.
+    files: Vec<SortedSpillFile>,
     /// Full passes over the runs made to number copies: 0 when the keys
     /// showed that no row repeats.
-    copy_passes: Option<Count>,
+    copy_passes: Count,
 }
 
 impl Permuter {
@@ -113,9 +119,7 @@ impl Permuter {
             ties,
             hold_limit: None,
             sort_threads: 1,
-            key_spill_manager: None,
-            key_runs: Vec::new(),
-            copy_passes: None,
+            key_runs: None,
         }
     }
 
@@ -128,8 +132,11 @@ impl Permuter {
         copy_passes: Count,
     ) -> Self {
         if self.spread_copies.is_some() {
-            self.key_spill_manager = Some(manager);
-            self.copy_passes = Some(copy_passes);
+            self.key_runs = Some(KeyRuns {
+                manager,
+                files: Vec::new(),
+                copy_passes,
+            });
         }
         self
     }
@@ -269,7 +276,7 @@ impl Permuter {
                 max_record_batch_memory: max_batch_bytes,
             });
         }
-        if let Some(manager) = &self.key_spill_manager {
+        if let Some(KeyRuns { manager, files, .. }) = &mut self.key_runs {
             let mut file = manager.create_in_progress_file("PermuteExec run keys")?;
             let mut max_batch_bytes = 0;
             for chunk in self.index.chunks(self.batch_rows) {
@@ -282,7 +289,7 @@ impl Permuter {
                 max_batch_bytes = max_batch_bytes.max(file.append_batch(&batch)?);
             }
             if let Some(file) = file.finish()? {
-                self.key_runs.push(SortedSpillFile {
+                files.push(SortedSpillFile {
                     file,
                     max_record_batch_memory: max_batch_bytes,
                 });
@@ -383,23 +390,22 @@ impl Permuter {
             .build()
     }
 
-    /// Whether any key repeats in the merge of `key_runs` (each sorted): a
-    /// walk of the keys alone, with the headroom set aside for merging (it
-    /// is set aside again after, best effort, as when it was first).
+    /// Whether any key repeats in the merge of `key_runs`' files (each
+    /// sorted): a walk of the keys alone, with the headroom set aside for
+    /// merging (it is set aside again after, best effort, as when it was
+    /// first).
     async fn keys_repeat(
         &mut self,
-        key_runs: Vec<SortedSpillFile>,
+        key_runs: KeyRuns,
         baseline: &BaselineMetrics,
     ) -> Result<bool> {
-        let Some(manager) = self.key_spill_manager.clone() else {
-            return Ok(true);
-        };
+        let KeyRuns { manager, files, .. } = key_runs;
         let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, 0));
         let ordering = LexOrdering::new([PhysicalSortExpr::new_default(key)])
             .ok_or_else(|| internal_datafusion_err!("empty key ordering"))?;
         let headroom_bytes = self.merge_headroom.size();
         let mut merged = StreamingMergeBuilder::new()
-            .with_sorted_spill_files(key_runs)
+            .with_sorted_spill_files(files)
             .with_streams(vec![])
             .with_spill_manager(manager.clone())
             .with_schema(Arc::clone(manager.schema()))
@@ -452,13 +458,15 @@ impl Permuter {
         };
         // No content key repeats (the keys of every run, merged, say so, at
         // 8 bytes a row): no row has copies, and every content key is final.
-        let key_runs = std::mem::take(&mut self.key_runs);
-        if key_runs.len() == runs.len() && !self.keys_repeat(key_runs, &baseline).await? {
-            let headroom = self.merge_headroom.take();
-            return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
-        }
-        if let Some(passes) = &self.copy_passes {
-            passes.add(1);
+        if let Some(key_runs) = self.key_runs.take()
+            && key_runs.files.len() == runs.len()
+        {
+            let copy_passes = key_runs.copy_passes.clone();
+            if !self.keys_repeat(key_runs, &baseline).await? {
+                let headroom = self.merge_headroom.take();
+                return Ok(self.merge(runs, vec![], baseline, headroom)?.boxed());
+            }
+            copy_passes.add(1);
         }
         // Everything is on disk: the copies take over the (empty) reservation,
         // so that a fair pool does not split the budget with an idle consumer.
