@@ -102,6 +102,14 @@ class Feed:
         batch_size: rows per batch (per rank).
         shuffle: a seed for a global shuffle per epoch (epoch ``e`` uses
             ``(seed, e)``), or None for the query's own (deterministic) order.
+        shuffle_window: with ``shuffle``, shuffle each epoch in windows of at
+            least this many rows drawn from all over the data (``SHUFFLE
+            WINDOW``) instead of as one exact permutation: the first batch
+            and each epoch boundary wait for one window, not for the whole
+            epoch, and memory holds two windows. Rows of one Parquet row
+            group land in one window; still a pure function of (data, seed,
+            epoch), resumable exactly. Embedded sessions, one Parquet table,
+            row-wise queries. See docs/scaling.md.
         epochs: None (default): every ``for`` loop is one epoch, the current
             one (DataLoader style: advance with :meth:`set_epoch`, or let the
             position roll over: after an epoch's last batch it is the next
@@ -174,6 +182,7 @@ class Feed:
         *,
         batch_size: int = 256,
         shuffle: int | None = None,
+        shuffle_window: int | None = None,
         epochs: int | None = None,
         drop_last: bool = False,
         prefetch: int = 4,
@@ -211,6 +220,7 @@ class Feed:
             "query": query,
             "batch_size": int(batch_size),
             "shuffle": None if shuffle is None else int(shuffle),
+            "shuffle_window": None if shuffle_window is None else int(shuffle_window),
             "drop_last": bool(drop_last),
             "prefetch": int(prefetch),
             "rank": self._rank,

@@ -94,6 +94,9 @@ pub(crate) struct FeedOptions {
     max_quarantined: Option<String>,
     batch_size: usize,
     shuffle: Option<u64>,
+    /// Rows per window of a windowed shuffle (absent: the exact shuffle).
+    #[pyo3(default)]
+    shuffle_window: Option<u64>,
     /// The pass runs from `position` (absent: the start of epoch 0) to the
     /// end of epoch `end_epoch - 1`.
     end_epoch: u64,
@@ -159,6 +162,7 @@ impl FeedOptions {
         }
         builder = builder
             .given(self.shuffle, FeedBuilder::shuffle)
+            .given(self.shuffle_window, FeedBuilder::shuffle_window)
             .given(self.batch_tokens, FeedBuilder::batch_tokens)
             .given(self.bucket_by_length, FeedBuilder::bucket_by_length)
             .given(self.order_lanes, FeedBuilder::order_lanes);

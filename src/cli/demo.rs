@@ -120,6 +120,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         device: crate::device::Device::auto(),
         epochs: 2,
         shuffle_seed: Some(42),
+        shuffle_window: None,
         order_lanes: None,
         shard: None,
         cache: false,

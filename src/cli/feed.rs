@@ -62,6 +62,12 @@ pub struct FeedArgs {
     /// Globally shuffle every epoch with this seed.
     #[arg(long, value_name = "SEED")]
     pub shuffle_seed: Option<u64>,
+    /// With --shuffle-seed: shuffle in windows of at least ROWS rows drawn
+    /// from all over the data (SHUFFLE WINDOW), so the first batch and each
+    /// epoch boundary wait for one window, not the epoch; rows of one
+    /// Parquet row group land in one window.
+    #[arg(long, value_name = "ROWS", requires = "shuffle_seed")]
+    pub shuffle_window: Option<u64>,
     /// Without a shuffle: the partitions the query runs as, the same on
     /// every machine (the order depends on it, never on the core count).
     #[arg(long, value_name = "LANES")]
@@ -409,6 +415,7 @@ pub fn run(
         )
         .device(args.device)
         .given(args.shuffle_seed, FeedBuilder::shuffle)
+        .given(args.shuffle_window, FeedBuilder::shuffle_window)
         .given(args.batch_tokens, FeedBuilder::batch_tokens)
         .given(args.order_lanes, FeedBuilder::order_lanes)
         .given(args.bucket_by_length, FeedBuilder::bucket_by_length)

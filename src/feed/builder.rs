@@ -77,6 +77,8 @@ pub struct FeedBuilder {
     pub(super) session: Session,
     pub(super) sql: String,
     pub(super) shuffle_seed: Option<u64>,
+    /// Rows per window of a windowed shuffle (`SHUFFLE WINDOW n`).
+    pub(super) shuffle_window: Option<u64>,
     pub(super) batch_size: usize,
     pub(super) drop_last: bool,
     pub(super) prefetch: usize,
@@ -167,6 +169,19 @@ impl FeedBuilder {
     /// Globally shuffles every epoch: epoch `e` uses `(seed, e)`.
     pub fn shuffle(mut self, seed: u64) -> Self {
         self.shuffle_seed = Some(seed);
+        self
+    }
+
+    /// Shuffles each epoch in windows of at least `rows` rows drawn from all
+    /// over the data (`SHUFFLE WINDOW rows`, see
+    /// [`crate::shuffle::WindowedShuffleExec`]) instead of as one exact
+    /// permutation: the first batch and every epoch boundary wait for one
+    /// window instead of the whole epoch, and memory holds two windows, at
+    /// the price of rows of one Parquet row group landing in one window.
+    /// Needs [`FeedBuilder::shuffle`]; embedded, one Parquet table, row-wise
+    /// queries.
+    pub fn shuffle_window(mut self, rows: u64) -> Self {
+        self.shuffle_window = Some(rows);
         self
     }
 
@@ -393,6 +408,7 @@ impl FeedBuilder {
         FeedShape {
             query: query_fingerprint(self.query_sql()),
             seed: self.shuffle_seed,
+            shuffle_window: self.shuffle_window,
             world: self.world,
             batch_size: self.batch_size,
             batch_tokens: self.token_budget,
@@ -687,6 +703,40 @@ impl FeedBuilder {
         Ok(rows)
     }
 
+    /// What a windowed shuffle needs of the rest of the feed.
+    fn check_shuffle_window(&self, rows: u64) -> Result<()> {
+        let refuse = |why: &str| {
+            plan_err!(
+                "shuffle_window={rows} (SHUFFLE WINDOW) {why}; or shuffle the whole epoch \
+                 exactly (leave shuffle_window out)"
+            )
+        };
+        if rows == 0 {
+            return refuse("must hold at least 1 row");
+        }
+        if self.shuffle_seed.is_none() {
+            return refuse("orders a shuffled feed: give a shuffle seed too");
+        }
+        if self.cache {
+            return refuse(
+                "does not work with the epoch cache yet: a cached epoch is reshuffled \
+                 whole; turn the cache off",
+            );
+        }
+        if self.appended.is_some() {
+            return refuse(
+                "cannot continue an epoch over appended data (new files change the \
+                 windows); start the epoch anew (on_data_change='restart_epoch')",
+            );
+        }
+        if self.session.scale_out().is_some() {
+            return refuse(
+                "runs on the embedded engine; use a session without a cluster",
+            );
+        }
+        Ok(())
+    }
+
     /// The options resolved into the feed's plan, on `runtime`: the Delta
     /// Lake versions pinned, the MIX checked and, for a feed of the query's
     /// rows, the files listed (returned: what its checkpoints record, so
@@ -850,6 +900,9 @@ impl FeedBuilder {
         }
         if self.order_lanes == 0 {
             return plan_error("order_lanes must be at least 1".into());
+        }
+        if let Some(rows) = self.shuffle_window {
+            self.check_shuffle_window(rows)?;
         }
         if self.token_budget == Some(0) {
             return plan_error("batch_tokens must be at least 1".into());

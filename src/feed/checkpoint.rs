@@ -95,6 +95,9 @@ pub struct Checkpoint {
     pub rows: Option<u64>,
     /// The shuffle seed (`None`: unshuffled).
     pub seed: Option<u64>,
+    /// Rows per window of a windowed shuffle (`None`: the exact shuffle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle_window: Option<u64>,
     /// The rank that wrote it (informative: any rank resumes from it).
     pub rank: usize,
     /// The world size it was written under.
@@ -232,6 +235,8 @@ pub struct FeedShape {
     pub query: String,
     /// The shuffle seed.
     pub seed: Option<u64>,
+    /// Rows per window of a windowed shuffle.
+    pub shuffle_window: Option<u64>,
     /// World size.
     pub world: usize,
     /// Rows per batch.
@@ -386,6 +391,16 @@ impl Checkpoint {
                  feed anew",
                 seed(self.seed),
                 seed(here.seed)
+            ));
+        }
+        if self.shuffle_window != here.shuffle_window {
+            let window = |w: Option<u64>| w.map_or("None".to_string(), |w| w.to_string());
+            return plan_error(format!(
+                "the checkpoint's feed has shuffle_window={} but this feed has \
+                 shuffle_window={}: its order is another here; resume with the same \
+                 shuffle_window, or start the feed anew",
+                window(self.shuffle_window),
+                window(here.shuffle_window)
             ));
         }
         let mut step = self.step;
@@ -639,6 +654,7 @@ mod tests {
         FeedShape {
             query: query_fingerprint("SELECT 1"),
             seed: Some(3),
+            shuffle_window: None,
             world: 2,
             batch_size: 4,
             batch_tokens: None,
@@ -655,6 +671,7 @@ mod tests {
             step: 5,
             rows: Some(40),
             seed: Some(3),
+            shuffle_window: None,
             rank: 0,
             world: 2,
             batch_size: 4,

@@ -223,6 +223,7 @@ impl Feed {
             session: session.clone(),
             sql: sql.into(),
             shuffle_seed: None,
+            shuffle_window: None,
             batch_size: 256,
             drop_last: false,
             prefetch: 4,

@@ -59,8 +59,8 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::exec::lanes::LaneInterleaveExec;
+use crate::shuffle::ShuffleNode;
 use crate::shuffle::mix::MixNode;
-use crate::shuffle::{ShuffleNode, ShuffleSpec};
 use crate::sql::ParallelProjectionExec;
 
 /// Partitions an unshuffled feed plans with on every machine. Measured on
@@ -82,7 +82,7 @@ pub(crate) fn ordered_by_content(plan: &LogicalPlan) -> bool {
             let any = extension.node.as_any();
             let global_shuffle = any
                 .downcast_ref::<ShuffleNode>()
-                .is_some_and(|n| matches!(n.spec(), ShuffleSpec::Global { .. }));
+                .is_some_and(|n| n.spec().content_keyed().is_some());
             if global_shuffle || any.is::<MixNode>() {
                 orders_by_content = true;
                 return Ok(TreeNodeRecursion::Jump);

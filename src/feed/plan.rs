@@ -44,10 +44,13 @@ use crate::shuffle::{Deal, ShuffleSpec};
 /// The order of a feed's epochs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum FeedOrder {
-    /// Epoch `e` is the global shuffle `(seed, e)`.
+    /// Epoch `e` is the global shuffle `(seed, e)`, in windows of at least
+    /// `window` rows if given.
     Shuffled {
         /// The run's seed.
         seed: u64,
+        /// Rows per window of a windowed shuffle.
+        window: Option<u64>,
     },
     /// The query's deterministic order over this many partitions (see
     /// `order.rs`).
@@ -61,7 +64,17 @@ impl FeedOrder {
     /// The shuffle of `epoch`, if the feed is shuffled.
     pub(super) fn spec(self, epoch: u64) -> Option<ShuffleSpec> {
         match self {
-            FeedOrder::Shuffled { seed } => Some(ShuffleSpec::Global { seed, epoch }),
+            FeedOrder::Shuffled { seed, window: None } => {
+                Some(ShuffleSpec::Global { seed, epoch })
+            }
+            FeedOrder::Shuffled {
+                seed,
+                window: Some(window_rows),
+            } => Some(ShuffleSpec::Windowed {
+                seed,
+                epoch,
+                window_rows,
+            }),
             FeedOrder::Unshuffled { .. } => None,
         }
     }
@@ -69,7 +82,7 @@ impl FeedOrder {
     /// The seed, if shuffled.
     pub(super) fn seed(self) -> Option<u64> {
         match self {
-            FeedOrder::Shuffled { seed } => Some(seed),
+            FeedOrder::Shuffled { seed, .. } => Some(seed),
             FeedOrder::Unshuffled { .. } => None,
         }
     }
@@ -232,7 +245,10 @@ impl FeedPlan {
     /// `rows`.
     pub(super) fn of_resolved(builder: FeedBuilder, rows: FeedRows) -> Self {
         let order = match builder.shuffle_seed {
-            Some(seed) => FeedOrder::Shuffled { seed },
+            Some(seed) => FeedOrder::Shuffled {
+                seed,
+                window: builder.shuffle_window,
+            },
             None => FeedOrder::Unshuffled {
                 lanes: builder.order_lanes,
             },
@@ -465,6 +481,10 @@ impl FeedPlan {
             step,
             rows,
             seed: self.order.seed(),
+            shuffle_window: match self.order {
+                FeedOrder::Shuffled { window, .. } => window,
+                FeedOrder::Unshuffled { .. } => None,
+            },
             rank: self.shard.rank,
             world: self.shard.world,
             batch_size: self.shard.batch_rows,

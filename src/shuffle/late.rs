@@ -210,7 +210,7 @@ fn first_columns(plan: LogicalPlan, n: usize) -> Result<LogicalPlan> {
 /// has `input`'s schema.
 pub fn shuffle_plan(input: LogicalPlan, spec: ShuffleSpec) -> Result<LogicalPlan> {
     let plain = |input| Ok(extension(ShuffleNode::try_new(input, spec)?));
-    if !matches!(spec, ShuffleSpec::Global { .. }) {
+    if spec.content_keyed().is_none() {
         return plain(input);
     }
     let LogicalPlan::Projection(projection) = &input else {
@@ -266,7 +266,7 @@ pub fn shuffle_with_content_hash(
     row_key: Arc<ScalarUDF>,
 ) -> Result<LogicalPlan> {
     let spec = match spec {
-        Some(spec @ ShuffleSpec::Global { .. }) => spec,
+        Some(spec) if spec.content_keyed().is_some() => spec,
         Some(spec) => {
             return Ok(extension(ShuffleNode::try_new(
                 with_content_hash(input, row_key)?,
@@ -378,11 +378,13 @@ pub fn shuffle_by_content_hash(
         }
     }
     let shuffled = match spec {
-        Some(spec @ ShuffleSpec::Global { .. }) => extension(ShuffleNode::try_new_keyed(
-            plan,
-            spec,
-            ShuffleKey::ContentHash(CONTENT_HASH_COLUMN.to_string()),
-        )?),
+        Some(spec) if spec.content_keyed().is_some() => {
+            extension(ShuffleNode::try_new_keyed(
+                plan,
+                spec,
+                ShuffleKey::ContentHash(CONTENT_HASH_COLUMN.to_string()),
+            )?)
+        }
         Some(spec) => extension(ShuffleNode::try_new(plan, spec)?),
         None => plan,
     };
@@ -489,8 +491,13 @@ impl LateRowFunctions {
         // produce: moving them would change the order.
         let key: &[String] = match (shuffle.spec(), shuffle.key()) {
             (ShuffleSpec::Local { .. }, _) => &[],
-            (ShuffleSpec::Global { .. }, ShuffleKey::Columns(names)) => names,
-            (ShuffleSpec::Global { .. }, _) => return Ok(None),
+            (
+                ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. },
+                ShuffleKey::Columns(names),
+            ) => names,
+            (ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. }, _) => {
+                return Ok(None);
+            }
         };
         let schema = &projection.schema;
         let in_key = |i: usize| key.contains(schema.field(i).name());

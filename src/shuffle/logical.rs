@@ -79,6 +79,9 @@ impl ShuffleNode {
         if let ShuffleSpec::Local { buffer_rows: 0, .. } = spec {
             return plan_err!("LOCAL SHUFFLE BUFFER must hold at least 1 row");
         }
+        if let ShuffleSpec::Windowed { window_rows: 0, .. } = spec {
+            return plan_err!("SHUFFLE WINDOW must hold at least 1 row");
+        }
         let schema = input.schema();
         if let Some(missing) = key
             .columns()
@@ -125,6 +128,20 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
         match self.spec {
             ShuffleSpec::Global { seed, epoch } => {
                 write!(f, "Shuffle: seed={seed}, epoch={epoch}")?;
+                match &self.key {
+                    ShuffleKey::AllColumns => Ok(()),
+                    key => write!(f, ", key={key}"),
+                }
+            }
+            ShuffleSpec::Windowed {
+                seed,
+                epoch,
+                window_rows,
+            } => {
+                write!(
+                    f,
+                    "Shuffle: window={window_rows}, seed={seed}, epoch={epoch}"
+                )?;
                 match &self.key {
                     ShuffleKey::AllColumns => Ok(()),
                     key => write!(f, ", key={key}"),

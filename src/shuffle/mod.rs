@@ -2,6 +2,7 @@
 //!
 //! ```sql
 //! SELECT … FROM 'data/*.parquet' WHERE … SHUFFLE [SEED s] [EPOCH e];
+//! SELECT … FROM 'data/*.parquet' WHERE … SHUFFLE WINDOW n [SEED s] [EPOCH e];
 //! SELECT … LOCAL SHUFFLE BUFFER n [SEED s];
 //! ```
 //!
@@ -77,6 +78,10 @@
 //! A global shuffle is a barrier: the first row can only be emitted after the
 //! last input row has been keyed (any row may have the smallest key), so time
 //! to first row ≈ scan + sort time, after which rows stream from the merge.
+//! `SHUFFLE WINDOW n` ([`WindowedShuffleExec`]) is this shuffle over
+//! windows of `n` rows drawn from all over the data, streamed one after
+//! another: its first row waits for one window. Rows of one row group land
+//! in one window; the option for data that does not fit one barrier.
 //! `LOCAL SHUFFLE BUFFER n` ([`LocalShuffleExec`]) has no barrier: it emits
 //! after `n` rows per partition, at the price of only local randomness.
 //!
@@ -99,6 +104,7 @@ mod permute;
 mod planner;
 mod range;
 mod unique;
+mod windowed;
 
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
@@ -125,6 +131,7 @@ pub use planner::{
 };
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;
+pub use windowed::{WINDOWS_AHEAD, WindowedShuffleExec};
 
 /// What a `SHUFFLE` clause asks for.
 #[derive(
@@ -146,6 +153,18 @@ pub enum ShuffleSpec {
         /// The epoch; each epoch is a different permutation.
         epoch: u64,
     },
+    /// `SHUFFLE WINDOW n [SEED s] [EPOCH e]`: the global shuffle of windows
+    /// of at least `n` rows drawn from all over the data, streamed one after
+    /// another (see [`WindowedShuffleExec`]): the first batch waits for one
+    /// window, at the price of rows of one row group landing together.
+    Windowed {
+        /// The seed of the run.
+        seed: u64,
+        /// The epoch; each epoch is a different order.
+        epoch: u64,
+        /// Rows per window, at least.
+        window_rows: u64,
+    },
     /// `LOCAL SHUFFLE BUFFER n [SEED s]`: a streaming shuffle buffer of `n`
     /// rows per partition, like tf.data's `shuffle(n)`.
     Local {
@@ -154,6 +173,18 @@ pub enum ShuffleSpec {
         /// The seed.
         seed: u64,
     },
+}
+
+impl ShuffleSpec {
+    /// The seed and epoch of a shuffle that orders rows by content key
+    /// (`SHUFFLE`, and `SHUFFLE WINDOW` within each window).
+    pub fn content_keyed(self) -> Option<(u64, u64)> {
+        match self {
+            ShuffleSpec::Global { seed, epoch }
+            | ShuffleSpec::Windowed { seed, epoch, .. } => Some((seed, epoch)),
+            ShuffleSpec::Local { .. } => None,
+        }
+    }
 }
 
 /// Shuffles the result of `df`; the Rust form of the `SHUFFLE` clause.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::compute::SortOptions;
-use datafusion::common::internal_err;
+use datafusion::common::{internal_err, not_impl_err};
 use datafusion::error::Result;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
@@ -21,7 +21,7 @@ use super::{
     CopyIdentity, Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
     RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec, RankShardExec,
     SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
-    ShuffleSpec, shuffle_batch_rows,
+    ShuffleSpec, WindowedShuffleExec, shuffle_batch_rows,
 };
 use datafusion::common::internal_datafusion_err;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -438,7 +438,18 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
             return internal_err!("Shuffle has one input, got {}", physical_inputs.len());
         };
         let plan = match shuffle.spec() {
-            ShuffleSpec::Global { seed, epoch } => {
+            spec @ (ShuffleSpec::Global { seed, epoch }
+            | ShuffleSpec::Windowed { seed, epoch, .. }) => {
+                let windowed = match spec {
+                    ShuffleSpec::Windowed { window_rows, .. } if self.stage_shaped => {
+                        return not_impl_err!(
+                            "SHUFFLE WINDOW {window_rows} runs on the embedded engine; on a \
+                             cluster, use SHUFFLE"
+                        );
+                    }
+                    ShuffleSpec::Windowed { window_rows, .. } => Some(window_rows),
+                    _ => None,
+                };
                 let memory_limit = match session.runtime_env().memory_pool.memory_limit()
                 {
                     MemoryLimit::Finite(bytes) => bytes,
@@ -454,7 +465,16 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 };
                 let final_stage =
                     self.stage_shaped.then(|| requested_final_stage(session));
-                global.plan(Arc::clone(input), final_stage)?
+                let shuffled = global.plan(Arc::clone(input), final_stage)?;
+                match windowed {
+                    Some(window_rows) => Arc::new(WindowedShuffleExec::try_new(
+                        shuffled,
+                        seed,
+                        epoch,
+                        window_rows,
+                    )?),
+                    None => shuffled,
+                }
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(Arc::clone(input), buffer_rows, seed))

@@ -1,4 +1,4 @@
-//! The `SHUFFLE [SEED s] [EPOCH e]` and `LOCAL SHUFFLE BUFFER n [SEED s]`
+//! The `SHUFFLE [WINDOW n] [SEED s] [EPOCH e]` and `LOCAL SHUFFLE BUFFER n [SEED s]`
 //! clauses, wherever a query expression ends: at the end of a statement, of a
 //! subquery, of a CTE, of a parenthesised set-operation branch, before
 //! `LIMIT`/`OFFSET`, after `CACHE TABLE … AS` and under any `EXPLAIN`.
@@ -44,6 +44,8 @@ use crate::shuffle::ShuffleSpec;
 
 /// Prefix of the derived-table alias of a global shuffle.
 const GLOBAL_ALIAS: &str = "__sqlfeed_shuffle_";
+/// Prefix of the derived-table alias of a windowed shuffle.
+const WINDOWED_ALIAS: &str = "__sqlfeed_window_shuffle_";
 /// Prefix of the derived-table alias of a local shuffle.
 const LOCAL_ALIAS: &str = "__sqlfeed_local_shuffle_";
 
@@ -109,7 +111,7 @@ const NAME_CONTEXT: &[&str] = &[
 ];
 
 /// Words (and `)`/`;`/the end) that can follow a complete clause.
-const AFTER_CLAUSE: &[&str] = &["SEED", "EPOCH", "LIMIT", "OFFSET", "FETCH"];
+const AFTER_CLAUSE: &[&str] = &["SEED", "EPOCH", "WINDOW", "LIMIT", "OFFSET", "FETCH"];
 
 /// A clause found in the tokens: `tokens[start..end]` (`start` at `LOCAL` or
 /// `SHUFFLE`), and what it asks for.
@@ -130,6 +132,11 @@ pub(super) fn rewrite(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> 
             ShuffleSpec::Global { seed, epoch } => {
                 format!("{GLOBAL_ALIAS}{seed}_{epoch}_{count}")
             }
+            ShuffleSpec::Windowed {
+                seed,
+                epoch,
+                window_rows,
+            } => format!("{WINDOWED_ALIAS}{seed}_{epoch}_{window_rows}_{count}"),
             ShuffleSpec::Local { buffer_rows, seed } => {
                 format!("{LOCAL_ALIAS}{buffer_rows}_{seed}_{count}")
             }
@@ -433,11 +440,12 @@ fn number(tokens: &[&TokenWithSpan], at: usize, what: &str) -> Result<u64> {
     }
 }
 
-/// `[SEED s] [EPOCH e]` after `SHUFFLE`; returns the spec and the tokens
-/// used.
+/// `[WINDOW n] [SEED s] [EPOCH e]` (in any order) after `SHUFFLE`; returns
+/// the spec and the tokens used.
 fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
     let mut seed = None;
     let mut epoch = None;
+    let mut window = None;
     let mut at = 0;
     while at < clause.len() {
         match word(&clause[at].token).as_deref() {
@@ -447,7 +455,17 @@ fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
             Some("EPOCH") if epoch.is_none() => {
                 epoch = Some(number(clause, at + 1, "EPOCH")?)
             }
-            Some(w @ ("SEED" | "EPOCH")) => {
+            Some("WINDOW") if window.is_none() => {
+                let rows = number(clause, at + 1, "WINDOW")?;
+                if rows == 0 {
+                    return Err(parse_error(format!(
+                        "WINDOW must be at least 1 row, got 0 at {}",
+                        position(clause[at + 1])
+                    )));
+                }
+                window = Some(rows)
+            }
+            Some(w @ ("SEED" | "EPOCH" | "WINDOW")) => {
                 return Err(parse_error(format!(
                     "SHUFFLE takes {w} once; found it again at {}",
                     position(clause[at])
@@ -457,9 +475,15 @@ fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
         }
         at += 2;
     }
-    let spec = ShuffleSpec::Global {
-        seed: seed.unwrap_or_else(fresh_seed),
-        epoch: epoch.unwrap_or(0),
+    let seed = seed.unwrap_or_else(fresh_seed);
+    let epoch = epoch.unwrap_or(0);
+    let spec = match window {
+        Some(window_rows) => ShuffleSpec::Windowed {
+            seed,
+            epoch,
+            window_rows,
+        },
+        None => ShuffleSpec::Global { seed, epoch },
     };
     Ok((spec, at))
 }
@@ -496,6 +520,15 @@ fn spec_of_alias(alias: &str) -> Option<ShuffleSpec> {
         let mut parts = rest.split('_').map(|p| p.parse::<u64>().ok());
         Some((parts.next()??, parts.next()??))
     };
+    if let Some(rest) = alias.strip_prefix(WINDOWED_ALIAS) {
+        let mut parts = rest.split('_').map(|p| p.parse::<u64>().ok());
+        let (seed, epoch, window_rows) = (parts.next()??, parts.next()??, parts.next()??);
+        return Some(ShuffleSpec::Windowed {
+            seed,
+            epoch,
+            window_rows,
+        });
+    }
     if let Some(rest) = alias.strip_prefix(GLOBAL_ALIAS) {
         let (seed, epoch) = numbers(rest)?;
         return Some(ShuffleSpec::Global { seed, epoch });

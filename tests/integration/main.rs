@@ -32,6 +32,9 @@
 //! * `signals`: SIGINT / SIGTERM to a spilling feed or query: cancelled,
 //!   its spill folder and cache parts removed, one line, exit 130 / 143.
 //! * `spill`: what a killed process spilled is removed by the next session.
+//! * `windowed_shuffle`: `SHUFFLE WINDOW`: every row once, an order that
+//!   ignores partitions, whole row groups per window, the first batch before
+//!   later windows start, exact resume, refusals.
 //! * `timeline`: a feed's timeline names the right bottleneck; the CLI's page
 //!   renders in headless Chromium.
 
@@ -64,3 +67,4 @@ mod signals;
 mod spill;
 mod timeline;
 mod verify;
+mod windowed_shuffle;

@@ -20,7 +20,7 @@
 //! The format byte after the prefix tells this format (2) from the JSON
 //! payloads of earlier builds (1), which are refused by name.
 
-use datafusion::common::plan_datafusion_err;
+use datafusion::common::{not_impl_err, plan_datafusion_err};
 use datafusion::error::Result;
 use prost::Message;
 use sqlfeed_udfs::user::{volatility_name, volatility_named};
@@ -251,6 +251,12 @@ fn to_message(node: &WireNode) -> Result<Node> {
                 kind: Some(match *spec {
                     ShuffleSpec::Global { seed, epoch } => {
                         SpecKind::Global(Global { seed, epoch })
+                    }
+                    ShuffleSpec::Windowed { window_rows, .. } => {
+                        return not_impl_err!(
+                            "SHUFFLE WINDOW {window_rows} runs on the embedded engine; on \
+                             a cluster, use SHUFFLE"
+                        );
                     }
                     ShuffleSpec::Local { buffer_rows, seed } => {
                         SpecKind::Local(LocalShuffle {

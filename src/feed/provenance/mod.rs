@@ -311,7 +311,10 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
                 // A local shuffle's order does not depend on the rows' content.
                 (ShuffleSpec::Local { .. }, key)
                 | (_, key @ ShuffleKey::ContentHash(_)) => key.clone(),
-                (ShuffleSpec::Global { .. }, ShuffleKey::AllColumns) => {
+                (
+                    ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. },
+                    ShuffleKey::AllColumns,
+                ) => {
                     let schema = shuffle.input().schema();
                     let key = (0..schema.fields().len())
                         .map(|i| Expr::Column(Column::from(schema.qualified_field(i))));
@@ -322,7 +325,10 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
                         shuffle.spec(),
                     );
                 }
-                (ShuffleSpec::Global { .. }, ShuffleKey::Columns(names)) => {
+                (
+                    ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. },
+                    ShuffleKey::Columns(names),
+                ) => {
                     let key = names
                         .iter()
                         .map(|name| column_named(shuffle.input().schema(), name))

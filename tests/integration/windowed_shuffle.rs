@@ -1,0 +1,285 @@
+//! `SHUFFLE WINDOW n` (issue 55): a shuffle that streams window by window.
+//! Every row once; the order a function of (data layout, seed, epoch, n)
+//! only; each window the rows of whole units (row groups, or slices of
+//! large ones) drawn from all over the data; the first batch out while
+//! later windows are not started; resume exact; what it cannot cut refused.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::error::Result;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
+use datafusion::physical_plan::{ExecutionPlan, collect as collect_plan};
+use futures::StreamExt;
+use sqlfeed::device::Device;
+use sqlfeed::feed::{Feed, OnDataChange};
+
+use crate::common::{arc, assert_contains, collect, sized_session as session};
+
+/// `files` files of `rows` ids each (file f holds f·rows …), in row groups
+/// of `group` rows; a second column `v = id % 7`.
+fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<String> {
+    for file in 0..files {
+        let ids = Int64Array::from_iter_values(file * rows..(file + 1) * rows);
+        let v =
+            Int64Array::from_iter_values((file * rows..(file + 1) * rows).map(|i| i % 7));
+        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids)), ("v", arc(v))])?;
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(group))
+            .build();
+        let path = dir.join(format!("part-{file:02}.parquet"));
+        let mut writer = ArrowWriter::try_new(
+            std::fs::File::create(path)?,
+            batch.schema(),
+            Some(properties),
+        )?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    Ok(format!("'{}/*.parquet'", dir.display()))
+}
+
+fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .expect("ids")
+                .values()
+                .to_vec()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_windowed_shuffle_is_a_permutation_whose_order_ignores_partitions() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 8, 1000, 100)?;
+    let sql = |window: u64, seed: u64, epoch: u64| {
+        format!(
+            "SELECT id, v FROM {table} SHUFFLE WINDOW {window} SEED {seed} EPOCH {epoch}"
+        )
+    };
+    let reference = ids(&collect(&session(1, 8192)?, &sql(1000, 3, 0)).await?);
+    let mut sorted = reference.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..8000).collect::<Vec<i64>>());
+    for (partitions, batch) in [(2, 7), (4, 100), (3, 8192)] {
+        let got = ids(&collect(&session(partitions, batch)?, &sql(1000, 3, 0)).await?);
+        assert_eq!(
+            got, reference,
+            "{partitions} partitions, batches of {batch}"
+        );
+    }
+    // Another epoch, seed or window is another order.
+    for other in [sql(1000, 3, 1), sql(1000, 4, 0), sql(2000, 3, 0)] {
+        assert_ne!(
+            ids(&collect(&session(2, 64)?, &other).await?),
+            reference,
+            "{other}"
+        );
+    }
+    // Windows of 1000 rows of whole 100-row groups: positions k·1000 … hold
+    // exactly ten whole row groups, drawn from several files, shuffled.
+    let mut files_of_first_windows = BTreeSet::new();
+    for window in reference.chunks(1000) {
+        let groups: BTreeSet<i64> = window.iter().map(|id| id / 100).collect();
+        assert_eq!(groups.len(), 10, "{groups:?}");
+        let mut rows = window.to_vec();
+        rows.sort_unstable();
+        let whole: Vec<i64> =
+            groups.iter().flat_map(|g| g * 100..(g + 1) * 100).collect();
+        assert_eq!(rows, whole);
+        assert_ne!(window.to_vec(), rows, "rows within a window are shuffled");
+        files_of_first_windows.insert(window[0] / 1000);
+        let files: BTreeSet<i64> = groups.iter().map(|g| g / 10).collect();
+        assert!(files.len() > 2, "a window draws from all over: {files:?}");
+    }
+    assert!(files_of_first_windows.len() > 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_groups_larger_than_a_quarter_window_are_cut_into_slices() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // 4 files of one 1000-row group; windows of 400: slices of 100 rows.
+    let table = write_ids(dir.path(), 4, 1000, 1000)?;
+    let s = session(2, 8192)?;
+    let order = ids(&collect(
+        &s,
+        &format!("SELECT id FROM {table} SHUFFLE WINDOW 400 SEED 1"),
+    )
+    .await?);
+    assert_eq!(order.len(), 4000);
+    for window in order.chunks(400) {
+        let slices: BTreeSet<i64> = window.iter().map(|id| id / 100).collect();
+        assert_eq!(slices.len(), 4, "four whole 100-row slices: {slices:?}");
+    }
+    // A filter drops rows within the windows; the rest keep their order.
+    let filtered = ids(&collect(
+        &s,
+        &format!("SELECT id FROM {table} WHERE v <> 3 SHUFFLE WINDOW 400 SEED 1"),
+    )
+    .await?);
+    let kept: Vec<i64> = order.iter().copied().filter(|id| id % 7 != 3).collect();
+    assert_eq!(filtered.len(), kept.len());
+    let kept_set: BTreeSet<i64> = kept.iter().copied().collect();
+    assert_eq!(
+        filtered.iter().copied().collect::<BTreeSet<i64>>(),
+        kept_set
+    );
+    Ok(())
+}
+
+/// The `windows` metric of the plan's `WindowedShuffleExec`.
+fn windows_started(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    let mut node = Arc::clone(plan);
+    loop {
+        if node.name() == "WindowedShuffleExec" {
+            return node
+                .metrics()
+                .and_then(|m| m.sum_by_name("windows"))
+                .map_or(0, |v| v.as_usize());
+        }
+        let Some(child) = node.children().first().map(|c| Arc::clone(c)) else {
+            return 0;
+        };
+        node = child;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_batch_comes_out_before_later_windows_start() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 8, 1000, 100)?;
+    let s = session(2, 100)?;
+    let df = s
+        .sql(&format!("SELECT id FROM {table} SHUFFLE WINDOW 500 SEED 9"))
+        .await?;
+    let plan = df.create_physical_plan().await?;
+    let mut stream = plan.execute(0, s.context().task_ctx())?;
+    let first = stream.next().await.expect("a first batch")?;
+    assert!(first.num_rows() > 0);
+    // 16 windows in all: the first is read, the next one prepared, no more.
+    let started = windows_started(&plan);
+    assert!((1..=2).contains(&started), "{started} windows started");
+    let mut rows = first.num_rows();
+    while let Some(batch) = stream.next().await {
+        rows += batch?.num_rows();
+    }
+    assert_eq!(rows, 8000);
+    assert_eq!(windows_started(&plan), 16);
+    // The same plan's output as collected whole.
+    let again = collect_plan(plan, s.context().task_ctx()).await?;
+    assert_eq!(again.iter().map(RecordBatch::num_rows).sum::<usize>(), 8000);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_a_window_cannot_cut_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 100, 50)?;
+    let s = session(2, 64)?;
+    for (sql, needles) in [
+        (
+            format!("SELECT v, count(*) AS n FROM {table} GROUP BY v SHUFFLE WINDOW 10"),
+            &["SHUFFLE WINDOW", "AggregateExec", "use SHUFFLE"][..],
+        ),
+        (
+            format!(
+                "SELECT a.id FROM {table} a JOIN {table} b ON a.id = b.id SHUFFLE WINDOW 10"
+            ),
+            &["SHUFFLE WINDOW", "Join", "use SHUFFLE"][..],
+        ),
+        (
+            "SELECT value FROM generate_series(1, 10) SHUFFLE WINDOW 10".to_string(),
+            &["SHUFFLE WINDOW cuts Parquet files", "use SHUFFLE"][..],
+        ),
+        (
+            format!("SELECT id FROM {table} SHUFFLE WINDOW 0"),
+            &["WINDOW must be at least 1 row"][..],
+        ),
+    ] {
+        let err = match s.sql(&sql).await {
+            Ok(df) => match s.collect(df).await {
+                Ok(_) => panic!("{sql} ran"),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert_contains(&err, needles);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_windowed_feed_resumes_exactly_and_refuses_another_window() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 100)?;
+    let s = crate::elastic::session()?;
+    let sql = format!("SELECT id FROM {table}");
+    let feed = |window: u64| {
+        Feed::builder(&s, sql.clone())
+            .shuffle(11)
+            .shuffle_window(window)
+            .batch_size(64)
+            .epochs(2)
+            .device(Device::Cpu)
+    };
+    let batches = |builder: sqlfeed::feed::FeedBuilder| -> Result<Vec<Vec<i64>>> {
+        builder
+            .build()?
+            .map(|b| Ok(b?.tensor("id")?.as_slice::<i64>()?.to_vec()))
+            .collect()
+    };
+    let whole = batches(feed(300))?;
+    assert_eq!(whole.len(), 2 * 2000usize.div_ceil(64));
+    let mut first_epoch: Vec<i64> = whole[..32].concat();
+    first_epoch.sort_unstable();
+    assert_eq!(first_epoch, (0..2000).collect::<Vec<i64>>());
+    assert_ne!(whole[..32], whole[32..], "epochs differ");
+    // Not the exact shuffle's order.
+    let exact = batches(
+        Feed::builder(&s, sql.clone())
+            .shuffle(11)
+            .batch_size(64)
+            .epochs(2)
+            .device(Device::Cpu),
+    )?;
+    assert_ne!(exact, whole);
+    // Stopped after 5 batches, resumed from the checkpoint: the rest.
+    let mut stopped = feed(300).build()?;
+    for _ in 0..5 {
+        stopped.next().expect("a batch")?;
+    }
+    let checkpoint = stopped.checkpoint()?;
+    drop(stopped);
+    assert_eq!(checkpoint.shuffle_window, Some(300));
+    let resumed =
+        batches(feed(300).resume_from(checkpoint.clone(), OnDataChange::Error))?;
+    assert_eq!(resumed, whole[5..].to_vec());
+    let err = batches(feed(200).resume_from(checkpoint, OnDataChange::Error))
+        .unwrap_err()
+        .to_string();
+    assert_contains(
+        &err,
+        &["shuffle_window=300 but this feed has shuffle_window=200"],
+    );
+    // Without a seed, or through the epoch cache: refused.
+    let err = Feed::builder(&s, sql.clone())
+        .shuffle_window(300)
+        .device(Device::Cpu)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_contains(&err, &["shuffle_window=300", "give a shuffle seed"]);
+    let err = feed(300).cache(true).build().unwrap_err().to_string();
+    assert_contains(&err, &["shuffle_window=300", "epoch cache"]);
+    Ok(())
+}
