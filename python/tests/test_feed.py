@@ -290,22 +290,24 @@ def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(sess
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    # 4 files of 500 ids in row groups of 100: windows of 300 rows hold
-    # three whole row groups each.
+    # 4 files of 500 ids in row groups of 100: windows of 400 rows hold
+    # four whole row groups each (a quarter window is one row group).
     for part in range(4):
         ids = pa.array(range(part * 500, (part + 1) * 500), pa.int64())
         pq.write_table(pa.table({"id": ids}), tmp_path / f"part-{part}.parquet", row_group_size=100)
     query = f"SELECT id FROM '{tmp_path}/*.parquet'"
-    options = dict(batch_size=100, shuffle=3, shuffle_window=300, device="cpu", format="numpy")
+    options = dict(batch_size=100, shuffle=3, shuffle_window=400, device="cpu", format="numpy")
     epoch = [b["id"] for b in session.feed(query, **options)]
     order = [int(i) for batch in epoch for i in batch]
     assert sorted(order) == list(range(2000))
-    # Each window is three whole row groups, shuffled within.
-    for start in range(0, 1800, 300):
-        window = order[start : start + 300]
-        assert len({i // 100 for i in window}) == 3
+    # Each window is four whole row groups, shuffled within.
+    for start in range(0, 2000, 400):
+        window = order[start : start + 400]
+        assert len({i // 100 for i in window}) == 4
         assert window != sorted(window)
-    exact = [int(i) for b in session.feed(query, **dict(options, shuffle_window=None)) for i in b["id"]]
+    exact = [
+        int(i) for b in session.feed(query, **dict(options, shuffle_window=None)) for i in b["id"]
+    ]
     assert exact != order
     feed = session.feed(query, **options)
     it = iter(feed)
@@ -317,7 +319,7 @@ def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(sess
     resumed.load_state_dict(state)
     assert [int(i) for b in resumed for i in b["id"]] == order[700:]
     with pytest.raises(sqlfeed.PlanError, match="shuffle_window"):
-        session.feed(query, **dict(options, shuffle_window=200)).load_state_dict(state)
+        session.feed(query, **dict(options, shuffle_window=300)).load_state_dict(state)
 
 
 def test_ctrl_c_stops_the_feed_within_a_second_and_leaves_no_thread(session, ctrl_c_raises):
