@@ -121,6 +121,31 @@ fn explained_rows_are_the_rows_of_the_batch() -> Result<()> {
     Ok(())
 }
 
+/// A windowed shuffle's batches are explained as the feed cuts them: the
+/// origins query runs through the same windows (row groups of 100 rows,
+/// windows of 300; slices of 75 rows cut by row selection, whose
+/// `file_row_index` is the file's row).
+#[test]
+fn batches_of_a_windowed_shuffle_are_explained() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    let glob = format!("{}/*.parquet", dir.path().display());
+    for (rank, sql) in [
+        (0, format!("SELECT id FROM '{glob}'")),
+        (1, format!("SELECT id FROM '{glob}' WHERE id % 3 <> 0")),
+    ] {
+        let windowed = Feed::builder(&session, sql)
+            .shuffle(5)
+            .shuffle_window(300)
+            .batch_size(40)
+            .shard(rank, 2)
+            .epochs(2);
+        assert!(check_every_batch(&windowed)? >= 2 * 8);
+    }
+    Ok(())
+}
+
 /// Issue 56, item 1: over repeated rows the explained rows hold the values
 /// of the batch at each position (the feed spreads copies; explaining put
 /// them side by side), and no row is named twice in an epoch.

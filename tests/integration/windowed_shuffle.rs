@@ -283,3 +283,59 @@ fn a_windowed_feed_resumes_exactly_and_refuses_another_window() -> Result<()> {
     assert_contains(&err, &["shuffle_window=300", "epoch cache"]);
     Ok(())
 }
+
+/// Issue 55: an epoch boundary under a tight memory limit. The next epoch's
+/// windows are prepared while the current epoch is read (the look-ahead),
+/// within the one budget: 2 MiB for 12k rows of ~2.3 MB, windows of 1,500
+/// rows. The batches are those of a roomy session that starts no epoch
+/// ahead, every row once per epoch, and nothing is left reserved or on disk.
+#[test]
+fn windowed_epochs_start_ahead_with_the_same_batches_under_a_tight_memory_limit()
+-> Result<()> {
+    let dir = crate::common::generated(12_000, 4)?;
+    let sql = format!("SELECT id, tokens FROM '{}'", dir.path().display());
+    let spill = tempfile::tempdir()?;
+    let run = |session: &sqlfeed::Session| -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+        let mut feed = Feed::builder(session, &sql)
+            .shuffle(6)
+            .shuffle_window(1500)
+            .batch_size(200)
+            .epochs(3)
+            .prefetch(2)
+            .device(Device::Cpu)
+            .build()?;
+        let mut ids = vec![];
+        for batch in feed.by_ref() {
+            ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+        }
+        let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+        Ok((ids, plans))
+    };
+    let tight = sqlfeed::Session::builder()
+        .memory_limit(2 << 20)
+        .target_partitions(2)
+        .spill_dir(spill.path())
+        .build()?;
+    let (ahead, plans) = run(&tight)?;
+    assert_eq!(plans.len(), 3);
+    for plan in &plans[1..] {
+        assert_contains(plan, &["LookaheadExec", "WindowedShuffleExec", "windows=8"]);
+    }
+    assert_eq!(tight.context().runtime_env().memory_pool.reserved(), 0);
+    assert!(crate::common::files_below(spill.path()).is_empty());
+    let one_at_a_time = sqlfeed::Session::builder()
+        .memory_limit(256 << 20)
+        .target_partitions(3)
+        .setting("sqlfeed.epoch_lookahead", "false")
+        .build()?;
+    let (alone, _) = run(&one_at_a_time)?;
+    assert_eq!(ahead, alone);
+    assert_eq!(ahead.len(), 3 * 60);
+    for epoch in ahead.chunks(60) {
+        let mut ids: Vec<i64> = epoch.iter().flatten().copied().collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..12_000).collect::<Vec<_>>());
+    }
+    assert_ne!(ahead[0], ahead[60]);
+    Ok(())
+}
