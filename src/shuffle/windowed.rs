@@ -483,9 +483,11 @@ impl WindowRun {
                 first = false;
                 match batch {
                     Some(batch) => {
-                        if out.send(batch).await.is_err() {
-                            // The reader is gone; the windows' tasks are
-                            // aborted as they drop.
+                        let failed = batch.is_err();
+                        // The reader gone, or the window failed (its error
+                        // passed on): no later window is read. The windows'
+                        // tasks are aborted as they drop.
+                        if out.send(batch).await.is_err() || failed {
                             return Ok(());
                         }
                     }

@@ -339,3 +339,40 @@ fn windowed_epochs_start_ahead_with_the_same_batches_under_a_tight_memory_limit(
     assert_ne!(ahead[0], ahead[60]);
     Ok(())
 }
+
+/// A damaged row group in a later window: the windows before it are fed,
+/// then the feed fails naming the file; no later window is read and
+/// nothing hangs.
+#[test]
+fn a_damaged_file_fails_its_window_naming_the_file_after_the_earlier_windows()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 8, 1000, 100)?;
+    // Garbage over the first data pages of part-05 (its footer stays).
+    let damaged = dir.path().join("part-05.parquet");
+    let mut bytes = std::fs::read(&damaged)?;
+    for byte in &mut bytes[4..400] {
+        *byte = 0xA5;
+    }
+    std::fs::write(&damaged, bytes)?;
+    let s = crate::elastic::session()?;
+    let mut feed = Feed::builder(&s, format!("SELECT id FROM {table}"))
+        .shuffle(2)
+        .shuffle_window(500)
+        .batch_size(100)
+        .device(Device::Cpu)
+        .build()?;
+    let mut fed = 0;
+    let err = loop {
+        match feed.next() {
+            Some(Ok(batch)) => fed += batch.rows(),
+            Some(Err(e)) => break e.to_string(),
+            None => panic!("the damaged file was fed whole ({fed} rows)"),
+        }
+    };
+    assert_contains(&err, &["part-05.parquet"]);
+    // With this seed the damaged row group is in a middle window.
+    assert!(fed > 0 && fed < 8000, "{fed} rows fed");
+    assert!(feed.next().is_none(), "a batch after the error");
+    Ok(())
+}
