@@ -108,8 +108,9 @@ class Feed:
             and each epoch boundary wait for one window, not for the whole
             epoch, and memory holds two windows. Rows of one Parquet row
             group land in one window; still a pure function of (data, seed,
-            epoch), resumable exactly. Embedded sessions, one Parquet table,
-            row-wise queries. See docs/scaling.md.
+            epoch), the same on a cluster (one job per window), resumable
+            exactly. One Parquet table, row-wise queries. See
+            docs/shuffle-and-mix.md.
         epochs: None (default): every ``for`` loop is one epoch, the current
             one (DataLoader style: advance with :meth:`set_epoch`, or let the
             position roll over: after an epoch's last batch it is the next

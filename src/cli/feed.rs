@@ -65,7 +65,7 @@ pub struct FeedArgs {
     /// With --shuffle-seed: shuffle in windows of at least ROWS rows drawn
     /// from all over the data (SHUFFLE WINDOW), so the first batch and each
     /// epoch boundary wait for one window, not the epoch; rows of one
-    /// Parquet row group land in one window.
+    /// Parquet row group land in one window. On a cluster: a job per window.
     #[arg(long, value_name = "ROWS", requires = "shuffle_seed")]
     pub shuffle_window: Option<u64>,
     /// Without a shuffle: the partitions the query runs as, the same on

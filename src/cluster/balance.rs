@@ -83,6 +83,11 @@ struct Piece {
 fn balanced_scan(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
     let source = plan.as_ref().downcast_ref::<DataSourceExec>()?;
     let config = source.data_source().downcast_ref::<FileScanConfig>()?;
+    // A window of `SHUFFLE WINDOW` (one range per row group, spread by
+    // rows already): re-cut by files, it would read other rows.
+    if crate::shuffle::is_window_scan(config) {
+        return None;
+    }
     let groups = config.file_groups.len();
     if groups < 2 {
         return None;

@@ -506,6 +506,7 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             WireNode::LocalShuffle { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(input, buffer_rows, seed))
             }
+
             WireNode::Permute {
                 per_partition,
                 ranged,

@@ -18,6 +18,7 @@ pub(crate) mod panics;
 pub(crate) mod plan;
 pub(crate) mod row_errors;
 pub(crate) mod rule;
+pub(crate) mod sequence;
 
 pub(crate) use display::{Setting, fmt_settings};
 pub(crate) use panics::{catch_panic, catching_panics, panic_error, panic_message};

@@ -178,8 +178,9 @@ impl FeedBuilder {
     /// permutation: the first batch and every epoch boundary wait for one
     /// window instead of the whole epoch, and memory holds two windows, at
     /// the price of rows of one Parquet row group landing in one window.
-    /// Needs [`FeedBuilder::shuffle`]; embedded, one Parquet table, row-wise
-    /// queries.
+    /// Needs [`FeedBuilder::shuffle`]; one Parquet table, row-wise queries.
+    /// On a cluster each window is one job, the next submitted while the
+    /// current one is read.
     pub fn shuffle_window(mut self, rows: u64) -> Self {
         self.shuffle_window = Some(rows);
         self
@@ -727,11 +728,6 @@ impl FeedBuilder {
             return refuse(
                 "cannot continue an epoch over appended data (new files change the \
                  windows); start the epoch anew (on_data_change='restart_epoch')",
-            );
-        }
-        if self.session.scale_out().is_some() {
-            return refuse(
-                "runs on the embedded engine; use a session without a cluster",
             );
         }
         Ok(())

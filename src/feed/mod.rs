@@ -74,6 +74,7 @@ mod scan_batches;
 mod sink;
 mod source;
 mod timeline;
+mod window_jobs;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

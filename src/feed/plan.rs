@@ -74,6 +74,7 @@ impl FeedOrder {
                 seed,
                 epoch,
                 window_rows,
+                only_window: None,
             }),
             FeedOrder::Unshuffled { .. } => None,
         }

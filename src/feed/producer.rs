@@ -29,10 +29,11 @@ use super::provenance;
 use super::quarantine;
 use super::sink::{Batching, DeviceSinkExec, FeedEvent, SinkTarget};
 use super::timeline::Timeline;
+use super::window_jobs::{WindowJob, WindowJobsExec};
 use crate::device::{DType, SlotPool};
 use crate::exec::catch_panic;
 use crate::session::{CompletedJob, EpochJob, EpochJobPlan, JobMixture, ScaleOut};
-use crate::shuffle::{ShuffleSpec, shuffle};
+use crate::shuffle::{ShuffleSpec, shuffle, window_count, with_only_window};
 
 /// How often the look-ahead, waiting for the current epoch's first batch,
 /// looks.
@@ -245,6 +246,15 @@ impl Producer {
                     }
                 }
             }
+            EpochRoute::Cluster {
+                scale_out,
+                spec:
+                    Some(
+                        spec @ ShuffleSpec::Windowed {
+                            only_window: None, ..
+                        },
+                    ),
+            } => self.plan_cluster_windows(scale_out, spec, epoch).await,
             EpochRoute::Cluster { scale_out, spec } => {
                 let df = self.query(spec).await?;
                 let may_deal = feed.start_on_the_grid(epoch);
@@ -322,6 +332,66 @@ impl Producer {
             mixture: Some(Arc::clone(&mixture)),
         })?;
         Ok((job, mixture))
+    }
+
+    /// A windowed epoch on the cluster: one job per window, read in turn
+    /// with the next one running ahead ([`WindowJobsExec`]). The windows
+    /// are counted here from the footers, as the embedded engine cuts them.
+    async fn plan_cluster_windows(
+        &self,
+        scale_out: &Arc<dyn ScaleOut>,
+        spec: ShuffleSpec,
+        epoch: u64,
+    ) -> Result<EpochPlan> {
+        let counted = self
+            .plan_embedded(self.query(Some(spec)).await?, None, epoch)
+            .await?;
+        let Some(windows) = window_count(&counted.plan, &counted.task_ctx).await? else {
+            return internal_err!("a windowed epoch's plan has no WindowedShuffleExec");
+        };
+        let feed = &self.plan;
+        let (state, plan) = self.query(Some(spec)).await?.into_parts();
+        let config = self.epoch_config(state.config(), epoch);
+        let partition_order = self.epoch_partition_order(&plan);
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        // Each window's job is its own: ranks of the run share it by name.
+        let run = format!(
+            "{}\0{:?}\0{}\0{}\0{}",
+            feed.sql,
+            feed.order,
+            feed.run_id,
+            feed.cache,
+            feed.quarantine.is_some(),
+        );
+        let rank = feed.shard.rank;
+        let scale_out = Arc::clone(scale_out);
+        let task_ctx = Arc::new(TaskContext::from(&state));
+        let job: WindowJob = Arc::new(move |window: usize| {
+            let plan = with_only_window(plan.clone(), window as u64)?;
+            Ok(scale_out
+                .epoch_job(EpochJob {
+                    query: DataFrame::new(state.clone(), plan),
+                    partition_order,
+                    run: format!("{run}\0window {window}"),
+                    epoch,
+                    rank,
+                    deal: None,
+                    completed: None,
+                    mixture: None,
+                })?
+                .plan)
+        });
+        let first = job(0)?;
+        Ok(EpochPlan {
+            plan: Arc::new(WindowJobsExec::new(first, windows, job)),
+            task_ctx,
+            fill: None,
+            dealt: false,
+            after: None,
+            mixture: None,
+        })
     }
 
     /// The first epoch of a locally cached feed on the cluster: the job's

@@ -137,11 +137,15 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
                 seed,
                 epoch,
                 window_rows,
+                only_window,
             } => {
                 write!(
                     f,
                     "Shuffle: window={window_rows}, seed={seed}, epoch={epoch}"
                 )?;
+                if let Some(window) = only_window {
+                    write!(f, ", only_window={window}")?;
+                }
                 match &self.key {
                     ShuffleKey::AllColumns => Ok(()),
                     key => write!(f, ", key={key}"),

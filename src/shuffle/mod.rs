@@ -104,6 +104,7 @@ mod permute;
 mod planner;
 mod range;
 mod unique;
+mod window_units;
 mod windowed;
 
 use datafusion::dataframe::DataFrame;
@@ -131,7 +132,8 @@ pub use planner::{
 };
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;
-pub use windowed::{WINDOWS_AHEAD, WindowedShuffleExec};
+pub use window_units::{WindowUnitFile, is_window_scan};
+pub use windowed::{WINDOWS_AHEAD, WindowedShuffleExec, window_count, with_only_window};
 
 /// What a `SHUFFLE` clause asks for.
 #[derive(
@@ -164,6 +166,9 @@ pub enum ShuffleSpec {
         epoch: u64,
         /// Rows per window, at least.
         window_rows: u64,
+        /// Only this window of the epoch, shuffled alone (a cluster feed's
+        /// job per window); `None`: every window, one after another.
+        only_window: Option<u64>,
     },
     /// `LOCAL SHUFFLE BUFFER n [SEED s]`: a streaming shuffle buffer of `n`
     /// rows per partition, like tf.data's `shuffle(n)`.

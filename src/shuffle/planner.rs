@@ -17,6 +17,7 @@ use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion_session::Session;
 
+use super::windowed::cut_to_window;
 use super::{
     CopyIdentity, Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
     RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec, RankShardExec,
@@ -440,15 +441,34 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
         let plan = match shuffle.spec() {
             spec @ (ShuffleSpec::Global { seed, epoch }
             | ShuffleSpec::Windowed { seed, epoch, .. }) => {
-                let windowed = match spec {
+                // The whole epoch window by window (one machine), or one
+                // window's rows shuffled alone (a job per window).
+                let (windowed, input) = match spec {
+                    ShuffleSpec::Windowed {
+                        window_rows,
+                        only_window: Some(window),
+                        ..
+                    } => (
+                        None,
+                        cut_to_window(
+                            Arc::clone(input),
+                            (seed, epoch, window_rows),
+                            window,
+                            session.runtime_env(),
+                        )
+                        .await?,
+                    ),
                     ShuffleSpec::Windowed { window_rows, .. } if self.stage_shaped => {
                         return not_impl_err!(
-                            "SHUFFLE WINDOW {window_rows} runs on the embedded engine; on a \
-                             cluster, use SHUFFLE"
+                            "SHUFFLE WINDOW {window_rows} over a whole epoch runs on the \
+                             embedded engine; a cluster feed runs one job per window, and \
+                             a cluster query uses SHUFFLE"
                         );
                     }
-                    ShuffleSpec::Windowed { window_rows, .. } => Some(window_rows),
-                    _ => None,
+                    ShuffleSpec::Windowed { window_rows, .. } => {
+                        (Some(window_rows), Arc::clone(input))
+                    }
+                    _ => (None, Arc::clone(input)),
                 };
                 let memory_limit = match session.runtime_env().memory_pool.memory_limit()
                 {
@@ -456,7 +476,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     _ => usize::MAX / 2,
                 };
                 let global = GlobalShuffle {
-                    source: key_source(shuffle, input)?,
+                    source: key_source(shuffle, &input)?,
                     seed,
                     epoch,
                     memory_limit,
@@ -465,7 +485,7 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 };
                 let final_stage =
                     self.stage_shaped.then(|| requested_final_stage(session));
-                let shuffled = global.plan(Arc::clone(input), final_stage)?;
+                let shuffled = global.plan(input, final_stage)?;
                 match windowed {
                     Some(window_rows) => Arc::new(WindowedShuffleExec::try_new(
                         shuffled,

@@ -16,14 +16,13 @@
 //!
 //! # Definition of the order
 //! - **Units.** Every Parquet row group the query's one scan reads is a
-//!   unit; a row group of more than `n / 4` rows is cut into equal slices
-//!   of at most `n / 4` rows, so that a window mixes at least four places
-//!   of the data whatever the files' layout. Files are taken in path order.
-//! - **Windows.** Each unit gets the key `xxh3(file rank, row group, first
-//!   row; seed = mix(seed, epoch))` (`mix` as `SHUFFLE`'s, see
-//!   [`shuffle_seed`]). Units are taken in key order and cut into windows
-//!   of at least `n` rows (the last one may hold fewer), counted from the
-//!   footers before any filter.
+//!   unit (files taken in path order; why whole row groups:
+//!   [`super::window_units`]).
+//! - **Windows.** Each unit gets the key `xxh3(file rank, row group;
+//!   seed = mix(seed, epoch))` (`mix` as `SHUFFLE`'s, see
+//!   [`super::shuffle_seed`]). Units are taken in key order and cut into
+//!   windows of at least `n` rows (the last one may hold fewer), counted
+//!   from the footers before any filter.
 //! - **Rows.** Within a window, rows are ordered as [`SHUFFLE`](super) orders
 //!   a table: by content key, copies numbered and spread. So a window's
 //!   order is a pure function of its rows, and the epoch's of (data layout,
@@ -37,23 +36,26 @@
 //!   same row group are much more likely to be near each other than under a
 //!   uniform order (within `n` rows of each other, against `n / N`); the
 //!   order changes when the same rows are rewritten into other files or
-//!   row groups. Pick `n` as large as memory allows.
+//!   row groups. Pick `n` as large as memory allows, and many row groups
+//!   per window.
 //!
 //! # Data flow
 //! ```text
 //!  footers of the scan's files ──► units ──► windows w0, w1, … (by key)
 //!
-//!  window task k (at most 1 + AHEAD at once, each a fresh instance of the
-//!  input plan with its scan cut to window k's units):
-//!      DataSourceExec (ParquetAccessPlan: window k's row groups / slices)
+//!  window k (at most 1 + AHEAD started at once, each a fresh instance of
+//!  the input plan with its scan cut to window k's row groups):
+//!      DataSourceExec (one byte range per row group of window k)
 //!        → row-wise operators (filters, projections, functions)
 //!        → ShuffleKeyExec → PermuteExec → ShuffleMergeExec
-//!        → channel (1 batch)
 //!
-//!  output: window 0's batches, then window 1's, …  (one partition)
+//!  output: window 0's batches, then window 1's, …  (one partition;
+//!  crate::exec::sequence)
 //! ```
-//! While window k is read, window k+1 is scanned, keyed and sorted: its
-//! task blocks on its channel once its first batch is ready.
+//! While window k is read, window k+1 is scanned, keyed and sorted; it
+//! waits once its first batch is ready. On a cluster a feed runs one job
+//! per window instead (`SHUFFLE WINDOW` with `only_window`, whose planner
+//! cuts the scan with [`cut_to_window`]), read the same way.
 //!
 //! # Memory
 //! At most `1 + AHEAD` windows are held, each reserved from the session's
@@ -70,39 +72,27 @@
 //! # Output ordering
 //! One partition, no declared ordering (the key is dropped).
 
-use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
-use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{exec_datafusion_err, plan_err};
-use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::parquet::{
-    CachedParquetFileReaderFactory, ParquetAccessPlan, ParquetFileReaderFactory,
-    RowGroupAccess,
-};
-use datafusion::datasource::physical_plan::{
-    FileGroup, FileScanConfig, FileScanConfigBuilder,
-};
+use datafusion::common::{exec_datafusion_err, internal_err, plan_err};
+use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
-};
-use datafusion::parquet::arrow::async_reader::AsyncFileReader;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::logical_expr::{Extension, LogicalPlan};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, Time,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
-use futures::StreamExt;
-use tokio::sync::mpsc;
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use futures::{StreamExt, TryStreamExt};
 
-use super::shuffle_seed;
+use super::window_units::ScanLayout;
+use super::{ShuffleNode, ShuffleSpec};
+use crate::exec::sequence::in_sequence;
 use crate::exec::{BatchStream, Setting};
 
 /// Windows prepared while the current one is read.
@@ -210,18 +200,21 @@ fn the_one_parquet_scan(
             scans.len()
         );
     };
-    let config = scan
-        .downcast_ref::<DataSourceExec>()
-        .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
-        .filter(|c| c.file_source().file_type() == "parquet")
-        .cloned();
-    match config {
+    match parquet_config(scan) {
         Some(config) => Ok((Arc::clone(scan), config)),
         None => plan_err!(
             "SHUFFLE WINDOW reads Parquet files (it cuts them by row group), but the \
              query reads another source; use SHUFFLE"
         ),
     }
+}
+
+/// The Parquet scan configuration of `scan`, if it is one.
+fn parquet_config(scan: &Arc<dyn ExecutionPlan>) -> Option<FileScanConfig> {
+    scan.downcast_ref::<DataSourceExec>()
+        .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
+        .filter(|c| c.file_source().file_type() == "parquet")
+        .cloned()
 }
 
 impl DisplayAs for WindowedShuffleExec {
@@ -254,54 +247,145 @@ impl ExecutionPlan for WindowedShuffleExec {
         let (scan, config) = the_one_parquet_scan(&self.input)?;
         let metrics = WindowMetrics::new(&self.metrics);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let run = WindowRun {
-            input: Arc::clone(&self.input),
-            scan,
-            config,
-            seed: self.seed,
-            epoch: self.epoch,
-            window_rows: self.window_rows,
-            ctx,
-            metrics,
-        };
-        let (tx, rx) = mpsc::channel::<Result<RecordBatch>>(1);
-        let driver = SpawnedTask::spawn(async move {
-            if let Err(e) = run.drive(&tx).await {
-                // The reader may be gone (dropped stream): nothing to tell.
-                let _ = tx.send(Err(e)).await;
-            }
-        });
-        let stream = futures::stream::unfold(
-            (rx, Some(driver), baseline),
-            |(mut rx, driver, baseline)| async move {
-                match rx.recv().await {
-                    Some(batch) => {
-                        let batch = batch.map(|b| b.record_output(&baseline));
-                        Some((batch, (rx, driver, baseline)))
-                    }
-                    None => {
-                        // The driver ended: a panic in it is an error here.
-                        let panicked = match driver {
-                            Some(task) => task.join().await.err(),
-                            None => None,
-                        };
-                        panicked.map(|e| {
-                            (
-                                Err(DataFusionError::External(Box::new(e))),
-                                (rx, None, baseline),
-                            )
-                        })
-                    }
-                }
-            },
-        );
+        let input = Arc::clone(&self.input);
+        let shuffle = (self.seed, self.epoch, self.window_rows);
+        let schema = self.schema();
+        let windows = futures::stream::once(async move {
+            let planning = metrics.planning.timer();
+            let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+            let windows = layout.windows(shuffle.0, shuffle.1, shuffle.2);
+            metrics
+                .units
+                .add(windows.iter().map(Vec::len).sum::<usize>());
+            planning.done();
+            let started = metrics.windows.clone();
+            // Each window: a fresh instance of the input plan, its scan cut
+            // to the window's row groups.
+            let streams = windows.into_iter().map(move |units| {
+                started.add(1);
+                let cut = layout.scan(&config, &units);
+                replace_scan(Arc::clone(&input), &scan, cut)?.execute(0, Arc::clone(&ctx))
+            });
+            Ok::<_, DataFusionError>(in_sequence(
+                schema,
+                streams,
+                WINDOWS_AHEAD,
+                Some(metrics.window_wait),
+            ))
+        })
+        .try_flatten()
+        .map(move |batch| batch.map(|b| b.record_output(&baseline)));
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
-            stream,
+            windows,
         )))
     }
 
     crate::exec::metrics_of_field!();
+}
+
+/// The number of windows of the windowed shuffle `plan` holds (its first
+/// `WindowedShuffleExec` from the top), from the footers; `None` without one.
+pub async fn window_count(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: &TaskContext,
+) -> Result<Option<usize>> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let Some(windowed) = node.downcast_ref::<WindowedShuffleExec>() {
+            found = Some((
+                Arc::clone(&windowed.input),
+                (windowed.seed, windowed.epoch, windowed.window_rows),
+            ));
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some((input, (seed, epoch, window_rows))) = found else {
+        return Ok(None);
+    };
+    let (_, config) = the_one_parquet_scan(&input)?;
+    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+    Ok(Some(layout.windows(seed, epoch, window_rows).len()))
+}
+
+/// `input` (the row-wise plan under a windowed shuffle) with its one
+/// Parquet scan cut to window `window` of `(seed, epoch, window_rows)`
+/// (empty past the last one): the plan of a cluster job of one window,
+/// which its scheduler sends to the executors as it is.
+pub(crate) async fn cut_to_window(
+    input: Arc<dyn ExecutionPlan>,
+    (seed, epoch, window_rows): (u64, u64, u64),
+    window: u64,
+    runtime: &RuntimeEnv,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let (scan, config) = the_one_parquet_scan(&input)?;
+    let layout = ScanLayout::read(&config, runtime).await?;
+    let windows = layout.windows(seed, epoch, window_rows);
+    let units = usize::try_from(window)
+        .ok()
+        .and_then(|w| windows.get(w))
+        .map_or(&[][..], Vec::as_slice);
+    replace_scan(input, &scan, layout.scan(&config, units))
+}
+
+/// `plan` with `scan` (one of its nodes) replaced by `cut`.
+fn replace_scan(
+    plan: Arc<dyn ExecutionPlan>,
+    scan: &Arc<dyn ExecutionPlan>,
+    cut: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let replaced = plan.transform_up(|node| {
+        Ok(if Arc::ptr_eq(&node, scan) {
+            Transformed::yes(Arc::clone(&cut))
+        } else {
+            Transformed::no(node)
+        })
+    })?;
+    if !replaced.transformed {
+        return internal_err!("the windowed shuffle's scan is not in its plan");
+    }
+    Ok(replaced.data)
+}
+
+/// `plan` with its windowed shuffles narrowed to window `window` alone
+/// (a cluster feed's job of that window); other plans are returned as
+/// they are.
+pub fn with_only_window(plan: LogicalPlan, window: u64) -> Result<LogicalPlan> {
+    Ok(plan
+        .transform_up(|node| {
+            let LogicalPlan::Extension(extension) = &node else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(shuffle) = extension.node.as_any().downcast_ref::<ShuffleNode>()
+            else {
+                return Ok(Transformed::no(node));
+            };
+            let ShuffleSpec::Windowed {
+                seed,
+                epoch,
+                window_rows,
+                ..
+            } = shuffle.spec()
+            else {
+                return Ok(Transformed::no(node));
+            };
+            let spec = ShuffleSpec::Windowed {
+                seed,
+                epoch,
+                window_rows,
+                only_window: Some(window),
+            };
+            let narrowed = ShuffleNode::try_new_keyed(
+                shuffle.input().clone(),
+                spec,
+                shuffle.key().clone(),
+            )?;
+            Ok(Transformed::yes(LogicalPlan::Extension(Extension {
+                node: Arc::new(narrowed),
+            })))
+        })?
+        .data)
 }
 
 /// The operator's own metrics (the windows' plans are fresh instances, so
@@ -310,7 +394,7 @@ impl ExecutionPlan for WindowedShuffleExec {
 struct WindowMetrics {
     /// Windows started.
     windows: Count,
-    /// Units (row groups or slices) in the epoch.
+    /// Units (row groups) in the epoch.
     units: Count,
     /// Time reading footers and cutting windows.
     planning: Time,
@@ -326,398 +410,5 @@ impl WindowMetrics {
             planning: MetricBuilder::new(set).subset_time("window_planning", 0),
             window_wait: MetricBuilder::new(set).subset_time("window_wait", 0),
         }
-    }
-}
-
-/// One unit of the order: rows `start..start + rows` of one row group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unit {
-    /// The file's rank in path order.
-    pub(crate) file: usize,
-    pub(crate) row_group: usize,
-    /// First row within the row group.
-    pub(crate) start: u64,
-    pub(crate) rows: u64,
-}
-
-/// The epoch's windows: units keyed by `(file, row group, first row)` under
-/// `(seed, epoch)`, in key order, cut into windows of at least
-/// `window_rows` rows. `row_groups[f]` are file `f`'s row groups' row
-/// counts. Pure; see the module docs.
-pub(crate) fn plan_windows(
-    row_groups: &[Vec<u64>],
-    seed: u64,
-    epoch: u64,
-    window_rows: u64,
-) -> Vec<Vec<Unit>> {
-    let slice_rows = (window_rows / 4).max(1);
-    let hash_seed = shuffle_seed(seed, epoch);
-    let mut keyed: Vec<(u64, Unit)> = Vec::new();
-    for (file, groups) in row_groups.iter().enumerate() {
-        for (row_group, &rows) in groups.iter().enumerate() {
-            if rows == 0 {
-                continue;
-            }
-            // Equal slices of at most `slice_rows`.
-            let slices = rows.div_ceil(slice_rows);
-            let (base, extra) = (rows / slices, rows % slices);
-            let mut start = 0;
-            for slice in 0..slices {
-                let len = base + u64::from(slice < extra);
-                let unit = Unit {
-                    file,
-                    row_group,
-                    start,
-                    rows: len,
-                };
-                let mut identity = [0u8; 24];
-                identity[..8].copy_from_slice(&(file as u64).to_le_bytes());
-                identity[8..16].copy_from_slice(&(row_group as u64).to_le_bytes());
-                identity[16..].copy_from_slice(&start.to_le_bytes());
-                keyed.push((xxh3_64_with_seed(&identity, hash_seed), unit));
-                start += len;
-            }
-        }
-    }
-    // Units are distinct, so ties (a 2^-64 chance) fall back to identity.
-    keyed.sort_unstable_by_key(|&(key, u)| (key, u.file, u.row_group, u.start));
-    let mut windows = Vec::new();
-    let mut window = Vec::new();
-    let mut rows = 0;
-    for (_, unit) in keyed {
-        rows += unit.rows;
-        window.push(unit);
-        if rows >= window_rows {
-            windows.push(std::mem::take(&mut window));
-            rows = 0;
-        }
-    }
-    if !window.is_empty() {
-        windows.push(window);
-    }
-    windows
-}
-
-/// `units` of one file as an access plan over its `row_groups` row counts.
-fn access_plan(row_groups: &[u64], units: &[Unit]) -> ParquetAccessPlan {
-    let mut by_group: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
-    for unit in units {
-        by_group
-            .entry(unit.row_group)
-            .or_default()
-            .push((unit.start, unit.rows));
-    }
-    let mut plan = ParquetAccessPlan::new_none(row_groups.len());
-    for (group, mut slices) in by_group {
-        let total = row_groups[group];
-        slices.sort_unstable();
-        if slices.iter().map(|s| s.1).sum::<u64>() == total {
-            plan.set(group, RowGroupAccess::Scan);
-            continue;
-        }
-        let mut selectors = Vec::new();
-        let mut at = 0;
-        for (start, rows) in slices {
-            if start > at {
-                selectors.push(RowSelector::skip((start - at) as usize));
-            }
-            selectors.push(RowSelector::select(rows as usize));
-            at = start + rows;
-        }
-        if total > at {
-            selectors.push(RowSelector::skip((total - at) as usize));
-        }
-        plan.set(
-            group,
-            RowGroupAccess::Selection(RowSelection::from(selectors)),
-        );
-    }
-    plan
-}
-
-/// One execution: the epoch's windows run one after another.
-struct WindowRun {
-    input: Arc<dyn ExecutionPlan>,
-    /// The scan in `input` that each window replaces.
-    scan: Arc<dyn ExecutionPlan>,
-    config: FileScanConfig,
-    seed: u64,
-    epoch: u64,
-    window_rows: u64,
-    ctx: Arc<TaskContext>,
-    metrics: WindowMetrics,
-}
-
-/// A window being prepared: its task and the channel it feeds.
-struct RunningWindow {
-    task: SpawnedTask<()>,
-    batches: mpsc::Receiver<Result<RecordBatch>>,
-}
-
-impl WindowRun {
-    /// Plans the windows, then sends every window's batches to `out`, in
-    /// order, with up to [`WINDOWS_AHEAD`] windows prepared ahead.
-    async fn drive(self, out: &mpsc::Sender<Result<RecordBatch>>) -> Result<()> {
-        let planning = self.metrics.planning.timer();
-        let (files, row_groups) = self.files_and_row_groups().await?;
-        let windows = plan_windows(&row_groups, self.seed, self.epoch, self.window_rows);
-        self.metrics
-            .units
-            .add(windows.iter().map(Vec::len).sum::<usize>());
-        planning.done();
-        let mut started: VecDeque<RunningWindow> = VecDeque::new();
-        let mut next = windows.iter();
-        loop {
-            while started.len() <= WINDOWS_AHEAD {
-                let Some(units) = next.next() else { break };
-                started.push_back(self.start(&files, &row_groups, units)?);
-            }
-            let Some(mut window) = started.pop_front() else {
-                return Ok(());
-            };
-            let mut first = true;
-            loop {
-                let waiting = first.then(|| self.metrics.window_wait.timer());
-                let batch = window.batches.recv().await;
-                drop(waiting);
-                first = false;
-                match batch {
-                    Some(batch) => {
-                        let failed = batch.is_err();
-                        // The reader gone, or the window failed (its error
-                        // passed on): no later window is read. The windows'
-                        // tasks are aborted as they drop.
-                        if out.send(batch).await.is_err() || failed {
-                            return Ok(());
-                        }
-                    }
-                    None => break,
-                }
-            }
-            window
-                .task
-                .join()
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        }
-    }
-
-    /// The scan's files in path order, and each one's row groups' row
-    /// counts, from the footers (through the runtime's metadata cache,
-    /// which planning filled).
-    async fn files_and_row_groups(
-        &self,
-    ) -> Result<(Vec<PartitionedFile>, Vec<Vec<u64>>)> {
-        let mut files: Vec<PartitionedFile> = Vec::new();
-        for file in self.config.file_groups.iter().flat_map(|g| g.iter()) {
-            if files
-                .iter()
-                .all(|f| f.object_meta.location != file.object_meta.location)
-            {
-                let mut whole = file.clone();
-                whole.range = None;
-                whole.statistics = None;
-                files.push(whole);
-            }
-        }
-        files.sort_by(|a, b| a.object_meta.location.cmp(&b.object_meta.location));
-        let runtime = self.ctx.runtime_env();
-        let store = runtime.object_store(&self.config.object_store_url)?;
-        let factory = CachedParquetFileReaderFactory::new(
-            store,
-            runtime.cache_manager.get_file_metadata_cache(),
-        );
-        let mut row_groups = Vec::with_capacity(files.len());
-        for file in &files {
-            let mut reader: Box<dyn AsyncFileReader> = factory.create_reader(
-                0,
-                file.clone(),
-                None,
-                &ExecutionPlanMetricsSet::new(),
-            )?;
-            let metadata =
-                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
-                    .await
-                    .map_err(|e| {
-                        DataFusionError::Execution(format!(
-                            "SHUFFLE WINDOW cannot read the footer of {}: {e}",
-                            file.object_meta.location
-                        ))
-                    })?;
-            row_groups.push(
-                metadata
-                    .metadata()
-                    .row_groups()
-                    .iter()
-                    .map(|g| u64::try_from(g.num_rows()).unwrap_or(0))
-                    .collect(),
-            );
-        }
-        Ok((files, row_groups))
-    }
-
-    /// Starts one window: `input` with its scan cut to `units`, spread over
-    /// the scan's partitions (the order within the window is by key, so how
-    /// units are spread does not change it).
-    fn start(
-        &self,
-        files: &[PartitionedFile],
-        row_groups: &[Vec<u64>],
-        units: &[Unit],
-    ) -> Result<RunningWindow> {
-        self.metrics.windows.add(1);
-        let partitions = self.config.file_groups.len().max(1);
-        let mut loads = vec![(0u64, Vec::<Unit>::new()); partitions];
-        for unit in units {
-            // To the least-loaded partition (the first of equals).
-            if let Some(least) = loads.iter_mut().min_by_key(|(rows, _)| *rows) {
-                least.0 += unit.rows;
-                least.1.push(*unit);
-            }
-        }
-        let groups: Vec<FileGroup> = loads
-            .into_iter()
-            .map(|(_, units)| {
-                let mut by_file: BTreeMap<usize, Vec<Unit>> = BTreeMap::new();
-                for unit in units {
-                    by_file.entry(unit.file).or_default().push(unit);
-                }
-                FileGroup::new(
-                    by_file
-                        .into_iter()
-                        .map(|(file, units)| {
-                            files[file]
-                                .clone()
-                                .with_extension(access_plan(&row_groups[file], &units))
-                        })
-                        .collect(),
-                )
-            })
-            .collect();
-        let scan: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(
-            FileScanConfigBuilder::from(self.config.clone())
-                .with_file_groups(groups)
-                .build(),
-        );
-        let template = &self.scan;
-        let plan = Arc::clone(&self.input)
-            .transform_up(|node| {
-                Ok(if Arc::ptr_eq(&node, template) {
-                    Transformed::yes(Arc::clone(&scan))
-                } else {
-                    Transformed::no(node)
-                })
-            })?
-            .data;
-        let mut stream = plan.execute(0, Arc::clone(&self.ctx))?;
-        let (tx, batches) = mpsc::channel(1);
-        let task = SpawnedTask::spawn(async move {
-            while let Some(batch) = stream.next().await {
-                let failed = batch.is_err();
-                if tx.send(batch).await.is_err() || failed {
-                    return;
-                }
-            }
-        });
-        Ok(RunningWindow { task, batches })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rows_of(windows: &[Vec<Unit>]) -> Vec<u64> {
-        windows
-            .iter()
-            .map(|w| w.iter().map(|u| u.rows).sum())
-            .collect()
-    }
-
-    #[test]
-    fn windows_cover_every_row_once_and_hold_at_least_n_rows() {
-        let files = vec![vec![1000, 1000, 37], vec![0, 5000], vec![999]];
-        let windows = plan_windows(&files, 7, 0, 1000);
-        let total: u64 = files.iter().flatten().sum();
-        let rows = rows_of(&windows);
-        assert_eq!(rows.iter().sum::<u64>(), total);
-        // Every window but the last holds at least n rows, and less than
-        // n + a unit (a quarter window).
-        for &r in &rows[..rows.len() - 1] {
-            assert!((1000..1250).contains(&r), "{rows:?}");
-        }
-        // Each row group's rows are covered exactly once.
-        for (file, groups) in files.iter().enumerate() {
-            for (group, &n) in groups.iter().enumerate() {
-                let mut slices: Vec<(u64, u64)> = windows
-                    .iter()
-                    .flatten()
-                    .filter(|u| u.file == file && u.row_group == group)
-                    .map(|u| (u.start, u.rows))
-                    .collect();
-                slices.sort_unstable();
-                let mut at = 0;
-                for (start, rows) in slices {
-                    assert_eq!(start, at);
-                    assert!(rows <= 250);
-                    at += rows;
-                }
-                assert_eq!(at, n);
-            }
-        }
-    }
-
-    #[test]
-    fn the_windows_are_a_function_of_seed_and_epoch() {
-        let files = vec![vec![400; 20]; 3];
-        let a = plan_windows(&files, 1, 0, 1000);
-        assert_eq!(a, plan_windows(&files, 1, 0, 1000));
-        assert_ne!(a, plan_windows(&files, 1, 1, 1000));
-        assert_ne!(a, plan_windows(&files, 2, 0, 1000));
-        // A window draws from all over the data, not from neighbours: over
-        // the epoch's windows, the first units' files are not all file 0.
-        let first_files: Vec<usize> = a.iter().map(|w| w[0].file).collect();
-        assert!(first_files.iter().any(|&f| f != first_files[0]));
-    }
-
-    #[test]
-    fn an_access_plan_selects_exactly_the_units_rows() {
-        let groups = [100, 50, 80];
-        let units = [
-            Unit {
-                file: 0,
-                row_group: 0,
-                start: 25,
-                rows: 25,
-            },
-            Unit {
-                file: 0,
-                row_group: 0,
-                start: 75,
-                rows: 25,
-            },
-            Unit {
-                file: 0,
-                row_group: 2,
-                start: 0,
-                rows: 80,
-            },
-        ];
-        let plan = access_plan(&groups, &units);
-        assert_eq!(plan.inner()[1], RowGroupAccess::Skip);
-        assert_eq!(plan.inner()[2], RowGroupAccess::Scan);
-        let RowGroupAccess::Selection(selection) = &plan.inner()[0] else {
-            panic!("a selection expected, got {:?}", plan.inner()[0]);
-        };
-        let selectors: Vec<RowSelector> = selection.iter().copied().collect();
-        assert_eq!(
-            selectors,
-            vec![
-                RowSelector::skip(25),
-                RowSelector::select(25),
-                RowSelector::skip(25),
-                RowSelector::select(25),
-            ]
-        );
     }
 }

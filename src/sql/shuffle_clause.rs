@@ -136,6 +136,7 @@ pub(super) fn rewrite(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> 
                 seed,
                 epoch,
                 window_rows,
+                ..
             } => format!("{WINDOWED_ALIAS}{seed}_{epoch}_{window_rows}_{count}"),
             ShuffleSpec::Local { buffer_rows, seed } => {
                 format!("{LOCAL_ALIAS}{buffer_rows}_{seed}_{count}")
@@ -482,6 +483,7 @@ fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
             seed,
             epoch,
             window_rows,
+            only_window: None,
         },
         None => ShuffleSpec::Global { seed, epoch },
     };
@@ -527,6 +529,7 @@ fn spec_of_alias(alias: &str) -> Option<ShuffleSpec> {
             seed,
             epoch,
             window_rows,
+            only_window: None,
         });
     }
     if let Some(rest) = alias.strip_prefix(GLOBAL_ALIAS) {

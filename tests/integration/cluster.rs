@@ -1555,3 +1555,66 @@ fn a_packing_feed_gives_every_rank_the_embedded_sequences_on_the_cluster() -> Re
     assert_eq!(counts[0], counts[1], "equal step counts");
     Ok(())
 }
+
+/// Issue 55, item 3: a windowed feed (`--shuffle-window`) on a scheduler and
+/// 2 executors runs one job per window, read in turn with the next one
+/// running ahead; every rank gets the embedded batches (the executors cut
+/// each window's scan from the plan the scheduler sent, byte ranges of
+/// whole row groups), and the scheduler saw one job per window and epoch.
+#[test]
+fn a_windowed_feed_runs_one_job_per_window_with_the_embedded_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // 3,000 images in 4 files of 3 row groups of 250: windows of at least
+    // 700 rows hold 3 row groups each, 4 windows an epoch.
+    let mut options = sqlfeed::datagen::GenOptions::new(3000, dir.path());
+    options.files = 4;
+    options.image_size = 8;
+    options.row_group_rows = 250;
+    sqlfeed::datagen::generate(&options)?;
+    let sql = format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/*.parquet'",
+        dir.path().display()
+    );
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    let args = |rank: usize| -> Vec<String> {
+        [
+            "--shuffle-seed",
+            "9",
+            "--shuffle-window",
+            "700",
+            "--shard",
+            &format!("{rank}/2"),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let (url, sql, args) = (url.clone(), sql.clone(), args(rank));
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                feed_digests_of(Some(&url), &sql, &args)
+            })
+        })
+        .collect();
+    for (rank, on_cluster) in ranks.into_iter().enumerate() {
+        let on_cluster = on_cluster.join().expect("rank thread");
+        let args = args(rank);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let embedded_batches = feed_digests_of(None, &sql, &args);
+        assert!(!embedded_batches.is_empty());
+        assert_eq!(on_cluster, embedded_batches, "rank {rank}");
+    }
+    // 2 epochs of 4 windows, each window's job shared by both ranks.
+    let jobs = cluster.rest("/api/jobs");
+    let names: std::collections::BTreeSet<&str> = jobs
+        .split("\"job_name\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .filter(|name| name.starts_with("sqlfeed-feed-"))
+        .collect();
+    assert_eq!(names.len(), 8, "{names:?}");
+    Ok(())
+}

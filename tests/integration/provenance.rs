@@ -122,9 +122,9 @@ fn explained_rows_are_the_rows_of_the_batch() -> Result<()> {
 }
 
 /// A windowed shuffle's batches are explained as the feed cuts them: the
-/// origins query runs through the same windows (row groups of 100 rows,
-/// windows of 300; slices of 75 rows cut by row selection, whose
-/// `file_row_index` is the file's row).
+/// origins query runs through the same windows (row groups of 100 and 50
+/// rows, windows of 300; each row group read through a byte range, whose
+/// `file_row_index` is still the file's row).
 #[test]
 fn batches_of_a_windowed_shuffle_are_explained() -> Result<()> {
     let dir = tempfile::tempdir()?;

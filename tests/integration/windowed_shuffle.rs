@@ -1,8 +1,9 @@
 //! `SHUFFLE WINDOW n` (issue 55): a shuffle that streams window by window.
 //! Every row once; the order a function of (data layout, seed, epoch, n)
-//! only; each window the rows of whole units (row groups, or slices of
-//! large ones) drawn from all over the data; the first batch out while
-//! later windows are not started; resume exact; what it cannot cut refused.
+//! only; each window the rows of whole row groups drawn from all over the
+//! data; the first batch out while later windows are not started; resume
+//! exact; what it cannot cut refused; on a cluster, a job per window with
+//! the embedded batches.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -106,20 +107,17 @@ async fn a_windowed_shuffle_is_a_permutation_whose_order_ignores_partitions() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn row_groups_larger_than_a_quarter_window_are_cut_into_slices() -> Result<()> {
+async fn a_row_group_larger_than_the_window_is_a_window_of_its_own() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    // 4 files of one 1000-row group; windows of 400: slices of 100 rows.
+    // 4 files of one 1000-row group; windows of at least 400 rows.
     let table = write_ids(dir.path(), 4, 1000, 1000)?;
     let s = session(2, 8192)?;
-    let order = ids(&collect(
-        &s,
-        &format!("SELECT id FROM {table} SHUFFLE WINDOW 400 SEED 1"),
-    )
-    .await?);
+    let sql = format!("SELECT id FROM {table} SHUFFLE WINDOW 400 SEED 1");
+    let order = ids(&collect(&s, &sql).await?);
     assert_eq!(order.len(), 4000);
-    for window in order.chunks(400) {
-        let slices: BTreeSet<i64> = window.iter().map(|id| id / 100).collect();
-        assert_eq!(slices.len(), 4, "four whole 100-row slices: {slices:?}");
+    for window in order.chunks(1000) {
+        let files: BTreeSet<i64> = window.iter().map(|id| id / 1000).collect();
+        assert_eq!(files.len(), 1, "one whole row group: {files:?}");
     }
     // A filter drops rows within the windows; the rest keep their order.
     let filtered = ids(&collect(
@@ -286,8 +284,8 @@ fn a_windowed_feed_resumes_exactly_and_refuses_another_window() -> Result<()> {
 
 /// Issue 55: an epoch boundary under a tight memory limit. The next epoch's
 /// windows are prepared while the current epoch is read (the look-ahead),
-/// within the one budget: 2 MiB for 12k rows of ~2.3 MB, windows of 1,500
-/// rows. The batches are those of a roomy session that starts no epoch
+/// within the one budget: 2 MiB for 12k rows of ~2.3 MB in 4 files of one
+/// row group each, so 4 windows of one file. The batches are those of a roomy session that starts no epoch
 /// ahead, every row once per epoch, and nothing is left reserved or on disk.
 #[test]
 fn windowed_epochs_start_ahead_with_the_same_batches_under_a_tight_memory_limit()
@@ -319,7 +317,7 @@ fn windowed_epochs_start_ahead_with_the_same_batches_under_a_tight_memory_limit(
     let (ahead, plans) = run(&tight)?;
     assert_eq!(plans.len(), 3);
     for plan in &plans[1..] {
-        assert_contains(plan, &["LookaheadExec", "WindowedShuffleExec", "windows=8"]);
+        assert_contains(plan, &["LookaheadExec", "WindowedShuffleExec", "windows=4"]);
     }
     assert_eq!(tight.context().runtime_env().memory_pool.reserved(), 0);
     assert!(crate::common::files_below(spill.path()).is_empty());
@@ -374,5 +372,53 @@ fn a_damaged_file_fails_its_window_naming_the_file_after_the_earlier_windows()
     // With this seed the damaged row group is in a middle window.
     assert!(fed > 0 && fed < 8000, "{fed} rows fed");
     assert!(feed.next().is_none(), "a batch after the error");
+    Ok(())
+}
+
+/// Issue 55, item 3: on a cluster a windowed epoch is one job per window,
+/// read in turn (the next one running ahead), with the embedded batches:
+/// each job shuffles exactly its window's rows, cut from the footers on the
+/// executors (`WindowScanExec`).
+#[cfg(feature = "ballista")]
+#[test]
+fn a_windowed_cluster_feed_runs_a_job_per_window_with_the_embedded_batches() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 100)?;
+    let sql = format!("SELECT id FROM {table} WHERE v <> 5");
+    let run = |session: &sqlfeed::Session,
+               rank: usize|
+     -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+        let mut feed = Feed::builder(session, sql.clone())
+            .shuffle(7)
+            .shuffle_window(400)
+            .batch_size(64)
+            .shard(rank, 2)
+            .epochs(2)
+            .device(Device::Cpu)
+            .build()?;
+        let mut ids = vec![];
+        for batch in feed.by_ref() {
+            ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+        }
+        Ok((
+            ids,
+            feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
+        ))
+    };
+    let cluster = sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()?;
+    let embedded = session(3, 100)?;
+    for rank in 0..2 {
+        let (on_cluster, plans) = run(&cluster, rank)?;
+        let (here, _) = run(&embedded, rank)?;
+        assert_eq!(on_cluster, here, "rank {rank}");
+        assert!(!on_cluster.is_empty());
+        for plan in &plans {
+            assert_contains(plan, &["WindowJobsExec: windows=5", "window_jobs=5"]);
+        }
+    }
     Ok(())
 }

@@ -224,7 +224,7 @@ pub struct Shuffle {
 /// A `ShuffleSpec`.
 #[derive(Clone, PartialEq, Message)]
 pub struct Spec {
-    #[prost(oneof = "SpecKind", tags = "1, 2")]
+    #[prost(oneof = "SpecKind", tags = "1, 2, 3")]
     pub kind: Option<SpecKind>,
 }
 
@@ -235,6 +235,21 @@ pub enum SpecKind {
     Global(Global),
     #[prost(message, tag = "2")]
     Local(LocalShuffle),
+    #[prost(message, tag = "3")]
+    Windowed(Windowed),
+}
+
+/// `ShuffleSpec::Windowed`.
+#[derive(Clone, PartialEq, Message)]
+pub struct Windowed {
+    #[prost(uint64, tag = "1")]
+    pub seed: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "3")]
+    pub window_rows: u64,
+    #[prost(uint64, optional, tag = "4")]
+    pub only_window: Option<u64>,
 }
 
 /// `ShuffleSpec::Global`.

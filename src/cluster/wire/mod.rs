@@ -20,7 +20,7 @@
 //! The format byte after the prefix tells this format (2) from the JSON
 //! payloads of earlier builds (1), which are refused by name.
 
-use datafusion::common::{not_impl_err, plan_datafusion_err};
+use datafusion::common::plan_datafusion_err;
 use datafusion::error::Result;
 use prost::Message;
 use sqlfeed_udfs::user::{volatility_name, volatility_named};
@@ -252,12 +252,17 @@ fn to_message(node: &WireNode) -> Result<Node> {
                     ShuffleSpec::Global { seed, epoch } => {
                         SpecKind::Global(Global { seed, epoch })
                     }
-                    ShuffleSpec::Windowed { window_rows, .. } => {
-                        return not_impl_err!(
-                            "SHUFFLE WINDOW {window_rows} runs on the embedded engine; on \
-                             a cluster, use SHUFFLE"
-                        );
-                    }
+                    ShuffleSpec::Windowed {
+                        seed,
+                        epoch,
+                        window_rows,
+                        only_window,
+                    } => SpecKind::Windowed(Windowed {
+                        seed,
+                        epoch,
+                        window_rows,
+                        only_window,
+                    }),
                     ShuffleSpec::Local { buffer_rows, seed } => {
                         SpecKind::Local(LocalShuffle {
                             buffer_rows: buffer_rows as u64,
@@ -521,6 +526,12 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
                     buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
                     seed: local.seed,
                 },
+                SpecKind::Windowed(windowed) => ShuffleSpec::Windowed {
+                    seed: windowed.seed,
+                    epoch: windowed.epoch,
+                    window_rows: windowed.window_rows,
+                    only_window: windowed.only_window,
+                },
             };
             let key =
                 match required(required(shuffle.key, "shuffle key")?.kind, "key kind")? {
@@ -658,6 +669,18 @@ mod tests {
             ShuffleSpec::Local {
                 buffer_rows: 4096,
                 seed: 0,
+            },
+            ShuffleSpec::Windowed {
+                seed: 5,
+                epoch: 1,
+                window_rows: 65_536,
+                only_window: None,
+            },
+            ShuffleSpec::Windowed {
+                seed: 5,
+                epoch: 1,
+                window_rows: 65_536,
+                only_window: Some(0),
             },
         ];
         let keys = [
