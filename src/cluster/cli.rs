@@ -89,6 +89,13 @@ pub struct SchedulerArgs {
     /// and its tasks run elsewhere.
     #[arg(long, default_value_t = 20, value_name = "SECONDS")]
     pub executor_timeout: u64,
+    /// Seconds a completed job's result stays on the executors' disks, for
+    /// the ranks to read (its intermediate stages go at once). A windowed
+    /// feed (--shuffle-window) runs a job per window: this bounds the disk
+    /// to the windows of that many seconds. Longer than the slowest rank's
+    /// lag behind the fastest.
+    #[arg(long, default_value_t = super::DEFAULT_JOB_DATA_TTL_SECONDS, value_name = "SECONDS")]
+    pub job_data_ttl: u64,
 }
 
 /// Options of `sqlfeed executor`.
@@ -212,6 +219,7 @@ async fn scheduler(
         bind: args.bind,
         external_host: args.external_host.clone(),
         executor_timeout_seconds: args.executor_timeout,
+        job_data_ttl_seconds: args.job_data_ttl,
     };
     super::run_scheduler(builder, options, |address| {
         // Scripts and tests read the port from this line.

@@ -69,7 +69,7 @@ pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec};
 pub use declared::{DeclaredArgs, PythonDeclaration};
 pub use executor::{ExecutorOptions, run_executor};
 pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
-pub use scheduler::{SchedulerOptions, run_scheduler};
+pub use scheduler::{DEFAULT_JOB_DATA_TTL_SECONDS, SchedulerOptions, run_scheduler};
 pub use shared_job::{CompletedJob, RunJob, SharedJobExec};
 pub use standalone::Standalone;
 pub use watch::{ExecutorLost, JobWatchExec, executors, is_executor_lost};

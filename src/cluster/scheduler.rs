@@ -37,6 +37,11 @@ pub struct SchedulerOptions {
     /// Seconds without a heartbeat after which an executor counts as lost
     /// and its tasks are re-run elsewhere.
     pub executor_timeout_seconds: u64,
+    /// Seconds a completed job's result stays on the executors (Ballista
+    /// removes its intermediate stages at once). A feed reads its result in
+    /// that time; a windowed feed's jobs (one per window) then keep the
+    /// executors' disk to the windows of this many seconds, not the epoch.
+    pub job_data_ttl_seconds: u64,
 }
 
 impl Default for SchedulerOptions {
@@ -45,9 +50,13 @@ impl Default for SchedulerOptions {
             bind: SocketAddr::from(([127, 0, 0, 1], super::DEFAULT_SCHEDULER_PORT)),
             external_host: None,
             executor_timeout_seconds: 20,
+            job_data_ttl_seconds: DEFAULT_JOB_DATA_TTL_SECONDS,
         }
     }
 }
+
+/// Ballista's default for `finished_job_data_clean_up_interval_seconds`.
+pub const DEFAULT_JOB_DATA_TTL_SECONDS: u64 = 300;
 
 /// Runs a scheduler until the process ends; `on_ready` receives the bound
 /// address once clients and executors can connect.
@@ -111,6 +120,8 @@ pub async fn run_scheduler(
             .clone()
             .unwrap_or_else(|| bound.ip().to_string()),
         executor_timeout_seconds: timeout,
+        // 0 would keep results for ever (Ballista's meaning of 0).
+        finished_job_data_clean_up_interval_seconds: options.job_data_ttl_seconds.max(1),
         // Check for lost executors several times per timeout.
         expire_dead_executor_interval_seconds: (timeout / 4).max(1),
         no_executors_grace_period_seconds: timeout,

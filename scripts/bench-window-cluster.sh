@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A cluster feed's first batch and epoch boundaries as the data grows
+# (issue 55, item 3): the image feed (generated JPEG 64² → 32², a
+# standardised feature, the label; batches of 256) on a local scheduler
+# and 2 executors, 2 epochs with a training step slower than the feed
+# (STEP_MS, default 30), SHUFFLE (one job an epoch) against SHUFFLE WINDOW
+# (one job a window, the next one running ahead), A B A B at each ROWS.
+# Prints the first batch's latency, the share of the run the loop waited
+# after its first batch, and the executors' peak disk (their work folders,
+# where Ballista keeps shuffle files, sampled every 0.2 s).
+#
+#   scripts/bench-window-cluster.sh [ROUNDS=2] [WINDOW=8192] [ROWS...=20000 80000 320000]
+#   JOB_DATA_TTL=10 CASES=window scripts/bench-window-cluster.sh …
+#       the scheduler keeps a completed job's result 10 s (`--job-data-ttl`,
+#       default 300): the executors' disk then holds the windows of 10 s;
+#       CASES (exact, window or both, the default) picks what runs
+#
+# `sqlfeed gen` writes 8 files in row groups of at most 8,192 rows (one per
+# file at 20k rows, 5 per file at 320k). Needs a release build; data and
+# work folders go under target/bench-window-cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+window=${2:-8192}
+shift 2 || shift $#
+sizes=("$@")
+[[ ${#sizes[@]} -gt 0 ]] || sizes=(20000 80000 320000)
+step_ms=${STEP_MS:-30}
+bin=$PWD/target/release/sqlfeed
+[[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
+work=$PWD/target/bench-window-cluster
+mkdir -p "$work"
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+"$bin" scheduler --bind 127.0.0.1:0 --job-data-ttl "${JOB_DATA_TTL:-300}" \
+  > "$work/scheduler.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
+address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
+for i in 1 2; do
+  rm -rf "$work/executor-$i"
+  "$bin" executor --scheduler "$address" --concurrent-tasks 1 \
+    --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
+  pids+=($!)
+done
+for _ in $(seq 100); do
+  [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = 2 ] && break
+  sleep 0.1
+done
+out=$(mktemp)
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$out"' EXIT
+printf '%-8s %-14s %-6s %8s %11s %13s\n' rows case round ttfb_s wait_after exec_disk_mb
+for rows in "${sizes[@]}"; do
+  data=$work/data-$rows
+  if [[ ! -f $data/_meta.json ]]; then
+    "$bin" gen --rows "$rows" --out "$data" --files 8 --image-size 64 >/dev/null
+  fi
+  sql="SELECT image_to_tensor(image_resize(image_decode(image_jpeg), 32, 32)) AS image,
+              standardize(f0, 0.0, 1.0) AS x, label AS y FROM '$data/*.parquet'"
+  for round in $(seq "$rounds"); do
+    cases=()
+    [[ ${CASES:-exact window} == *exact* ]] && cases+=(exact)
+    [[ ${CASES:-exact window} == *window* ]] && cases+=("window=$window")
+    for case in "${cases[@]}"; do
+      args=(--shuffle-seed 42)
+      [[ $case == exact ]] || args+=(--shuffle-window "$window")
+      "$bin" --cluster "df://$address" feed "$sql" "${args[@]}" --epochs 2 --batch-size 256 \
+        --prefetch 8 --device cpu --step-ms "$step_ms" --run-id "bench-$rows-$case-$round" \
+        --result-json >"$out" 2>/dev/null &
+      feed=$!
+      peak=0
+      while kill -0 "$feed" 2>/dev/null; do
+        used=$(du -sk "$work"/executor-1 "$work"/executor-2 2>/dev/null | awk '{s += $1} END {print s + 0}')
+        (( used > peak )) && peak=$used
+        sleep 0.2
+      done
+      wait "$feed"
+      python3 - "$rows" "$case" "$round" "$peak" "$out" <<'PY'
+import json, sys
+rows, case, round_, peak_kb, out = sys.argv[1:6]
+line = next(l for l in open(out).read().splitlines() if l.startswith("RESULT "))
+r = json.loads(line[7:])
+print(f"{rows:<8} {case:<14} {round_:<6} {r['ttfb_s']:8.2f} {100 * r['wait_frac_steady']:10.2f}% "
+      f"{int(peak_kb) / 1024:13.1f}")
+PY
+    done
+  done
+done
