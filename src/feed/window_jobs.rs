@@ -14,10 +14,12 @@
 //! Each job shuffles exactly the rows of its window (`SHUFFLE WINDOW` with
 //! `only_window`, its scan cut by `WindowScanExec` on the executors), so
 //! the stream is the embedded engine's windowed order. A job's result is
-//! one window: the executors' shuffle files hold the windows in flight, not
-//! the epoch. A lost executor re-runs that window's job and skips the rows
-//! already read (`ExactRetryExec`). Jobs are not dealt per rank: every rank
-//! reads every window and keeps its own batches.
+//! one window: Ballista removes a completed job's intermediate stages at
+//! once and its result after the scheduler's `--job-data-ttl`, so the
+//! executors' disks hold the windows of that time, not the epoch. A lost
+//! executor re-runs that window's job and skips the rows already read
+//! (`ExactRetryExec`). Jobs are not dealt per rank: every rank reads every
+//! window and keeps its own batches.
 
 use std::fmt;
 use std::sync::Arc;
