@@ -10,9 +10,11 @@
 # where Ballista keeps shuffle files, sampled every 0.2 s).
 #
 #   scripts/bench-window-cluster.sh [ROUNDS=2] [WINDOW=8192] [ROWS...=20000 80000 320000]
-#   JOB_DATA_TTL=10 CASES=window scripts/bench-window-cluster.sh …
-#       the scheduler keeps a completed job's result 10 s (`--job-data-ttl`,
-#       default 300): the executors' disk then holds the windows of 10 s;
+#   JOB_DATA_TTL=60 CASES=window scripts/bench-window-cluster.sh …
+#       the scheduler keeps a completed job's result 60 s (`--job-data-ttl`,
+#       default 300): the executors' disk then holds the windows of 60 s.
+#       It must exceed an epoch's reading time: the next epoch's first
+#       windows are computed when the current epoch starts (the look-ahead).
 #       CASES (exact, window or both, the default) picks what runs
 #
 # `sqlfeed gen` writes 8 files in row groups of at most 8,192 rows (one per
@@ -48,7 +50,8 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 out=$(mktemp)
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$out"' EXIT
+err=$(mktemp)
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$out" "$err"' EXIT
 printf '%-8s %-14s %-6s %8s %11s %13s\n' rows case round ttfb_s wait_after exec_disk_mb
 for rows in "${sizes[@]}"; do
   data=$work/data-$rows
@@ -66,15 +69,17 @@ for rows in "${sizes[@]}"; do
       [[ $case == exact ]] || args+=(--shuffle-window "$window")
       "$bin" --cluster "df://$address" feed "$sql" "${args[@]}" --epochs 2 --batch-size 256 \
         --prefetch 8 --device cpu --step-ms "$step_ms" --run-id "bench-$rows-$case-$round" \
-        --result-json >"$out" 2>/dev/null &
+        --result-json >"$out" 2>"$err" &
       feed=$!
       peak=0
       while kill -0 "$feed" 2>/dev/null; do
-        used=$(du -sk "$work"/executor-1 "$work"/executor-2 2>/dev/null | awk '{s += $1} END {print s + 0}')
+        # du fails when Ballista removes a file it was reading: sample again.
+        used=$({ du -sk "$work"/executor-1 "$work"/executor-2 2>/dev/null || true; } |
+          awk '{s += $1} END {print s + 0}')
         (( used > peak )) && peak=$used
         sleep 0.2
       done
-      wait "$feed"
+      wait "$feed" || { echo "the $case feed of $rows rows failed:" >&2; tail -5 "$err" >&2; exit 1; }
       python3 - "$rows" "$case" "$round" "$peak" "$out" <<'PY'
 import json, sys
 rows, case, round_, peak_kb, out = sys.argv[1:6]
