@@ -132,6 +132,7 @@ mod tests {
     use futures::TryStreamExt;
 
     use super::*;
+    use crate::test_util::first_int64s;
 
     fn schema() -> SchemaRef {
         Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]))
@@ -150,19 +151,6 @@ mod tests {
         )))
     }
 
-    fn values(batches: &[RecordBatch]) -> Vec<i64> {
-        batches
-            .iter()
-            .flat_map(|b| {
-                b.column(0)
-                    .as_any()
-                    .downcast_ref::<Int64Array>()
-                    .map(|a| a.values().to_vec())
-                    .unwrap_or_default()
-            })
-            .collect()
-    }
-
     #[tokio::test]
     async fn streams_are_read_in_order_with_a_bounded_number_started() -> Result<()> {
         let made = Arc::new(AtomicUsize::new(0));
@@ -170,12 +158,12 @@ mod tests {
         let streams = (0..5).map(move |k| numbered(k, &counter));
         let mut out = in_sequence(schema(), streams, 1, None);
         let first = out.next().await.expect("a batch")?;
-        assert_eq!(values(&[first]), vec![0, 1]);
+        assert_eq!(first_int64s(&[first]), vec![0, 1]);
         // The first stream and one ahead, no more.
         assert!(made.load(Ordering::SeqCst) <= 2);
         let rest: Vec<RecordBatch> = out.try_collect().await?;
         assert_eq!(
-            values(&rest),
+            first_int64s(&rest),
             vec![2, 10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42]
         );
         assert_eq!(made.load(Ordering::SeqCst), 5);
@@ -199,7 +187,7 @@ mod tests {
             .filter_map(|r| r.as_ref().ok())
             .cloned()
             .collect();
-        assert_eq!(values(&ok), vec![0, 1, 2, 10, 11, 12]);
+        assert_eq!(first_int64s(&ok), vec![0, 1, 2, 10, 11, 12]);
         let errors: Vec<String> = results
             .iter()
             .filter_map(|r| r.as_ref().err().map(ToString::to_string))

@@ -302,27 +302,12 @@ impl Producer {
         completed: Option<CompletedJob>,
     ) -> Result<(EpochJobPlan, JobMixture)> {
         let feed = &self.plan;
-        // The cache changes the job's result (each row's content hash comes
-        // with it): ranks of a cached and an uncached run must not share it.
-        let run = format!(
-            "{}\0{:?}\0{}\0{}\0{}",
-            feed.sql,
-            feed.order,
-            feed.run_id,
-            feed.cache,
-            feed.quarantine.is_some(),
-        );
-        let (state, plan) = query.into_parts();
-        let config = self.epoch_config(state.config(), epoch);
-        let partition_order = self.epoch_partition_order(&plan);
-        let state = SessionStateBuilder::new_from_existing(state)
-            .with_config(config)
-            .build();
+        let (query, partition_order) = self.epoch_job_query(query, epoch);
         let mixture = JobMixture::default();
         let job = scale_out.epoch_job(EpochJob {
-            query: DataFrame::new(state, plan),
+            query,
             partition_order,
-            run,
+            run: self.job_run(),
             epoch,
             rank: feed.shard.rank,
             // A quarantining feed's ranks read the whole order, in which
@@ -334,6 +319,37 @@ impl Producer {
         Ok((job, mixture))
     }
 
+    /// What the ranks of this run name their cluster jobs by. The cache
+    /// changes a job's result (each row's content hash comes with it):
+    /// ranks of a cached and an uncached run must not share it.
+    fn job_run(&self) -> String {
+        let feed = &self.plan;
+        format!(
+            "{}\0{:?}\0{}\0{}\0{}",
+            feed.sql,
+            feed.order,
+            feed.run_id,
+            feed.cache,
+            feed.quarantine.is_some(),
+        )
+    }
+
+    /// `query` with `epoch`'s configuration, as its cluster job runs it,
+    /// and what the job must keep of its partitions' order.
+    fn epoch_job_query(
+        &self,
+        query: DataFrame,
+        epoch: u64,
+    ) -> (DataFrame, crate::config::PartitionOrder) {
+        let (state, plan) = query.into_parts();
+        let config = self.epoch_config(state.config(), epoch);
+        let partition_order = self.epoch_partition_order(&plan);
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        (DataFrame::new(state, plan), partition_order)
+    }
+
     /// A windowed epoch on the cluster: one job per window, read in turn
     /// with the next one running ahead ([`WindowJobsExec`]). The windows
     /// are counted here from the footers, as the embedded engine cuts them.
@@ -343,29 +359,16 @@ impl Producer {
         spec: ShuffleSpec,
         epoch: u64,
     ) -> Result<EpochPlan> {
-        let counted = self
-            .plan_embedded(self.query(Some(spec)).await?, None, epoch)
-            .await?;
+        let query = self.query(Some(spec)).await?;
+        let counted = self.plan_embedded(query.clone(), None, epoch).await?;
         let Some(windows) = window_count(&counted.plan, &counted.task_ctx).await? else {
             return internal_err!("a windowed epoch's plan has no WindowedShuffleExec");
         };
-        let feed = &self.plan;
-        let (state, plan) = self.query(Some(spec)).await?.into_parts();
-        let config = self.epoch_config(state.config(), epoch);
-        let partition_order = self.epoch_partition_order(&plan);
-        let state = SessionStateBuilder::new_from_existing(state)
-            .with_config(config)
-            .build();
+        let (query, partition_order) = self.epoch_job_query(query, epoch);
+        let (state, plan) = query.into_parts();
         // Each window's job is its own: ranks of the run share it by name.
-        let run = format!(
-            "{}\0{:?}\0{}\0{}\0{}",
-            feed.sql,
-            feed.order,
-            feed.run_id,
-            feed.cache,
-            feed.quarantine.is_some(),
-        );
-        let rank = feed.shard.rank;
+        let run = self.job_run();
+        let rank = self.plan.shard.rank;
         let scale_out = Arc::clone(scale_out);
         let task_ctx = Arc::new(TaskContext::from(&state));
         let job: WindowJob = Arc::new(move |window: usize| {

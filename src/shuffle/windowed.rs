@@ -152,11 +152,6 @@ impl WindowedShuffleExec {
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
-
-    /// Rows per window, at least.
-    pub fn window_rows(&self) -> u64 {
-        self.window_rows
-    }
 }
 
 /// The one Parquet scan under `plan` and its configuration, or a plan error

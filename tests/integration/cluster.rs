@@ -583,6 +583,36 @@ fn feed_digests_of(cluster: Option<&str>, sql: &str, args: &[&str]) -> Vec<Strin
     digest_lines(&out)
 }
 
+/// Runs ranks 0 and 1 of a feed of `sql` with `args(rank)` on the cluster
+/// at `url` at once, checks that each gets the batches (digests) it gets
+/// embedded, none empty, and returns them by rank.
+fn two_ranks_get_the_embedded_batches(
+    url: &str,
+    sql: &str,
+    args: impl Fn(usize) -> Vec<String>,
+) -> Vec<Vec<String>> {
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let (url, sql, args) = (url.to_string(), sql.to_string(), args(rank));
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                feed_digests_of(Some(&url), &sql, &args)
+            })
+        })
+        .collect();
+    let mut batches = vec![];
+    for (rank, on_cluster) in ranks.into_iter().enumerate() {
+        let on_cluster = on_cluster.join().expect("rank thread");
+        let args = args(rank);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let embedded_batches = feed_digests_of(None, sql, &args);
+        assert!(!embedded_batches.is_empty());
+        assert_eq!(on_cluster, embedded_batches, "rank {rank}");
+        batches.push(embedded_batches);
+    }
+    batches
+}
+
 /// A mixture of the test data: `even` (1,500 rows, repeated to its share,
 /// weights by step) and `hive` (1,200 rows, down-sampled), each with a
 /// cheap function (computed before its passes' permutations) and a costly
@@ -1533,26 +1563,8 @@ fn a_packing_feed_gives_every_rank_the_embedded_sequences_on_the_cluster() -> Re
         .map(String::from)
         .to_vec()
     };
-    let ranks: Vec<_> = (0..2)
-        .map(|rank| {
-            let (url, sql, args) = (url.clone(), sql.clone(), args(rank));
-            std::thread::spawn(move || {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                feed_digests_of(Some(&url), &sql, &args)
-            })
-        })
-        .collect();
-    let mut counts = vec![];
-    for (rank, on_cluster) in ranks.into_iter().enumerate() {
-        let on_cluster = on_cluster.join().expect("rank thread");
-        let args = args(rank);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let embedded_batches = feed_digests_of(None, &sql, &args);
-        assert!(!embedded_batches.is_empty());
-        assert_eq!(on_cluster, embedded_batches, "rank {rank}");
-        counts.push(embedded_batches.len());
-    }
-    assert_eq!(counts[0], counts[1], "equal step counts");
+    let ranks = two_ranks_get_the_embedded_batches(&url, &sql, args);
+    assert_eq!(ranks[0].len(), ranks[1].len(), "equal step counts");
     Ok(())
 }
 
@@ -1590,23 +1602,7 @@ fn a_windowed_feed_runs_one_job_per_window_with_the_embedded_batches() -> Result
         .map(String::from)
         .to_vec()
     };
-    let ranks: Vec<_> = (0..2)
-        .map(|rank| {
-            let (url, sql, args) = (url.clone(), sql.clone(), args(rank));
-            std::thread::spawn(move || {
-                let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                feed_digests_of(Some(&url), &sql, &args)
-            })
-        })
-        .collect();
-    for (rank, on_cluster) in ranks.into_iter().enumerate() {
-        let on_cluster = on_cluster.join().expect("rank thread");
-        let args = args(rank);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let embedded_batches = feed_digests_of(None, &sql, &args);
-        assert!(!embedded_batches.is_empty());
-        assert_eq!(on_cluster, embedded_batches, "rank {rank}");
-    }
+    two_ranks_get_the_embedded_batches(&url, &sql, args);
     // 2 epochs of 4 windows, each window's job shared by both ranks.
     let jobs = cluster.rest("/api/jobs");
     let names: std::collections::BTreeSet<&str> = jobs

@@ -36,6 +36,16 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch) -> Result<()> {
     Ok(())
 }
 
+/// The first column of `batches`, an `Int64` column, as one vector.
+pub fn first_int64s(batches: &[RecordBatch]) -> Vec<i64> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::Int64Type;
+    batches
+        .iter()
+        .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+        .collect()
+}
+
 /// A one-column batch.
 pub fn one_column(name: &str, array: datafusion::arrow::array::ArrayRef) -> RecordBatch {
     RecordBatch::try_from_iter(vec![(name, array)]).expect("one column is a valid batch")

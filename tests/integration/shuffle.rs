@@ -1,14 +1,13 @@
 //! SHUFFLE and LOCAL SHUFFLE: permutation, determinism, uniformity, memory.
 
-use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
-use datafusion::arrow::datatypes::Int64Type;
+use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::error::Result;
 use sqlfeed::Session;
 use sqlfeed::shuffle::{GlobalShuffle, KeySource, ShuffleSpec, shuffle};
 
 use crate::common::{
-    arc, assert_contains, chi_square, collect, files_below, generated, rows,
-    sized_session as session, write_parquet,
+    arc, assert_contains, chi_square, collect, files_below, first_int64s as ids,
+    generated, rows, sized_session as session, write_parquet,
 };
 
 /// A global shuffle keyed on every column, moving them all.
@@ -39,13 +38,6 @@ fn spilling_fixture() -> Result<(tempfile::TempDir, tempfile::TempDir, Session)>
         .spill_dir(spill.path())
         .build()?;
     Ok((dir, spill, session))
-}
-
-fn ids(batches: &[RecordBatch]) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
-        .collect()
 }
 
 fn sorted<T: Ord + Clone>(v: &[T]) -> Vec<T> {

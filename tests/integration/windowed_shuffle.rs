@@ -18,7 +18,9 @@ use futures::StreamExt;
 use sqlfeed::device::Device;
 use sqlfeed::feed::{Feed, OnDataChange};
 
-use crate::common::{arc, assert_contains, collect, sized_session as session};
+use crate::common::{
+    arc, assert_contains, collect, first_int64s as ids, sized_session as session,
+};
 
 /// `files` files of `rows` ids each (file f holds f·rows …), in row groups
 /// of `group` rows; a second column `v = id % 7`.
@@ -41,20 +43,6 @@ fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<String> 
         writer.close()?;
     }
     Ok(format!("'{}/*.parquet'", dir.display()))
-}
-
-fn ids(batches: &[RecordBatch]) -> Vec<i64> {
-    batches
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .expect("ids")
-                .values()
-                .to_vec()
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
