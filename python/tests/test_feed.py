@@ -286,17 +286,24 @@ def test_state_dict_resumes_in_a_new_process_byte_for_byte(session, ids_data, tm
         other.load_state_dict(state)
 
 
-def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(session, tmp_path):
+def windowed_ids(folder) -> str:
+    """A query over 4 files of 500 ids in row groups of 100 (windows of
+    400 rows hold four whole row groups each)."""
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    # 4 files of 500 ids in row groups of 100: windows of 400 rows hold
-    # four whole row groups each (a quarter window is one row group).
     for part in range(4):
         ids = pa.array(range(part * 500, (part + 1) * 500), pa.int64())
-        pq.write_table(pa.table({"id": ids}), tmp_path / f"part-{part}.parquet", row_group_size=100)
-    query = f"SELECT id FROM '{tmp_path}/*.parquet'"
-    options = dict(batch_size=100, shuffle=3, shuffle_window=400, device="cpu", format="numpy")
+        pq.write_table(pa.table({"id": ids}), folder / f"part-{part}.parquet", row_group_size=100)
+    return f"SELECT id FROM '{folder}/*.parquet'"
+
+
+WINDOWED = dict(batch_size=100, shuffle=3, shuffle_window=400, device="cpu")
+
+
+def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(session, tmp_path):
+    query = windowed_ids(tmp_path)
+    options = dict(WINDOWED, format="numpy")
     epoch = [b["id"] for b in session.feed(query, **options)]
     order = [int(i) for batch in epoch for i in batch]
     assert sorted(order) == list(range(2000))
@@ -320,6 +327,37 @@ def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(sess
     assert [int(i) for b in resumed for i in b["id"]] == order[700:]
     with pytest.raises(sqlfeed.PlanError, match="shuffle_window"):
         session.feed(query, **dict(options, shuffle_window=300)).load_state_dict(state)
+
+
+def test_stateful_dataloader_resumes_a_windowed_feed_mid_epoch(session, tmp_path):
+    """torchdata's ``StatefulDataLoader`` over a windowed feed: its state
+    mid-epoch, loaded by a new loader, gives the rest of that epoch as a
+    plain loop reads it."""
+    require("torch", "torch")
+    stateful = require("torchdata.stateful_dataloader", "torchdata")
+    from sqlfeed.torch import FeedDataset
+
+    query = windowed_ids(tmp_path)
+    feed = session.feed(query, **WINDOWED)
+    reference = []
+    for epoch in range(2):
+        feed.set_epoch(epoch)
+        reference.append([b["id"].tolist() for b in feed])
+    assert reference[0] != reference[1]
+
+    def loader():
+        return stateful.StatefulDataLoader(
+            FeedDataset(session.feed(query, **WINDOWED)), batch_size=None, num_workers=0
+        )
+
+    first = loader()
+    epoch0 = [b["id"].tolist() for b in first]
+    mid = iter(first)
+    epoch1 = [next(mid)["id"].tolist() for _ in range(7)]
+    again = loader()
+    again.load_state_dict(first.state_dict())
+    rest = [b["id"].tolist() for b in again]
+    assert [epoch0, epoch1 + rest] == reference
 
 
 def test_ctrl_c_stops_the_feed_within_a_second_and_leaves_no_thread(session, ctrl_c_raises):
