@@ -114,6 +114,7 @@ impl ScaleOut for ClusterScaleOut {
             deal,
             completed,
             mixture,
+            read,
         } = job;
         let (state, query) = query.into_parts();
         // The scheduler plans the job with this rank's settings: the same
@@ -171,6 +172,9 @@ impl ScaleOut for ClusterScaleOut {
             }
             if let Some((names, rows)) = &mixture {
                 job = job.reporting_mixture(names.clone(), Arc::clone(rows));
+            }
+            if let Some(read) = &read {
+                job = job.releasing(Arc::clone(read));
             }
             Ok(
                 Arc::new(JobWatchExec::new(Arc::new(job), scheduler.clone()))

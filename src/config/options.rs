@@ -90,6 +90,14 @@ extensions_options! {
         /// plan (`feed::quarantine`). Set by a feed with `on_error =
         /// quarantine`.
         pub isolate_row_errors: bool, default = false
+        /// A windowed feed on a cluster (`SHUFFLE WINDOW`, one job per
+        /// window) keeps this many windows' results on the executors after
+        /// a rank read them; older ones are removed at once, so the
+        /// executors' disks hold about this many windows plus the one being
+        /// read and the one running ahead, not an epoch. A rank further
+        /// behind runs a removed window's job again, with the same rows
+        /// (`session::ReadJobs`).
+        pub window_jobs_kept: usize, default = 1
     }
 }
 

@@ -517,6 +517,7 @@ impl FeedBuilder {
             metrics: Arc::clone(&metrics),
             timeline: Arc::clone(&timeline),
             cache: EpochCache::default(),
+            read_window_jobs: std::sync::OnceLock::new(),
         };
         let task = runtime.spawn(producer.run(events_tx, init_tx));
         let mut feed = Feed {

@@ -32,7 +32,9 @@ use super::timeline::Timeline;
 use super::window_jobs::{WindowJob, WindowJobsExec};
 use crate::device::{DType, SlotPool};
 use crate::exec::catch_panic;
-use crate::session::{CompletedJob, EpochJob, EpochJobPlan, JobMixture, ScaleOut};
+use crate::session::{
+    CompletedJob, EpochJob, EpochJobPlan, JobMixture, ReadJobs, ScaleOut,
+};
 use crate::shuffle::{ShuffleSpec, shuffle, window_count, with_only_window};
 
 /// How often the look-ahead, waiting for the current epoch's first batch,
@@ -49,6 +51,10 @@ pub(super) struct Producer {
     pub(super) timeline: Arc<Timeline>,
     /// The epoch cache (with `cache(true)`).
     pub(super) cache: EpochCache,
+    /// The window jobs of a windowed cluster feed this rank read, over all
+    /// epochs: the results it no longer keeps are removed
+    /// (`sqlfeed.window_jobs_kept`); made with the first windowed epoch.
+    pub(super) read_window_jobs: std::sync::OnceLock<Arc<ReadJobs>>,
 }
 
 impl Producer {
@@ -315,6 +321,7 @@ impl Producer {
             deal: feed.deal(may_deal && feed.quarantine.is_none()),
             completed,
             mixture: Some(Arc::clone(&mixture)),
+            read: None,
         })?;
         Ok((job, mixture))
     }
@@ -371,6 +378,10 @@ impl Producer {
         let rank = self.plan.shard.rank;
         let scale_out = Arc::clone(scale_out);
         let task_ctx = Arc::new(TaskContext::from(&state));
+        let read = Arc::clone(self.read_window_jobs.get_or_init(|| {
+            let options = crate::config::SqlfeedOptions::of(state.config().options());
+            Arc::new(ReadJobs::new(options.window_jobs_kept))
+        }));
         let job: WindowJob = Arc::new(move |window: usize| {
             let plan = with_only_window(plan.clone(), window as u64)?;
             Ok(scale_out
@@ -383,6 +394,7 @@ impl Producer {
                     deal: None,
                     completed: None,
                     mixture: None,
+                    read: Some(Arc::clone(&read)),
                 })?
                 .plan)
         });

@@ -13,13 +13,19 @@
 //!
 //! Each job shuffles exactly the rows of its window (`SHUFFLE WINDOW` with
 //! `only_window`, its scan cut by `WindowScanExec` on the executors), so
-//! the stream is the embedded engine's windowed order. A job's result is
-//! one window: Ballista removes a completed job's intermediate stages at
-//! once and its result after the scheduler's `--job-data-ttl`, so the
-//! executors' disks hold the windows of that time, not the epoch. A lost
-//! executor re-runs that window's job and skips the rows already read
-//! (`ExactRetryExec`). Jobs are not dealt per rank: every rank reads every
-//! window and keeps its own batches.
+//! the stream is the embedded engine's windowed order.
+//!
+//! # Disk
+//! A job's result is one window. Ballista removes a completed job's
+//! intermediate stages at once; each window's result is removed once this
+//! rank read `sqlfeed.window_jobs_kept` more windows (`ReadJobs`, told by
+//! the job's `SharedJobExec`), so the executors' disks hold a few windows,
+//! not the epoch. A rank further behind, or one that lost an executor,
+//! runs that window's job again and skips the rows already read
+//! (`ExactRetryExec`).
+//!
+//! Jobs are not dealt per rank: every rank reads every window and keeps its
+//! own batches.
 
 use std::fmt;
 use std::sync::Arc;

@@ -19,6 +19,7 @@
 //! Ballista's own `SessionConfigExt` extends DataFusion's types.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -91,6 +92,48 @@ pub struct EpochJob {
     /// Told the rows each source of the query's mixture gave, when given
     /// and the query is over a `MIX`.
     pub mixture: Option<JobMixture>,
+    /// Told the job once this rank read its result to the end; the jobs it
+    /// no longer keeps have their results removed from the executors.
+    /// `None`: the result stays for the scheduler's time to live.
+    pub read: Option<Arc<ReadJobs>>,
+}
+
+/// The cluster jobs one rank of a feed read to the end, oldest first, of
+/// which it keeps the last `kept`: a windowed feed's epoch is one job per
+/// window, and without this the executors would hold every window its
+/// scheduler's time to live keeps (`sqlfeed.window_jobs_kept`).
+///
+/// Every rank of a run releases the jobs it read, so a result goes once the
+/// first rank is `kept` jobs past it. Training ranks move in lockstep
+/// (every step waits for all of them), within a few batches of each other;
+/// a rank that falls further behind finds the result gone and runs the job
+/// again (as after a lost executor), with the same rows.
+#[derive(Debug)]
+pub struct ReadJobs {
+    kept: usize,
+    read: Mutex<VecDeque<String>>,
+}
+
+impl ReadJobs {
+    /// Keeps the results of the last `kept` jobs read.
+    pub fn new(kept: usize) -> Self {
+        Self {
+            kept,
+            read: Mutex::default(),
+        }
+    }
+
+    /// Records that `job_id` was read to its end; returns the jobs whose
+    /// results are no longer kept, oldest first.
+    pub fn read(&self, job_id: String) -> Vec<String> {
+        let mut read = self
+            .read
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        read.push_back(job_id);
+        let released = read.len().saturating_sub(self.kept);
+        read.drain(..released).collect()
+    }
 }
 
 /// The plan of an epoch job and the context to run it in.
@@ -101,4 +144,20 @@ pub struct EpochJobPlan {
     pub task_ctx: Arc<TaskContext>,
     /// The plan yields this rank's rows only.
     pub dealt: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReadJobs;
+
+    #[test]
+    fn read_jobs_release_all_but_the_last_kept_oldest_first() {
+        let jobs = ReadJobs::new(2);
+        assert!(jobs.read("a".into()).is_empty());
+        assert!(jobs.read("b".into()).is_empty());
+        assert_eq!(jobs.read("c".into()), ["a"]);
+        assert_eq!(jobs.read("d".into()), ["b"]);
+        let none_kept = ReadJobs::new(0);
+        assert_eq!(none_kept.read("a".into()), ["a"]);
+    }
 }

@@ -121,6 +121,27 @@ impl Cluster {
         bytes(self.work.path())
     }
 
+    /// The jobs that have files in the executors' work folders.
+    pub fn job_folders(&self) -> std::collections::BTreeSet<String> {
+        fn has_files(dir: &Path) -> bool {
+            std::fs::read_dir(dir).into_iter().flatten().flatten().any(
+                |entry| match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => has_files(&entry.path()),
+                    _ => true,
+                },
+            )
+        }
+        std::fs::read_dir(self.work.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|executor| std::fs::read_dir(executor.path()).into_iter().flatten())
+            .flatten()
+            .filter(|job| has_files(&job.path()))
+            .map(|job| job.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// Kills executor `i` at once (SIGKILL: no goodbye to the scheduler).
     pub fn kill_executor(&mut self, i: usize) {
         let _ = self.executors[i].kill();
@@ -559,11 +580,24 @@ fn feed_digests(cluster: Option<&str>, data: &Path, args: &[&str]) -> Vec<String
 
 /// [`feed_digests`] of a feed over `sql`.
 fn feed_digests_of(cluster: Option<&str>, sql: &str, args: &[&str]) -> Vec<String> {
+    feed_digests_with(cluster, &[], sql, args)
+}
+
+/// [`feed_digests_of`] with the session's `settings` (`--set KEY=VALUE`).
+fn feed_digests_with(
+    cluster: Option<&str>,
+    settings: &[&str],
+    sql: &str,
+    args: &[&str],
+) -> Vec<String> {
     let mut command = sqlfeed();
     if let Some(url) = cluster {
         command.args(["--cluster", url, "--target-partitions", "4"]);
     } else {
         command.args(["--target-partitions", "4"]);
+    }
+    for setting in settings {
+        command.args(["--set", setting]);
     }
     command
         .args([
@@ -591,12 +625,26 @@ fn two_ranks_get_the_embedded_batches(
     sql: &str,
     args: impl Fn(usize) -> Vec<String>,
 ) -> Vec<Vec<String>> {
+    two_ranks_get_the_embedded_batches_with(url, &[], sql, args)
+}
+
+/// [`two_ranks_get_the_embedded_batches`] with the cluster ranks' session
+/// `settings`.
+fn two_ranks_get_the_embedded_batches_with(
+    url: &str,
+    settings: &[&str],
+    sql: &str,
+    args: impl Fn(usize) -> Vec<String>,
+) -> Vec<Vec<String>> {
+    let settings: Vec<String> = settings.iter().map(|s| s.to_string()).collect();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
             let (url, sql, args) = (url.to_string(), sql.to_string(), args(rank));
+            let settings = settings.clone();
             std::thread::spawn(move || {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                feed_digests_of(Some(&url), &sql, &args)
+                let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+                feed_digests_with(Some(&url), &settings, &sql, &args)
             })
         })
         .collect();
@@ -1568,6 +1616,37 @@ fn a_packing_feed_gives_every_rank_the_embedded_sequences_on_the_cluster() -> Re
     Ok(())
 }
 
+/// 3,000 images in 4 files of 3 row groups of 250 under `dir`, and a feed's
+/// query over them: windows of at least 700 rows hold 3 row groups each, 4
+/// windows an epoch.
+fn windowed_images(dir: &Path) -> Result<String> {
+    let mut options = sqlfeed::datagen::GenOptions::new(3000, dir);
+    options.files = 4;
+    options.image_size = 8;
+    options.row_group_rows = 250;
+    sqlfeed::datagen::generate(&options)?;
+    Ok(format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/*.parquet'",
+        dir.display()
+    ))
+}
+
+/// The arguments of rank `rank` of 2 of the windowed feed over
+/// [`windowed_images`].
+fn windowed_args(rank: usize) -> Vec<String> {
+    [
+        "--shuffle-seed",
+        "9",
+        "--shuffle-window",
+        "700",
+        "--shard",
+        &format!("{rank}/2"),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Issue 55, item 3: a windowed feed (`--shuffle-window`) on a scheduler and
 /// 2 executors runs one job per window, read in turn with the next one
 /// running ahead; every rank gets the embedded batches (the executors cut
@@ -1576,33 +1655,17 @@ fn a_packing_feed_gives_every_rank_the_embedded_sequences_on_the_cluster() -> Re
 #[test]
 fn a_windowed_feed_runs_one_job_per_window_with_the_embedded_batches() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    // 3,000 images in 4 files of 3 row groups of 250: windows of at least
-    // 700 rows hold 3 row groups each, 4 windows an epoch.
-    let mut options = sqlfeed::datagen::GenOptions::new(3000, dir.path());
-    options.files = 4;
-    options.image_size = 8;
-    options.row_group_rows = 250;
-    sqlfeed::datagen::generate(&options)?;
-    let sql = format!(
-        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 4, 4), \
-         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/*.parquet'",
-        dir.path().display()
-    );
+    let sql = windowed_images(dir.path())?;
     let cluster = Cluster::start(2);
     let url = cluster.url();
-    let args = |rank: usize| -> Vec<String> {
-        [
-            "--shuffle-seed",
-            "9",
-            "--shuffle-window",
-            "700",
-            "--shard",
-            &format!("{rank}/2"),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
-    two_ranks_get_the_embedded_batches(&url, &sql, args);
+    // The ranks are not in lockstep here: every window's result stays, so
+    // that a rank behind never runs a window again (the next test).
+    two_ranks_get_the_embedded_batches_with(
+        &url,
+        &["sqlfeed.window_jobs_kept=8"],
+        &sql,
+        windowed_args,
+    );
     // 2 epochs of 4 windows, each window's job shared by both ranks.
     let jobs = cluster.rest("/api/jobs");
     let names: std::collections::BTreeSet<&str> = jobs
@@ -1612,5 +1675,176 @@ fn a_windowed_feed_runs_one_job_per_window_with_the_embedded_batches() -> Result
         .filter(|name| name.starts_with("sqlfeed-feed-"))
         .collect();
     assert_eq!(names.len(), 8, "{names:?}");
+    Ok(())
+}
+
+/// Issue 55, item 3: a windowed cluster feed removes each window's result
+/// from the executors once its rank read `sqlfeed.window_jobs_kept` more
+/// windows, so that their disks hold a few windows, not the epoch; a rank
+/// that comes after the results were removed runs those windows' jobs again
+/// and still gets the embedded batches.
+#[test]
+fn a_windowed_cluster_feed_removes_read_windows_and_a_late_rank_runs_them_again()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sql = windowed_images(dir.path())?;
+    let cluster = Cluster::start(2);
+    let url = cluster.url();
+    let kept = ["sqlfeed.window_jobs_kept=1"];
+    let digests = |cluster: Option<&str>, rank: usize| {
+        let args = windowed_args(rank);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        feed_digests_with(cluster, &kept, &sql, &args)
+    };
+    // Rank 0 alone reads the 8 windows of 2 epochs, and leaves the last
+    // one's result on the executors.
+    assert_eq!(digests(Some(&url), 0), digests(None, 0));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut folders = cluster.job_folders();
+    while folders.len() > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        folders = cluster.job_folders();
+    }
+    assert_eq!(
+        folders.len(),
+        1,
+        "jobs with results on the executors: {folders:?}"
+    );
+    // Rank 1 finds 7 results gone: it runs those windows again.
+    assert_eq!(digests(Some(&url), 1), digests(None, 1));
+    let jobs = cluster.rest("/api/jobs");
+    let again = jobs.matches("-retry1\"").count();
+    assert_eq!(again, 7, "{jobs}");
+    Ok(())
+}
+
+/// 12,000 images of 32² under `dir` in 6 windows of 2,000 (8 row groups
+/// of 250), and a feed's query over them: each window's job decodes and
+/// resizes for a while in a debug build.
+fn slow_windows(dir: &Path) -> Result<String> {
+    let mut options = sqlfeed::datagen::GenOptions::new(12_000, dir);
+    options.files = 6;
+    options.image_size = 32;
+    options.row_group_rows = 250;
+    sqlfeed::datagen::generate(&options)?;
+    Ok(format!(
+        "SELECT id, image_to_tensor(image_resize(image_decode(image_png), 16, 16), \
+         [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]) AS px, label AS y FROM '{}/*.parquet'",
+        dir.display()
+    ))
+}
+
+/// `sqlfeed feed` of [`slow_windows`]' `sql` in windows of 2,000 rows and
+/// batches of 500 (24 in the epoch), with digests, on `cluster` if given.
+fn slow_windows_feed(
+    cluster: Option<&str>,
+    sql: &str,
+    run_id: &str,
+) -> std::process::Command {
+    let mut command = sqlfeed();
+    if let Some(url) = cluster {
+        command.args(["--cluster", url]);
+    }
+    command
+        .args(["--target-partitions", "4", "feed", sql])
+        .args(["--shuffle-seed", "5", "--shuffle-window", "2000"])
+        .args(["--batch-size", "500", "--device", "cpu"])
+        .args(["--digest", "--run-id", run_id]);
+    command
+}
+
+/// Issue 55, "done when": a windowed cluster feed hands out its first batch
+/// while its later windows wait: when the first digest line is out, the
+/// scheduler has seen the jobs of the first windows only (the window read,
+/// the one running ahead, and at most the one after it once the first was
+/// read into the feed's prefetch); the other windows' jobs come later.
+#[test]
+fn a_windowed_cluster_feed_hands_out_its_first_batch_before_later_windows_run()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sql = slow_windows(dir.path())?;
+    let cluster = Cluster::start(2);
+    let window_jobs = || {
+        cluster
+            .rest("/api/jobs")
+            .matches("\"job_name\":\"sqlfeed-feed-")
+            .count()
+    };
+    let mut child = slow_windows_feed(Some(&cluster.url()), &sql, "first-batch-test")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    let mut out = vec![];
+    for line in lines.by_ref() {
+        let line = line?;
+        let batch = line.starts_with("batch ");
+        out.push(line);
+        if batch {
+            break;
+        }
+    }
+    let at_first_batch = window_jobs();
+    out.extend(lines.collect::<std::io::Result<Vec<_>>>()?);
+    assert!(child.wait()?.success());
+    assert_eq!(digest_lines(&out.join("\n")).len(), 24);
+    assert!(
+        (1..=3).contains(&at_first_batch),
+        "{at_first_batch} window jobs at the first batch"
+    );
+    assert_eq!(window_jobs(), 6, "one job per window");
+    Ok(())
+}
+
+/// Issue 55, "done when": an executor killed (`kill -9`) while a windowed
+/// cluster feed's later window runs: the windows whose jobs or results
+/// were lost run again on the executor left, and the feed delivers exactly
+/// the batches of an uninterrupted run.
+#[test]
+fn a_windowed_cluster_feed_survives_an_executor_killed_mid_window() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sql = slow_windows(dir.path())?;
+    let feed = move |cluster: Option<&str>| {
+        let mut command = slow_windows_feed(cluster, &sql, "window-kill-test");
+        let (ok, out, err) = run_bounded(&mut command, Duration::from_secs(240));
+        (ok, digest_lines(&out), err)
+    };
+    let (ok, expected, err) = feed(None);
+    assert!(ok && expected.len() == 24, "embedded: {err}");
+
+    let mut cluster = Cluster::start_with(
+        2,
+        &["--concurrent-tasks", "1"],
+        &["--executor-timeout", "8"],
+    );
+    let url = cluster.url();
+    let run = std::thread::spawn(move || feed(Some(&url)));
+    // Killed while the third window's job runs: the first windows were
+    // read, or are being read, from both executors.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let jobs = cluster.rest("/api/jobs");
+        let windows = jobs.matches("\"job_name\":\"sqlfeed-feed-").count();
+        if windows >= 3 && jobs.contains("\"status\":\"Running\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the third window never ran: {jobs}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.kill_executor(1);
+    let killed_at = Instant::now();
+    let (ok, got, err) = run.join().expect("the feed thread ends");
+    assert!(ok, "the feed failed: {err}");
+    let jobs = cluster.rest("/api/jobs");
+    assert!(jobs.contains("-retry1"), "a window ran again: {jobs}");
+    assert_eq!(got, expected, "the same batches as uninterrupted");
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(120),
+        "{:?}",
+        killed_at.elapsed()
+    );
     Ok(())
 }

@@ -41,8 +41,9 @@
 //! the run id, so every rank of a
 //! training run derives it alone: rank 0 submits, the others join. A rank
 //! that finds an older job of the same name (a restarted run) reads it: it
-//! holds the same rows, and if its files are gone the rank waits for a newer
-//! one.
+//! holds the same rows. If its result is gone (removed after the
+//! scheduler's `--job-data-ttl`, or once the ranks ahead read it, see
+//! [`ReadJobs`]), the rank runs the job again, as after a lost executor.
 //!
 //! The job of a shuffled feed is first planned for unique rows, without the
 //! stage that numbers repeated rows; where rows repeat it fails and the
@@ -51,7 +52,7 @@
 //! `request.rs`; this file is the operator and the job's settings.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ballista_core::extension::SessionConfigExt;
@@ -70,7 +71,7 @@ use datafusion::physical_plan::{
 };
 use datafusion_proto::logical_plan::AsLogicalPlan;
 use datafusion_proto::protobuf::LogicalPlanNode;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use super::SchedulerAddress;
 
@@ -166,12 +167,15 @@ struct Reports {
     completed: Option<CompletedJob>,
     /// The rows each source of the job's mixture, of these names, gave.
     mixture: Option<(Vec<String>, JobMixture)>,
+    /// Told the job once this rank read it to the end; the jobs it no
+    /// longer keeps have their results removed.
+    read: Option<Arc<ReadJobs>>,
 }
 
 /// Where a [`SharedJobExec`] reports the job it read once the job
 /// succeeded: its name (with a retry's suffix) and its result's rows.
 pub use crate::session::CompletedJob;
-use crate::session::JobMixture;
+use crate::session::{JobMixture, ReadJobs};
 
 impl fmt::Debug for SharedJobExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -321,6 +325,14 @@ impl SharedJobExec {
         self
     }
 
+    /// Tells `read` the job once this rank read its result to the end, and
+    /// removes the results of the jobs `read` no longer keeps from the
+    /// executors (a windowed feed's earlier windows).
+    pub fn releasing(mut self, read: Arc<ReadJobs>) -> Self {
+        self.reports.read = Some(read);
+        self
+    }
+
     /// Whether a job of `plan` can be dealt to ranks on the executors: its
     /// result is a global `SHUFFLE` under projections (which keep rows 1:1,
     /// so dealing below them deals the result).
@@ -379,9 +391,29 @@ impl ExecutionPlan for SharedJobExec {
                 .counter("fetched_partitions", partition),
         };
         let reports = self.reports.clone();
+        let read = reports.read.clone();
+        let released = Arc::clone(&job);
         let stream =
             futures::stream::once(async move { job.run(&fetched, &reports).await })
                 .try_flatten();
+        // Read to the end without an error: the jobs read before it that
+        // are no longer kept go. A stream that failed is not read to its
+        // end (a retry reads its rows from another job).
+        let failed = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&failed);
+        let stream = stream
+            .inspect_err(move |_| seen.store(true, Ordering::Relaxed))
+            .chain(
+                futures::stream::once(async move {
+                    if let Some(read) = read
+                        && !failed.load(Ordering::Relaxed)
+                    {
+                        released.release(&read).await;
+                    }
+                    None
+                })
+                .filter_map(futures::future::ready),
+            );
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             stream,

@@ -40,7 +40,8 @@ use ballista_core::serde::protobuf::execute_query_result;
 use ballista_core::serde::protobuf::job_status::Status;
 use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::protobuf::{
-    ExecuteQueryParams, GetJobStatusParams, KeyValuePair, PartitionLocation,
+    CleanJobDataParams, ExecuteQueryParams, GetJobStatusParams, KeyValuePair,
+    PartitionLocation,
 };
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::exec_datafusion_err;
@@ -54,8 +55,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::Reports;
 use crate::cluster::SchedulerAddress;
-use crate::cluster::watch::{ExecutorLost, rest_get};
-use crate::session::JobMixture;
+use crate::cluster::watch::{ExecutorLost, is_executor_lost, rest_get};
+use crate::session::{JobMixture, ReadJobs};
 use crate::shuffle::mix::exec::takes_in_rendered_plan;
 
 /// Whether `error` is a job's failure on repeated rows in a shuffle planned
@@ -182,9 +183,9 @@ impl JobRequest {
             let locations = self.wait(&job_id, &name, reports).await?;
             return self.fetch(locations, fetched).await;
         }
-        // Other ranks join rank 0's job; a stale job of the same name whose
-        // files are gone is skipped, and so is a job planned for unique rows
-        // that met repeated ones (rank 0 submits the copy stage's job next).
+        // Other ranks join rank 0's job; a job planned for unique rows that
+        // met repeated ones is skipped (rank 0 submits the copy stage's job
+        // next).
         let deadline = Instant::now() + JOIN_TIMEOUT;
         let mut tried = HashSet::new();
         loop {
@@ -200,6 +201,13 @@ impl JobRequest {
                         self.rows_repeat.store(true, Ordering::Relaxed);
                         tried.insert(job_id);
                     }
+                    // The job succeeded but its result is gone: removed
+                    // once the ranks ahead read it (`ReadJobs`), after the
+                    // scheduler's time to live (a restarted run's older
+                    // job), or with its executor. Nobody submits this name
+                    // again: the job runs again as after a lost executor
+                    // (`ExactRetryExec`), with the same rows.
+                    Err(e) if is_executor_lost(&e) => return Err(e),
                     Err(e) => {
                         log::warn!(
                             "{}",
@@ -233,6 +241,46 @@ impl JobRequest {
             format!("{}-copies", self.job_name)
         } else {
             self.job_name.clone()
+        }
+    }
+
+    /// Tells `read` that this rank read its job to the end, and asks the
+    /// scheduler to remove the results of the jobs `read` no longer keeps
+    /// from the executors. Removing is housekeeping: a failure is logged,
+    /// and the scheduler's time to live removes them later.
+    pub(super) async fn release(&self, read: &ReadJobs) {
+        let Some(job_id) = self.job_id.lock().ok().and_then(|id| id.clone()) else {
+            return;
+        };
+        let released = read.read(job_id);
+        if released.is_empty() {
+            return;
+        }
+        let mut client = match self.client().await {
+            Ok(client) => client,
+            Err(e) => {
+                log::warn!(
+                    "{e}; the results of {released:?} stay until their time to live"
+                );
+                return;
+            }
+        };
+        for job_id in released {
+            let mut request = tonic::Request::new(CleanJobDataParams {
+                job_id: job_id.clone(),
+                remove_stage_ids: vec![],
+            });
+            ballista_core::version::insert_version_header(request.metadata_mut());
+            if let Err(e) = client.clean_job_data(request).await {
+                log::warn!(
+                    "{}",
+                    self.error(format!(
+                        "cannot remove the result of job {job_id}, read: {}; it stays \
+                         until its time to live",
+                        e.message()
+                    ))
+                );
+            }
         }
     }
 
