@@ -7,15 +7,16 @@
 # (one job a window, the next one running ahead), A B A B at each ROWS.
 # Prints the first batch's latency, the share of the run the loop waited
 # after its first batch, and the executors' peak disk (their work folders,
-# where Ballista keeps shuffle files, sampled every 0.2 s).
+# where Ballista keeps shuffle files, sampled every 0.2 s; each run has a
+# cluster of its own). A windowed feed removes each window's result once
+# it read `sqlfeed.window_jobs_kept` more (default 1); an epoch's job
+# stays for the scheduler's `--job-data-ttl`.
 #
 #   scripts/bench-window-cluster.sh [ROUNDS=2] [WINDOW=8192] [ROWS...=20000 80000 320000]
-#   JOB_DATA_TTL=60 CASES=window scripts/bench-window-cluster.sh …
-#       the scheduler keeps a completed job's result 60 s (`--job-data-ttl`,
-#       default 300): the executors' disk then holds the windows of 60 s.
-#       It must exceed an epoch's reading time: the next epoch's first
-#       windows are computed when the current epoch starts (the look-ahead).
-#       CASES (exact, window or both, the default) picks what runs
+#   JOB_DATA_TTL=60 CASES=window SET=sqlfeed.window_jobs_kept=8 scripts/bench-window-cluster.sh …
+#       JOB_DATA_TTL: the scheduler's `--job-data-ttl` (default 300);
+#       CASES (exact, window or both, the default) picks what runs; SET, a
+#       session setting of every feed (`--set`)
 #
 # `sqlfeed gen` writes 8 files in row groups of at most 8,192 rows (one per
 # file at 20k rows, 5 per file at 320k). Needs a release build; data and
@@ -34,21 +35,31 @@ work=$PWD/target/bench-window-cluster
 mkdir -p "$work"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-"$bin" scheduler --bind 127.0.0.1:0 --job-data-ttl "${JOB_DATA_TTL:-300}" \
-  > "$work/scheduler.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
-address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
-for i in 1 2; do
-  rm -rf "$work/executor-$i"
-  "$bin" executor --scheduler "$address" --concurrent-tasks 1 \
-    --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
+# A fresh scheduler and 2 executors for each run, so that its executors'
+# disk is its own (earlier runs' results would stay for the TTL).
+start_cluster() {
+  pids=()
+  "$bin" scheduler --bind 127.0.0.1:0 --job-data-ttl "${JOB_DATA_TTL:-300}" \
+    > "$work/scheduler.log" 2>&1 &
   pids+=($!)
-done
-for _ in $(seq 100); do
-  [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = 2 ] && break
-  sleep 0.1
-done
+  for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
+  address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
+  for i in 1 2; do
+    rm -rf "$work/executor-$i"
+    "$bin" executor --scheduler "$address" --concurrent-tasks 1 \
+      --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 100); do
+    [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = 2 ] && break
+    sleep 0.1
+  done
+}
+stop_cluster() {
+  kill "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
+  rm -rf "$work"/executor-1 "$work"/executor-2
+}
 out=$(mktemp)
 err=$(mktemp)
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$out" "$err"' EXIT
@@ -65,9 +76,12 @@ for rows in "${sizes[@]}"; do
     [[ ${CASES:-exact window} == *exact* ]] && cases+=(exact)
     [[ ${CASES:-exact window} == *window* ]] && cases+=("window=$window")
     for case in "${cases[@]}"; do
+      start_cluster
       args=(--shuffle-seed 42)
       [[ $case == exact ]] || args+=(--shuffle-window "$window")
-      "$bin" --cluster "df://$address" feed "$sql" "${args[@]}" --epochs 2 --batch-size 256 \
+      settings=()
+      [[ -z ${SET:-} ]] || settings=(--set "$SET")
+      "$bin" --cluster "df://$address" "${settings[@]}" feed "$sql" "${args[@]}" --epochs 2 --batch-size 256 \
         --prefetch 8 --device cpu --step-ms "$step_ms" --run-id "bench-$rows-$case-$round" \
         --result-json >"$out" 2>"$err" &
       feed=$!
@@ -80,6 +94,7 @@ for rows in "${sizes[@]}"; do
         sleep 0.2
       done
       wait "$feed" || { echo "the $case feed of $rows rows failed:" >&2; tail -5 "$err" >&2; exit 1; }
+      stop_cluster
       python3 - "$rows" "$case" "$round" "$peak" "$out" <<'PY'
 import json, sys
 rows, case, round_, peak_kb, out = sys.argv[1:6]
