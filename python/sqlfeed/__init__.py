@@ -33,11 +33,12 @@ from sqlfeed._sqlfeed import (
     generate,
     raw_h2d_bytes_per_s,
 )
-from sqlfeed.feed import Feed
+from sqlfeed.feed import EpochDataset, Feed
 from sqlfeed.functions import Function, FunctionFailed, batch_udf, udf
 from sqlfeed.session import Session, SqlResult
 
 __all__ = [
+    "EpochDataset",
     "Error",
     "ExecutionError",
     "Feed",

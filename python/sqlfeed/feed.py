@@ -472,6 +472,24 @@ class Feed:
         rows = self._session._inner._explain_batch(options, int(epoch), int(step))
         return [{"file": file, "row_group": group, "row": row} for file, group, row in rows]
 
+    def dataset(self, epoch: int | None = None) -> EpochDataset:
+        """Epoch ``epoch`` (default: :attr:`epoch`, the next batch's) by position, map-style:
+        ``len(d)`` rows, and ``d[i]`` row ``i`` of the epoch's order as a dict
+        of the query's columns (Python values, not tensors), for samplers and
+        debugging. The order is the feed's before it is cut into ranks and
+        batches: a feed of world 1 without ``drop_last`` hands over rows 0, 1,
+        … in it. Row ``i`` costs reading its window (the last window read is
+        kept, so rows in order read each window once); the windows' sizes come
+        from the footers, or, with a filter, are counted once. Needs
+        ``shuffle_window``: an exact ``shuffle``'s row would cost the whole
+        epoch, and an unshuffled feed is refused too. Runs on this machine,
+        also for a cluster session. Reading rows needs pyarrow
+        (``sqlfeed[arrow]``)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        # The order depends on the options, not on where the feed stands.
+        options = self._pass_options(epoch + 1, None)
+        return EpochDataset(self._session._inner._dataset(options, epoch))
+
     def quarantined(self, origins: bool = True) -> list[dict[str, Any]]:
         """The rows quarantined so far (``on_error="quarantine"``), by epoch
         and position: a dict ``{"epoch", "position", "function", "column",
@@ -677,3 +695,44 @@ def _weighted(reports: list[dict[str, Any]], key: str) -> float | None:
     if rows == 0:
         return given[-1][0]
     return sum(value * n for value, n in given) / rows
+
+
+class EpochDataset:
+    """One epoch of a windowed feed by position (:meth:`Feed.dataset`): a
+    map-style dataset (``len``, ``[i]``) whose row ``i`` is row ``i`` of the
+    epoch's order, a dict of the query's columns."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    @property
+    def epoch(self) -> int:
+        """The epoch."""
+        return int(self._inner.epoch)
+
+    def window_rows(self) -> list[int]:
+        """Rows per window of the epoch, in order."""
+        return list(self._inner.window_rows())
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not isinstance(index, int):
+            raise TypeError(f"an epoch's rows are read by int position, not {type(index).__name__}")
+        if index < 0:
+            index += len(self)
+            if index < 0:
+                raise IndexError(f"position {index - len(self)} is before the epoch's start")
+        try:
+            import pyarrow as pa
+        except ImportError as e:  # pragma: no cover - pyarrow is a test dependency
+            raise ImportError(
+                "EpochDataset rows are read through pyarrow: pip install 'sqlfeed[arrow]'"
+            ) from e
+        if index >= len(self):
+            raise IndexError(f"position {index} is past the end: the epoch has {len(self)} rows")
+        return pa.table(self._inner._row(index)).to_pylist()[0]
+
+    def __repr__(self) -> str:
+        return f"EpochDataset(epoch={self.epoch})"

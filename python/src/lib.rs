@@ -9,6 +9,7 @@
 // `unsafe` only where the extension meets C: the DLPack capsule protocol
 // (`dlpack`), the one consumer-stream handle DLPack passes (`feed`) and the
 // Arrow stream a Python function returns (`functions`).
+mod dataset;
 #[allow(unsafe_code)]
 mod dlpack;
 mod errors;
@@ -42,6 +43,7 @@ fn _sqlfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_class::<result::PySqlResult>()?;
     m.add_class::<feed::PyFeed>()?;
+    m.add_class::<dataset::PyEpochDataset>()?;
     m.add_class::<feed::PyBatch>()?;
     m.add_class::<feed::PyTensor>()?;
     m.add_class::<position::PyFeedPosition>()?;

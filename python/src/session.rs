@@ -233,6 +233,25 @@ impl PySession {
             .collect())
     }
 
+    /// Epoch `epoch` of the pass `options` describes, by position; see
+    /// `sqlfeed.Feed.dataset`.
+    fn _dataset(
+        &self,
+        py: Python<'_>,
+        options: FeedOptions,
+        epoch: u64,
+    ) -> PyResult<crate::dataset::PyEpochDataset> {
+        let session = self.session.clone();
+        let dataset = crate::wait::wait_for_call(py, "dataset", move || {
+            options.builder(&session)?.dataset(epoch)
+        })?;
+        Ok(crate::dataset::PyEpochDataset::new(
+            dataset,
+            self.session.clone(),
+            Arc::clone(&self.runtime),
+        ))
+    }
+
     /// `rows` (`(epoch, position, function, column, error)`, quarantined by
     /// the feed `options` describes) with the file, row group and row each
     /// came from; see `sqlfeed.Feed.quarantined`.

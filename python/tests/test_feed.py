@@ -301,6 +301,32 @@ def windowed_ids(folder) -> str:
 WINDOWED = dict(batch_size=100, shuffle=3, shuffle_window=400, device="cpu")
 
 
+def test_a_windowed_feed_gives_row_i_of_an_epoch_by_position_to_a_map_style_loader(
+    session, tmp_path
+):
+    torch = pytest.importorskip("torch")
+    query = windowed_ids(tmp_path)
+    feed = session.feed(query, **dict(WINDOWED, format="numpy"))
+    feed.set_epoch(1)
+    epoch1 = [int(i) for b in feed for i in b["id"]]
+    # The position rolled over to epoch 2's start: epoch 1 by number.
+    assert feed.epoch == 2
+    data = feed.dataset(1)
+    assert data.epoch == 1 and len(data) == 2000
+    assert data.window_rows() == [400] * 5
+    assert [data[i]["id"] for i in range(0, 2000, 97)] == epoch1[::97]
+    assert data[-1] == {"id": epoch1[-1]}
+    with pytest.raises(IndexError, match="the epoch has 2000 rows"):
+        data[2000]
+    # A map-style DataLoader over it: in order, the feed's batches.
+    loader = torch.utils.data.DataLoader(data, batch_size=100, shuffle=False)
+    assert [int(i) for b in loader for i in b["id"]] == epoch1
+    assert feed.dataset(0)[0]["id"] != data[0]["id"]
+    exact = session.feed(query, **dict(WINDOWED, shuffle_window=None))
+    with pytest.raises(sqlfeed.PlanError, match="shuffle_window=n"):
+        exact.dataset()
+
+
 def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(session, tmp_path):
     query = windowed_ids(tmp_path)
     options = dict(WINDOWED, format="numpy")

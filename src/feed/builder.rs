@@ -787,6 +787,35 @@ impl FeedBuilder {
         Ok(plan.checkpoint_at_start(&data.unwrap_or_default()))
     }
 
+    /// Epoch `epoch` of this feed by position, map-style: its length and
+    /// row `i` of its order (before ranks and batches), at the cost of
+    /// reading that row's window, on this machine. The feed must be
+    /// shuffled in windows ([`Self::shuffle_window`]); see [`EpochDataset`].
+    ///
+    /// ```no_run
+    /// # fn main() -> datafusion::error::Result<()> {
+    /// use sqlfeed::feed::Feed;
+    /// let session = sqlfeed::Session::try_new()?;
+    /// let feed = Feed::builder(&session, "SELECT id, label FROM 'data/*.parquet'")
+    ///     .shuffle(42)
+    ///     .shuffle_window(65_536);
+    /// let epoch = feed.dataset(3)?;
+    /// println!("{} rows; row 1000: {:?}", epoch.len()?, epoch.row(1000)?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn dataset(&self, epoch: u64) -> Result<super::EpochDataset> {
+        self.validate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("sqlfeed-dataset-plan")
+            .enable_all()
+            .build()
+            .map_err(|e| resources_datafusion_err!("cannot start a thread: {e}"))?;
+        let (plan, _) = self.clone().resolve(&runtime, FeedRows::Query)?;
+        super::EpochDataset::try_new(plan, epoch)
+    }
+
     /// The checkpoint this feed starts at as its options say, without
     /// resolving them (no checkpoint given to [`Self::resume_from`] is
     /// applied, no Delta Lake version pinned) or listing the files: its

@@ -58,6 +58,7 @@ mod builder;
 mod checkpoint;
 mod columns;
 mod convert;
+mod dataset;
 mod epoch_cache;
 mod inputs;
 mod length;
@@ -92,6 +93,7 @@ pub use checkpoint::{
 };
 pub use columns::ColumnSpec;
 pub use convert::packed::IGNORED_LABEL;
+pub use dataset::EpochDataset;
 pub use inputs::{input_files, input_files_at};
 pub use length::FeedLength;
 pub use metrics::FeedReport;

@@ -40,6 +40,7 @@ use crate::Session;
 use crate::cache::InputFile;
 use crate::session::ScaleOut;
 use crate::shuffle::{Deal, ShuffleSpec};
+use datafusion::prelude::SessionConfig;
 
 /// The order of a feed's epochs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,6 +245,40 @@ impl FeedPlan {
     /// `builder`, whose checkpoint is resolved and Delta Lake versions are
     /// pinned already (see [`FeedBuilder::build`]), as a plan feeding
     /// `rows`.
+    /// `config` as epoch `epoch`'s query is planned with, on either engine
+    /// (a cluster's scheduler and executors get these settings with the
+    /// job): seeded augmentations draw per (feed seed, epoch), see udfs'
+    /// augment; a MIX without SEED/EPOCH takes them too, and its weight
+    /// schedules count steps of this feed's global batch.
+    pub(super) fn epoch_config(
+        &self,
+        config: &SessionConfig,
+        epoch: u64,
+    ) -> SessionConfig {
+        let feed = self;
+        let mut config = config.clone();
+        config.options_mut().extensions.insert(
+            sqlfeed_udfs::augment::AugmentOptions::for_epoch(
+                feed.order.seed().unwrap_or(0),
+                epoch,
+            ),
+        );
+        let mut sqlfeed_options =
+            crate::config::SqlfeedOptions::of(config.options()).clone();
+        sqlfeed_options.feed_step_rows =
+            (feed.shard.batch_rows * feed.shard.world) as u64;
+        if feed.quarantine.is_some() {
+            // Cheap functions stay with the others in the output
+            // projection, where their failing rows are isolated.
+            sqlfeed_options.carry_cheap_outputs = false;
+            sqlfeed_options.isolate_row_errors = true;
+            // A projection on the client would drop the marker column.
+            sqlfeed_options.widen_on_client = false;
+        }
+        config.options_mut().extensions.insert(sqlfeed_options);
+        config
+    }
+
     pub(super) fn of_resolved(builder: FeedBuilder, rows: FeedRows) -> Self {
         let order = match builder.shuffle_seed {
             Some(seed) => FeedOrder::Shuffled {

@@ -476,34 +476,9 @@ impl Producer {
         Ok(EpochPlan::of_job(job, after, mixture))
     }
 
-    /// `config` as epoch `epoch`'s query is planned with, on either engine
-    /// (a cluster's scheduler and executors get these settings with the
-    /// job): seeded augmentations draw per (feed seed, epoch), see udfs'
-    /// augment; a MIX without SEED/EPOCH takes them too, and its weight
-    /// schedules count steps of this feed's global batch.
+    /// `config` as epoch `epoch`'s query is planned with ([`FeedPlan::epoch_config`]).
     fn epoch_config(&self, config: &SessionConfig, epoch: u64) -> SessionConfig {
-        let feed = &self.plan;
-        let mut config = config.clone();
-        config.options_mut().extensions.insert(
-            sqlfeed_udfs::augment::AugmentOptions::for_epoch(
-                feed.order.seed().unwrap_or(0),
-                epoch,
-            ),
-        );
-        let mut sqlfeed_options =
-            crate::config::SqlfeedOptions::of(config.options()).clone();
-        sqlfeed_options.feed_step_rows =
-            (feed.shard.batch_rows * feed.shard.world) as u64;
-        if feed.quarantine.is_some() {
-            // Cheap functions stay with the others in the output
-            // projection, where their failing rows are isolated.
-            sqlfeed_options.carry_cheap_outputs = false;
-            sqlfeed_options.isolate_row_errors = true;
-            // A projection on the client would drop the marker column.
-            sqlfeed_options.widen_on_client = false;
-        }
-        config.options_mut().extensions.insert(sqlfeed_options);
-        config
+        self.plan.epoch_config(config, epoch)
     }
 
     /// What the plan of query `plan` must keep of its partitions' order:

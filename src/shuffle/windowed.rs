@@ -285,6 +285,77 @@ pub async fn window_count(
     plan: &Arc<dyn ExecutionPlan>,
     ctx: &TaskContext,
 ) -> Result<Option<usize>> {
+    let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
+        return Ok(None);
+    };
+    let (_, config) = the_one_parquet_scan(&input)?;
+    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+    Ok(Some(layout.windows(seed, epoch, window_rows).len()))
+}
+
+/// The rows each window of the windowed shuffle `plan` holds (its first
+/// `WindowedShuffleExec` from the top) gives, in window order; `None`
+/// without one. From the footers when nothing under the shuffle drops rows;
+/// else by running, once per window, the row-wise part under the shuffle
+/// key cut to the window: the filters and what the key reads, not the
+/// functions the shuffle moved above itself (`late`). A map-style view of
+/// an epoch (`crate::feed::EpochDataset`) places row `i` with them.
+pub async fn window_row_counts(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: Arc<TaskContext>,
+) -> Result<Option<Vec<u64>>> {
+    let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
+        return Ok(None);
+    };
+    let (_, config) = the_one_parquet_scan(&input)?;
+    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+    let windows = layout.windows(seed, epoch, window_rows);
+    let drops_rows = input.exists(|node| {
+        Ok(node.name() == "FilterExec"
+            || parquet_config(node).is_some_and(|c| c.file_source().filter().is_some()))
+    })?;
+    if !drops_rows {
+        return Ok(Some(
+            windows
+                .iter()
+                .map(|units| units.iter().map(|unit| unit.rows).sum())
+                .collect(),
+        ));
+    }
+    // The rows that reach the key are the rows out of the shuffle.
+    let mut keyed = None;
+    input.apply(|node| {
+        if node.downcast_ref::<super::ShuffleKeyExec>().is_some() {
+            keyed = node.children().first().map(|child| Arc::clone(*child));
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let rows_plan = keyed.unwrap_or(input);
+    let (scan, config) = the_one_parquet_scan(&rows_plan)?;
+    let mut counts = Vec::with_capacity(windows.len());
+    for units in &windows {
+        let cut =
+            replace_scan(Arc::clone(&rows_plan), &scan, layout.scan(&config, units))?;
+        let mut stream =
+            datafusion::physical_plan::execute_stream(cut, Arc::clone(&ctx))?;
+        let mut rows = 0u64;
+        while let Some(batch) = stream.next().await {
+            rows += batch?.num_rows() as u64;
+        }
+        counts.push(rows);
+    }
+    Ok(Some(counts))
+}
+
+/// A windowed shuffle's `(seed, epoch, window_rows)`.
+type WindowOrder = (u64, u64, u64);
+
+/// The input and order of the first `WindowedShuffleExec` in `plan` from
+/// the top.
+fn first_windowed(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Result<Option<(Arc<dyn ExecutionPlan>, WindowOrder)>> {
     let mut found = None;
     plan.apply(|node| {
         if let Some(windowed) = node.downcast_ref::<WindowedShuffleExec>() {
@@ -296,12 +367,7 @@ pub async fn window_count(
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    let Some((input, (seed, epoch, window_rows))) = found else {
-        return Ok(None);
-    };
-    let (_, config) = the_one_parquet_scan(&input)?;
-    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
-    Ok(Some(layout.windows(seed, epoch, window_rows).len()))
+    Ok(found)
 }
 
 /// `input` (the row-wise plan under a windowed shuffle) with its one

@@ -270,6 +270,71 @@ fn a_windowed_feed_resumes_exactly_and_refuses_another_window() -> Result<()> {
     Ok(())
 }
 
+/// Issue 55, item 4: map-style access. `dataset(epoch)` gives the epoch's
+/// length and row `i` of its order: the feed's rows in the feed's order
+/// (world 1), with or without a filter (window sizes from the footers, or
+/// counted); past the end, an exact SHUFFLE and an unshuffled feed are
+/// refused saying what to do.
+#[test]
+fn a_windowed_feed_gives_row_i_of_an_epoch_by_position() -> Result<()> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::Int64Type;
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 100)?;
+    let s = crate::elastic::session()?;
+    for sql in [
+        format!("SELECT id, v * 10 AS w FROM {table}"),
+        format!("SELECT id, v * 10 AS w FROM {table} WHERE v <> 3"),
+    ] {
+        let feed = Feed::builder(&s, sql.clone())
+            .shuffle(11)
+            .shuffle_window(300)
+            .batch_size(64)
+            .epochs(2)
+            .device(Device::Cpu);
+        let fed: Vec<(i64, i64)> = feed
+            .clone()
+            .build()?
+            .map(|b| {
+                let b = b?;
+                let ids = b.tensor("id")?.as_slice::<i64>()?.to_vec();
+                let w = b.tensor("w")?.as_slice::<i64>()?.to_vec();
+                Ok(ids.into_iter().zip(w).collect::<Vec<_>>())
+            })
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        let epoch_rows = fed.len() / 2;
+        let epoch = feed.dataset(1)?;
+        assert_eq!(epoch.len()? as usize, epoch_rows, "{sql}");
+        assert_eq!(epoch.window_rows()?.len(), 7, "{sql}");
+        // Out of order too: rows of several windows, back and forth.
+        let mut positions: Vec<usize> = (0..epoch_rows).collect();
+        positions.reverse();
+        positions.rotate_left(epoch_rows / 3);
+        for i in positions {
+            let row = epoch.row(i as u64)?;
+            assert_eq!(row.num_rows(), 1);
+            let got = (
+                row.column(0).as_primitive::<Int64Type>().value(0),
+                row.column(1).as_primitive::<Int64Type>().value(0),
+            );
+            assert_eq!(got, fed[epoch_rows + i], "row {i} of epoch 1 of {sql}");
+        }
+        let err = epoch.row(epoch_rows as u64).unwrap_err().to_string();
+        assert_contains(&err, &[&format!("the epoch has {epoch_rows} rows")]);
+    }
+    let sql = format!("SELECT id FROM {table}");
+    let exact = Feed::builder(&s, sql.clone())
+        .shuffle(11)
+        .device(Device::Cpu);
+    let err = exact.dataset(0).unwrap_err().to_string();
+    assert_contains(&err, &["SHUFFLE is exact", "shuffle_window=n"]);
+    let unshuffled = Feed::builder(&s, sql).device(Device::Cpu);
+    let err = unshuffled.dataset(0).unwrap_err().to_string();
+    assert_contains(&err, &["not shuffled", "shuffle_window=n"]);
+    Ok(())
+}
+
 /// Issue 55: an epoch boundary under a tight memory limit. The next epoch's
 /// windows are prepared while the current epoch is read (the look-ahead),
 /// within the one budget: 2 MiB for 12k rows of ~2.3 MB in 4 files of one
