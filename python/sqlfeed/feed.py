@@ -699,8 +699,12 @@ def _weighted(reports: list[dict[str, Any]], key: str) -> float | None:
 
 class EpochDataset:
     """One epoch of a windowed feed by position (:meth:`Feed.dataset`): a
-    map-style dataset (``len``, ``[i]``) whose row ``i`` is row ``i`` of the
-    epoch's order, a dict of the query's columns."""
+    map-style dataset (``len``, ``[i]``, negative ``i`` from the end) whose
+    row ``i`` is row ``i`` of the epoch's order, a dict of the query's
+    columns. PyTorch's ``DataLoader`` reads it a batch of positions per call
+    (``__getitems__``); positions in order read each window once, random
+    ones read a window per row (use it for debugging, or a sampler that keeps
+    to windows)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -717,22 +721,35 @@ class EpochDataset:
     def __len__(self) -> int:
         return len(self._inner)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def _position(self, index: int) -> int:
+        """``index`` as a position in ``0..len``; an IndexError outside."""
         if not isinstance(index, int):
             raise TypeError(f"an epoch's rows are read by int position, not {type(index).__name__}")
-        if index < 0:
-            index += len(self)
-            if index < 0:
-                raise IndexError(f"position {index - len(self)} is before the epoch's start")
-        try:
-            import pyarrow as pa
-        except ImportError as e:  # pragma: no cover - pyarrow is a test dependency
-            raise ImportError(
-                "EpochDataset rows are read through pyarrow: pip install 'sqlfeed[arrow]'"
-            ) from e
-        if index >= len(self):
-            raise IndexError(f"position {index} is past the end: the epoch has {len(self)} rows")
-        return pa.table(self._inner._row(index)).to_pylist()[0]
+        rows = len(self)
+        position = index + rows if index < 0 else index
+        if not 0 <= position < rows:
+            raise IndexError(f"position {index} is outside the epoch: the epoch has {rows} rows")
+        return position
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return _pylist(self._inner._row(self._position(index)))[0]
+
+    def __getitems__(self, indexes: list[int]) -> list[dict[str, Any]]:
+        """Rows ``indexes`` in one call (PyTorch's DataLoader asks a batch
+        of positions at once this way): rows of one window in a row read it
+        once."""
+        return _pylist(self._inner._rows([self._position(i) for i in indexes]))
 
     def __repr__(self) -> str:
         return f"EpochDataset(epoch={self.epoch})"
+
+
+def _pylist(result: Any) -> list[dict[str, Any]]:
+    """The rows of an extension result as dicts, through pyarrow."""
+    try:
+        import pyarrow as pa
+    except ImportError as e:  # pragma: no cover - pyarrow is a test dependency
+        raise ImportError(
+            "EpochDataset rows are read through pyarrow: pip install 'sqlfeed[arrow]'"
+        ) from e
+    return pa.table(result).to_pylist()

@@ -80,6 +80,20 @@ impl PyEpochDataset {
         ))
     }
 
+    /// Rows `positions` of the epoch's order as one result, in that order.
+    fn _rows(&self, py: Python<'_>, positions: Vec<u64>) -> PyResult<PySqlResult> {
+        let dataset = Arc::clone(&self.dataset);
+        let rows = crate::wait::wait_for_call(py, "dataset-rows", move || {
+            dataset.rows(&positions)
+        })?;
+        let df = self.session.context().read_batch(rows).py_err()?;
+        Ok(PySqlResult::new(
+            df,
+            self.session.clone(),
+            Arc::clone(&self.runtime),
+        ))
+    }
+
     fn __repr__(&self) -> String {
         format!("EpochDataset(epoch={})", self.dataset.epoch())
     }

@@ -318,7 +318,11 @@ def test_a_windowed_feed_gives_row_i_of_an_epoch_by_position_to_a_map_style_load
     assert data[-1] == {"id": epoch1[-1]}
     with pytest.raises(IndexError, match="the epoch has 2000 rows"):
         data[2000]
-    # A map-style DataLoader over it: in order, the feed's batches.
+    with pytest.raises(IndexError, match="the epoch has 2000 rows"):
+        data[-2001]
+    assert data.__getitems__([5, 1999, 0]) == [data[5], data[1999], data[0]]
+    # A map-style DataLoader over it (a batch of positions per call): in
+    # order, the feed's batches.
     loader = torch.utils.data.DataLoader(data, batch_size=100, shuffle=False)
     assert [int(i) for b in loader for i in b["id"]] == epoch1
     assert feed.dataset(0)[0]["id"] != data[0]["id"]

@@ -221,6 +221,20 @@ impl EpochDataset {
         Ok(batch.slice(offset, 1))
     }
 
+    /// Rows `positions` of the epoch's order, in the order given, as one
+    /// batch (a sampler's batch of positions: rows of one window in a row
+    /// read it once).
+    pub fn rows(&self, positions: &[u64]) -> Result<RecordBatch> {
+        let rows = positions
+            .iter()
+            .map(|&position| self.row(position))
+            .collect::<Result<Vec<_>>>()?;
+        match rows.first() {
+            Some(first) => Ok(concat_batches(&first.schema(), &rows)?),
+            None => Ok(RecordBatch::new_empty(Arc::clone(&self.schema))),
+        }
+    }
+
     /// Window `window`'s rows in order, read unless it is the last one read.
     fn window(&self, window: usize) -> Result<RecordBatch> {
         let mut kept = self

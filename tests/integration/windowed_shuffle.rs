@@ -320,6 +320,13 @@ fn a_windowed_feed_gives_row_i_of_an_epoch_by_position() -> Result<()> {
             );
             assert_eq!(got, fed[epoch_rows + i], "row {i} of epoch 1 of {sql}");
         }
+        // Several rows at once, in the order asked.
+        let two = epoch.rows(&[3, 0])?;
+        let ids = two.column(0).as_primitive::<Int64Type>();
+        assert_eq!(
+            [ids.value(0), ids.value(1)],
+            [fed[epoch_rows + 3].0, fed[epoch_rows].0]
+        );
         let err = epoch.row(epoch_rows as u64).unwrap_err().to_string();
         assert_contains(&err, &[&format!("the epoch has {epoch_rows} rows")]);
     }
