@@ -22,7 +22,12 @@ step_ms=${3:-8}
 epochs=${4:-2}
 bin=$PWD/target/release/sqlfeed
 [[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
-data=target/bench-epochs/unique-$rows
+# ROW_GROUP_ROWS: rows per Parquet row group (DataFusion's default, 1M,
+# when unset); another value writes data of its own.
+row_group=${ROW_GROUP_ROWS:-}
+data=target/bench-epochs/unique-$rows${row_group:+-rg$row_group}
+layout=()
+[[ -z $row_group ]] || layout=(--set "datafusion.execution.parquet.max_row_group_size=$row_group")
 if [[ ! -f $data/done ]]; then
   mkdir -p "$data"
   per_file=$(( rows / 16 ))
@@ -32,7 +37,7 @@ if [[ ! -f $data/done ]]; then
   done)
   for file in $(seq 0 15); do
     first=$(( file * per_file ))
-    "$bin" -c "COPY (SELECT $features CAST(value % 10 AS INT) AS label \
+    "$bin" "${layout[@]}" -c "COPY (SELECT $features CAST(value % 10 AS INT) AS label \
       FROM generate_series($first, $(( first + per_file - 1 )))) \
       TO '$data/part-$file.parquet' STORED AS PARQUET" >/dev/null
   done

@@ -9,7 +9,8 @@
 #   scripts/bench-window-shuffle.sh epochs [ROUNDS=2] [WINDOW=262144] [ROWS...=20000000]
 #
 # narrow: bench-epochs.sh's data (8 float32 features as `x`, the label as
-# `y`, 16 files, batches of 4096), one whole epoch per run. w2: the W2 feed
+# `y`, 16 files, batches of 4096; ROW_GROUP_ROWS=N writes it in row groups of
+# N rows instead of DataFusion's 1M), one whole epoch per run. w2: the W2 feed
 # of ../shared/bench (32 standardised features, label, 3 KB image as
 # float32 tensors, batches of 256), data from its gen_data.py under
 # target/bench-w2 (needs $PYTHON with numpy and pyarrow), stopped after its
@@ -50,7 +51,7 @@ else
 fi
 for rows in "${sizes[@]}"; do
   if [[ $kind == narrow || $kind == epochs ]]; then
-    data=target/bench-epochs/unique-$rows
+    data=target/bench-epochs/unique-$rows${ROW_GROUP_ROWS:+-rg$ROW_GROUP_ROWS}
     [[ -f $data/done ]] || scripts/bench-epochs.sh "$rows" 0 >/dev/null
     sql="SELECT feature_vector(f0, f1, f2, f3, f4, f5, f6, f7) AS x, label AS y FROM '$data/*.parquet'"
     shape=(--epochs 1 --batch-size 4096 --device cpu --digest)
