@@ -18,6 +18,7 @@ would have yielded from there.
 from __future__ import annotations
 
 import json
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -704,10 +705,12 @@ class EpochDataset:
     columns. PyTorch's ``DataLoader`` reads it a batch of positions per call
     (``__getitems__``); positions in order read each window once, random
     ones read a window per row (use it for debugging, or a sampler that keeps
-    to windows)."""
+    to windows). It reads in the process that made it: a ``DataLoader`` over
+    it runs with ``num_workers=0``."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
+        self._pid = os.getpid()
 
     @property
     def epoch(self) -> int:
@@ -716,29 +719,48 @@ class EpochDataset:
 
     def window_rows(self) -> list[int]:
         """Rows per window of the epoch, in order."""
-        return list(self._inner.window_rows())
+        return list(self._here().window_rows())
 
     def __len__(self) -> int:
-        return len(self._inner)
+        return len(self._here())
 
-    def _position(self, index: int) -> int:
-        """``index`` as a position in ``0..len``; an IndexError outside."""
-        if not isinstance(index, int):
-            raise TypeError(f"an epoch's rows are read by int position, not {type(index).__name__}")
+    def _here(self) -> Any:
+        """The extension's dataset, in the process that made it."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                "an EpochDataset reads in the process that made it, not in a forked worker: "
+                "use DataLoader(..., num_workers=0), or make the dataset in the worker"
+            )
+        return self._inner
+
+    def _positions(self, indexes: list[Any]) -> list[int]:
+        """``indexes`` as positions in ``0..len``; an IndexError outside."""
         rows = len(self)
-        position = index + rows if index < 0 else index
-        if not 0 <= position < rows:
-            raise IndexError(f"position {index} is outside the epoch: the epoch has {rows} rows")
-        return position
+        positions = []
+        for index in indexes:
+            index = operator.index(index)
+            position = index + rows if index < 0 else index
+            if not 0 <= position < rows:
+                raise IndexError(
+                    f"position {index} is outside the epoch: the epoch has {rows} rows"
+                )
+            positions.append(position)
+        return positions
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return _pylist(self._inner._row(self._position(index)))[0]
+        (position,) = self._positions([index])
+        return _pylist(self._here()._row(position))[0]
 
     def __getitems__(self, indexes: list[int]) -> list[dict[str, Any]]:
         """Rows ``indexes`` in one call (PyTorch's DataLoader asks a batch
-        of positions at once this way): rows of one window in a row read it
-        once."""
-        return _pylist(self._inner._rows([self._position(i) for i in indexes]))
+        of positions at once this way), each window they fall in read once."""
+        return _pylist(self._here()._rows(self._positions(indexes)))
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "an EpochDataset reads in the process that made it and cannot be pickled: "
+            "use DataLoader(..., num_workers=0), or make the dataset in the worker"
+        )
 
     def __repr__(self) -> str:
         return f"EpochDataset(epoch={self.epoch})"

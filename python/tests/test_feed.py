@@ -304,7 +304,6 @@ WINDOWED = dict(batch_size=100, shuffle=3, shuffle_window=400, device="cpu")
 def test_a_windowed_feed_gives_row_i_of_an_epoch_by_position_to_a_map_style_loader(
     session, tmp_path
 ):
-    torch = pytest.importorskip("torch")
     query = windowed_ids(tmp_path)
     feed = session.feed(query, **dict(WINDOWED, format="numpy"))
     feed.set_epoch(1)
@@ -321,8 +320,15 @@ def test_a_windowed_feed_gives_row_i_of_an_epoch_by_position_to_a_map_style_load
     with pytest.raises(IndexError, match="the epoch has 2000 rows"):
         data[-2001]
     assert data.__getitems__([5, 1999, 0]) == [data[5], data[1999], data[0]]
+    np = pytest.importorskip("numpy")
+    assert data[np.int64(7)] == data[7]
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        import pickle
+
+        pickle.dumps(data)
     # A map-style DataLoader over it (a batch of positions per call): in
     # order, the feed's batches.
+    torch = pytest.importorskip("torch")
     loader = torch.utils.data.DataLoader(data, batch_size=100, shuffle=False)
     assert [int(i) for b in loader for i in b["id"]] == epoch1
     assert feed.dataset(0)[0]["id"] != data[0]["id"]

@@ -173,8 +173,8 @@ impl ScaleOut for ClusterScaleOut {
             if let Some((names, rows)) = &mixture {
                 job = job.reporting_mixture(names.clone(), Arc::clone(rows));
             }
-            if let Some(read) = &read {
-                job = job.releasing(Arc::clone(read));
+            if let Some((queue, window, windows)) = &read {
+                job = job.releasing((Arc::clone(queue), *window, *windows));
             }
             Ok(
                 Arc::new(JobWatchExec::new(Arc::new(job), scheduler.clone()))

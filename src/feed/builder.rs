@@ -812,8 +812,11 @@ impl FeedBuilder {
             .enable_all()
             .build()
             .map_err(|e| resources_datafusion_err!("cannot start a thread: {e}"))?;
-        let (plan, _) = self.clone().resolve(&runtime, FeedRows::Query)?;
-        super::EpochDataset::try_new(plan, epoch)
+        let resolved = self.clone().resolve(&runtime, FeedRows::Query);
+        // Without waiting: a runtime dropped where blocking is not allowed
+        // (an async caller) would panic.
+        runtime.shutdown_background();
+        super::EpochDataset::try_new(resolved?.0, epoch)
     }
 
     /// The checkpoint this feed starts at as its options say, without

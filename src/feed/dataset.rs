@@ -41,10 +41,11 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::collect;
+use futures::TryStreamExt;
 
 use super::on_runtime;
 use super::plan::{FeedOrder, FeedPlan};
+use crate::exec::lanes::ordered_partitions;
 use crate::shuffle::{shuffle, window_row_counts, with_only_window};
 
 /// One epoch of a windowed feed, by position; see the module docs.
@@ -93,6 +94,15 @@ impl EpochDataset {
                 );
             }
         };
+        if feed.quarantine.is_some() {
+            // Its failing rows take the row before them in the sink, which
+            // reads the epoch in order, not by position.
+            return plan_err!(
+                "dataset() reads rows by position, but this feed quarantines failing rows \
+                 (on_error=quarantine), which takes the rows before them; use a feed with \
+                 on_error=fail to look at rows by position"
+            );
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("sqlfeed-dataset")
@@ -111,7 +121,15 @@ impl EpochDataset {
                 Some(spec) => shuffle(df, spec),
                 None => Ok(df),
             }
-        })?;
+        });
+        let df = match df {
+            Ok(df) => df,
+            Err(e) => {
+                // Without waiting (see `Drop`).
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         let (state, query) = df.into_parts();
         let mut config = feed.epoch_config(state.config(), epoch);
         crate::config::deterministic_config(
@@ -222,13 +240,20 @@ impl EpochDataset {
     }
 
     /// Rows `positions` of the epoch's order, in the order given, as one
-    /// batch (a sampler's batch of positions: rows of one window in a row
-    /// read it once).
+    /// batch (a sampler's batch of positions). The rows are read window by
+    /// window, so each window they fall in is read once.
     pub fn rows(&self, positions: &[u64]) -> Result<RecordBatch> {
-        let rows = positions
+        let mut by_window: Vec<(u64, usize)> = positions
             .iter()
-            .map(|&position| self.row(position))
-            .collect::<Result<Vec<_>>>()?;
+            .enumerate()
+            .map(|(slot, &position)| (position, slot))
+            .collect();
+        by_window.sort_unstable();
+        let mut rows: Vec<Option<RecordBatch>> = vec![None; positions.len()];
+        for (position, slot) in by_window {
+            rows[slot] = Some(self.row(position)?);
+        }
+        let rows: Vec<RecordBatch> = rows.into_iter().flatten().collect();
         match rows.first() {
             Some(first) => Ok(concat_batches(&first.schema(), &rows)?),
             None => Ok(RecordBatch::new_empty(Arc::clone(&self.schema))),
@@ -253,7 +278,12 @@ impl EpochDataset {
         let batch = on_runtime(self.runtime()?, async move {
             let plan = state.create_physical_plan(&query).await?;
             let schema = plan.schema();
-            let batches = collect(plan, Arc::new(TaskContext::from(&state))).await?;
+            let ctx = Arc::new(TaskContext::from(&state));
+            // Partitions read as the feed's sink reads them.
+            let turn_rows = ctx.session_config().batch_size();
+            let batches: Vec<RecordBatch> = ordered_partitions(&plan, ctx, turn_rows)?
+                .try_collect()
+                .await?;
             Ok(concat_batches(&schema, &batches)?)
         })?;
         *kept = Some((window, batch.clone()));

@@ -242,9 +242,6 @@ pub(super) struct FeedPlan {
 }
 
 impl FeedPlan {
-    /// `builder`, whose checkpoint is resolved and Delta Lake versions are
-    /// pinned already (see [`FeedBuilder::build`]), as a plan feeding
-    /// `rows`.
     /// `config` as epoch `epoch`'s query is planned with, on either engine
     /// (a cluster's scheduler and executors get these settings with the
     /// job): seeded augmentations draw per (feed seed, epoch), see udfs'
@@ -279,6 +276,9 @@ impl FeedPlan {
         config
     }
 
+    /// `builder`, whose checkpoint is resolved and Delta Lake versions are
+    /// pinned already (see [`FeedBuilder::build`]), as a plan feeding
+    /// `rows`.
     pub(super) fn of_resolved(builder: FeedBuilder, rows: FeedRows) -> Self {
         let order = match builder.shuffle_seed {
             Some(seed) => FeedOrder::Shuffled {

@@ -380,7 +380,7 @@ impl Producer {
         let task_ctx = Arc::new(TaskContext::from(&state));
         let read = Arc::clone(self.read_window_jobs.get_or_init(|| {
             let options = crate::config::SqlfeedOptions::of(state.config().options());
-            Arc::new(ReadJobs::new(options.window_jobs_kept))
+            Arc::new(ReadJobs::new(options.window_jobs_kept, (epoch, 0)))
         }));
         let job: WindowJob = Arc::new(move |window: usize| {
             let plan = with_only_window(plan.clone(), window as u64)?;
@@ -394,7 +394,11 @@ impl Producer {
                     deal: None,
                     completed: None,
                     mixture: None,
-                    read: Some(Arc::clone(&read)),
+                    read: Some((
+                        Arc::clone(&read),
+                        (epoch, window as u64),
+                        windows as u64,
+                    )),
                 })?
                 .plan)
         });

@@ -92,47 +92,94 @@ pub struct EpochJob {
     /// Told the rows each source of the query's mixture gave, when given
     /// and the query is over a `MIX`.
     pub mixture: Option<JobMixture>,
-    /// Told the job once this rank read its result to the end; the jobs it
-    /// no longer keeps have their results removed from the executors.
-    /// `None`: the result stays for the scheduler's time to live.
-    pub read: Option<Arc<ReadJobs>>,
+    /// A window job's: told, with the window and its epoch's window count,
+    /// once this rank read the result to the end; the jobs it no longer
+    /// keeps have their results removed from the executors. `None`: the
+    /// result stays for the scheduler's time to live.
+    pub read: Option<ReadWindow>,
 }
 
-/// The cluster jobs one rank of a feed read to the end, oldest first, of
-/// which it keeps the last `kept`: a windowed feed's epoch is one job per
+/// The window jobs one rank of a feed read to the end, of which it keeps
+/// the last `kept` in window order: a windowed feed's epoch is one job per
 /// window, and without this the executors would hold every window its
 /// scheduler's time to live keeps (`sqlfeed.window_jobs_kept`).
 ///
+/// Jobs are reported as their streams end, which is not always window
+/// order: the window running ahead, or the next epoch's first window, can
+/// be read to its end into a buffer while the current one is still read.
+/// So the jobs are released in window order, up to the last window whose
+/// every predecessor was read too, less `kept`.
+///
 /// Every rank of a run releases the jobs it read, so a result goes once the
-/// first rank is `kept` jobs past it. Training ranks move in lockstep
-/// (every step waits for all of them), within a few batches of each other;
-/// a rank that falls further behind finds the result gone and runs the job
-/// again (as after a lost executor), with the same rows.
+/// first rank is `kept` windows past it. Training ranks move in lockstep
+/// (every step waits for all of them), so they read about the same window;
+/// a rank further behind finds the result gone and runs the job again (as
+/// after a lost executor), with the same rows.
 #[derive(Debug)]
 pub struct ReadJobs {
     kept: usize,
-    read: Mutex<VecDeque<String>>,
+    state: Mutex<ReadState>,
+}
+
+/// A window of a feed: `(epoch, window)`.
+pub type WindowId = (u64, u64);
+
+/// What a window job tells [`ReadJobs`]: the queue, the window, and the
+/// windows of its epoch.
+pub type ReadWindow = (Arc<ReadJobs>, WindowId, u64);
+
+#[derive(Debug)]
+struct ReadState {
+    /// The next window in order not read to its end yet.
+    next: WindowId,
+    /// Windows read to their end past `next`: their job and the epoch's
+    /// window count.
+    ahead: std::collections::BTreeMap<WindowId, (String, u64)>,
+    /// Jobs of the windows before `next`, in window order, not released.
+    behind: VecDeque<String>,
 }
 
 impl ReadJobs {
-    /// Keeps the results of the last `kept` jobs read.
-    pub fn new(kept: usize) -> Self {
+    /// Keeps the results of the last `kept` windows read, the first window
+    /// read being `first`.
+    pub fn new(kept: usize, first: WindowId) -> Self {
         Self {
             kept,
-            read: Mutex::default(),
+            state: Mutex::new(ReadState {
+                next: first,
+                ahead: Default::default(),
+                behind: VecDeque::new(),
+            }),
         }
     }
 
-    /// Records that `job_id` was read to its end; returns the jobs whose
-    /// results are no longer kept, oldest first.
-    pub fn read(&self, job_id: String) -> Vec<String> {
-        let mut read = self
-            .read
+    /// Records that `window`, one of `windows` windows of its epoch, was
+    /// read to its end from job `job_id`; returns the jobs no longer kept,
+    /// in window order.
+    pub fn read(&self, window: WindowId, windows: u64, job_id: String) -> Vec<String> {
+        let mut state = self
+            .state
             .lock()
             .unwrap_or_else(|poison| poison.into_inner());
-        read.push_back(job_id);
-        let released = read.len().saturating_sub(self.kept);
-        read.drain(..released).collect()
+        if window < state.next {
+            // Read again (a retry whose window was released): not kept.
+            return vec![job_id];
+        }
+        state.ahead.insert(window, (job_id, windows));
+        loop {
+            let next = state.next;
+            let Some((job_id, windows)) = state.ahead.remove(&next) else {
+                break;
+            };
+            state.behind.push_back(job_id);
+            state.next = if next.1 + 1 < windows {
+                (next.0, next.1 + 1)
+            } else {
+                (next.0 + 1, 0)
+            };
+        }
+        let released = state.behind.len().saturating_sub(self.kept);
+        state.behind.drain(..released).collect()
     }
 }
 
@@ -151,13 +198,17 @@ mod tests {
     use super::ReadJobs;
 
     #[test]
-    fn read_jobs_release_all_but_the_last_kept_oldest_first() {
-        let jobs = ReadJobs::new(2);
-        assert!(jobs.read("a".into()).is_empty());
-        assert!(jobs.read("b".into()).is_empty());
-        assert_eq!(jobs.read("c".into()), ["a"]);
-        assert_eq!(jobs.read("d".into()), ["b"]);
-        let none_kept = ReadJobs::new(0);
-        assert_eq!(none_kept.read("a".into()), ["a"]);
+    fn read_jobs_release_in_window_order_behind_the_last_kept() {
+        let jobs = ReadJobs::new(1, (0, 0));
+        assert!(jobs.read((0, 0), 3, "a".into()).is_empty());
+        // The window running ahead ends first: nothing past a gap goes.
+        assert!(jobs.read((0, 2), 3, "c".into()).is_empty());
+        assert_eq!(jobs.read((0, 1), 3, "b".into()), ["a", "b"]);
+        // The next epoch's first window.
+        assert_eq!(jobs.read((1, 0), 2, "d".into()), ["c"]);
+        let none_kept = ReadJobs::new(0, (4, 0));
+        assert_eq!(none_kept.read((4, 0), 1, "x".into()), ["x"]);
+        // A window read again after it went is not kept.
+        assert_eq!(none_kept.read((4, 0), 1, "y".into()), ["y"]);
     }
 }

@@ -336,9 +336,18 @@ fn a_windowed_feed_gives_row_i_of_an_epoch_by_position() -> Result<()> {
         .device(Device::Cpu);
     let err = exact.dataset(0).unwrap_err().to_string();
     assert_contains(&err, &["SHUFFLE is exact", "shuffle_window=n"]);
-    let unshuffled = Feed::builder(&s, sql).device(Device::Cpu);
+    let unshuffled = Feed::builder(&s, sql.clone()).device(Device::Cpu);
     let err = unshuffled.dataset(0).unwrap_err().to_string();
     assert_contains(&err, &["not shuffled", "shuffle_window=n"]);
+    let quarantining = Feed::builder(&s, sql)
+        .shuffle(11)
+        .shuffle_window(300)
+        .on_error(sqlfeed::feed::OnError::Quarantine(
+            sqlfeed::feed::QuarantineLimit::default(),
+        ))
+        .device(Device::Cpu);
+    let err = quarantining.dataset(0).unwrap_err().to_string();
+    assert_contains(&err, &["quarantines failing rows", "on_error=fail"]);
     Ok(())
 }
 

@@ -43,7 +43,8 @@
 //! that finds an older job of the same name (a restarted run) reads it: it
 //! holds the same rows. If its result is gone (removed after the
 //! scheduler's `--job-data-ttl`, or once the ranks ahead read it, see
-//! [`ReadJobs`]), the rank runs the job again, as after a lost executor.
+//! `crate::session::ReadJobs`), the rank runs the job again, as after a
+//! lost executor.
 //!
 //! The job of a shuffled feed is first planned for unique rows, without the
 //! stage that numbers repeated rows; where rows repeat it fails and the
@@ -167,15 +168,15 @@ struct Reports {
     completed: Option<CompletedJob>,
     /// The rows each source of the job's mixture, of these names, gave.
     mixture: Option<(Vec<String>, JobMixture)>,
-    /// Told the job once this rank read it to the end; the jobs it no
-    /// longer keeps have their results removed.
-    read: Option<Arc<ReadJobs>>,
+    /// Told the job's window once this rank read it to the end; the jobs
+    /// it no longer keeps have their results removed.
+    read: Option<ReadWindow>,
 }
 
 /// Where a [`SharedJobExec`] reports the job it read once the job
 /// succeeded: its name (with a retry's suffix) and its result's rows.
 pub use crate::session::CompletedJob;
-use crate::session::{JobMixture, ReadJobs};
+use crate::session::{JobMixture, ReadWindow};
 
 impl fmt::Debug for SharedJobExec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -325,10 +326,10 @@ impl SharedJobExec {
         self
     }
 
-    /// Tells `read` the job once this rank read its result to the end, and
-    /// removes the results of the jobs `read` no longer keeps from the
-    /// executors (a windowed feed's earlier windows).
-    pub fn releasing(mut self, read: Arc<ReadJobs>) -> Self {
+    /// Tells `read`'s queue the job's window once this rank read its result
+    /// to the end, and removes the results of the jobs the queue no longer
+    /// keeps from the executors (a windowed feed's earlier windows).
+    pub fn releasing(mut self, read: ReadWindow) -> Self {
         self.reports.read = Some(read);
         self
     }

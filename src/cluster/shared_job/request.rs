@@ -56,7 +56,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::Reports;
 use crate::cluster::SchedulerAddress;
 use crate::cluster::watch::{ExecutorLost, is_executor_lost, rest_get};
-use crate::session::{JobMixture, ReadJobs};
+use crate::session::{JobMixture, ReadWindow};
 use crate::shuffle::mix::exec::takes_in_rendered_plan;
 
 /// Whether `error` is a job's failure on repeated rows in a shuffle planned
@@ -67,6 +67,10 @@ fn is_repeated_rows(error: &DataFusionError) -> bool {
 
 /// How long a rank other than 0 waits for rank 0's job to appear.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long a rank waits for the scheduler to take a request to remove
+/// results it read.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The bytes of `batch`'s values (not of the buffers' spare capacity).
 fn data_bytes(batch: &datafusion::arrow::array::RecordBatch) -> usize {
@@ -151,13 +155,31 @@ impl JobRequest {
             // A retry: every rank noticed the loss on its own, and rank 0
             // may have finished the epoch before it; whoever finds no job
             // of this name submits one (two submissions hold the same rows).
-            let job_id = match self.find(&HashSet::new()).await? {
-                Some((job_id, _)) => job_id,
-                None => self.submit(&self.job_name, false).await?,
-            };
-            self.remember(&job_id);
-            let locations = self.wait(&job_id, &self.job_name, reports).await?;
-            return self.fetch(locations, fetched).await;
+            // A retry whose result is gone already (another rank's, read
+            // and removed, or an earlier run's) is passed over, and this
+            // rank submits its own.
+            let mut tried = HashSet::new();
+            loop {
+                let (job_id, found) = match self.find(&tried).await? {
+                    Some((job_id, _)) => (job_id, true),
+                    None => (self.submit(&self.job_name, false).await?, false),
+                };
+                self.remember(&job_id);
+                let attempt = async {
+                    let locations = self.wait(&job_id, &self.job_name, reports).await?;
+                    self.fetch(locations, fetched).await
+                };
+                match attempt.await {
+                    Err(e) if found && is_executor_lost(&e) => {
+                        log::info!(
+                            "{}",
+                            self.error(format!("job {job_id}: {e}; running it again"))
+                        );
+                        tried.insert(job_id);
+                    }
+                    result => return result,
+                }
+            }
         }
         if self.rank == 0 {
             if self.plans_unique_rows() {
@@ -203,10 +225,13 @@ impl JobRequest {
                     }
                     // The job succeeded but its result is gone: removed
                     // once the ranks ahead read it (`ReadJobs`), after the
-                    // scheduler's time to live (a restarted run's older
-                    // job), or with its executor. Nobody submits this name
-                    // again: the job runs again as after a lost executor
-                    // (`ExactRetryExec`), with the same rows.
+                    // scheduler's time to live, or with its executor. Rank
+                    // 0 has read it and submits it no more, unless this is
+                    // an earlier run's job of the same name (a restarted
+                    // run): the job names cannot tell. Running it again as
+                    // after a lost executor (`ExactRetryExec`) gives the
+                    // same rows either way; waiting would wait for ever in
+                    // the first case.
                     Err(e) if is_executor_lost(&e) => return Err(e),
                     Err(e) => {
                         log::warn!(
@@ -244,43 +269,47 @@ impl JobRequest {
         }
     }
 
-    /// Tells `read` that this rank read its job to the end, and asks the
-    /// scheduler to remove the results of the jobs `read` no longer keeps
-    /// from the executors. Removing is housekeeping: a failure is logged,
-    /// and the scheduler's time to live removes them later.
-    pub(super) async fn release(&self, read: &ReadJobs) {
+    /// Tells `read`'s queue that this rank read its window's job to the
+    /// end, and asks the scheduler to remove the results of the jobs the
+    /// queue no longer keeps from the executors. Removing is housekeeping:
+    /// a failure is logged, the scheduler's time to live removes them later,
+    /// and a scheduler that does not answer within [`RELEASE_TIMEOUT`] does
+    /// not hold up the feed longer.
+    pub(super) async fn release(&self, (read, window, windows): &ReadWindow) {
         let Some(job_id) = self.job_id.lock().ok().and_then(|id| id.clone()) else {
             return;
         };
-        let released = read.read(job_id);
+        let released = read.read(*window, *windows, job_id);
         if released.is_empty() {
             return;
         }
-        let mut client = match self.client().await {
-            Ok(client) => client,
-            Err(e) => {
-                log::warn!(
-                    "{e}; the results of {released:?} stay until their time to live"
-                );
-                return;
-            }
-        };
-        for job_id in released {
-            let mut request = tonic::Request::new(CleanJobDataParams {
-                job_id: job_id.clone(),
-                remove_stage_ids: vec![],
-            });
-            ballista_core::version::insert_version_header(request.metadata_mut());
-            if let Err(e) = client.clean_job_data(request).await {
-                log::warn!(
-                    "{}",
+        let clean = async {
+            let mut client = self.client().await?;
+            for job_id in &released {
+                let mut request = tonic::Request::new(CleanJobDataParams {
+                    job_id: job_id.clone(),
+                    remove_stage_ids: vec![],
+                });
+                ballista_core::version::insert_version_header(request.metadata_mut());
+                client.clean_job_data(request).await.map_err(|e| {
                     self.error(format!(
-                        "cannot remove the result of job {job_id}, read: {}; it stays \
-                         until its time to live",
+                        "cannot remove the result of job {job_id}, read: {}",
                         e.message()
                     ))
-                );
+                })?;
             }
+            Ok::<_, DataFusionError>(())
+        };
+        match tokio::time::timeout(RELEASE_TIMEOUT, clean).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => log::warn!("{e}; {released:?} stay until their time to live"),
+            Err(_) => log::warn!(
+                "{}",
+                self.error(format!(
+                    "the scheduler did not remove the results of {released:?} within \
+                     {RELEASE_TIMEOUT:?}; they stay until their time to live"
+                ))
+            ),
         }
     }
 
