@@ -5,6 +5,8 @@
 #
 #   scripts/bench-feed.sh [DATA=/tmp/bench-data/big] [REPEAT=2] [WORKLOADS=W2,W4,W5]
 #   scripts/bench-feed.sh /tmp/bench-data/small 2 W3     # as in BASELINES.md
+#   W3_WINDOW=65536 scripts/bench-feed.sh /tmp/bench-data/small 2 W3
+#       also sqlfeed with SHUFFLE WINDOW 65536 (sqlfeed_window)
 #
 # Needs the peer venv and data of ../shared/bench/README.md and a release
 # build (cargo build --release). Appends to target/bench-feed.jsonl and prints
@@ -31,6 +33,12 @@ for rep in $(seq "$repeat"); do
   if has W3; then
     # The W2 feed, globally shuffled every epoch (one epoch here).
     external sqlfeed W3 "$bin" "${w2_args[@]}" --shuffle-seed 42
+    # W3_WINDOW=n: also SHUFFLE WINDOW n (not a global shuffle: rows of one
+    # row group land in one window), named sqlfeed_window.
+    if [[ -n ${W3_WINDOW:-} ]]; then
+      external sqlfeed_window W3 "$bin" "${w2_args[@]}" --shuffle-seed 42 \
+        --shuffle-window "$W3_WINDOW"
+    fi
     external duckdb_order_hash W3 "$py" "$bench/peers.py" one --workload W3 --peer duckdb_order_hash --data "$data"
     external numpy_perm W3 "$py" "$bench/peers.py" one --workload W3 --peer numpy_perm --data "$data"
   fi
