@@ -133,6 +133,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         checkpoint_every: None,
         skip_steps: vec![],
         explain: None,
+        rows: None,
         // A small simulated training step, so that "consumer waited" says
         // how much of a fast model's time the feed would leave idle.
         step_ms: DEMO_STEP_MS,

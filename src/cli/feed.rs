@@ -135,6 +135,16 @@ pub struct FeedArgs {
     /// feed.
     #[arg(long, value_name = "EPOCH:STEP[:RANK]", value_parser = parse_position)]
     pub explain: Option<(u64, u64, Option<usize>)>,
+    /// Print rows FIRST, FIRST+1, … (COUNT of them, default 1) of EPOCH's
+    /// order — before ranks and batches — as a table, instead of running
+    /// the feed; each costs reading its window (needs --shuffle-window).
+    #[arg(
+        long = "rows",
+        value_name = "EPOCH:FIRST[:COUNT]",
+        value_parser = parse_rows,
+        conflicts_with = "explain"
+    )]
+    pub rows: Option<(u64, u64, u64)>,
     /// Simulated training step: sleep this long after each batch.
     #[arg(long, default_value_t = 0.0, value_name = "MS", value_parser = parse_step_ms)]
     pub step_ms: f64,
@@ -295,6 +305,22 @@ fn parse_position(text: &str) -> Result<(u64, u64, Option<usize>), String> {
     })
 }
 
+/// `EPOCH:FIRST[:COUNT]` of `--rows`.
+fn parse_rows(text: &str) -> Result<(u64, u64, u64), String> {
+    let parts: Vec<Option<u64>> =
+        text.split(':').map(|p| p.trim().parse().ok()).collect();
+    match parts.as_slice() {
+        [Some(epoch), Some(first)] => Ok((*epoch, *first, 1)),
+        [Some(epoch), Some(first), Some(count)] if *count >= 1 => {
+            Ok((*epoch, *first, *count))
+        }
+        _ => Err(format!(
+            "--rows '{text}' should look like EPOCH:FIRST or EPOCH:FIRST:COUNT (COUNT at \
+             least 1), e.g. 0:1000:5"
+        )),
+    }
+}
+
 /// `NAME:dtype=…,shape=…` of `--tensor`.
 fn parse_tensor(text: &str) -> Result<(String, ColumnSpec), String> {
     ColumnSpec::parse_named(text).map_err(|e| e.message().into_owned())
@@ -334,6 +360,26 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 /// One line per row of the explained batch, tab-separated under a header.
 /// A reader that stops early (`--explain 0:2 | head`) is not an error, as
 /// for query results.
+/// `rows` as a table on stdout (`--rows`).
+fn print_rows(rows: &datafusion::arrow::array::RecordBatch) -> anyhow::Result<()> {
+    use super::print::{OutputFormat, ResultWriter};
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut writer = ResultWriter::new(OutputFormat::Table, &mut out, rows.schema(), 0)
+        .with_max_width(OutputFormat::Table.fit_width());
+    let written = writer
+        .write(rows)
+        .and_then(|()| writer.finish(rows.num_rows() as u64, None));
+    match written {
+        Err(DataFusionError::IoError(err))
+            if err.kind() == std::io::ErrorKind::BrokenPipe =>
+        {
+            Ok(())
+        }
+        done => Ok(done?),
+    }
+}
+
 fn print_origins(origins: &crate::feed::BatchOrigins) -> anyhow::Result<()> {
     match write_origins(origins) {
         Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -481,6 +527,23 @@ pub fn run(
             builder.shard(explained, world).explain_batch(epoch, step)
         })??;
         return print_origins(&explained);
+    }
+    if let Some((epoch, first, count)) = args.rows {
+        // Reading rows reads their windows: waited for here, so that a
+        // signal ends it.
+        let rows = super::signals::until_signalled("rows", move || {
+            let dataset = builder.dataset(epoch)?;
+            let len = dataset.len()?;
+            let end = first.saturating_add(count).min(len).max(first.min(len));
+            if first >= len {
+                return datafusion::common::plan_err!(
+                    "--rows {epoch}:{first}: epoch {epoch} has {len} rows (positions \
+                     0..{len})"
+                );
+            }
+            dataset.rows(&(first..end).collect::<Vec<_>>())
+        })??;
+        return print_rows(&rows);
     }
     // Planning lists the files (a stalled object store can hold it).
     let options = builder.clone();

@@ -82,15 +82,17 @@ impl EpochDataset {
             } => feed.order.spec(epoch),
             FeedOrder::Shuffled { window: None, .. } => {
                 return plan_err!(
-                    "dataset() reads an epoch a window at a time, but this feed's SHUFFLE is \
-                     exact: its row i would cost the whole epoch's shuffle; shuffle with \
-                     shuffle_window=n (SHUFFLE WINDOW n)"
+                    "reading rows by position (dataset(), --rows) reads an epoch a window at \
+                     a time, but this feed's SHUFFLE is exact: its row i would cost the whole \
+                     epoch's shuffle; shuffle with shuffle_window=n (--shuffle-window, \
+                     SHUFFLE WINDOW n)"
                 );
             }
             FeedOrder::Unshuffled { .. } => {
                 return plan_err!(
-                    "dataset() gives an epoch's order by position, but this feed is not \
-                     shuffled; shuffle it with shuffle_window=n (SHUFFLE WINDOW n)"
+                    "reading rows by position (dataset(), --rows) gives an epoch's order by \
+                     position, but this feed is not shuffled; shuffle it with shuffle_window=n \
+                     (--shuffle-window, SHUFFLE WINDOW n)"
                 );
             }
         };
@@ -98,9 +100,9 @@ impl EpochDataset {
             // Its failing rows take the row before them in the sink, which
             // reads the epoch in order, not by position.
             return plan_err!(
-                "dataset() reads rows by position, but this feed quarantines failing rows \
-                 (on_error=quarantine), which takes the rows before them; use a feed with \
-                 on_error=fail to look at rows by position"
+                "reading rows by position (dataset(), --rows) cannot follow this feed: it \
+                 quarantines failing rows (on_error=quarantine), whose slots take the rows \
+                 before them; use on_error=fail to look at rows by position"
             );
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
