@@ -6,7 +6,8 @@
 # (STEP_MS, default 30), SHUFFLE (one job an epoch) against SHUFFLE WINDOW
 # (one job a window, the next one running ahead), A B A B at each ROWS.
 # Prints the first batch's latency, the share of the run the loop waited
-# after its first batch, and the executors' peak disk (their work folders,
+# after its first batch, the feed process's peak RSS (the rank: it fetches
+# and converts the rows), and the executors' peak disk (their work folders,
 # where Ballista keeps shuffle files, sampled every 0.2 s; each run has a
 # cluster of its own). A windowed feed removes each window's result once
 # it read `sqlfeed.window_jobs_kept` more (default 1); an epoch's job
@@ -62,8 +63,10 @@ stop_cluster() {
 }
 out=$(mktemp)
 err=$(mktemp)
-trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$out" "$err"' EXIT
-printf '%-8s %-14s %-6s %8s %11s %13s\n' rows case round ttfb_s wait_after exec_disk_mb
+timing=$(mktemp)
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -f "$out" "$err" "$timing"' EXIT
+printf '%-8s %-14s %-6s %8s %11s %14s %13s\n' rows case round ttfb_s wait_after client_rss_mb \
+  exec_disk_mb
 for rows in "${sizes[@]}"; do
   data=$work/data-$rows
   if [[ ! -f $data/_meta.json ]]; then
@@ -81,7 +84,8 @@ for rows in "${sizes[@]}"; do
       [[ $case == exact ]] || args+=(--shuffle-window "$window")
       settings=()
       [[ -z ${SET:-} ]] || settings=(--set "$SET")
-      "$bin" --cluster "df://$address" "${settings[@]}" feed "$sql" "${args[@]}" --epochs 2 --batch-size 256 \
+      /usr/bin/time -f "%M" -o "$timing" \
+        "$bin" --cluster "df://$address" "${settings[@]}" feed "$sql" "${args[@]}" --epochs 2 --batch-size 256 \
         --prefetch 8 --device cpu --step-ms "$step_ms" --run-id "bench-$rows-$case-$round" \
         --result-json >"$out" 2>"$err" &
       feed=$!
@@ -95,13 +99,13 @@ for rows in "${sizes[@]}"; do
       done
       wait "$feed" || { echo "the $case feed of $rows rows failed:" >&2; tail -5 "$err" >&2; exit 1; }
       stop_cluster
-      python3 - "$rows" "$case" "$round" "$peak" "$out" <<'PY'
+      python3 - "$rows" "$case" "$round" "$peak" "$out" "$(tail -1 "$timing")" <<'PY'
 import json, sys
-rows, case, round_, peak_kb, out = sys.argv[1:6]
+rows, case, round_, peak_kb, out, rss_kb = sys.argv[1:7]
 line = next(l for l in open(out).read().splitlines() if l.startswith("RESULT "))
 r = json.loads(line[7:])
 print(f"{rows:<8} {case:<14} {round_:<6} {r['ttfb_s']:8.2f} {100 * r['wait_frac_steady']:10.2f}% "
-      f"{int(peak_kb) / 1024:13.1f}")
+      f"{int(rss_kb) / 1024:14.1f} {int(peak_kb) / 1024:13.1f}")
 PY
     done
   done
