@@ -777,12 +777,7 @@ impl FeedBuilder {
     /// it batch by batch).
     pub fn start_checkpoint(self) -> Result<Checkpoint> {
         self.validate()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("sqlfeed-checkpoint")
-            .enable_all()
-            .build()
-            .map_err(|e| resources_datafusion_err!("cannot start a thread: {e}"))?;
+        let runtime = planning_runtime(1, "sqlfeed-checkpoint")?;
         let (plan, data) = self.resolve(&runtime, FeedRows::Query)?;
         Ok(plan.checkpoint_at_start(&data.unwrap_or_default()))
     }
@@ -806,17 +801,17 @@ impl FeedBuilder {
     /// ```
     pub fn dataset(&self, epoch: u64) -> Result<super::EpochDataset> {
         self.validate()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("sqlfeed-dataset-plan")
-            .enable_all()
-            .build()
-            .map_err(|e| resources_datafusion_err!("cannot start a thread: {e}"))?;
-        let resolved = self.clone().resolve(&runtime, FeedRows::Query);
-        // Without waiting: a runtime dropped where blocking is not allowed
-        // (an async caller) would panic.
-        runtime.shutdown_background();
-        super::EpochDataset::try_new(resolved?.0, epoch)
+        // The dataset's own runtime, which also resolves the options.
+        let runtime = planning_runtime(2, "sqlfeed-dataset")?;
+        match self.clone().resolve(&runtime, FeedRows::Query) {
+            Ok((plan, _)) => super::EpochDataset::try_new(plan, epoch, runtime),
+            Err(e) => {
+                // Without waiting: a runtime dropped where blocking is not
+                // allowed (an async caller) would panic.
+                runtime.shutdown_background();
+                Err(e)
+            }
+        }
     }
 
     /// The checkpoint this feed starts at as its options say, without
@@ -980,4 +975,15 @@ impl FeedBuilder {
         }
         Ok(())
     }
+}
+
+/// A runtime of `threads` workers named `name` that resolves a feed's
+/// options (and, for a dataset, reads its windows) outside a feed.
+fn planning_runtime(threads: usize, name: &str) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| resources_datafusion_err!("cannot start a thread: {e}"))
 }

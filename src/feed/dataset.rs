@@ -74,8 +74,37 @@ impl std::fmt::Debug for EpochDataset {
 }
 
 impl EpochDataset {
-    /// Epoch `epoch` of `feed`, which must be shuffled in windows.
-    pub(super) fn try_new(feed: FeedPlan, epoch: u64) -> Result<Self> {
+    /// Epoch `epoch` of `feed`, which must be shuffled in windows, read on
+    /// `runtime` (shut down when it is refused, or with the dataset).
+    pub(super) fn try_new(
+        feed: FeedPlan,
+        epoch: u64,
+        runtime: tokio::runtime::Runtime,
+    ) -> Result<Self> {
+        match Self::plan(feed, epoch, &runtime) {
+            Ok((state, query)) => Ok(Self {
+                epoch,
+                runtime: Some(runtime),
+                schema: Arc::clone(query.schema().inner()),
+                state,
+                query,
+                window_rows: Mutex::default(),
+                window: Mutex::default(),
+            }),
+            Err(e) => {
+                // Without waiting (see `Drop`).
+                runtime.shutdown_background();
+                Err(e)
+            }
+        }
+    }
+
+    /// The epoch's query and the state it is planned in.
+    fn plan(
+        feed: FeedPlan,
+        epoch: u64,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Result<(SessionState, LogicalPlan)> {
         let spec = match feed.order {
             FeedOrder::Shuffled {
                 window: Some(_), ..
@@ -105,33 +134,15 @@ impl EpochDataset {
                  before them; use on_error=fail to look at rows by position"
             );
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sqlfeed-dataset")
-            .enable_all()
-            .build()
-            .map_err(|e| {
-                datafusion::common::resources_datafusion_err!(
-                    "cannot start a thread: {e}"
-                )
-            })?;
         let session = feed.session.clone();
         let sql = feed.sql.clone();
-        let df = on_runtime(&runtime, async move {
+        let df = on_runtime(runtime, async move {
             let df = session.sql(&sql).await?;
             match spec {
                 Some(spec) => shuffle(df, spec),
                 None => Ok(df),
             }
-        });
-        let df = match df {
-            Ok(df) => df,
-            Err(e) => {
-                // Without waiting (see `Drop`).
-                runtime.shutdown_background();
-                return Err(e);
-            }
-        };
+        })?;
         let (state, query) = df.into_parts();
         let mut config = feed.epoch_config(state.config(), epoch);
         crate::config::deterministic_config(
@@ -145,16 +156,7 @@ impl EpochDataset {
             .build();
         // Functions see the epoch's settings captured here.
         state.mark_start_execution();
-        let schema = Arc::clone(query.schema().inner());
-        Ok(Self {
-            epoch,
-            runtime: Some(runtime),
-            state,
-            query,
-            schema,
-            window_rows: Mutex::default(),
-            window: Mutex::default(),
-        })
+        Ok((state, query))
     }
 
     fn runtime(&self) -> Result<&tokio::runtime::Runtime> {
