@@ -2,15 +2,18 @@
 # The shuffle's barrier as the data grows (issue 55): one shuffled epoch of
 # the narrow feed (8 float32 features as `x` = feature_vector(f0 … f7), the
 # label as `y`, 16 files, batches of 4096) with the permutation's index
-# sorted on one thread (SET sqlfeed.shuffle_sort_threads = 1, the old path)
-# and on the scan's cores (the default), A B A B, at each ROWS: the first
-# batch's latency, the epoch's time, peak RSS, and a hash of every batch's
-# digest (equal on both paths: the sort's threads change when the order is
-# ready, not the order). Each size also times one plain scan of the columns
+# sorted whole on one thread before the first batch (SET
+# sqlfeed.shuffle_sort_threads = 1) and the default (placed in key-range
+# groups on the scan's cores, the groups sorted behind the output), A B A B,
+# at each ROWS: the first batch's latency, the epoch's time, peak RSS, and a
+# hash of every batch's digest (equal on all paths: the threads change when
+# the order is ready, not the order). Each size also times one plain scan of the columns
 # the feed reads (the sum of each, which file statistics cannot answer),
-# what the issue's goal compares the first batch with.
+# what the issue's goal compares the first batch with. With BASELINE set to
+# an older release binary, its default path (cores) runs too, as `old`,
+# between the two: the new build against the old one in one run.
 #
-#   scripts/bench-sort-threads.sh [ROUNDS=2] [ROWS...=200000 2000000 20000000]
+#   [BASELINE=path/to/old/sqlfeed] scripts/bench-sort-threads.sh [ROUNDS=2] [ROWS...=200000 2000000 20000000]
 #
 # The data is bench-epochs.sh's (written once under target/bench-epochs).
 # Needs a release build.
@@ -40,13 +43,18 @@ for rows in "${sizes[@]}"; do
     read -r scan_s scan_kb < "$timing"
     printf '%-9s %-8s %-6s %8s %9s %12.0f %14s\n' "$rows" "scan" "$round" "-" "$scan_s" \
       "$(echo "$scan_kb / 1024" | bc -l)" "-"
-    for threads in 1 0; do
-      /usr/bin/time -f "%M" -o "$timing" "$bin" --set "sqlfeed.shuffle_sort_threads=$threads" \
+    cases=("1:$bin")
+    [[ -n ${BASELINE:-} ]] && cases+=("old:$BASELINE")
+    cases+=("cores:$bin")
+    for case in "${cases[@]}"; do
+      label=${case%%:*}
+      run_bin=${case#*:}
+      threads=0
+      [[ $label == 1 ]] && threads=1
+      /usr/bin/time -f "%M" -o "$timing" "$run_bin" --set "sqlfeed.shuffle_sort_threads=$threads" \
         feed "$sql" --shuffle-seed 42 --epochs 1 --batch-size 4096 --device cpu \
         --result-json --digest >"$out" 2>&1
       read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")
-      label=cores
-      [[ $threads == 1 ]] && label=1
       printf '%-9s %-8s %-6s %8s %9s %12.0f %14s\n' "$rows" "$label" "$round" "$ttfb" "$epoch" \
         "$(echo "$(tail -1 "$timing") / 1024" | bc -l)" "$digests"
     done

@@ -73,11 +73,13 @@ extensions_options! {
         /// does not wait for the next epoch's shuffle; both epochs share the
         /// session's memory limit (`feed::lookahead`).
         pub epoch_lookahead: bool, default = true
-        /// Threads that sort a one-machine `SHUFFLE`'s permutation once all
+        /// Threads that index a one-machine `SHUFFLE`'s permutation once all
         /// its rows are in memory (its scan is over then, and the first
-        /// batch waits for the sort); 0: the session's target partitions, 1:
-        /// the permutation's own task. The order is the same on any number
-        /// (`crate::shuffle::PermuteExec`).
+        /// batch waits for this): they place the index in key-range groups,
+        /// which a thread of its own then sorts behind the output; 0: the
+        /// session's target partitions, 1: the permutation's own task, which
+        /// sorts the whole index before the first batch. The order is the
+        /// same on any number (`crate::shuffle::PermuteExec`).
         pub shuffle_sort_threads: usize, default = 0
         /// Rows per global step (batch size × world) of the feed the plan
         /// runs for, in which a `MIX`'s weight schedules count their steps;

@@ -52,8 +52,11 @@
 //! # Modes
 //! [`PermuteMode::Gather`] reads every input partition into one output
 //! partition and drops the key (the embedded plan); once all of it is in
-//! memory, its index is sorted on the cores the scan used
-//! (`sqlfeed.shuffle_sort_threads`, see `index_sort.rs`), in the same order.
+//! memory, the cores the scan used (`sqlfeed.shuffle_sort_threads`) place
+//! its index in key-range groups and look for copies, and the groups are
+//! sorted one after another behind the output (`streamed_index.rs`); with
+//! one thread, or a small input, the index is sorted whole first
+//! (`index_sort.rs`). The order is the same.
 //! [`PermuteMode::PerPartition`] permutes each partition on its own and keeps
 //! the final key for an order-preserving merge above (the stage-shaped plan,
 //! after a hash exchange on the content key has put all copies of a row in
@@ -110,6 +113,7 @@ use super::{CopyIdentity, SHUFFLE_KEY_COLUMN};
 
 mod index_sort;
 mod permuter;
+mod streamed_index;
 use crate::exec::BatchStream;
 use permuter::{Permuter, compact_views};
 

@@ -33,7 +33,8 @@ use super::super::copies::{
 };
 
 use super::INDEX_ENTRY_BYTES;
-use super::index_sort::sorted_index;
+use super::index_sort::{Entry, PARALLEL_SORT_MIN_ENTRIES, sorted_index};
+use super::streamed_index::GroupedIndex;
 
 /// The state of one execution.
 pub(super) struct Permuter {
@@ -228,7 +229,12 @@ impl Permuter {
     pub(super) fn gather(&self, chunk: usize, with_key: bool) -> Result<RecordBatch> {
         let start = chunk * self.batch_rows;
         let end = (start + self.batch_rows).min(self.index.len());
-        let entries = &self.index[start..end];
+        self.gather_entries(&self.index[start..end], with_key)
+    }
+
+    /// The rows of `entries`, in their order, plus their keys as the key
+    /// column when `with_key`.
+    fn gather_entries(&self, entries: &[Entry], with_key: bool) -> Result<RecordBatch> {
         let indices: Vec<(usize, usize)> = entries
             .iter()
             .map(|&(_, batch, row)| (batch as usize, row as usize))
@@ -331,6 +337,10 @@ impl Permuter {
         mut self,
         baseline: BaselineMetrics,
     ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        let rows: usize = self.held.iter().map(|b| b.num_rows()).sum();
+        if self.sort_threads > 1 && rows >= PARALLEL_SORT_MIN_ENTRIES {
+            return self.stream_in_memory(baseline);
+        }
         {
             let _timer = baseline.elapsed_compute().timer();
             self.build_index(self.sort_threads)?;
@@ -353,6 +363,48 @@ impl Permuter {
                 this.gather(chunk, true)
             })
             .boxed())
+    }
+
+    /// Everything fit and the input's cores are free: the index is placed
+    /// in key-range groups and checked for copies, and its groups are
+    /// sorted one after another on a thread of their own while the output
+    /// streams (see `streamed_index.rs`; the same order as
+    /// [`Self::gather_in_memory`]'s whole sort).
+    fn stream_in_memory(
+        mut self,
+        baseline: BaselineMetrics,
+    ) -> Result<futures::stream::BoxStream<'static, Result<RecordBatch>>> {
+        let index = {
+            let _timer = baseline.elapsed_compute().timer();
+            let index = GroupedIndex::build(
+                &self.held,
+                self.key_column,
+                self.sort_threads,
+                &self.ties,
+                self.spread_copies.clone(),
+            )?;
+            // The keys are in the index now: drop their column (8 B/row).
+            let columns: Vec<usize> = (0..self.key_column).collect();
+            for batch in &mut self.held {
+                *batch = batch.project(&columns)?;
+            }
+            index
+        };
+        let entries = index.stream(self.batch_rows, baseline.elapsed_compute().clone());
+        let this = Arc::new(self);
+        Ok(futures::stream::try_unfold(entries, move |mut entries| {
+            let this = Arc::clone(&this);
+            let baseline = baseline.clone();
+            async move {
+                let batch = entries.next_batch().await?;
+                if batch.is_empty() {
+                    return Ok(None);
+                }
+                let _timer = baseline.elapsed_compute().timer();
+                Ok(Some((this.gather_entries(&batch, true)?, entries)))
+            }
+        })
+        .boxed())
     }
 
     /// DataFusion's streaming merge by key of `runs` and `streams`, each
