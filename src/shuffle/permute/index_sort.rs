@@ -55,17 +55,7 @@ pub(super) fn sorted_index(
     key_column: usize,
     threads: usize,
 ) -> Vec<Entry> {
-    let keys = || {
-        held.iter().enumerate().flat_map(move |(batch, b)| {
-            b.column(key_column)
-                .as_primitive_opt::<UInt64Type>()
-                .map(|keys| keys.values().as_ref())
-                .unwrap_or(&[])
-                .iter()
-                .enumerate()
-                .map(move |(row, &key)| (key, batch as u32, row as u32))
-        })
-    };
+    let keys = || entries(held, key_column);
     let rows: usize = held.iter().map(|b| b.num_rows()).sum();
     if threads <= 1 || rows < PARALLEL_SORT_MIN_ENTRIES {
         let mut index = Vec::with_capacity(rows);
@@ -92,6 +82,22 @@ pub(super) fn sorted_index(
     let threads = threads.min(rows / MIN_ENTRIES_PER_THREAD).max(1);
     sort_buckets(&mut index, &starts, threads);
     index
+}
+
+/// Every `(key, batch, row)` of the key columns of `held`, in arrival order.
+pub(super) fn entries(
+    held: &[RecordBatch],
+    key_column: usize,
+) -> impl Iterator<Item = Entry> + '_ {
+    held.iter().enumerate().flat_map(move |(batch, b)| {
+        b.column(key_column)
+            .as_primitive_opt::<UInt64Type>()
+            .map(|keys| keys.values().as_ref())
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+            .map(move |(row, &key)| (key, batch as u32, row as u32))
+    })
 }
 
 /// Bits of the key that pick a bucket: about [`ENTRIES_PER_BUCKET`] entries

@@ -39,8 +39,7 @@
 //! the index shrinks as the epoch is read. The check for repeats uses one
 //! table of twice a group's entries per thread.
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
-use datafusion::arrow::datatypes::UInt64Type;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::physical_plan::metrics::Time;
@@ -48,7 +47,7 @@ use std::ops::Range;
 use tokio::sync::mpsc;
 
 use super::super::copies::{order_copies_by_ties, spread_copies_in_index};
-use super::index_sort::Entry;
+use super::index_sort::{Entry, entries};
 
 /// About this many entries per group: a group sorts in the cache (1 MiB of
 /// entries) and there are few enough groups to place entries into.
@@ -237,19 +236,6 @@ fn group_of(key: u64, bits: u32) -> usize {
     (key >> (64 - bits)) as usize
 }
 
-/// Every `(key, batch, row)` of the key columns of `held`, in arrival order.
-fn entries(held: &[RecordBatch], key_column: usize) -> impl Iterator<Item = Entry> + '_ {
-    held.iter().enumerate().flat_map(move |(batch, b)| {
-        b.column(key_column)
-            .as_primitive_opt::<UInt64Type>()
-            .map(|keys| keys.values().as_ref())
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-            .map(move |(row, &key)| (key, batch as u32, row as u32))
-    })
-}
-
 /// The groups of `2^bits`, each filled in arrival order. Thread `t` owns
 /// a contiguous range of groups and reads every key twice (to count, then
 /// to place), so no group is written by two threads.
@@ -379,7 +365,7 @@ impl KeySet {
 mod tests {
     use std::sync::Arc;
 
-    use datafusion::arrow::array::{ArrayRef, Int64Array, UInt64Array};
+    use datafusion::arrow::array::{ArrayRef, AsArray, Int64Array, UInt64Array};
 
     use super::super::super::copies::copy_key;
     use super::super::index_sort::sorted_index;
