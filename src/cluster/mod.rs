@@ -70,7 +70,7 @@ pub use declared::{DeclaredArgs, PythonDeclaration};
 pub use executor::{ExecutorOptions, run_executor};
 pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
 pub use scheduler::{DEFAULT_JOB_DATA_TTL_SECONDS, SchedulerOptions, run_scheduler};
-pub use shared_job::{CompletedJob, RunJob, SharedJobExec};
+pub use shared_job::{CompletedJob, JobDeal, RunJob, SharedJobExec};
 pub use standalone::Standalone;
 pub use watch::{ExecutorLost, JobWatchExec, executors, is_executor_lost};
 pub use wire::WireNode;

@@ -16,19 +16,25 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::SessionState;
-use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::execution::{
+    SendableRecordBatchStream, SessionStateBuilder, TaskContext,
+};
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use futures::TryStreamExt;
 
 use super::{
-    AttemptFactory, ExactRetryExec, JobWatchExec, RunJob, SchedulerAddress,
+    AttemptFactory, ExactRetryExec, JobDeal, JobWatchExec, RunJob, SchedulerAddress,
     SharedJobExec, Standalone, client_state,
 };
-use crate::session::{EpochJob, EpochJobPlan, InstallScaleOut, ScaleOut};
+use crate::session::{DeferredPads, EpochJob, EpochJobPlan, InstallScaleOut, ScaleOut};
 use crate::{Session, SessionBuilder};
 
 impl SessionBuilder {
@@ -115,6 +121,7 @@ impl ScaleOut for ClusterScaleOut {
             completed,
             mixture,
             read,
+            pads,
         } = job;
         let (state, query) = query.into_parts();
         // The scheduler plans the job with this rank's settings: the same
@@ -154,6 +161,8 @@ impl ScaleOut for ClusterScaleOut {
         // Each attempt is the epoch's job, watched for lost executors; a
         // loss re-runs it and skips what this rank already consumed.
         let (attempt_state, scheduler) = (state.clone(), self.address.clone());
+        let pads = pads.filter(|_| deal.is_some_and(|d| d.span.is_some()));
+        let attempt_pads = pads.clone();
         let attempts: Arc<AttemptFactory> = Arc::new(move |attempt| {
             let mut job = SharedJobExec::try_new(
                 &attempt_state,
@@ -165,7 +174,10 @@ impl ScaleOut for ClusterScaleOut {
                 },
                 rank,
                 attempt,
-                deal,
+                deal.map(|deal| JobDeal {
+                    deal,
+                    pads: attempt_pads.clone(),
+                }),
             )?;
             if let Some(completed) = &completed {
                 job = job.reporting_completion(Arc::clone(completed));
@@ -183,15 +195,65 @@ impl ScaleOut for ClusterScaleOut {
         });
         let fetched: Arc<dyn ExecutionPlan> =
             Arc::new(ExactRetryExec::try_new(attempts, self.address.clone())?);
-        let plan = match finish {
-            Some(exprs) => Arc::new(ProjectionExec::try_new(exprs, fetched)?) as _,
-            None => fetched,
+        // The pads the window jobs put aside, finished as the rows are.
+        let pads = pads
+            .map(|pads| {
+                let stream = PadsStream {
+                    schema: fetched.schema(),
+                    pads,
+                };
+                StreamingTableExec::try_new(
+                    fetched.schema(),
+                    vec![Arc::new(stream)],
+                    None,
+                    vec![],
+                    false,
+                    None,
+                )
+                .map(|exec| Arc::new(exec) as Arc<dyn ExecutionPlan>)
+            })
+            .transpose()?;
+        let (plan, pads) = match finish {
+            Some(exprs) => (
+                Arc::new(ProjectionExec::try_new(exprs.clone(), fetched)?) as _,
+                pads.map(|pads| ProjectionExec::try_new(exprs, pads))
+                    .transpose()?
+                    .map(|pads| Arc::new(pads) as _),
+            ),
+            None => (fetched, pads),
         };
         Ok(EpochJobPlan {
             plan,
             task_ctx: Arc::new(TaskContext::from(&state)),
             dealt: deal.is_some(),
+            pads,
         })
+    }
+}
+
+/// Streams the pad rows a windowed epoch's dealt jobs put aside
+/// ([`DeferredPads`]), when read: after the epoch's last window.
+#[derive(Debug)]
+struct PadsStream {
+    schema: SchemaRef,
+    pads: Arc<DeferredPads>,
+}
+
+impl PartitionStream for PadsStream {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let pads = Arc::clone(&self.pads);
+        Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            futures::stream::once(
+                async move { Ok::<_, DataFusionError>(pads.batches()) },
+            )
+            .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten(),
+        ))
     }
 }
 

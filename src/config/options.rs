@@ -55,6 +55,15 @@ extensions_options! {
         pub deal_batch_rows: usize, default = 0
         /// Whether the dealt feed drops its last partial step.
         pub deal_drop_last: bool, default = false
+        /// With `deal_world`, the job is one window of a windowed epoch
+        /// (`SHUFFLE WINDOW` on a cluster) whose rows start at this row of
+        /// the epoch; set by a windowed cluster feed with the one below.
+        pub deal_epoch_offset: u64, default = 0
+        /// With `deal_world`, the rows of the whole epoch the job is a
+        /// window of (0: the job is the epoch).
+        pub deal_epoch_rows: u64, default = 0
+        /// With `deal_epoch_rows`, the rows of the job's own window.
+        pub deal_window_rows: u64, default = 0
         /// A folder every executor and rank of a cluster reaches (a shared
         /// file system): a cached, shuffled cluster feed keeps its entry
         /// there, written by the executors that compute the first epoch

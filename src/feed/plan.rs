@@ -424,6 +424,7 @@ impl FeedPlan {
                 batch_rows: self.shard.batch_rows,
                 world: self.shard.world,
                 drop_last: self.shard.drop_last,
+                span: None,
             },
         )
     }

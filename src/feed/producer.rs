@@ -33,9 +33,11 @@ use super::window_jobs::{WindowJob, WindowJobsExec};
 use crate::device::{DType, SlotPool};
 use crate::exec::catch_panic;
 use crate::session::{
-    CompletedJob, EpochJob, EpochJobPlan, JobMixture, ReadJobs, ScaleOut,
+    CompletedJob, DeferredPads, EpochJob, EpochJobPlan, JobMixture, ReadJobs, ScaleOut,
 };
-use crate::shuffle::{ShuffleSpec, shuffle, window_count, with_only_window};
+use crate::shuffle::{
+    EpochSpan, ShuffleSpec, shuffle, window_count, window_footer_counts, with_only_window,
+};
 
 /// How often the look-ahead, waiting for the current epoch's first batch,
 /// looks.
@@ -322,6 +324,7 @@ impl Producer {
             completed,
             mixture: Some(Arc::clone(&mixture)),
             read: None,
+            pads: None,
         })?;
         Ok((job, mixture))
     }
@@ -371,6 +374,17 @@ impl Producer {
         let Some(windows) = window_count(&counted.plan, &counted.task_ctx).await? else {
             return internal_err!("a windowed epoch's plan has no WindowedShuffleExec");
         };
+        // Dealt on the executors when each window's place in the epoch is
+        // known now, from the footers (module docs of `window_jobs`).
+        let feed = &self.plan;
+        let may_deal = feed.start_on_the_grid(epoch) && feed.quarantine.is_none();
+        let spans = match feed.deal(may_deal) {
+            Some(deal) => window_footer_counts(&counted.plan, &counted.task_ctx)
+                .await?
+                .map(|counts| (deal, window_spans(&counts))),
+            None => None,
+        };
+        let pads = Arc::new(DeferredPads::default());
         let (query, partition_order) = self.epoch_job_query(query, epoch);
         let (state, plan) = query.into_parts();
         // Each window's job is its own: ranks of the run share it by name.
@@ -382,32 +396,40 @@ impl Producer {
             let options = crate::config::SqlfeedOptions::of(state.config().options());
             Arc::new(ReadJobs::new(options.window_jobs_kept, (epoch, 0)))
         }));
-        let job: WindowJob = Arc::new(move |window: usize| {
+        let make = move |window: usize| {
             let plan = with_only_window(plan.clone(), window as u64)?;
-            Ok(scale_out
-                .epoch_job(EpochJob {
-                    query: DataFrame::new(state.clone(), plan),
-                    partition_order,
-                    run: format!("{run}\0window {window}"),
-                    epoch,
-                    rank,
-                    deal: None,
-                    completed: None,
-                    mixture: None,
-                    read: Some((
-                        Arc::clone(&read),
-                        (epoch, window as u64),
-                        windows as u64,
-                    )),
-                })?
-                .plan)
-        });
-        let first = job(0)?;
+            let deal = match &spans {
+                Some((deal, spans)) => match spans.get(window) {
+                    Some(span) => Some(deal.within(*span)),
+                    None => {
+                        return internal_err!(
+                            "window {window} of an epoch counted at {} windows",
+                            spans.len()
+                        );
+                    }
+                },
+                None => None,
+            };
+            scale_out.epoch_job(EpochJob {
+                query: DataFrame::new(state.clone(), plan),
+                partition_order,
+                run: format!("{run}\0window {window}"),
+                epoch,
+                rank,
+                deal,
+                completed: None,
+                mixture: None,
+                read: Some((Arc::clone(&read), (epoch, window as u64), windows as u64)),
+                pads: deal.map(|_| Arc::clone(&pads)),
+            })
+        };
+        let first = make(0)?;
+        let job: WindowJob = Arc::new(move |window: usize| Ok(make(window)?.plan));
         Ok(EpochPlan {
-            plan: Arc::new(WindowJobsExec::new(first, windows, job)),
+            plan: Arc::new(WindowJobsExec::new(first.plan, windows, job, first.pads)),
             task_ctx,
             fill: None,
-            dealt: false,
+            dealt: first.dealt,
             after: None,
             mixture: None,
         })
@@ -691,4 +713,22 @@ fn tensor_infos(columns: &[TensorColumn]) -> Vec<TensorInfo> {
         }
     }
     infos
+}
+
+/// Each window's place in an epoch whose windows give `counts` rows.
+fn window_spans(counts: &[u64]) -> Vec<EpochSpan> {
+    let rows = counts.iter().sum();
+    let mut offset = 0;
+    counts
+        .iter()
+        .map(|&window_rows| {
+            let span = EpochSpan {
+                offset,
+                window_rows,
+                rows,
+            };
+            offset += window_rows;
+            span
+        })
+        .collect()
 }

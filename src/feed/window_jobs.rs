@@ -24,8 +24,16 @@
 //! runs that window's job again and skips the rows already read
 //! (`ExactRetryExec`).
 //!
-//! Jobs are not dealt per rank: every rank reads every window and keeps its
-//! own batches.
+//! # Dealt
+//! When the feed batches by rows and nothing under the shuffle drops rows,
+//! each window's job is dealt to ranks on the executors like an epoch's
+//! (`crate::shuffle::deal`): the window's rows are rows `offset..` of the
+//! epoch, both counted from the footers when the epoch is planned, so each
+//! rank fetches only its own batches. The copies of the epoch's first rows
+//! that pad its last step come from the first windows' jobs and are read
+//! after the last window (`crate::session::DeferredPads`). With a filter,
+//! the windows' rows are only known once their jobs ran: every rank then
+//! reads every window and keeps its own batches.
 
 use std::fmt;
 use std::sync::Arc;
@@ -39,6 +47,9 @@ use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder}
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
+
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::exec::lanes::ordered_partitions;
 use crate::exec::sequence::in_sequence;
@@ -55,6 +66,8 @@ pub(super) struct WindowJobsExec {
     /// Windows in the epoch (at least 1).
     windows: usize,
     job: WindowJob,
+    /// A dealt epoch's pad rows, read after the last window.
+    pads: Option<PlanNode>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -68,8 +81,14 @@ impl fmt::Debug for WindowJobsExec {
 }
 
 impl WindowJobsExec {
-    /// The epoch of `windows` windows: `first` and then `job(1)` ….
-    pub(super) fn new(first: PlanNode, windows: usize, job: WindowJob) -> Self {
+    /// The epoch of `windows` windows: `first` and then `job(1)` …, then
+    /// `pads` if given.
+    pub(super) fn new(
+        first: PlanNode,
+        windows: usize,
+        job: WindowJob,
+        pads: Option<PlanNode>,
+    ) -> Self {
         let schema: SchemaRef = first.schema();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema),
@@ -81,6 +100,7 @@ impl WindowJobsExec {
             first,
             windows: windows.max(1),
             job,
+            pads,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -110,6 +130,7 @@ impl ExecutionPlan for WindowJobsExec {
             first,
             self.windows,
             Arc::clone(&self.job),
+            self.pads.clone(),
         )))
     }
 
@@ -119,6 +140,7 @@ impl ExecutionPlan for WindowJobsExec {
         let wait = MetricBuilder::new(&self.metrics).subset_time("window_wait", 0);
         let (first, job) = (Arc::clone(&self.first), Arc::clone(&self.job));
         let turn_rows = ctx.session_config().batch_size();
+        let pads_ctx = Arc::clone(&ctx);
         let streams = (0..self.windows).map(move |window| {
             started.add(1);
             let plan = match window {
@@ -127,12 +149,18 @@ impl ExecutionPlan for WindowJobsExec {
             };
             ordered_partitions(&plan, Arc::clone(&ctx), turn_rows)
         });
-        Ok(in_sequence(
+        let windows = in_sequence(self.schema(), streams, WINDOWS_AHEAD, Some(wait));
+        let Some(pads) = &self.pads else {
+            return Ok(windows);
+        };
+        // Read once every window was read to its end: each put its pads.
+        let (pads, pads_ctx) = (Arc::clone(pads), Arc::clone(&pads_ctx));
+        let after =
+            futures::stream::once(async move { pads.execute(0, pads_ctx) }).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
-            streams,
-            WINDOWS_AHEAD,
-            Some(wait),
-        ))
+            windows.chain(after),
+        )))
     }
 
     crate::exec::metrics_of_field!();

@@ -63,8 +63,8 @@ pub use crate::sql::{file_errors, url_table};
 pub use builder::SessionBuilder;
 pub use object_stores::{ALLOW_HTTP_ENV, IoCounters, ObjectStoreLimits};
 pub use scale_out::{
-    CompletedJob, EpochJob, EpochJobPlan, InstallScaleOut, JobMixture, ReadJobs,
-    ReadWindow, ScaleOut, WindowId,
+    CompletedJob, DeferredPads, EpochJob, EpochJobPlan, InstallScaleOut, JobMixture,
+    ReadJobs, ReadWindow, ScaleOut, WindowId,
 };
 
 /// Share of the available memory (physical RAM or the cgroup limit, whichever

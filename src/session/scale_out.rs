@@ -19,10 +19,11 @@
 //! Ballista's own `SessionConfigExt` extends DataFusion's types.
 
 use std::any::Any;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -97,6 +98,9 @@ pub struct EpochJob {
     /// keeps have their results removed from the executors. `None`: the
     /// result stays for the scheduler's time to live.
     pub read: Option<ReadWindow>,
+    /// A dealt window job's: where its pad partitions go (module docs of
+    /// [`DeferredPads`]), one store for all windows of the epoch.
+    pub pads: Option<Arc<DeferredPads>>,
 }
 
 /// The window jobs one rank of a feed read to the end, of which it keeps
@@ -191,6 +195,42 @@ pub struct EpochJobPlan {
     pub task_ctx: Arc<TaskContext>,
     /// The plan yields this rank's rows only.
     pub dealt: bool,
+    /// A dealt window job's: streams this rank's pad rows that the epoch's
+    /// window jobs put into [`EpochJob::pads`], finished as `plan`'s rows
+    /// are, to be read after the epoch's last window.
+    pub pads: Option<Arc<dyn ExecutionPlan>>,
+}
+
+/// The pad rows of a windowed epoch dealt to ranks on a cluster: copies of
+/// the epoch's first rows that fill its last, partial step (see
+/// `crate::shuffle::deal`). The jobs of the windows holding those first
+/// rows route the copies into their pad partitions, but a rank reads them
+/// after the last window: so each window job's pad partitions are fetched
+/// into here while its result is read (before the executors remove it),
+/// and the epoch ends with them, in partition order. A window's job read
+/// again (a lost executor, a rank behind) puts the same rows again.
+#[derive(Debug, Default)]
+pub struct DeferredPads {
+    partitions: Mutex<BTreeMap<u32, Vec<RecordBatch>>>,
+}
+
+impl DeferredPads {
+    /// Keeps pad partition `partition`'s batches.
+    pub fn put(&self, partition: u32, batches: Vec<RecordBatch>) {
+        self.lock().insert(partition, batches);
+    }
+
+    /// The batches of every pad partition put so far, in partition order.
+    pub fn batches(&self) -> Vec<RecordBatch> {
+        self.lock().values().flatten().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, Vec<RecordBatch>>> {
+        // The map is valid after any panic: each insert is one operation.
+        self.partitions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 #[cfg(test)]

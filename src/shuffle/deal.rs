@@ -34,6 +34,23 @@
 //! batcher would keep, in order; it cuts them into batches of `B` (the last
 //! one shorter), so batches, counts and resume are the embedded ones.
 //!
+//! # A windowed epoch, one job per window
+//! A windowed cluster feed (`SHUFFLE WINDOW`) runs each window as a job of
+//! its own (`crate::feed` `window_jobs`). Its rows are a segment of the
+//! epoch's order: rows `offset..offset + n` of an epoch of `N`, where the
+//! offset and `N` come from the footers when the epoch is planned
+//! ([`EpochSpan`], with the window's own `n`; a query that filters rows is
+//! not dealt, its windows' rows being unknown until they ran). A window
+//! job's [`DealShape`] is the epoch's, over epoch row numbers, so a step
+//! may start in one window and end in the next, and the last step is cut
+//! where it is, whichever window holds it. The pads copy the epoch's first
+//! rows, which the first windows' jobs hold: they route the copies into
+//! their pad partitions as the epoch's job would, and each rank fetches
+//! those while it reads the window but hands them on after the epoch's last
+//! window (`crate::session::DeferredPads`), in partition order, which is pad
+//! order. A window whose rows are not what its footers said (a file changed
+//! mid-epoch) fails its job instead of misplacing every later row.
+//!
 //! # Why count rows
 //! A task of the final stage holds one range and needs the rows of every
 //! range before it. Ballista 55 hands a task only its own partitions'
@@ -56,8 +73,8 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
-use datafusion::common::internal_datafusion_err;
 use datafusion::common::internal_err;
+use datafusion::common::{exec_datafusion_err, internal_datafusion_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{Distribution, EquivalenceProperties, Partitioning};
@@ -86,6 +103,22 @@ pub struct Deal {
     pub world: usize,
     /// Whether the last partial step is dropped.
     pub drop_last: bool,
+    /// Where the job's rows sit in the epoch when the job is one window of
+    /// it (`SHUFFLE WINDOW` on a cluster); `None`: the job is the epoch.
+    pub span: Option<EpochSpan>,
+}
+
+/// A window job's place in its epoch: its rows are rows `offset..` of an
+/// epoch of `rows` rows (counted from the footers before the jobs run).
+/// Module docs: how a windowed epoch is dealt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EpochSpan {
+    /// The rows of the windows before this one.
+    pub offset: u64,
+    /// This window's rows.
+    pub window_rows: u64,
+    /// The epoch's rows, every window's.
+    pub rows: u64,
 }
 
 impl Deal {
@@ -99,7 +132,20 @@ impl Deal {
                 batch_rows: options.deal_batch_rows,
                 world: options.deal_world,
                 drop_last: options.deal_drop_last,
+                span: (options.deal_epoch_rows > 0).then_some(EpochSpan {
+                    offset: options.deal_epoch_offset,
+                    window_rows: options.deal_window_rows,
+                    rows: options.deal_epoch_rows,
+                }),
             })
+    }
+
+    /// This deal for the job of one window of the epoch.
+    pub fn within(self, span: EpochSpan) -> Self {
+        Self {
+            span: Some(span),
+            ..self
+        }
     }
 
     /// Output partitions of a deal over `ranges` key ranges: `W` per range
@@ -109,7 +155,8 @@ impl Deal {
     }
 }
 
-/// Where the rows of an epoch of `total` rows go; see the module docs.
+/// Where the rows of an epoch of `total` rows go; see the module docs. Row
+/// numbers `g` are the epoch's (a window job's rows start at its offset).
 #[derive(Debug, Clone)]
 pub struct DealShape {
     deal: Deal,
@@ -247,14 +294,21 @@ impl DisplayAs for DealExec {
             batch_rows,
             world,
             drop_last,
+            span,
         } = self.deal;
-        let settings: [Setting; 5] = [
+        let partitions = self.partitions();
+        let mut settings: Vec<Setting> = vec![
             ("batch_rows", &batch_rows),
             ("world", &world),
             ("drop_last", &drop_last),
             ("ranges", &self.ranges),
-            ("partitions", &self.partitions()),
+            ("partitions", &partitions),
         ];
+        let rows = span.map(|s| (s.offset, s.offset + s.window_rows, s.rows));
+        let window = rows.map(|(from, to, of)| format!("rows {from}..{to} of {of}"));
+        if let Some(window) = &window {
+            settings.push(("window", window));
+        }
         crate::exec::fmt_settings(f, t, "DealExec", &settings)
     }
 }
@@ -393,10 +447,16 @@ impl Dealer {
             Some(shape) => shape,
             None => {
                 // The first data row: every count row came before it.
-                self.next_row = totals[..range].iter().sum();
-                let total = totals.iter().sum();
+                let before: u64 = totals[..range].iter().sum();
+                let total: u64 = totals.iter().sum();
+                check_window_rows(self.deal, total)?;
+                let (offset, epoch_rows) = match self.deal.span {
+                    Some(span) => (span.offset, span.rows),
+                    None => (0, total),
+                };
+                self.next_row = offset + before;
                 self.shape
-                    .insert(DealShape::new(self.deal, self.ranges, total))
+                    .insert(DealShape::new(self.deal, self.ranges, epoch_rows))
             }
         };
         let mut main_rows = UInt32Builder::with_capacity(data_rows);
@@ -450,8 +510,13 @@ impl Dealer {
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
     }
 
-    /// Checks that the range held as many rows as its count rows said.
+    /// Checks that the range held as many rows as its count rows said (and
+    /// a window job, when this task saw none, as many as its footers).
     fn finish(&self) -> Result<()> {
+        if self.shape.is_none() {
+            let total = self.counted.as_ref().map_or(0, |(_, t)| t.iter().sum());
+            check_window_rows(self.deal, total)?;
+        }
         let expected = match &self.counted {
             Some((range, totals)) => totals[*range],
             None => 0,
@@ -464,6 +529,24 @@ impl Dealer {
             )));
         }
         Ok(())
+    }
+}
+
+/// A window job's rows, `total`, against what the footers said when its
+/// epoch was planned: a window with other rows would misplace every later
+/// row of the epoch (a file appended to or rewritten mid-epoch).
+fn check_window_rows(deal: Deal, total: u64) -> Result<()> {
+    match deal.span {
+        Some(span) if span.window_rows != total => Err(exec_datafusion_err!(
+            "a window of this epoch (rows {} to {} of {}) holds {total} rows, but its \
+             files' footers said {} when the epoch was planned: the files changed during \
+             the epoch; start the feed again",
+            span.offset,
+            span.offset + span.window_rows,
+            span.rows,
+            span.window_rows
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -581,6 +664,54 @@ pub(crate) fn dealt_rows(deal: Deal, sizes: &[u64], rank: usize) -> Vec<u64> {
         .collect()
 }
 
+/// Rank `rank`'s row numbers of an epoch of windows, each a job split into
+/// key ranges of the given sizes, as a windowed feed reads them: each
+/// window's data partitions in turn, then every window's pad partitions
+/// in partition order.
+#[cfg(test)]
+pub(crate) fn dealt_window_rows(deal: Deal, windows: &[&[u64]], rank: usize) -> Vec<u64> {
+    let total: u64 = windows.iter().flat_map(|sizes| sizes.iter()).sum();
+    let mut rows = vec![];
+    let mut pads = std::collections::BTreeMap::<usize, Vec<u64>>::new();
+    let mut offset = 0;
+    for sizes in windows {
+        let window_rows: u64 = sizes.iter().sum();
+        let span = EpochSpan {
+            offset,
+            window_rows,
+            rows: total,
+        };
+        let shape = DealShape::new(deal.within(span), sizes.len(), total);
+        let mut partitions = vec![vec![]; deal.partitions(sizes.len())];
+        let mut g = offset;
+        for (range, &size) in sizes.iter().enumerate() {
+            for _ in 0..size {
+                if let Some(p) = shape.partition(range, g) {
+                    partitions[p].push(g);
+                }
+                for p in shape.pad_partitions(g) {
+                    partitions[p].push(g);
+                }
+                g += 1;
+            }
+        }
+        let first_pad = sizes.len() * deal.world;
+        for (j, dealt) in partitions.into_iter().enumerate() {
+            if j % deal.world != rank {
+                continue;
+            }
+            if j < first_pad {
+                rows.extend(dealt);
+            } else {
+                pads.entry(j).or_default().extend(dealt);
+            }
+        }
+        offset += window_rows;
+    }
+    rows.extend(pads.into_values().flatten());
+    rows
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,6 +755,7 @@ mod tests {
                             batch_rows,
                             world,
                             drop_last,
+                            span: None,
                         };
                         for rank in 0..world {
                             assert_eq!(
@@ -636,5 +768,66 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn each_rank_reads_its_embedded_rows_from_an_epoch_dealt_window_by_window() {
+        // Windows of 3 ranges each; the last step and its pads may straddle
+        // windows, and the epoch's first rows (the pads' source) may lie in
+        // several small windows.
+        let epochs: [&[&[u64]]; 7] = [
+            &[&[40, 0, 33], &[27, 1, 0], &[5, 5, 5]],
+            &[&[1, 0, 0], &[0, 1, 0], &[0, 0, 1], &[2, 0, 0]],
+            &[&[0, 0, 0], &[3, 4, 5]],
+            &[&[7, 0, 2]],
+            &[&[1, 1, 1], &[1, 1, 1], &[0, 0, 0]],
+            &[&[0, 0, 0], &[0, 0, 0]],
+            &[&[10, 9, 8], &[1, 0, 0]],
+        ];
+        for windows in epochs {
+            let total: u64 = windows.iter().flat_map(|w| w.iter()).sum();
+            for world in 2..=5 {
+                for batch_rows in [1, 3, 8] {
+                    for drop_last in [false, true] {
+                        let deal = Deal {
+                            batch_rows,
+                            world,
+                            drop_last,
+                            span: None,
+                        };
+                        for rank in 0..world {
+                            assert_eq!(
+                                dealt_window_rows(deal, windows, rank),
+                                embedded_rows(deal, total, rank),
+                                "{windows:?} {deal:?} rank {rank}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_with_other_rows_than_its_footers_said_fails() {
+        let deal = Deal {
+            batch_rows: 4,
+            world: 2,
+            drop_last: false,
+            span: Some(EpochSpan {
+                offset: 8,
+                window_rows: 10,
+                rows: 30,
+            }),
+        };
+        assert!(check_window_rows(deal, 10).is_ok());
+        let error = check_window_rows(deal, 9).unwrap_err().to_string();
+        assert!(
+            error.contains("rows 8 to 18 of 30) holds 9 rows")
+                && error.contains("footers said 10")
+                && error.contains("start the feed again"),
+            "{error}"
+        );
+        assert!(check_window_rows(Deal { span: None, ..deal }, 9).is_ok());
     }
 }

@@ -32,7 +32,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 
 use crate::exec::{NodeRewrite, PlanNode, Rewritten};
 
-use super::{DealExec, RankShardExec, ShuffleMergeExec};
+use super::{DealExec, RANK_ROUTE_COLUMN, RankShardExec, ShuffleMergeExec};
 
 /// Whether `plan` streams a global shuffle's order: a [`ShuffleMergeExec`], or a
 /// single-partition, order-keeping operator over one.
@@ -66,6 +66,26 @@ fn hash_exchange_over<T: ExecutionPlan>(
     }
     let input = repartition.input().as_ref().downcast_ref::<T>()?;
     Some((repartition, input))
+}
+
+/// A hash exchange of `input` on its column `name` (at `index`) into
+/// `partitions`: the one the planner put there, which DataFusion's
+/// distribution rule removes when the input has a single partition (one
+/// row group a window's job scans, say), as a single partition "satisfies"
+/// any hash distribution; but the ranges and the ranks need their own.
+fn exchange_on(
+    input: &Arc<dyn ExecutionPlan>,
+    name: &str,
+    index: usize,
+    partitions: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let column: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(
+        datafusion::physical_plan::expressions::Column::new(name, index),
+    );
+    Ok(Arc::new(RepartitionExec::try_new(
+        Arc::clone(input),
+        Partitioning::Hash(vec![column], partitions),
+    )?))
 }
 
 /// A repartition's partition count.
@@ -188,7 +208,39 @@ crate::exec::node_rewrite_rule!(KeepShuffleOrder, "sqlfeed_keep_shuffle_order");
 impl NodeRewrite for KeepShuffleOrder {
     fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
         if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
+            if let Some(deal) = shard.children()[0].as_ref().downcast_ref::<DealExec>() {
+                let route = deal.schema().fields().len() - 1;
+                let exchanged = exchange_on(
+                    shard.children()[0],
+                    RANK_ROUTE_COLUMN,
+                    route,
+                    deal.partitions(),
+                )?;
+                return Ok(Transformed::yes(Arc::new(RankShardExec::try_new(
+                    exchanged,
+                )?)));
+            }
             return resize_rank_exchange(shard, &node);
+        }
+        if let Some(permute) = node.as_ref().downcast_ref::<super::PermuteExec>()
+            && permute.mode() == super::PermuteMode::Ranged
+            && let Some(bucket) = permute.children()[0]
+                .as_ref()
+                .downcast_ref::<super::RangeBucketExec>()
+        {
+            let column = bucket.schema().index_of(super::RANGE_BUCKET_COLUMN)?;
+            let exchanged = exchange_on(
+                permute.children()[0],
+                super::RANGE_BUCKET_COLUMN,
+                column,
+                bucket.partitions(),
+            )?;
+            return Ok(Transformed::yes(Arc::new(
+                super::PermuteExec::try_new_with_mode(
+                    exchanged,
+                    super::PermuteMode::Ranged,
+                )?,
+            )));
         }
         let Some(repartition) = node.as_ref().downcast_ref::<RepartitionExec>() else {
             return Ok(Transformed::no(node));

@@ -113,7 +113,7 @@ use datafusion::error::Result;
 pub use carry::CarryCheapOutputs;
 pub use content_hash::row_key_hash;
 pub use copies::CopyIdentity;
-pub use deal::{Deal, DealExec, RANK_ROUTE_COLUMN, RankShardExec};
+pub use deal::{Deal, DealExec, EpochSpan, RANK_ROUTE_COLUMN, RankShardExec};
 pub use keep_order::KeepShuffleOrder;
 pub use key::{
     CONTENT_HASH_SEED, KeySource, SHUFFLE_KEY_COLUMN, ShuffleKeyExec, shuffle_seed,
@@ -134,7 +134,8 @@ pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;
 pub use window_units::{WindowUnitFile, is_window_scan};
 pub use windowed::{
-    WINDOWS_AHEAD, WindowedShuffleExec, window_count, window_row_counts, with_only_window,
+    WINDOWS_AHEAD, WindowedShuffleExec, window_count, window_footer_counts,
+    window_row_counts, with_only_window,
 };
 
 /// What a `SHUFFLE` clause asks for.

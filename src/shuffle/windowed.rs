@@ -310,11 +310,7 @@ pub async fn window_row_counts(
     let (_, config) = the_one_parquet_scan(&input)?;
     let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
     let windows = layout.windows(seed, epoch, window_rows);
-    let drops_rows = input.exists(|node| {
-        Ok(node.name() == "FilterExec"
-            || parquet_config(node).is_some_and(|c| c.file_source().filter().is_some()))
-    })?;
-    if !drops_rows {
+    if !drops_rows(&input)? {
         return Ok(Some(
             windows
                 .iter()
@@ -353,6 +349,40 @@ type WindowOrder = (u64, u64, u64);
 
 /// The input and order of the first `WindowedShuffleExec` in `plan` from
 /// the top.
+/// The rows each window of the windowed shuffle `plan` gives, from the
+/// footers alone; `None` without a windowed shuffle, or when something
+/// under it may drop rows (a filter: then only running it counts them, see
+/// [`window_row_counts`]).
+pub async fn window_footer_counts(
+    plan: &Arc<dyn ExecutionPlan>,
+    ctx: &TaskContext,
+) -> Result<Option<Vec<u64>>> {
+    let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
+        return Ok(None);
+    };
+    if drops_rows(&input)? {
+        return Ok(None);
+    }
+    let (_, config) = the_one_parquet_scan(&input)?;
+    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+    let windows = layout.windows(seed, epoch, window_rows);
+    Ok(Some(
+        windows
+            .iter()
+            .map(|units| units.iter().map(|unit| unit.rows).sum())
+            .collect(),
+    ))
+}
+
+/// Whether an operator of `input` (a windowed shuffle's row-wise input)
+/// may drop rows: a filter, or a scan with a predicate.
+fn drops_rows(input: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+    input.exists(|node| {
+        Ok(node.name() == "FilterExec"
+            || parquet_config(node).is_some_and(|c| c.file_source().filter().is_some()))
+    })
+}
+
 fn first_windowed(
     plan: &Arc<dyn ExecutionPlan>,
 ) -> Result<Option<(Arc<dyn ExecutionPlan>, WindowOrder)>> {

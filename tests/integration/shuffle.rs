@@ -762,6 +762,7 @@ async fn repeated_rows_keep_the_order_independent_of_partitions_and_plan() -> Re
                 batch_rows,
                 world,
                 drop_last,
+                span: None,
             };
             let input = s.sql(&sql).await?.create_physical_plan().await?;
             let mut staged: std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan> =

@@ -525,3 +525,74 @@ fn a_windowed_cluster_feed_runs_a_job_per_window_with_the_embedded_batches() -> 
     }
     Ok(())
 }
+
+/// Issue 55, item 3: a windowed cluster feed over unfiltered rows deals each
+/// window's job to the ranks on the executors (every window's place in the
+/// epoch is known from the footers), so each rank fetches only its own
+/// batches, and still gets the embedded ones: 997 rows, so the last step is
+/// padded with copies of the epoch's first rows (from the first window's
+/// job, read after the last window) or dropped.
+#[cfg(feature = "ballista")]
+#[test]
+fn a_windowed_cluster_feed_deals_each_window_to_the_ranks() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 1, 997, 100)?;
+    let sql = format!("SELECT id, v * 2 AS w FROM {table}");
+    let run =
+        |session: &sqlfeed::Session,
+         (rank, world, batch, drop_last, epochs): (usize, usize, usize, bool, u64)|
+         -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+            let mut feed = Feed::builder(session, sql.clone())
+                .shuffle(11)
+                .shuffle_window(250)
+                .batch_size(batch)
+                .shard(rank, world)
+                .drop_last(drop_last)
+                .epochs(epochs)
+                .device(Device::Cpu)
+                .build()?;
+            let mut ids = vec![];
+            for batch in feed.by_ref() {
+                ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+            }
+            Ok((
+                ids,
+                feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
+            ))
+        };
+    let cluster = sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()?;
+    let embedded = session(3, 100)?;
+    // 997 = 24 steps of 40 and 37 rows, padded to 40 (3 pads); = 7 steps of
+    // 128 and 101, padded to 102 (1 pad). Two epochs once: each has pads.
+    for (world, batch, drop_last, epochs) in
+        [(4, 10, false, 2), (4, 10, true, 1), (2, 64, false, 1)]
+    {
+        let mut rows = 0;
+        for rank in 0..world {
+            let shard = (rank, world, batch, drop_last, epochs);
+            let (on_cluster, plans) = run(&cluster, shard)?;
+            let (here, _) = run(&embedded, shard)?;
+            assert_eq!(
+                on_cluster, here,
+                "rank {rank} of {world}, drop_last {drop_last}"
+            );
+            rows += here.iter().map(Vec::len).sum::<usize>();
+            for plan in &plans {
+                assert_contains(
+                    plan,
+                    &["WindowJobsExec: windows=4", &format!("dealt_to={world}")],
+                );
+            }
+        }
+        let expected = match (world, drop_last) {
+            (4, false) => 2 * 1000,
+            (4, true) => 960,
+            _ => 998,
+        };
+        assert_eq!(rows, expected, "{world} ranks, drop_last {drop_last}");
+    }
+    Ok(())
+}

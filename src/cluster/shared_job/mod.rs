@@ -59,7 +59,7 @@ use std::sync::{Arc, Mutex};
 use ballista_core::extension::SessionConfigExt;
 use ballista_core::serde::protobuf::KeyValuePair;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::internal_err;
+use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
@@ -135,17 +135,32 @@ fn shuffle_under_projections(plan: &LogicalPlan, through_cache_write: bool) -> b
                         .first()
                         .is_some_and(|input| shuffle_under_projections(input, true))
             } else {
+                // A window's job (a windowed feed's) is a global shuffle of
+                // that window's rows.
                 node.downcast_ref::<crate::shuffle::ShuffleNode>()
                     .is_some_and(|shuffle| {
                         matches!(
                             shuffle.spec(),
                             crate::shuffle::ShuffleSpec::Global { .. }
+                                | crate::shuffle::ShuffleSpec::Windowed {
+                                    only_window: Some(_),
+                                    ..
+                                }
                         )
                     })
             }
         }
         _ => false,
     }
+}
+
+/// How a job is dealt to the ranks: the deal and, for a window's job, the
+/// store its pad partitions go to (`crate::session::DeferredPads`).
+pub struct JobDeal {
+    /// The feed's batching (and a window job's place in its epoch).
+    pub deal: crate::shuffle::Deal,
+    /// Where a window job's pads wait for the epoch's end.
+    pub pads: Option<Arc<crate::session::DeferredPads>>,
 }
 
 /// One rank's view of the epoch's cluster job: rank 0 submits it, the
@@ -212,12 +227,16 @@ impl SharedJobExec {
         job: RunJob,
         rank: usize,
         attempt: u32,
-        deal: Option<crate::shuffle::Deal>,
+        dealt: Option<JobDeal>,
     ) -> Result<Self> {
         let RunJob {
             name: job_name,
             rows_repeat,
         } = job;
+        let (deal, pads) = match dealt {
+            Some(JobDeal { deal, pads }) => (Some(deal), pads),
+            None => (None, None),
+        };
         if deal.is_some() && !Self::can_deal(plan) {
             return internal_err!(
                 "only a job whose result is a global SHUFFLE under projections can be \
@@ -246,8 +265,27 @@ impl SharedJobExec {
                 options.deal_world = deal.world;
                 options.deal_batch_rows = deal.batch_rows;
                 options.deal_drop_last = deal.drop_last;
+                if let Some(span) = deal.span {
+                    options.deal_epoch_offset = span.offset;
+                    options.deal_window_rows = span.window_rows;
+                    options.deal_epoch_rows = span.rows;
+                }
             }
         }
+        // A window job's pad partitions, after its `ranges × W` partitions
+        // of data, wait for the epoch's end (`DeferredPads`); only a window
+        // holding some of the epoch's first `W − 1` rows has any.
+        let deferred_pads = match (deal, pads) {
+            (Some(deal), Some(pads)) if let Some(span) = deal.span => {
+                let first = deal.world * config.target_partitions();
+                let first = u32::try_from(first).map_err(|_| {
+                    internal_datafusion_err!("{first} result partitions of a window job")
+                })?;
+                let holds_head = span.offset < deal.world as u64 - 1;
+                Some((first, holds_head.then_some(pads)))
+            }
+            _ => None,
+        };
         let codec = config.ballista_logical_extension_codec();
         let node = LogicalPlanNode::try_from_logical_plan(plan, codec.as_ref())?;
         let mut buf = vec![];
@@ -302,6 +340,7 @@ impl SharedJobExec {
             schema,
             lane_turn_rows,
             deal_world: deal.map(|d| d.world),
+            deferred_pads,
         };
         Ok(Self {
             request: Arc::new(request),

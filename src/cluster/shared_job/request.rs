@@ -126,6 +126,10 @@ pub(super) struct JobRequest {
     /// Set when the job deals its rows to `W` ranks: this rank reads the
     /// partitions `j` with `j mod W = rank` only.
     pub(super) deal_world: Option<usize>,
+    /// A dealt window job's: its partitions from this one on are pads,
+    /// fetched into the store instead of streamed (`DeferredPads`), or not
+    /// fetched when the window cannot hold any.
+    pub(super) deferred_pads: Option<(u32, Option<Arc<crate::session::DeferredPads>>)>,
 }
 
 impl JobRequest {
@@ -483,6 +487,22 @@ impl JobRequest {
                     .as_ref()
                     .is_some_and(|p| p.partition_id % world as u32 == rank)
             });
+        }
+        // Pads are a few rows: fetched whole now, while the result exists.
+        if let Some((first_pad, pads)) = &self.deferred_pads {
+            let id =
+                |l: &PartitionLocation| l.partition_id.as_ref().map(|p| p.partition_id);
+            let split = locations.partition_point(|l| id(l) < Some(*first_pad));
+            let pad_locations = locations.split_off(split);
+            for location in pad_locations.into_iter().filter(|_| pads.is_some()) {
+                let (Some(partition), Some(pads)) = (id(&location), pads) else {
+                    continue;
+                };
+                fetched.partitions.add(1);
+                let batches: Vec<datafusion::arrow::array::RecordBatch> =
+                    self.fetch_one(location).await?.try_collect().await?;
+                pads.put(partition, batches);
+            }
         }
         let mut streams = Vec::with_capacity(locations.len());
         for location in locations {

@@ -206,6 +206,20 @@ pub struct DealNode {
     pub drop_last: bool,
     #[prost(uint64, tag = "4")]
     pub ranges: u64,
+    /// A window job's place in its epoch (`Deal::span`), if it is one.
+    #[prost(message, optional, tag = "5")]
+    pub span: Option<EpochSpanNode>,
+}
+
+/// `EpochSpan`: a window job's rows in its epoch.
+#[derive(Clone, PartialEq, Message)]
+pub struct EpochSpanNode {
+    #[prost(uint64, tag = "1")]
+    pub offset: u64,
+    #[prost(uint64, tag = "2")]
+    pub window_rows: u64,
+    #[prost(uint64, tag = "3")]
+    pub rows: u64,
 }
 
 /// No fields.

@@ -337,6 +337,11 @@ fn to_message(node: &WireNode) -> Result<Node> {
             world: deal.world as u64,
             drop_last: deal.drop_last,
             ranges: *ranges as u64,
+            span: deal.span.map(|span| EpochSpanNode {
+                offset: span.offset,
+                window_rows: span.window_rows,
+                rows: span.rows,
+            }),
         }),
         WireNode::RankShard => Node::RankShard(Empty {}),
         WireNode::SharedEntryWrite { dir } => {
@@ -587,6 +592,11 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
                 batch_rows: usize_of(deal.batch_rows, "batch rows")?,
                 world: usize_of(deal.world, "world size")?,
                 drop_last: deal.drop_last,
+                span: deal.span.map(|span| crate::shuffle::EpochSpan {
+                    offset: span.offset,
+                    window_rows: span.window_rows,
+                    rows: span.rows,
+                }),
             },
             ranges: usize_of(deal.ranges, "range count")?,
         },
@@ -738,6 +748,20 @@ mod tests {
                     batch_rows: 64,
                     world: 4,
                     drop_last: true,
+                    span: None,
+                },
+                ranges: 4,
+            },
+            WireNode::Deal {
+                deal: crate::shuffle::Deal {
+                    batch_rows: 8,
+                    world: 2,
+                    drop_last: false,
+                    span: Some(crate::shuffle::EpochSpan {
+                        offset: 24,
+                        window_rows: 10,
+                        rows: 50,
+                    }),
                 },
                 ranges: 4,
             },

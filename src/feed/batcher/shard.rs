@@ -349,6 +349,7 @@ mod tests {
                                 batch_rows: b,
                                 world: w,
                                 drop_last: drop,
+                                span: None,
                             };
                             let rows = crate::shuffle::deal::dealt_rows(deal, sizes, r);
                             let mut alone = ShardBatcher::new(
