@@ -518,6 +518,7 @@ impl FeedBuilder {
             timeline: Arc::clone(&timeline),
             cache: EpochCache::default(),
             read_window_jobs: std::sync::OnceLock::new(),
+            filtered_rows: std::sync::OnceLock::new(),
         };
         let task = runtime.spawn(producer.run(events_tx, init_tx));
         let mut feed = Feed {

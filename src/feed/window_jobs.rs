@@ -25,15 +25,14 @@
 //! (`ExactRetryExec`).
 //!
 //! # Dealt
-//! When the feed batches by rows and nothing under the shuffle drops rows,
-//! each window's job is dealt to ranks on the executors like an epoch's
-//! (`crate::shuffle::deal`): the window's rows are rows `offset..` of the
-//! epoch, both counted from the footers when the epoch is planned, so each
-//! rank fetches only its own batches. The copies of the epoch's first rows
-//! that pad its last step come from the first windows' jobs and are read
-//! after the last window (`crate::session::DeferredPads`). With a filter,
-//! the windows' rows are only known once their jobs ran: every rank then
-//! reads every window and keeps its own batches.
+//! When the feed batches by rows, each window's job is dealt to ranks on
+//! the executors like an epoch's (`crate::shuffle::deal`): the window's
+//! rows are rows `offset..` of the epoch, counted when the epoch is planned
+//! (from the footers; with a filter, from the rows it keeps per row group,
+//! counted once per run reading the filter's columns only), so each rank
+//! fetches only its own batches. The copies of the epoch's first rows that
+//! pad its last step come from the first windows' jobs and are read after
+//! the last window (`crate::session::DeferredPads`).
 
 use std::fmt;
 use std::sync::Arc;

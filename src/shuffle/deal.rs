@@ -37,10 +37,10 @@
 //! # A windowed epoch, one job per window
 //! A windowed cluster feed (`SHUFFLE WINDOW`) runs each window as a job of
 //! its own (`crate::feed` `window_jobs`). Its rows are a segment of the
-//! epoch's order: rows `offset..offset + n` of an epoch of `N`, where the
-//! offset and `N` come from the footers when the epoch is planned
-//! ([`EpochSpan`], with the window's own `n`; a query that filters rows is
-//! not dealt, its windows' rows being unknown until they ran). A window
+//! epoch's order: rows `offset..offset + n` of an epoch of `N`, counted when
+//! the epoch is planned ([`EpochSpan`], with the window's own `n`): from the
+//! footers, or, when the query filters, from the rows its filters keep per
+//! row group, counted once per run (`crate::feed`'s producer). A window
 //! job's [`DealShape`] is the epoch's, over epoch row numbers, so a step
 //! may start in one window and end in the next, and the last step is cut
 //! where it is, whichever window holds it. The pads copy the epoch's first
@@ -48,7 +48,7 @@
 //! their pad partitions as the epoch's job would, and each rank fetches
 //! those while it reads the window but hands them on after the epoch's last
 //! window (`crate::session::DeferredPads`), in partition order, which is pad
-//! order. A window whose rows are not what its footers said (a file changed
+//! order. A window whose rows are not what was counted (a file changed
 //! mid-epoch) fails its job instead of misplacing every later row.
 //!
 //! # Why count rows
@@ -109,7 +109,7 @@ pub struct Deal {
 }
 
 /// A window job's place in its epoch: its rows are rows `offset..` of an
-/// epoch of `rows` rows (counted from the footers before the jobs run).
+/// epoch of `rows` rows (counted before the jobs run).
 /// Module docs: how a windowed epoch is dealt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EpochSpan {
@@ -532,15 +532,15 @@ impl Dealer {
     }
 }
 
-/// A window job's rows, `total`, against what the footers said when its
-/// epoch was planned: a window with other rows would misplace every later
-/// row of the epoch (a file appended to or rewritten mid-epoch).
+/// A window job's rows, `total`, against what was counted when its epoch
+/// was planned: a window with other rows would misplace every later row of
+/// the epoch (a file appended to or rewritten mid-epoch).
 fn check_window_rows(deal: Deal, total: u64) -> Result<()> {
     match deal.span {
         Some(span) if span.window_rows != total => Err(exec_datafusion_err!(
-            "a window of this epoch (rows {} to {} of {}) holds {total} rows, but its \
-             files' footers said {} when the epoch was planned: the files changed during \
-             the epoch; start the feed again",
+            "a window of this epoch (rows {} to {} of {}) holds {total} rows, but {} were \
+             counted when the epoch was planned (from the footers, or the rows the filters \
+             keep): the files changed during the epoch; start the feed again",
             span.offset,
             span.offset + span.window_rows,
             span.rows,
@@ -824,7 +824,7 @@ mod tests {
         let error = check_window_rows(deal, 9).unwrap_err().to_string();
         assert!(
             error.contains("rows 8 to 18 of 30) holds 9 rows")
-                && error.contains("footers said 10")
+                && error.contains("but 10 were counted")
                 && error.contains("start the feed again"),
             "{error}"
         );

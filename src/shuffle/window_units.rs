@@ -142,6 +142,63 @@ impl ScanLayout {
         plan_windows(&rows, seed, epoch, window_rows)
     }
 
+    /// The rows every row group's first row (within its file) is a multiple
+    /// of, so that counts per bucket of this many rows add up to counts per
+    /// row group: the greatest common divisor of the row groups' starts
+    /// (each file's largest row count when no file has two row groups).
+    pub(crate) fn grain(&self) -> u64 {
+        let mut grain = 0;
+        for groups in &self.row_groups {
+            let mut start = 0;
+            for &(rows, _) in groups.iter().take(groups.len().saturating_sub(1)) {
+                start += rows;
+                grain = gcd(grain, start);
+            }
+        }
+        if grain == 0 {
+            let rows = self
+                .row_groups
+                .iter()
+                .map(|g| g.iter().map(|&(r, _)| r).sum());
+            grain = rows.max().unwrap_or(1);
+        }
+        grain.max(1)
+    }
+
+    /// The rows each of `windows` holds, from rows counted per file (by its
+    /// location) and bucket of [`Self::grain`] rows: `counted[(file, b)]`
+    /// rows of file `file` in rows `b·grain ..` passed the query's filters.
+    pub(crate) fn counted_windows(
+        &self,
+        windows: &[Vec<Unit>],
+        counted: &std::collections::HashMap<(String, u64), u64>,
+    ) -> Vec<u64> {
+        let grain = self.grain();
+        windows
+            .iter()
+            .map(|units| {
+                units
+                    .iter()
+                    .map(|unit| {
+                        let groups = &self.row_groups[unit.file];
+                        let start: u64 =
+                            groups[..unit.row_group].iter().map(|&(r, _)| r).sum();
+                        let location =
+                            self.files[unit.file].object_meta.location.to_string();
+                        (start / grain..(start + unit.rows).div_ceil(grain))
+                            .map(|bucket| {
+                                counted
+                                    .get(&(location.clone(), bucket))
+                                    .copied()
+                                    .unwrap_or(0)
+                            })
+                            .sum::<u64>()
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+
     /// `config`'s scan cut to `units`: one file range per row group, spread
     /// over the scan's partitions (to the least-loaded one by rows, the
     /// first of equals). A window's order is by key, so how its units are
@@ -174,6 +231,10 @@ impl ScanLayout {
                 .build(),
         )
     }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 /// Whether `config` is a window's scan (its files are marked).
@@ -290,5 +351,51 @@ mod tests {
             .filter(|w| w.iter().any(|u| u.file != w[0].file))
             .count();
         assert!(files_in_windows > a.len() / 2, "{a:?}");
+    }
+
+    #[test]
+    fn rows_counted_per_bucket_add_up_to_each_window_after_a_filter() {
+        let layout = ScanLayout {
+            files: vec![
+                PartitionedFile::new("data/a.parquet", 1),
+                PartitionedFile::new("data/b.parquet", 1),
+            ],
+            row_groups: vec![
+                vec![(100, 4), (100, 9), (100, 14), (33, 19)],
+                vec![(50, 4), (50, 9)],
+            ],
+        };
+        // Row groups start at 100, 200, 300 and 50: buckets of 50 rows.
+        assert_eq!(layout.grain(), 50);
+        let windows = layout.windows(3, 1, 120);
+        // Half the rows of every bucket pass; a file's last bucket is short.
+        let mut counted = std::collections::HashMap::new();
+        for bucket in 0..7 {
+            let rows = if bucket == 6 { 16 } else { 25 };
+            counted.insert(("data/a.parquet".to_string(), bucket), rows);
+        }
+        counted.insert(("data/b.parquet".to_string(), 1), 7);
+        let expected: Vec<u64> = windows
+            .iter()
+            .map(|units| {
+                units
+                    .iter()
+                    .map(|u| match (u.file, u.row_group) {
+                        (0, 3) => 16,
+                        (0, _) => 50,
+                        (1, 0) => 0,
+                        _ => 7,
+                    })
+                    .sum()
+            })
+            .collect();
+        assert_eq!(layout.counted_windows(&windows, &counted), expected);
+        assert_eq!(expected.iter().sum::<u64>(), 150 + 16 + 7);
+        // One row group per file: a file is one bucket.
+        let whole = ScanLayout {
+            files: layout.files.clone(),
+            row_groups: vec![vec![(70, 4)], vec![(30, 4)]],
+        };
+        assert_eq!(whole.grain(), 70);
     }
 }

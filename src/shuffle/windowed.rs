@@ -374,6 +374,47 @@ pub async fn window_footer_counts(
     ))
 }
 
+/// The windows of the windowed shuffle under a plan, to count their rows
+/// after the query's filters from rows counted per file and bucket of
+/// [`WindowCounter::grain`] rows (which a feed counts once per run, reading
+/// only the filters' columns: see `crate::feed`'s producer).
+pub struct WindowCounter {
+    layout: ScanLayout,
+    windows: Vec<Vec<super::window_units::Unit>>,
+}
+
+impl WindowCounter {
+    /// The counter of the windowed shuffle `plan` (its first
+    /// `WindowedShuffleExec` from the top); `None` without one.
+    pub async fn of(
+        plan: &Arc<dyn ExecutionPlan>,
+        ctx: &TaskContext,
+    ) -> Result<Option<Self>> {
+        let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
+            return Ok(None);
+        };
+        let (_, config) = the_one_parquet_scan(&input)?;
+        let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+        let windows = layout.windows(seed, epoch, window_rows);
+        Ok(Some(Self { layout, windows }))
+    }
+
+    /// Rows per bucket: every row group starts at a multiple of it.
+    pub fn grain(&self) -> u64 {
+        self.layout.grain()
+    }
+
+    /// The rows of each window, in window order, from `counted[(file, b)]`:
+    /// the rows of the file at that location, in rows `b·grain ..`, that
+    /// passed the filters.
+    pub fn windows(
+        &self,
+        counted: &std::collections::HashMap<(String, u64), u64>,
+    ) -> Vec<u64> {
+        self.layout.counted_windows(&self.windows, counted)
+    }
+}
+
 /// Whether an operator of `input` (a windowed shuffle's row-wise input)
 /// may drop rows: a filter, or a scan with a predicate.
 fn drops_rows(input: &Arc<dyn ExecutionPlan>) -> Result<bool> {

@@ -481,7 +481,8 @@ fn a_damaged_file_fails_its_window_naming_the_file_after_the_earlier_windows()
 /// Issue 55, item 3: on a cluster a windowed epoch is one job per window,
 /// read in turn (the next one running ahead), with the embedded batches:
 /// each job shuffles exactly its window's rows, cut from the footers on the
-/// executors (`WindowScanExec`).
+/// executors (`WindowScanExec`), and deals them to the ranks, the rows each
+/// window keeps after the query's filter counted once per run.
 #[cfg(feature = "ballista")]
 #[test]
 fn a_windowed_cluster_feed_runs_a_job_per_window_with_the_embedded_batches() -> Result<()>
@@ -519,8 +520,13 @@ fn a_windowed_cluster_feed_runs_a_job_per_window_with_the_embedded_batches() -> 
         let (here, _) = run(&embedded, rank)?;
         assert_eq!(on_cluster, here, "rank {rank}");
         assert!(!on_cluster.is_empty());
+        // Dealt to the ranks: the windows' rows after the filter were
+        // counted once, reading `v` only.
         for plan in &plans {
-            assert_contains(plan, &["WindowJobsExec: windows=5", "window_jobs=5"]);
+            assert_contains(
+                plan,
+                &["WindowJobsExec: windows=5", "window_jobs=5", "dealt_to=2"],
+            );
         }
     }
     Ok(())
