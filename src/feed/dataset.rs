@@ -46,7 +46,7 @@ use futures::TryStreamExt;
 use super::on_runtime;
 use super::plan::{FeedOrder, FeedPlan};
 use crate::exec::lanes::ordered_partitions;
-use crate::shuffle::{shuffle, window_row_counts, with_only_window};
+use crate::shuffle::{shuffle, window_rows, with_only_window};
 
 /// One epoch of a windowed feed, by position; see the module docs.
 pub struct EpochDataset {
@@ -58,6 +58,8 @@ pub struct EpochDataset {
     state: SessionState,
     /// The feed's query under the epoch's windowed shuffle.
     query: LogicalPlan,
+    /// The feed's query, unshuffled: what counts its windows' rows.
+    rows: LogicalPlan,
     schema: SchemaRef,
     /// Rows per window, once counted.
     window_rows: Mutex<Option<Arc<[u64]>>>,
@@ -82,12 +84,13 @@ impl EpochDataset {
         runtime: tokio::runtime::Runtime,
     ) -> Result<Self> {
         match Self::plan(feed, epoch, &runtime) {
-            Ok((state, query)) => Ok(Self {
+            Ok((state, query, rows)) => Ok(Self {
                 epoch,
                 runtime: Some(runtime),
                 schema: Arc::clone(query.schema().inner()),
                 state,
                 query,
+                rows,
                 window_rows: Mutex::default(),
                 window: Mutex::default(),
             }),
@@ -99,12 +102,13 @@ impl EpochDataset {
         }
     }
 
-    /// The epoch's query and the state it is planned in.
+    /// The epoch's query, the state it is planned in and the query
+    /// unshuffled.
     fn plan(
         feed: FeedPlan,
         epoch: u64,
         runtime: &tokio::runtime::Runtime,
-    ) -> Result<(SessionState, LogicalPlan)> {
+    ) -> Result<(SessionState, LogicalPlan, LogicalPlan)> {
         let spec = match feed.order {
             FeedOrder::Shuffled {
                 window: Some(_), ..
@@ -136,12 +140,14 @@ impl EpochDataset {
         }
         let session = feed.session.clone();
         let sql = feed.sql.clone();
-        let df = on_runtime(runtime, async move {
+        let (df, rows) = on_runtime(runtime, async move {
             let df = session.sql(&sql).await?;
-            match spec {
-                Some(spec) => shuffle(df, spec),
-                None => Ok(df),
-            }
+            let rows = df.logical_plan().clone();
+            let shuffled = match spec {
+                Some(spec) => shuffle(df, spec)?,
+                None => df,
+            };
+            Ok((shuffled, rows))
         })?;
         let (state, query) = df.into_parts();
         let mut config = feed.epoch_config(state.config(), epoch);
@@ -156,7 +162,7 @@ impl EpochDataset {
             .build();
         // Functions see the epoch's settings captured here.
         state.mark_start_execution();
-        Ok((state, query))
+        Ok((state, query, rows))
     }
 
     fn runtime(&self) -> Result<&tokio::runtime::Runtime> {
@@ -194,13 +200,17 @@ impl EpochDataset {
         if let Some(rows) = counted.as_ref() {
             return Ok(Arc::clone(rows));
         }
-        let (state, query) = (self.state.clone(), self.query.clone());
+        let (state, query, unshuffled) =
+            (self.state.clone(), self.query.clone(), self.rows.clone());
         let rows: Arc<[u64]> = on_runtime(self.runtime()?, async move {
             let plan = state.create_physical_plan(&query).await?;
-            let ctx = Arc::new(TaskContext::from(&state));
-            window_row_counts(&plan, ctx).await?.ok_or_else(|| {
-                exec_datafusion_err!("a windowed epoch's plan has no WindowedShuffleExec")
-            })
+            window_rows(&plan, &state, &unshuffled, &std::sync::OnceLock::new())
+                .await?
+                .ok_or_else(|| {
+                    exec_datafusion_err!(
+                        "a windowed epoch's plan has no WindowedShuffleExec"
+                    )
+                })
         })?
         .into();
         *counted = Some(Arc::clone(&rows));

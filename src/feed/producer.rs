@@ -2,7 +2,6 @@
 //! engine, as a cluster job, or over the epoch cache) and runs one
 //! [`DeviceSinkExec`] per epoch into the feed's slot ring.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
@@ -37,12 +36,9 @@ use crate::session::{
     CompletedJob, DeferredPads, EpochJob, EpochJobPlan, JobMixture, ReadJobs, ScaleOut,
 };
 use crate::shuffle::{
-    EpochSpan, ShuffleSpec, WindowCounter, shuffle, window_count, window_footer_counts,
-    with_only_window,
+    BucketRows, EpochSpan, ShuffleSpec, filters_may_change, shuffle, window_count,
+    window_rows, with_only_window,
 };
-
-/// Rows per (file location, bucket of rows) that passed a query's filters.
-pub(super) type FilteredRows = Arc<HashMap<(String, u64), u64>>;
 
 /// How often the look-ahead, waiting for the current epoch's first batch,
 /// looks.
@@ -65,7 +61,7 @@ pub(super) struct Producer {
     /// A windowed cluster feed's rows per (file, bucket of rows) after its
     /// filters, with the bucket's rows: counted once per run to deal its
     /// windows (`window_counts`).
-    pub(super) filtered_rows: std::sync::OnceLock<(u64, FilteredRows)>,
+    pub(super) filtered_rows: std::sync::OnceLock<BucketRows>,
 }
 
 impl Producer {
@@ -389,7 +385,7 @@ impl Producer {
         let may_deal = feed.start_on_the_grid(epoch) && feed.quarantine.is_none();
         let spans = match feed.deal(may_deal) {
             Some(deal) => self
-                .window_counts(&counted.plan, &counted.task_ctx)
+                .window_counts(&counted.plan, epoch)
                 .await?
                 .map(|counts| (deal, window_spans(&counts))),
             None => None,
@@ -446,88 +442,32 @@ impl Producer {
     }
 
     /// The rows of each window of the windowed epoch `plan` (planned on
-    /// this machine), in window order: from the footers when nothing under
-    /// the shuffle drops rows; else from rows counted once per run, per file
-    /// and bucket of row groups, by a query that reads only the filters'
-    /// columns (`input_file_name()` and `file_row_index()` come from the
-    /// scan). `None` without a windowed shuffle.
+    /// this machine), in window order ([`window_rows`]: with a filter, the
+    /// rows it keeps are counted once per run, reading only its columns).
     async fn window_counts(
         &self,
         plan: &Arc<dyn ExecutionPlan>,
-        task_ctx: &TaskContext,
+        epoch: u64,
     ) -> Result<Option<Vec<u64>>> {
-        if let Some(counts) = window_footer_counts(plan, task_ctx).await? {
-            return Ok(Some(counts));
-        }
-        let Some(counter) = WindowCounter::of(plan, task_ctx).await? else {
-            return Ok(None);
-        };
-        let grain = counter.grain();
-        let rows = match self.filtered_rows.get() {
-            Some((counted_grain, rows)) if *counted_grain == grain => Arc::clone(rows),
-            _ => {
-                let rows = Arc::new(self.count_filtered_rows(grain).await?);
-                // Two epochs planned at once may both count: the same rows.
-                let _ = self.filtered_rows.set((grain, Arc::clone(&rows)));
-                rows
-            }
-        };
-        Ok(Some(counter.windows(&rows)))
-    }
-
-    /// The feed's query's rows per (file, bucket of `grain` rows), counted
-    /// on this machine: the query without its functions' outputs, so that
-    /// only what its filters read is read.
-    async fn count_filtered_rows(
-        &self,
-        grain: u64,
-    ) -> Result<HashMap<(String, u64), u64>> {
-        use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
-        use datafusion::functions_aggregate::expr_fn::count;
         let feed = &self.plan;
-        let df = feed.session.sql(&feed.sql).await?;
-        let grain_literal = i64::try_from(grain).unwrap_or(i64::MAX);
-        let df = df.aggregate(
-            vec![
-                input_file_name().alias("file"),
-                (file_row_index() / datafusion::logical_expr::lit(grain_literal))
-                    .alias("bucket"),
-            ],
-            vec![count(datafusion::logical_expr::lit(1)).alias("rows")],
-        )?;
-        let (state, plan) = df.into_parts();
-        let state = if feed.source.scale_out().is_some() {
-            SessionStateBuilder::new_from_existing(state)
-                .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
-                .build()
+        let (state, rows) = feed.session.sql(&feed.sql).await?.into_parts();
+        // Here, also in a cluster session (the embedded planner), with the
+        // epoch's settings, which a seeded filter may read.
+        let config = self.epoch_config(state.config(), epoch);
+        let mut state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+            .build();
+        state.mark_start_execution();
+        // A filter that may keep other rows in another epoch is counted
+        // again each epoch.
+        let this_epoch = std::sync::OnceLock::new();
+        let counted = if filters_may_change(&rows)? {
+            &this_epoch
         } else {
-            state
+            &self.filtered_rows
         };
-        let physical = catch_panic(state.create_physical_plan(&plan)).await?;
-        let batches = datafusion::physical_plan::collect(
-            physical,
-            Arc::new(TaskContext::from(&state)),
-        )
-        .await?;
-        let mut rows = HashMap::new();
-        for batch in batches {
-            use datafusion::arrow::array::AsArray;
-            use datafusion::arrow::compute::cast;
-            use datafusion::arrow::datatypes::{DataType, Int64Type};
-            let files = cast(batch.column(0), &DataType::Utf8)?;
-            let buckets = cast(batch.column(1), &DataType::Int64)?;
-            let counts = cast(batch.column(2), &DataType::Int64)?;
-            let (files, buckets, counts) = (
-                files.as_string::<i32>(),
-                buckets.as_primitive::<Int64Type>(),
-                counts.as_primitive::<Int64Type>(),
-            );
-            for row in 0..batch.num_rows() {
-                let key = (files.value(row).to_string(), buckets.value(row) as u64);
-                *rows.entry(key).or_insert(0) += counts.value(row) as u64;
-            }
-        }
-        Ok(rows)
+        window_rows(plan, &state, &rows, counted).await
     }
 
     /// The first epoch of a locally cached feed on the cluster: the job's

@@ -134,8 +134,8 @@ pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;
 pub use window_units::{WindowUnitFile, is_window_scan};
 pub use windowed::{
-    WINDOWS_AHEAD, WindowCounter, WindowedShuffleExec, window_count,
-    window_footer_counts, window_row_counts, with_only_window,
+    BucketRows, WINDOWS_AHEAD, WindowedShuffleExec, count_rows_by_bucket,
+    filters_may_change, window_count, window_rows, with_only_window,
 };
 
 /// What a `SHUFFLE` clause asks for.

@@ -72,17 +72,20 @@
 //! # Output ordering
 //! One partition, no declared ordering (the key is dropped).
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{exec_datafusion_err, internal_err, plan_err};
+use datafusion::dataframe::DataFrame;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
 use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion::logical_expr::{Extension, LogicalPlan};
+use datafusion::logical_expr::{Expr, Extension, LogicalPlan, Volatility};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, Time,
 };
@@ -293,22 +296,30 @@ pub async fn window_count(
     Ok(Some(layout.windows(seed, epoch, window_rows).len()))
 }
 
-/// The rows each window of the windowed shuffle `plan` holds (its first
+/// Rows per (file location, bucket of rows) that passed a query's filters,
+/// with the bucket's rows: what [`window_rows`] counts once and reuses.
+pub type BucketRows = (u64, Arc<HashMap<(String, u64), u64>>);
+
+/// The rows each window of the windowed shuffle `plan` (its first
 /// `WindowedShuffleExec` from the top) gives, in window order; `None`
 /// without one. From the footers when nothing under the shuffle drops rows;
-/// else by running, once per window, the row-wise part under the shuffle
-/// key cut to the window: the filters and what the key reads, not the
-/// functions the shuffle moved above itself (`late`). A map-style view of
-/// an epoch (`crate::feed::EpochDataset`) places row `i` with them.
-pub async fn window_row_counts(
+/// else from the rows `rows` (the query the shuffle orders, as a logical
+/// plan in `state`) gives per file and bucket of row groups, counted by
+/// [`count_rows_by_bucket`] once and kept in `counted`: it reads only what
+/// the query's filters read. A cluster feed deals its windows with them,
+/// and a map-style view of an epoch (`crate::feed::EpochDataset`) places
+/// row `i` with them.
+pub async fn window_rows(
     plan: &Arc<dyn ExecutionPlan>,
-    ctx: Arc<TaskContext>,
+    state: &SessionState,
+    rows: &LogicalPlan,
+    counted: &OnceLock<BucketRows>,
 ) -> Result<Option<Vec<u64>>> {
     let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
         return Ok(None);
     };
     let (_, config) = the_one_parquet_scan(&input)?;
-    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
+    let layout = ScanLayout::read(&config, state.runtime_env()).await?;
     let windows = layout.windows(seed, epoch, window_rows);
     if !drops_rows(&input)? {
         return Ok(Some(
@@ -318,102 +329,100 @@ pub async fn window_row_counts(
                 .collect(),
         ));
     }
-    // The rows that reach the key are the rows out of the shuffle.
-    let mut keyed = None;
-    input.apply(|node| {
-        if node.downcast_ref::<super::ShuffleKeyExec>().is_some() {
-            keyed = node.children().first().map(|child| Arc::clone(*child));
-            return Ok(TreeNodeRecursion::Stop);
+    let grain = layout.grain();
+    let buckets = match counted.get() {
+        Some((counted_grain, buckets)) if *counted_grain == grain => Arc::clone(buckets),
+        _ => {
+            let buckets =
+                Arc::new(count_rows_by_bucket(state, rows.clone(), grain).await?);
+            // Two epochs planned at once may both count: the same rows.
+            let _ = counted.set((grain, Arc::clone(&buckets)));
+            buckets
         }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    let rows_plan = keyed.unwrap_or(input);
-    let (scan, config) = the_one_parquet_scan(&rows_plan)?;
-    let mut counts = Vec::with_capacity(windows.len());
-    for units in &windows {
-        let cut =
-            replace_scan(Arc::clone(&rows_plan), &scan, layout.scan(&config, units))?;
-        let mut stream =
-            datafusion::physical_plan::execute_stream(cut, Arc::clone(&ctx))?;
-        let mut rows = 0u64;
-        while let Some(batch) = stream.next().await {
-            rows += batch?.num_rows() as u64;
+    };
+    Ok(Some(layout.counted_windows(&windows, &buckets)))
+}
+
+/// The rows `rows` (a query over one Parquet table, planned in `state`)
+/// gives per file (by location) and bucket of `grain` rows of it: a query
+/// grouping by `input_file_name()` and `file_row_index() / grain`, which
+/// DataFusion evaluates in the scan, so that it reads only the columns the
+/// query's filters read, not those its outputs compute from.
+pub async fn count_rows_by_bucket(
+    state: &SessionState,
+    rows: LogicalPlan,
+    grain: u64,
+) -> Result<HashMap<(String, u64), u64>> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::{DataType, Int64Type};
+    use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
+    use datafusion::functions_aggregate::expr_fn::count;
+    use datafusion::logical_expr::lit;
+    let grain_literal = i64::try_from(grain.max(1)).unwrap_or(i64::MAX);
+    let df = DataFrame::new(state.clone(), rows).aggregate(
+        vec![
+            input_file_name().alias("file"),
+            (file_row_index() / lit(grain_literal)).alias("bucket"),
+        ],
+        vec![count(lit(1)).alias("rows")],
+    )?;
+    let (state, plan) = df.into_parts();
+    let physical = state.create_physical_plan(&plan).await?;
+    let batches =
+        datafusion::physical_plan::collect(physical, Arc::new(TaskContext::from(&state)))
+            .await?;
+    let mut counted = HashMap::new();
+    for batch in batches {
+        let files = cast(batch.column(0), &DataType::Utf8)?;
+        let buckets = cast(batch.column(1), &DataType::Int64)?;
+        let rows = cast(batch.column(2), &DataType::Int64)?;
+        let (files, buckets, rows) = (
+            files.as_string::<i32>(),
+            buckets.as_primitive::<Int64Type>(),
+            rows.as_primitive::<Int64Type>(),
+        );
+        for row in 0..batch.num_rows() {
+            let (Ok(bucket), Ok(n)) = (
+                u64::try_from(buckets.value(row)),
+                u64::try_from(rows.value(row)),
+            ) else {
+                return internal_err!(
+                    "a negative row index or count in a file's row count"
+                );
+            };
+            *counted
+                .entry((files.value(row).to_string(), bucket))
+                .or_insert(0) += n;
         }
-        counts.push(rows);
     }
-    Ok(Some(counts))
+    Ok(counted)
+}
+
+/// Whether a filter of `plan` calls a function that is not a pure function
+/// of its arguments (volatile, or reading the session's settings, such as
+/// a seeded draw that reads the epoch): the rows it keeps may then change
+/// between epochs, and counts of them hold for one epoch only.
+pub fn filters_may_change(plan: &LogicalPlan) -> Result<bool> {
+    plan.exists(|node| {
+        let LogicalPlan::Filter(filter) = node else {
+            return Ok(false);
+        };
+        filter.predicate.exists(|expr| {
+            Ok(match expr {
+                Expr::ScalarFunction(call) => {
+                    call.func.signature().volatility != Volatility::Immutable
+                }
+                Expr::AggregateFunction(_) | Expr::WindowFunction(_) => true,
+                Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_) => true,
+                _ => false,
+            })
+        })
+    })
 }
 
 /// A windowed shuffle's `(seed, epoch, window_rows)`.
 type WindowOrder = (u64, u64, u64);
-
-/// The input and order of the first `WindowedShuffleExec` in `plan` from
-/// the top.
-/// The rows each window of the windowed shuffle `plan` gives, from the
-/// footers alone; `None` without a windowed shuffle, or when something
-/// under it may drop rows (a filter: then only running it counts them, see
-/// [`window_row_counts`]).
-pub async fn window_footer_counts(
-    plan: &Arc<dyn ExecutionPlan>,
-    ctx: &TaskContext,
-) -> Result<Option<Vec<u64>>> {
-    let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
-        return Ok(None);
-    };
-    if drops_rows(&input)? {
-        return Ok(None);
-    }
-    let (_, config) = the_one_parquet_scan(&input)?;
-    let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
-    let windows = layout.windows(seed, epoch, window_rows);
-    Ok(Some(
-        windows
-            .iter()
-            .map(|units| units.iter().map(|unit| unit.rows).sum())
-            .collect(),
-    ))
-}
-
-/// The windows of the windowed shuffle under a plan, to count their rows
-/// after the query's filters from rows counted per file and bucket of
-/// [`WindowCounter::grain`] rows (which a feed counts once per run, reading
-/// only the filters' columns: see `crate::feed`'s producer).
-pub struct WindowCounter {
-    layout: ScanLayout,
-    windows: Vec<Vec<super::window_units::Unit>>,
-}
-
-impl WindowCounter {
-    /// The counter of the windowed shuffle `plan` (its first
-    /// `WindowedShuffleExec` from the top); `None` without one.
-    pub async fn of(
-        plan: &Arc<dyn ExecutionPlan>,
-        ctx: &TaskContext,
-    ) -> Result<Option<Self>> {
-        let Some((input, (seed, epoch, window_rows))) = first_windowed(plan)? else {
-            return Ok(None);
-        };
-        let (_, config) = the_one_parquet_scan(&input)?;
-        let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
-        let windows = layout.windows(seed, epoch, window_rows);
-        Ok(Some(Self { layout, windows }))
-    }
-
-    /// Rows per bucket: every row group starts at a multiple of it.
-    pub fn grain(&self) -> u64 {
-        self.layout.grain()
-    }
-
-    /// The rows of each window, in window order, from `counted[(file, b)]`:
-    /// the rows of the file at that location, in rows `b·grain ..`, that
-    /// passed the filters.
-    pub fn windows(
-        &self,
-        counted: &std::collections::HashMap<(String, u64), u64>,
-    ) -> Vec<u64> {
-        self.layout.counted_windows(&self.windows, counted)
-    }
-}
 
 /// Whether an operator of `input` (a windowed shuffle's row-wise input)
 /// may drop rows: a filter, or a scan with a predicate.
@@ -424,6 +433,8 @@ fn drops_rows(input: &Arc<dyn ExecutionPlan>) -> Result<bool> {
     })
 }
 
+/// The input and order of the first `WindowedShuffleExec` in `plan` from
+/// the top.
 fn first_windowed(
     plan: &Arc<dyn ExecutionPlan>,
 ) -> Result<Option<(Arc<dyn ExecutionPlan>, WindowOrder)>> {
@@ -542,5 +553,34 @@ impl WindowMetrics {
             planning: MetricBuilder::new(set).subset_time("window_planning", 0),
             window_wait: MetricBuilder::new(set).subset_time("window_wait", 0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn plan_of(sql: &str) -> Result<LogicalPlan> {
+        let session = crate::Session::try_new()?;
+        Ok(session.sql(sql).await?.logical_plan().clone())
+    }
+
+    #[tokio::test]
+    async fn rows_a_filter_keeps_may_change_only_with_functions_of_more_than_the_row()
+    -> Result<()> {
+        let values = "(VALUES (1, 'a'), (2, 'b')) AS t(x, s)";
+        for (filter, may_change) in [
+            ("x > 1", false),
+            ("upper(s) = 'A' AND x % 2 = 0", false),
+            ("random() < 0.5", true),
+            ("x < (SELECT max(x) FROM (VALUES (1)) AS u(x))", true),
+        ] {
+            let plan = plan_of(&format!("SELECT x FROM {values} WHERE {filter}")).await?;
+            assert_eq!(filters_may_change(&plan)?, may_change, "{filter}");
+        }
+        assert!(!filters_may_change(
+            &plan_of(&format!("SELECT x FROM {values}")).await?
+        )?);
+        Ok(())
     }
 }

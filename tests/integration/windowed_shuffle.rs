@@ -602,3 +602,51 @@ fn a_windowed_cluster_feed_deals_each_window_to_the_ranks() -> Result<()> {
     }
     Ok(())
 }
+
+/// Issue 55, item 3: a window's job is planned for unique rows first (one
+/// exchange fewer); over rows that repeat it fails and runs again with the
+/// stage that numbers copies, and the dealt windows still give every rank
+/// the embedded batches.
+#[cfg(feature = "ballista")]
+#[test]
+fn a_windowed_cluster_feed_over_repeated_rows_deals_the_embedded_batches() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 300, 100)?;
+    // 600 rows, 7 distinct.
+    let sql = format!("SELECT v, v * 3 AS w FROM {table}");
+    let run = |session: &sqlfeed::Session,
+               rank: usize|
+     -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+        let mut feed = Feed::builder(session, sql.clone())
+            .shuffle(5)
+            .shuffle_window(200)
+            .batch_size(16)
+            .shard(rank, 2)
+            .epochs(1)
+            .device(Device::Cpu)
+            .build()?;
+        let mut values = vec![];
+        for batch in feed.by_ref() {
+            values.push(batch?.tensor("v")?.as_slice::<i64>()?.to_vec());
+        }
+        Ok((
+            values,
+            feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
+        ))
+    };
+    let cluster = sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()?;
+    let embedded = session(3, 100)?;
+    for rank in 0..2 {
+        let (on_cluster, plans) = run(&cluster, rank)?;
+        let (here, _) = run(&embedded, rank)?;
+        assert_eq!(on_cluster, here, "rank {rank}");
+        assert_eq!(here.iter().map(Vec::len).sum::<usize>(), 300);
+        for plan in &plans {
+            assert_contains(plan, &["dealt_to=2"]);
+        }
+    }
+    Ok(())
+}
