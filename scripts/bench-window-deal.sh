@@ -14,6 +14,9 @@
 # (the same batches).
 #
 #   BASELINE=/path/to/old/sqlfeed scripts/bench-window-deal.sh [ROUNDS=2] [WINDOW=8192] [ROWS...=80000]
+#   WHERE="label < 8" BASELINE=… scripts/bench-window-deal.sh …
+#       WHERE: a filter of the feed's query (its windows' rows are then
+#       counted once per run, reading the filter's columns only)
 #
 # Needs a release build; data and work folders go under
 # target/bench-window-deal.
@@ -63,7 +66,8 @@ for rows in "${sizes[@]}"; do
     "$new" gen --rows "$rows" --out "$data" --files 8 --image-size 64 >/dev/null
   fi
   sql="SELECT image_to_tensor(image_resize(image_decode(image_jpeg), 32, 32)) AS image,
-              standardize(f0, 0.0, 1.0) AS x, label AS y FROM '$data/*.parquet'"
+              standardize(f0, 0.0, 1.0) AS x, label AS y FROM '$data/*.parquet'
+       ${WHERE:+WHERE $WHERE}"
   for round in $(seq "$rounds"); do
     for build in dealt baseline; do
       bin=$new

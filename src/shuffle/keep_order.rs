@@ -12,7 +12,10 @@
 //! A [ranged](ShuffleMergeExec::ranged) shuffle (a cluster feed's parallel final
 //! stage) has one partition per key range and its order is "the partitions
 //! in turn"; the rule refuses a plan where an operator above merges or
-//! reorders them, rather than let the order be lost.
+//! reorders them, rather than let the order be lost. It also puts back the
+//! range and rank exchanges of such a shuffle where the distribution rule
+//! dropped them (over an input of one partition, which "satisfies" any hash
+//! distribution): without them every range or rank would share one task.
 //!
 //! ```text
 //!  ProjectionExec                        ProjectionExec
@@ -27,6 +30,7 @@ use datafusion::common::plan_err;
 use datafusion::common::tree_node::Transformed;
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitioning};
 
@@ -216,9 +220,10 @@ impl NodeRewrite for KeepShuffleOrder {
                     route,
                     deal.partitions(),
                 )?;
-                return Ok(Transformed::yes(Arc::new(RankShardExec::try_new(
-                    exchanged,
-                )?)));
+                return Ok(Transformed::yes(replace_children_if_necessary(
+                    Arc::clone(&node),
+                    vec![exchanged],
+                )?));
             }
             return resize_rank_exchange(shard, &node);
         }
@@ -235,12 +240,10 @@ impl NodeRewrite for KeepShuffleOrder {
                 column,
                 bucket.partitions(),
             )?;
-            return Ok(Transformed::yes(Arc::new(
-                super::PermuteExec::try_new_with_mode(
-                    exchanged,
-                    super::PermuteMode::Ranged,
-                )?,
-            )));
+            return Ok(Transformed::yes(replace_children_if_necessary(
+                Arc::clone(&node),
+                vec![exchanged],
+            )?));
         }
         let Some(repartition) = node.as_ref().downcast_ref::<RepartitionExec>() else {
             return Ok(Transformed::no(node));
