@@ -379,8 +379,9 @@ impl Producer {
         let Some(windows) = window_count(&counted.plan, &counted.task_ctx).await? else {
             return internal_err!("a windowed epoch's plan has no WindowedShuffleExec");
         };
-        // Dealt on the executors when each window's place in the epoch is
-        // known now, from the footers (module docs of `window_jobs`).
+        // Dealt on the executors: each window's place in the epoch is
+        // counted now, from the footers or the rows the filters keep
+        // (module docs of `window_jobs`).
         let feed = &self.plan;
         let may_deal = feed.start_on_the_grid(epoch) && feed.quarantine.is_none();
         let spans = match feed.deal(may_deal) {
