@@ -376,9 +376,6 @@ impl Producer {
     ) -> Result<EpochPlan> {
         let query = self.query(Some(spec)).await?;
         let counted = self.plan_embedded(query.clone(), None, epoch).await?;
-        let Some(windows) = window_count(&counted.plan, &counted.task_ctx).await? else {
-            return internal_err!("a windowed epoch's plan has no WindowedShuffleExec");
-        };
         // Dealt on the executors: each window's place in the epoch is
         // counted now, from the footers or the rows the filters keep
         // (module docs of `window_jobs`).
@@ -390,6 +387,14 @@ impl Producer {
                 .await?
                 .map(|counts| (deal, window_spans(&counts))),
             None => None,
+        };
+        // The counts number the windows; without them, the footers do.
+        let windows = match &spans {
+            Some((_, spans)) => Some(spans.len()),
+            None => window_count(&counted.plan, &counted.task_ctx).await?,
+        };
+        let Some(windows) = windows else {
+            return internal_err!("a windowed epoch's plan has no WindowedShuffleExec");
         };
         let pads = Arc::new(DeferredPads::default());
         let (query, partition_order) = self.epoch_job_query(query, epoch);

@@ -641,27 +641,8 @@ impl ExecutionPlan for RankShardExec {
 /// `sizes` rows, read partition by partition as a rank fetches them.
 #[cfg(test)]
 pub(crate) fn dealt_rows(deal: Deal, sizes: &[u64], rank: usize) -> Vec<u64> {
-    let total = sizes.iter().sum();
-    let shape = DealShape::new(deal, sizes.len(), total);
-    let mut partitions = vec![vec![]; deal.partitions(sizes.len())];
-    let mut g = 0;
-    for (range, &size) in sizes.iter().enumerate() {
-        for _ in 0..size {
-            if let Some(p) = shape.partition(range, g) {
-                partitions[p].push(g);
-            }
-            for p in shape.pad_partitions(g) {
-                partitions[p].push(g);
-            }
-            g += 1;
-        }
-    }
-    partitions
-        .into_iter()
-        .enumerate()
-        .filter(|(j, _)| j % deal.world == rank)
-        .flat_map(|(_, rows)| rows)
-        .collect()
+    // An epoch is an epoch of one window (its pads then come last).
+    dealt_window_rows(deal, &[sizes], rank)
 }
 
 /// Rank `rank`'s row numbers of an epoch of windows, each a job split into

@@ -72,23 +72,28 @@ fn hash_exchange_over<T: ExecutionPlan>(
     Some((repartition, input))
 }
 
-/// A hash exchange of `input` on its column `name` (at `index`) into
-/// `partitions`: the one the planner put there, which DataFusion's
-/// distribution rule removes when the input has a single partition (one
-/// row group a window's job scans, say), as a single partition "satisfies"
-/// any hash distribution; but the ranges and the ranks need their own.
-fn exchange_on(
-    input: &Arc<dyn ExecutionPlan>,
+/// `node` over a hash exchange of its one child on the child's column
+/// `name` (at `index`) into `partitions`: the exchange the planner put
+/// there, which DataFusion's distribution rule removes when the child has a
+/// single partition (one row group a window's job scans, say), as a single
+/// partition "satisfies" any hash distribution; but the ranges and the
+/// ranks need their own.
+fn over_exchange(
+    node: &PlanNode,
     name: &str,
     index: usize,
     partitions: usize,
-) -> Result<Arc<dyn ExecutionPlan>> {
+) -> Rewritten {
     let column: Arc<dyn datafusion::physical_expr::PhysicalExpr> = Arc::new(
         datafusion::physical_plan::expressions::Column::new(name, index),
     );
-    Ok(Arc::new(RepartitionExec::try_new(
-        Arc::clone(input),
+    let exchanged: Arc<dyn ExecutionPlan> = Arc::new(RepartitionExec::try_new(
+        Arc::clone(node.children()[0]),
         Partitioning::Hash(vec![column], partitions),
+    )?);
+    Ok(Transformed::yes(replace_children_if_necessary(
+        Arc::clone(node),
+        vec![exchanged],
     )?))
 }
 
@@ -214,16 +219,7 @@ impl NodeRewrite for KeepShuffleOrder {
         if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
             if let Some(deal) = shard.children()[0].as_ref().downcast_ref::<DealExec>() {
                 let route = deal.schema().fields().len() - 1;
-                let exchanged = exchange_on(
-                    shard.children()[0],
-                    RANK_ROUTE_COLUMN,
-                    route,
-                    deal.partitions(),
-                )?;
-                return Ok(Transformed::yes(replace_children_if_necessary(
-                    Arc::clone(&node),
-                    vec![exchanged],
-                )?));
+                return over_exchange(&node, RANK_ROUTE_COLUMN, route, deal.partitions());
             }
             return resize_rank_exchange(shard, &node);
         }
@@ -234,16 +230,8 @@ impl NodeRewrite for KeepShuffleOrder {
                 .downcast_ref::<super::RangeBucketExec>()
         {
             let column = bucket.schema().index_of(super::RANGE_BUCKET_COLUMN)?;
-            let exchanged = exchange_on(
-                permute.children()[0],
-                super::RANGE_BUCKET_COLUMN,
-                column,
-                bucket.partitions(),
-            )?;
-            return Ok(Transformed::yes(replace_children_if_necessary(
-                Arc::clone(&node),
-                vec![exchanged],
-            )?));
+            let ranges = bucket.partitions();
+            return over_exchange(&node, super::RANGE_BUCKET_COLUMN, column, ranges);
         }
         let Some(repartition) = node.as_ref().downcast_ref::<RepartitionExec>() else {
             return Ok(Transformed::no(node));

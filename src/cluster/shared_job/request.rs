@@ -494,14 +494,16 @@ impl JobRequest {
                 |l: &PartitionLocation| l.partition_id.as_ref().map(|p| p.partition_id);
             let split = locations.partition_point(|l| id(l) < Some(*first_pad));
             let pad_locations = locations.split_off(split);
-            for location in pad_locations.into_iter().filter(|_| pads.is_some()) {
-                let (Some(partition), Some(pads)) = (id(&location), pads) else {
-                    continue;
-                };
-                fetched.partitions.add(1);
-                let batches: Vec<datafusion::arrow::array::RecordBatch> =
-                    self.fetch_one(location).await?.try_collect().await?;
-                pads.put(partition, batches);
+            if let Some(pads) = pads {
+                for location in pad_locations {
+                    let Some(partition) = id(&location) else {
+                        continue;
+                    };
+                    fetched.partitions.add(1);
+                    let batches: Vec<datafusion::arrow::array::RecordBatch> =
+                        self.fetch_one(location).await?.try_collect().await?;
+                    pads.put(partition, batches);
+                }
             }
         }
         let mut streams = Vec::with_capacity(locations.len());
