@@ -478,6 +478,38 @@ fn a_damaged_file_fails_its_window_naming_the_file_after_the_earlier_windows()
     Ok(())
 }
 
+/// The values of Int64 column `column` in each batch a CPU feed of `sql`,
+/// shaped by `shape`, hands over in `session`, and the plans of its epochs.
+#[cfg(feature = "ballista")]
+fn fed_column(
+    session: &sqlfeed::Session,
+    sql: &str,
+    column: &str,
+    shape: impl FnOnce(sqlfeed::feed::FeedBuilder) -> sqlfeed::feed::FeedBuilder,
+) -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+    let mut feed = shape(Feed::builder(session, sql))
+        .device(Device::Cpu)
+        .build()?;
+    let mut values = vec![];
+    for batch in feed.by_ref() {
+        values.push(batch?.tensor(column)?.as_slice::<i64>()?.to_vec());
+    }
+    Ok((
+        values,
+        feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
+    ))
+}
+
+/// A session on an in-process cluster (scheduler and executor) of 2
+/// target partitions.
+#[cfg(feature = "ballista")]
+fn standalone_cluster() -> Result<sqlfeed::Session> {
+    sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()
+}
+
 /// Issue 55, item 3: on a cluster a windowed epoch is one job per window,
 /// read in turn (the next one running ahead), with the embedded batches:
 /// each job shuffles exactly its window's rows, cut from the footers on the
@@ -490,30 +522,16 @@ fn a_windowed_cluster_feed_runs_a_job_per_window_with_the_embedded_batches() -> 
     let dir = tempfile::tempdir()?;
     let table = write_ids(dir.path(), 4, 500, 100)?;
     let sql = format!("SELECT id FROM {table} WHERE v <> 5");
-    let run = |session: &sqlfeed::Session,
-               rank: usize|
-     -> Result<(Vec<Vec<i64>>, Vec<String>)> {
-        let mut feed = Feed::builder(session, sql.clone())
-            .shuffle(7)
-            .shuffle_window(400)
-            .batch_size(64)
-            .shard(rank, 2)
-            .epochs(2)
-            .device(Device::Cpu)
-            .build()?;
-        let mut ids = vec![];
-        for batch in feed.by_ref() {
-            ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
-        }
-        Ok((
-            ids,
-            feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
-        ))
+    let run = |session: &sqlfeed::Session, rank: usize| {
+        fed_column(session, &sql, "id", |feed| {
+            feed.shuffle(7)
+                .shuffle_window(400)
+                .batch_size(64)
+                .shard(rank, 2)
+                .epochs(2)
+        })
     };
-    let cluster = sqlfeed::Session::builder()
-        .cluster("standalone")
-        .target_partitions(2)
-        .build()?;
+    let cluster = standalone_cluster()?;
     let embedded = session(3, 100)?;
     for rank in 0..2 {
         let (on_cluster, plans) = run(&cluster, rank)?;
@@ -544,32 +562,24 @@ fn a_windowed_cluster_feed_deals_each_window_to_the_ranks() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let table = write_ids(dir.path(), 1, 997, 100)?;
     let sql = format!("SELECT id, v * 2 AS w FROM {table}");
-    let run =
-        |session: &sqlfeed::Session,
-         (rank, world, batch, drop_last, epochs): (usize, usize, usize, bool, u64)|
-         -> Result<(Vec<Vec<i64>>, Vec<String>)> {
-            let mut feed = Feed::builder(session, sql.clone())
-                .shuffle(11)
+    let run = |session: &sqlfeed::Session,
+               (rank, world, batch, drop_last, epochs): (
+        usize,
+        usize,
+        usize,
+        bool,
+        u64,
+    )| {
+        fed_column(session, &sql, "id", |feed| {
+            feed.shuffle(11)
                 .shuffle_window(250)
                 .batch_size(batch)
                 .shard(rank, world)
                 .drop_last(drop_last)
                 .epochs(epochs)
-                .device(Device::Cpu)
-                .build()?;
-            let mut ids = vec![];
-            for batch in feed.by_ref() {
-                ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
-            }
-            Ok((
-                ids,
-                feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
-            ))
-        };
-    let cluster = sqlfeed::Session::builder()
-        .cluster("standalone")
-        .target_partitions(2)
-        .build()?;
+        })
+    };
+    let cluster = standalone_cluster()?;
     let embedded = session(3, 100)?;
     // 997 = 24 steps of 40 and 37 rows, padded to 40 (3 pads); = 7 steps of
     // 128 and 101, padded to 102 (1 pad). Two epochs once: each has pads.
@@ -614,30 +624,16 @@ fn a_windowed_cluster_feed_over_repeated_rows_deals_the_embedded_batches() -> Re
     let table = write_ids(dir.path(), 2, 300, 100)?;
     // 600 rows, 7 distinct.
     let sql = format!("SELECT v, v * 3 AS w FROM {table}");
-    let run = |session: &sqlfeed::Session,
-               rank: usize|
-     -> Result<(Vec<Vec<i64>>, Vec<String>)> {
-        let mut feed = Feed::builder(session, sql.clone())
-            .shuffle(5)
-            .shuffle_window(200)
-            .batch_size(16)
-            .shard(rank, 2)
-            .epochs(1)
-            .device(Device::Cpu)
-            .build()?;
-        let mut values = vec![];
-        for batch in feed.by_ref() {
-            values.push(batch?.tensor("v")?.as_slice::<i64>()?.to_vec());
-        }
-        Ok((
-            values,
-            feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect(),
-        ))
+    let run = |session: &sqlfeed::Session, rank: usize| {
+        fed_column(session, &sql, "v", |feed| {
+            feed.shuffle(5)
+                .shuffle_window(200)
+                .batch_size(16)
+                .shard(rank, 2)
+                .epochs(1)
+        })
     };
-    let cluster = sqlfeed::Session::builder()
-        .cluster("standalone")
-        .target_partitions(2)
-        .build()?;
+    let cluster = standalone_cluster()?;
     let embedded = session(3, 100)?;
     for rank in 0..2 {
         let (on_cluster, plans) = run(&cluster, rank)?;
