@@ -110,8 +110,9 @@ pub struct Deal {
 
 /// A window job's place in its epoch: its rows are rows `offset..` of an
 /// epoch of `rows` rows (counted before the jobs run).
-/// Module docs: how a windowed epoch is dealt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Module docs: how a windowed epoch is dealt. The default is a job of no
+/// rows in an epoch of none, dealt as an epoch of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EpochSpan {
     /// The rows of the windows before this one.
     pub offset: u64,

@@ -646,3 +646,32 @@ fn a_windowed_cluster_feed_over_repeated_rows_deals_the_embedded_batches() -> Re
     }
     Ok(())
 }
+
+/// A windowed cluster feed over a table without rows has no windows; its
+/// one (empty) job is dealt as an epoch of its own, and every rank gets no
+/// batch, as embedded.
+#[cfg(feature = "ballista")]
+#[test]
+fn a_windowed_cluster_feed_over_no_rows_gives_no_batch() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 1, 0, 100)?;
+    let sql = format!("SELECT id FROM {table}");
+    let run = |session: &sqlfeed::Session, rank: usize| {
+        fed_column(session, &sql, "id", |feed| {
+            feed.shuffle(3)
+                .shuffle_window(100)
+                .batch_size(8)
+                .shard(rank, 2)
+                .epochs(1)
+        })
+    };
+    let cluster = standalone_cluster()?;
+    let embedded = session(3, 100)?;
+    for rank in 0..2 {
+        let (on_cluster, _) = run(&cluster, rank)?;
+        let (here, _) = run(&embedded, rank)?;
+        assert_eq!(on_cluster, here, "rank {rank}");
+        assert!(here.is_empty(), "{here:?}");
+    }
+    Ok(())
+}
