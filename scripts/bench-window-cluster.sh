@@ -36,31 +36,8 @@ work=$PWD/target/bench-window-cluster
 mkdir -p "$work"
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-# A fresh scheduler and 2 executors for each run, so that its executors'
-# disk is its own (earlier runs' results would stay for the TTL).
-start_cluster() {
-  pids=()
-  "$bin" scheduler --bind 127.0.0.1:0 --job-data-ttl "${JOB_DATA_TTL:-300}" \
-    > "$work/scheduler.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
-  address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
-  for i in 1 2; do
-    rm -rf "$work/executor-$i"
-    "$bin" executor --scheduler "$address" --concurrent-tasks 1 \
-      --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for _ in $(seq 100); do
-    [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = 2 ] && break
-    sleep 0.1
-  done
-}
-stop_cluster() {
-  kill "${pids[@]}" 2>/dev/null || true
-  wait "${pids[@]}" 2>/dev/null || true
-  rm -rf "$work"/executor-1 "$work"/executor-2
-}
+# shellcheck source=bench/local_cluster.sh
+. scripts/bench/local_cluster.sh
 out=$(mktemp)
 err=$(mktemp)
 timing=$(mktemp)
@@ -79,7 +56,7 @@ for rows in "${sizes[@]}"; do
     [[ ${CASES:-exact window} == *exact* ]] && cases+=(exact)
     [[ ${CASES:-exact window} == *window* ]] && cases+=("window=$window")
     for case in "${cases[@]}"; do
-      start_cluster
+      start_cluster "$bin" --job-data-ttl "${JOB_DATA_TTL:-300}"
       args=(--shuffle-seed 42)
       [[ $case == exact ]] || args+=(--shuffle-window "$window")
       settings=()

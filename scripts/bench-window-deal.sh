@@ -34,29 +34,8 @@ old=${BASELINE:?"BASELINE=<an older sqlfeed binary, whose window jobs are not de
 work=$PWD/target/bench-window-deal
 mkdir -p "$work"
 pids=()
-start_cluster() {
-  local bin=$1
-  pids=()
-  "$bin" scheduler --bind 127.0.0.1:0 > "$work/scheduler.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 50); do grep -q 'listening on' "$work/scheduler.log" && break; sleep 0.1; done
-  address=$(sed -n 's/.*listening on df:\/\/\([0-9.:]*\).*/\1/p' "$work/scheduler.log" | head -1)
-  for i in 1 2; do
-    rm -rf "$work/executor-$i"
-    "$bin" executor --scheduler "$address" --concurrent-tasks 1 \
-      --work-dir "$work/executor-$i" > "$work/executor-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for _ in $(seq 100); do
-    [ "$(curl -s "http://$address/api/executors" | grep -o '"host"' | wc -l)" = 2 ] && break
-    sleep 0.1
-  done
-}
-stop_cluster() {
-  kill "${pids[@]}" 2>/dev/null || true
-  wait "${pids[@]}" 2>/dev/null || true
-  rm -rf "$work"/executor-1 "$work"/executor-2
-}
+# shellcheck source=bench/local_cluster.sh
+. scripts/bench/local_cluster.sh
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 printf '%-8s %-9s %-6s %-5s %8s %8s %7s %12s  %s\n' rows build round rank ttfb_s epoch_s cpu_s \
   peak_rss_mb digest
