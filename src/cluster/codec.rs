@@ -791,7 +791,8 @@ mod tests {
             schema: Arc::new(datafusion::common::DFSchema::empty()),
         });
         let spec = MixSpec::new(vec!["a".into()], &[1.0], Some(5), Some(7), None)
-            .with_schedules(&[vec![(0, 1.0), (10, 0.5)]], Some(4));
+            .with_schedules(&[vec![(0, 1.0), (10, 0.5)]], Some(4))
+            .with_window_rows(Some(4096));
         let node = Extension {
             node: Arc::new(MixNode::try_new(vec![input.clone()], spec.clone())?),
         };

@@ -130,6 +130,10 @@ pub struct WindowedShuffleExec {
     epoch: u64,
     /// Rows per window, at least.
     window_rows: u64,
+    /// The output starts at this row of the epoch's order (a mixture's
+    /// window of a pass): windows wholly before it are not run where the
+    /// footers give their rows, the rest of it is read and dropped.
+    start_row: u64,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -152,8 +156,16 @@ impl WindowedShuffleExec {
             seed,
             epoch,
             window_rows,
+            start_row: 0,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// The same shuffle, its output starting at row `start_row` of the
+    /// epoch's order (the rows before it are not emitted).
+    pub fn with_start_row(mut self, start_row: u64) -> Self {
+        self.start_row = start_row;
+        self
     }
 }
 
@@ -217,12 +229,15 @@ fn parquet_config(scan: &Arc<dyn ExecutionPlan>) -> Option<FileScanConfig> {
 
 impl DisplayAs for WindowedShuffleExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let settings: [Setting; 3] = [
+        let settings: [Setting; 4] = [
             ("window", &self.window_rows),
             ("seed", &self.seed),
             ("epoch", &self.epoch),
+            ("start_row", &self.start_row),
         ];
-        crate::exec::fmt_settings(f, t, "WindowedShuffleExec", &settings)
+        // The start is shown only where the output does not start at row 0.
+        let shown = if self.start_row == 0 { 3 } else { 4 };
+        crate::exec::fmt_settings(f, t, "WindowedShuffleExec", &settings[..shown])
     }
 }
 
@@ -230,7 +245,8 @@ impl ExecutionPlan for WindowedShuffleExec {
     crate::exec::one_input_operator! {
         name: "WindowedShuffleExec",
         properties: passed_through,
-        rebuild: |this, child| Self::try_new(child, this.seed, this.epoch, this.window_rows),
+        rebuild: |this, child| Self::try_new(child, this.seed, this.epoch, this.window_rows)
+            .map(|rebuilt| rebuilt.with_start_row(this.start_row)),
     }
 
     crate::exec::statistics_of_one_input!(first_input_statistics);
@@ -248,13 +264,32 @@ impl ExecutionPlan for WindowedShuffleExec {
         let input = Arc::clone(&self.input);
         let shuffle = (self.seed, self.epoch, self.window_rows);
         let schema = self.schema();
+        // Rows are dropped from the windows' own counts only where the
+        // footers give them: a filter keeps rows no footer counts.
+        let footers_count_rows = !drops_rows(&self.input)?;
+        let mut to_drop = self.start_row;
         let windows = futures::stream::once(async move {
             let planning = metrics.planning.timer();
             let layout = ScanLayout::read(&config, &ctx.runtime_env()).await?;
-            let windows = layout.windows(shuffle.0, shuffle.1, shuffle.2);
+            let mut windows = layout.windows(shuffle.0, shuffle.1, shuffle.2);
             metrics
                 .units
                 .add(windows.iter().map(Vec::len).sum::<usize>());
+            if footers_count_rows {
+                let before = windows
+                    .iter()
+                    .map(|units| units.iter().map(|unit| unit.rows).sum::<u64>())
+                    .take_while(|&rows| {
+                        let wholly_before = rows <= to_drop;
+                        if wholly_before {
+                            to_drop -= rows;
+                        }
+                        wholly_before
+                    })
+                    .count();
+                windows.drain(..before);
+                metrics.windows_skipped.add(before);
+            }
             planning.done();
             let started = metrics.windows.clone();
             // Each window: a fresh instance of the input plan, its scan cut
@@ -264,12 +299,22 @@ impl ExecutionPlan for WindowedShuffleExec {
                 let cut = layout.scan(&config, &units);
                 replace_scan(Arc::clone(&input), &scan, cut)?.execute(0, Arc::clone(&ctx))
             });
-            Ok::<_, DataFusionError>(in_sequence(
-                schema,
+            let windows = in_sequence(
+                Arc::clone(&schema),
                 streams,
                 WINDOWS_AHEAD,
                 Some(metrics.window_wait),
-            ))
+            );
+            // The rows before the start that whole windows did not cover.
+            let from_start = windows.try_filter_map(move |batch| {
+                let rows = batch.num_rows() as u64;
+                let dropped = to_drop.min(rows);
+                to_drop -= dropped;
+                let kept = (dropped < rows)
+                    .then(|| batch.slice(dropped as usize, (rows - dropped) as usize));
+                futures::future::ready(Ok(kept))
+            });
+            Ok::<_, DataFusionError>(from_start)
         })
         .try_flatten()
         .map(move |batch| batch.map(|b| b.record_output(&baseline)));
@@ -537,6 +582,8 @@ pub fn with_only_window(plan: LogicalPlan, window: u64) -> Result<LogicalPlan> {
 struct WindowMetrics {
     /// Windows started.
     windows: Count,
+    /// Windows not run: all their rows come before the start row.
+    windows_skipped: Count,
     /// Units (row groups) in the epoch.
     units: Count,
     /// Time reading footers and cutting windows.
@@ -549,6 +596,7 @@ impl WindowMetrics {
     fn new(set: &ExecutionPlanMetricsSet) -> Self {
         Self {
             windows: MetricBuilder::new(set).counter("windows", 0),
+            windows_skipped: MetricBuilder::new(set).counter("windows_skipped", 0),
             units: MetricBuilder::new(set).counter("units", 0),
             planning: MetricBuilder::new(set).subset_time("window_planning", 0),
             window_wait: MetricBuilder::new(set).subset_time("window_wait", 0),

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! MIX (<query>) [AS name] WEIGHT w, (<query>) [AS name] WEIGHT w …
-//!     [ROWS n] [SEED s] [EPOCH e] [BATCH g]
+//!     [ROWS n] [SEED s] [EPOCH e] [BATCH g] [WINDOW n]
 //!
 //! w: a number, or STEPS (step: weight, …) — piecewise linear in the global
 //!    step (of g rows; in a feed its batch size × world), constant outside
@@ -63,6 +63,7 @@ struct Marker {
     /// Per source: (step, weight) points, empty for a fixed weight.
     schedules: Vec<Vec<(u64, f64)>>,
     step_rows: Option<u64>,
+    window_rows: Option<u64>,
 }
 
 /// Words before `MIX` at which a query starts.
@@ -166,6 +167,7 @@ fn rewrite_one(
         epoch: None,
         schedules: vec![],
         step_rows: None,
+        window_rows: None,
     };
     let mut at = next(start + 1);
     loop {
@@ -251,13 +253,14 @@ fn rewrite_one(
             _ => break,
         }
     }
-    // [ROWS n] [SEED s] [EPOCH e], in any order.
+    // [ROWS n] [SEED s] [EPOCH e] [BATCH g] [WINDOW n], in any order.
     while let Some(i) = at {
         let slot = match word(&tokens[i].token).as_deref() {
             Some("ROWS") => &mut marker.rows,
             Some("SEED") => &mut marker.seed,
             Some("EPOCH") => &mut marker.epoch,
             Some("BATCH") => &mut marker.step_rows,
+            Some("WINDOW") => &mut marker.window_rows,
             _ => break,
         };
         let what = word(&tokens[i].token).unwrap_or_default();
@@ -270,6 +273,13 @@ fn rewrite_one(
         let value = next(i + 1);
         *slot = Some(number_u64(tokens, value, &what)?);
         at = value.and_then(|v| next(v + 1));
+    }
+    if marker.window_rows == Some(0) {
+        return Err(parse_error(format!(
+            "MIX at {}: WINDOW n shuffles each pass over a source in windows of at least \
+             n rows; n must be at least 1",
+            position(mix)
+        )));
     }
     let mut names = marker.names.clone();
     names.sort();
@@ -423,7 +433,8 @@ fn spec_of_alias(alias: &str) -> Option<MixSpec> {
             marker.seed,
             marker.epoch,
         )
-        .with_schedules(&marker.schedules, marker.step_rows),
+        .with_schedules(&marker.schedules, marker.step_rows)
+        .with_window_rows(marker.window_rows),
     )
 }
 
@@ -496,6 +507,32 @@ mod tests {
         ] {
             assert!(rewritten(sql)?.contains(ALIAS), "{sql}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_window_is_carried_and_checked() -> Result<()> {
+        let sql = rewritten("MIX (SELECT 1) AS a WEIGHT 1 WINDOW 4096 SEED 3")?;
+        let alias = sql
+            .split_whitespace()
+            .find(|w| w.starts_with(ALIAS))
+            .expect("alias");
+        let spec = spec_of_alias(alias).expect("spec");
+        assert_eq!((spec.window_rows, spec.seed), (Some(4096), Some(3)));
+        super::super::shuffle_clause::assert_refused(
+            rewritten,
+            &[
+                ("MIX (SELECT 1) WEIGHT 1 WINDOW 0", "n must be at least 1"),
+                (
+                    "MIX (SELECT 1) WEIGHT 1 WINDOW x",
+                    "must be a non-negative integer",
+                ),
+                (
+                    "MIX (SELECT 1) WEIGHT 1 WINDOW 2 WINDOW 2",
+                    "takes WINDOW once",
+                ),
+            ],
+        );
         Ok(())
     }
 

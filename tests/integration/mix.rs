@@ -605,3 +605,170 @@ fn a_sources_costly_functions_run_on_the_rows_its_window_takes() -> Result<()> {
     assert!(cheap_calls > 2 * 400, "{cheap_calls} calls");
     Ok(())
 }
+
+/// Sources in files of 100 rows (one row group each, so a unit of a
+/// windowed pass): `web` 600 rows in 6 files, `code` 50 rows in 1, `math`
+/// 400 rows in 4 with a filter keeping half. Returns the three sources'
+/// queries.
+fn sources_in_units(dir: &Path) -> Result<[String; 3]> {
+    for (name, start, files) in [("web", 0, 6), ("code", 10_000, 1), ("math", 20_000, 4)]
+    {
+        for file in 0..files {
+            let first = start + file * 100;
+            let rows = if name == "code" { 50 } else { 100 };
+            let ids = Int64Array::from_iter_values(first..first + rows);
+            let batch = RecordBatch::try_from_iter(vec![("id", arc(ids))])?;
+            write_parquet(&dir.join(name).join(format!("part-{file}.parquet")), &batch)?;
+        }
+    }
+    let d = dir.display();
+    Ok([
+        format!("SELECT id FROM '{d}/web/*.parquet'"),
+        format!("SELECT id FROM '{d}/code/*.parquet'"),
+        format!("SELECT id FROM '{d}/math/*.parquet' WHERE id % 2 = 0"),
+    ])
+}
+
+/// `MIX … WINDOW n` (issue 55): each pass over a source is that source's
+/// `SHUFFLE WINDOW n` with the source's seed and the pass as its epoch, and
+/// epoch `e` takes the same slice of the passes laid end to end as without
+/// WINDOW: checked source by source against the windowed shuffles
+/// themselves, over epochs whose slices start inside a pass (whole windows
+/// skipped, `web`), straddle two passes (`code`, `web` in epoch 2) and come
+/// from a filtered source (read and dropped, `math`).
+#[tokio::test]
+async fn a_windowed_mixture_takes_each_share_from_windowed_passes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sources = sources_in_units(dir.path())?;
+    let session = session(2, 16)?;
+    let mix = |epoch: u64| {
+        format!(
+            "SELECT id FROM (MIX ({}) AS web WEIGHT 0.6, ({}) AS code WEIGHT 0.25, \
+             ({}) AS math WEIGHT 0.15 ROWS 400 SEED 5 EPOCH {epoch} WINDOW 150)",
+            sources[0], sources[1], sources[2]
+        )
+    };
+    // Each source's passes laid end to end, from its windowed shuffles (a
+    // source's rows carry its `source` and `source_id` columns, which its
+    // passes key on too).
+    let mut passes: Vec<Vec<i64>> = vec![vec![]; 3];
+    for (k, (source, name)) in sources.iter().zip(["web", "code", "math"]).enumerate() {
+        let seed = sqlfeed::shuffle::mix::source_seed(5, k);
+        let with_columns = source.replacen(
+            "SELECT id",
+            &format!("SELECT id, '{name}' AS source, {k} AS source_id"),
+            1,
+        );
+        // Four epochs take at most 400 rows of a source (code's 100 a
+        // epoch): 8 passes of its 50 rows.
+        for pass in 0..8 {
+            let order = ids(
+                &session,
+                &format!("{with_columns} SHUFFLE WINDOW 150 SEED {seed} EPOCH {pass}"),
+            )
+            .await?;
+            passes[k].extend(order);
+        }
+    }
+    for epoch in 0..4u64 {
+        let got = ids(&session, &mix(epoch)).await?;
+        assert_eq!(got.len(), 400, "epoch {epoch}");
+        for (k, &quota) in QUOTAS.iter().enumerate() {
+            let taken: Vec<i64> = got
+                .iter()
+                .copied()
+                .filter(|&id| source_of(id) == k)
+                .collect();
+            let start = (epoch * quota) as usize;
+            assert_eq!(
+                taken,
+                passes[k][start..start + quota as usize],
+                "source {k}, epoch {epoch}"
+            );
+        }
+    }
+    // Epoch 2 of web starts at row 480 of its first pass (windows of 200
+    // rows): two windows are skipped from the footers without being run.
+    let analyzed =
+        rows(&collect(&session, &format!("EXPLAIN ANALYZE {}", mix(2))).await?);
+    let plan = format!("{analyzed:?}");
+    assert_contains(&plan, &["start_row=480", "windows_skipped=2"]);
+    Ok(())
+}
+
+/// A windowed mixture is also a feed's: the same batches on any partitions,
+/// every epoch a new draw, a resumed feed exact.
+#[test]
+fn a_windowed_mixture_feed_is_the_same_on_any_partitions_and_resumes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sources = sources_in_units(dir.path())?;
+    let mix = format!(
+        "SELECT id FROM (MIX ({}) AS web WEIGHT 0.6, ({}) AS code WEIGHT 0.25, \
+         ({}) AS math WEIGHT 0.15 ROWS 400 SEED 9 WINDOW 150)",
+        sources[0], sources[1], sources[2]
+    );
+    let run = |partitions: usize| -> Result<Vec<(u64, u64, Vec<i64>)>> {
+        let session = session(partitions, 16)?;
+        fed(Feed::builder(&session, mix.clone())
+            .batch_size(40)
+            .epochs(3))
+    };
+    let two = run(2)?;
+    assert_eq!(two.len(), 30);
+    assert_eq!(run(3)?, two);
+    assert_ne!(two[0].2, two[10].2, "epochs draw anew");
+    let session = session(2, 16)?;
+    let resumed = fed(Feed::builder(&session, mix.clone())
+        .batch_size(40)
+        .epochs(3)
+        .resume_at(1, 4))?;
+    assert_eq!(resumed, two[14..].to_vec());
+    Ok(())
+}
+
+/// What `MIX … WINDOW` cannot do is refused, naming what to change.
+#[tokio::test]
+async fn a_windowed_mixture_refuses_what_it_cannot_do() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sources = sources_in_units(dir.path())?;
+    let session = session(2, 16)?;
+    let with = |window: &str, web: &str| {
+        format!(
+            "SELECT id FROM (MIX ({web}) AS web WEIGHT 1, ({}) AS code WEIGHT 1 {window})",
+            sources[1]
+        )
+    };
+    let zero = session
+        .sql(&with("WINDOW 0", &sources[0]))
+        .await
+        .map(|_| ());
+    assert_contains(
+        &zero.expect_err("no rows").to_string(),
+        &["WINDOW", "at least 1"],
+    );
+    let twice = session
+        .sql(&with("WINDOW 10 WINDOW 20", &sources[0]))
+        .await
+        .map(|_| ());
+    assert_contains(&twice.expect_err("twice").to_string(), &["WINDOW once"]);
+    // A source that is not row-wise over one Parquet table.
+    let grouped = format!("SELECT max(id) AS id FROM ({}) GROUP BY id % 7", sources[0]);
+    let error = collect(&session, &with("WINDOW 10", &grouped))
+        .await
+        .expect_err("an aggregate cannot be cut into windows")
+        .to_string();
+    assert_contains(&error, &["MIX … WINDOW 10: source 'web'", "AggregateExec"]);
+    // The epoch cache keeps the sources' rows, not their row groups.
+    let cached = Feed::builder(&session, with("WINDOW 10", &sources[0]))
+        .cache(true)
+        .device(Device::Cpu)
+        .build()
+        .map(|_| ())
+        .expect_err("cached")
+        .to_string();
+    assert_contains(
+        &cached,
+        &["does not work with the epoch cache yet", "leave WINDOW"],
+    );
+    Ok(())
+}

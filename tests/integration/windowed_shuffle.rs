@@ -675,3 +675,31 @@ fn a_windowed_cluster_feed_over_no_rows_gives_no_batch() -> Result<()> {
     }
     Ok(())
 }
+
+/// `MIX … WINDOW` runs on the embedded engine: the scheduler, which gets
+/// the window with the mixture, refuses it by name rather than planning
+/// global passes, which would give other rows than the embedded engine.
+#[cfg(feature = "ballista")]
+#[test]
+fn a_windowed_mixture_on_a_cluster_is_refused_by_name() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = write_ids(dir.path(), 3, 40, 16)?;
+    let session = standalone_cluster()?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let error = runtime
+        .block_on(async {
+            let sql = format!(
+                "SELECT id FROM (MIX (SELECT id FROM {data}) AS a WEIGHT 1, \
+                 (SELECT id FROM {data}) AS b WEIGHT 1 SEED 3 WINDOW 16)"
+            );
+            session.collect(session.sql(&sql).await?).await
+        })
+        .map(|_| ())
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains("MIX … WINDOW 16") && error.contains("embedded engine"),
+        "{error}"
+    );
+    Ok(())
+}

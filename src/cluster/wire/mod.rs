@@ -370,6 +370,7 @@ fn to_message(node: &WireNode) -> Result<Node> {
             epoch: spec.epoch,
             schedules: to_points(&spec.schedule_points()),
             step_rows: spec.step_rows,
+            window_rows: spec.window_rows,
         }),
         WireNode::MixExec {
             sources,
@@ -621,7 +622,8 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
                     mix.seed,
                     mix.epoch,
                 )
-                .with_schedules(&from_points(mix.schedules)?, mix.step_rows),
+                .with_schedules(&from_points(mix.schedules)?, mix.step_rows)
+                .with_window_rows(mix.window_rows),
             }
         }
         Node::MixExec(mix) => {

@@ -28,6 +28,10 @@ pub struct MixSpec {
     /// `BATCH g`: rows per global step of the schedules; without it the
     /// feed's batch size × world.
     pub step_rows: Option<u64>,
+    /// `WINDOW n`: each pass over a source is a windowed shuffle of windows
+    /// of at least `n` rows (`SHUFFLE WINDOW n`'s order) instead of a
+    /// global one; see "Passes in windows" in [`super`].
+    pub window_rows: Option<u64>,
 }
 
 impl MixSpec {
@@ -47,7 +51,15 @@ impl MixSpec {
             epoch,
             schedule_bits: vec![],
             step_rows: None,
+            window_rows: None,
         }
+    }
+
+    /// The same spec with each pass over a source shuffled in windows of
+    /// `window_rows` rows (`None`: globally).
+    pub fn with_window_rows(mut self, window_rows: Option<u64>) -> Self {
+        self.window_rows = window_rows;
+        self
     }
 
     /// The same spec with weight schedules (one per source, empty for a

@@ -5,7 +5,7 @@
 //! MIX (SELECT text FROM 'web/*.parquet')  AS web  WEIGHT 0.6,
 //!     (SELECT text FROM 'code/*.parquet') AS code WEIGHT 0.25,
 //!     (SELECT text FROM 'math/*.parquet') AS math WEIGHT 0.15
-//!     [ROWS n] [SEED s] [EPOCH e]
+//!     [ROWS n] [SEED s] [EPOCH e] [BATCH g] [WINDOW n]
 //! ```
 //!
 //! # Definition
@@ -48,6 +48,24 @@
 //! that it moves what they produce ([`planner`]'s late row functions).
 //! Sources run side by side (see [`exec`]), each sizing its batches for its
 //! share of the memory pool.
+//!
+//! # Passes in windows
+//! Each pass is a global shuffle of its source: its first row waits for the
+//! whole source to be read, and a down-sampled source of terabytes is read
+//! whole for every epoch's slice. With `WINDOW n`, pass `p` of source `k`
+//! is instead the source's `SHUFFLE WINDOW n` with the same seed and epoch
+//! `p` ([`crate::shuffle::WindowedShuffleExec`]: windows of at least `n`
+//! rows cut from the source's Parquet row groups, each shuffled exactly).
+//! Everything else stays: the quotas, the turns, which slice of the passes
+//! an epoch takes. So a batch waits for one window of each source, memory
+//! holds about two windows per source, and the slice's first pass starts at
+//! its first row: windows wholly before it are not run where the footers
+//! count their rows (a source without a filter), and are read and dropped
+//! where a filter decides the rows. What `SHUFFLE WINDOW` trades, a window's
+//! rows come from few row groups, a windowed mixture trades per source.
+//! It runs on the embedded engine, over sources that are row-wise queries of
+//! one Parquet table each; a cluster, the epoch cache and other sources are
+//! refused by name.
 //!
 //! # Weights by step
 //! `WEIGHT STEPS (step: weight, …)` makes a source's weight piecewise linear

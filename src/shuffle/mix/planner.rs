@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::common::plan_datafusion_err;
-use datafusion::common::plan_err;
 use datafusion::common::stats::Precision;
+use datafusion::common::{not_impl_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::functions_aggregate::count::count;
@@ -48,7 +48,7 @@ use super::source_seed;
 use super::window::MixWindowExec;
 use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{FinalStage, GlobalShuffle, KeySource};
+use crate::shuffle::{FinalStage, GlobalShuffle, KeySource, WindowedShuffleExec};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -189,6 +189,15 @@ impl ExtensionPlanner for MixExtensionPlanner {
             return Ok(None);
         };
         let spec = mix.spec();
+        if let Some(window_rows) = spec.window_rows
+            && self.stage_shaped
+        {
+            return not_impl_err!(
+                "MIX … WINDOW {window_rows} (each pass over a source shuffled in windows) \
+                 runs on the embedded engine; on a cluster leave WINDOW out (each pass is \
+                 then a global shuffle on the executors)"
+            );
+        }
         let feed = session
             .config()
             .options()
@@ -308,11 +317,37 @@ impl ExtensionPlanner for MixExtensionPlanner {
                         session_batch_size: batch_size,
                         carry: carry.clone(),
                     };
-                    // On a cluster each pass is its own stages, merged into
-                    // one stream in the mixture's task.
-                    shuffle.plan(input, self.stage_shaped.then(FinalStage::merge))
+                    let Some(window_rows) = spec.window_rows else {
+                        // On a cluster each pass is its own stages, merged
+                        // into one stream in the mixture's task.
+                        return shuffle
+                            .plan(input, self.stage_shaped.then(FinalStage::merge));
+                    };
+                    // The pass in windows, streamed; the first pass starts
+                    // at the epoch's first row, skipping whole windows
+                    // before it where the footers count them.
+                    let windowed = WindowedShuffleExec::try_new(
+                        shuffle.plan(input, None)?,
+                        source_seed,
+                        pass,
+                        window_rows,
+                    )
+                    .map_err(|e| {
+                        DataFusionError::Context(
+                            format!("MIX … WINDOW {window_rows}: source '{name}'"),
+                            Box::new(e),
+                        )
+                    })?;
+                    let start_row = if i == 0 { window.skip } else { 0 };
+                    Ok(Arc::new(windowed.with_start_row(start_row))
+                        as Arc<dyn ExecutionPlan>)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // A windowed pass starts at the epoch's first row itself.
+            let window = match spec.window_rows {
+                Some(_) => Window { skip: 0, ..window },
+                None => window,
+            };
             let mut plan: Arc<dyn ExecutionPlan> =
                 Arc::new(MixWindowExec::try_new(name.clone(), passes, window)?);
             if let Some(after_window) = after_window {
