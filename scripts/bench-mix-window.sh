@@ -10,8 +10,11 @@
 # files 10-15, mixed 0.5 / 0.5 of their rows together (a down-sampled, b
 # read in two passes). Each case is one epoch, batches of 4096, on the CPU
 # device. Needs a release build (cargo build --release). `digests` is a hash
-# of every batch: equal across rounds of one case, different between the
-# cases (another order).
+# of every batch: equal across rounds of one case, and between the cases
+# only where each source fits in one window (0.2M rows: files of 12,500
+# rows), where a windowed pass is the global one. Windows are whole row
+# groups: at 20M rows the files hold row groups of 1,048,576 rows, so a
+# window is one such group, about 4 × WINDOW.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}

@@ -316,6 +316,9 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
             return encode(&wire, buf);
         }
         if let Some(mix) = any.downcast_ref::<MixNode>() {
+            if let Some(window_rows) = mix.spec().window_rows {
+                return Err(crate::shuffle::mix::refused_on_a_cluster(window_rows));
+            }
             let wire = WireNode::Mix {
                 spec: mix.spec().clone(),
             };
@@ -791,8 +794,19 @@ mod tests {
             schema: Arc::new(datafusion::common::DFSchema::empty()),
         });
         let spec = MixSpec::new(vec!["a".into()], &[1.0], Some(5), Some(7), None)
-            .with_schedules(&[vec![(0, 1.0), (10, 0.5)]], Some(4))
-            .with_window_rows(Some(4096));
+            .with_schedules(&[vec![(0, 1.0), (10, 0.5)]], Some(4));
+        // Windowed passes are refused before the plan leaves this machine.
+        let windowed = Extension {
+            node: Arc::new(MixNode::try_new(
+                vec![input.clone()],
+                spec.clone().with_window_rows(Some(4096)),
+            )?),
+        };
+        let refused = logical
+            .try_encode(&windowed, &mut vec![])
+            .expect_err("a windowed mixture stays on this machine")
+            .to_string();
+        assert!(refused.contains("MIX … WINDOW 4096"), "{refused}");
         let node = Extension {
             node: Arc::new(MixNode::try_new(vec![input.clone()], spec.clone())?),
         };

@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
-use datafusion::common::plan_err;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{not_impl_err, plan_err};
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result;
 use datafusion::execution::context::SessionState;
@@ -99,7 +99,7 @@ pub(super) async fn with_cached_sources(
             if let Some(window_rows) = mix.spec().window_rows {
                 // Windows are cut from the sources' Parquet row groups; an
                 // entry has none, and the windows would change with it.
-                return plan_err!(
+                return not_impl_err!(
                     "MIX … WINDOW {window_rows} does not work with the epoch cache yet: \
                      the cache keeps each source's rows, and a pass in windows is cut from \
                      the source's Parquet row groups. Turn the cache off, or leave WINDOW \

@@ -69,6 +69,13 @@
 //! sorts, limits, window functions and unions are refused when planned,
 //! naming the operator.
 //!
+//! # Starting later
+//! A mixture's pass (`MIX … WINDOW n`, see [`super::mix`]) may start at
+//! row `r` of the epoch's order ([`WindowedShuffleExec::with_start_row`]):
+//! the windows wholly before `r` are not run, their rows known from the
+//! footers or counted under a filter, and the rest of the rows before `r`
+//! are read and dropped.
+//!
 //! # Output ordering
 //! One partition, no declared ordering (the key is dropped).
 
@@ -76,8 +83,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
+use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{exec_datafusion_err, internal_err, plan_err};
+use datafusion::common::{Statistics, exec_datafusion_err, internal_err, plan_err};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
@@ -89,6 +97,7 @@ use datafusion::logical_expr::{Expr, Extension, LogicalPlan, Volatility};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, Time,
 };
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::{StreamExt, TryStreamExt};
@@ -134,6 +143,9 @@ pub struct WindowedShuffleExec {
     /// window of a pass): windows wholly before it are not run where the
     /// footers give their rows, the rest of it is read and dropped.
     start_row: u64,
+    /// The rows each window gives, where a filter decides them and they
+    /// were counted (see [`Self::with_window_counts`]).
+    window_counts: Option<Arc<[u64]>>,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -157,6 +169,7 @@ impl WindowedShuffleExec {
             epoch,
             window_rows,
             start_row: 0,
+            window_counts: None,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
@@ -167,6 +180,115 @@ impl WindowedShuffleExec {
         self.start_row = start_row;
         self
     }
+
+    /// Whether an operator under it keeps fewer rows than the footers
+    /// count (a filter).
+    pub fn drops_rows(&self) -> Result<bool> {
+        drops_rows(&self.input)
+    }
+
+    /// The same shuffle told the rows each of its windows gives, in window
+    /// order ([`window_rows`]), so that windows wholly before the start row
+    /// are skipped even where a filter decides the rows. Counts that do not
+    /// match the windows when it runs (the files changed) are not used: the
+    /// rows before the start are then read and dropped.
+    pub fn with_window_counts(&self, counts: Vec<u64>) -> Self {
+        Self {
+            input: Arc::clone(&self.input),
+            seed: self.seed,
+            epoch: self.epoch,
+            window_rows: self.window_rows,
+            start_row: self.start_row,
+            window_counts: Some(Arc::from(counts)),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+/// Why a plan's scan cannot be cut into windows; each caller adds what the
+/// user can do instead (a query: `SHUFFLE`; a mixture: leave `WINDOW` out).
+enum NotWindowable {
+    /// A leaf other than a Parquet scan (named).
+    Reads(String),
+    /// An operator that makes a row from several input rows, or reorders
+    /// or limits them (named).
+    Has(String),
+    /// Several scans, or none.
+    Scans(usize),
+    /// A scan of another file format.
+    NotParquet,
+    /// A scan with a row limit, which each window would apply again.
+    Limited(usize),
+}
+
+impl fmt::Display for NotWindowable {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            Self::Reads(name) => write!(
+                f,
+                "cuts Parquet files by row group, but the query reads {name}"
+            ),
+            Self::Has(name) => write!(
+                f,
+                "cuts the scan of one Parquet table into windows, so every row of its \
+                 query must come from one input row, but the query has {name} (an \
+                 aggregate, join, sort, limit, window function or union)"
+            ),
+            Self::Scans(count) => {
+                write!(f, "reads one Parquet table, but the query reads {count}")
+            }
+            Self::NotParquet => write!(
+                f,
+                "reads Parquet files (it cuts them by row group), but the query reads \
+                 another source"
+            ),
+            Self::Limited(rows) => write!(
+                f,
+                "cuts the scan into windows, but the scan stops after {rows} rows, which \
+                 each window would read again"
+            ),
+        }
+    }
+}
+
+/// The one Parquet scan under `plan` and its configuration, or why there is
+/// none a window can cut.
+fn windowable_scan(
+    plan: &Arc<dyn ExecutionPlan>,
+) -> std::result::Result<(Arc<dyn ExecutionPlan>, FileScanConfig), NotWindowable> {
+    /// Collects the scans under `node`, or the first operator that is not
+    /// row-wise, with whether it is a leaf.
+    fn walk(
+        node: &Arc<dyn ExecutionPlan>,
+        scans: &mut Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Option<(String, bool)> {
+        let name = node.name();
+        if !ROW_WISE.contains(&name) {
+            return Some((name.to_string(), node.children().is_empty()));
+        }
+        if name == "DataSourceExec" {
+            scans.push(Arc::clone(node));
+        }
+        node.children()
+            .into_iter()
+            .find_map(|child| walk(child, scans))
+    }
+    let mut scans = Vec::new();
+    match walk(plan, &mut scans) {
+        Some((name, true)) => return Err(NotWindowable::Reads(name)),
+        Some((name, false)) => return Err(NotWindowable::Has(name)),
+        None => {}
+    }
+    let [scan] = scans.as_slice() else {
+        return Err(NotWindowable::Scans(scans.len()));
+    };
+    match parquet_config(scan) {
+        Some(config) => match config.limit {
+            Some(rows) => Err(NotWindowable::Limited(rows)),
+            None => Ok((Arc::clone(scan), config)),
+        },
+        None => Err(NotWindowable::NotParquet),
+    }
 }
 
 /// The one Parquet scan under `plan` and its configuration, or a plan error
@@ -174,49 +296,20 @@ impl WindowedShuffleExec {
 fn the_one_parquet_scan(
     plan: &Arc<dyn ExecutionPlan>,
 ) -> Result<(Arc<dyn ExecutionPlan>, FileScanConfig)> {
-    let mut scans = Vec::new();
-    let mut refused = None;
-    plan.apply(|node| {
-        let name = node.name();
-        if !ROW_WISE.contains(&name) {
-            refused = Some((name.to_string(), node.children().is_empty()));
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        if name == "DataSourceExec" {
-            scans.push(Arc::clone(node));
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    match refused {
-        Some((name, true)) => {
-            return plan_err!(
-                "SHUFFLE WINDOW cuts Parquet files by row group, but the query reads \
-                 {name}; use SHUFFLE"
-            );
-        }
-        Some((name, false)) => {
-            return plan_err!(
-                "SHUFFLE WINDOW cuts the scan of one Parquet table into windows, so every \
-                 row of its query must come from one input row, but the query has {name} \
-                 (an aggregate, join, sort, limit, window function or union); use \
-                 SHUFFLE, or move that part above the shuffle"
-            );
-        }
-        None => {}
-    }
-    let [scan] = scans.as_slice() else {
-        return plan_err!(
-            "SHUFFLE WINDOW reads one Parquet table, but the query reads {}; use SHUFFLE",
-            scans.len()
-        );
-    };
-    match parquet_config(scan) {
-        Some(config) => Ok((Arc::clone(scan), config)),
-        None => plan_err!(
-            "SHUFFLE WINDOW reads Parquet files (it cuts them by row group), but the \
-             query reads another source; use SHUFFLE"
-        ),
-    }
+    windowable_scan(plan).map_err(|why| {
+        let instead = match why {
+            NotWindowable::Has(_) => "use SHUFFLE, or move that part above the shuffle",
+            _ => "use SHUFFLE",
+        };
+        DataFusionError::Plan(format!("SHUFFLE WINDOW {why}; {instead}"))
+    })
+}
+
+/// Why the global shuffle `plan` of a mixture's source cannot be cut into
+/// windows (`MIX … WINDOW`), in words that end a sentence; `None` when it
+/// can.
+pub fn why_not_windowable(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    windowable_scan(plan).err().map(|why| why.to_string())
 }
 
 /// The Parquet scan configuration of `scan`, if it is one.
@@ -235,7 +328,8 @@ impl DisplayAs for WindowedShuffleExec {
             ("epoch", &self.epoch),
             ("start_row", &self.start_row),
         ];
-        // The start is shown only where the output does not start at row 0.
+        // A `SHUFFLE WINDOW` query always starts at row 0: its plan reads
+        // as it did before mixtures could start one later.
         let shown = if self.start_row == 0 { 3 } else { 4 };
         crate::exec::fmt_settings(f, t, "WindowedShuffleExec", &settings[..shown])
     }
@@ -246,10 +340,35 @@ impl ExecutionPlan for WindowedShuffleExec {
         name: "WindowedShuffleExec",
         properties: passed_through,
         rebuild: |this, child| Self::try_new(child, this.seed, this.epoch, this.window_rows)
-            .map(|rebuilt| rebuilt.with_start_row(this.start_row)),
+            .map(|rebuilt| Self {
+                start_row: this.start_row,
+                window_counts: this.window_counts.clone(),
+                ..rebuilt
+            }),
     }
 
-    crate::exec::statistics_of_one_input!(first_input_statistics);
+    fn child_stats_requests(&self, partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(partition)]
+    }
+
+    // Every row of the input, but those before the start row.
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        let stats = crate::exec::first_input_statistics(input_stats, &self.schema());
+        if self.start_row == 0 {
+            return Ok(stats);
+        }
+        let start = usize::try_from(self.start_row).unwrap_or(usize::MAX);
+        let mut stats = Statistics::clone(&stats);
+        stats.num_rows = stats.num_rows.map(|rows| rows.saturating_sub(start));
+        // The columns' statistics and sizes were the whole input's.
+        stats.total_byte_size = Precision::Absent;
+        stats.column_statistics = Statistics::unknown_column(&self.schema());
+        Ok(Arc::new(stats))
+    }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         if partition != 0 {
@@ -264,9 +383,11 @@ impl ExecutionPlan for WindowedShuffleExec {
         let input = Arc::clone(&self.input);
         let shuffle = (self.seed, self.epoch, self.window_rows);
         let schema = self.schema();
-        // Rows are dropped from the windows' own counts only where the
-        // footers give them: a filter keeps rows no footer counts.
+        // Whole windows are skipped only where their rows are known: from
+        // the footers, or counted under a filter (which keeps rows no
+        // footer counts); otherwise the rows before the start are read.
         let footers_count_rows = !drops_rows(&self.input)?;
+        let counted = self.window_counts.clone();
         let mut to_drop = self.start_row;
         let windows = futures::stream::once(async move {
             let planning = metrics.planning.timer();
@@ -275,10 +396,19 @@ impl ExecutionPlan for WindowedShuffleExec {
             metrics
                 .units
                 .add(windows.iter().map(Vec::len).sum::<usize>());
-            if footers_count_rows {
-                let before = windows
-                    .iter()
-                    .map(|units| units.iter().map(|unit| unit.rows).sum::<u64>())
+            let rows_per_window: Option<Vec<u64>> = match counted {
+                Some(counts) if counts.len() == windows.len() => Some(counts.to_vec()),
+                _ if footers_count_rows => Some(
+                    windows
+                        .iter()
+                        .map(|units| units.iter().map(|unit| unit.rows).sum())
+                        .collect(),
+                ),
+                _ => None,
+            };
+            if let Some(rows_per_window) = rows_per_window {
+                let before = rows_per_window
+                    .into_iter()
                     .take_while(|&rows| {
                         let wholly_before = rows <= to_drop;
                         if wholly_before {

@@ -676,9 +676,9 @@ fn a_windowed_cluster_feed_over_no_rows_gives_no_batch() -> Result<()> {
     Ok(())
 }
 
-/// `MIX … WINDOW` runs on the embedded engine: the scheduler, which gets
-/// the window with the mixture, refuses it by name rather than planning
-/// global passes, which would give other rows than the embedded engine.
+/// `MIX … WINDOW` runs on the embedded engine: the client refuses it by
+/// name before the plan leaves, rather than let a scheduler plan global
+/// passes, which would give other rows than the embedded engine.
 #[cfg(feature = "ballista")]
 #[test]
 fn a_windowed_mixture_on_a_cluster_is_refused_by_name() -> Result<()> {

@@ -85,9 +85,6 @@ pub struct MixSpecNode {
     pub schedules: Vec<SchedulePoints>,
     #[prost(uint64, optional, tag = "7")]
     pub step_rows: Option<u64>,
-    /// `WINDOW n`: passes shuffled in windows (a scheduler refuses it).
-    #[prost(uint64, optional, tag = "8")]
-    pub window_rows: Option<u64>,
 }
 
 /// One source's weight schedule: `steps[i]` has weight `weights[i]`.

@@ -370,7 +370,6 @@ fn to_message(node: &WireNode) -> Result<Node> {
             epoch: spec.epoch,
             schedules: to_points(&spec.schedule_points()),
             step_rows: spec.step_rows,
-            window_rows: spec.window_rows,
         }),
         WireNode::MixExec {
             sources,
@@ -622,8 +621,7 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
                     mix.seed,
                     mix.epoch,
                 )
-                .with_schedules(&from_points(mix.schedules)?, mix.step_rows)
-                .with_window_rows(mix.window_rows),
+                .with_schedules(&from_points(mix.schedules)?, mix.step_rows),
             }
         }
         Node::MixExec(mix) => {

@@ -225,7 +225,11 @@ impl UserDefinedLogicalNodeCore for MixNode {
             self.spec.rows.map_or("all".to_string(), |r| r.to_string()),
             shown(self.spec.seed),
             shown(self.spec.epoch)
-        )
+        )?;
+        if let Some(window_rows) = self.spec.window_rows {
+            write!(f, ", passes in windows of {window_rows}")?;
+        }
+        Ok(())
     }
 
     fn with_exprs_and_inputs(

@@ -58,10 +58,12 @@
 //! rows cut from the source's Parquet row groups, each shuffled exactly).
 //! Everything else stays: the quotas, the turns, which slice of the passes
 //! an epoch takes. So a batch waits for one window of each source, memory
-//! holds about two windows per source, and the slice's first pass starts at
-//! its first row: windows wholly before it are not run where the footers
-//! count their rows (a source without a filter), and are read and dropped
-//! where a filter decides the rows. What `SHUFFLE WINDOW` trades, a window's
+//! holds about two windows per source (as many again while a feed's next
+//! epoch starts ahead), and the slice's first pass starts at its first
+//! row: windows wholly before it are not run, their rows known from the
+//! footers or, where a filter decides them, counted by a query of the
+//! filter's columns ([`crate::shuffle::window_rows`]) when the epoch is
+//! planned. What `SHUFFLE WINDOW` trades, a window's
 //! rows come from few row groups, a windowed mixture trades per source.
 //! It runs on the embedded engine, over sources that are row-wise queries of
 //! one Parquet table each; a cluster, the epoch cache and other sources are
@@ -108,6 +110,18 @@ use crate::rand::splitmix64;
 /// independent orders even when their rows are equal.
 pub fn source_seed(seed: u64, k: usize) -> u64 {
     splitmix64(seed ^ splitmix64(k as u64 + 1))
+}
+
+/// Why a mixture whose passes are windowed (`WINDOW window_rows`) does not
+/// go to a cluster: said by the client before it sends the plan (the wire
+/// does not carry the window, so an older scheduler could not misread it
+/// as global passes) and by a scheduler's planner.
+pub fn refused_on_a_cluster(window_rows: u64) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::NotImplemented(format!(
+        "MIX … WINDOW {window_rows} (each pass over a source shuffled in windows) runs on \
+         the embedded engine; on a cluster leave WINDOW out (each pass is then a global \
+         shuffle on the executors)"
+    ))
 }
 
 /// The name of the column that says which source a row came from.

@@ -1,5 +1,7 @@
 //! Physical planning of [`MixNode`]s: count the sources, size their shares,
-//! and plan each share's passes as global shuffles under a [`MixExec`].
+//! and plan each share's passes as global shuffles under a [`MixExec`] (or,
+//! with `WINDOW n`, as windowed shuffles: see "Passes in windows" in
+//! [`super`]).
 //!
 //! # Late row functions
 //! A source's passes shuffle its rows as they enter its row-wise functions
@@ -19,13 +21,14 @@
 //! (`reset_plan_states`): a scan's queue of files for work stealing is per
 //! plan instance.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use datafusion::common::plan_datafusion_err;
+use datafusion::common::plan_err;
 use datafusion::common::stats::Precision;
-use datafusion::common::{not_impl_err, plan_err};
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::context::SessionState;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::functions_aggregate::count::count;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
@@ -48,7 +51,10 @@ use super::source_seed;
 use super::window::MixWindowExec;
 use crate::exec::calls_costly_function;
 use crate::shuffle::late::{RowFunctionsSplit, split_row_functions};
-use crate::shuffle::{FinalStage, GlobalShuffle, KeySource, WindowedShuffleExec};
+use crate::shuffle::{
+    FinalStage, GlobalShuffle, KeySource, WindowedShuffleExec, why_not_windowable,
+    window_rows,
+};
 
 /// Turns [`MixNode`] into the plan drawn in `exec.rs`.
 #[derive(Debug, Default, Clone, Copy)]
@@ -192,11 +198,7 @@ impl ExtensionPlanner for MixExtensionPlanner {
         if let Some(window_rows) = spec.window_rows
             && self.stage_shaped
         {
-            return not_impl_err!(
-                "MIX … WINDOW {window_rows} (each pass over a source shuffled in windows) \
-                 runs on the embedded engine; on a cluster leave WINDOW out (each pass is \
-                 then a global shuffle on the executors)"
-            );
+            return Err(super::refused_on_a_cluster(window_rows));
         }
         let feed = session
             .config()
@@ -302,7 +304,7 @@ impl ExtensionPlanner for MixExtensionPlanner {
                 Some(finish) => early_and_late(finish)?,
                 None => (None, None),
             };
-            let passes = (0..window.passes)
+            let mut passes = (0..window.passes)
                 .map(|i| {
                     // Each pass runs the source's plan once more: with state
                     // of its own (a scan's work-stealing queue is per
@@ -326,23 +328,40 @@ impl ExtensionPlanner for MixExtensionPlanner {
                     // The pass in windows, streamed; the first pass starts
                     // at the epoch's first row, skipping whole windows
                     // before it where the footers count them.
+                    let shuffled = shuffle.plan(input, None)?;
+                    if let Some(why) = why_not_windowable(&shuffled) {
+                        return plan_err!(
+                            "MIX … WINDOW {window_rows}: source '{name}' cannot be shuffled \
+                             in windows: a window {why}. Make the source a query of one \
+                             Parquet table without aggregates, joins, sorts or limits, or \
+                             leave WINDOW out (each pass is then a global shuffle)"
+                        );
+                    }
                     let windowed = WindowedShuffleExec::try_new(
-                        shuffle.plan(input, None)?,
+                        shuffled,
                         source_seed,
                         pass,
                         window_rows,
-                    )
-                    .map_err(|e| {
-                        DataFusionError::Context(
-                            format!("MIX … WINDOW {window_rows}: source '{name}'"),
-                            Box::new(e),
-                        )
-                    })?;
+                    )?;
                     let start_row = if i == 0 { window.skip } else { 0 };
                     Ok(Arc::new(windowed.with_start_row(start_row))
                         as Arc<dyn ExecutionPlan>)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // Where a filter decides the rows, the windows of the first pass
+            // are counted (a query of the filter's columns alone), so that
+            // those before the epoch's slice are skipped rather than run.
+            if spec.window_rows.is_some()
+                && window.skip > 0
+                && let Some(state) = session.as_any().downcast_ref::<SessionState>()
+                && let Some(first) = passes.first_mut()
+                && let Some(windowed) = first.downcast_ref::<WindowedShuffleExec>()
+                && windowed.drops_rows()?
+                && let Some(counts) =
+                    window_rows(first, state, &input.logical, &OnceLock::new()).await?
+            {
+                *first = Arc::new(windowed.with_window_counts(counts));
+            }
             // A windowed pass starts at the epoch's first row itself.
             let window = match spec.window_rows {
                 Some(_) => Window { skip: 0, ..window },

@@ -9,6 +9,9 @@
 //!    │     (seed of the source, epoch = p)
 //!    └── ShuffleMergeExec <the same>  (epoch = p+1)
 //! ```
+//! With `MIX … WINDOW n` each pass is a `WindowedShuffleExec` over that
+//! shuffle instead, the first one starting at row `skip` itself (its
+//! windows before it are not run), and this operator skips nothing.
 //!
 //! # Order
 //! The passes in turn, each in its shuffle's order: a pure function of the
@@ -17,7 +20,8 @@
 //! # Memory
 //! One pass runs at a time, and it is dropped (its shuffle's memory and
 //! spill files freed) before the next one starts. A pass is only started
-//! when the window needs rows from it.
+//! when the window needs rows from it. A windowed pass holds about two of
+//! its windows, not the source.
 //!
 //! # Metrics
 //! `output_rows`, `elapsed_compute`.
