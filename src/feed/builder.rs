@@ -752,8 +752,9 @@ impl FeedBuilder {
         {
             let (session, sql) = (self.session.clone(), self.sql.clone());
             let shuffled = self.shuffle_seed.is_some();
+            let window = self.shuffle_window;
             on_runtime(runtime, async move {
-                mixture::check(&session, &sql, shuffled).await
+                mixture::check(&session, &sql, shuffled, window).await
             })?;
         }
         let data = match rows {

@@ -65,15 +65,28 @@ pub(super) fn has_mixture(plan: &LogicalPlan) -> Result<bool> {
 }
 
 /// Refuses a feed whose query is a mixture when the feed would shuffle its
-/// rows again, which undoes the stratification.
-pub(super) async fn check(session: &Session, sql: &str, shuffled: bool) -> Result<()> {
+/// rows again, which undoes the stratification; a feed shuffled in windows
+/// (`window`) is pointed at the mixture's own windows.
+pub(super) async fn check(
+    session: &Session,
+    sql: &str,
+    shuffled: bool,
+    window: Option<u64>,
+) -> Result<()> {
     let plan = session.sql(sql).await?.into_unoptimized_plan();
     if shuffled && mixture_on_top(&plan) {
+        // Who asks for windows wants a mixture that streams: it has them.
+        let windows = window.map_or(String::new(), |rows| {
+            format!(
+                ", and for passes that stream in windows of {rows} rows write MIX … WINDOW \
+                 {rows} instead of shuffle_window"
+            )
+        });
         return plan_err!(
             "this feed's query is a MIX, which orders its rows itself (each source's share \
              in every batch, a new draw each epoch); a feed shuffle would reorder them at \
              random. Build the feed without a shuffle (--shuffle-seed / .shuffle(seed) / \
-             shuffle=) and give the mixture its seed: MIX … SEED s"
+             shuffle=) and give the mixture its seed: MIX … SEED s{windows}"
         );
     }
     Ok(())

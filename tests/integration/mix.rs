@@ -350,6 +350,16 @@ fn feeds_that_would_undo_a_mixture_are_refused() -> Result<()> {
         .expect_err("a shuffled feed over a mixture is refused")
         .to_string();
     assert_contains(&shuffled, &["without a shuffle", "SEED"]);
+    // A feed shuffled in windows is told the mixture's own windows.
+    let windowed = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+        .shuffle(1)
+        .shuffle_window(64)
+        .device(Device::Cpu)
+        .build()
+        .map(|_| ())
+        .expect_err("a windowed feed over a mixture is refused")
+        .to_string();
+    assert_contains(&windowed, &["without a shuffle", "MIX … WINDOW 64"]);
     Ok(())
 }
 
