@@ -83,7 +83,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use datafusion::common::stats::Precision;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Statistics, exec_datafusion_err, internal_err, plan_err};
 use datafusion::dataframe::DataFrame;
@@ -357,16 +356,19 @@ impl ExecutionPlan for WindowedShuffleExec {
         input_stats: &[Arc<Statistics>],
         _args: &StatisticsArgs,
     ) -> Result<Arc<Statistics>> {
-        let stats = crate::exec::first_input_statistics(input_stats, &self.schema());
         if self.start_row == 0 {
-            return Ok(stats);
+            return Ok(crate::exec::first_input_statistics(
+                input_stats,
+                &self.schema(),
+            ));
         }
-        let start = usize::try_from(self.start_row).unwrap_or(usize::MAX);
-        let mut stats = Statistics::clone(&stats);
-        stats.num_rows = stats.num_rows.map(|rows| rows.saturating_sub(start));
         // The columns' statistics and sizes were the whole input's.
-        stats.total_byte_size = Precision::Absent;
-        stats.column_statistics = Statistics::unknown_column(&self.schema());
+        let start = usize::try_from(self.start_row).unwrap_or(usize::MAX);
+        let mut stats = Arc::unwrap_or_clone(crate::exec::rows_passed_through(
+            input_stats,
+            &self.schema(),
+        ));
+        stats.num_rows = stats.num_rows.map(|rows| rows.saturating_sub(start));
         Ok(Arc::new(stats))
     }
 

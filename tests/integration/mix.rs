@@ -73,6 +73,17 @@ fn fed(builder: sqlfeed::feed::FeedBuilder) -> Result<Vec<(u64, u64, Vec<i64>)>>
         .collect()
 }
 
+/// The error building `builder`'s feed on the CPU fails with (`what` says
+/// why it must).
+fn refused(builder: sqlfeed::feed::FeedBuilder, what: &str) -> String {
+    builder
+        .device(Device::Cpu)
+        .build()
+        .map(|_| ())
+        .expect_err(what)
+        .to_string()
+}
+
 #[tokio::test]
 async fn every_epoch_takes_each_share_covers_before_repeating_and_names_sources()
 -> Result<()> {
@@ -342,23 +353,18 @@ fn feeds_that_would_undo_a_mixture_are_refused() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mix = mixture(dir.path(), "")?;
     let session = session(2, 64)?;
-    let shuffled = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
-        .shuffle(1)
-        .device(Device::Cpu)
-        .build()
-        .map(|_| ())
-        .expect_err("a shuffled feed over a mixture is refused")
-        .to_string();
+    let shuffled = refused(
+        Feed::builder(&session, format!("SELECT id FROM ({mix})")).shuffle(1),
+        "a shuffled feed over a mixture is refused",
+    );
     assert_contains(&shuffled, &["without a shuffle", "SEED"]);
     // A feed shuffled in windows is told the mixture's own windows.
-    let windowed = Feed::builder(&session, format!("SELECT id FROM ({mix})"))
-        .shuffle(1)
-        .shuffle_window(64)
-        .device(Device::Cpu)
-        .build()
-        .map(|_| ())
-        .expect_err("a windowed feed over a mixture is refused")
-        .to_string();
+    let windowed = refused(
+        Feed::builder(&session, format!("SELECT id FROM ({mix})"))
+            .shuffle(1)
+            .shuffle_window(64),
+        "a windowed feed over a mixture is refused",
+    );
     assert_contains(&windowed, &["without a shuffle", "MIX … WINDOW 64"]);
     Ok(())
 }
@@ -787,13 +793,10 @@ async fn a_windowed_mixture_refuses_what_it_cannot_do() -> Result<()> {
         ],
     );
     // The epoch cache keeps the sources' rows, not their row groups.
-    let cached = Feed::builder(&session, with("WINDOW 10", &sources[0]))
-        .cache(true)
-        .device(Device::Cpu)
-        .build()
-        .map(|_| ())
-        .expect_err("cached")
-        .to_string();
+    let cached = refused(
+        Feed::builder(&session, with("WINDOW 10", &sources[0])).cache(true),
+        "cached",
+    );
     assert_contains(
         &cached,
         &["does not work with the epoch cache yet", "leave WINDOW"],
