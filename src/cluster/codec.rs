@@ -309,6 +309,9 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
         let any = node.node.as_any();
         if let Some(shuffle) = any.downcast_ref::<ShuffleNode>() {
+            if let crate::shuffle::ShuffleSpec::Positional { .. } = shuffle.spec() {
+                return Err(crate::shuffle::refused_by_position_on_a_cluster());
+            }
             let wire = WireNode::Shuffle {
                 spec: shuffle.spec(),
                 key: shuffle.key().clone(),

@@ -61,6 +61,7 @@ use super::copies::CopyIdentity;
 use super::key::ShuffleKeyExec;
 use super::merge::ShuffleMergeExec;
 use super::permute::{PermuteExec, PermuteMode};
+use super::position::PositionShuffleExec;
 use crate::exec::{
     NodeRewrite, PlanNode, Rewritten, calls_costly_function, single_child,
 };
@@ -162,7 +163,12 @@ fn carried_shuffle(node: &PlanNode) -> Result<Option<PlanNode>> {
     let Some(projection) = node.as_ref().downcast_ref::<ProjectionExec>() else {
         return Ok(None);
     };
-    let Some((outputs, merge_node)) = outputs_over_shuffle(projection)? else {
+    if let Some((outputs, shuffle)) =
+        outputs_over_shuffle(projection, is_position_shuffle)?
+    {
+        return carried_position_shuffle(node, outputs, &shuffle);
+    }
+    let Some((outputs, merge_node)) = outputs_over_shuffle(projection, is_merge)? else {
         return Ok(None);
     };
     let Some(merge) = merge_node.as_ref().downcast_ref::<ShuffleMergeExec>() else {
@@ -220,13 +226,71 @@ fn carried_shuffle(node: &PlanNode) -> Result<Option<PlanNode>> {
     Ok(Some(plan))
 }
 
-/// The outputs of `projection` over the shuffle below it, and that shuffle:
-/// directly, or through a projection of cheap expressions (common
-/// subexpression elimination puts a `CAST(label AS BIGINT)` read twice
-/// there), whose expressions are substituted where the outer ones read them.
-/// A costly expression there stays where it is computed once: `None`.
+/// `node` (a projection of `outputs` over `shuffle`, a
+/// [`PositionShuffleExec`]) with its cheap, narrowing outputs computed
+/// before the shuffle: the order does not depend on the rows' values, so
+/// any output may move; the position columns stay last.
+fn carried_position_shuffle(
+    node: &PlanNode,
+    outputs: Outputs,
+    shuffle: &PlanNode,
+) -> Result<Option<PlanNode>> {
+    let Some(position) = shuffle.as_ref().downcast_ref::<PositionShuffleExec>() else {
+        return Ok(None);
+    };
+    let rows = shuffle.schema();
+    let late = |expr: &Arc<dyn PhysicalExpr>| !carries_well(expr, &rows);
+    if outputs
+        .iter()
+        .all(|(expr, _)| late(expr) || is_column(expr))
+    {
+        return Ok(None);
+    }
+    let (Some(mut carry), after) = split_carried(outputs, late)? else {
+        return Ok(None);
+    };
+    let input = only_child(position)?;
+    let input_schema = input.schema();
+    let columns = input_schema.fields().len();
+    for index in [columns - 2, columns - 1] {
+        let name = input_schema.field(index).name().clone();
+        carry.push((Arc::new(Column::new(&name, index)), name));
+    }
+    let carried: PlanNode = Arc::new(ProjectionExec::try_new(carry, input)?);
+    let (seed, epoch) = position.seed_and_epoch();
+    let shuffled: PlanNode =
+        Arc::new(PositionShuffleExec::try_new(carried, seed, epoch)?);
+    let plan = match after {
+        Some(after) => Arc::new(ProjectionExec::try_new(after, shuffled)?) as PlanNode,
+        None => shuffled,
+    };
+    if plan.schema().fields() != node.schema().fields() {
+        return internal_err!(
+            "sqlfeed_carry_cheap_outputs changed a shuffle's schema from {:?} to {:?}",
+            node.schema(),
+            plan.schema()
+        );
+    }
+    Ok(Some(plan))
+}
+
+fn is_merge(plan: &dyn ExecutionPlan) -> bool {
+    plan.downcast_ref::<ShuffleMergeExec>().is_some()
+}
+
+fn is_position_shuffle(plan: &dyn ExecutionPlan) -> bool {
+    plan.downcast_ref::<PositionShuffleExec>().is_some()
+}
+
+/// The outputs of `projection` over the shuffle below it (the node that
+/// `is_shuffle` accepts), and that shuffle: directly, or through a
+/// projection of cheap expressions (common subexpression elimination puts a
+/// `CAST(label AS BIGINT)` read twice there), whose expressions are
+/// substituted where the outer ones read them. A costly expression there
+/// stays where it is computed once: `None`.
 fn outputs_over_shuffle(
     projection: &ProjectionExec,
+    is_shuffle: fn(&dyn ExecutionPlan) -> bool,
 ) -> Result<Option<(Outputs, PlanNode)>> {
     let outputs: Outputs = projection
         .expr()
@@ -234,17 +298,13 @@ fn outputs_over_shuffle(
         .map(|e| (Arc::clone(&e.expr), e.alias.clone()))
         .collect();
     let input = Arc::clone(projection.input());
-    if input.as_ref().downcast_ref::<ShuffleMergeExec>().is_some() {
+    if is_shuffle(input.as_ref()) {
         return Ok(Some((outputs, input)));
     }
     let Some(inner) = input.as_ref().downcast_ref::<ProjectionExec>() else {
         return Ok(None);
     };
-    if inner
-        .input()
-        .as_ref()
-        .downcast_ref::<ShuffleMergeExec>()
-        .is_none()
+    if !is_shuffle(inner.input().as_ref())
         || inner.expr().iter().any(|e| calls_costly_function(&e.expr))
     {
         return Ok(None);

@@ -490,7 +490,8 @@ impl LateRowFunctions {
         // A global shuffle keyed on every column hashes what the functions
         // produce: moving them would change the order.
         let key: &[String] = match (shuffle.spec(), shuffle.key()) {
-            (ShuffleSpec::Local { .. }, _) => &[],
+            // Neither orders by content: the functions may run after it.
+            (ShuffleSpec::Local { .. } | ShuffleSpec::Positional { .. }, _) => &[],
             (
                 ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. },
                 ShuffleKey::Columns(names),

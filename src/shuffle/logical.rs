@@ -151,6 +151,9 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
                     key => write!(f, ", key={key}"),
                 }
             }
+            ShuffleSpec::Positional { seed, epoch } => {
+                write!(f, "Shuffle: by position, seed={seed}, epoch={epoch}")
+            }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 write!(f, "LocalShuffle: buffer={buffer_rows}, seed={seed}")
             }

@@ -102,6 +102,7 @@ mod merge;
 pub mod mix;
 mod permute;
 mod planner;
+mod position;
 mod range;
 mod unique;
 mod window_units;
@@ -130,6 +131,8 @@ pub use planner::{
     FinalStage, GlobalShuffle, ShuffleExtensionPlanner, plan_global_shuffle,
     plan_sorted_shuffle,
 };
+pub(crate) use position::with_positions;
+pub use position::{IndexPermutation, PositionShuffleExec};
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;
 pub use window_units::{WindowUnitFile, is_window_scan};
@@ -173,6 +176,16 @@ pub enum ShuffleSpec {
         /// job per window); `None`: every window, one after another.
         only_window: Option<u64>,
     },
+    /// `SHUFFLE BY POSITION [SEED s] [EPOCH e]`: a global permutation of
+    /// the rows keyed by their Parquet file and row instead of their content
+    /// (see [`PositionShuffleExec`]): its first batch waits for the scan
+    /// alone, at the price of an order that follows the files' layout.
+    Positional {
+        /// The seed of the run.
+        seed: u64,
+        /// The epoch; each epoch is a different permutation.
+        epoch: u64,
+    },
     /// `LOCAL SHUFFLE BUFFER n [SEED s]`: a streaming shuffle buffer of `n`
     /// rows per partition, like tf.data's `shuffle(n)`.
     Local {
@@ -190,9 +203,20 @@ impl ShuffleSpec {
         match self {
             ShuffleSpec::Global { seed, epoch }
             | ShuffleSpec::Windowed { seed, epoch, .. } => Some((seed, epoch)),
-            ShuffleSpec::Local { .. } => None,
+            ShuffleSpec::Positional { .. } | ShuffleSpec::Local { .. } => None,
         }
     }
+}
+
+/// Why `SHUFFLE BY POSITION` does not go to a cluster: said by the client
+/// before it sends the plan (the wire has no such shuffle, so an older
+/// scheduler cannot misread it) and by a scheduler's planner.
+pub fn refused_by_position_on_a_cluster() -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::NotImplemented(
+        "SHUFFLE BY POSITION runs on the embedded engine; on a cluster use SHUFFLE or \
+         SHUFFLE WINDOW n"
+            .to_string(),
+    )
 }
 
 /// Shuffles the result of `df`; the Rust form of the `SHUFFLE` clause.

@@ -20,9 +20,9 @@ use datafusion_session::Session;
 use super::windowed::cut_to_window;
 use super::{
     CopyIdentity, Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
-    RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec, RankShardExec,
-    SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
-    ShuffleSpec, WindowedShuffleExec, shuffle_batch_rows,
+    PositionShuffleExec, RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec,
+    RankShardExec, SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec,
+    ShuffleNode, ShuffleSpec, WindowedShuffleExec, shuffle_batch_rows, with_positions,
 };
 use datafusion::common::internal_datafusion_err;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -425,9 +425,9 @@ fn key_source(
 impl ExtensionPlanner for ShuffleExtensionPlanner {
     async fn plan_extension(
         &self,
-        _planner: &dyn PhysicalPlanner,
+        planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
+        logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
         session: &dyn Session,
         _planning_ctx: &PhysicalPlanningContext,
@@ -495,6 +495,19 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     )?),
                     None => shuffled,
                 }
+            }
+            ShuffleSpec::Positional { .. } if self.stage_shaped => {
+                return Err(super::refused_by_position_on_a_cluster());
+            }
+            ShuffleSpec::Positional { seed, epoch } => {
+                // The input again, each row with its file and row index from
+                // the scan (the planned `input` has no such columns).
+                let [logical] = logical_inputs else {
+                    return internal_err!("Shuffle has one input");
+                };
+                let positioned = with_positions((*logical).clone())?;
+                let input = planner.create_physical_plan(&positioned, session).await?;
+                Arc::new(PositionShuffleExec::try_new(input, seed, epoch)?)
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(Arc::clone(input), buffer_rows, seed))

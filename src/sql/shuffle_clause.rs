@@ -48,6 +48,8 @@ const GLOBAL_ALIAS: &str = "__sqlfeed_shuffle_";
 const WINDOWED_ALIAS: &str = "__sqlfeed_window_shuffle_";
 /// Prefix of the derived-table alias of a local shuffle.
 const LOCAL_ALIAS: &str = "__sqlfeed_local_shuffle_";
+/// Prefix of the derived-table alias of a shuffle by position.
+const POSITION_ALIAS: &str = "__sqlfeed_position_shuffle_";
 
 pub(super) fn word(token: &Token) -> Option<String> {
     match token {
@@ -111,7 +113,8 @@ const NAME_CONTEXT: &[&str] = &[
 ];
 
 /// Words (and `)`/`;`/the end) that can follow a complete clause.
-const AFTER_CLAUSE: &[&str] = &["SEED", "EPOCH", "WINDOW", "LIMIT", "OFFSET", "FETCH"];
+const AFTER_CLAUSE: &[&str] =
+    &["SEED", "EPOCH", "WINDOW", "BY", "LIMIT", "OFFSET", "FETCH"];
 
 /// A clause found in the tokens: `tokens[start..end]` (`start` at `LOCAL` or
 /// `SHUFFLE`), and what it asks for.
@@ -138,6 +141,9 @@ pub(super) fn rewrite(tokens: Vec<TokenWithSpan>) -> Result<Vec<TokenWithSpan>> 
                 window_rows,
                 ..
             } => format!("{WINDOWED_ALIAS}{seed}_{epoch}_{window_rows}_{count}"),
+            ShuffleSpec::Positional { seed, epoch } => {
+                format!("{POSITION_ALIAS}{seed}_{epoch}_{count}")
+            }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 format!("{LOCAL_ALIAS}{buffer_rows}_{seed}_{count}")
             }
@@ -441,15 +447,32 @@ fn number(tokens: &[&TokenWithSpan], at: usize, what: &str) -> Result<u64> {
     }
 }
 
-/// `[WINDOW n] [SEED s] [EPOCH e]` (in any order) after `SHUFFLE`; returns
-/// the spec and the tokens used.
+/// `[WINDOW n | BY POSITION] [SEED s] [EPOCH e]` (in any order) after
+/// `SHUFFLE`; returns the spec and the tokens used.
 fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
     let mut seed = None;
     let mut epoch = None;
     let mut window = None;
+    let mut by_position = None;
     let mut at = 0;
     while at < clause.len() {
         match word(&clause[at].token).as_deref() {
+            Some("BY") => {
+                let what = clause.get(at + 1).and_then(|t| word(&t.token));
+                if what.as_deref() != Some("POSITION") {
+                    return Err(parse_error(format!(
+                        "SHUFFLE BY takes POSITION (SHUFFLE BY POSITION), at {}",
+                        position(clause[at])
+                    )));
+                }
+                if by_position.is_some() {
+                    return Err(parse_error(format!(
+                        "SHUFFLE takes BY POSITION once; found it again at {}",
+                        position(clause[at])
+                    )));
+                }
+                by_position = Some(at);
+            }
             Some("SEED") if seed.is_none() => {
                 seed = Some(number(clause, at + 1, "SEED")?)
             }
@@ -478,14 +501,22 @@ fn parse_global(clause: &[&TokenWithSpan]) -> Result<(ShuffleSpec, usize)> {
     }
     let seed = seed.unwrap_or_else(fresh_seed);
     let epoch = epoch.unwrap_or(0);
-    let spec = match window {
-        Some(window_rows) => ShuffleSpec::Windowed {
+    let spec = match (window, by_position) {
+        (Some(_), Some(by)) => {
+            return Err(parse_error(format!(
+                "SHUFFLE BY POSITION holds the whole epoch and has no WINDOW; write \
+                 SHUFFLE WINDOW n or SHUFFLE BY POSITION, at {}",
+                position(clause[by])
+            )));
+        }
+        (None, Some(_)) => ShuffleSpec::Positional { seed, epoch },
+        (Some(window_rows), None) => ShuffleSpec::Windowed {
             seed,
             epoch,
             window_rows,
             only_window: None,
         },
-        None => ShuffleSpec::Global { seed, epoch },
+        (None, None) => ShuffleSpec::Global { seed, epoch },
     };
     Ok((spec, at))
 }
@@ -531,6 +562,10 @@ fn spec_of_alias(alias: &str) -> Option<ShuffleSpec> {
             window_rows,
             only_window: None,
         });
+    }
+    if let Some(rest) = alias.strip_prefix(POSITION_ALIAS) {
+        let (seed, epoch) = numbers(rest)?;
+        return Some(ShuffleSpec::Positional { seed, epoch });
     }
     if let Some(rest) = alias.strip_prefix(GLOBAL_ALIAS) {
         let (seed, epoch) = numbers(rest)?;

@@ -58,6 +58,7 @@ mod local_sql;
 mod mix;
 mod pack;
 mod plugins;
+mod position_shuffle;
 mod provenance;
 mod quarantine;
 mod repl;

@@ -263,6 +263,9 @@ fn to_message(node: &WireNode) -> Result<Node> {
                         window_rows,
                         only_window,
                     }),
+                    ShuffleSpec::Positional { .. } => {
+                        return Err(crate::shuffle::refused_by_position_on_a_cluster());
+                    }
                     ShuffleSpec::Local { buffer_rows, seed } => {
                         SpecKind::Local(LocalShuffle {
                             buffer_rows: buffer_rows as u64,

@@ -115,7 +115,8 @@ mod index_sort;
 mod permuter;
 mod streamed_index;
 use crate::exec::BatchStream;
-use permuter::{Permuter, compact_views};
+use permuter::Permuter;
+pub(super) use permuter::compact_views;
 
 /// Bytes of one index entry.
 const INDEX_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32, u32)>();

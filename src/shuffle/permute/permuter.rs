@@ -652,7 +652,7 @@ pub(super) fn first_copies(
 /// `columns` with string and binary views copied into buffers of their own.
 /// Taking or interleaving rows of a view array keeps every buffer the rows
 /// came from, and a reservation of the batch pays for all of them.
-pub(super) fn compact_views(columns: &[ArrayRef]) -> Vec<ArrayRef> {
+pub(crate) fn compact_views(columns: &[ArrayRef]) -> Vec<ArrayRef> {
     columns
         .iter()
         .map(|column| match column.data_type() {

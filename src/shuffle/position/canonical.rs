@@ -1,0 +1,241 @@
+//! The held rows in their canonical order, by file and row: what an
+//! [`IndexPermutation`](super::permutation::IndexPermutation) permutes.
+//!
+//! Rows arrive in any order (partitions race), in batches that may hold
+//! rows of several files (a filter's batches are coalesced). Each batch is
+//! cut into [`Run`]s: rows of one file with ascending row indexes. Sorted by
+//! `(file, first row)`, the runs list every row in `(file, row)` order, so a
+//! row's canonical rank is the rows of the runs before its own plus its
+//! place in it: the same on any partition count, batch size or arrival
+//! order. No per-row index is kept: 40 bytes a run, not 16 a row.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, Int64Array, StringArray};
+use datafusion::common::{exec_err, internal_err};
+use datafusion::error::Result;
+
+/// Rows of one held batch from one file, row indexes ascending.
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    /// The file's path, as the scan names it.
+    file: Arc<str>,
+    /// Row indexes in the file of the run's first and last row.
+    first_row: i64,
+    last_row: i64,
+    /// The held batch and the run's first row in it.
+    batch: u32,
+    offset: u32,
+    len: u32,
+}
+
+/// Cuts held batch number `batch` into runs from its `files` and `rows`
+/// columns; `last_file` keeps the previous run's path so that the runs of a
+/// file share one allocation.
+pub(super) fn runs_of(
+    files: &StringArray,
+    rows: &Int64Array,
+    batch: usize,
+    last_file: &mut Option<Arc<str>>,
+) -> Result<Vec<Run>> {
+    if files.null_count() > 0 || rows.null_count() > 0 {
+        return internal_err!("SHUFFLE BY POSITION: a row without its file or row index");
+    }
+    let Ok(batch) = u32::try_from(batch) else {
+        return exec_err!("SHUFFLE BY POSITION holds at most 2^32 batches");
+    };
+    let values = rows.values();
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < files.len() {
+        let name = files.value(start);
+        let mut end = start + 1;
+        while end < files.len()
+            && values[end] > values[end - 1]
+            && files.value(end) == name
+        {
+            end += 1;
+        }
+        let file = match last_file {
+            Some(file) if file.as_ref() == name => Arc::clone(file),
+            _ => Arc::clone(last_file.insert(Arc::from(name))),
+        };
+        let (Ok(offset), Ok(len)) = (u32::try_from(start), u32::try_from(end - start))
+        else {
+            return exec_err!("SHUFFLE BY POSITION: a batch of more than 2^32 rows");
+        };
+        runs.push(Run {
+            file,
+            first_row: values[start],
+            last_row: values[end - 1],
+            batch,
+            offset,
+            len,
+        });
+        start = end;
+    }
+    Ok(runs)
+}
+
+/// Canonical ranks in a block of [`CanonicalRows::first_run`].
+const BLOCK: u64 = 4096;
+
+/// Every held row by canonical rank; see the module docs.
+#[derive(Debug)]
+pub(super) struct CanonicalRows {
+    /// Sorted by `(file, first row)`.
+    runs: Vec<Run>,
+    /// Canonical rank of each run's first row, then the total.
+    starts: Vec<u64>,
+    /// The run holding rank `k · BLOCK`, for each `k`.
+    first_run: Vec<u32>,
+}
+
+impl CanonicalRows {
+    /// The order of `runs`; two runs that share a row of a file (the file
+    /// read twice) are an error naming them.
+    pub(super) fn try_new(mut runs: Vec<Run>) -> Result<Self> {
+        runs.sort_unstable_by(|a, b| {
+            (a.file.as_ref(), a.first_row).cmp(&(b.file.as_ref(), b.first_row))
+        });
+        for pair in runs.windows(2) {
+            let (before, after) = (&pair[0], &pair[1]);
+            if before.file == after.file && before.last_row >= after.first_row {
+                return exec_err!(
+                    "SHUFFLE BY POSITION orders rows by the file and row they come from, \
+                     but rows {}..={} and {}..={} of {} reached it from two places (a \
+                     query that reads a file twice, or a table that lists it twice). Use \
+                     SHUFFLE, which orders rows by their content",
+                    before.first_row,
+                    before.last_row,
+                    after.first_row,
+                    after.last_row,
+                    after.file
+                );
+            }
+        }
+        let mut starts = Vec::with_capacity(runs.len() + 1);
+        let mut total = 0u64;
+        for run in &runs {
+            starts.push(total);
+            total += u64::from(run.len);
+        }
+        starts.push(total);
+        let mut first_run = Vec::with_capacity(total.div_ceil(BLOCK) as usize);
+        let mut run = 0usize;
+        let mut rank = 0u64;
+        while rank < total {
+            while starts[run + 1] <= rank {
+                run += 1;
+            }
+            first_run.push(run as u32);
+            rank += BLOCK;
+        }
+        Ok(Self {
+            runs,
+            starts,
+            first_run,
+        })
+    }
+
+    /// Rows in all.
+    pub(super) fn len(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// The held batch and row of canonical rank `rank` (`< len`).
+    pub(super) fn locate(&self, rank: u64) -> (usize, usize) {
+        let mut run = self.first_run[(rank / BLOCK) as usize] as usize;
+        while self.starts[run + 1] <= rank {
+            run += 1;
+        }
+        let held = &self.runs[run];
+        (
+            held.batch as usize,
+            held.offset as usize + (rank - self.starts[run]) as usize,
+        )
+    }
+
+    /// Runs in all (a metric: how cut up the input was).
+    pub(super) fn runs(&self) -> usize {
+        self.runs.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(batch: usize, files: &[&str], rows: &[i64]) -> Vec<Run> {
+        let files = StringArray::from(files.to_vec());
+        let rows = Int64Array::from(rows.to_vec());
+        runs_of(&files, &rows, batch, &mut None).unwrap()
+    }
+
+    #[test]
+    fn a_batch_is_cut_where_the_file_changes_or_rows_go_back() {
+        let cut = runs(3, &["a", "a", "b", "b", "b", "a"], &[4, 9, 0, 1, 1, 10]);
+        let shape: Vec<_> = cut
+            .iter()
+            .map(|r| (r.file.to_string(), r.first_row, r.last_row, r.offset, r.len))
+            .collect();
+        assert_eq!(
+            shape,
+            [
+                ("a".to_string(), 4, 9, 0, 2),
+                ("b".to_string(), 0, 1, 2, 2),
+                ("b".to_string(), 1, 1, 4, 1),
+                ("a".to_string(), 10, 10, 5, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn ranks_follow_file_then_row_whatever_the_arrival() {
+        // Batch 0: rows 5..8 of b; batch 1: rows 0..2 of b and 0..3 of a.
+        let mut all = runs(0, &["b", "b", "b"], &[5, 6, 7]);
+        all.extend(runs(1, &["b", "b", "a", "a", "a"], &[0, 1, 0, 1, 2]));
+        let rows = CanonicalRows::try_new(all).unwrap();
+        assert_eq!(rows.len(), 8);
+        let located: Vec<_> = (0..8).map(|rank| rows.locate(rank)).collect();
+        // a0 a1 a2 b0 b1 b5 b6 b7
+        assert_eq!(
+            located,
+            [
+                (1, 2),
+                (1, 3),
+                (1, 4),
+                (1, 0),
+                (1, 1),
+                (0, 0),
+                (0, 1),
+                (0, 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_row_that_comes_twice_is_refused_by_file_and_rows() {
+        let mut all = runs(0, &["f.parquet", "f.parquet"], &[0, 1]);
+        all.extend(runs(1, &["f.parquet"], &[1]));
+        let err = CanonicalRows::try_new(all).unwrap_err().to_string();
+        assert!(err.contains("rows 0..=1 and 1..=1 of f.parquet"), "{err}");
+        assert!(err.contains("Use SHUFFLE"), "{err}");
+    }
+
+    #[test]
+    fn ranks_cross_blocks_and_many_runs() {
+        // 3 runs of 5000 rows: ranks cross the 4096-rank blocks mid-run.
+        let mut all = Vec::new();
+        for (batch, file) in ["c", "a", "b"].iter().enumerate() {
+            let rows: Vec<i64> = (0..5000).collect();
+            all.extend(runs(batch, &vec![*file; 5000], &rows));
+        }
+        let rows = CanonicalRows::try_new(all).unwrap();
+        assert_eq!(rows.locate(0), (1, 0));
+        assert_eq!(rows.locate(4999), (1, 4999));
+        assert_eq!(rows.locate(5000), (2, 0));
+        assert_eq!(rows.locate(8191), (2, 3191));
+        assert_eq!(rows.locate(14_999), (0, 4999));
+    }
+}

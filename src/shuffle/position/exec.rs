@@ -1,0 +1,289 @@
+//! [`PositionShuffleExec`]: holds every row with where it lives and emits
+//! them in the order of an index permutation; see the [module docs](super).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::compute::interleave_record_batch;
+use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
+use datafusion::common::runtime::JoinSet;
+use datafusion::common::{DataFusionError, Statistics};
+use datafusion::common::{
+    internal_datafusion_err, internal_err, resources_datafusion_err,
+};
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput,
+};
+use datafusion::physical_plan::spill::get_record_batch_memory_size;
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
+use futures::StreamExt;
+
+use super::canonical::{CanonicalRows, Run, runs_of};
+use super::permutation::IndexPermutation;
+use crate::exec::BatchStream;
+
+/// Emits all rows of its input, without the last two columns (each row's
+/// file path and row index in that file), in the order of the
+/// [`IndexPermutation`] of `(seed, epoch)` over the rows' canonical ranks.
+/// Module docs: the order, memory and what it refuses.
+#[derive(Debug)]
+pub struct PositionShuffleExec {
+    /// The rows, then their file (`Utf8`) and row index (`Int64`).
+    input: Arc<dyn ExecutionPlan>,
+    seed: u64,
+    epoch: u64,
+    /// The input's schema without the two position columns.
+    schema: SchemaRef,
+    properties: Arc<datafusion::physical_plan::PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl PositionShuffleExec {
+    /// Shuffles `input`, whose last two columns are each row's file path
+    /// and row index (an internal error otherwise).
+    pub fn try_new(input: Arc<dyn ExecutionPlan>, seed: u64, epoch: u64) -> Result<Self> {
+        let input_schema = input.schema();
+        let fields = input_schema.fields();
+        let positions_are_last = fields.len() >= 2
+            && fields[fields.len() - 2].data_type() == &DataType::Utf8
+            && fields[fields.len() - 1].data_type() == &DataType::Int64;
+        if !positions_are_last {
+            return internal_err!(
+                "PositionShuffleExec needs each row's file (Utf8) and row index (Int64) \
+                 as its input's last columns, got {}",
+                crate::exec::column_names(&input_schema)
+            );
+        }
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields[..fields.len() - 2].to_vec(),
+            input_schema.metadata().clone(),
+        ));
+        let properties = Arc::new(crate::exec::one_bounded_partition(
+            Arc::clone(&schema),
+            EmissionType::Final,
+        ));
+        Ok(Self {
+            input,
+            seed,
+            epoch,
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// The seed and epoch of its order.
+    pub fn seed_and_epoch(&self) -> (u64, u64) {
+        (self.seed, self.epoch)
+    }
+}
+
+impl DisplayAs for PositionShuffleExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::TreeRender => {
+                write!(f, "seed={}\nepoch={}", self.seed, self.epoch)
+            }
+            _ => write!(
+                f,
+                "PositionShuffleExec: seed={}, epoch={}",
+                self.seed, self.epoch
+            ),
+        }
+    }
+}
+
+impl ExecutionPlan for PositionShuffleExec {
+    crate::exec::one_input_operator! {
+        name: "PositionShuffleExec",
+        properties: own,
+        rebuild: |this, child| Self::try_new(child, this.seed, this.epoch),
+    }
+
+    // All input partitions are read here, in parallel.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(None)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(crate::exec::rows_passed_through(input_stats, &self.schema))
+    }
+
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        crate::exec::only_partition("PositionShuffleExec", partition)?;
+        let reservation = Arc::new(
+            MemoryConsumer::new("PositionShuffleExec").register(ctx.memory_pool()),
+        );
+        let held = Arc::new(Mutex::new(Held::default()));
+        let mut readers = JoinSet::new();
+        let columns = self.schema.fields().len();
+        for input_partition in 0..self.input.properties().partitioning.partition_count() {
+            let stream = self.input.execute(input_partition, Arc::clone(&ctx))?;
+            readers.spawn(read_partition(
+                stream,
+                columns,
+                Arc::clone(&held),
+                Arc::clone(&reservation),
+            ));
+        }
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let runs_metric = MetricBuilder::new(&self.metrics).counter("runs", partition);
+        let held_bytes = MetricBuilder::new(&self.metrics).gauge("held_bytes", partition);
+        let (seed, epoch) = (self.seed, self.epoch);
+        let batch_rows = ctx.session_config().batch_size().max(1);
+        let schema = Arc::clone(&self.schema);
+        let output = futures::stream::once(async move {
+            let gather = async {
+                while let Some(finished) = readers.join_next().await {
+                    finished.map_err(join_error)??;
+                }
+                let Held { batches, runs } =
+                    std::mem::take(&mut *held.lock().map_err(|_| poisoned())?);
+                let rows = CanonicalRows::try_new(runs)?;
+                runs_metric.add(rows.runs());
+                held_bytes.set(reservation.size());
+                Ok::<_, DataFusionError>(Gather {
+                    permutation: IndexPermutation::new(rows.len(), seed, epoch),
+                    rows,
+                    batches,
+                    next: 0,
+                    batch_rows,
+                    schema,
+                    baseline,
+                    _reservation: reservation,
+                })
+            };
+            match gather.await {
+                Ok(gather) => futures::stream::iter(gather).boxed(),
+                Err(e) => futures::stream::once(async { Err(e) }).boxed(),
+            }
+        })
+        .flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            output,
+        )))
+    }
+
+    crate::exec::metrics_of_field!();
+}
+
+/// What the partitions' readers hold, in arrival order.
+#[derive(Debug, Default)]
+struct Held {
+    batches: Vec<RecordBatch>,
+    runs: Vec<Run>,
+}
+
+/// Reads one input partition into `held`: each batch without its two
+/// position columns, reserved from `reservation`, and cut into runs.
+async fn read_partition(
+    mut stream: BatchStream,
+    columns: usize,
+    held: Arc<Mutex<Held>>,
+    reservation: Arc<MemoryReservation>,
+) -> Result<()> {
+    let kept: Vec<usize> = (0..columns).collect();
+    let mut last_file = None;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let files = batch
+            .column(columns)
+            .as_string_opt::<i32>()
+            .ok_or_else(|| internal_datafusion_err!("the file column is not Utf8"))?;
+        let rows = batch
+            .column(columns + 1)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| internal_datafusion_err!("the row column is not Int64"))?;
+        let rows_only = RecordBatch::try_new_with_options(
+            batch.schema().project(&kept).map(Arc::new)?,
+            super::super::permute::compact_views(&batch.columns()[..columns]),
+            &datafusion::arrow::array::RecordBatchOptions::new()
+                .with_row_count(Some(batch.num_rows())),
+        )?;
+        let bytes = get_record_batch_memory_size(&rows_only);
+        reservation.try_grow(bytes).map_err(|e| {
+            resources_datafusion_err!(
+                "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit \
+                 ({} held, {bytes} more bytes needed): raise the memory limit \
+                 (--memory-limit), or use SHUFFLE, which spills to disk, or SHUFFLE \
+                 WINDOW n, which holds one window. {e}",
+                reservation.size()
+            )
+        })?;
+        let index = {
+            let mut held = held.lock().map_err(|_| poisoned())?;
+            held.batches.push(rows_only);
+            held.batches.len() - 1
+        };
+        let runs = runs_of(files, rows, index, &mut last_file)?;
+        held.lock().map_err(|_| poisoned())?.runs.extend(runs);
+    }
+    Ok(())
+}
+
+fn poisoned() -> DataFusionError {
+    internal_datafusion_err!("PositionShuffleExec: a reader panicked while holding rows")
+}
+
+fn join_error(e: tokio::task::JoinError) -> DataFusionError {
+    match e.try_into_panic() {
+        Ok(panic) => crate::exec::panic_error(&panic),
+        Err(e) => internal_datafusion_err!("PositionShuffleExec: a reader stopped: {e}"),
+    }
+}
+
+/// The output: `batch_rows` positions of the permutation at a time, each
+/// row gathered from where it is held.
+struct Gather {
+    permutation: IndexPermutation,
+    rows: CanonicalRows,
+    batches: Vec<RecordBatch>,
+    /// The next position to emit.
+    next: u64,
+    batch_rows: usize,
+    schema: SchemaRef,
+    baseline: BaselineMetrics,
+    /// The held rows' memory, freed with the output.
+    _reservation: Arc<MemoryReservation>,
+}
+
+impl Iterator for Gather {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let total = self.permutation.len();
+        if self.next >= total {
+            return None;
+        }
+        let _timer = self.baseline.elapsed_compute().timer();
+        let end = (self.next + self.batch_rows as u64).min(total);
+        let indices: Vec<(usize, usize)> = (self.next..end)
+            .map(|position| self.rows.locate(self.permutation.at(position)))
+            .collect();
+        self.next = end;
+        let batches: Vec<&RecordBatch> = self.batches.iter().collect();
+        let gathered = interleave_record_batch(&batches, &indices)
+            .and_then(|batch| batch.with_schema(Arc::clone(&self.schema)))
+            .map_err(DataFusionError::from);
+        Some(gathered.map(|batch| batch.record_output(&self.baseline)))
+    }
+}

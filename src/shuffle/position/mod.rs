@@ -1,0 +1,72 @@
+//! `SHUFFLE BY POSITION`: an exact uniform shuffle keyed by where each row
+//! lives (its Parquet file and row), not by its content.
+//!
+//! ```sql
+//! SELECT … FROM 'data/*.parquet' WHERE … SHUFFLE BY POSITION [SEED s] [EPOCH e];
+//! ```
+//!
+//! # Why
+//! `SHUFFLE` orders rows by a hash of their content: after the scan it still
+//! hashes every row, places a 16-byte index entry per row in key-range
+//! groups and looks for repeated rows before its first batch (20M narrow
+//! rows: about 2.5 s to the first batch against a 1.1 s scan, see
+//! docs/scaling.md). Keyed by position, the order is known before any row
+//! is read: nothing is hashed, no index is built, no row can repeat. The
+//! first batch waits for the scan alone, and the rows are held without the
+//! index and the key.
+//!
+//! # Definition of the order
+//! The rows that reach the shuffle are ranked by `(file path, row index in
+//! the file)` (their *canonical rank*, `0..n`, counted after the query's
+//! filters). Position `p` of epoch `e` holds the row of canonical rank
+//! `π(p)`, with `π` the [`IndexPermutation`] of `0..n` for `(seed, e)`: a
+//! pseudorandom bijection computed one position at a time.
+//!
+//! # What it keeps and what it trades
+//! - The same on any partition count, batch size, number of threads, and
+//!   across a resume: ranks come from the files, not from arrival order.
+//! - Uniform: a pseudorandom permutation of the rows; copies of a row
+//!   (equal content in two places) are spread like any two rows.
+//! - Traded: the order follows the files, not the rows' content. The same
+//!   rows rewritten into other files, or in another order, or a file
+//!   renamed, give another order; appending files changes every position
+//!   (`n` changes). `SHUFFLE`, keyed by content, gives the same order for
+//!   the same rows however they are laid out: keep it where that matters.
+//!
+//! # Data flow
+//! ```text
+//!  input partitions (scan with input_file_name(), file_row_index();
+//!    p0    p1   …   pN-1                        filters, projections)
+//!    │     │        │     one task each: drop the two position columns,
+//!    ▼     ▼        ▼     cut the batch into runs (one file, rows rising),
+//!  held batches + runs    reserve the batch from the session's pool
+//!         │ end of input
+//!         ▼
+//!  runs sorted by (file, first row) → canonical rank of every held row
+//!         │ position p → π(p) → (batch, row)      (no per-row index)
+//!         ▼
+//!  batches of `batch_size` positions, gathered with `interleave`
+//! ```
+//!
+//! # Memory
+//! Every row is held until the output ends (any position may need it): the
+//! held batches are reserved from the session's pool, and an epoch that
+//! does not fit is an error that says so and what to use instead
+//! (`SHUFFLE` spills, `SHUFFLE WINDOW n` holds a window). On top of the
+//! rows: 40 bytes per run and 4 bytes per 4,096 rows.
+//!
+//! # Where it runs
+//! The embedded engine. On a Ballista cluster it is refused before the plan
+//! leaves the client (the stage-shaped planner refuses it too).
+//!
+//! # Ordering
+//! One output partition in the permutation's order.
+
+mod canonical;
+mod exec;
+mod permutation;
+mod scan_position;
+
+pub use exec::PositionShuffleExec;
+pub use permutation::IndexPermutation;
+pub(crate) use scan_position::with_positions;

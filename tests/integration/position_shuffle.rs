@@ -1,0 +1,226 @@
+//! `SHUFFLE BY POSITION` (issue 55): an exact shuffle keyed by each row's
+//! Parquet file and row. Every row once; position `p` holds the row of
+//! canonical rank `π(p)` (rows ranked by file path, then row index, after
+//! the filters); the same on any partition count and batch size; what it
+//! cannot key, and what does not fit, refused by name.
+
+use std::path::Path;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::error::Result;
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::file::properties::WriterProperties;
+use sqlfeed::shuffle::IndexPermutation;
+
+use crate::common::{
+    arc, assert_contains, budget_session, collect, first_int64s as ids,
+    sized_session as session,
+};
+
+/// `files` files of `rows` ids each (file f holds f·rows …), in row groups
+/// of `group` rows; a second column `v = id % 7`. File names sort in id
+/// order, so an id's canonical rank is the id itself.
+fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<String> {
+    for file in 0..files {
+        let ids = Int64Array::from_iter_values(file * rows..(file + 1) * rows);
+        let v =
+            Int64Array::from_iter_values((file * rows..(file + 1) * rows).map(|i| i % 7));
+        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids)), ("v", arc(v))])?;
+        let properties = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(group))
+            .build();
+        let path = dir.join(format!("part-{file:02}.parquet"));
+        let mut writer = ArrowWriter::try_new(
+            std::fs::File::create(path)?,
+            batch.schema(),
+            Some(properties),
+        )?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    Ok(format!("'{}/*.parquet'", dir.display()))
+}
+
+/// The order the docs define: position `p` holds `ranked[π(p)]`.
+fn defined_order(ranked: &[i64], seed: u64, epoch: u64) -> Vec<i64> {
+    let permutation = IndexPermutation::new(ranked.len() as u64, seed, epoch);
+    (0..permutation.len())
+        .map(|p| ranked[permutation.at(p) as usize])
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_by_position_is_the_defined_permutation_on_any_partitions() -> Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 8, 1000, 100)?;
+    let sql = |seed: u64, epoch: u64| {
+        format!("SELECT id, v FROM {table} SHUFFLE BY POSITION SEED {seed} EPOCH {epoch}")
+    };
+    let all: Vec<i64> = (0..8000).collect();
+    let reference = ids(&collect(&session(1, 8192)?, &sql(3, 0)).await?);
+    assert_eq!(reference, defined_order(&all, 3, 0));
+    assert_ne!(reference, all);
+    for (partitions, batch) in [(2, 7), (4, 100), (3, 8192)] {
+        let got = ids(&collect(&session(partitions, batch)?, &sql(3, 0)).await?);
+        assert_eq!(
+            got, reference,
+            "{partitions} partitions, batches of {batch}"
+        );
+    }
+    // Another epoch or seed is another order, each the defined one.
+    for (seed, epoch) in [(3, 1), (4, 0)] {
+        let got = ids(&collect(&session(2, 64)?, &sql(seed, epoch)).await?);
+        assert_eq!(got, defined_order(&all, seed, epoch));
+        assert_ne!(got, reference);
+    }
+    // Uniform, not by file: the first 1000 positions draw from every file,
+    // and neighbours in a file are rarely neighbours in the order.
+    let files: std::collections::BTreeSet<i64> =
+        reference[..1000].iter().map(|id| id / 1000).collect();
+    assert_eq!(files.len(), 8, "{files:?}");
+    let adjacent = reference
+        .windows(2)
+        .filter(|w| (w[0] - w[1]).abs() == 1)
+        .count();
+    assert!(adjacent < 10, "{adjacent} neighbours stayed together");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_ranks_the_rows_it_keeps_and_functions_do_not_change_the_order()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 64)?;
+    let kept: Vec<i64> = (0..2000).filter(|id| id % 7 != 3).collect();
+    for partitions in [1, 3] {
+        let filtered = ids(&collect(
+            &session(partitions, 100)?,
+            &format!("SELECT id FROM {table} WHERE v <> 3 SHUFFLE BY POSITION SEED 9"),
+        )
+        .await?);
+        assert_eq!(
+            filtered,
+            defined_order(&kept, 9, 0),
+            "{partitions} partitions"
+        );
+    }
+    // Row-wise functions run after the shuffle (nothing is keyed by them):
+    // the same positions, their values computed.
+    let twice = ids(&collect(
+        &session(2, 100)?,
+        &format!(
+            "SELECT id * 2 AS twice, v FROM {table} WHERE v <> 3 \
+             SHUFFLE BY POSITION SEED 9"
+        ),
+    )
+    .await?);
+    let expected: Vec<i64> = defined_order(&kept, 9, 0).iter().map(|id| id * 2).collect();
+    assert_eq!(twice, expected);
+    // No rows: no batches, no error.
+    let none = collect(
+        &session(2, 100)?,
+        &format!("SELECT id FROM {table} WHERE v > 100 SHUFFLE BY POSITION SEED 1"),
+    )
+    .await?;
+    assert_eq!(ids(&none), Vec::<i64>::new());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_has_no_position_or_does_not_fit_is_refused_by_name() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 100, 50)?;
+    let s = session(2, 64)?;
+    for (sql, needles) in [
+        (
+            format!(
+                "SELECT v, count(*) AS n FROM {table} GROUP BY v SHUFFLE BY POSITION"
+            ),
+            &["SHUFFLE BY POSITION", "Aggregate", "Use SHUFFLE"][..],
+        ),
+        (
+            format!(
+                "SELECT a.id FROM {table} a JOIN {table} b ON a.id = b.id \
+                 SHUFFLE BY POSITION"
+            ),
+            &["SHUFFLE BY POSITION", "Join", "Use SHUFFLE"][..],
+        ),
+        (
+            format!(
+                "SELECT id FROM {table} UNION ALL SELECT id FROM {table} \
+                 SHUFFLE BY POSITION"
+            ),
+            &["SHUFFLE BY POSITION", "Union", "Use SHUFFLE"][..],
+        ),
+        (
+            "SELECT value FROM generate_series(1, 10) SHUFFLE BY POSITION".to_string(),
+            &["SHUFFLE BY POSITION", "Use SHUFFLE"][..],
+        ),
+        (
+            format!("SELECT id FROM {table} SHUFFLE BY POSITION WINDOW 10"),
+            &["has no WINDOW", "SHUFFLE WINDOW n or SHUFFLE BY POSITION"][..],
+        ),
+        (
+            format!("SELECT id FROM {table} SHUFFLE BY CONTENT"),
+            &["SHUFFLE BY takes POSITION"][..],
+        ),
+        (
+            format!("SELECT id FROM {table} SHUFFLE BY POSITION BY POSITION"),
+            &["BY POSITION once"][..],
+        ),
+    ] {
+        let err = match s.sql(&sql).await {
+            Ok(df) => match s.collect(df).await {
+                Ok(_) => panic!("{sql} ran"),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        assert_contains(&err, needles);
+    }
+    // Rows that do not fit the memory limit: said, with what to use.
+    let big = tempfile::tempdir()?;
+    let big_table = write_ids(big.path(), 2, 200_000, 50_000)?;
+    let tight = budget_session(1 << 20)?;
+    let err = match collect(
+        &tight,
+        &format!("SELECT id, v FROM {big_table} SHUFFLE BY POSITION SEED 1"),
+    )
+    .await
+    {
+        Ok(_) => panic!("6 MB of rows fit in 1 MiB"),
+        Err(e) => e.to_string(),
+    };
+    assert_contains(
+        &err,
+        &[
+            "SHUFFLE BY POSITION holds the whole epoch in memory",
+            "--memory-limit",
+        ],
+    );
+    Ok(())
+}
+
+/// A cluster gets no plan it cannot run: the client refuses it by name.
+#[cfg(feature = "ballista")]
+#[test]
+fn a_shuffle_by_position_on_a_cluster_is_refused_by_name() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data = write_ids(dir.path(), 2, 40, 16)?;
+    let session = sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .build()?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let error = runtime
+        .block_on(async {
+            let sql = format!("SELECT id FROM {data} SHUFFLE BY POSITION SEED 3");
+            session.collect(session.sql(&sql).await?).await
+        })
+        .map(|_| ())
+        .expect_err("refused")
+        .to_string();
+    assert_contains(&error, &["SHUFFLE BY POSITION runs on the embedded engine"]);
+    Ok(())
+}
