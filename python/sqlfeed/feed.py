@@ -112,6 +112,12 @@ class Feed:
             epoch), the same on a cluster (one job per window), resumable
             exactly. One Parquet table, row-wise queries. See
             docs/shuffle-and-mix.md.
+        shuffle_by_position: with ``shuffle``, an exact shuffle keyed by
+            each row's Parquet file and row instead of its content (``SHUFFLE
+            BY POSITION``): the first batch waits for the scan alone, not for
+            hashing and indexing every row. The order follows the files (the
+            same rows in other files are another order); the epoch is held in
+            memory; embedded engine only.
         epochs: None (default): every ``for`` loop is one epoch, the current
             one (DataLoader style: advance with :meth:`set_epoch`, or let the
             position roll over: after an epoch's last batch it is the next
@@ -185,6 +191,7 @@ class Feed:
         batch_size: int = 256,
         shuffle: int | None = None,
         shuffle_window: int | None = None,
+        shuffle_by_position: bool = False,
         epochs: int | None = None,
         drop_last: bool = False,
         prefetch: int = 4,
@@ -223,6 +230,7 @@ class Feed:
             "batch_size": int(batch_size),
             "shuffle": None if shuffle is None else int(shuffle),
             "shuffle_window": None if shuffle_window is None else int(shuffle_window),
+            "shuffle_by_position": bool(shuffle_by_position),
             "drop_last": bool(drop_last),
             "prefetch": int(prefetch),
             "rank": self._rank,

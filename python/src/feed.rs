@@ -97,6 +97,9 @@ pub(crate) struct FeedOptions {
     /// Rows per window of a windowed shuffle (absent: the exact shuffle).
     #[pyo3(default)]
     shuffle_window: Option<u64>,
+    /// An exact shuffle keyed by the rows' files and rows.
+    #[pyo3(default)]
+    shuffle_by_position: bool,
     /// The pass runs from `position` (absent: the start of epoch 0) to the
     /// end of epoch `end_epoch - 1`.
     end_epoch: u64,
@@ -163,6 +166,9 @@ impl FeedOptions {
         builder = builder
             .given(self.shuffle, FeedBuilder::shuffle)
             .given(self.shuffle_window, FeedBuilder::shuffle_window)
+            .given(self.shuffle_by_position.then_some(()), |builder, ()| {
+                builder.shuffle_by_position()
+            })
             .given(self.batch_tokens, FeedBuilder::batch_tokens)
             .given(self.bucket_by_length, FeedBuilder::bucket_by_length)
             .given(self.order_lanes, FeedBuilder::order_lanes);

@@ -121,6 +121,7 @@ pub async fn run(exec: &mut Executor, args: &DemoArgs) -> Result<()> {
         epochs: 2,
         shuffle_seed: Some(42),
         shuffle_window: None,
+        shuffle_by_position: false,
         order_lanes: None,
         shard: None,
         cache: false,

@@ -68,6 +68,11 @@ pub struct FeedArgs {
     /// Parquet row group land in one window. On a cluster: a job per window.
     #[arg(long, value_name = "ROWS", requires = "shuffle_seed")]
     pub shuffle_window: Option<u64>,
+    /// With --shuffle-seed: an exact shuffle keyed by each row's Parquet
+    /// file and row instead of its content (SHUFFLE BY POSITION): the first
+    /// batch waits for the scan alone; the order follows the files' layout.
+    #[arg(long, requires = "shuffle_seed", conflicts_with = "shuffle_window")]
+    pub shuffle_by_position: bool,
     /// Without a shuffle: the partitions the query runs as, the same on
     /// every machine (the order depends on it, never on the core count).
     #[arg(long, value_name = "LANES")]
@@ -462,6 +467,9 @@ pub fn run(
         .device(args.device)
         .given(args.shuffle_seed, FeedBuilder::shuffle)
         .given(args.shuffle_window, FeedBuilder::shuffle_window)
+        .given(args.shuffle_by_position.then_some(()), |builder, ()| {
+            builder.shuffle_by_position()
+        })
         .given(args.batch_tokens, FeedBuilder::batch_tokens)
         .given(args.order_lanes, FeedBuilder::order_lanes)
         .given(args.bucket_by_length, FeedBuilder::bucket_by_length)

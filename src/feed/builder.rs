@@ -79,6 +79,8 @@ pub struct FeedBuilder {
     pub(super) shuffle_seed: Option<u64>,
     /// Rows per window of a windowed shuffle (`SHUFFLE WINDOW n`).
     pub(super) shuffle_window: Option<u64>,
+    /// Shuffle keyed by the rows' files and rows (`SHUFFLE BY POSITION`).
+    pub(super) shuffle_by_position: bool,
     pub(super) batch_size: usize,
     pub(super) drop_last: bool,
     pub(super) prefetch: usize,
@@ -183,6 +185,19 @@ impl FeedBuilder {
     /// current one is read.
     pub fn shuffle_window(mut self, rows: u64) -> Self {
         self.shuffle_window = Some(rows);
+        self
+    }
+
+    /// Shuffles each epoch exactly, keyed by where each row lives (its
+    /// Parquet file and row) instead of by its content (`SHUFFLE BY
+    /// POSITION`, see [`crate::shuffle::PositionShuffleExec`]): the first
+    /// batch waits for the scan alone, not for hashing and indexing every
+    /// row, at the price of an order that follows the files (the same rows
+    /// laid out in other files are another order). Needs
+    /// [`FeedBuilder::shuffle`]; one Parquet table, row-wise queries; the
+    /// epoch is held in memory; embedded engine.
+    pub fn shuffle_by_position(mut self) -> Self {
+        self.shuffle_by_position = true;
         self
     }
 
@@ -410,6 +425,7 @@ impl FeedBuilder {
             query: query_fingerprint(self.query_sql()),
             seed: self.shuffle_seed,
             shuffle_window: self.shuffle_window,
+            shuffle_by_position: self.shuffle_by_position,
             world: self.world,
             batch_size: self.batch_size,
             batch_tokens: self.token_budget,
@@ -706,6 +722,38 @@ impl FeedBuilder {
         Ok(rows)
     }
 
+    /// What a shuffle by position needs of the rest of the feed.
+    fn check_shuffle_by_position(&self) -> Result<()> {
+        let refuse = |why: &str| {
+            plan_err!(
+                "shuffle_by_position (SHUFFLE BY POSITION) {why}; or shuffle by content \
+                 (leave shuffle_by_position out)"
+            )
+        };
+        if self.shuffle_seed.is_none() {
+            return refuse("orders a shuffled feed: give a shuffle seed too");
+        }
+        if self.shuffle_window.is_some() {
+            return refuse(
+                "holds the whole epoch and has no windows: give shuffle_window or \
+                 shuffle_by_position, not both",
+            );
+        }
+        if self.cache {
+            return refuse(
+                "does not work with the epoch cache yet: the cache keeps rows, not their \
+                 files; turn the cache off",
+            );
+        }
+        if self.appended.is_some() {
+            return refuse(
+                "cannot continue an epoch over appended data (new files change every \
+                 position); start the epoch anew (on_data_change='restart_epoch')",
+            );
+        }
+        Ok(())
+    }
+
     /// What a windowed shuffle needs of the rest of the feed.
     fn check_shuffle_window(&self, rows: u64) -> Result<()> {
         let refuse = |why: &str| {
@@ -929,6 +977,9 @@ impl FeedBuilder {
         }
         if let Some(rows) = self.shuffle_window {
             self.check_shuffle_window(rows)?;
+        }
+        if self.shuffle_by_position {
+            self.check_shuffle_by_position()?;
         }
         if self.token_budget == Some(0) {
             return plan_error("batch_tokens must be at least 1".into());

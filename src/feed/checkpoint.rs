@@ -98,6 +98,9 @@ pub struct Checkpoint {
     /// Rows per window of a windowed shuffle (`None`: the exact shuffle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shuffle_window: Option<u64>,
+    /// Shuffled by position (`SHUFFLE BY POSITION`) rather than content.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shuffle_by_position: bool,
     /// The rank that wrote it (informative: any rank resumes from it).
     pub rank: usize,
     /// The world size it was written under.
@@ -237,6 +240,8 @@ pub struct FeedShape {
     pub seed: Option<u64>,
     /// Rows per window of a windowed shuffle.
     pub shuffle_window: Option<u64>,
+    /// Shuffled by position rather than content.
+    pub shuffle_by_position: bool,
     /// World size.
     pub world: usize,
     /// Rows per batch.
@@ -401,6 +406,17 @@ impl Checkpoint {
                  shuffle_window, or start the feed anew",
                 window(self.shuffle_window),
                 window(here.shuffle_window)
+            ));
+        }
+        if self.shuffle_by_position != here.shuffle_by_position {
+            let keyed =
+                |by_position: bool| if by_position { "position" } else { "content" };
+            return plan_error(format!(
+                "the checkpoint's feed was shuffled by {} but this feed is shuffled by {}: \
+                 its order is another here; resume with the same shuffle_by_position, or \
+                 start the feed anew",
+                keyed(self.shuffle_by_position),
+                keyed(here.shuffle_by_position)
             ));
         }
         let mut step = self.step;
@@ -655,6 +671,7 @@ mod tests {
             query: query_fingerprint("SELECT 1"),
             seed: Some(3),
             shuffle_window: None,
+            shuffle_by_position: false,
             world: 2,
             batch_size: 4,
             batch_tokens: None,
@@ -672,6 +689,7 @@ mod tests {
             rows: Some(40),
             seed: Some(3),
             shuffle_window: None,
+            shuffle_by_position: false,
             rank: 0,
             world: 2,
             batch_size: 4,

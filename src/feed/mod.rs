@@ -227,6 +227,7 @@ impl Feed {
             sql: sql.into(),
             shuffle_seed: None,
             shuffle_window: None,
+            shuffle_by_position: false,
             batch_size: 256,
             drop_last: false,
             prefetch: 4,

@@ -46,12 +46,15 @@ use datafusion::prelude::SessionConfig;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum FeedOrder {
     /// Epoch `e` is the global shuffle `(seed, e)`, in windows of at least
-    /// `window` rows if given.
+    /// `window` rows if given, keyed by the rows' positions if
+    /// `by_position`.
     Shuffled {
         /// The run's seed.
         seed: u64,
         /// Rows per window of a windowed shuffle.
         window: Option<u64>,
+        /// `SHUFFLE BY POSITION` (never with a window).
+        by_position: bool,
     },
     /// The query's deterministic order over this many partitions (see
     /// `order.rs`).
@@ -65,12 +68,20 @@ impl FeedOrder {
     /// The shuffle of `epoch`, if the feed is shuffled.
     pub(super) fn spec(self, epoch: u64) -> Option<ShuffleSpec> {
         match self {
-            FeedOrder::Shuffled { seed, window: None } => {
-                Some(ShuffleSpec::Global { seed, epoch })
-            }
+            FeedOrder::Shuffled {
+                seed,
+                window: None,
+                by_position: true,
+            } => Some(ShuffleSpec::Positional { seed, epoch }),
+            FeedOrder::Shuffled {
+                seed,
+                window: None,
+                by_position: false,
+            } => Some(ShuffleSpec::Global { seed, epoch }),
             FeedOrder::Shuffled {
                 seed,
                 window: Some(window_rows),
+                ..
             } => Some(ShuffleSpec::Windowed {
                 seed,
                 epoch,
@@ -284,6 +295,7 @@ impl FeedPlan {
             Some(seed) => FeedOrder::Shuffled {
                 seed,
                 window: builder.shuffle_window,
+                by_position: builder.shuffle_by_position,
             },
             None => FeedOrder::Unshuffled {
                 lanes: builder.order_lanes,
@@ -522,6 +534,13 @@ impl FeedPlan {
                 FeedOrder::Shuffled { window, .. } => window,
                 FeedOrder::Unshuffled { .. } => None,
             },
+            shuffle_by_position: matches!(
+                self.order,
+                FeedOrder::Shuffled {
+                    by_position: true,
+                    ..
+                }
+            ),
             rank: self.shard.rank,
             world: self.shard.world,
             batch_size: self.shard.batch_rows,

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The exact shuffle keyed by position (SHUFFLE BY POSITION, issue 55)
+# against the exact shuffle keyed by content (SHUFFLE, the default) and an
+# unshuffled feed of the same query, as the data grows: first batch, epoch
+# and peak RSS of the feed, A B C A B C in one run.
+#
+#   scripts/bench-position-shuffle.sh [ROUNDS=2] [EPOCHS=1] [ROWS...=200000 2000000 20000000]
+#
+# The data is bench-epochs.sh's (8 float columns and a label in 16 files,
+# written first if missing), fed as `x` (the 8 features as one float32
+# vector) and `y`, batches of 4096, on the CPU device, seed 42. The
+# unshuffled feed is the floor: one plain scan of the columns the feed
+# reads, with the same conversion. `digests` hashes every batch: equal
+# across rounds of one case (the orders are pure functions of the data and
+# seed), different between the cases. Needs a release build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-2}
+epochs=${2:-1}
+shift 2 || shift $#
+sizes=("$@")
+[[ ${#sizes[@]} -gt 0 ]] || sizes=(200000 2000000 20000000)
+bin=$PWD/target/release/sqlfeed
+[[ -x $bin ]] || { echo "build first: cargo build --release" >&2; exit 1; }
+timing=$(mktemp)
+out=$(mktemp)
+trap 'rm -f "$timing" "$out"' EXIT
+
+printf '%-9s %-10s %-6s %8s %9s %12s %14s\n' rows case round ttfb_s epoch_s peak_rss_mb digests
+for rows in "${sizes[@]}"; do
+  data=target/bench-epochs/unique-$rows
+  if [[ ! -f $data/done ]]; then
+    scripts/bench-epochs.sh "$rows" 0 >/dev/null
+  fi
+  sql="SELECT feature_vector(f0, f1, f2, f3, f4, f5, f6, f7) AS x, label AS y \
+    FROM '$data/*.parquet'"
+  for round in $(seq "$rounds"); do
+    for case in content position scan; do
+      flags=(--shuffle-seed 42)
+      case $case in
+        position) flags+=(--shuffle-by-position) ;;
+        scan) flags=() ;;
+      esac
+      /usr/bin/time -f "%M" -o "$timing" "$bin" feed "$sql" "${flags[@]}" \
+        --epochs "$epochs" --batch-size 4096 --device cpu --result-json --digest \
+        >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
+      read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")
+      printf '%-9s %-10s %-6s %8s %9s %12.0f %14s\n' "$rows" "$case" "$round" "$ttfb" \
+        "$epoch" "$(echo "$(tail -1 "$timing") / 1024" | bc -l)" "$digests"
+    done
+  done
+done
