@@ -36,12 +36,19 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 
 use crate::exec::{NodeRewrite, PlanNode, Rewritten};
 
-use super::{DealExec, RANK_ROUTE_COLUMN, RankShardExec, ShuffleMergeExec};
+use super::{
+    DealExec, PositionShuffleExec, RANK_ROUTE_COLUMN, RankShardExec, ShuffleMergeExec,
+};
 
-/// Whether `plan` streams a global shuffle's order: a [`ShuffleMergeExec`], or a
+/// Whether `plan` streams a global shuffle's order: a [`ShuffleMergeExec`] or
+/// [`PositionShuffleExec`], or a
 /// single-partition, order-keeping operator over one.
 fn carries_shuffle_order(plan: &Arc<dyn ExecutionPlan>) -> bool {
     if plan.as_ref().downcast_ref::<ShuffleMergeExec>().is_some()
+        || plan
+            .as_ref()
+            .downcast_ref::<PositionShuffleExec>()
+            .is_some()
         || plan.as_ref().downcast_ref::<RankShardExec>().is_some()
     {
         return true;

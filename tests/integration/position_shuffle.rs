@@ -224,3 +224,76 @@ fn a_shuffle_by_position_on_a_cluster_is_refused_by_name() -> Result<()> {
     assert_contains(&error, &["SHUFFLE BY POSITION runs on the embedded engine"]);
     Ok(())
 }
+
+/// A feed shuffled by position: its epochs are the defined orders, the same
+/// batches on any partition count, each epoch started ahead (the default)
+/// or not; a resume continues exactly and one under the other key is
+/// refused; the cache and windows are refused with what to do.
+#[test]
+fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::{Feed, FeedBuilder, OnDataChange};
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 100)?;
+    let sql = format!("SELECT id FROM {table}");
+    let feed = |session: &sqlfeed::Session| {
+        Feed::builder(session, sql.clone())
+            .shuffle(11)
+            .shuffle_by_position()
+            .batch_size(64)
+            .epochs(2)
+            .device(Device::Cpu)
+    };
+    let batches = |builder: FeedBuilder| -> Result<Vec<Vec<i64>>> {
+        builder
+            .build()?
+            .map(|b| Ok(b?.tensor("id")?.as_slice::<i64>()?.to_vec()))
+            .collect()
+    };
+    let s = session(2, 8192)?;
+    let whole = batches(feed(&s))?;
+    let all: Vec<i64> = (0..2000).collect();
+    let per_epoch = 2000usize.div_ceil(64);
+    assert_eq!(whole.len(), 2 * per_epoch);
+    assert_eq!(whole[..per_epoch].concat(), defined_order(&all, 11, 0));
+    assert_eq!(whole[per_epoch..].concat(), defined_order(&all, 11, 1));
+    assert_eq!(batches(feed(&session(3, 100)?))?, whole, "3 partitions");
+    // Stopped after 5 batches, resumed from the checkpoint: the rest.
+    let mut stopped = feed(&s).build()?;
+    for _ in 0..5 {
+        stopped.next().expect("a batch")?;
+    }
+    let checkpoint = stopped.checkpoint()?;
+    drop(stopped);
+    assert!(checkpoint.shuffle_by_position);
+    let resumed = batches(feed(&s).resume_from(checkpoint.clone(), OnDataChange::Error))?;
+    assert_eq!(resumed, whole[5..].to_vec());
+    let by_content = Feed::builder(&s, sql.clone())
+        .shuffle(11)
+        .batch_size(64)
+        .epochs(2)
+        .device(Device::Cpu);
+    let err = batches(by_content.resume_from(checkpoint, OnDataChange::Error))
+        .unwrap_err()
+        .to_string();
+    assert_contains(
+        &err,
+        &["shuffled by position but this feed is shuffled by content"],
+    );
+    let err = feed(&s).cache(true).build().unwrap_err().to_string();
+    assert_contains(&err, &["shuffle_by_position", "epoch cache"]);
+    let err = feed(&s)
+        .shuffle_window(100)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_contains(&err, &["shuffle_by_position", "not both"]);
+    let err = Feed::builder(&s, sql.clone())
+        .shuffle_by_position()
+        .device(Device::Cpu)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_contains(&err, &["shuffle_by_position", "give a shuffle seed"]);
+    Ok(())
+}
