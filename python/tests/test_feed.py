@@ -500,3 +500,20 @@ def test_timestamp_dates_and_durations_feed_as_epoch_counts_or_float_seconds(ses
         next(iter(session.feed("SELECT 1 AS x", device="cpu", columns={"x": {"unit": "s"}})))
     with pytest.raises(sqlfeed.PlanError, match="unit 'h' of column 't'"):
         next(iter(session.feed(query, device="cpu", columns={"t": {"unit": "h"}})))
+
+
+def test_a_feed_shuffled_by_position_is_an_exact_reproducible_order(session, tmp_path):
+    query = windowed_ids(tmp_path)
+    options = dict(batch_size=100, shuffle=3, shuffle_by_position=True, device="cpu")
+
+    def epoch_ids(**extra):
+        return [int(i) for b in session.feed(query, **dict(options, **extra)) for i in b["id"]]
+
+    by_position = epoch_ids(format="numpy")
+    assert sorted(by_position) == list(range(2000))
+    assert by_position != list(range(2000))
+    assert epoch_ids(format="numpy") == by_position
+    by_content = epoch_ids(format="numpy", shuffle_by_position=False)
+    assert sorted(by_content) == list(range(2000)) and by_content != by_position
+    with pytest.raises(sqlfeed.PlanError, match="shuffle_by_position.*not both"):
+        next(iter(session.feed(query, **dict(options, shuffle_window=400))))
