@@ -21,6 +21,10 @@
 //!                                                  input
 //! ```
 //!
+//! A `SHUFFLE BY POSITION` ([`PositionShuffleExec`]) is rewritten the same
+//! way, its two position columns kept last; its order does not depend on
+//! the rows' values, so nothing about copies applies to it.
+//!
 //! The projection may also sit on a projection of cheap expressions that
 //! common subexpression elimination made (a `CAST(label AS BIGINT)` read by
 //! two outputs): its expressions are substituted into the outer ones. One

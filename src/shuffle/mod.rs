@@ -3,6 +3,7 @@
 //! ```sql
 //! SELECT … FROM 'data/*.parquet' WHERE … SHUFFLE [SEED s] [EPOCH e];
 //! SELECT … FROM 'data/*.parquet' WHERE … SHUFFLE WINDOW n [SEED s] [EPOCH e];
+//! SELECT … FROM 'data/*.parquet' WHERE … SHUFFLE BY POSITION [SEED s] [EPOCH e];
 //! SELECT … LOCAL SHUFFLE BUFFER n [SEED s];
 //! ```
 //!
@@ -82,6 +83,10 @@
 //! windows of `n` rows drawn from all over the data, streamed one after
 //! another: its first row waits for one window. Rows of one row group land
 //! in one window; the option for data that does not fit one barrier.
+//! `SHUFFLE BY POSITION` ([`PositionShuffleExec`]) is an exact shuffle
+//! keyed by each row's Parquet file and row, known before any row is read:
+//! its first row waits for the scan alone (no key to hash, no index to
+//! sort), at the price of an order that follows the files' layout.
 //! `LOCAL SHUFFLE BUFFER n` ([`LocalShuffleExec`]) has no barrier: it emits
 //! after `n` rows per partition, at the price of only local randomness.
 //!
