@@ -17,6 +17,9 @@
 //! dropped them (over an input of one partition, which "satisfies" any hash
 //! distribution): without them every range or rank would share one task.
 //!
+//! Under a [`PositionShuffleExec`] it takes out the round-robin splits too:
+//! rows of one file must reach it in the scan's partitions, in order.
+//!
 //! ```text
 //!  ProjectionExec                        ProjectionExec
 //!    RepartitionExec: RoundRobinBatch      ShuffleMergeExec
@@ -221,8 +224,57 @@ pub struct KeepShuffleOrder;
 
 crate::exec::node_rewrite_rule!(KeepShuffleOrder, "sqlfeed_keep_shuffle_order");
 
+/// `plan` (the input of a [`PositionShuffleExec`]) without the round-robin
+/// splits under its row-wise operators. A split sends whole batches of
+/// different scan partitions to one partition, where a filter's coalescing
+/// joins them: rows of one file would reach the shuffle interleaved with
+/// another partition's rows of it, which it cannot rank (it refuses them
+/// rather than guess). The scan's own partitions read each file's row
+/// groups in order.
+fn without_round_robin(plan: &PlanNode) -> Result<Transformed<PlanNode>> {
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::projection::ProjectionExec;
+    if let Some(repartition) = plan.as_ref().downcast_ref::<RepartitionExec>()
+        && matches!(repartition.partitioning(), Partitioning::RoundRobinBatch(_))
+    {
+        let input = without_round_robin(repartition.input())?;
+        return Ok(Transformed::yes(input.data));
+    }
+    let row_wise = plan.as_ref().downcast_ref::<FilterExec>().is_some()
+        || plan.as_ref().downcast_ref::<ProjectionExec>().is_some();
+    let children = plan.children();
+    let [child] = children.as_slice() else {
+        return Ok(Transformed::no(Arc::clone(plan)));
+    };
+    if !row_wise {
+        return Ok(Transformed::no(Arc::clone(plan)));
+    }
+    let child = without_round_robin(child)?;
+    if !child.transformed {
+        return Ok(Transformed::no(Arc::clone(plan)));
+    }
+    Ok(Transformed::yes(replace_children_if_necessary(
+        Arc::clone(plan),
+        vec![child.data],
+    )?))
+}
+
 impl NodeRewrite for KeepShuffleOrder {
     fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
+        if node
+            .as_ref()
+            .downcast_ref::<PositionShuffleExec>()
+            .is_some()
+        {
+            let input = without_round_robin(node.children()[0])?;
+            if !input.transformed {
+                return Ok(Transformed::no(node));
+            }
+            return Ok(Transformed::yes(replace_children_if_necessary(
+                node,
+                vec![input.data],
+            )?));
+        }
         if let Some(shard) = node.as_ref().downcast_ref::<RankShardExec>() {
             if let Some(deal) = shard.children()[0].as_ref().downcast_ref::<DealExec>() {
                 let route = deal.schema().fields().len() - 1;

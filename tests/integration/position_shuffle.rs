@@ -91,7 +91,8 @@ async fn a_shuffle_by_position_is_the_defined_permutation_on_any_partitions() ->
 async fn a_filter_ranks_the_rows_it_keeps_and_functions_do_not_change_the_order()
 -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let table = write_ids(dir.path(), 4, 500, 64)?;
+    // Two files: fewer scan partitions than 3 target partitions.
+    let table = write_ids(dir.path(), 2, 1000, 64)?;
     let kept: Vec<i64> = (0..2000).filter(|id| id % 7 != 3).collect();
     for partitions in [1, 3] {
         let filtered = ids(&collect(
@@ -105,6 +106,22 @@ async fn a_filter_ranks_the_rows_it_keeps_and_functions_do_not_change_the_order(
             "{partitions} partitions"
         );
     }
+    // More partitions than file groups: DataFusion would split the scan's
+    // batches round-robin under the filter, and its coalescing would join
+    // rows of one file from two partitions; the shuffle reads the scan's
+    // own partitions instead.
+    let s = session(3, 100)?;
+    let df = s
+        .sql(&format!(
+            "SELECT id FROM {table} WHERE v <> 3 SHUFFLE BY POSITION SEED 9"
+        ))
+        .await?;
+    let plan = df.create_physical_plan().await?;
+    let shown = datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(false)
+        .to_string();
+    assert!(shown.contains("PositionShuffleExec"), "{shown}");
+    assert!(!shown.contains("RoundRobinBatch"), "{shown}");
     // Row-wise functions run after the shuffle (nothing is keyed by them):
     // the same positions, their values computed.
     let twice = ids(&collect(

@@ -146,6 +146,8 @@ impl ExecutionPlan for PositionShuffleExec {
         let held_bytes = MetricBuilder::new(&self.metrics).gauge("held_bytes", partition);
         let (seed, epoch) = (self.seed, self.epoch);
         let batch_rows = ctx.session_config().batch_size().max(1);
+        // Once the input is in, its cores are free to gather.
+        let gatherers = ctx.session_config().target_partitions().max(1);
         let schema = Arc::clone(&self.schema);
         let output = futures::stream::once(async move {
             let gather = async {
@@ -157,19 +159,17 @@ impl ExecutionPlan for PositionShuffleExec {
                 let rows = CanonicalRows::try_new(runs)?;
                 runs_metric.add(rows.runs());
                 held_bytes.set(reservation.size());
-                Ok::<_, DataFusionError>(Gather {
+                Ok::<_, DataFusionError>(Arc::new(Gather {
                     permutation: IndexPermutation::new(rows.len(), seed, epoch),
                     rows,
                     batches,
-                    next: 0,
                     batch_rows,
                     schema,
-                    baseline,
                     _reservation: reservation,
-                })
+                }))
             };
             match gather.await {
-                Ok(gather) => futures::stream::iter(gather).boxed(),
+                Ok(gather) => gather.stream(gatherers, baseline),
                 Err(e) => futures::stream::once(async { Err(e) }).boxed(),
             }
         })
@@ -257,33 +257,85 @@ struct Gather {
     permutation: IndexPermutation,
     rows: CanonicalRows,
     batches: Vec<RecordBatch>,
-    /// The next position to emit.
-    next: u64,
     batch_rows: usize,
     schema: SchemaRef,
-    baseline: BaselineMetrics,
     /// The held rows' memory, freed with the output.
     _reservation: Arc<MemoryReservation>,
 }
 
-impl Iterator for Gather {
-    type Item = Result<RecordBatch>;
+/// Output batches each gatherer may have ready ahead of the consumer.
+const READY_AHEAD: usize = 2;
 
-    fn next(&mut self) -> Option<Self::Item> {
-        let total = self.permutation.len();
-        if self.next >= total {
-            return None;
-        }
-        let _timer = self.baseline.elapsed_compute().timer();
-        let end = (self.next + self.batch_rows as u64).min(total);
-        let indices: Vec<(usize, usize)> = (self.next..end)
+impl Gather {
+    /// Output batches in all.
+    fn output_batches(&self) -> u64 {
+        self.permutation.len().div_ceil(self.batch_rows as u64)
+    }
+
+    /// Output batch number `number`.
+    fn batch(&self, number: u64) -> Result<RecordBatch> {
+        let start = number * self.batch_rows as u64;
+        let end = (start + self.batch_rows as u64).min(self.permutation.len());
+        let indices: Vec<(usize, usize)> = (start..end)
             .map(|position| self.rows.locate(self.permutation.at(position)))
             .collect();
-        self.next = end;
         let batches: Vec<&RecordBatch> = self.batches.iter().collect();
-        let gathered = interleave_record_batch(&batches, &indices)
-            .and_then(|batch| batch.with_schema(Arc::clone(&self.schema)))
-            .map_err(DataFusionError::from);
-        Some(gathered.map(|batch| batch.record_output(&self.baseline)))
+        let batch = interleave_record_batch(&batches, &indices)?;
+        Ok(batch.with_schema(Arc::clone(&self.schema))?)
+    }
+
+    /// The output in order, gathered by `gatherers` threads: thread `w`
+    /// gathers batches `w`, `w + gatherers`, … up to [`READY_AHEAD`] ahead
+    /// of the consumer, which takes them in turn. A gather is one random
+    /// read per row and column; the threads overlap those waits.
+    fn stream(
+        self: Arc<Self>,
+        gatherers: usize,
+        baseline: BaselineMetrics,
+    ) -> futures::stream::BoxStream<'static, Result<RecordBatch>> {
+        let total = self.output_batches();
+        let gatherers = (gatherers as u64).clamp(1, total.max(1));
+        let mut receivers = Vec::with_capacity(gatherers as usize);
+        for first in 0..gatherers {
+            let (tx, rx) = tokio::sync::mpsc::channel(READY_AHEAD);
+            let gather = Arc::clone(&self);
+            let time = baseline.elapsed_compute().clone();
+            let work = move || {
+                for number in (first..total).step_by(gatherers as usize) {
+                    let batch = {
+                        let _timer = time.timer();
+                        gather.batch(number)
+                    };
+                    let failed = batch.is_err();
+                    // The consumer went away, or this was the error it gets.
+                    if tx.blocking_send(batch).is_err() || failed {
+                        return;
+                    }
+                }
+            };
+            // A dropped handle: the thread ends at its next send once the
+            // output is dropped.
+            drop(tokio::task::spawn_blocking(work));
+            receivers.push(rx);
+        }
+        futures::stream::unfold(
+            (receivers, 0u64, baseline),
+            move |(mut receivers, number, baseline)| async move {
+                if number >= total {
+                    return None;
+                }
+                let gatherer = (number % receivers.len() as u64) as usize;
+                let batch = match receivers[gatherer].recv().await {
+                    Some(batch) => batch.map(|b| b.record_output(&baseline)),
+                    None => Err(internal_datafusion_err!(
+                        "PositionShuffleExec: a gatherer stopped before batch {number}"
+                    )),
+                };
+                // After an error, nothing more.
+                let next = if batch.is_err() { total } else { number + 1 };
+                Some((batch, (receivers, next, baseline)))
+            },
+        )
+        .boxed()
     }
 }
