@@ -7,6 +7,8 @@
 #   scripts/bench-feed.sh /tmp/bench-data/small 2 W3     # as in BASELINES.md
 #   W3_WINDOW=65536 scripts/bench-feed.sh /tmp/bench-data/small 2 W3
 #       also sqlfeed with SHUFFLE WINDOW 65536 (sqlfeed_window)
+#   W3_POSITION=1 scripts/bench-feed.sh /tmp/bench-data/small 2 W3
+#       also sqlfeed with SHUFFLE BY POSITION (sqlfeed_position)
 #
 # Needs the peer venv and data of ../shared/bench/README.md and a release
 # build (cargo build --release). Appends to target/bench-feed.jsonl and prints
@@ -38,6 +40,12 @@ for rep in $(seq "$repeat"); do
     if [[ -n ${W3_WINDOW:-} ]]; then
       external sqlfeed_window W3 "$bin" "${w2_args[@]}" --shuffle-seed 42 \
         --shuffle-window "$W3_WINDOW"
+    fi
+    # W3_POSITION=1: also SHUFFLE BY POSITION (an exact global shuffle keyed
+    # by file and row), named sqlfeed_position.
+    if [[ -n ${W3_POSITION:-} ]]; then
+      external sqlfeed_position W3 "$bin" "${w2_args[@]}" --shuffle-seed 42 \
+        --shuffle-by-position
     fi
     external duckdb_order_hash W3 "$py" "$bench/peers.py" one --workload W3 --peer duckdb_order_hash --data "$data"
     external numpy_perm W3 "$py" "$bench/peers.py" one --workload W3 --peer numpy_perm --data "$data"
