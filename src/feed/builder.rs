@@ -751,6 +751,12 @@ impl FeedBuilder {
                  position); start the epoch anew (on_data_change='restart_epoch')",
             );
         }
+        if let OnError::Quarantine(_) = self.on_error {
+            return refuse(
+                "does not quarantine rows yet (a quarantined row would move every \
+                 position after it); use on_error='fail'",
+            );
+        }
         Ok(())
     }
 

@@ -374,6 +374,18 @@ impl FeedPlan {
         }
     }
 
+    /// Whether each epoch holds all its rows in memory without spilling
+    /// (`SHUFFLE BY POSITION`): a look-ahead then needs room for two.
+    pub(super) fn holds_epochs_whole(&self) -> bool {
+        matches!(
+            self.order,
+            FeedOrder::Shuffled {
+                by_position: true,
+                ..
+            }
+        )
+    }
+
     /// How `epoch` is planned and where it runs; see [`EpochRoute`].
     pub(super) fn route(&self, epoch: u64) -> EpochRoute<'_> {
         let spec = self.order.spec(epoch);

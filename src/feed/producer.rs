@@ -179,11 +179,19 @@ impl Producer {
                     {
                         tokio::time::sleep(FIRST_BATCH_POLL).await;
                     }
-                    self.plan_ahead(epoch + 1).await
+                    // An epoch shuffled by position holds all its rows and
+                    // cannot spill: a second one is started ahead only if
+                    // the pool has room for another as large as what it
+                    // holds now; else it starts when this one ends.
+                    if feed.holds_epochs_whole() && !room_for_another_epoch(&feed.session)
+                    {
+                        return None;
+                    }
+                    Some(self.plan_ahead(epoch + 1).await)
                 };
                 let (ran, ahead) = futures::future::join(run, ahead).await;
                 ran?;
-                planned = Some(ahead);
+                planned = ahead;
             } else {
                 run.await?;
             }
@@ -764,4 +772,15 @@ fn window_spans(counts: &[u64]) -> Vec<EpochSpan> {
             span
         })
         .collect()
+}
+
+/// Whether the session's pool could hold another epoch as large as what
+/// it holds now (a finite pool with at least as much free as reserved).
+fn room_for_another_epoch(session: &crate::Session) -> bool {
+    use datafusion::execution::memory_pool::MemoryLimit;
+    let pool = &session.context().runtime_env().memory_pool;
+    match pool.memory_limit() {
+        MemoryLimit::Finite(limit) => pool.reserved().saturating_mul(2) <= limit,
+        _ => true,
+    }
 }

@@ -170,6 +170,11 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
         // drops the key's wide columns before the shuffle). An all-columns
         // key hashes every column, so none may go.
         let schema = self.input.schema();
+        // Ordered by where rows live, not by their values: only what is
+        // read above goes through.
+        if let ShuffleSpec::Positional { .. } = self.spec {
+            return Some(vec![output_columns.to_vec()]);
+        }
         let mut needed: Vec<usize> = match &self.key {
             ShuffleKey::AllColumns => {
                 return Some(vec![(0..schema.fields().len()).collect()]);

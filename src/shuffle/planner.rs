@@ -507,6 +507,13 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 };
                 let positioned = with_positions((*logical).clone())?;
                 let input = planner.create_physical_plan(&positioned, session).await?;
+                if crate::exec::row_errors::has_row_errors(&input.schema()) {
+                    return not_impl_err!(
+                        "SHUFFLE BY POSITION does not quarantine rows yet (a quarantined \
+                         row would move every position after it); turn \
+                         sqlfeed.isolate_row_errors off, or use SHUFFLE"
+                    );
+                }
                 Arc::new(PositionShuffleExec::try_new(input, seed, epoch)?)
             }
             ShuffleSpec::Local { buffer_rows, seed } => {

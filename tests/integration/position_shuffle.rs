@@ -196,6 +196,19 @@ async fn what_has_no_position_or_does_not_fit_is_refused_by_name() -> Result<()>
         };
         assert_contains(&err, needles);
     }
+    // Rows whose errors are isolated (a quarantining query): not yet.
+    let isolating = session(2, 64)?;
+    collect(&isolating, "SET sqlfeed.isolate_row_errors = true").await?;
+    let err = match collect(
+        &isolating,
+        &format!("SELECT id FROM {table} SHUFFLE BY POSITION SEED 1"),
+    )
+    .await
+    {
+        Ok(_) => panic!("a quarantining shuffle by position ran"),
+        Err(e) => e.to_string(),
+    };
+    assert_contains(&err, &["SHUFFLE BY POSITION does not quarantine rows yet"]);
     // Rows that do not fit the memory limit: said, with what to use.
     let big = tempfile::tempdir()?;
     let big_table = write_ids(big.path(), 2, 200_000, 50_000)?;
@@ -305,6 +318,17 @@ fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
         .unwrap_err()
         .to_string();
     assert_contains(&err, &["shuffle_by_position", "not both"]);
+    let err = feed(&s)
+        .on_error(sqlfeed::feed::OnError::Quarantine(
+            sqlfeed::feed::QuarantineLimit::Rows(4),
+        ))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_contains(
+        &err,
+        &["shuffle_by_position", "does not quarantine rows yet"],
+    );
     let err = Feed::builder(&s, sql.clone())
         .shuffle_by_position()
         .device(Device::Cpu)
@@ -312,5 +336,50 @@ fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
         .unwrap_err()
         .to_string();
     assert_contains(&err, &["shuffle_by_position", "give a shuffle seed"]);
+    Ok(())
+}
+
+/// Every epoch shuffled by position holds all its rows and cannot spill:
+/// under a memory limit that fits one epoch but not two, the next epoch is
+/// not started ahead (it would not fit), and the feed gives the batches it
+/// gives without a limit.
+#[test]
+fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::Feed;
+    let dir = tempfile::tempdir()?;
+    // 200k rows of two Int64 columns: about 3.2 MB held per epoch.
+    let table = write_ids(dir.path(), 4, 50_000, 10_000)?;
+    let sql = format!("SELECT id, v FROM {table}");
+    let ids_of = |session: &sqlfeed::Session| -> Result<Vec<i64>> {
+        let feed = Feed::builder(session, sql.clone())
+            .shuffle(4)
+            .shuffle_by_position()
+            .batch_size(4096)
+            .epochs(3)
+            .device(Device::Cpu)
+            .build()?;
+        let mut ids = vec![];
+        for batch in feed {
+            ids.extend_from_slice(batch?.tensor("id")?.as_slice::<i64>()?);
+            // A training step: the next epoch would be read while this
+            // one is still held.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        Ok(ids)
+    };
+    let roomy = ids_of(&session(2, 8192)?)?;
+    assert_eq!(roomy.len(), 3 * 200_000);
+    let all: Vec<i64> = (0..200_000).collect();
+    assert_eq!(roomy[..200_000], defined_order(&all, 4, 0)[..]);
+    let tight = sqlfeed::Session::builder()
+        .target_partitions(2)
+        .batch_size(8192)
+        .memory_limit(7 << 20)
+        .build()?;
+    assert!(
+        ids_of(&tight)? == roomy,
+        "the tight feed gave other batches"
+    );
     Ok(())
 }

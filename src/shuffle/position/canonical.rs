@@ -4,14 +4,24 @@
 //! Rows arrive in any order (partitions race), in batches that may hold
 //! rows of several files (a filter's batches are coalesced). Each batch is
 //! cut into [`Run`]s: rows of one file with ascending row indexes. Sorted by
-//! `(file, first row)`, the runs list every row in `(file, row)` order, so a
-//! row's canonical rank is the rows of the runs before its own plus its
-//! place in it: the same on any partition count, batch size or arrival
-//! order. No per-row index is kept: 40 bytes a run, not 16 a row.
+//! `(file, first row)`, runs whose row ranges do not overlap list every row
+//! in `(file, row)` order, so a row's canonical rank is the rows of the runs
+//! before its own plus its place in it: the same on any partition count,
+//! batch size or arrival order. No per-row index is kept for them: about 64
+//! bytes a run, not 16 a row.
+//!
+//! Runs of one file can overlap: a partition that steals byte ranges of a
+//! file (DataFusion's work stealing) reads ranges 0 and 2 while another
+//! reads 1, and a filter's coalescing joins the ends of 0 and 2 into one
+//! run with a hole that the other partition's run fills. So a run with
+//! holes keeps its row indexes (a slice of the scan's column), and
+//! overlapping runs are merged row by row into the finer runs of their
+//! true order. Only a row that comes twice (a file read twice) is an error.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, Int64Array, StringArray};
+use datafusion::common::DataFusionError;
 use datafusion::common::{exec_err, internal_err};
 use datafusion::error::Result;
 
@@ -27,6 +37,24 @@ pub(super) struct Run {
     batch: u32,
     offset: u32,
     len: u32,
+    /// The run's row indexes, when they have holes (`None`: every row from
+    /// `first_row` to `last_row`).
+    rows: Option<Int64Array>,
+}
+
+impl Run {
+    /// Whether it keeps its row indexes (they have holes).
+    pub(super) fn keeps_rows(&self) -> bool {
+        self.rows.is_some()
+    }
+
+    /// The row index of the run's `k`-th row.
+    fn row(&self, k: usize) -> i64 {
+        match &self.rows {
+            Some(rows) => rows.value(k),
+            None => self.first_row + k as i64,
+        }
+    }
 }
 
 /// Cuts held batch number `batch` into runs from its `files` and `rows`
@@ -64,6 +92,7 @@ pub(super) fn runs_of(
         else {
             return exec_err!("SHUFFLE BY POSITION: a batch of more than 2^32 rows");
         };
+        let dense = values[end - 1] - values[start] == (end - start - 1) as i64;
         runs.push(Run {
             file,
             first_row: values[start],
@@ -71,10 +100,81 @@ pub(super) fn runs_of(
             batch,
             offset,
             len,
+            rows: (!dense).then(|| rows.slice(start, end - start)),
         });
         start = end;
     }
     Ok(runs)
+}
+
+/// `runs` (sorted by file and first row) with every group of overlapping
+/// runs of one file replaced by the runs of its rows in row order.
+fn merge_overlaps(runs: Vec<Run>) -> Result<Vec<Run>> {
+    let mut merged = Vec::with_capacity(runs.len());
+    let mut group: Vec<Run> = Vec::new();
+    let mut group_end = i64::MIN;
+    for run in runs {
+        let overlaps = group
+            .last()
+            .is_some_and(|last| last.file == run.file && run.first_row <= group_end);
+        if !overlaps {
+            flush(&mut group, &mut merged)?;
+            group_end = i64::MIN;
+        }
+        group_end = group_end.max(run.last_row);
+        group.push(run);
+    }
+    flush(&mut group, &mut merged)?;
+    Ok(merged)
+}
+
+/// Moves `group` (runs of one file whose ranges chain into one another) to
+/// `merged` as the runs of its rows in row order.
+fn flush(group: &mut Vec<Run>, merged: &mut Vec<Run>) -> Result<()> {
+    if group.len() < 2 {
+        merged.append(group);
+        return Ok(());
+    }
+    // Every row of the group: (row index, run in the group, place in it).
+    let mut rows: Vec<(i64, u32, u32)> = Vec::new();
+    for (g, run) in group.iter().enumerate() {
+        rows.extend((0..run.len as usize).map(|k| (run.row(k), g as u32, k as u32)));
+    }
+    rows.sort_unstable();
+    if let Some(pair) = rows.windows(2).find(|pair| pair[0].0 == pair[1].0) {
+        return Err(read_twice(&group[0].file, pair[0].0));
+    }
+    let mut at = 0;
+    while at < rows.len() {
+        let (first_row, g, k) = rows[at];
+        let mut end = at + 1;
+        while end < rows.len() && rows[end].1 == g && rows[end].2 == rows[end - 1].2 + 1 {
+            end += 1;
+        }
+        let source = &group[g as usize];
+        merged.push(Run {
+            file: Arc::clone(&source.file),
+            first_row,
+            last_row: rows[end - 1].0,
+            batch: source.batch,
+            offset: source.offset + k,
+            len: (end - at) as u32,
+            // Merged: ranked by where it stands, never compared again.
+            rows: None,
+        });
+        at = end;
+    }
+    group.clear();
+    Ok(())
+}
+
+/// The error of a row that reached the shuffle twice.
+fn read_twice(file: &str, row: i64) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "SHUFFLE BY POSITION orders rows by the file and row they come from, but row \
+         {row} of {file} reached it twice (a query that reads a file twice, or a table \
+         that lists it twice). Use SHUFFLE, which orders rows by their content"
+    ))
 }
 
 /// Canonical ranks in a block of [`CanonicalRows::first_run`].
@@ -98,22 +198,7 @@ impl CanonicalRows {
         runs.sort_unstable_by(|a, b| {
             (a.file.as_ref(), a.first_row).cmp(&(b.file.as_ref(), b.first_row))
         });
-        for pair in runs.windows(2) {
-            let (before, after) = (&pair[0], &pair[1]);
-            if before.file == after.file && before.last_row >= after.first_row {
-                return exec_err!(
-                    "SHUFFLE BY POSITION orders rows by the file and row they come from, \
-                     but rows {}..={} and {}..={} of {} reached it from two places (a \
-                     query that reads a file twice, or a table that lists it twice). Use \
-                     SHUFFLE, which orders rows by their content",
-                    before.first_row,
-                    before.last_row,
-                    after.first_row,
-                    after.last_row,
-                    after.file
-                );
-            }
-        }
+        let runs = merge_overlaps(runs)?;
         let mut starts = Vec::with_capacity(runs.len() + 1);
         let mut total = 0u64;
         for run in &runs {
@@ -128,7 +213,10 @@ impl CanonicalRows {
             while starts[run + 1] <= rank {
                 run += 1;
             }
-            first_run.push(run as u32);
+            let Ok(run) = u32::try_from(run) else {
+                return exec_err!("SHUFFLE BY POSITION holds at most 2^32 runs");
+            };
+            first_run.push(run);
             rank += BLOCK;
         }
         Ok(Self {
@@ -215,12 +303,45 @@ mod tests {
     }
 
     #[test]
-    fn a_row_that_comes_twice_is_refused_by_file_and_rows() {
+    fn a_row_that_comes_twice_is_refused_by_file_and_row() {
         let mut all = runs(0, &["f.parquet", "f.parquet"], &[0, 1]);
         all.extend(runs(1, &["f.parquet"], &[1]));
         let err = CanonicalRows::try_new(all).unwrap_err().to_string();
-        assert!(err.contains("rows 0..=1 and 1..=1 of f.parquet"), "{err}");
+        assert!(err.contains("row 1 of f.parquet reached it twice"), "{err}");
         assert!(err.contains("Use SHUFFLE"), "{err}");
+        // Within runs with holes too.
+        let mut all = runs(0, &["f", "f"], &[0, 4]);
+        all.extend(runs(1, &["f", "f"], &[2, 4]));
+        let err = CanonicalRows::try_new(all).unwrap_err().to_string();
+        assert!(err.contains("row 4 of f reached it twice"), "{err}");
+    }
+
+    /// Work stealing: one partition read ranges 0 and 2 of a file (joined
+    /// into one run with a hole by a filter's coalescing), another range 1.
+    #[test]
+    fn interleaved_runs_of_a_file_are_ranked_row_by_row() {
+        // Batch 0: rows 0, 1, 5, 6 (ranges 0 and 2); batch 1: rows 2, 3, 4
+        // (range 1); batch 2: rows 7, 9 of the same file, after both.
+        let mut all = runs(0, &["a", "a", "a", "a"], &[0, 1, 5, 6]);
+        all.extend(runs(1, &["a", "a", "a"], &[2, 3, 4]));
+        all.extend(runs(2, &["a", "a"], &[7, 9]));
+        let rows = CanonicalRows::try_new(all).unwrap();
+        assert_eq!(rows.len(), 9);
+        let located: Vec<_> = (0..9).map(|rank| rows.locate(rank)).collect();
+        assert_eq!(
+            located,
+            [
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (1, 2),
+                (0, 2),
+                (0, 3),
+                (2, 0),
+                (2, 1)
+            ]
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
 use datafusion::common::runtime::JoinSet;
@@ -235,6 +235,10 @@ async fn read_partition(
             held.batches.len() - 1
         };
         let runs = runs_of(files, rows, index, &mut last_file)?;
+        // Runs with holes keep slices of the row indexes: count them once.
+        if runs.iter().any(Run::keeps_rows) {
+            reservation.try_grow(rows.get_array_memory_size())?;
+        }
         held.lock().map_err(|_| poisoned())?.runs.extend(runs);
     }
     Ok(())
@@ -304,7 +308,12 @@ impl Gather {
                 for number in (first..total).step_by(gatherers as usize) {
                     let batch = {
                         let _timer = time.timer();
-                        gather.batch(number)
+                        // A panic (a dependency's) reaches the consumer as
+                        // this batch's error, with its message.
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            gather.batch(number)
+                        }))
+                        .unwrap_or_else(|panic| Err(crate::exec::panic_error(&panic)))
                     };
                     let failed = batch.is_err();
                     // The consumer went away, or this was the error it gets.

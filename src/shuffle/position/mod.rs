@@ -30,7 +30,8 @@
 //! - Traded: the order follows the files, not the rows' content. The same
 //!   rows rewritten into other files, or in another order, or a file
 //!   renamed, give another order; appending files changes every position
-//!   (`n` changes). `SHUFFLE`, keyed by content, gives the same order for
+//!   (`n` changes), and so does the same data under another path.
+//!   `SHUFFLE`, keyed by content, gives the same order for
 //!   the same rows however they are laid out: keep it where that matters.
 //!
 //! # Data flow
@@ -53,7 +54,16 @@
 //! held batches are reserved from the session's pool, and an epoch that
 //! does not fit is an error that says so and what to use instead
 //! (`SHUFFLE` spills, `SHUFFLE WINDOW n` holds a window). On top of the
-//! rows: 40 bytes per run and 4 bytes per 4,096 rows.
+//! rows: about 64 bytes per run (a run is a batch's rows of one file) and 4
+//! bytes per 4,096 rows; a run with holes (a filter's) keeps its row
+//! indexes, 8 bytes a row, to be ranked even when partitions interleave
+//! rows of one file. A feed starts its next epoch ahead only when the pool
+//! has room for a second epoch (it cannot spill); else when this one ends.
+//!
+//! # Paths
+//! Files are ranked by their path as the object store names it: for local
+//! files the absolute path. Ranks of one training run must see the data at
+//! the same paths (or the same bucket keys) to share one order.
 //!
 //! # Where it runs
 //! The embedded engine. On a Ballista cluster it is refused before the plan

@@ -18,7 +18,7 @@
 //! index landed at some positions 5% more often than at others). Up to
 //! [`TABLE_UP_TO`] indexes the permutation is therefore a table instead: a
 //! Fisher–Yates shuffle driven by the same keyed SplitMix64 stream, at most
-//! 512 KiB, built once per epoch.
+//! 256 KiB, built once per epoch.
 //!
 //! # Quality
 //! Four full Feistel rounds over a pseudorandom function are a pseudorandom
