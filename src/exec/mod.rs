@@ -23,11 +23,12 @@ pub(crate) mod sequence;
 pub(crate) use display::{Setting, fmt_settings};
 pub(crate) use panics::{catch_panic, catching_panics, panic_error, panic_message};
 pub(crate) use plan::{
-    BatchStream, calls_costly_function, column_names, costly_function_names,
-    counted_rows, first_input_statistics, keeps_input_order, leaf, metrics_of_field,
-    name_and_properties, no_expressions, one_bounded_partition, one_input_logical_node,
-    one_input_operator, only_partition, row_wise_properties, rows_passed_through,
-    single_child, statistics_of_one_input, with_u64_column,
+    BatchStream, calls_costly_function, column_named, column_names,
+    costly_function_names, counted_rows, first_input_statistics, is_parquet_table,
+    keeps_input_order, leaf, metrics_of_field, name_and_properties, no_expressions,
+    node_kind, one_bounded_partition, one_input_logical_node, one_input_operator,
+    only_partition, row_wise_properties, rows_passed_through, single_child,
+    statistics_of_one_input, with_u64_column,
 };
 pub(crate) use rule::{
     NodeRewrite, PlanNode, Rewritten, node_rewrite_rule, rewrite_nodes,

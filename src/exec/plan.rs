@@ -411,3 +411,48 @@ pub(crate) fn counted_rows(
         other => datafusion::common::internal_err!("count(*) of {what} gave {other:?}"),
     }
 }
+
+/// The column of logical `schema` called `name`, qualified as the schema
+/// has it; its absence is an internal error (a rewrite lost it).
+pub(crate) fn column_named(
+    schema: &datafusion::common::DFSchema,
+    name: &str,
+) -> Result<datafusion::logical_expr::Expr> {
+    let index = schema
+        .fields()
+        .iter()
+        .position(|f| f.name() == name)
+        .ok_or_else(|| {
+            internal_datafusion_err!(
+                "the plan lost its column {name} ({})",
+                schema.field_names().join(", ")
+            )
+        })?;
+    Ok(datafusion::logical_expr::Expr::Column(
+        datafusion::common::Column::from(schema.qualified_field(index)),
+    ))
+}
+
+/// A logical plan node's kind, as an error names it.
+pub(crate) fn node_kind(plan: &datafusion::logical_expr::LogicalPlan) -> String {
+    match plan {
+        datafusion::logical_expr::LogicalPlan::Extension(extension) => {
+            extension.node.name().to_string()
+        }
+        other => {
+            let line = other.display().to_string();
+            line.split(':').next().unwrap_or(&line).to_string()
+        }
+    }
+}
+
+/// Whether `provider` is a table of Parquet files (a listing table).
+pub(crate) fn is_parquet_table(
+    provider: &dyn datafusion::catalog::TableProvider,
+) -> bool {
+    use datafusion::datasource::file_format::parquet::ParquetFormat;
+    use datafusion::datasource::listing::ListingTable;
+    provider
+        .downcast_ref::<ListingTable>()
+        .is_some_and(|t| t.options().format.downcast_ref::<ParquetFormat>().is_some())
+}

@@ -190,16 +190,8 @@ fn carried_shuffle(node: &PlanNode) -> Result<Option<PlanNode>> {
     {
         return Ok(None);
     }
-    let rows = merge_node.schema();
-    let late = |expr: &Arc<dyn PhysicalExpr>| !carries_well(expr, &rows);
-    // Worth it only when something is computed before the permutation.
-    if outputs
-        .iter()
-        .all(|(expr, _)| late(expr) || is_column(expr))
-    {
-        return Ok(None);
-    }
-    let (Some(mut carry), after) = split_carried(outputs, late)? else {
+    let Some((mut carry, after)) = carried_and_late(outputs, &merge_node.schema())?
+    else {
         return Ok(None);
     };
     // The key stays last, where the permutation finds it; the columns before
@@ -216,18 +208,7 @@ fn carried_shuffle(node: &PlanNode) -> Result<Option<PlanNode>> {
             .with_copies(merge.copies())
             .unique_rows(merge.is_unique_rows()),
     );
-    let plan = match after {
-        Some(after) => Arc::new(ProjectionExec::try_new(after, merged)?) as PlanNode,
-        None => merged,
-    };
-    if plan.schema().fields() != node.schema().fields() {
-        return internal_err!(
-            "sqlfeed_carry_cheap_outputs changed a shuffle's schema from {:?} to {:?}",
-            node.schema(),
-            plan.schema()
-        );
-    }
-    Ok(Some(plan))
+    above(node, merged, after)
 }
 
 /// `node` (a projection of `outputs` over `shuffle`, a
@@ -242,15 +223,7 @@ fn carried_position_shuffle(
     let Some(position) = shuffle.as_ref().downcast_ref::<PositionShuffleExec>() else {
         return Ok(None);
     };
-    let rows = shuffle.schema();
-    let late = |expr: &Arc<dyn PhysicalExpr>| !carries_well(expr, &rows);
-    if outputs
-        .iter()
-        .all(|(expr, _)| late(expr) || is_column(expr))
-    {
-        return Ok(None);
-    }
-    let (Some(mut carry), after) = split_carried(outputs, late)? else {
+    let Some((mut carry, after)) = carried_and_late(outputs, &shuffle.schema())? else {
         return Ok(None);
     };
     let input = only_child(position)?;
@@ -264,6 +237,37 @@ fn carried_position_shuffle(
     let (seed, epoch) = position.seed_and_epoch();
     let shuffled: PlanNode =
         Arc::new(PositionShuffleExec::try_new(carried, seed, epoch)?);
+    above(node, shuffled, after)
+}
+
+/// `outputs` (over a shuffle's `rows`) split into what is computed before
+/// the shuffle and the late outputs above it ([`split_carried`]), when
+/// something other than a bare column would be computed before it: else
+/// `None` (nothing worth carrying).
+fn carried_and_late(
+    outputs: Outputs,
+    rows: &Schema,
+) -> Result<Option<(Outputs, Option<Outputs>)>> {
+    let late = |expr: &Arc<dyn PhysicalExpr>| !carries_well(expr, rows);
+    if outputs
+        .iter()
+        .all(|(expr, _)| late(expr) || is_column(expr))
+    {
+        return Ok(None);
+    }
+    match split_carried(outputs, late)? {
+        (Some(carry), after) => Ok(Some((carry, after))),
+        (None, _) => Ok(None),
+    }
+}
+
+/// `shuffled` with the `after` outputs computed above it: the rewrite of
+/// `node`, whose schema it must keep.
+fn above(
+    node: &PlanNode,
+    shuffled: PlanNode,
+    after: Option<Outputs>,
+) -> Result<Option<PlanNode>> {
     let plan = match after {
         Some(after) => Arc::new(ProjectionExec::try_new(after, shuffled)?) as PlanNode,
         None => shuffled,

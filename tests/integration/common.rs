@@ -215,3 +215,31 @@ pub fn arc<A: datafusion::arrow::array::Array + 'static>(
 #[path = "../support/files.rs"]
 mod files;
 pub use files::files_below;
+
+/// `files` files of `rows` ids each (file f holds f·rows …), in row groups
+/// of `group` rows; a second column `v = id % 7`; the table's SQL name.
+/// File names sort in id order.
+pub fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<String> {
+    for file in 0..files {
+        let ids = datafusion::arrow::array::Int64Array::from_iter_values(
+            file * rows..(file + 1) * rows,
+        );
+        let v = datafusion::arrow::array::Int64Array::from_iter_values(
+            (file * rows..(file + 1) * rows).map(|i| i % 7),
+        );
+        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids)), ("v", arc(v))])?;
+        let properties =
+            datafusion::parquet::file::properties::WriterProperties::builder()
+                .set_max_row_group_row_count(Some(group))
+                .build();
+        let path = dir.join(format!("part-{file:02}.parquet"));
+        let mut writer = ArrowWriter::try_new(
+            std::fs::File::create(path)?,
+            batch.schema(),
+            Some(properties),
+        )?;
+        writer.write(&batch)?;
+        writer.close()?;
+    }
+    Ok(format!("'{}/*.parquet'", dir.display()))
+}

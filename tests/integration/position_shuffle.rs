@@ -4,44 +4,16 @@
 //! the filters); the same on any partition count and batch size; what it
 //! cannot key, and what does not fit, refused by name.
 
-use std::path::Path;
-
-use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::error::Result;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::file::properties::WriterProperties;
 use sqlfeed::shuffle::IndexPermutation;
 
 use crate::common::{
-    arc, assert_contains, budget_session, collect, first_int64s as ids,
-    sized_session as session,
+    assert_contains, budget_session, collect, first_int64s as ids,
+    sized_session as session, write_ids,
 };
 
-/// `files` files of `rows` ids each (file f holds f·rows …), in row groups
-/// of `group` rows; a second column `v = id % 7`. File names sort in id
-/// order, so an id's canonical rank is the id itself.
-fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<String> {
-    for file in 0..files {
-        let ids = Int64Array::from_iter_values(file * rows..(file + 1) * rows);
-        let v =
-            Int64Array::from_iter_values((file * rows..(file + 1) * rows).map(|i| i % 7));
-        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids)), ("v", arc(v))])?;
-        let properties = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(group))
-            .build();
-        let path = dir.join(format!("part-{file:02}.parquet"));
-        let mut writer = ArrowWriter::try_new(
-            std::fs::File::create(path)?,
-            batch.schema(),
-            Some(properties),
-        )?;
-        writer.write(&batch)?;
-        writer.close()?;
-    }
-    Ok(format!("'{}/*.parquet'", dir.display()))
-}
-
-/// The order the docs define: position `p` holds `ranked[π(p)]`.
+/// The order the docs define: position `p` holds `ranked[π(p)]`. The files
+/// of [`write_ids`] sort in id order, so an id's canonical rank is the id.
 fn defined_order(ranked: &[i64], seed: u64, epoch: u64) -> Vec<i64> {
     let permutation = IndexPermutation::new(ranked.len() as u64, seed, epoch);
     (0..permutation.len())

@@ -6,44 +6,18 @@
 //! the embedded batches.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::array::RecordBatch;
 use datafusion::error::Result;
-use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::parquet::file::properties::WriterProperties;
 use datafusion::physical_plan::{ExecutionPlan, collect as collect_plan};
 use futures::StreamExt;
 use sqlfeed::device::Device;
 use sqlfeed::feed::{Feed, OnDataChange};
 
 use crate::common::{
-    arc, assert_contains, collect, first_int64s as ids, sized_session as session,
+    assert_contains, collect, first_int64s as ids, sized_session as session, write_ids,
 };
-
-/// `files` files of `rows` ids each (file f holds f·rows …), in row groups
-/// of `group` rows; a second column `v = id % 7`.
-fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<String> {
-    for file in 0..files {
-        let ids = Int64Array::from_iter_values(file * rows..(file + 1) * rows);
-        let v =
-            Int64Array::from_iter_values((file * rows..(file + 1) * rows).map(|i| i % 7));
-        let batch = RecordBatch::try_from_iter(vec![("id", arc(ids)), ("v", arc(v))])?;
-        let properties = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(group))
-            .build();
-        let path = dir.join(format!("part-{file:02}.parquet"));
-        let mut writer = ArrowWriter::try_new(
-            std::fs::File::create(path)?,
-            batch.schema(),
-            Some(properties),
-        )?;
-        writer.write(&batch)?;
-        writer.close()?;
-    }
-    Ok(format!("'{}/*.parquet'", dir.display()))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_windowed_shuffle_is_a_permutation_whose_order_ignores_partitions() -> Result<()>

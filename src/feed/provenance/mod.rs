@@ -62,13 +62,9 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, StringArray};
 use datafusion::catalog::TableProvider;
+use datafusion::common::internal_err;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{
-    Column, DFSchema, JoinType, ScalarValue, not_impl_err, plan_err,
-};
-use datafusion::common::{internal_datafusion_err, internal_err};
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::ListingTable;
+use datafusion::common::{Column, JoinType, ScalarValue, not_impl_err, plan_err};
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
@@ -81,6 +77,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::exec::{column_named, is_parquet_table, node_kind};
 use crate::shuffle::{
     CONTENT_HASH_SEED, ShuffleKey, ShuffleNode, ShuffleSpec, row_key_hash,
 };
@@ -182,21 +179,6 @@ pub(crate) fn origins_plan(
         outputs,
         Arc::new(carried),
     )?))
-}
-
-/// The column of `schema` called `name`, qualified as the schema has it.
-fn column_named(schema: &DFSchema, name: &str) -> Result<Expr> {
-    let index = schema
-        .fields()
-        .iter()
-        .position(|f| f.name() == name)
-        .ok_or_else(|| {
-            internal_datafusion_err!(
-                "the origins plan lost its column {name} ({})",
-                schema.field_names().join(", ")
-            )
-        })?;
-    Ok(Expr::Column(Column::from(schema.qualified_field(index))))
 }
 
 /// What [`carry_origins`] adds and hashes with.
@@ -351,7 +333,7 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
              projections, filters, sorts, limits, UNION ALL and SHUFFLE; this query's \
              rows pass through {}, which makes a row from several input rows or from \
              no file",
-            describe(&other)
+            node_kind(&other)
         ),
     }
 }
@@ -402,27 +384,13 @@ fn single_input(plan: &LogicalPlan) -> Result<LogicalPlan> {
     }
 }
 
-/// A plan node's kind, as an error names it.
-fn describe(plan: &LogicalPlan) -> String {
-    match plan {
-        LogicalPlan::Extension(Extension { node }) => node.name().to_string(),
-        other => {
-            let line = other.display().to_string();
-            line.split(':').next().unwrap_or(&line).to_string()
-        }
-    }
-}
-
 /// Fails unless `source` is a table of Parquet files (the file row index
 /// is a Parquet reader's).
 pub(crate) fn check_parquet_files(
     table: String,
     provider: &dyn TableProvider,
 ) -> Result<()> {
-    let parquet = provider
-        .downcast_ref::<ListingTable>()
-        .is_some_and(|t| t.options().format.downcast_ref::<ParquetFormat>().is_some());
-    if parquet {
+    if is_parquet_table(provider) {
         return Ok(());
     }
     plan_err!(

@@ -17,13 +17,12 @@
 
 use std::sync::Arc;
 
-use datafusion::catalog::TableProvider;
-use datafusion::common::{Column, DFSchema, internal_datafusion_err, not_impl_err};
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::ListingTable;
+use datafusion::common::{Column, DFSchema, not_impl_err};
 use datafusion::datasource::{ViewTable, source_as_provider};
 use datafusion::error::Result;
 use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
+
+use crate::exec::{column_named, is_parquet_table, node_kind};
 use datafusion::logical_expr::{
     Expr, Filter, LogicalPlan, Projection, SubqueryAlias, cast,
 };
@@ -51,7 +50,7 @@ pub(crate) fn with_positions(plan: LogicalPlan) -> Result<LogicalPlan> {
                     scan.table_name.clone(),
                 )?));
             }
-            if !is_parquet(provider.as_ref()) {
+            if !is_parquet_table(provider.as_ref()) {
                 return not_impl_err!(
                     "SHUFFLE BY POSITION orders rows by the Parquet file and row they come \
                      from, but the query reads {}, which is not a table of Parquet files (a \
@@ -104,16 +103,9 @@ pub(crate) fn with_positions(plan: LogicalPlan) -> Result<LogicalPlan> {
              through scans, projections and filters; this query's rows pass through {}, \
              which makes a row from several rows, from no file, or reads rows in a \
              changed order or number. Use SHUFFLE, which orders rows by their content",
-            describe(&other)
+            node_kind(&other)
         ),
     }
-}
-
-/// Whether `provider` is a table of Parquet files.
-fn is_parquet(provider: &dyn TableProvider) -> bool {
-    provider
-        .downcast_ref::<ListingTable>()
-        .is_some_and(|t| t.options().format.downcast_ref::<ParquetFormat>().is_some())
 }
 
 /// Every column of `schema`, qualified as it has them.
@@ -121,30 +113,4 @@ fn columns_of(schema: &DFSchema) -> Vec<Expr> {
     (0..schema.fields().len())
         .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
         .collect()
-}
-
-/// The column of `schema` called `name`.
-fn column_named(schema: &DFSchema, name: &str) -> Result<Expr> {
-    let index = schema
-        .fields()
-        .iter()
-        .position(|f| f.name() == name)
-        .ok_or_else(|| {
-            internal_datafusion_err!(
-                "the position column {name} was lost ({})",
-                schema.field_names().join(", ")
-            )
-        })?;
-    Ok(Expr::Column(Column::from(schema.qualified_field(index))))
-}
-
-/// A plan node's kind, as an error names it.
-fn describe(plan: &LogicalPlan) -> String {
-    match plan {
-        LogicalPlan::Extension(extension) => extension.node.name().to_string(),
-        other => {
-            let line = other.display().to_string();
-            line.split(':').next().unwrap_or(&line).to_string()
-        }
-    }
 }
