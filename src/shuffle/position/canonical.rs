@@ -20,7 +20,8 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, Int64Array, StringArray};
+use datafusion::arrow::array::{Array, AsArray, Int64Array, StringArray};
+use datafusion::arrow::datatypes::{DataType, Int32Type};
 use datafusion::common::DataFusionError;
 use datafusion::common::{exec_err, internal_err};
 use datafusion::error::Result;
@@ -57,17 +58,88 @@ impl Run {
     }
 }
 
+/// Each row's file path, as the scan gives it: a dictionary (one path and a
+/// key per row: the scan's per-file literal, cast) or a path per row.
+pub(super) enum FileColumn<'a> {
+    Keys {
+        keys: &'a [i32],
+        paths: &'a StringArray,
+    },
+    Paths(&'a StringArray),
+}
+
+impl<'a> FileColumn<'a> {
+    /// Whether a column of `data_type` can be read as one.
+    pub(super) fn accepts(data_type: &DataType) -> bool {
+        match data_type {
+            DataType::Utf8 => true,
+            DataType::Dictionary(key, value) => {
+                **key == DataType::Int32 && **value == DataType::Utf8
+            }
+            _ => false,
+        }
+    }
+
+    /// `array` read as each row's file; an internal error for another type
+    /// or a row without a file.
+    pub(super) fn try_new(array: &'a dyn Array) -> Result<Self> {
+        if array.logical_null_count() > 0 {
+            return internal_err!("SHUFFLE BY POSITION: a row without its file");
+        }
+        if let Some(paths) = array.as_string_opt::<i32>() {
+            return Ok(Self::Paths(paths));
+        }
+        let Some(dictionary) = array.as_dictionary_opt::<Int32Type>() else {
+            return internal_err!(
+                "SHUFFLE BY POSITION: the file column is {}, not Utf8",
+                array.data_type()
+            );
+        };
+        let Some(paths) = dictionary.values().as_string_opt::<i32>() else {
+            return internal_err!("SHUFFLE BY POSITION: the file dictionary is not Utf8");
+        };
+        Ok(Self::Keys {
+            keys: dictionary.keys().values(),
+            paths,
+        })
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Keys { keys, .. } => keys.len(),
+            Self::Paths(paths) => paths.len(),
+        }
+    }
+
+    /// Whether rows `a` and `b` come from one file. Two keys of one path
+    /// (a dictionary concatenated without merging) count as two files: the
+    /// run is cut there, which ranks the rows the same.
+    fn same(&self, a: usize, b: usize) -> bool {
+        match self {
+            Self::Keys { keys, .. } => keys[a] == keys[b],
+            Self::Paths(paths) => paths.value(a) == paths.value(b),
+        }
+    }
+
+    fn path(&self, row: usize) -> &'a str {
+        match self {
+            Self::Keys { keys, paths } => paths.value(keys[row] as usize),
+            Self::Paths(paths) => paths.value(row),
+        }
+    }
+}
+
 /// Cuts held batch number `batch` into runs from its `files` and `rows`
 /// columns; `last_file` keeps the previous run's path so that the runs of a
 /// file share one allocation.
 pub(super) fn runs_of(
-    files: &StringArray,
+    files: &FileColumn<'_>,
     rows: &Int64Array,
     batch: usize,
     last_file: &mut Option<Arc<str>>,
 ) -> Result<Vec<Run>> {
-    if files.null_count() > 0 || rows.null_count() > 0 {
-        return internal_err!("SHUFFLE BY POSITION: a row without its file or row index");
+    if rows.null_count() > 0 {
+        return internal_err!("SHUFFLE BY POSITION: a row without its row index");
     }
     let Ok(batch) = u32::try_from(batch) else {
         return exec_err!("SHUFFLE BY POSITION holds at most 2^32 batches");
@@ -76,11 +148,9 @@ pub(super) fn runs_of(
     let mut runs = Vec::new();
     let mut start = 0;
     while start < files.len() {
-        let name = files.value(start);
+        let name = files.path(start);
         let mut end = start + 1;
-        while end < files.len()
-            && values[end] > values[end - 1]
-            && files.value(end) == name
+        while end < files.len() && values[end] > values[end - 1] && files.same(start, end)
         {
             end += 1;
         }
@@ -254,10 +324,39 @@ impl CanonicalRows {
 mod tests {
     use super::*;
 
+    /// The runs of a batch, from paths per row and from a dictionary of
+    /// them (which must agree).
     fn runs(batch: usize, files: &[&str], rows: &[i64]) -> Vec<Run> {
-        let files = StringArray::from(files.to_vec());
+        let paths = StringArray::from(files.to_vec());
         let rows = Int64Array::from(rows.to_vec());
-        runs_of(&files, &rows, batch, &mut None).unwrap()
+        let plain = runs_of(&FileColumn::Paths(&paths), &rows, batch, &mut None).unwrap();
+        let keyed: datafusion::arrow::array::DictionaryArray<Int32Type> =
+            files.iter().copied().collect();
+        let keyed = runs_of(
+            &FileColumn::try_new(&keyed).unwrap(),
+            &rows,
+            batch,
+            &mut None,
+        )
+        .unwrap();
+        let shape = |runs: &[Run]| -> Vec<(String, i64, i64, u32, u32)> {
+            runs.iter()
+                .map(|r| (r.file.to_string(), r.first_row, r.last_row, r.offset, r.len))
+                .collect()
+        };
+        assert_eq!(shape(&plain), shape(&keyed));
+        plain
+    }
+
+    #[test]
+    fn a_file_column_of_another_type_or_with_nulls_is_an_internal_error() {
+        let numbers = Int64Array::from(vec![1, 2]);
+        assert!(FileColumn::try_new(&numbers).is_err());
+        let missing = StringArray::from(vec![Some("a"), None]);
+        assert!(FileColumn::try_new(&missing).is_err());
+        assert!(FileColumn::accepts(
+            &crate::shuffle::position::scan_position::position_file_type()
+        ));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 
-use super::canonical::{CanonicalRows, Run, runs_of};
+use super::canonical::{CanonicalRows, FileColumn, Run, runs_of};
 use super::permutation::IndexPermutation;
 use crate::exec::BatchStream;
 
@@ -35,7 +35,8 @@ use crate::exec::BatchStream;
 /// Module docs: the order, memory and what it refuses.
 #[derive(Debug)]
 pub struct PositionShuffleExec {
-    /// The rows, then their file (`Utf8`) and row index (`Int64`).
+    /// The rows, then their file (a dictionary of `Utf8`, or `Utf8`) and row
+    /// index (`Int64`).
     input: Arc<dyn ExecutionPlan>,
     seed: u64,
     epoch: u64,
@@ -52,12 +53,12 @@ impl PositionShuffleExec {
         let input_schema = input.schema();
         let fields = input_schema.fields();
         let positions_are_last = fields.len() >= 2
-            && fields[fields.len() - 2].data_type() == &DataType::Utf8
+            && FileColumn::accepts(fields[fields.len() - 2].data_type())
             && fields[fields.len() - 1].data_type() == &DataType::Int64;
         if !positions_are_last {
             return internal_err!(
-                "PositionShuffleExec needs each row's file (Utf8) and row index (Int64) \
-                 as its input's last columns, got {}",
+                "PositionShuffleExec needs each row's file (Utf8, or a dictionary of Utf8 \
+                 with Int32 keys) and row index (Int64) as its input's last columns, got {}",
                 crate::exec::column_names(&input_schema)
             );
         }
@@ -77,6 +78,11 @@ impl PositionShuffleExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+
+    /// Its input: the rows, then each row's file and row index.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
     }
 
     /// The seed and epoch of its order.
@@ -205,10 +211,7 @@ async fn read_partition(
         if batch.num_rows() == 0 {
             continue;
         }
-        let files = batch
-            .column(columns)
-            .as_string_opt::<i32>()
-            .ok_or_else(|| internal_datafusion_err!("the file column is not Utf8"))?;
+        let files = FileColumn::try_new(batch.column(columns).as_ref())?;
         let rows = batch
             .column(columns + 1)
             .as_primitive_opt::<Int64Type>()
@@ -234,7 +237,7 @@ async fn read_partition(
             held.batches.push(rows_only);
             held.batches.len() - 1
         };
-        let runs = runs_of(files, rows, index, &mut last_file)?;
+        let runs = runs_of(&files, rows, index, &mut last_file)?;
         // Runs with holes keep slices of the row indexes: count them once.
         if runs.iter().any(Run::keeps_rows) {
             reservation.try_grow(rows.get_array_memory_size())?;

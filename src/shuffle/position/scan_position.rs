@@ -5,7 +5,9 @@
 //!  Projection: decode(b) AS x, y            Projection: decode(b) AS x, y,
 //!    Filter: w > 0                 ──►        __position_file, __position_row
 //!      TableScan: 'data/*.parquet'              Filter: w > 0
-//!                                                 Projection: *, input_file_name(),
+//!                                                 Projection: *,
+//!                                                   CAST(input_file_name() AS
+//!                                                     Dictionary(Int32, Utf8)),
 //!                                                   CAST(file_row_index() AS Int64)
 //!                                                   TableScan: 'data/*.parquet'
 //! ```
@@ -17,6 +19,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Column, DFSchema, not_impl_err};
 use datafusion::datasource::{ViewTable, source_as_provider};
 use datafusion::error::Result;
@@ -31,6 +34,11 @@ use datafusion::logical_expr::{
 pub(crate) const POSITION_FILE_COLUMN: &str = "__sqlfeed_position_file";
 /// Name of the column that carries each row's index in its file.
 pub(crate) const POSITION_ROW_COLUMN: &str = "__sqlfeed_position_row";
+
+/// The type of the column that carries each row's file path.
+pub(crate) fn position_file_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
 
 /// `plan` with each row's file path and row index in that file as its last
 /// two columns; rows and columns otherwise unchanged.
@@ -61,14 +69,14 @@ pub(crate) fn with_positions(plan: LogicalPlan) -> Result<LogicalPlan> {
             }
             let schema = Arc::clone(&scan.projected_schema);
             let mut exprs = columns_of(&schema);
-            exprs.push(input_file_name().alias(POSITION_FILE_COLUMN));
+            // The scan evaluates `input_file_name()` as a literal per file:
+            // cast to a dictionary, its column is one path and a key per
+            // row instead of a copy of the path per row.
             exprs.push(
-                cast(
-                    file_row_index(),
-                    datafusion::arrow::datatypes::DataType::Int64,
-                )
-                .alias(POSITION_ROW_COLUMN),
+                cast(input_file_name(), position_file_type()).alias(POSITION_FILE_COLUMN),
             );
+            exprs
+                .push(cast(file_row_index(), DataType::Int64).alias(POSITION_ROW_COLUMN));
             Ok(LogicalPlan::Projection(Projection::try_new(
                 exprs,
                 Arc::new(LogicalPlan::TableScan(scan)),
