@@ -489,11 +489,14 @@ class Feed:
         batches: a feed of world 1 without ``drop_last`` hands over rows 0, 1,
         … in it. Row ``i`` costs reading its window (the last window read is
         kept, so rows in order read each window once); the windows' sizes come
-        from the footers, or, with a filter, are counted once. Needs
-        ``shuffle_window``: an exact ``shuffle``'s row would cost the whole
-        epoch, and an unshuffled feed is refused too. Runs on this machine,
-        also for a cluster session. Reading rows needs pyarrow
-        (``sqlfeed[arrow]``)."""
+        from the footers, or, with a filter, are counted once. With
+        ``shuffle_by_position=True`` row ``i`` costs reading its Parquet row
+        group up to the shuffle (the row groups read last are kept, up to 256
+        MiB) and the functions above the shuffle for that row alone. Needs
+        ``shuffle_window`` or ``shuffle_by_position``: an exact ``shuffle``
+        keyed by content would cost the whole epoch per row, and an
+        unshuffled feed is refused too. Runs on this machine, also for a
+        cluster session. Reading rows needs pyarrow (``sqlfeed[arrow]``)."""
         epoch = self.epoch if epoch is None else int(epoch)
         # The order depends on the options, not on where the feed stands.
         options = self._pass_options(epoch + 1, None)
@@ -707,14 +710,16 @@ def _weighted(reports: list[dict[str, Any]], key: str) -> float | None:
 
 
 class EpochDataset:
-    """One epoch of a windowed feed by position (:meth:`Feed.dataset`): a
-    map-style dataset (``len``, ``[i]``, negative ``i`` from the end) whose
-    row ``i`` is row ``i`` of the epoch's order, a dict of the query's
-    columns. PyTorch's ``DataLoader`` reads it a batch of positions per call
-    (``__getitems__``); positions in order read each window once, random
-    ones read a window per row (use it for debugging, or a sampler that keeps
-    to windows). It reads in the process that made it: a ``DataLoader`` over
-    it runs with ``num_workers=0``."""
+    """One epoch of a feed shuffled in windows or by position, by position
+    (:meth:`Feed.dataset`): a map-style dataset (``len``, ``[i]``, negative
+    ``i`` from the end) whose row ``i`` is row ``i`` of the epoch's order, a
+    dict of the query's columns. PyTorch's ``DataLoader`` reads it a batch of
+    positions per call (``__getitems__``). Windowed: positions in order read
+    each window once, random ones read a window per row (use it for
+    debugging, or a sampler that keeps to windows). By position: each batch
+    of positions reads the row groups its rows fall in once (the last ones
+    read are kept, up to 256 MiB). It reads in the process that made it: a
+    ``DataLoader`` over it runs with ``num_workers=0``."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
@@ -726,7 +731,8 @@ class EpochDataset:
         return int(self._inner.epoch)
 
     def window_rows(self) -> list[int]:
-        """Rows per window of the epoch, in order."""
+        """Rows per window of the epoch, in order (an error for an epoch
+        shuffled by position, which has no windows)."""
         return list(self._here().window_rows())
 
     def __len__(self) -> int:

@@ -1,10 +1,10 @@
-//! `EpochDataset`: one epoch of a windowed feed by position
-//! (`sqlfeed.Feed.dataset`), over `sqlfeed::feed::EpochDataset`.
+//! `EpochDataset`: one epoch of a feed shuffled in windows or by position,
+//! by position (`sqlfeed.Feed.dataset`), over `sqlfeed::feed::EpochDataset`.
 //!
 //! ```text
 //!  Feed.dataset(epoch)[i] ─► _row(i) ─► row i as a one-row SqlResult ─► pyarrow ─► dict
 //! ```
-//! Counting and reading windows run on a thread of their own while the
+//! Counting and reading windows or row groups run on a thread of their own while the
 //! caller waits with its signals answered (`crate::wait`).
 
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use crate::errors::IntoPy;
 use crate::result::PySqlResult;
 use crate::session::SessionRuntime;
 
-/// One epoch of a windowed feed by position; see `sqlfeed.EpochDataset`.
+/// One epoch of a feed by position; see `sqlfeed.EpochDataset`.
 #[pyclass(module = "sqlfeed._sqlfeed", name = "EpochDataset", frozen)]
 pub(crate) struct PyEpochDataset {
     dataset: Arc<EpochDataset>,
@@ -48,7 +48,8 @@ impl PyEpochDataset {
         self.dataset.epoch()
     }
 
-    /// Rows in the epoch (the windows' sizes are counted on first use).
+    /// Rows in the epoch (the windows' or row groups' sizes are counted on
+    /// first use).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
         let dataset = Arc::clone(&self.dataset);
         let rows = crate::wait::wait_for_call(py, "dataset-len", move || dataset.len())?;

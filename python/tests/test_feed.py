@@ -517,3 +517,31 @@ def test_a_feed_shuffled_by_position_is_an_exact_reproducible_order(session, tmp
     assert sorted(by_content) == list(range(2000)) and by_content != by_position
     with pytest.raises(sqlfeed.PlanError, match="shuffle_by_position.*not both"):
         next(iter(session.feed(query, **dict(options, shuffle_window=400))))
+
+
+def test_a_feed_shuffled_by_position_gives_row_i_to_a_sampled_map_style_loader(session, tmp_path):
+    """``dataset(epoch)`` of a feed shuffled by position: row ``i`` is the
+    feed's ``i``-th row of that epoch, also for a ``DataLoader`` that draws
+    its positions at random (each batch reads its row groups once)."""
+    torch = require("torch", "torch")
+    query = windowed_ids(tmp_path)
+    feed = session.feed(
+        query, batch_size=100, shuffle=3, shuffle_by_position=True, device="cpu", format="numpy"
+    )
+    feed.set_epoch(1)
+    epoch1 = [int(i) for b in feed for i in b["id"]]
+    data = feed.dataset(1)
+    assert len(data) == 2000
+    assert [data[i]["id"] for i in range(0, 2000, 131)] == epoch1[::131]
+    assert data[-1] == {"id": epoch1[-1]}
+    with pytest.raises(IndexError, match="the epoch has 2000 rows"):
+        data[2000]
+    with pytest.raises(sqlfeed.PlanError, match="shuffled by position"):
+        data.window_rows()
+
+    def sampler():
+        return torch.utils.data.RandomSampler(data, generator=torch.Generator().manual_seed(0))
+
+    loader = torch.utils.data.DataLoader(data, batch_size=250, sampler=sampler())
+    drawn = list(sampler())
+    assert [int(i) for b in loader for i in b["id"]] == [epoch1[i] for i in drawn]

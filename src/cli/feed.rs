@@ -142,7 +142,8 @@ pub struct FeedArgs {
     pub explain: Option<(u64, u64, Option<usize>)>,
     /// Print rows FIRST, FIRST+1, … (COUNT of them, default 1) of EPOCH's
     /// order — before ranks and batches — as a table, instead of running
-    /// the feed; each costs reading its window (needs --shuffle-window).
+    /// the feed; each costs reading its window (--shuffle-window) or its
+    /// row group (--shuffle-by-position).
     #[arg(
         long = "rows",
         value_name = "EPOCH:FIRST[:COUNT]",
@@ -537,8 +538,8 @@ pub fn run(
         return print_origins(&explained);
     }
     if let Some((epoch, first, count)) = args.rows {
-        // Reading rows reads their windows: waited for here, so that a
-        // signal ends it.
+        // Reading rows reads their windows or row groups: waited for here,
+        // so that a signal ends it.
         let rows = super::signals::until_signalled("rows", move || {
             let dataset = builder.dataset(epoch)?;
             let len = dataset.len()?;

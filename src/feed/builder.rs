@@ -840,8 +840,10 @@ impl FeedBuilder {
 
     /// Epoch `epoch` of this feed by position, map-style: its length and
     /// row `i` of its order (before ranks and batches), at the cost of
-    /// reading that row's window, on this machine. The feed must be
-    /// shuffled in windows ([`Self::shuffle_window`]); see [`EpochDataset`].
+    /// reading that row's window, or its row group for a feed shuffled by
+    /// position, on this machine. The feed must be shuffled in windows
+    /// ([`Self::shuffle_window`]) or by position
+    /// ([`Self::shuffle_by_position`]); see [`EpochDataset`].
     ///
     /// ```no_run
     /// # fn main() -> datafusion::error::Result<()> {

@@ -127,6 +127,39 @@ impl ScanLayout {
         Ok(Self { files, row_groups })
     }
 
+    /// Every row group, in file path order and, within a file, in row
+    /// order: the order of a position shuffle's ranks.
+    pub(crate) fn units(&self) -> Vec<Unit> {
+        self.row_groups
+            .iter()
+            .enumerate()
+            .flat_map(|(file, groups)| {
+                groups
+                    .iter()
+                    .enumerate()
+                    .map(move |(row_group, &(rows, _))| Unit {
+                        file,
+                        row_group,
+                        rows,
+                    })
+            })
+            .collect()
+    }
+
+    /// What the listing said of file `file` (its rank in path order): its
+    /// location, size and last change.
+    pub(crate) fn file_meta(&self, file: usize) -> Option<&object_store::ObjectMeta> {
+        self.files.get(file).map(|f| &f.object_meta)
+    }
+
+    /// The location of file `file` (its rank in path order), as the object
+    /// store names it.
+    pub(crate) fn location(&self, file: usize) -> String {
+        self.files
+            .get(file)
+            .map_or_else(String::new, |f| f.object_meta.location.to_string())
+    }
+
     /// The epoch's windows (see [`plan_windows`]).
     pub(crate) fn windows(
         &self,

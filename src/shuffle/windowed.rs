@@ -206,7 +206,7 @@ impl WindowedShuffleExec {
 
 /// Why a plan's scan cannot be cut into windows; each caller adds what the
 /// user can do instead (a query: `SHUFFLE`; a mixture: leave `WINDOW` out).
-enum NotWindowable {
+pub(crate) enum NotWindowable {
     /// A leaf other than a Parquet scan (named).
     Reads(String),
     /// An operator that makes a row from several input rows, or reorders
@@ -252,7 +252,7 @@ impl fmt::Display for NotWindowable {
 
 /// The one Parquet scan under `plan` and its configuration, or why there is
 /// none a window can cut.
-fn windowable_scan(
+pub(crate) fn windowable_scan(
     plan: &Arc<dyn ExecutionPlan>,
 ) -> std::result::Result<(Arc<dyn ExecutionPlan>, FileScanConfig), NotWindowable> {
     /// Collects the scans under `node`, or the first operator that is not
@@ -603,7 +603,7 @@ type WindowOrder = (u64, u64, u64);
 
 /// Whether an operator of `input` (a windowed shuffle's row-wise input)
 /// may drop rows: a filter, or a scan with a predicate.
-fn drops_rows(input: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+pub(crate) fn drops_rows(input: &Arc<dyn ExecutionPlan>) -> Result<bool> {
     input.exists(|node| {
         Ok(node.name() == "FilterExec"
             || parquet_config(node).is_some_and(|c| c.file_source().filter().is_some()))
@@ -650,7 +650,7 @@ pub(crate) async fn cut_to_window(
 }
 
 /// `plan` with `scan` (one of its nodes) replaced by `cut`.
-fn replace_scan(
+pub(crate) fn replace_scan(
     plan: Arc<dyn ExecutionPlan>,
     scan: &Arc<dyn ExecutionPlan>,
     cut: Arc<dyn ExecutionPlan>,

@@ -355,3 +355,141 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 55, item 4, for the exact order by position: `dataset(epoch)`
+/// gives the epoch's length and row `i` of its order, the feed's rows in
+/// the feed's order (world 1), with or without a filter (rows per row
+/// group from the footers, or counted), in any order asked, each row group
+/// read once per batch of positions; past the end, and asked for windows,
+/// it says what it has. The CLI's `--rows` prints the same rows.
+#[test]
+fn a_feed_by_position_gives_row_i_of_an_epoch_by_position() -> Result<()> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::Int64Type;
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::Feed;
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 100)?;
+    let s = session(2, 8192)?;
+    for sql in [
+        format!("SELECT id, v * 10 AS w FROM {table}"),
+        format!("SELECT id, v * 10 AS w FROM {table} WHERE v <> 3"),
+    ] {
+        let feed = Feed::builder(&s, sql.clone())
+            .shuffle(11)
+            .shuffle_by_position()
+            .batch_size(64)
+            .epochs(2)
+            .device(Device::Cpu);
+        let fed: Vec<(i64, i64)> = feed
+            .clone()
+            .build()?
+            .map(|b| {
+                let b = b?;
+                let ids = b.tensor("id")?.as_slice::<i64>()?.to_vec();
+                let w = b.tensor("w")?.as_slice::<i64>()?.to_vec();
+                Ok(ids.into_iter().zip(w).collect::<Vec<_>>())
+            })
+            .collect::<Result<Vec<_>>>()?
+            .concat();
+        let epoch_rows = fed.len() / 2;
+        let epoch = feed.dataset(1)?;
+        assert_eq!(epoch.len()? as usize, epoch_rows, "{sql}");
+        let err = epoch.window_rows().unwrap_err().to_string();
+        assert_contains(&err, &["shuffled by position", "no windows"]);
+        // One at a time, out of order.
+        let mut positions: Vec<usize> = (0..epoch_rows).collect();
+        positions.reverse();
+        positions.rotate_left(epoch_rows / 3);
+        for &i in positions.iter().step_by(7) {
+            let row = epoch.row(i as u64)?;
+            assert_eq!(row.num_rows(), 1);
+            let got = (
+                row.column(0).as_primitive::<Int64Type>().value(0),
+                row.column(1).as_primitive::<Int64Type>().value(0),
+            );
+            assert_eq!(got, fed[epoch_rows + i], "row {i} of epoch 1 of {sql}");
+        }
+        // The whole epoch as one batch of positions, in that order.
+        let all = epoch.rows(&positions.iter().map(|&i| i as u64).collect::<Vec<_>>())?;
+        let (ids, w) = (
+            all.column(0).as_primitive::<Int64Type>(),
+            all.column(1).as_primitive::<Int64Type>(),
+        );
+        for (k, &i) in positions.iter().enumerate() {
+            assert_eq!((ids.value(k), w.value(k)), fed[epoch_rows + i], "{sql}");
+        }
+        assert_eq!(epoch.rows(&[])?.num_rows(), 0);
+        let err = epoch.row(epoch_rows as u64).unwrap_err().to_string();
+        assert_contains(&err, &[&format!("the epoch has {epoch_rows} rows")]);
+    }
+    // The CLI's --rows prints the same rows.
+    let printed = crate::common::sqlfeed()
+        .args(["feed", &format!("SELECT id, v FROM {table}")])
+        .args(["--shuffle-seed", "11", "--shuffle-by-position"])
+        .args(["--device", "cpu", "--rows", "1:1998:5"])
+        .output()?;
+    let out = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        printed.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let epoch = Feed::builder(&s, format!("SELECT id, v FROM {table}"))
+        .shuffle(11)
+        .shuffle_by_position()
+        .device(Device::Cpu)
+        .dataset(1)?;
+    let last = epoch.rows(&[1998, 1999])?;
+    let ids = last.column(0).as_primitive::<Int64Type>();
+    let all: Vec<i64> = (0..2000).collect();
+    let order = defined_order(&all, 11, 1);
+    assert_eq!([ids.value(0), ids.value(1)], [order[1998], order[1999]]);
+    assert_contains(
+        &out,
+        &[
+            &format!("| {} ", ids.value(0)),
+            &format!("| {} ", ids.value(1)),
+            "2 rows",
+        ],
+    );
+    Ok(())
+}
+
+/// A file rewritten after an epoch by position was counted: reading one of
+/// its row groups would give other rows (or fail on a footer that moved),
+/// so the error names the file as changed and says to plan again, instead
+/// of giving a row of another rank or calling the file damaged.
+#[test]
+fn a_row_group_that_changed_since_it_was_counted_is_named() -> Result<()> {
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::Feed;
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 500, 100)?;
+    let s = session(2, 8192)?;
+    let epoch = Feed::builder(&s, format!("SELECT id FROM {table}"))
+        .shuffle(5)
+        .shuffle_by_position()
+        .device(Device::Cpu)
+        .dataset(0)?;
+    assert_eq!(epoch.len()?, 1000);
+    // The same files, rewritten with row groups of 30 rows.
+    let rewritten = tempfile::tempdir()?;
+    write_ids(rewritten.path(), 2, 500, 30)?;
+    for file in ["part-00.parquet", "part-01.parquet"] {
+        std::fs::copy(rewritten.path().join(file), dir.path().join(file))?;
+    }
+    let err = epoch
+        .rows(&(0..1000).collect::<Vec<_>>())
+        .unwrap_err()
+        .to_string();
+    assert_contains(
+        &err,
+        &[
+            "part-0",
+            "changed since the epoch was planned",
+            "plan the epoch again",
+        ],
+    );
+    Ok(())
+}

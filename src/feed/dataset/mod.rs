@@ -1,18 +1,24 @@
-//! [`EpochDataset`]: map-style access to one epoch of a windowed feed —
-//! row `i` of the epoch's order, and the epoch's length — for samplers and
-//! debugging (`feed.dataset()[i]` in Python).
+//! [`EpochDataset`]: map-style access to one epoch of a feed shuffled in
+//! windows or by position — row `i` of the epoch's order, and the epoch's
+//! length — for samplers and debugging (`feed.dataset()[i]` in Python).
 //!
 //! ```text
 //!  FeedBuilder::dataset(epoch)
-//!    the feed's query under SHUFFLE WINDOW (seed, epoch, n), planned with
-//!    the epoch's settings, on this machine
+//!    the feed's query under the epoch's SHUFFLE WINDOW (seed, epoch, n) or
+//!    SHUFFLE BY POSITION (seed, epoch), planned with the epoch's settings,
+//!    on this machine
 //!
-//!  len()    rows per window: the footers' (no filter), or each window's
-//!           filtered rows, counted once (the filter and the key's columns)
-//!  row(i)   window w holding position i (running sums of the sizes)
-//!             └─► window w's rows in its order: the query with its scan
-//!                 cut to w's row groups, shuffled; kept until another
-//!                 window is read
+//!  windows.rs    SHUFFLE WINDOW n
+//!    len()       rows per window: the footers' (no filter), or each
+//!                window's filtered rows, counted once
+//!    row(i)      window w holding position i ─► window w's rows in its
+//!                order (its scan, functions and shuffle); the last kept
+//!  positions.rs  SHUFFLE BY POSITION
+//!    len()       rows per row group: the footers' (no filter), or counted
+//!                once
+//!    row(i)      rank π(i) ─► its row group, read up to the shuffle and
+//!                kept with the last ones read ─► the functions above the
+//!                shuffle, on that row alone
 //! ```
 //!
 //! # The feed's rows
@@ -23,48 +29,62 @@
 //! query's, not converted to tensors.
 //!
 //! # Cost
-//! Reading row `i` reads its window: the window's scan, functions and
-//! shuffle. The last window read is kept, so reading in order reads each
-//! window once; memory holds one window. A windowed order is what makes a
-//! row cost one window; an exact `SHUFFLE`'s row would cost the epoch (and
-//! hold it), and an unshuffled feed's order interleaves partitions as its
-//! sink reads them: both are refused, saying what to do.
+//! A windowed row costs its window: the window's scan, functions and
+//! shuffle; the last window read is kept, so reading in order reads each
+//! window once, and memory holds one window. A row by position costs its
+//! row group's columns under the shuffle, then the functions above the
+//! shuffle for that row alone; the row groups read last are kept up to
+//! [`positions::HELD_BYTES`], so a batch of positions reads each of its
+//! row groups once. An exact `SHUFFLE` keyed by content is refused: its
+//! row would cost the epoch's shuffle (and hold it). So is an unshuffled
+//! feed, whose order interleaves partitions as its sink reads them; both
+//! are refused saying what to do.
 
-use std::sync::{Arc, Mutex};
+mod positions;
+mod windows;
+
+use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{exec_datafusion_err, plan_err};
 use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
-use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use futures::TryStreamExt;
 
 use super::on_runtime;
 use super::plan::{FeedOrder, FeedPlan};
-use crate::exec::lanes::ordered_partitions;
-use crate::shuffle::{shuffle, window_rows, with_only_window};
+use crate::shuffle::shuffle;
 
-/// One epoch of a windowed feed, by position; see the module docs.
+/// One epoch of a feed shuffled in windows or by position, map-style; see
+/// the module docs.
 pub struct EpochDataset {
     epoch: u64,
     /// Where its plans run; `None` once dropped.
     runtime: Option<tokio::runtime::Runtime>,
+    schema: SchemaRef,
+    order: Order,
+}
+
+/// How the epoch's rows are found.
+enum Order {
+    /// `SHUFFLE WINDOW n`: window by window.
+    Windows(windows::Windows),
+    /// `SHUFFLE BY POSITION`: row group by row group.
+    Positions(positions::Positions),
+}
+
+/// The epoch's query, as both orders read it.
+#[derive(Clone)]
+struct EpochQuery {
     /// The feed's session state with the epoch's settings and the embedded
     /// planner.
     state: SessionState,
-    /// The feed's query under the epoch's windowed shuffle.
+    /// The feed's query under the epoch's shuffle.
     query: LogicalPlan,
-    /// The feed's query, unshuffled: what counts its windows' rows.
+    /// The feed's query, unshuffled: what counts the rows its filters keep.
     rows: LogicalPlan,
-    schema: SchemaRef,
-    /// Rows per window, once counted.
-    window_rows: Mutex<Option<Arc<[u64]>>>,
-    /// The last window read: its number and rows, in order.
-    window: Mutex<Option<(usize, RecordBatch)>>,
 }
 
 impl std::fmt::Debug for EpochDataset {
@@ -76,23 +96,24 @@ impl std::fmt::Debug for EpochDataset {
 }
 
 impl EpochDataset {
-    /// Epoch `epoch` of `feed`, which must be shuffled in windows, read on
-    /// `runtime` (shut down when it is refused, or with the dataset).
+    /// Epoch `epoch` of `feed`, which must be shuffled in windows or by
+    /// position, read on `runtime` (shut down when it is refused, or with
+    /// the dataset).
     pub(super) fn try_new(
         feed: FeedPlan,
         epoch: u64,
         runtime: tokio::runtime::Runtime,
     ) -> Result<Self> {
         match Self::plan(feed, epoch, &runtime) {
-            Ok((state, query, rows)) => Ok(Self {
+            Ok((query, by_position)) => Ok(Self {
                 epoch,
                 runtime: Some(runtime),
-                schema: Arc::clone(query.schema().inner()),
-                state,
-                query,
-                rows,
-                window_rows: Mutex::default(),
-                window: Mutex::default(),
+                schema: Arc::clone(query.query.schema().inner()),
+                order: if by_position {
+                    Order::Positions(positions::Positions::new(query))
+                } else {
+                    Order::Windows(windows::Windows::new(query))
+                },
             }),
             Err(e) => {
                 // Without waiting (see `Drop`).
@@ -102,30 +123,33 @@ impl EpochDataset {
         }
     }
 
-    /// The epoch's query, the state it is planned in and the query
-    /// unshuffled.
+    /// The epoch's query, and whether it is shuffled by position.
     fn plan(
         feed: FeedPlan,
         epoch: u64,
         runtime: &tokio::runtime::Runtime,
-    ) -> Result<(SessionState, LogicalPlan, LogicalPlan)> {
-        let spec = match feed.order {
+    ) -> Result<(EpochQuery, bool)> {
+        let (spec, by_position) = match feed.order {
             FeedOrder::Shuffled {
                 window: Some(_), ..
-            } => feed.order.spec(epoch),
-            FeedOrder::Shuffled { window: None, .. } => {
+            } => (feed.order.spec(epoch), false),
+            FeedOrder::Shuffled {
+                window: None,
+                by_position: true,
+                ..
+            } => (feed.order.spec(epoch), true),
+            FeedOrder::Shuffled {
+                window: None,
+                by_position: false,
+                ..
+            } => {
                 return plan_err!(
-                    "reading rows by position (dataset(), --rows) reads an epoch a window at \
-                     a time, but this feed's SHUFFLE is exact: its row i would cost the whole \
-                     epoch's shuffle; shuffle with shuffle_window=n (--shuffle-window, \
-                     SHUFFLE WINDOW n)"
+                    "reading rows by position (dataset(), --rows) reads an epoch a window                      or a row group at a time, but this feed's SHUFFLE is exact and keyed by                      content: its row i would cost the whole epoch's shuffle; shuffle with                      shuffle_window=n (--shuffle-window, SHUFFLE WINDOW n), or exactly by                      file and row with shuffle_by_position=True (--shuffle-by-position,                      SHUFFLE BY POSITION)"
                 );
             }
             FeedOrder::Unshuffled { .. } => {
                 return plan_err!(
-                    "reading rows by position (dataset(), --rows) gives an epoch's order by \
-                     position, but this feed is not shuffled; shuffle it with shuffle_window=n \
-                     (--shuffle-window, SHUFFLE WINDOW n)"
+                    "reading rows by position (dataset(), --rows) gives an epoch's order by                      position, but this feed is not shuffled; shuffle it with shuffle_window=n                      (--shuffle-window, SHUFFLE WINDOW n) or shuffle_by_position=True                      (--shuffle-by-position)"
                 );
             }
         };
@@ -133,9 +157,7 @@ impl EpochDataset {
             // Its failing rows take the row before them in the sink, which
             // reads the epoch in order, not by position.
             return plan_err!(
-                "reading rows by position (dataset(), --rows) cannot follow this feed: it \
-                 quarantines failing rows (on_error=quarantine), whose slots take the rows \
-                 before them; use on_error=fail to look at rows by position"
+                "reading rows by position (dataset(), --rows) cannot follow this feed: it                  quarantines failing rows (on_error=quarantine), whose slots take the rows                  before them; use on_error=fail to look at rows by position"
             );
         }
         let session = feed.session.clone();
@@ -162,7 +184,7 @@ impl EpochDataset {
             .build();
         // Functions see the epoch's settings captured here.
         state.mark_start_execution();
-        Ok((state, query, rows))
+        Ok((EpochQuery { state, query, rows }, by_position))
     }
 
     fn runtime(&self) -> Result<&tokio::runtime::Runtime> {
@@ -183,7 +205,12 @@ impl EpochDataset {
 
     /// Rows in the epoch.
     pub fn len(&self) -> Result<u64> {
-        Ok(self.window_rows()?.iter().sum())
+        match &self.order {
+            Order::Windows(windows) => {
+                Ok(windows.window_rows(self.runtime()?)?.iter().sum())
+            }
+            Order::Positions(positions) => Ok(positions.len(self.runtime()?)?),
+        }
     }
 
     /// Whether the epoch has no rows.
@@ -191,117 +218,40 @@ impl EpochDataset {
         Ok(self.len()? == 0)
     }
 
-    /// Rows per window of the epoch, in order.
+    /// Rows per window of the epoch, in order; an error for an epoch
+    /// shuffled by position, which has no windows.
     pub fn window_rows(&self) -> Result<Arc<[u64]>> {
-        let mut counted = self
-            .window_rows
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if let Some(rows) = counted.as_ref() {
-            return Ok(Arc::clone(rows));
+        match &self.order {
+            Order::Windows(windows) => windows.window_rows(self.runtime()?),
+            Order::Positions(_) => plan_err!(
+                "epoch {} is shuffled by position (SHUFFLE BY POSITION), not in windows: it \
+                 has no windows; len() gives its rows",
+                self.epoch
+            ),
         }
-        let (state, query, unshuffled) =
-            (self.state.clone(), self.query.clone(), self.rows.clone());
-        let rows: Arc<[u64]> = on_runtime(self.runtime()?, async move {
-            let plan = state.create_physical_plan(&query).await?;
-            window_rows(&plan, &state, &unshuffled, &std::sync::OnceLock::new())
-                .await?
-                .ok_or_else(|| {
-                    exec_datafusion_err!(
-                        "a windowed epoch's plan has no WindowedShuffleExec"
-                    )
-                })
-        })?
-        .into();
-        *counted = Some(Arc::clone(&rows));
-        Ok(rows)
     }
 
     /// Row `position` of the epoch's order, as a batch of one row; an error
     /// past the end names the epoch's length.
     pub fn row(&self, position: u64) -> Result<RecordBatch> {
-        let rows = self.window_rows()?;
-        let mut start = 0u64;
-        let Some((window, offset)) = rows.iter().enumerate().find_map(|(w, &n)| {
-            let found = position
-                .checked_sub(start)
-                .filter(|offset| *offset < n)
-                .map(|offset| (w, offset));
-            start += n;
-            found
-        }) else {
-            let len: u64 = rows.iter().sum();
-            return plan_err!(
-                "row {position} of epoch {} is past its end: the epoch has {len} rows \
-                 (positions 0..{len})",
-                self.epoch
-            );
-        };
-        let batch = self.window(window)?;
-        let offset = usize::try_from(offset).map_err(|_| {
-            exec_datafusion_err!("a window of more rows than memory holds")
-        })?;
-        if offset >= batch.num_rows() {
-            return Err(exec_datafusion_err!(
-                "window {window} of epoch {} gave {} rows where it was counted {}: did the \
-                 data change while it was read?",
-                self.epoch,
-                batch.num_rows(),
-                rows[window]
-            ));
+        match &self.order {
+            Order::Windows(windows) => windows.row(self.runtime()?, self.epoch, position),
+            Order::Positions(positions) => {
+                positions.rows(self.runtime()?, self.epoch, &[position])
+            }
         }
-        Ok(batch.slice(offset, 1))
     }
 
     /// Rows `positions` of the epoch's order, in the order given, as one
-    /// batch (a sampler's batch of positions). The rows are read window by
-    /// window, so each window they fall in is read once.
+    /// batch (a sampler's batch of positions). Each window, or row group,
+    /// they fall in is read once.
     pub fn rows(&self, positions: &[u64]) -> Result<RecordBatch> {
-        let mut by_window: Vec<(u64, usize)> = positions
-            .iter()
-            .enumerate()
-            .map(|(slot, &position)| (position, slot))
-            .collect();
-        by_window.sort_unstable();
-        let mut rows: Vec<Option<RecordBatch>> = vec![None; positions.len()];
-        for (position, slot) in by_window {
-            rows[slot] = Some(self.row(position)?);
+        match &self.order {
+            Order::Windows(windows) => {
+                windows.rows(self.runtime()?, self.epoch, positions, &self.schema)
+            }
+            Order::Positions(rows) => rows.rows(self.runtime()?, self.epoch, positions),
         }
-        let rows: Vec<RecordBatch> = rows.into_iter().flatten().collect();
-        match rows.first() {
-            Some(first) => Ok(concat_batches(&first.schema(), &rows)?),
-            None => Ok(RecordBatch::new_empty(Arc::clone(&self.schema))),
-        }
-    }
-
-    /// Window `window`'s rows in order, read unless it is the last one read.
-    fn window(&self, window: usize) -> Result<RecordBatch> {
-        let mut kept = self
-            .window
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if let Some((read, batch)) = kept.as_ref()
-            && *read == window
-        {
-            return Ok(batch.clone());
-        }
-        // The last window read goes first: memory holds one.
-        *kept = None;
-        let state = self.state.clone();
-        let query = with_only_window(self.query.clone(), window as u64)?;
-        let batch = on_runtime(self.runtime()?, async move {
-            let plan = state.create_physical_plan(&query).await?;
-            let schema = plan.schema();
-            let ctx = Arc::new(TaskContext::from(&state));
-            // Partitions read as the feed's sink reads them.
-            let turn_rows = ctx.session_config().batch_size();
-            let batches: Vec<RecordBatch> = ordered_partitions(&plan, ctx, turn_rows)?
-                .try_collect()
-                .await?;
-            Ok(concat_batches(&schema, &batches)?)
-        })?;
-        *kept = Some((window, batch.clone()));
-        Ok(batch)
     }
 }
 

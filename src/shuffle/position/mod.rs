@@ -75,8 +75,10 @@
 mod canonical;
 mod exec;
 mod permutation;
+mod ranks;
 mod scan_position;
 
 pub use exec::PositionShuffleExec;
 pub use permutation::IndexPermutation;
+pub use ranks::RankedRowGroups;
 pub(crate) use scan_position::with_positions;

@@ -1,0 +1,249 @@
+//! Rows of an epoch shuffled by position (`SHUFFLE BY POSITION`), by
+//! position: row `i` is the row of canonical rank `π(i)`, read with its row
+//! group up to the shuffle, then through what the query computes above the
+//! shuffle, alone.
+//!
+//! ```text
+//!  the epoch's plan:   above (late functions) ─► PositionShuffleExec ─► input
+//!  positions i, j, …   ─► ranks π(i), π(j), …   (IndexPermutation, no read)
+//!                      ─► their row groups      (RankedRowGroups, counted once)
+//!                      ─► each row group read once, or found among those kept
+//!                      ─► the rows gathered in the order asked
+//!                      ─► above, over a memory source of those rows in place
+//!                         of the shuffle
+//! ```
+//!
+//! # Memory
+//! The row groups read last are kept (their rows as the shuffle holds them)
+//! up to [`HELD_BYTES`], the oldest dropped first; the last one read is
+//! always kept. A batch of positions holds the row groups it falls in while
+//! it is gathered.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::{concat_batches, interleave_record_batch};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_datafusion_err, internal_err, plan_err};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::EpochQuery;
+use crate::feed::on_runtime;
+use crate::shuffle::{IndexPermutation, PositionShuffleExec, RankedRowGroups};
+
+/// Bytes of row groups kept for the next positions.
+pub(crate) const HELD_BYTES: usize = 256 << 20;
+
+/// One epoch shuffled by position; see the module docs.
+pub(super) struct Positions {
+    query: EpochQuery,
+    /// The epoch's plan and its ranks, once planned and counted.
+    planned: Mutex<Option<Arc<Planned>>>,
+    /// Row groups read, the last read at the back: (number, rows).
+    held: Mutex<VecDeque<(usize, RecordBatch)>>,
+}
+
+/// The epoch's physical plan with what places a position in it.
+struct Planned {
+    plan: Arc<dyn ExecutionPlan>,
+    /// The plan's `PositionShuffleExec`.
+    shuffle: Arc<dyn ExecutionPlan>,
+    permutation: IndexPermutation,
+    groups: RankedRowGroups,
+}
+
+impl Positions {
+    pub(super) fn new(query: EpochQuery) -> Self {
+        Self {
+            query,
+            planned: Mutex::default(),
+            held: Mutex::default(),
+        }
+    }
+
+    /// Rows in the epoch.
+    pub(super) fn len(&self, runtime: &tokio::runtime::Runtime) -> Result<u64> {
+        Ok(self.planned(runtime)?.groups.len())
+    }
+
+    /// The epoch planned and its row groups counted, once.
+    fn planned(&self, runtime: &tokio::runtime::Runtime) -> Result<Arc<Planned>> {
+        let mut planned = self
+            .planned
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(planned) = planned.as_ref() {
+            return Ok(Arc::clone(planned));
+        }
+        let EpochQuery { state, query, rows } = self.query.clone();
+        let made = on_runtime(runtime, async move {
+            let plan = state.create_physical_plan(&query).await?;
+            let mut found = None;
+            plan.apply(|node| {
+                if node.downcast_ref::<PositionShuffleExec>().is_some() {
+                    found = Some(Arc::clone(node));
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+            let shuffle = found.ok_or_else(|| {
+                internal_datafusion_err!(
+                    "an epoch by position without a PositionShuffleExec"
+                )
+            })?;
+            let exec = shuffle
+                .downcast_ref::<PositionShuffleExec>()
+                .ok_or_else(|| internal_datafusion_err!("not a PositionShuffleExec"))?;
+            let (seed, epoch) = exec.seed_and_epoch();
+            let groups = RankedRowGroups::read(exec, &state, &rows).await?;
+            Ok(Planned {
+                permutation: IndexPermutation::new(groups.len(), seed, epoch),
+                plan,
+                shuffle,
+                groups,
+            })
+        })?;
+        let made = Arc::new(made);
+        *planned = Some(Arc::clone(&made));
+        Ok(made)
+    }
+
+    /// Rows `positions` of epoch `epoch`'s order, in the order given, as one
+    /// batch; an error past the end names the epoch's length.
+    pub(super) fn rows(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        epoch: u64,
+        positions: &[u64],
+    ) -> Result<RecordBatch> {
+        let planned = self.planned(runtime)?;
+        let len = planned.groups.len();
+        let mut places = Vec::with_capacity(positions.len());
+        for &position in positions {
+            if position >= len {
+                return plan_err!(
+                    "row {position} of epoch {epoch} is past its end: the epoch has {len} \
+                     rows (positions 0..{len})"
+                );
+            }
+            let rank = planned.permutation.at(position);
+            let place = planned.groups.locate(rank).ok_or_else(|| {
+                internal_datafusion_err!("rank {rank} of {len} is in no row group")
+            })?;
+            places.push(place);
+        }
+        let mut wanted: Vec<usize> = places.iter().map(|&(group, _)| group).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut read = Vec::with_capacity(wanted.len());
+        for &group in &wanted {
+            read.push(self.group(runtime, &planned, group)?);
+        }
+        let mut indices = Vec::with_capacity(places.len());
+        for (group, offset) in places {
+            let at = wanted.binary_search(&group).map_err(|_| {
+                internal_datafusion_err!("row group {group} was not read")
+            })?;
+            let offset = usize::try_from(offset)
+                .ok()
+                .filter(|&offset| offset < read[at].num_rows())
+                .ok_or_else(|| {
+                    internal_datafusion_err!("row {offset} of a row group read shorter")
+                })?;
+            indices.push((at, offset));
+        }
+        let schema = planned.shuffle.schema();
+        let gathered = if indices.is_empty() {
+            RecordBatch::new_empty(Arc::clone(&schema))
+        } else {
+            let batches: Vec<&RecordBatch> = read.iter().collect();
+            let gathered = interleave_record_batch(&batches, &indices)?;
+            // As the shuffle gives them: its schema, not its input's.
+            RecordBatch::try_new_with_options(
+                schema,
+                gathered.columns().to_vec(),
+                &RecordBatchOptions::new().with_row_count(Some(gathered.num_rows())),
+            )?
+        };
+        let state = self.query.state.clone();
+        on_runtime(
+            runtime,
+            async move { above(&planned, &state, gathered).await },
+        )
+    }
+
+    /// Row group `group`'s rows as the shuffle holds them, read unless kept.
+    fn group(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        planned: &Arc<Planned>,
+        group: usize,
+    ) -> Result<RecordBatch> {
+        let mut held = self
+            .held
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(at) = held.iter().position(|(number, _)| *number == group) {
+            // Read again: the last to go.
+            if let Some(entry) = held.remove(at) {
+                let rows = entry.1.clone();
+                held.push_back(entry);
+                return Ok(rows);
+            }
+        }
+        let reading = Arc::clone(planned);
+        let ctx = Arc::new(TaskContext::from(&self.query.state));
+        let rows = on_runtime(runtime, async move {
+            reading.groups.read_group(group, ctx).await
+        })?;
+        held.push_back((group, rows.clone()));
+        let mut bytes: usize = held.iter().map(|(_, b)| b.get_array_memory_size()).sum();
+        while bytes > HELD_BYTES && held.len() > 1 {
+            if let Some((_, oldest)) = held.pop_front() {
+                bytes -= oldest.get_array_memory_size();
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// `rows` (as the shuffle gives them) through what the epoch's plan
+/// computes above its shuffle: the plan with the shuffle replaced by a
+/// memory source of those rows.
+async fn above(
+    planned: &Planned,
+    state: &datafusion::execution::context::SessionState,
+    rows: RecordBatch,
+) -> Result<RecordBatch> {
+    let source: Arc<dyn ExecutionPlan> = MemorySourceConfig::try_new_exec(
+        &[vec![rows.clone()]],
+        planned.shuffle.schema(),
+        None,
+    )?;
+    let plan = Arc::clone(&planned.plan)
+        .transform_down(|node| {
+            Ok(if Arc::ptr_eq(&node, &planned.shuffle) {
+                Transformed::new(Arc::clone(&source), true, TreeNodeRecursion::Jump)
+            } else {
+                Transformed::no(node)
+            })
+        })?
+        .data;
+    let schema = plan.schema();
+    let batches =
+        datafusion::physical_plan::collect(plan, Arc::new(TaskContext::from(state)))
+            .await?;
+    let out = concat_batches(&schema, &batches)?;
+    if out.num_rows() != rows.num_rows() {
+        return internal_err!(
+            "{} rows by position gave {} rows above the shuffle",
+            rows.num_rows(),
+            out.num_rows()
+        );
+    }
+    Ok(out)
+}

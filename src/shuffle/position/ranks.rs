@@ -1,0 +1,238 @@
+//! The rows of a `SHUFFLE BY POSITION` by canonical rank, one row group at a
+//! time: what map-style access to an epoch (`crate::feed::EpochDataset`)
+//! reads to give row `i` instead of the epoch.
+//!
+//! ```text
+//!  PositionShuffleExec's input ──► its one Parquet scan ──► the footers
+//!    row groups in (file path, row group) order: the order of the ranks
+//!    rows per row group: the footers' (nothing drops rows), or the rows
+//!      the query's filters keep, counted once per file and bucket of rows
+//!  rank r ──► row group g holding it (running sums of the rows)
+//!         ──► the input with its scan cut to g ──► g's rows by row index
+//!         ──► row r − (ranks before g)
+//! ```
+//!
+//! # Why it gives the shuffle's ranks
+//! [`super::PositionShuffleExec`] ranks the rows that reach it by (file
+//! path, row index in the file). Row groups of one file hold rising row
+//! indexes, and files are ranked by the path the object store names, as
+//! [`ScanLayout`] sorts them: so the ranks of row group `g` are the rows
+//! that reach the shuffle from the row groups before it, onwards, in row
+//! index order. A row group read here is the shuffle's own input (scan,
+//! filters, projections below the shuffle) with the scan cut to that row
+//! group's byte range, the same cut a windowed shuffle's window makes.
+//!
+//! # When the data changed
+//! A file whose size or last change differs from the listing's (rewritten
+//! since the epoch was planned) is an error naming it, before its row group
+//! is read; so is a row group that gives another number of rows than it was
+//! counted at. Never a row of another rank.
+//!
+//! # Cost and memory
+//! Placing a rank reads nothing; reading its row group reads that row
+//! group's columns under the shuffle (its scan and what is computed below
+//! the shuffle). The caller keeps the row groups it wants to read again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
+use datafusion::arrow::datatypes::Int64Type;
+use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
+
+use object_store::ObjectStoreExt;
+
+use super::PositionShuffleExec;
+use crate::shuffle::window_units::{ScanLayout, Unit};
+use crate::shuffle::windowed::{
+    count_rows_by_bucket, drops_rows, replace_scan, windowable_scan,
+};
+
+/// A position shuffle's input, placed row group by row group in rank order;
+/// see the module docs.
+#[derive(Debug)]
+pub struct RankedRowGroups {
+    /// The shuffle's input: its rows, then each row's file and row index.
+    input: Arc<dyn ExecutionPlan>,
+    /// The input's one Parquet scan and its configuration.
+    scan: Arc<dyn ExecutionPlan>,
+    config: FileScanConfig,
+    layout: ScanLayout,
+    /// The row groups in rank order.
+    units: Vec<Unit>,
+    /// `starts[k]`: the rank of row group `k`'s first row; one more entry,
+    /// the rows in all.
+    starts: Vec<u64>,
+}
+
+impl RankedRowGroups {
+    /// The row groups of `shuffle`'s input in rank order, with their rows:
+    /// from the footers when nothing under the shuffle drops rows, else
+    /// counted once by a query over `rows` (the query the shuffle orders,
+    /// planned in `state`) that reads only what its filters read.
+    pub async fn read(
+        shuffle: &PositionShuffleExec,
+        state: &SessionState,
+        rows: &LogicalPlan,
+    ) -> Result<Self> {
+        let input = Arc::clone(shuffle.input());
+        let (scan, config) = windowable_scan(&input).map_err(|why| {
+            exec_datafusion_err!(
+                "reading rows of a SHUFFLE BY POSITION by position reads its Parquet row \
+                 groups one at a time, but the query {why}; iterate the feed instead"
+            )
+        })?;
+        let layout = ScanLayout::read(&config, state.runtime_env()).await?;
+        let units = layout.units();
+        let counts: Vec<u64> = if drops_rows(&input)? {
+            let grain = layout.grain();
+            let buckets: HashMap<(String, u64), u64> =
+                count_rows_by_bucket(state, rows.clone(), grain).await?;
+            let one_each: Vec<Vec<Unit>> = units.iter().map(|&u| vec![u]).collect();
+            layout.counted_windows(&one_each, &buckets)
+        } else {
+            units.iter().map(|unit| unit.rows).collect()
+        };
+        let mut starts = Vec::with_capacity(counts.len() + 1);
+        let mut start = 0u64;
+        starts.push(start);
+        for rows in counts {
+            start += rows;
+            starts.push(start);
+        }
+        Ok(Self {
+            input,
+            scan,
+            config,
+            layout,
+            units,
+            starts,
+        })
+    }
+
+    /// Rows that reach the shuffle: the epoch's length.
+    pub fn len(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// Whether no row reaches the shuffle.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The row group holding rank `rank` (its number in rank order) and the
+    /// rank's offset in it; `None` past the last rank.
+    pub fn locate(&self, rank: u64) -> Option<(usize, u64)> {
+        locate(&self.starts, rank)
+    }
+
+    /// Row group `group`'s rows (in rank order) as the shuffle holds them:
+    /// without the two position columns.
+    pub async fn read_group(
+        &self,
+        group: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<RecordBatch> {
+        let Some(&unit) = self.units.get(group) else {
+            return internal_err!("row group {group} of a position shuffle's input");
+        };
+        let file = self.layout.location(unit.file);
+        // The scan reads the footer at the listed size: a file rewritten
+        // since would read as damaged, so it is named as changed first.
+        if let Some(listed) = self.layout.file_meta(unit.file) {
+            let store = ctx
+                .runtime_env()
+                .object_store(&self.config.object_store_url)?;
+            let now = store.head(&listed.location).await?;
+            if (now.size, now.last_modified) != (listed.size, listed.last_modified) {
+                return plan_err!(
+                    "{file} changed since the epoch was planned (it had {} bytes, changed \
+                     {}; now {} bytes, changed {}): its rows by position would be another \
+                     file's; plan the epoch again (dataset(epoch))",
+                    listed.size,
+                    listed.last_modified,
+                    now.size,
+                    now.last_modified
+                );
+            }
+        }
+        let cut = self.layout.scan(&self.config, &[unit]);
+        let input = replace_scan(Arc::clone(&self.input), &self.scan, cut)?;
+        let schema = input.schema();
+        let batches = datafusion::physical_plan::collect(input, ctx).await?;
+        let all = concat_batches(&schema, &batches)?;
+        let columns = all.num_columns();
+        let Some(row_column) = columns.checked_sub(1) else {
+            return internal_err!("a position shuffle's input without columns");
+        };
+        let rows = all
+            .column(row_column)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| exec_datafusion_err!("the row column is not Int64"))?;
+        let order = sort_to_indices(rows, None, None)?;
+        let sorted = take_record_batch(&all, &order)?;
+        let sorted_rows = sorted.column(row_column).as_primitive::<Int64Type>();
+        if let Some(pair) = sorted_rows.values().windows(2).find(|w| w[0] == w[1]) {
+            return exec_err!(
+                "SHUFFLE BY POSITION: row {} of {file} reached the shuffle twice",
+                pair[0]
+            );
+        }
+        let counted = self.starts[group + 1] - self.starts[group];
+        if sorted.num_rows() as u64 != counted {
+            return plan_err!(
+                "row group {} of {file} gave {} rows where it was counted at {counted}: did \
+                 the file change since the epoch was planned? Plan it again",
+                unit.row_group,
+                sorted.num_rows()
+            );
+        }
+        let kept: Vec<usize> = (0..columns - 2).collect();
+        Ok(RecordBatch::try_new_with_options(
+            Arc::new(sorted.schema().project(&kept)?),
+            kept.iter().map(|&c| Arc::clone(sorted.column(c))).collect(),
+            &RecordBatchOptions::new().with_row_count(Some(sorted.num_rows())),
+        )?)
+    }
+}
+
+/// The group of running sums `starts` (the first rank of each group, then
+/// the rows in all) that holds `rank`, and the rank's offset in it.
+fn locate(starts: &[u64], rank: u64) -> Option<(usize, u64)> {
+    if rank >= starts.last().copied().unwrap_or(0) {
+        return None;
+    }
+    // The last group starting at or before `rank`: an empty group starts
+    // where the next one does, so it is never the one found.
+    let group = starts.partition_point(|&start| start <= rank) - 1;
+    Some((group, rank - starts[group]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::locate;
+
+    /// `locate` over running sums with empty row groups: ranks land in the
+    /// group that holds them, never in an empty one, and none past the end.
+    #[test]
+    fn ranks_are_placed_in_the_row_group_that_holds_them() {
+        let starts = [0u64, 3, 3, 5, 5, 9];
+        let locate = |rank| locate(&starts, rank);
+        assert_eq!(locate(0), Some((0, 0)));
+        assert_eq!(locate(2), Some((0, 2)));
+        assert_eq!(locate(3), Some((2, 0)));
+        assert_eq!(locate(4), Some((2, 1)));
+        assert_eq!(locate(5), Some((4, 0)));
+        assert_eq!(locate(8), Some((4, 3)));
+        assert_eq!(locate(9), None);
+        assert_eq!(super::locate(&[0], 0), None, "no rows");
+        assert_eq!(super::locate(&[0, 0, 2], 0), Some((1, 0)));
+    }
+}
