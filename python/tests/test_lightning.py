@@ -16,8 +16,9 @@ STEPS = 16
 
 
 def _feed(session, ids_data, kind="shuffled", **options):
-    """A feed of the 1000 ids, shuffled by the feed or (``kind="mixture"``)
-    drawn 3:1 from two halves by a ``MIX`` that takes the feed's epoch."""
+    """A feed of the 1000 ids, shuffled by the feed (by content, or by file
+    and row with ``kind="by_position"``) or (``kind="mixture"``) drawn 3:1
+    from two halves by a ``MIX`` that takes the feed's epoch."""
     files = f"'{ids_data}/*.parquet'"
     if kind == "mixture":
         query = (
@@ -25,6 +26,9 @@ def _feed(session, ids_data, kind="shuffled", **options):
             f"(SELECT id FROM {files} WHERE id >= 500) AS high WEIGHT 1 ROWS 1000)"
         )
         defaults = dict(batch_size=BATCH, device="cpu")
+    elif kind == "by_position":
+        query = f"SELECT id FROM {files}"
+        defaults = dict(batch_size=BATCH, shuffle=7, shuffle_by_position=True, device="cpu")
     else:
         query = f"SELECT id FROM {files}"
         defaults = dict(batch_size=BATCH, shuffle=7, device="cpu")
@@ -80,7 +84,7 @@ def _trainer(lightning, tmp_path, **options):
     return lightning.Trainer(**dict(defaults, **options))
 
 
-@pytest.mark.parametrize("kind", ["shuffled", "mixture"])
+@pytest.mark.parametrize("kind", ["shuffled", "by_position", "mixture"])
 @pytest.mark.parametrize("set_epoch", [False, True], ids=["position", "set_epoch"])
 def test_lightning_trains_every_epoch_whole(session, ids_data, tmp_path, set_epoch, kind):
     torch = require("torch", "torch")
@@ -106,7 +110,7 @@ def test_lightning_trains_every_epoch_whole(session, ids_data, tmp_path, set_epo
     assert f'<p id="verdict">{verdict}</p>' in page.read_text()
 
 
-@pytest.mark.parametrize("kind", ["shuffled", "mixture"])
+@pytest.mark.parametrize("kind", ["shuffled", "by_position", "mixture"])
 def test_lightning_resumes_mid_epoch_from_its_own_checkpoint(session, ids_data, tmp_path, kind):
     """Lightning's fault-tolerant path: a run that checkpoints every 21 steps
     (a stateful loader's state_dict is in the checkpoint) is resumed from the
@@ -156,14 +160,15 @@ def test_lightning_resumes_mid_epoch_from_its_own_checkpoint(session, ids_data, 
     assert resumed.seen == {1: reference[1][5:], 2: reference[2]}
 
 
-def test_stateful_dataloader_state_at_an_epoch_end_is_the_next_epoch(session, ids_data):
+@pytest.mark.parametrize("kind", ["shuffled", "by_position"])
+def test_stateful_dataloader_state_at_an_epoch_end_is_the_next_epoch(session, ids_data, kind):
     torch = require("torch", "torch")
     stateful = require("torchdata.stateful_dataloader", "torchdata")
     from sqlfeed.torch import FeedDataset
 
-    reference = _reference(session, ids_data, 3)
+    reference = _reference(session, ids_data, 3, kind)
     loader = stateful.StatefulDataLoader(
-        FeedDataset(_feed(session, ids_data)), batch_size=None, num_workers=0
+        FeedDataset(_feed(session, ids_data, kind)), batch_size=None, num_workers=0
     )
     assert len(loader) == STEPS
     epoch0 = [b["id"].tolist() for b in loader]
@@ -173,7 +178,7 @@ def test_stateful_dataloader_state_at_an_epoch_end_is_the_next_epoch(session, id
     # A new process's loader from the mid-epoch state: the rest of epoch 1,
     # then epoch 2 whole.
     again = stateful.StatefulDataLoader(
-        FeedDataset(_feed(session, ids_data)), batch_size=None, num_workers=0
+        FeedDataset(_feed(session, ids_data, kind)), batch_size=None, num_workers=0
     )
     again.load_state_dict(state)
     rest = [b["id"].tolist() for b in again]
@@ -181,19 +186,20 @@ def test_stateful_dataloader_state_at_an_epoch_end_is_the_next_epoch(session, id
     # At the end of epoch 1 the state is epoch 2's start.
     at_end = again.state_dict()
     third = stateful.StatefulDataLoader(
-        FeedDataset(_feed(session, ids_data)), batch_size=None, num_workers=0
+        FeedDataset(_feed(session, ids_data, kind)), batch_size=None, num_workers=0
     )
     third.load_state_dict(at_end)
     assert [b["id"].tolist() for b in third] == reference[2]
     assert torch.utils.data.get_worker_info() is None
 
 
-def test_loops_that_stop_at_len_batches_see_every_epoch(session, ids_data):
+@pytest.mark.parametrize("kind", ["shuffled", "by_position"])
+def test_loops_that_stop_at_len_batches_see_every_epoch(session, ids_data, kind):
     """``zip(range(len(feed)), feed)`` and ``islice`` never ask for the batch
     after the last: the position after it is already the next epoch."""
     require("torch", "torch")
-    reference = _reference(session, ids_data, 4)
-    feed = _feed(session, ids_data)
+    reference = _reference(session, ids_data, 4, kind)
+    feed = _feed(session, ids_data, kind)
     n = len(feed)
     assert n == STEPS
     seen = []
