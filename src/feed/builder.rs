@@ -860,7 +860,10 @@ impl FeedBuilder {
     pub fn dataset(&self, epoch: u64) -> Result<super::EpochDataset> {
         self.validate()?;
         // The dataset's own runtime, which also resolves the options.
-        let runtime = planning_runtime(2, "sqlfeed-dataset")?;
+        // As many threads as cores: a window or a batch of row groups is
+        // read by as many partitions as the session has.
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let runtime = planning_runtime(cores.max(2), "sqlfeed-dataset")?;
         match self.clone().resolve(&runtime, FeedRows::Query) {
             Ok((plan, _)) => super::EpochDataset::try_new(plan, epoch, runtime),
             Err(e) => {

@@ -30,6 +30,7 @@ use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
+use futures::{StreamExt, TryStreamExt};
 
 use super::EpochQuery;
 use crate::feed::on_runtime;
@@ -139,10 +140,7 @@ impl Positions {
         let mut wanted: Vec<usize> = places.iter().map(|&(group, _)| group).collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let mut read = Vec::with_capacity(wanted.len());
-        for &group in &wanted {
-            read.push(self.group(runtime, &planned, group)?);
-        }
+        let read = self.groups(runtime, &planned, &wanted)?;
         let mut indices = Vec::with_capacity(places.len());
         for (group, offset) in places {
             let at = wanted.binary_search(&group).map_err(|_| {
@@ -176,38 +174,77 @@ impl Positions {
         )
     }
 
-    /// Row group `group`'s rows as the shuffle holds them, read unless kept.
-    fn group(
+    /// Row groups `wanted`'s rows as the shuffle holds them, in that order:
+    /// those kept from earlier reads, and the others read at once, as many
+    /// at a time as the session has target partitions.
+    fn groups(
         &self,
         runtime: &tokio::runtime::Runtime,
         planned: &Arc<Planned>,
-        group: usize,
-    ) -> Result<RecordBatch> {
+        wanted: &[usize],
+    ) -> Result<Vec<RecordBatch>> {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(|poison| poison.into_inner());
-        if let Some(at) = held.iter().position(|(number, _)| *number == group) {
-            // Read again: the last to go.
-            if let Some(entry) = held.remove(at) {
+        let mut found: Vec<Option<RecordBatch>> = wanted
+            .iter()
+            .map(|group| {
+                let at = held.iter().position(|(number, _)| number == group)?;
+                // Asked for again: the last to go.
+                let entry = held.remove(at)?;
                 let rows = entry.1.clone();
                 held.push_back(entry);
-                return Ok(rows);
+                Some(rows)
+            })
+            .collect();
+        let missing: Vec<(usize, usize)> = found
+            .iter()
+            .enumerate()
+            .filter(|(_, rows)| rows.is_none())
+            .map(|(slot, _)| (slot, wanted[slot]))
+            .collect();
+        if !missing.is_empty() {
+            let reading = Arc::clone(planned);
+            let ctx = Arc::new(TaskContext::from(&self.query.state));
+            let at_once = ctx.session_config().target_partitions().max(1);
+            let read: Vec<(usize, usize, RecordBatch)> =
+                on_runtime(runtime, async move {
+                    futures::stream::iter(missing.into_iter().map(|(slot, group)| {
+                        let reading = Arc::clone(&reading);
+                        let ctx = Arc::clone(&ctx);
+                        async move {
+                            let rows = reading.groups.read_group(group, ctx).await?;
+                            Ok::<_, datafusion::error::DataFusionError>((
+                                slot, group, rows,
+                            ))
+                        }
+                    }))
+                    .buffer_unordered(at_once)
+                    .try_collect()
+                    .await
+                })?;
+            for (slot, group, rows) in read {
+                held.push_back((group, rows.clone()));
+                found[slot] = Some(rows);
+            }
+            let mut bytes: usize =
+                held.iter().map(|(_, b)| b.get_array_memory_size()).sum();
+            while bytes > HELD_BYTES && held.len() > 1 {
+                if let Some((_, oldest)) = held.pop_front() {
+                    bytes -= oldest.get_array_memory_size();
+                }
             }
         }
-        let reading = Arc::clone(planned);
-        let ctx = Arc::new(TaskContext::from(&self.query.state));
-        let rows = on_runtime(runtime, async move {
-            reading.groups.read_group(group, ctx).await
-        })?;
-        held.push_back((group, rows.clone()));
-        let mut bytes: usize = held.iter().map(|(_, b)| b.get_array_memory_size()).sum();
-        while bytes > HELD_BYTES && held.len() > 1 {
-            if let Some((_, oldest)) = held.pop_front() {
-                bytes -= oldest.get_array_memory_size();
-            }
-        }
-        Ok(rows)
+        found
+            .into_iter()
+            .zip(wanted)
+            .map(|(rows, group)| {
+                rows.ok_or_else(|| {
+                    internal_datafusion_err!("row group {group} was not read")
+                })
+            })
+            .collect()
     }
 }
 
