@@ -12,7 +12,10 @@
 # unshuffled feed is the floor: one plain scan of the columns the feed
 # reads, with the same conversion. `digests` hashes every batch: equal
 # across rounds of one case (the orders are pure functions of the data and
-# seed), different between the cases. Needs a release build.
+# seed), different between the cases. With STEP_MS=n each batch is
+# followed by a simulated training step of n ms, and `wait_pct` is the share
+# of the run after the first batch that the loop waited for batches: with
+# EPOCHS=2, what the epoch boundary costs. Needs a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -26,7 +29,10 @@ timing=$(mktemp)
 out=$(mktemp)
 trap 'rm -f "$timing" "$out"' EXIT
 
-printf '%-9s %-10s %-6s %8s %9s %12s %14s\n' rows case round ttfb_s epoch_s peak_rss_mb digests
+step_ms=${STEP_MS:-}
+printf '%-9s %-10s %-6s %8s %9s %12s %14s' rows case round ttfb_s epoch_s peak_rss_mb digests
+[[ -z $step_ms ]] || printf ' %9s' wait_pct
+printf '\n'
 for rows in "${sizes[@]}"; do
   data=target/bench-epochs/unique-$rows
   if [[ ! -f $data/done ]]; then
@@ -41,12 +47,19 @@ for rows in "${sizes[@]}"; do
         position) flags+=(--shuffle-by-position) ;;
         scan) flags=() ;;
       esac
+      [[ -z $step_ms ]] || flags+=(--step-ms "$step_ms")
       /usr/bin/time -f "%M" -o "$timing" "$bin" feed "$sql" "${flags[@]}" \
         --epochs "$epochs" --batch-size 4096 --device cpu --result-json --digest \
         >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
       read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")
-      printf '%-9s %-10s %-6s %8s %9s %12.0f %14s\n' "$rows" "$case" "$round" "$ttfb" \
+      printf '%-9s %-10s %-6s %8s %9s %12.0f %14s' "$rows" "$case" "$round" "$ttfb" \
         "$epoch" "$(echo "$(tail -1 "$timing") / 1024" | bc -l)" "$digests"
+      if [[ -n $step_ms ]]; then
+        printf ' %9s' "$(python3 -c 'import json, sys
+line = next(l for l in open(sys.argv[1]) if l.startswith("RESULT "))
+print("%.3f" % (100 * json.loads(line[7:])["wait_frac_steady"]))' "$out")"
+      fi
+      printf '\n'
     done
   done
 done
