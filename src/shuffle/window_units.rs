@@ -101,8 +101,9 @@ impl ScanLayout {
                     .await
                     .map_err(|e| {
                         DataFusionError::Execution(format!(
-                            "SHUFFLE WINDOW cannot read the footer of {}: {e}; check the \
-                             file, or shuffle with SHUFFLE",
+                            "cannot read the footer of {}, which places its rows in row \
+                             groups (for SHUFFLE WINDOW, or rows of an epoch by position): \
+                             {e}; check the file, or shuffle with SHUFFLE",
                             file.object_meta.location
                         ))
                     })?;

@@ -364,17 +364,41 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
 /// it says what it has. The CLI's `--rows` prints the same rows.
 #[test]
 fn a_feed_by_position_gives_row_i_of_an_epoch_by_position() -> Result<()> {
-    use datafusion::arrow::array::AsArray;
-    use datafusion::arrow::datatypes::Int64Type;
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::datatypes::{Float32Type, Int64Type};
     use sqlfeed::device::Device;
     use sqlfeed::feed::Feed;
+    // Where a one-hot vector holds its 1.
+    fn hot(vector: &[f32]) -> i64 {
+        vector.iter().position(|&x| x == 1.0).map_or(-1, |at| at as i64)
+    }
+    fn hot_at(column: &dyn Array, row: usize) -> i64 {
+        let vector = column.as_fixed_size_list().value(row);
+        hot(vector.as_primitive::<Float32Type>().values())
+    }
     let dir = tempfile::tempdir()?;
     let table = write_ids(dir.path(), 4, 500, 100)?;
     let s = session(2, 8192)?;
     for sql in [
-        format!("SELECT id, v * 10 AS w FROM {table}"),
-        format!("SELECT id, v * 10 AS w FROM {table} WHERE v <> 3"),
+        format!("SELECT id, one_hot(v, 7) AS w FROM {table}"),
+        format!("SELECT id, one_hot(v, 7) AS w FROM {table} WHERE v <> 3"),
+        // Row group 1 of the first file keeps no row.
+        format!("SELECT id, one_hot(v, 7) AS w FROM {table} WHERE id < 100 OR id >= 200"),
     ] {
+        // `w` (wider than `v`) is computed above the shuffle: row i goes
+        // through it alone.
+        let shuffled = format!("{sql} SHUFFLE BY POSITION SEED 11");
+        let plan = tokio::runtime::Runtime::new()?.block_on(async {
+            let plan = s.sql(&shuffled).await?.create_physical_plan().await?;
+            Ok::<_, datafusion::error::DataFusionError>(
+                datafusion::physical_plan::displayable(plan.as_ref())
+                    .indent(false)
+                    .to_string(),
+            )
+        })?;
+        let above = plan.find("one_hot").expect("w in the plan");
+        let shuffle = plan.find("PositionShuffleExec").expect("the shuffle");
+        assert!(above < shuffle, "w is computed under the shuffle:\n{plan}");
         let feed = Feed::builder(&s, sql.clone())
             .shuffle(11)
             .shuffle_by_position()
@@ -387,8 +411,8 @@ fn a_feed_by_position_gives_row_i_of_an_epoch_by_position() -> Result<()> {
             .map(|b| {
                 let b = b?;
                 let ids = b.tensor("id")?.as_slice::<i64>()?.to_vec();
-                let w = b.tensor("w")?.as_slice::<i64>()?.to_vec();
-                Ok(ids.into_iter().zip(w).collect::<Vec<_>>())
+                let w = b.tensor("w")?.as_slice::<f32>()?.to_vec();
+                Ok(ids.into_iter().zip(w.chunks(7).map(hot)).collect::<Vec<_>>())
             })
             .collect::<Result<Vec<_>>>()?
             .concat();
@@ -406,18 +430,16 @@ fn a_feed_by_position_gives_row_i_of_an_epoch_by_position() -> Result<()> {
             assert_eq!(row.num_rows(), 1);
             let got = (
                 row.column(0).as_primitive::<Int64Type>().value(0),
-                row.column(1).as_primitive::<Int64Type>().value(0),
+                hot_at(row.column(1), 0),
             );
             assert_eq!(got, fed[epoch_rows + i], "row {i} of epoch 1 of {sql}");
         }
         // The whole epoch as one batch of positions, in that order.
         let all = epoch.rows(&positions.iter().map(|&i| i as u64).collect::<Vec<_>>())?;
-        let (ids, w) = (
-            all.column(0).as_primitive::<Int64Type>(),
-            all.column(1).as_primitive::<Int64Type>(),
-        );
+        let ids = all.column(0).as_primitive::<Int64Type>();
         for (k, &i) in positions.iter().enumerate() {
-            assert_eq!((ids.value(k), w.value(k)), fed[epoch_rows + i], "{sql}");
+            let got = (ids.value(k), hot_at(all.column(1), k));
+            assert_eq!(got, fed[epoch_rows + i], "{sql}");
         }
         assert_eq!(epoch.rows(&[])?.num_rows(), 0);
         let err = epoch.row(epoch_rows as u64).unwrap_err().to_string();

@@ -26,7 +26,10 @@
 //! ranks and batches: a feed of world 1 without `drop_last` hands over rows
 //! 0, 1, … in that order, with the same values (the epoch's settings are
 //! the feed's, so seeded augmentations draw the same). The columns are the
-//! query's, not converted to tensors.
+//! query's, not converted to tensors. A function that draws anew on every
+//! call (`random()`, a volatile function) is called again when a row is
+//! read, so it gives other values than the feed gave; in a filter it may
+//! keep other rows, which is reported as the data having changed.
 //!
 //! # Cost
 //! A windowed row costs its window: the window's scan, functions and

@@ -210,6 +210,9 @@ impl Positions {
             let at_once = ctx.session_config().target_partitions().max(1);
             let read: Vec<(usize, usize, RecordBatch)> =
                 on_runtime(runtime, async move {
+                    let groups: Vec<usize> =
+                        missing.iter().map(|&(_, group)| group).collect();
+                    reading.groups.check_unchanged(&groups, &ctx).await?;
                     futures::stream::iter(missing.into_iter().map(|(slot, group)| {
                         let reading = Arc::clone(&reading);
                         let ctx = Arc::clone(&ctx);

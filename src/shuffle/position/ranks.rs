@@ -85,8 +85,9 @@ impl RankedRowGroups {
         let input = Arc::clone(shuffle.input());
         let (scan, config) = windowable_scan(&input).map_err(|why| {
             exec_datafusion_err!(
-                "reading rows of a SHUFFLE BY POSITION by position reads its Parquet row \
-                 groups one at a time, but the query {why}; iterate the feed instead"
+                "reading rows of an epoch by position (dataset(), --rows) reads the query's \
+                 Parquet row groups one at a time, which fails here: like SHUFFLE WINDOW, \
+                 it {why}; iterate the feed instead"
             )
         })?;
         let layout = ScanLayout::read(&config, state.runtime_env()).await?;
@@ -133,8 +134,59 @@ impl RankedRowGroups {
         locate(&self.starts, rank)
     }
 
+    /// An error naming the first file of row groups `groups` that changed
+    /// since the listing: another size, or another entity tag (else last
+    /// change, to the second: some stores list finer times than their
+    /// headers give). Each file is asked once. Reading a changed file's row
+    /// group would read its footer at the listed size, and call it damaged.
+    pub async fn check_unchanged(
+        &self,
+        groups: &[usize],
+        ctx: &TaskContext,
+    ) -> Result<()> {
+        let mut files: Vec<usize> = groups
+            .iter()
+            .filter_map(|&group| self.units.get(group).map(|unit| unit.file))
+            .collect();
+        files.sort_unstable();
+        files.dedup();
+        let store = ctx
+            .runtime_env()
+            .object_store(&self.config.object_store_url)?;
+        for file in files {
+            let Some(listed) = self.layout.file_meta(file) else {
+                continue;
+            };
+            let now = store.head(&listed.location).await.map_err(|e| {
+                exec_datafusion_err!(
+                    "cannot reach {} again to read its rows by position: {e}; check that \
+                     it is still there, or plan the epoch again (dataset(epoch))",
+                    listed.location
+                )
+            })?;
+            let same_version = match (&listed.e_tag, &now.e_tag) {
+                (Some(listed), Some(now)) => listed == now,
+                _ => listed.last_modified.timestamp() == now.last_modified.timestamp(),
+            };
+            if now.size != listed.size || !same_version {
+                return plan_err!(
+                    "{} changed since the epoch was planned (it had {} bytes, changed {}; now \
+                     {} bytes, changed {}): its rows by position would be another file's; \
+                     plan the epoch again (dataset(epoch))",
+                    listed.location,
+                    listed.size,
+                    listed.last_modified,
+                    now.size,
+                    now.last_modified
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Row group `group`'s rows (in rank order) as the shuffle holds them:
-    /// without the two position columns.
+    /// without the two position columns. The caller checks first that its
+    /// file did not change ([`Self::check_unchanged`]).
     pub async fn read_group(
         &self,
         group: usize,
@@ -144,25 +196,6 @@ impl RankedRowGroups {
             return internal_err!("row group {group} of a position shuffle's input");
         };
         let file = self.layout.location(unit.file);
-        // The scan reads the footer at the listed size: a file rewritten
-        // since would read as damaged, so it is named as changed first.
-        if let Some(listed) = self.layout.file_meta(unit.file) {
-            let store = ctx
-                .runtime_env()
-                .object_store(&self.config.object_store_url)?;
-            let now = store.head(&listed.location).await?;
-            if (now.size, now.last_modified) != (listed.size, listed.last_modified) {
-                return plan_err!(
-                    "{file} changed since the epoch was planned (it had {} bytes, changed \
-                     {}; now {} bytes, changed {}): its rows by position would be another \
-                     file's; plan the epoch again (dataset(epoch))",
-                    listed.size,
-                    listed.last_modified,
-                    now.size,
-                    now.last_modified
-                );
-            }
-        }
         let cut = self.layout.scan(&self.config, &[unit]);
         let input = replace_scan(Arc::clone(&self.input), &self.scan, cut)?;
         let schema = input.schema();
