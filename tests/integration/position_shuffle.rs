@@ -370,7 +370,10 @@ fn a_feed_by_position_gives_row_i_of_an_epoch_by_position() -> Result<()> {
     use sqlfeed::feed::Feed;
     // Where a one-hot vector holds its 1.
     fn hot(vector: &[f32]) -> i64 {
-        vector.iter().position(|&x| x == 1.0).map_or(-1, |at| at as i64)
+        vector
+            .iter()
+            .position(|&x| x == 1.0)
+            .map_or(-1, |at| at as i64)
     }
     fn hot_at(column: &dyn Array, row: usize) -> i64 {
         let vector = column.as_fixed_size_list().value(row);
@@ -412,7 +415,10 @@ fn a_feed_by_position_gives_row_i_of_an_epoch_by_position() -> Result<()> {
                 let b = b?;
                 let ids = b.tensor("id")?.as_slice::<i64>()?.to_vec();
                 let w = b.tensor("w")?.as_slice::<f32>()?.to_vec();
-                Ok(ids.into_iter().zip(w.chunks(7).map(hot)).collect::<Vec<_>>())
+                Ok(ids
+                    .into_iter()
+                    .zip(w.chunks(7).map(hot))
+                    .collect::<Vec<_>>())
             })
             .collect::<Result<Vec<_>>>()?
             .concat();
