@@ -243,3 +243,41 @@ pub fn write_ids(dir: &Path, files: i64, rows: i64, group: usize) -> Result<Stri
     }
     Ok(format!("'{}/*.parquet'", dir.display()))
 }
+
+/// The CLI's `--rows` against map-style access: `sqlfeed feed "SELECT id, v
+/// FROM {table}" --shuffle-seed 11 {order…} --device cpu --rows 1:1998:5`
+/// prints rows 1998 and 1999 of `epoch` (epoch 1 of the same feed over
+/// [`write_ids`]'s 2000 ids: the last two, so 2 rows of the 5 asked for).
+/// Returns their ids.
+pub fn assert_rows_printed(
+    table: &str,
+    order: &[&str],
+    epoch: &sqlfeed::feed::EpochDataset,
+) -> Result<[i64; 2]> {
+    use datafusion::arrow::array::AsArray;
+    use datafusion::arrow::datatypes::Int64Type;
+    let printed = sqlfeed()
+        .args(["feed", &format!("SELECT id, v FROM {table}")])
+        .args(["--shuffle-seed", "11"])
+        .args(order)
+        .args(["--device", "cpu", "--rows", "1:1998:5"])
+        .output()?;
+    let out = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        printed.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    let last = epoch.rows(&[1998, 1999])?;
+    let ids = last.column(0).as_primitive::<Int64Type>();
+    let ids = [ids.value(0), ids.value(1)];
+    assert_contains(
+        &out,
+        &[
+            &format!("| {} ", ids[0]),
+            &format!("| {} ", ids[1]),
+            "2 rows",
+        ],
+    );
+    Ok(ids)
+}
