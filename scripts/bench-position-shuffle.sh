@@ -15,7 +15,10 @@
 # seed), different between the cases. With STEP_MS=n each batch is
 # followed by a simulated training step of n ms, and `wait_pct` is the share
 # of the run after the first batch that the loop waited for batches: with
-# EPOCHS=2, what the epoch boundary costs. Needs a release build.
+# EPOCHS=2, what the epoch boundary costs. CASES picks the cases (default
+# "content position scan"); the case `passes` is `position` under
+# `--memory-limit $PASSES_LIMIT` (default 128M): an epoch that does not fit
+# read in passes, in the same order (equal digests). Needs a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -41,14 +44,19 @@ for rows in "${sizes[@]}"; do
   sql="SELECT feature_vector(f0, f1, f2, f3, f4, f5, f6, f7) AS x, label AS y \
     FROM '$data/*.parquet'"
   for round in $(seq "$rounds"); do
-    for case in content position scan; do
+    for case in ${CASES:-content position scan}; do
       flags=(--shuffle-seed 42)
+      global=()
       case $case in
         position) flags+=(--shuffle-by-position) ;;
+        passes)
+          flags+=(--shuffle-by-position)
+          global=(--memory-limit "${PASSES_LIMIT:-128M}")
+          ;;
         scan) flags=() ;;
       esac
       [[ -z $step_ms ]] || flags+=(--step-ms "$step_ms")
-      /usr/bin/time -f "%M" -o "$timing" "$bin" feed "$sql" "${flags[@]}" \
+      /usr/bin/time -f "%M" -o "$timing" "$bin" ${global[@]+"${global[@]}"} feed "$sql" "${flags[@]}" \
         --epochs "$epochs" --batch-size 4096 --device cpu --result-json --digest \
         >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
       read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")

@@ -1,14 +1,15 @@
 //! `SHUFFLE BY POSITION` (issue 55): an exact shuffle keyed by each row's
 //! Parquet file and row. Every row once; position `p` holds the row of
 //! canonical rank `π(p)` (rows ranked by file path, then row index, after
-//! the filters); the same on any partition count and batch size; what it
-//! cannot key, and what does not fit, refused by name.
+//! the filters); the same on any partition count and batch size, and under
+//! any memory limit (an epoch that does not fit is spilled by position
+//! range); what it cannot key, refused by name.
 
 use datafusion::error::Result;
 use sqlfeed::shuffle::IndexPermutation;
 
 use crate::common::{
-    assert_contains, assert_rows_printed, budget_session, collect, first_int64s as ids,
+    assert_contains, assert_rows_printed, collect, first_int64s as ids,
     sized_session as session, write_ids,
 };
 
@@ -117,7 +118,7 @@ async fn a_filter_ranks_the_rows_it_keeps_and_functions_do_not_change_the_order(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn what_has_no_position_or_does_not_fit_is_refused_by_name() -> Result<()> {
+async fn what_has_no_position_is_refused_by_name() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let table = write_ids(dir.path(), 2, 100, 50)?;
     let s = session(2, 64)?;
@@ -181,26 +182,104 @@ async fn what_has_no_position_or_does_not_fit_is_refused_by_name() -> Result<()>
         Err(e) => e.to_string(),
     };
     assert_contains(&err, &["SHUFFLE BY POSITION does not quarantine rows yet"]);
-    // Rows that do not fit the memory limit: said, with what to use.
-    let big = tempfile::tempdir()?;
-    let big_table = write_ids(big.path(), 2, 200_000, 50_000)?;
-    let tight = budget_session(1 << 20)?;
-    let err = match collect(
-        &tight,
-        &format!("SELECT id, v FROM {big_table} SHUFFLE BY POSITION SEED 1"),
-    )
-    .await
-    {
-        Ok(_) => panic!("6 MB of rows fit in 1 MiB"),
-        Err(e) => e.to_string(),
-    };
-    assert_contains(
-        &err,
-        &[
-            "SHUFFLE BY POSITION holds the whole epoch in memory",
-            "--memory-limit",
-        ],
-    );
+    Ok(())
+}
+
+/// The `ranges` metric of the plan's `PositionShuffleExec`: the position
+/// ranges it spilled the epoch in, 0 when the epoch was held whole.
+fn ranges_spilled(
+    plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+) -> usize {
+    let mut node = std::sync::Arc::clone(plan);
+    loop {
+        if node.name() == "PositionShuffleExec" {
+            return node
+                .metrics()
+                .and_then(|m| m.sum_by_name("ranges"))
+                .map_or(0, |v| v.as_usize());
+        }
+        let Some(child) = node.children().first().map(|c| std::sync::Arc::clone(c))
+        else {
+            return 0;
+        };
+        node = child;
+    }
+}
+
+/// An epoch by position that does not fit the memory limit is spilled by
+/// position range (the plan's metrics say in how many), and gives the rows
+/// and order it gives held whole: with and without a filter (rows then
+/// counted by reading every row group first), with a function above the
+/// shuffle, on 1 and 2 partitions, with row groups larger than the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_that_does_not_fit_is_spilled_by_position_range_in_the_same_order()
+-> Result<()> {
+    use datafusion::arrow::compute::concat_batches;
+    let dir = tempfile::tempdir()?;
+    // 200k rows of (id, v): 3.2 MB held; row groups of 10k rows (160 KB).
+    let table = write_ids(dir.path(), 2, 100_000, 10_000)?;
+    // The same rows in one row group a file (1.6 MB each).
+    let whole_files = tempfile::tempdir()?;
+    let one_group = write_ids(whole_files.path(), 2, 100_000, 100_000)?;
+    let all: Vec<i64> = (0..200_000).collect();
+    let kept: Vec<i64> = all.iter().copied().filter(|id| id % 7 != 3).collect();
+    for (sql, expected) in [
+        (
+            format!("SELECT id, v FROM {table} SHUFFLE BY POSITION SEED 3"),
+            defined_order(&all, 3, 0),
+        ),
+        (
+            format!("SELECT id, v FROM {one_group} SHUFFLE BY POSITION SEED 3"),
+            defined_order(&all, 3, 0),
+        ),
+        (
+            format!(
+                "SELECT id, v * 2 AS w FROM {one_group} WHERE v <> 3 \
+                 SHUFFLE BY POSITION SEED 3 EPOCH 1"
+            ),
+            defined_order(&kept, 3, 1),
+        ),
+        (
+            format!(
+                "SELECT id, v * 2 AS w FROM {table} WHERE v <> 3 \
+                 SHUFFLE BY POSITION SEED 3 EPOCH 1"
+            ),
+            defined_order(&kept, 3, 1),
+        ),
+    ] {
+        let roomy = session(2, 4096)?;
+        let df = roomy.sql(&sql).await?;
+        let plan = df.create_physical_plan().await?;
+        let whole = datafusion::physical_plan::collect(
+            std::sync::Arc::clone(&plan),
+            roomy.context().task_ctx(),
+        )
+        .await?;
+        assert_eq!(ranges_spilled(&plan), 0, "held whole: {sql}");
+        assert_eq!(ids(&whole), expected, "{sql}");
+        let whole = concat_batches(&whole[0].schema(), &whole)?;
+        for partitions in [1, 2] {
+            let tight = sqlfeed::Session::builder()
+                .target_partitions(partitions)
+                .batch_size(4096)
+                .memory_limit(1 << 20)
+                .build()?;
+            let df = tight.sql(&sql).await?;
+            let plan = df.create_physical_plan().await?;
+            let batches = datafusion::physical_plan::collect(
+                std::sync::Arc::clone(&plan),
+                tight.context().task_ctx(),
+            )
+            .await?;
+            let ranges = ranges_spilled(&plan);
+            assert!(ranges >= 4, "{ranges} ranges for 3.2 MB in 1 MiB: {sql}");
+            let got = concat_batches(&whole.schema(), &batches)?;
+            assert!(
+                got == whole,
+                "{partitions} partitions spilled gave other rows: {sql}"
+            );
+        }
+    }
     Ok(())
 }
 
@@ -352,6 +431,18 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     assert!(
         ids_of(&tight)? == roomy,
         "the tight feed gave other batches"
+    );
+    // Not even one epoch fits: each is spilled by position range (the
+    // next one started ahead while the current one is read back), in the
+    // same order.
+    let spilled = sqlfeed::Session::builder()
+        .target_partitions(2)
+        .batch_size(8192)
+        .memory_limit(2 << 20)
+        .build()?;
+    assert!(
+        ids_of(&spilled)? == roomy,
+        "the spilled feed gave other batches"
     );
     Ok(())
 }

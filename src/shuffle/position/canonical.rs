@@ -121,7 +121,7 @@ impl<'a> FileColumn<'a> {
         }
     }
 
-    fn path(&self, row: usize) -> &'a str {
+    pub(super) fn path(&self, row: usize) -> &'a str {
         match self {
             Self::Keys { keys, paths } => paths.value(keys[row] as usize),
             Self::Paths(paths) => paths.value(row),

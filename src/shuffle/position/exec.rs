@@ -15,9 +15,9 @@ use datafusion::common::{
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
-use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::execution_plan::{EmissionType, reset_plan_states};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput,
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, SpillMetrics,
 };
 use datafusion::physical_plan::spill::get_record_batch_memory_size;
 use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
@@ -27,7 +27,10 @@ use futures::StreamExt;
 
 use super::canonical::{CanonicalRows, FileColumn, Run, runs_of};
 use super::permutation::IndexPermutation;
+use super::ranks::RankedRowGroups;
+use super::spilled::{Fitted, SpilledEpoch};
 use crate::exec::BatchStream;
+use crate::shuffle::windowed::windowable_scan;
 
 /// Emits all rows of its input, without the last two columns (each row's
 /// file path and row index in that file), in the order of the
@@ -136,6 +139,7 @@ impl ExecutionPlan for PositionShuffleExec {
             MemoryConsumer::new("PositionShuffleExec").register(ctx.memory_pool()),
         );
         let held = Arc::new(Mutex::new(Held::default()));
+        let overflow = Arc::new(Overflow::default());
         let mut readers = JoinSet::new();
         let columns = self.schema.fields().len();
         for input_partition in 0..self.input.properties().partitioning.partition_count() {
@@ -145,12 +149,17 @@ impl ExecutionPlan for PositionShuffleExec {
                 columns,
                 Arc::clone(&held),
                 Arc::clone(&reservation),
+                Arc::clone(&overflow),
             ));
         }
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let runs_metric = MetricBuilder::new(&self.metrics).counter("runs", partition);
         let held_bytes = MetricBuilder::new(&self.metrics).gauge("held_bytes", partition);
+        let ranges_metric =
+            MetricBuilder::new(&self.metrics).counter("ranges", partition);
+        let spill_metrics = SpillMetrics::new(&self.metrics, partition);
         let (seed, epoch) = (self.seed, self.epoch);
+        let input = Arc::clone(&self.input);
         let batch_rows = ctx.session_config().batch_size().max(1);
         // Once the input is in, its cores are free to gather.
         let gatherers = ctx.session_config().target_partitions().max(1);
@@ -162,20 +171,57 @@ impl ExecutionPlan for PositionShuffleExec {
                 }
                 let Held { batches, runs } =
                     std::mem::take(&mut *held.lock().map_err(|_| poisoned())?);
+                if let Some(refused) = overflow.refused()? {
+                    let fitted = Fitted {
+                        rows: batches.iter().map(RecordBatch::num_rows).sum(),
+                        bytes: reservation.size(),
+                    };
+                    drop(batches);
+                    reservation.free();
+                    held_bytes.set(fitted.bytes);
+                    let scan = windowable_scan(&input).map_err(|why| {
+                        resources_datafusion_err!(
+                            "{}; nor can it be spilled by position range: that ranks \
+                             rows by row group, and like SHUFFLE WINDOW, it {why}",
+                            does_not_fit(&fitted, &refused)
+                        )
+                    })?;
+                    let groups = RankedRowGroups::read_by_reading(
+                        Arc::clone(&input),
+                        scan,
+                        &ctx,
+                        gatherers,
+                    )
+                    .await?;
+                    // A scan executed again shares the first execution's
+                    // queue of files (DataFusion's sibling state), which the
+                    // readers left half read: a fresh instance reads them all.
+                    let input = reset_plan_states(input)?;
+                    return Ok(Output::Spilled(SpilledEpoch::try_new(
+                        input,
+                        &groups,
+                        (seed, epoch),
+                        fitted,
+                        schema,
+                        ctx,
+                        spill_metrics,
+                    )?));
+                }
                 let rows = CanonicalRows::try_new(runs)?;
                 runs_metric.add(rows.runs());
                 held_bytes.set(reservation.size());
-                Ok::<_, DataFusionError>(Arc::new(Gather {
+                Ok::<_, DataFusionError>(Output::Whole(Arc::new(Gather {
                     permutation: IndexPermutation::new(rows.len(), seed, epoch),
                     rows,
                     batches,
                     batch_rows,
                     schema,
                     _reservation: reservation,
-                }))
+                })))
             };
             match gather.await {
-                Ok(gather) => gather.stream(gatherers, baseline),
+                Ok(Output::Whole(gather)) => gather.stream(gatherers, baseline),
+                Ok(Output::Spilled(spilled)) => spilled.stream(baseline, ranges_metric),
                 Err(e) => futures::stream::once(async { Err(e) }).boxed(),
             }
         })
@@ -196,17 +242,63 @@ struct Held {
     runs: Vec<Run>,
 }
 
+/// What the shuffle gives: the epoch held whole, or spilled by position
+/// range.
+enum Output {
+    Whole(Arc<Gather>),
+    Spilled(SpilledEpoch),
+}
+
+/// Set by the first reader whose batch the pool refused: the epoch does
+/// not fit, and every reader stops.
+#[derive(Debug, Default)]
+struct Overflow {
+    refused: Mutex<Option<String>>,
+}
+
+impl Overflow {
+    fn refuse(&self, why: String) -> Result<()> {
+        self.refused
+            .lock()
+            .map_err(|_| poisoned())?
+            .get_or_insert(why);
+        Ok(())
+    }
+
+    /// The pool's refusal, if it refused.
+    fn refused(&self) -> Result<Option<String>> {
+        Ok(self.refused.lock().map_err(|_| poisoned())?.clone())
+    }
+}
+
+/// That the epoch does not fit, with what was held when it was found.
+fn does_not_fit(fitted: &Fitted, refused: &str) -> String {
+    format!(
+        "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit \
+         ({} rows held in {} bytes when the pool refused more: {refused}): raise the \
+         memory limit (--memory-limit), or use SHUFFLE, which spills to disk, or \
+         SHUFFLE WINDOW n, which holds one window",
+        fitted.rows, fitted.bytes
+    )
+}
+
 /// Reads one input partition into `held`: each batch without its two
-/// position columns, reserved from `reservation`, and cut into runs.
+/// position columns, reserved from `reservation`, and cut into runs. A
+/// batch the pool refuses ends every reader (see [`Overflow`]): the epoch
+/// is then spilled by position range.
 async fn read_partition(
     mut stream: BatchStream,
     columns: usize,
     held: Arc<Mutex<Held>>,
     reservation: Arc<MemoryReservation>,
+    overflow: Arc<Overflow>,
 ) -> Result<()> {
     let kept: Vec<usize> = (0..columns).collect();
     let mut last_file = None;
     while let Some(batch) = stream.next().await {
+        if overflow.refused()?.is_some() {
+            return Ok(());
+        }
         let batch = batch?;
         if batch.num_rows() == 0 {
             continue;
@@ -223,15 +315,9 @@ async fn read_partition(
                 .with_row_count(Some(batch.num_rows())),
         )?;
         let bytes = get_record_batch_memory_size(&rows_only);
-        reservation.try_grow(bytes).map_err(|e| {
-            resources_datafusion_err!(
-                "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit \
-                 ({} held, {bytes} more bytes needed): raise the memory limit \
-                 (--memory-limit), or use SHUFFLE, which spills to disk, or SHUFFLE \
-                 WINDOW n, which holds one window. {e}",
-                reservation.size()
-            )
-        })?;
+        if let Err(e) = reservation.try_grow(bytes) {
+            return overflow.refuse(e.to_string());
+        }
         let index = {
             let mut held = held.lock().map_err(|_| poisoned())?;
             held.batches.push(rows_only);
@@ -239,8 +325,10 @@ async fn read_partition(
         };
         let runs = runs_of(&files, rows, index, &mut last_file)?;
         // Runs with holes keep slices of the row indexes: count them once.
-        if runs.iter().any(Run::keeps_rows) {
-            reservation.try_grow(rows.get_array_memory_size())?;
+        if runs.iter().any(Run::keeps_rows)
+            && let Err(e) = reservation.try_grow(rows.get_array_memory_size())
+        {
+            return overflow.refuse(e.to_string());
         }
         held.lock().map_err(|_| poisoned())?.runs.extend(runs);
     }

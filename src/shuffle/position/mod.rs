@@ -47,18 +47,31 @@
 //!         │ position p → π(p) → (batch, row)      (no per-row index)
 //!         ▼
 //!  batches of `batch_size` positions, gathered with `interleave`
+//!
+//!  (the pool refuses a batch: the epoch is spilled by position range,
+//!   see [`spilled`])
 //! ```
 //!
 //! # Memory
-//! Every row is held until the output ends (any position may need it): the
-//! held batches are reserved from the session's pool, and an epoch that
-//! does not fit is an error that says so and what to use instead
-//! (`SHUFFLE` spills, `SHUFFLE WINDOW n` holds a window). On top of the
-//! rows: about 64 bytes per run (a run is a batch's rows of one file) and 4
-//! bytes per 4,096 rows; a run with holes (a filter's) keeps its row
-//! indexes, 8 bytes a row, to be ranked even when partitions interleave
-//! rows of one file. A feed starts its next epoch ahead only when the pool
-//! has room for a second epoch (it cannot spill); else when this one ends.
+//! An epoch that fits is held whole until the output ends (any position
+//! may need any row): the held batches are reserved from the session's
+//! pool. On top of the rows: about 64 bytes per run (a run is a batch's
+//! rows of one file) and 4 bytes per 4,096 rows; a run with holes (a
+//! filter's) keeps its row indexes, 8 bytes a row, to be ranked even when
+//! partitions interleave rows of one file.
+//!
+//! An epoch the pool refuses is **spilled by position range** instead (see
+//! [`spilled`]): the rows held so far are dropped, the input is read again
+//! and each row, its position known from its rank (`π⁻¹`), is written to
+//! the spill file of its range of positions; the ranges are then read back
+//! one after another, each a quarter of what fitted. The order is the
+//! same; memory stays under the limit; the rows are written and read once
+//! more (under a filter, counted first by one more read); the first batch
+//! waits for the whole epoch to be spilled.
+//!
+//! A feed starts its next epoch ahead only when the pool has room for a
+//! second epoch as large as what the current one holds; else when this one
+//! ends.
 //!
 //! # Paths
 //! Files are ranked by their path as the object store names it: for local
@@ -77,6 +90,7 @@ mod exec;
 mod permutation;
 mod ranks;
 mod scan_position;
+mod spilled;
 
 pub use exec::PositionShuffleExec;
 pub use permutation::IndexPermutation;

@@ -51,6 +51,8 @@ pub struct IndexPermutation {
     keys: [u64; ROUNDS],
     /// The whole permutation, for domains up to [`TABLE_UP_TO`].
     table: Option<Vec<u32>>,
+    /// Its inverse: the position of each index.
+    inverse_table: Option<Vec<u32>>,
 }
 
 impl IndexPermutation {
@@ -70,6 +72,13 @@ impl IndexPermutation {
             }
             table
         });
+        let inverse_table = table.as_ref().map(|table| {
+            let mut inverse = vec![0u32; table.len()];
+            for (position, &index) in table.iter().enumerate() {
+                inverse[index as usize] = position as u32;
+            }
+            inverse
+        });
         Self {
             n,
             low_bits,
@@ -77,6 +86,7 @@ impl IndexPermutation {
             high_mask: (1u64 << high_bits) - 1,
             keys,
             table,
+            inverse_table,
         }
     }
 
@@ -103,6 +113,37 @@ impl IndexPermutation {
             x = self.rounds(x);
         }
         x
+    }
+
+    /// The position (`< n`) holding `index` (`< n`): the inverse of
+    /// [`Self::at`], in constant time and memory. Where a row goes when it
+    /// is read, for an epoch spilled by position range.
+    pub fn position_of(&self, index: u64) -> u64 {
+        debug_assert!(index < self.n, "index {index} of {}", self.n);
+        if let Some(inverse) = &self.inverse_table {
+            return u64::from(inverse[index as usize]);
+        }
+        // Cycle walking backwards: the rounds undone until back in 0..n.
+        let mut x = self.rounds_undone(index);
+        while x >= self.n {
+            x = self.rounds_undone(x);
+        }
+        x
+    }
+
+    /// The Feistel rounds undone: each round changes one half by a function
+    /// of the other, so the same rounds in reverse order undo them.
+    fn rounds_undone(&self, x: u64) -> u64 {
+        let mut low = x & self.low_mask;
+        let mut high = x >> self.low_bits;
+        for (i, key) in self.keys.iter().enumerate().rev() {
+            if i % 2 == 0 {
+                high ^= splitmix64(low ^ key) & self.high_mask;
+            } else {
+                low ^= splitmix64(high ^ key) & self.low_mask;
+            }
+        }
+        (high << self.low_bits) | low
     }
 
     /// The Feistel rounds over `0..2^b`.
@@ -135,6 +176,18 @@ mod tests {
             let mut seen = order(n, 42, 3);
             seen.sort_unstable();
             assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n = {n}");
+        }
+    }
+
+    /// `position_of` undoes `at`, in the table and past it.
+    #[test]
+    fn position_of_finds_where_each_index_went() {
+        for n in [1u64, 2, 5, 100, 65_536, 65_537, 200_003] {
+            let permutation = IndexPermutation::new(n, 7, 2);
+            for position in (0..n).step_by((n as usize / 5000).max(1)) {
+                let index = permutation.at(position);
+                assert_eq!(permutation.position_of(index), position, "n = {n}");
+            }
         }
     }
 

@@ -39,6 +39,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
 use datafusion::arrow::datatypes::Int64Type;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::error::Result;
@@ -46,6 +47,7 @@ use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
+use futures::{StreamExt, TryStreamExt};
 
 use object_store::ObjectStoreExt;
 
@@ -101,6 +103,69 @@ impl RankedRowGroups {
         } else {
             units.iter().map(|unit| unit.rows).collect()
         };
+        Ok(Self::with_counts(
+            input, scan, config, layout, units, counts,
+        ))
+    }
+
+    /// The row groups of `input` (a position shuffle's input, whose one
+    /// Parquet scan is `scan` with `config`) in rank order, counted by
+    /// reading them when something under the shuffle drops rows: every row
+    /// group's rows through the whole input, `at_once` row groups at a
+    /// time, each on its own task. What an epoch spilled by position range
+    /// uses, which has no logical plan to count only the filters' columns
+    /// with.
+    pub(crate) async fn read_by_reading(
+        input: Arc<dyn ExecutionPlan>,
+        (scan, config): (Arc<dyn ExecutionPlan>, FileScanConfig),
+        ctx: &Arc<TaskContext>,
+        at_once: usize,
+    ) -> Result<Self> {
+        let layout = ScanLayout::read(&config, ctx.runtime_env().as_ref()).await?;
+        let units = layout.units();
+        let counts: Vec<u64> = if drops_rows(&input)? {
+            let cuts: Vec<Arc<dyn ExecutionPlan>> = units
+                .iter()
+                .map(|&unit| {
+                    replace_scan(Arc::clone(&input), &scan, layout.scan(&config, &[unit]))
+                })
+                .collect::<Result<_>>()?;
+            // Collected first: a lazy map's closure would make the future
+            // not `Send` for every lifetime.
+            let counting: Vec<_> = cuts
+                .into_iter()
+                .map(|cut| {
+                    let ctx = Arc::clone(ctx);
+                    async move {
+                        SpawnedTask::spawn(count_rows(cut, ctx))
+                            .join()
+                            .await
+                            .map_err(|e| {
+                                exec_datafusion_err!("counting a row group: {e}")
+                            })?
+                    }
+                })
+                .collect();
+            futures::stream::iter(counting)
+                .buffered(at_once.max(1))
+                .try_collect()
+                .await?
+        } else {
+            units.iter().map(|unit| unit.rows).collect()
+        };
+        Ok(Self::with_counts(
+            input, scan, config, layout, units, counts,
+        ))
+    }
+
+    fn with_counts(
+        input: Arc<dyn ExecutionPlan>,
+        scan: Arc<dyn ExecutionPlan>,
+        config: FileScanConfig,
+        layout: ScanLayout,
+        units: Vec<Unit>,
+        counts: Vec<u64>,
+    ) -> Self {
         let mut starts = Vec::with_capacity(counts.len() + 1);
         let mut start = 0u64;
         starts.push(start);
@@ -108,14 +173,14 @@ impl RankedRowGroups {
             start += rows;
             starts.push(start);
         }
-        Ok(Self {
+        Self {
             input,
             scan,
             config,
             layout,
             units,
             starts,
-        })
+        }
     }
 
     /// Rows that reach the shuffle: the epoch's length.
@@ -126,6 +191,30 @@ impl RankedRowGroups {
     /// Whether no row reaches the shuffle.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The rank of each row group's first row: one entry per row group in
+    /// rank order, then the rows in all.
+    pub(crate) fn starts(&self) -> &[u64] {
+        &self.starts
+    }
+
+    /// The files in rank order (their paths as the object store names
+    /// them, as `input_file_name()` gives them), each with its row groups:
+    /// the row index of the group's first row in the file (from the
+    /// footers, before any filter) and the group's number in rank order.
+    pub(crate) fn files(&self) -> Vec<(String, Vec<(u64, usize)>)> {
+        let mut files: Vec<(String, Vec<(u64, usize)>)> = Vec::new();
+        let mut first_row = 0;
+        for (group, unit) in self.units.iter().enumerate() {
+            while files.len() <= unit.file {
+                files.push((self.layout.location(files.len()), Vec::new()));
+                first_row = 0;
+            }
+            files[unit.file].1.push((first_row, group));
+            first_row += unit.rows;
+        }
+        files
     }
 
     /// The row group holding rank `rank` (its number in rank order) and the
@@ -234,6 +323,19 @@ impl RankedRowGroups {
             &RecordBatchOptions::new().with_row_count(Some(sorted.num_rows())),
         )?)
     }
+}
+
+/// The rows `plan` gives, over all its partitions, read one partition
+/// after another without holding them.
+async fn count_rows(plan: Arc<dyn ExecutionPlan>, ctx: Arc<TaskContext>) -> Result<u64> {
+    let mut rows = 0u64;
+    for partition in 0..plan.properties().partitioning.partition_count() {
+        let mut stream = plan.execute(partition, Arc::clone(&ctx))?;
+        while let Some(batch) = stream.next().await {
+            rows += batch?.num_rows() as u64;
+        }
+    }
+    Ok(rows)
 }
 
 /// The group of running sums `starts` (the first rank of each group, then

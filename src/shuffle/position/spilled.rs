@@ -1,0 +1,592 @@
+//! A `SHUFFLE BY POSITION` epoch that does not fit the memory budget,
+//! spilled by position range: the same order, in bounded memory, for one
+//! write and one read of the rows on disk.
+//!
+//! ```text
+//!  PositionShuffleExec: the whole epoch held ── the pool refuses ──► here
+//!    (the rows held so far are dropped; what they held sizes the ranges)
+//!
+//!  row groups in rank order, rows per row group (the footers, or each row
+//!  group read and counted when a filter drops rows)  ── RankedRowGroups
+//!
+//!  input partitions p0 … pN-1 (scan, filters, functions below the shuffle),
+//!  one task each; per row:
+//!    (file, row index) ──► row group g ──► rank r (g's first rank, plus
+//!       the row's offset in g: its row index, or under a filter the rows
+//!       of g kept before it)
+//!    position p = π⁻¹(r) ──► range p / R, slot p % R
+//!    rows of a batch by range, with their slots ──► the range's buffer
+//!       ──(full)──► the range's spill file (DataFusion's SpillManager)
+//!
+//!  output: range 0, 1, … in turn: its file read back, each row put in its
+//!  slot, batches of `batch_size` gathered with `interleave`; the next
+//!  range is read while the current one is read out.
+//! ```
+//!
+//! # The order
+//! Exactly the order of the epoch held whole: position `p` holds the row of
+//! rank `π(p)`, ranks being the same (file path, row index) ranks counted
+//! after the filters. Only where the rows wait changes, so batches, resumes
+//! and digests are the same under any memory limit.
+//!
+//! # Memory
+//! `R` (positions a range) is a quarter of the rows that fitted before the
+//! pool refused, rounded down to whole batches: the range read out and the
+//! range read ahead (each with its slots, 4 bytes a row) fit where the
+//! epoch did not. While the rows are spilled
+//! each range buffers a little before its file is written (a share of a
+//! quarter of what fitted, at least 64 KiB). Ranges and buffers are
+//! reserved from the session's pool.
+//!
+//! # Disk and cost
+//! The epoch's rows are written once (in the session's spill folder, as
+//! Arrow IPC) and read once; under a filter the rows are also counted
+//! first, by one more read of the input. The files go when the output is
+//! dropped. The first batch waits for the whole epoch to be spilled.
+//!
+//! # What it checks
+//! A row group read by two partitions (its rows under a filter could not be
+//! ranked) and a range that does not get exactly its rows are errors, never
+//! rows out of place.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
+use datafusion::arrow::compute::{
+    concat_batches, interleave_record_batch, take_record_batch,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use datafusion::common::runtime::{JoinSet, SpawnedTask};
+use datafusion::common::{
+    DataFusionError, exec_datafusion_err, internal_datafusion_err, internal_err,
+    resources_datafusion_err,
+};
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::spill_file::SpillFile;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, RecordOutput, SpillMetrics,
+};
+use datafusion::physical_plan::spill::{SpillManager, get_record_batch_memory_size};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+
+use super::canonical::FileColumn;
+use super::permutation::IndexPermutation;
+use super::ranks::RankedRowGroups;
+use crate::exec::BatchStream;
+use crate::shuffle::windowed::drops_rows;
+
+/// What the epoch held when the pool refused more: the measure the ranges
+/// are sized by.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Fitted {
+    pub(super) rows: usize,
+    pub(super) bytes: usize,
+}
+
+/// The slot column written beside each spilled row.
+const SLOT_COLUMN: &str = "__sqlfeed_position_slot";
+
+/// The least a range buffers before it is written.
+const LEAST_BUFFER_BYTES: usize = 64 << 10;
+
+/// An epoch by position spilled by position range; see the module docs.
+pub(super) struct SpilledEpoch {
+    /// The shuffle's input: its rows, then each row's file and row index.
+    input: Arc<dyn ExecutionPlan>,
+    ranks: Arc<Ranks>,
+    /// Positions a range: a multiple of `batch_rows`.
+    range_rows: u64,
+    ranges: usize,
+    batch_rows: usize,
+    /// The output's schema: the input's without the position columns.
+    schema: SchemaRef,
+    spill: SpillManager,
+    ctx: Arc<TaskContext>,
+    reservation: MemoryReservation,
+    /// What the ranges' buffers hold, shared by the readers.
+    buffered: Arc<MemoryReservation>,
+    buffer_bytes: usize,
+}
+
+/// How a row's rank is found from its file and row index.
+struct Ranks {
+    permutation: IndexPermutation,
+    starts: Vec<u64>,
+    /// File path → (first row index, row group in rank order) per row group.
+    files: HashMap<String, Vec<(u64, usize)>>,
+    /// Under a filter, a row's offset in its row group is the rows of that
+    /// group kept before it: counted as the rows come, each group by the
+    /// one reader that reads it.
+    counted: bool,
+}
+
+/// A range's rows on their way to disk.
+#[derive(Default)]
+struct RangeSink {
+    buffered: Vec<RecordBatch>,
+    /// Bytes buffered, and those of them reserved from the pool.
+    bytes: usize,
+    reserved: usize,
+    rows: u64,
+    file: Option<SpillWriting>,
+}
+
+/// A spill file being written: `Some(batch)` appends it, `None` finishes
+/// the file (DataFusion's in-progress spill file, whose type is not
+/// public).
+type SpillWriting =
+    Box<dyn FnMut(Option<&RecordBatch>) -> Result<Option<Arc<dyn SpillFile>>> + Send>;
+
+/// Opens a spill file of `spill`'s schema.
+fn open_spill_file(spill: &SpillManager) -> Result<SpillWriting> {
+    let mut file = spill.create_in_progress_file("PositionShuffleExec range")?;
+    Ok(Box::new(move |batch| match batch {
+        Some(batch) => {
+            file.append_batch(batch)?;
+            Ok(None)
+        }
+        None => file.finish(),
+    }))
+}
+
+impl SpilledEpoch {
+    /// The spilled epoch of `(seed, epoch)` over `groups` of `input`, sized
+    /// by what `fitted`.
+    pub(super) fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        groups: &RankedRowGroups,
+        (seed, epoch): (u64, u64),
+        fitted: Fitted,
+        schema: SchemaRef,
+        ctx: Arc<TaskContext>,
+        spill_metrics: SpillMetrics,
+    ) -> Result<Self> {
+        let counted = drops_rows(&input)?;
+        let batch_rows = ctx.session_config().batch_size().max(1);
+        let batch = batch_rows as u64;
+        // Two ranges held (one read out, one read ahead), each with its
+        // slot column and the read batches' overhead: a quarter each.
+        // Slots are numbered in u32.
+        let quarter = (fitted.rows as u64 / 4).min(u64::from(u32::MAX));
+        let range_rows = (quarter / batch * batch).max(batch);
+        let permutation = IndexPermutation::new(groups.len(), seed, epoch);
+        let ranges = permutation.len().div_ceil(range_rows) as usize;
+        let buffer_bytes = (fitted.bytes / 4 / ranges.max(1)).max(LEAST_BUFFER_BYTES);
+        let mut fields = schema.fields().to_vec();
+        fields.push(Arc::new(Field::new(SLOT_COLUMN, DataType::UInt32, false)));
+        let spilled_schema = Arc::new(Schema::new(fields));
+        let reservation = MemoryConsumer::new("PositionShuffleExec spilled ranges")
+            .register(ctx.memory_pool());
+        let buffered = Arc::new(reservation.new_empty());
+        Ok(Self {
+            input,
+            ranks: Arc::new(Ranks {
+                permutation,
+                starts: groups.starts().to_vec(),
+                files: groups.files().into_iter().collect(),
+                counted,
+            }),
+            range_rows,
+            ranges,
+            batch_rows,
+            schema,
+            spill: SpillManager::new(ctx.runtime_env(), spill_metrics, spilled_schema),
+            ctx,
+            reservation,
+            buffered,
+            buffer_bytes,
+        })
+    }
+
+    /// The epoch's batches: every row spilled to its range, then the
+    /// ranges read back in turn, the next one while the current one is
+    /// read out.
+    pub(super) fn stream(
+        self,
+        baseline: BaselineMetrics,
+        ranges_metric: Count,
+    ) -> BoxStream<'static, Result<RecordBatch>> {
+        let this = Arc::new(self);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Range>>(1);
+        let producer = {
+            let this = Arc::clone(&this);
+            SpawnedTask::spawn(async move {
+                let files = match this.spill_all().await {
+                    Ok(files) => files,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                for (k, file) in files.into_iter().enumerate() {
+                    // Waits until the range before is taken: two ranges
+                    // held at most, the one read out and this one.
+                    let Ok(permit) = tx.reserve().await else {
+                        return;
+                    };
+                    let range = this.read_range(k, file).await;
+                    let failed = range.is_err();
+                    permit.send(range);
+                    if failed {
+                        return;
+                    }
+                }
+            })
+        };
+        let batch_rows = this.batch_rows;
+        let schema = Arc::clone(&this.schema);
+        futures::stream::unfold(
+            (rx, producer, ranges_metric),
+            move |(mut rx, producer, ranges_metric)| async move {
+                let range = rx.recv().await?;
+                ranges_metric.add(1);
+                Some((range, (rx, producer, ranges_metric)))
+            },
+        )
+        .flat_map(move |range| {
+            let batches: Vec<Result<RecordBatch>> = match range {
+                Ok(range) => {
+                    let refs: Vec<&RecordBatch> = range.rows.iter().collect();
+                    range
+                        .at
+                        .chunks(batch_rows)
+                        .map(|chunk| {
+                            let batch = interleave_record_batch(&refs, chunk)?;
+                            Ok(batch.with_schema(Arc::clone(&schema))?)
+                        })
+                        .collect()
+                }
+                Err(e) => vec![Err(e)],
+            };
+            futures::stream::iter(batches)
+        })
+        .map(move |batch| batch.map(|b| b.record_output(&baseline)))
+        .boxed()
+    }
+
+    /// Reads every input partition (a task each) and spills each row to
+    /// its range; the ranges' files, in range order (`None`: no rows).
+    async fn spill_all(&self) -> Result<Vec<Option<Arc<dyn SpillFile>>>> {
+        let sinks: Arc<Vec<Mutex<RangeSink>>> =
+            Arc::new((0..self.ranges).map(|_| Mutex::default()).collect());
+        // Under a filter: which partition reads each row group.
+        let readers_of: Arc<Mutex<HashMap<usize, usize>>> = Arc::default();
+        let mut readers = JoinSet::new();
+        let partitions = self.input.properties().partitioning.partition_count();
+        for partition in 0..partitions {
+            let stream = self.input.execute(partition, Arc::clone(&self.ctx))?;
+            let reader = Reader {
+                partition,
+                ranks: Arc::clone(&self.ranks),
+                range_rows: self.range_rows,
+                columns: self.schema.fields().len(),
+                sinks: Arc::clone(&sinks),
+                readers_of: Arc::clone(&readers_of),
+                spill: self.spill.clone(),
+                buffered: Arc::clone(&self.buffered),
+                buffer_bytes: self.buffer_bytes,
+            };
+            readers.spawn(reader.run(stream));
+        }
+        while let Some(finished) = readers.join_next().await {
+            finished.map_err(|e| exec_datafusion_err!("spilling by position: {e}"))??;
+        }
+        let sinks = Arc::try_unwrap(sinks).map_err(|_| {
+            internal_datafusion_err!("a spilling reader outlived its task")
+        })?;
+        let mut files = Vec::with_capacity(sinks.len());
+        for (k, sink) in sinks.into_iter().enumerate() {
+            let mut sink = sink.into_inner().map_err(|_| poisoned())?;
+            flush(&mut sink, &self.spill, &self.buffered)?;
+            let expected = self.range_len(k);
+            if sink.rows != expected {
+                return internal_err!(
+                    "SHUFFLE BY POSITION spilled {} rows for positions {}..{}, not {expected}: \
+                     did the data change while it was read?",
+                    sink.rows,
+                    k as u64 * self.range_rows,
+                    k as u64 * self.range_rows + expected
+                );
+            }
+            files.push(match sink.file.take() {
+                Some(mut file) => file(None)?,
+                None => None,
+            });
+        }
+        Ok(files)
+    }
+
+    /// Positions in range `k`.
+    fn range_len(&self, k: usize) -> u64 {
+        let start = k as u64 * self.range_rows;
+        (start + self.range_rows).min(self.ranks.permutation.len()) - start
+    }
+
+    /// Range `k` read back from `file`: each row in its slot.
+    async fn read_range(
+        &self,
+        k: usize,
+        file: Option<Arc<dyn SpillFile>>,
+    ) -> Result<Range> {
+        let len = self.range_len(k) as usize;
+        let reservation = self.reservation.new_empty();
+        let mut rows = Vec::new();
+        let mut at = vec![(usize::MAX, 0usize); len];
+        if let Some(file) = file {
+            let mut stream = self.spill.read_spill_as_stream(file, None)?;
+            while let Some(batch) = stream.next().await {
+                let batch = batch?;
+                grow_waiting(&reservation, get_record_batch_memory_size(&batch))
+                    .await
+                    .map_err(|e| {
+                    resources_datafusion_err!(
+                        "SHUFFLE BY POSITION spilled this epoch by position range, as it does \
+                         not fit the memory limit, and a range of {len} rows does not fit \
+                         either: raise the memory limit (--memory-limit), or use SHUFFLE \
+                         WINDOW n. {e}"
+                    )
+                })?;
+                let slots = batch
+                    .column(batch.num_columns() - 1)
+                    .as_primitive_opt::<datafusion::arrow::datatypes::UInt32Type>()
+                    .ok_or_else(|| {
+                        internal_datafusion_err!("the slot column is not UInt32")
+                    })?;
+                let piece = rows.len();
+                for (row, &slot) in slots.values().iter().enumerate() {
+                    match at.get_mut(slot as usize) {
+                        Some(place) if place.0 == usize::MAX => *place = (piece, row),
+                        _ => {
+                            return internal_err!(
+                                "SHUFFLE BY POSITION: slot {slot} of range {k} filled twice \
+                                 or out of its {len} positions"
+                            );
+                        }
+                    }
+                }
+                let kept: Vec<usize> = (0..batch.num_columns() - 1).collect();
+                rows.push(batch.project(&kept)?);
+            }
+        }
+        if let Some(slot) = at.iter().position(|place| place.0 == usize::MAX) {
+            return internal_err!(
+                "SHUFFLE BY POSITION: slot {slot} of range {k} is empty"
+            );
+        }
+        Ok(Range {
+            rows,
+            at,
+            _reservation: reservation,
+        })
+    }
+}
+
+/// One range's rows, read back: `rows` as read, and for each position of
+/// the range (in order) the batch and row holding it.
+struct Range {
+    rows: Vec<RecordBatch>,
+    at: Vec<(usize, usize)>,
+    _reservation: MemoryReservation,
+}
+
+/// One input partition's reader: places its rows in their ranges.
+struct Reader {
+    partition: usize,
+    ranks: Arc<Ranks>,
+    range_rows: u64,
+    /// Columns before the two position columns.
+    columns: usize,
+    sinks: Arc<Vec<Mutex<RangeSink>>>,
+    readers_of: Arc<Mutex<HashMap<usize, usize>>>,
+    spill: SpillManager,
+    buffered: Arc<MemoryReservation>,
+    buffer_bytes: usize,
+}
+
+impl Reader {
+    async fn run(self, mut stream: BatchStream) -> Result<()> {
+        // Under a filter: rows of each row group kept so far, and the last
+        // row index seen (rows of a group must come in order).
+        let mut kept: HashMap<usize, (u64, i64)> = HashMap::new();
+        let mut last_file: Option<(String, usize)> = None;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let files = FileColumn::try_new(batch.column(self.columns).as_ref())?;
+            let row_indexes = batch
+                .column(self.columns + 1)
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| internal_datafusion_err!("the row column is not Int64"))?;
+            // Per range: the batch's rows in it and their slots.
+            let mut by_range: HashMap<usize, (Vec<u32>, Vec<u32>)> = HashMap::new();
+            let mut groups: Option<(&str, &Vec<(u64, usize)>)> = None;
+            for row in 0..batch.num_rows() {
+                let path = files.path(row);
+                let file_groups = match groups {
+                    Some((p, g)) if p == path => g,
+                    _ => {
+                        let g = self.ranks.files.get(path).ok_or_else(|| {
+                            exec_datafusion_err!(
+                                "SHUFFLE BY POSITION read a row of {path}, which was not \
+                                 listed when the epoch was planned: plan it again"
+                            )
+                        })?;
+                        groups = Some((path, g));
+                        g
+                    }
+                };
+                let row_index = row_indexes.value(row);
+                let index = u64::try_from(row_index).map_err(|_| {
+                    internal_datafusion_err!("row index {row_index} of {path}")
+                })?;
+                let place = file_groups.partition_point(|&(first, _)| first <= index);
+                let Some(&(first_row, group)) =
+                    place.checked_sub(1).and_then(|p| file_groups.get(p))
+                else {
+                    return internal_err!(
+                        "row {index} of {path} before its first row group"
+                    );
+                };
+                let offset = if self.ranks.counted {
+                    self.claim(group, &mut last_file, path)?;
+                    let (count, last) = kept.entry(group).or_insert((0, -1));
+                    if row_index <= *last {
+                        return internal_err!(
+                            "SHUFFLE BY POSITION: rows of row group {group} of {path} came \
+                             out of order (row {row_index} after {last}): they cannot be \
+                             ranked under a filter"
+                        );
+                    }
+                    *last = row_index;
+                    *count += 1;
+                    *count - 1
+                } else {
+                    index - first_row
+                };
+                let rank = self.ranks.starts[group] + offset;
+                if rank >= self.ranks.starts[group + 1] {
+                    return internal_err!(
+                        "SHUFFLE BY POSITION: row {index} of {path} has rank {rank}, past its \
+                         row group's: did the file change while it was read?"
+                    );
+                }
+                let position = self.ranks.permutation.position_of(rank);
+                let range = (position / self.range_rows) as usize;
+                let slot = (position % self.range_rows) as u32;
+                let (rows, slots) = by_range.entry(range).or_default();
+                rows.push(row as u32);
+                slots.push(slot);
+            }
+            let kept_columns: Vec<usize> = (0..self.columns).collect();
+            let rows_only = batch.project(&kept_columns)?;
+            for (range, (rows, slots)) in by_range {
+                let taken = take_record_batch(&rows_only, &UInt32Array::from(rows))?;
+                let mut columns = taken.columns().to_vec();
+                columns.push(Arc::new(UInt32Array::from(slots)));
+                let piece = RecordBatch::try_new_with_options(
+                    Arc::clone(self.spill.schema()),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(taken.num_rows())),
+                )?;
+                self.place(range, piece)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims row group `group` for this reader (under a filter a group's
+    /// rows must all come through one reader, in order).
+    fn claim(
+        &self,
+        group: usize,
+        last: &mut Option<(String, usize)>,
+        path: &str,
+    ) -> Result<()> {
+        if last.as_ref().is_some_and(|(_, g)| *g == group) {
+            return Ok(());
+        }
+        let mut readers = self.readers_of.lock().map_err(|_| poisoned())?;
+        let reader = *readers.entry(group).or_insert(self.partition);
+        if reader != self.partition {
+            return internal_err!(
+                "SHUFFLE BY POSITION: row group {group} of {path} came through two \
+                 partitions: its rows cannot be ranked under a filter"
+            );
+        }
+        *last = Some((path.to_string(), group));
+        Ok(())
+    }
+
+    /// Adds `piece` to range `range`'s buffer, writing the buffer to the
+    /// range's file once it is full (or the pool refuses the piece).
+    fn place(&self, range: usize, piece: RecordBatch) -> Result<()> {
+        let sink = self.sinks.get(range).ok_or_else(|| {
+            internal_datafusion_err!("range {range} of a spilled epoch")
+        })?;
+        let mut sink = sink.lock().map_err(|_| poisoned())?;
+        let bytes = get_record_batch_memory_size(&piece);
+        sink.rows += piece.num_rows() as u64;
+        sink.bytes += bytes;
+        sink.buffered.push(piece);
+        let refused = self.buffered.try_grow(bytes).is_err();
+        if !refused {
+            sink.reserved += bytes;
+        }
+        if refused || sink.bytes >= self.buffer_bytes {
+            flush(&mut sink, &self.spill, &self.buffered)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `sink`'s buffered rows to its file (opened on the first write)
+/// and gives back what they reserved from `buffered`.
+fn flush(
+    sink: &mut RangeSink,
+    spill: &SpillManager,
+    buffered: &MemoryReservation,
+) -> Result<()> {
+    if sink.buffered.is_empty() {
+        return Ok(());
+    }
+    let batch = concat_batches(spill.schema(), &sink.buffered)?;
+    sink.buffered.clear();
+    buffered.shrink(sink.reserved);
+    sink.bytes = 0;
+    sink.reserved = 0;
+    if sink.file.is_none() {
+        sink.file = Some(open_spill_file(spill)?);
+    }
+    if let Some(write) = sink.file.as_mut() {
+        write(Some(&batch))?;
+    }
+    Ok(())
+}
+
+/// How long a range waits for the pool before it says it does not fit.
+const POOL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Grows `reservation` by `bytes`, waiting up to [`POOL_WAIT`] for the pool
+/// to have room: a feed's next epoch started ahead fills the pool while it
+/// tries to hold its epoch whole, and gives it all back once refused.
+async fn grow_waiting(reservation: &MemoryReservation, bytes: usize) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match reservation.try_grow(bytes) {
+            Ok(()) => return Ok(()),
+            Err(e) if started.elapsed() >= POOL_WAIT => return Err(e),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+}
+
+fn poisoned() -> DataFusionError {
+    internal_datafusion_err!("SHUFFLE BY POSITION: a reader panicked while spilling")
+}
