@@ -16,9 +16,10 @@
 # followed by a simulated training step of n ms, and `wait_pct` is the share
 # of the run after the first batch that the loop waited for batches: with
 # EPOCHS=2, what the epoch boundary costs. CASES picks the cases (default
-# "content position scan"); the case `passes` is `position` under
-# `--memory-limit $PASSES_LIMIT` (default 128M): an epoch that does not fit
-# read in passes, in the same order (equal digests). Needs a release build.
+# "content position scan"); the case `spilled` is `position` under
+# `--memory-limit $SPILL_LIMIT` (default 128M): an epoch that does not fit
+# spilled by position range, in the same order (equal digests). Needs a
+# release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -49,9 +50,9 @@ for rows in "${sizes[@]}"; do
       global=()
       case $case in
         position) flags+=(--shuffle-by-position) ;;
-        passes)
+        spilled)
           flags+=(--shuffle-by-position)
-          global=(--memory-limit "${PASSES_LIMIT:-128M}")
+          global=(--memory-limit "${SPILL_LIMIT:-128M}")
           ;;
         scan) flags=() ;;
       esac
