@@ -117,7 +117,8 @@ class Feed:
             BY POSITION``): the first batch waits for the scan alone, not for
             hashing and indexing every row. The order follows the files (the
             same rows in other files are another order); the epoch is held in
-            memory; embedded engine only.
+            memory, or spilled by position range when it does not fit
+            ``memory_limit`` (the same order); embedded engine only.
         epochs: None (default): every ``for`` loop is one epoch, the current
             one (DataLoader style: advance with :meth:`set_epoch`, or let the
             position roll over: after an epoch's last batch it is the next

@@ -519,6 +519,41 @@ def test_a_feed_shuffled_by_position_is_an_exact_reproducible_order(session, tmp
         next(iter(session.feed(query, **dict(options, shuffle_window=400))))
 
 
+def test_a_feed_by_position_that_does_not_fit_its_memory_limit_gives_the_same_batches(
+    tmp_path,
+):
+    """An epoch shuffled by position that does not fit ``memory_limit``
+    (300k rows of two int64 columns, about 4.8 MB, in 2 MB) is spilled by
+    position range: two epochs give the batches a roomy session gives."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    for part in range(2):
+        ids = pa.array(range(part * 150_000, (part + 1) * 150_000), pa.int64())
+        v = pa.array(range(part * 450_000, (part + 1) * 450_000, 3), pa.int64())
+        table = pa.table({"id": ids, "v": v})
+        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=50_000)
+    query = f"SELECT id, v FROM '{tmp_path}/*.parquet'"
+
+    def epochs(memory_limit):
+        session = sqlfeed.Session(memory_limit=memory_limit, target_partitions=2)
+        feed = session.feed(
+            query,
+            batch_size=4096,
+            shuffle=5,
+            shuffle_by_position=True,
+            epochs=2,
+            device="cpu",
+            format="numpy",
+        )
+        return [b["id"].tolist() for b in feed]
+
+    roomy = epochs("256M")
+    assert sum(len(b) for b in roomy) == 600_000
+    assert roomy[0] != sorted(roomy[0])
+    assert epochs("2M") == roomy
+
+
 def test_a_feed_shuffled_by_position_gives_row_i_to_a_sampled_map_style_loader(session, tmp_path):
     """``dataset(epoch)`` of a feed shuffled by position: row ``i`` is the
     feed's ``i``-th row of that epoch, also for a ``DataLoader`` that draws

@@ -195,7 +195,8 @@ impl FeedBuilder {
     /// row, at the price of an order that follows the files (the same rows
     /// laid out in other files are another order). Needs
     /// [`FeedBuilder::shuffle`]; one Parquet table, row-wise queries; the
-    /// epoch is held in memory; embedded engine.
+    /// epoch is held in memory, or spilled by position range when it does
+    /// not fit the session's memory limit (same order); embedded engine.
     pub fn shuffle_by_position(mut self) -> Self {
         self.shuffle_by_position = true;
         self

@@ -374,8 +374,9 @@ impl FeedPlan {
         }
     }
 
-    /// Whether each epoch holds all its rows in memory without spilling
-    /// (`SHUFFLE BY POSITION`): a look-ahead then needs room for two.
+    /// Whether each epoch holds all its rows in memory unless the pool
+    /// refuses them (`SHUFFLE BY POSITION`, which then spills by position
+    /// range): a look-ahead then needs room for two.
     pub(super) fn holds_epochs_whole(&self) -> bool {
         matches!(
             self.order,

@@ -179,10 +179,13 @@ impl Producer {
                     {
                         tokio::time::sleep(FIRST_BATCH_POLL).await;
                     }
-                    // An epoch shuffled by position holds all its rows and
-                    // cannot spill: a second one is started ahead only if
-                    // the pool has room for another as large as what it
-                    // holds now; else it starts when this one ends.
+                    // An epoch shuffled by position holds all its rows (or
+                    // two ranges of them, spilled): a second one is started
+                    // ahead only if the pool has room for another as large
+                    // as what it holds now; else it starts when this one
+                    // ends. Started ahead, it tries to hold its rows until
+                    // the pool refuses, then spills; the current epoch's
+                    // ranges wait for that room (`grow_waiting`).
                     if feed.holds_epochs_whole() && !room_for_another_epoch(&feed.session)
                     {
                         return None;
