@@ -1,5 +1,7 @@
 //! [`PositionShuffleExec`]: holds every row with where it lives and emits
-//! them in the order of an index permutation; see the [module docs](super).
+//! them in the order of an index permutation (or, when they do not fit,
+//! spills them by position range: [`super::spilled`]); see the
+//! [module docs](super).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -35,7 +37,11 @@ use crate::shuffle::windowed::windowable_scan;
 /// Emits all rows of its input, without the last two columns (each row's
 /// file path and row index in that file), in the order of the
 /// [`IndexPermutation`] of `(seed, epoch)` over the rows' canonical ranks.
-/// Module docs: the order, memory and what it refuses.
+/// Module docs: the order, memory (and spilling) and what it refuses.
+///
+/// Metrics: `runs` (held whole), `held_bytes` (what was held, or what fitted
+/// before the pool refused), `ranges` (position ranges read back from
+/// spill files; 0 when held whole) and DataFusion's spill metrics.
 #[derive(Debug)]
 pub struct PositionShuffleExec {
     /// The rows, then their file (a dictionary of `Utf8`, or `Utf8`) and row

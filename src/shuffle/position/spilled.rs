@@ -249,21 +249,19 @@ impl SpilledEpoch {
             },
         )
         .flat_map(move |range| {
-            let batches: Vec<Result<RecordBatch>> = match range {
+            let schema = Arc::clone(&schema);
+            match range {
+                // Each batch gathered when it is asked for: the range is
+                // held once, until its last batch.
                 Ok(range) => {
-                    let refs: Vec<&RecordBatch> = range.rows.iter().collect();
-                    range
-                        .at
-                        .chunks(batch_rows)
-                        .map(|chunk| {
-                            let batch = interleave_record_batch(&refs, chunk)?;
-                            Ok(batch.with_schema(Arc::clone(&schema))?)
-                        })
-                        .collect()
+                    let range = Arc::new(range);
+                    let batches = range.at.len().div_ceil(batch_rows);
+                    futures::stream::iter(0..batches)
+                        .map(move |number| range.batch(number, batch_rows, &schema))
+                        .left_stream()
                 }
-                Err(e) => vec![Err(e)],
-            };
-            futures::stream::iter(batches)
+                Err(e) => futures::stream::iter([Err(e)]).right_stream(),
+            }
         })
         .map(move |batch| batch.map(|b| b.record_output(&baseline)))
         .boxed()
@@ -392,6 +390,22 @@ struct Range {
     rows: Vec<RecordBatch>,
     at: Vec<(usize, usize)>,
     _reservation: MemoryReservation,
+}
+
+impl Range {
+    /// Its batch `number` of `batch_rows` positions, as `schema`.
+    fn batch(
+        &self,
+        number: usize,
+        batch_rows: usize,
+        schema: &SchemaRef,
+    ) -> Result<RecordBatch> {
+        let start = number * batch_rows;
+        let end = (start + batch_rows).min(self.at.len());
+        let refs: Vec<&RecordBatch> = self.rows.iter().collect();
+        let batch = interleave_record_batch(&refs, &self.at[start..end])?;
+        Ok(batch.with_schema(Arc::clone(schema))?)
+    }
 }
 
 /// One input partition's reader: places its rows in their ranges.
