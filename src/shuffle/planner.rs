@@ -6,6 +6,8 @@ use async_trait::async_trait;
 use datafusion::arrow::compute::SortOptions;
 use datafusion::common::{internal_err, not_impl_err};
 use datafusion::error::Result;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{LogicalPlan, UserDefinedLogicalNode};
 use datafusion::physical_expr::expressions::Column;
@@ -16,6 +18,8 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use datafusion_session::Session;
+
+use crate::config::SqlfeedOptions;
 
 use super::windowed::cut_to_window;
 use super::{
@@ -506,12 +510,35 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     return internal_err!("Shuffle has one input");
                 };
                 let positioned = with_positions((*logical).clone())?;
-                let input = planner.create_physical_plan(&positioned, session).await?;
+                let input = if SqlfeedOptions::of(session.config().options())
+                    .isolate_row_errors
+                {
+                    // Failing rows are isolated above the shuffle, in the
+                    // outer plan's output projections (their slots keep
+                    // their positions; the feed fills them). Planned here,
+                    // the input would isolate its own: a marker column
+                    // after the two position columns.
+                    let Some(state) = session.as_any().downcast_ref::<SessionState>()
+                    else {
+                        return not_impl_err!(
+                            "SHUFFLE BY POSITION isolates failing rows only in a sqlfeed \
+                             session; turn sqlfeed.isolate_row_errors off, or use SHUFFLE"
+                        );
+                    };
+                    let mut config = state.config().clone();
+                    let mut options = SqlfeedOptions::of(config.options()).clone();
+                    options.isolate_row_errors = false;
+                    config.options_mut().extensions.insert(options);
+                    let state = SessionStateBuilder::new_from_existing(state.clone())
+                        .with_config(config)
+                        .build();
+                    planner.create_physical_plan(&positioned, &state).await?
+                } else {
+                    planner.create_physical_plan(&positioned, session).await?
+                };
                 if crate::exec::row_errors::has_row_errors(&input.schema()) {
-                    return not_impl_err!(
-                        "SHUFFLE BY POSITION does not quarantine rows yet (a quarantined \
-                         row would move every position after it); turn \
-                         sqlfeed.isolate_row_errors off, or use SHUFFLE"
+                    return internal_err!(
+                        "SHUFFLE BY POSITION's input isolates row errors under the shuffle"
                     );
                 }
                 Arc::new(PositionShuffleExec::try_new(input, seed, epoch)?)

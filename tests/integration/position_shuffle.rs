@@ -169,19 +169,46 @@ async fn what_has_no_position_is_refused_by_name() -> Result<()> {
         };
         assert_contains(&err, needles);
     }
-    // Rows whose errors are isolated (a quarantining query): not yet.
+    // Rows whose errors are isolated (a quarantining query): a failing
+    // row keeps its position, marked above the shuffle, and no row moves.
     let isolating = session(2, 64)?;
     collect(&isolating, "SET sqlfeed.isolate_row_errors = true").await?;
-    let err = match collect(
+    // As a quarantining feed sets it: cheap functions stay above the
+    // shuffle, in the projection whose failing rows are isolated.
+    collect(&isolating, "SET sqlfeed.carry_cheap_outputs = false").await?;
+    let isolated = collect(
         &isolating,
-        &format!("SELECT id FROM {table} SHUFFLE BY POSITION SEED 1"),
+        &format!(
+            "SELECT id, CAST(CASE WHEN id % 50 = 7 THEN 'bad' ELSE CAST(id AS VARCHAR) \
+             END AS BIGINT) AS w FROM {table} SHUFFLE BY POSITION SEED 1"
+        ),
     )
-    .await
-    {
-        Ok(_) => panic!("a quarantining shuffle by position ran"),
-        Err(e) => e.to_string(),
-    };
-    assert_contains(&err, &["SHUFFLE BY POSITION does not quarantine rows yet"]);
+    .await?;
+    let schema = isolated[0].schema();
+    assert_eq!(
+        schema.fields().last().map(|f| f.name().as_str()),
+        Some("__sqlfeed_row_error"),
+        "the marker column comes last, after the shuffle"
+    );
+    let all: Vec<i64> = (0..200).collect();
+    let expected: Vec<Option<i64>> = defined_order(&all, 1, 0)
+        .into_iter()
+        .map(|id| (id % 50 != 7).then_some(id))
+        .collect();
+    let got: Vec<Option<i64>> = isolated
+        .iter()
+        .flat_map(|b| {
+            use datafusion::arrow::array::AsArray;
+            let w = b
+                .column(1)
+                .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+            w.iter().collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        got, expected,
+        "a failing row's slot is null, the others in order"
+    );
     Ok(())
 }
 
@@ -369,17 +396,6 @@ fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
         .unwrap_err()
         .to_string();
     assert_contains(&err, &["shuffle_by_position", "not both"]);
-    let err = feed(&s)
-        .on_error(sqlfeed::feed::OnError::Quarantine(
-            sqlfeed::feed::QuarantineLimit::Rows(4),
-        ))
-        .build()
-        .unwrap_err()
-        .to_string();
-    assert_contains(
-        &err,
-        &["shuffle_by_position", "does not quarantine rows yet"],
-    );
     let err = Feed::builder(&s, sql.clone())
         .shuffle_by_position()
         .device(Device::Cpu)

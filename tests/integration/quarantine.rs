@@ -99,15 +99,24 @@ fn a_failing_row_takes_the_row_before_it_and_nothing_else_moves() -> Result<()> 
     let dir = tempfile::tempdir()?;
     let files = ids(dir.path())?;
     let session = session()?;
-    for seed in [Some(3), None] {
+    // Shuffled by content, unshuffled, and shuffled by position (failing
+    // rows are isolated above the shuffle: no position moves).
+    let mut references = vec![];
+    for (seed, by_position) in [(Some(3), false), (None, false), (Some(3), true)] {
         let builder = |sql: String| {
-            Feed::builder(&session, sql)
+            let builder = Feed::builder(&session, sql)
                 .given(seed, FeedBuilder::shuffle)
                 .batch_size(64)
-                .epochs(2)
+                .epochs(2);
+            if by_position {
+                builder.shuffle_by_position()
+            } else {
+                builder
+            }
         };
         let (reference, none) = fed(quarantining(builder(sound(&files))))?;
         assert!(none.is_empty());
+        references.push(orders(&reference));
         let (quarantined, table) = fed(quarantining(builder(failing(&files))))?;
         let failing_ids = (0..1000).filter(|id| bad(*id)).count();
         assert_eq!(table.len(), 2 * failing_ids, "seed {seed:?}");
@@ -142,6 +151,7 @@ fn a_failing_row_takes_the_row_before_it_and_nothing_else_moves() -> Result<()> 
         assert_contains(&row.function, &["CAST"]);
         assert_contains(&row.error, &["bad"]);
     }
+    assert_ne!(references[0], references[2], "by position is another order");
     Ok(())
 }
 
