@@ -687,11 +687,6 @@ impl FeedBuilder {
                 .quarantine_origins(rows);
         }
         rows.sort_by_key(|row| (row.epoch, row.position));
-        if self.shuffle_by_position {
-            // Provenance does not follow a shuffle by position yet: the
-            // rows are named by epoch and position, their files left out.
-            return Ok(rows);
-        }
         let epochs: BTreeSet<u64> = rows.iter().map(|row| row.epoch).collect();
         for epoch in epochs {
             let in_epoch: Vec<&mut QuarantinedRow> =

@@ -121,6 +121,35 @@ fn explained_rows_are_the_rows_of_the_batch() -> Result<()> {
     Ok(())
 }
 
+/// A feed shuffled by position is explained through its order: the
+/// origin columns ride through `SHUFFLE BY POSITION` without changing it
+/// (it ranks rows by file and row index, not content); two ranks, two
+/// epochs, with and without a filter.
+#[test]
+fn batches_shuffled_by_position_are_explained() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    ids(dir.path())?;
+    let session = session()?;
+    let glob = format!("{}/*.parquet", dir.path().display());
+    for (rank, sql, steps) in [
+        (0, format!("SELECT id FROM '{glob}'"), 2 * 8),
+        (
+            1,
+            format!("SELECT id FROM '{glob}' WHERE id % 3 <> 0"),
+            2 * 6,
+        ),
+    ] {
+        let by_position = Feed::builder(&session, sql)
+            .shuffle(5)
+            .shuffle_by_position()
+            .batch_size(64)
+            .shard(rank, 2)
+            .epochs(2);
+        assert_eq!(check_every_batch(&by_position)?, steps);
+    }
+    Ok(())
+}
+
 /// A windowed shuffle's batches are explained as the feed cuts them: the
 /// origins query runs through the same windows (row groups of 100 and 50
 /// rows, windows of 300; each row group read through a byte range, whose

@@ -281,10 +281,25 @@ fn the_table_names_each_rows_file_and_row() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let files = ids(dir.path())?;
     let session = session()?;
-    let builder = quarantining(Feed::builder(&session, failing(&files)))
-        .shuffle(2)
-        .batch_size(100)
-        .epochs(2);
+    // Shuffled by content and by position.
+    for by_position in [false, true] {
+        let builder = quarantining(Feed::builder(&session, failing(&files)))
+            .shuffle(2)
+            .batch_size(100)
+            .epochs(2);
+        let builder = if by_position {
+            builder.shuffle_by_position()
+        } else {
+            builder
+        };
+        names_each_rows_file_and_row(&builder)?;
+    }
+    Ok(())
+}
+
+/// Checks that the table of `builder`'s feed names every failing row of
+/// both epochs by file and row.
+fn names_each_rows_file_and_row(builder: &FeedBuilder) -> Result<()> {
     let (_, table) = fed(builder.clone())?;
     let resolved = builder.quarantine_origins(table)?;
     let mut found: Vec<(u64, i64)> = resolved

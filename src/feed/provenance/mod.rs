@@ -290,14 +290,10 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
                 .expect("checked by the match guard");
             let input = carry_origins(shuffle.input().clone(), carry)?;
             let key = match (shuffle.spec(), shuffle.key()) {
-                (ShuffleSpec::Positional { .. }, _) => {
-                    return not_impl_err!(
-                        "explain_batch follows rows through SHUFFLE, SHUFFLE WINDOW and \
-                         LOCAL SHUFFLE, not yet through SHUFFLE BY POSITION"
-                    );
-                }
-                // A local shuffle's order does not depend on the rows' content.
-                (ShuffleSpec::Local { .. }, key)
+                // Neither a local shuffle's order nor one by position (the
+                // rows' files and row indexes) depends on the rows' content:
+                // the origin columns ride along without changing it.
+                (ShuffleSpec::Local { .. } | ShuffleSpec::Positional { .. }, key)
                 | (_, key @ ShuffleKey::ContentHash(_)) => key.clone(),
                 (
                     ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. },

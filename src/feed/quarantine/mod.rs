@@ -51,9 +51,8 @@
 //! error. [`crate::feed::Feed::quarantined`] lists the rows found so far;
 //! the file, row group and row of each are resolved on demand by the
 //! origins query `explain_batch` runs (one pass without the preprocessing
-//! per epoch asked); not yet for a feed shuffled by position (`SHUFFLE BY
-//! POSITION`, whose failing rows are isolated above the shuffle like the
-//! others), whose rows are named by epoch and position alone. Checkpoints carry the rows of the epochs before them,
+//! per epoch asked; a feed shuffled by position too, whose failing rows
+//! are isolated above the shuffle like the others). Checkpoints carry the rows of the epochs before them,
 //! so a resumed run's table is the uninterrupted run's. A row costs about
 //! 100 bytes plus its error text (cut to 2,000 characters) on every rank
 //! and in every checkpoint, once per epoch it fails in: data that fails
