@@ -15,20 +15,24 @@
 //!
 //! # Memory
 //! The row groups read last are kept (their rows as the shuffle holds them)
-//! up to [`HELD_BYTES`], the oldest dropped first; the last one read is
-//! always kept. A batch of positions holds the row groups it falls in while
-//! it is gathered.
+//! up to [`HELD_BYTES`] and what the session's memory pool grants, the
+//! oldest dropped first; the last one read is always kept. A batch of
+//! positions holds the row groups it falls in while it is gathered. Row
+//! groups are read `target_partitions` at a time, each on a task of its
+//! own (the dataset's runtime has a thread per core).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat_batches, interleave_record_batch};
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_datafusion_err, internal_err, plan_err};
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{StreamExt, TryStreamExt};
 
@@ -46,6 +50,8 @@ pub(super) struct Positions {
     planned: Mutex<Option<Arc<Planned>>>,
     /// Row groups read, the last read at the back: (number, rows).
     held: Mutex<VecDeque<(usize, RecordBatch)>>,
+    /// What `held` holds, reserved from the session's pool.
+    reserved: MemoryReservation,
 }
 
 /// The epoch's physical plan with what places a position in it.
@@ -59,10 +65,13 @@ struct Planned {
 
 impl Positions {
     pub(super) fn new(query: EpochQuery) -> Self {
+        let reserved = MemoryConsumer::new("EpochDataset row groups")
+            .register(&query.state.runtime_env().memory_pool);
         Self {
             query,
             planned: Mutex::default(),
             held: Mutex::default(),
+            reserved,
         }
     }
 
@@ -213,19 +222,33 @@ impl Positions {
                     let groups: Vec<usize> =
                         missing.iter().map(|&(_, group)| group).collect();
                     reading.groups.check_unchanged(&groups, &ctx).await?;
-                    futures::stream::iter(missing.into_iter().map(|(slot, group)| {
-                        let reading = Arc::clone(&reading);
-                        let ctx = Arc::clone(&ctx);
-                        async move {
-                            let rows = reading.groups.read_group(group, ctx).await?;
-                            Ok::<_, datafusion::error::DataFusionError>((
-                                slot, group, rows,
-                            ))
-                        }
-                    }))
-                    .buffer_unordered(at_once)
-                    .try_collect()
-                    .await
+                    // Each row group decoded on a task of its own.
+                    let reads: Vec<_> = missing
+                        .into_iter()
+                        .map(|(slot, group)| {
+                            let reading = Arc::clone(&reading);
+                            let ctx = Arc::clone(&ctx);
+                            async move {
+                                let rows = SpawnedTask::spawn(async move {
+                                    reading.groups.read_group(group, ctx).await
+                                })
+                                .join()
+                                .await
+                                .map_err(|e| {
+                                    internal_datafusion_err!(
+                                        "reading row group {group}: {e}"
+                                    )
+                                })??;
+                                Ok::<_, datafusion::error::DataFusionError>((
+                                    slot, group, rows,
+                                ))
+                            }
+                        })
+                        .collect();
+                    futures::stream::iter(reads)
+                        .buffer_unordered(at_once)
+                        .try_collect()
+                        .await
                 })?;
             for (slot, group, rows) in read {
                 held.push_back((group, rows.clone()));
@@ -233,10 +256,17 @@ impl Positions {
             }
             let mut bytes: usize =
                 held.iter().map(|(_, b)| b.get_array_memory_size()).sum();
-            while bytes > HELD_BYTES && held.len() > 1 {
+            // Up to HELD_BYTES, and what the pool grants (the last one read
+            // is kept in any case: the batch being gathered needs it).
+            while held.len() > 1
+                && (bytes > HELD_BYTES || self.reserved.try_resize(bytes).is_err())
+            {
                 if let Some((_, oldest)) = held.pop_front() {
                     bytes -= oldest.get_array_memory_size();
                 }
+            }
+            if held.len() <= 1 {
+                self.reserved.resize(bytes);
             }
         }
         found

@@ -59,8 +59,8 @@ use datafusion::arrow::compute::{
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::runtime::{JoinSet, SpawnedTask};
 use datafusion::common::{
-    DataFusionError, exec_datafusion_err, internal_datafusion_err, internal_err,
-    resources_datafusion_err,
+    DataFusionError, exec_datafusion_err, exec_err, internal_datafusion_err,
+    internal_err, resources_datafusion_err,
 };
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -303,9 +303,10 @@ impl SpilledEpoch {
             flush(&mut sink, &self.spill, &self.buffered)?;
             let expected = self.range_len(k);
             if sink.rows != expected {
-                return internal_err!(
+                return exec_err!(
                     "SHUFFLE BY POSITION spilled {} rows for positions {}..{}, not {expected}: \
-                     did the data change while it was read?",
+                     the data changed while the epoch was read (a file rewritten, or a \
+                     filter that keeps other rows on another read); read the epoch again",
                     sink.rows,
                     k as u64 * self.range_rows,
                     k as u64 * self.range_rows + expected
@@ -486,9 +487,10 @@ impl Reader {
                 };
                 let rank = self.ranks.starts[group] + offset;
                 if rank >= self.ranks.starts[group + 1] {
-                    return internal_err!(
+                    return exec_err!(
                         "SHUFFLE BY POSITION: row {index} of {path} has rank {rank}, past its \
-                         row group's: did the file change while it was read?"
+                         row group's rows: the file changed while the epoch was read; read \
+                         the epoch again"
                     );
                 }
                 let position = self.ranks.permutation.position_of(rank);
