@@ -310,6 +310,39 @@ async fn an_epoch_that_does_not_fit_is_spilled_by_position_range_in_the_same_ord
     Ok(())
 }
 
+/// A limit so small that the epoch would need more ranges than spill files
+/// it may keep open: an error that says so and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_too_large_for_its_spilled_ranges_says_what_to_do() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 100_000, 10_000)?;
+    let tiny = sqlfeed::Session::builder()
+        .target_partitions(1)
+        .batch_size(64)
+        .memory_limit(16 << 10)
+        .build()?;
+    let err = match collect(
+        &tiny,
+        &format!("SELECT id, v FROM {table} SHUFFLE BY POSITION SEED 3"),
+    )
+    .await
+    {
+        Ok(_) => panic!("200k rows spilled in ranges of a 16 KiB pool"),
+        Err(e) => e.to_string(),
+    };
+    assert_contains(
+        &err,
+        &[
+            "SHUFFLE BY POSITION holds the whole epoch in memory",
+            "200000 rows would need",
+            "more than 512 open files",
+            "--memory-limit",
+            "SHUFFLE WINDOW n",
+        ],
+    );
+    Ok(())
+}
+
 /// A cluster gets no plan it cannot run: the client refuses it by name.
 #[cfg(feature = "ballista")]
 #[test]

@@ -183,6 +183,7 @@ impl ExecutionPlan for PositionShuffleExec {
                         bytes: reservation.size(),
                     };
                     drop(batches);
+                    drop(runs);
                     reservation.free();
                     held_bytes.set(fitted.bytes);
                     let scan = windowable_scan(&input).map_err(|why| {

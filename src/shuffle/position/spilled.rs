@@ -32,8 +32,10 @@
 //! # Memory
 //! `R` (positions a range) is a quarter of the rows that fitted before the
 //! pool refused, rounded down to whole batches: the range read out and the
-//! range read ahead (each with its slots, 4 bytes a row) fit where the
-//! epoch did not. While the rows are spilled
+//! range read ahead (each with where each position's row is, 8 bytes a
+//! row, reserved too) fit where the epoch did not. At most [`MAX_RANGES`]
+//! ranges (each an open spill file): an epoch that would need more is an
+//! error that says to raise the limit. While the rows are spilled
 //! each range buffers a little before its file is written (a share of a
 //! quarter of what fitted, at least 64 KiB). Ranges and buffers are
 //! reserved from the session's pool.
@@ -90,6 +92,10 @@ pub(super) struct Fitted {
 
 /// The slot column written beside each spilled row.
 const SLOT_COLUMN: &str = "__sqlfeed_position_slot";
+
+/// The most ranges an epoch is spilled in: each is a spill file, open until
+/// it is read back.
+const MAX_RANGES: usize = 512;
 
 /// The least a range buffers before it is written.
 const LEAST_BUFFER_BYTES: usize = 64 << 10;
@@ -176,6 +182,18 @@ impl SpilledEpoch {
         let range_rows = (quarter / batch * batch).max(batch);
         let permutation = IndexPermutation::new(groups.len(), seed, epoch);
         let ranges = permutation.len().div_ceil(range_rows) as usize;
+        if ranges > MAX_RANGES {
+            return Err(resources_datafusion_err!(
+                "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit: \
+                 {} rows fitted in {} bytes, and spilled by position range the epoch's {} \
+                 rows would need {ranges} ranges (more than {MAX_RANGES} open files): raise \
+                 the memory limit (--memory-limit), or use SHUFFLE, which spills to disk, or \
+                 SHUFFLE WINDOW n, which holds one window",
+                fitted.rows,
+                fitted.bytes,
+                permutation.len()
+            ));
+        }
         let buffer_bytes = (fitted.bytes / 4 / ranges.max(1)).max(LEAST_BUFFER_BYTES);
         let mut fields = schema.fields().to_vec();
         fields.push(Arc::new(Field::new(SLOT_COLUMN, DataType::UInt32, false)));
@@ -238,29 +256,23 @@ impl SpilledEpoch {
                 }
             })
         };
-        let batch_rows = this.batch_rows;
-        let schema = Arc::clone(&this.schema);
-        futures::stream::unfold(
-            (rx, producer, ranges_metric),
-            move |(mut rx, producer, ranges_metric)| async move {
-                let range = rx.recv().await?;
-                ranges_metric.add(1);
-                Some((range, (rx, producer, ranges_metric)))
-            },
-        )
-        .flat_map(move |range| {
-            let schema = Arc::clone(&schema);
-            match range {
-                // Each batch gathered when it is asked for: the range is
-                // held once, until its last batch.
-                Ok(range) => {
-                    let range = Arc::new(range);
-                    let batches = range.at.len().div_ceil(batch_rows);
-                    futures::stream::iter(0..batches)
-                        .map(move |number| range.batch(number, batch_rows, &schema))
-                        .left_stream()
-                }
-                Err(e) => futures::stream::iter([Err(e)]).right_stream(),
+        let reading = Reading {
+            rx,
+            _producer: producer,
+            ranges: this.ranges,
+            received: 0,
+            current: None,
+            batch_rows: this.batch_rows,
+            schema: Arc::clone(&this.schema),
+            ranges_metric,
+        };
+        futures::stream::unfold(Some(reading), |reading| async move {
+            let mut reading = reading?;
+            match reading.next().await {
+                Some(Ok(batch)) => Some((Ok(batch), Some(reading))),
+                // After an error, nothing more.
+                Some(Err(e)) => Some((Err(e), None)),
+                None => None,
             }
         })
         .map(move |batch| batch.map(|b| b.record_output(&baseline)))
@@ -334,32 +346,38 @@ impl SpilledEpoch {
     ) -> Result<Range> {
         let len = self.range_len(k) as usize;
         let reservation = self.reservation.new_empty();
+        let does_not_fit = |e| {
+            resources_datafusion_err!(
+                "SHUFFLE BY POSITION spilled this epoch by position range, as it does not \
+                 fit the memory limit, and a range of {len} rows does not fit either: raise \
+                 the memory limit (--memory-limit), or use SHUFFLE WINDOW n. {e}"
+            )
+        };
+        // Each position's (piece, row): 8 bytes.
+        grow_waiting(&reservation, len * 8)
+            .await
+            .map_err(does_not_fit)?;
         let mut rows = Vec::new();
-        let mut at = vec![(usize::MAX, 0usize); len];
+        let mut at = vec![(u32::MAX, 0u32); len];
         if let Some(file) = file {
             let mut stream = self.spill.read_spill_as_stream(file, None)?;
             while let Some(batch) = stream.next().await {
                 let batch = batch?;
                 grow_waiting(&reservation, get_record_batch_memory_size(&batch))
                     .await
-                    .map_err(|e| {
-                    resources_datafusion_err!(
-                        "SHUFFLE BY POSITION spilled this epoch by position range, as it does \
-                         not fit the memory limit, and a range of {len} rows does not fit \
-                         either: raise the memory limit (--memory-limit), or use SHUFFLE \
-                         WINDOW n. {e}"
-                    )
-                })?;
+                    .map_err(does_not_fit)?;
                 let slots = batch
                     .column(batch.num_columns() - 1)
                     .as_primitive_opt::<datafusion::arrow::datatypes::UInt32Type>()
                     .ok_or_else(|| {
                         internal_datafusion_err!("the slot column is not UInt32")
                     })?;
-                let piece = rows.len();
+                let piece = rows.len() as u32;
                 for (row, &slot) in slots.values().iter().enumerate() {
                     match at.get_mut(slot as usize) {
-                        Some(place) if place.0 == usize::MAX => *place = (piece, row),
+                        Some(place) if place.0 == u32::MAX => {
+                            *place = (piece, row as u32)
+                        }
                         _ => {
                             return internal_err!(
                                 "SHUFFLE BY POSITION: slot {slot} of range {k} filled twice \
@@ -372,7 +390,7 @@ impl SpilledEpoch {
                 rows.push(batch.project(&kept)?);
             }
         }
-        if let Some(slot) = at.iter().position(|place| place.0 == usize::MAX) {
+        if let Some(slot) = at.iter().position(|place| place.0 == u32::MAX) {
             return internal_err!(
                 "SHUFFLE BY POSITION: slot {slot} of range {k} is empty"
             );
@@ -389,7 +407,7 @@ impl SpilledEpoch {
 /// the range (in order) the batch and row holding it.
 struct Range {
     rows: Vec<RecordBatch>,
-    at: Vec<(usize, usize)>,
+    at: Vec<(u32, u32)>,
     _reservation: MemoryReservation,
 }
 
@@ -404,8 +422,62 @@ impl Range {
         let start = number * batch_rows;
         let end = (start + batch_rows).min(self.at.len());
         let refs: Vec<&RecordBatch> = self.rows.iter().collect();
-        let batch = interleave_record_batch(&refs, &self.at[start..end])?;
+        let at: Vec<(usize, usize)> = self.at[start..end]
+            .iter()
+            .map(|&(piece, row)| (piece as usize, row as usize))
+            .collect();
+        let batch = interleave_record_batch(&refs, &at)?;
         Ok(batch.with_schema(Arc::clone(schema))?)
+    }
+}
+
+/// The output's side: ranges as the producer sends them, each range's
+/// batches gathered when asked for (the range is held once, until its
+/// last batch).
+struct Reading {
+    rx: tokio::sync::mpsc::Receiver<Result<Range>>,
+    /// Aborted with the output.
+    _producer: SpawnedTask<()>,
+    ranges: usize,
+    received: usize,
+    /// The range being read out and its next batch.
+    current: Option<(Range, usize)>,
+    batch_rows: usize,
+    schema: SchemaRef,
+    ranges_metric: Count,
+}
+
+impl Reading {
+    async fn next(&mut self) -> Option<Result<RecordBatch>> {
+        loop {
+            if let Some((range, number)) = &mut self.current {
+                if *number * self.batch_rows < range.at.len() {
+                    let batch = range.batch(*number, self.batch_rows, &self.schema);
+                    *number += 1;
+                    return Some(batch);
+                }
+                self.current = None;
+            }
+            if self.received == self.ranges {
+                return None;
+            }
+            match self.rx.recv().await {
+                Some(Ok(range)) => {
+                    self.received += 1;
+                    self.ranges_metric.add(1);
+                    self.current = Some((range, 0));
+                }
+                Some(Err(e)) => return Some(Err(e)),
+                // The producer ended before the last range: it panicked.
+                None => {
+                    return Some(internal_err!(
+                        "SHUFFLE BY POSITION: the spilled ranges stopped after {} of {}",
+                        self.received,
+                        self.ranges
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -500,8 +572,14 @@ impl Reader {
                 rows.push(row as u32);
                 slots.push(slot);
             }
+            // Views compacted as the epoch held whole compacts them: a
+            // piece taken from a batch would count the whole batch's data.
             let kept_columns: Vec<usize> = (0..self.columns).collect();
-            let rows_only = batch.project(&kept_columns)?;
+            let rows_only = RecordBatch::try_new_with_options(
+                Arc::new(batch.schema().project(&kept_columns)?),
+                crate::shuffle::permute::compact_views(&batch.columns()[..self.columns]),
+                &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+            )?;
             for (range, (rows, slots)) in by_range {
                 let taken = take_record_batch(&rows_only, &UInt32Array::from(rows))?;
                 let mut columns = taken.columns().to_vec();
