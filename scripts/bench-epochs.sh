@@ -28,6 +28,9 @@ row_group=${ROW_GROUP_ROWS:-}
 data=target/bench-epochs/unique-$rows${row_group:+-rg$row_group}
 layout=()
 [[ -z $row_group ]] || layout=(--set "datafusion.execution.parquet.max_row_group_size=$row_group")
+# Rows are written in `value` order: each file's rows in the same places
+# on every machine, so orders keyed by position (SHUFFLE BY POSITION, whose
+# digests follow the rows' places) are the same wherever it is written.
 if [[ ! -f $data/done ]]; then
   mkdir -p "$data"
   per_file=$(( rows / 16 ))
@@ -38,7 +41,7 @@ if [[ ! -f $data/done ]]; then
   for file in $(seq 0 15); do
     first=$(( file * per_file ))
     "$bin" "${layout[@]}" -c "COPY (SELECT $features CAST(value % 10 AS INT) AS label \
-      FROM generate_series($first, $(( first + per_file - 1 )))) \
+      FROM generate_series($first, $(( first + per_file - 1 ))) ORDER BY value) \
       TO '$data/part-$file.parquet' STORED AS PARQUET" >/dev/null
   done
   touch "$data/done"
