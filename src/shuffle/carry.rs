@@ -234,9 +234,7 @@ fn carried_position_shuffle(
         carry.push((Arc::new(Column::new(&name, index)), name));
     }
     let carried: PlanNode = Arc::new(ProjectionExec::try_new(carry, input)?);
-    let (seed, epoch) = position.seed_and_epoch();
-    let shuffled: PlanNode =
-        Arc::new(PositionShuffleExec::try_new(carried, seed, epoch)?);
+    let shuffled: PlanNode = Arc::new(position.over(carried)?);
     above(node, shuffled, after)
 }
 

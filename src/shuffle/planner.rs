@@ -541,7 +541,15 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                         "SHUFFLE BY POSITION's input isolates row errors under the shuffle"
                     );
                 }
-                Arc::new(PositionShuffleExec::try_new(input, seed, epoch)?)
+                let shuffle = PositionShuffleExec::try_new(input, seed, epoch)?;
+                // What counts a filter's rows (its columns only) if the
+                // epoch does not fit and is spilled.
+                match session.as_any().downcast_ref::<SessionState>() {
+                    Some(state) => {
+                        Arc::new(shuffle.with_counting(state.clone(), (*logical).clone()))
+                    }
+                    None => Arc::new(shuffle),
+                }
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 Arc::new(LocalShuffleExec::new(Arc::clone(input), buffer_rows, seed))

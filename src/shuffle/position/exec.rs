@@ -16,7 +16,9 @@ use datafusion::common::{
 };
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
+use datafusion::execution::context::SessionState;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::execution_plan::{EmissionType, reset_plan_states};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, SpillMetrics,
@@ -32,7 +34,7 @@ use super::permutation::IndexPermutation;
 use super::ranks::RankedRowGroups;
 use super::spilled::{Fitted, SpilledEpoch};
 use crate::exec::BatchStream;
-use crate::shuffle::windowed::windowable_scan;
+use crate::shuffle::windowed::{drops_rows, windowable_scan};
 
 /// Emits all rows of its input, without the last two columns (each row's
 /// file path and row index in that file), in the order of the
@@ -41,7 +43,10 @@ use crate::shuffle::windowed::windowable_scan;
 ///
 /// Metrics: `runs` (held whole), `held_bytes` (what was held, or what fitted
 /// before the pool refused), `ranges` (position ranges read back from
-/// spill files; 0 when held whole) and DataFusion's spill metrics.
+/// spill files; 0 when held whole), `counted_by_reading` (1 when a spilled
+/// epoch's filtered rows were counted by reading the input whole, for want
+/// of the session's count query over the filters' columns) and
+/// DataFusion's spill metrics.
 #[derive(Debug)]
 pub struct PositionShuffleExec {
     /// The rows, then their file (a dictionary of `Utf8`, or `Utf8`) and row
@@ -51,6 +56,11 @@ pub struct PositionShuffleExec {
     epoch: u64,
     /// The input's schema without the two position columns.
     schema: SchemaRef,
+    /// The session and the rows under the shuffle (unshuffled) as planned:
+    /// what counts the rows a filter keeps reading only the filters'
+    /// columns, when the epoch is spilled. Without it, each row group is
+    /// read whole to count them.
+    counting: Option<Arc<(SessionState, LogicalPlan)>>,
     properties: Arc<datafusion::physical_plan::PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -84,8 +94,25 @@ impl PositionShuffleExec {
             seed,
             epoch,
             schema,
+            counting: None,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    /// With the session and rows query (the rows under the shuffle,
+    /// unshuffled) that count a filter's rows if the epoch is spilled.
+    pub fn with_counting(mut self, state: SessionState, rows: LogicalPlan) -> Self {
+        self.counting = Some(Arc::new((state, rows)));
+        self
+    }
+
+    /// The same shuffle over `input` (the same rows, other columns): its
+    /// seed, epoch and what counts its rows kept.
+    pub fn over(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self {
+            counting: self.counting.clone(),
+            ..Self::try_new(input, self.seed, self.epoch)?
         })
     }
 
@@ -119,7 +146,7 @@ impl ExecutionPlan for PositionShuffleExec {
     crate::exec::one_input_operator! {
         name: "PositionShuffleExec",
         properties: own,
-        rebuild: |this, child| Self::try_new(child, this.seed, this.epoch),
+        rebuild: |this, child| this.over(child),
     }
 
     // All input partitions are read here, in parallel.
@@ -163,9 +190,12 @@ impl ExecutionPlan for PositionShuffleExec {
         let held_bytes = MetricBuilder::new(&self.metrics).gauge("held_bytes", partition);
         let ranges_metric =
             MetricBuilder::new(&self.metrics).counter("ranges", partition);
+        let counted_by_reading =
+            MetricBuilder::new(&self.metrics).counter("counted_by_reading", partition);
         let spill_metrics = SpillMetrics::new(&self.metrics, partition);
         let (seed, epoch) = (self.seed, self.epoch);
         let input = Arc::clone(&self.input);
+        let counting = self.counting.clone();
         let batch_rows = ctx.session_config().batch_size().max(1);
         // Once the input is in, its cores are free to gather.
         let gatherers = ctx.session_config().target_partitions().max(1);
@@ -193,13 +223,30 @@ impl ExecutionPlan for PositionShuffleExec {
                             does_not_fit(&fitted, &refused)
                         )
                     })?;
-                    let groups = RankedRowGroups::read_by_reading(
-                        Arc::clone(&input),
-                        scan,
-                        &ctx,
-                        gatherers,
-                    )
-                    .await?;
+                    let groups = match &counting {
+                        Some(counting) => {
+                            let (state, rows) = counting.as_ref();
+                            RankedRowGroups::read_counting_query(
+                                Arc::clone(&input),
+                                scan,
+                                state,
+                                rows,
+                            )
+                            .await?
+                        }
+                        None => {
+                            if drops_rows(&input)? {
+                                counted_by_reading.add(1);
+                            }
+                            RankedRowGroups::read_by_reading(
+                                Arc::clone(&input),
+                                scan,
+                                &ctx,
+                                gatherers,
+                            )
+                            .await?
+                        }
+                    };
                     // A scan executed again shares the first execution's
                     // queue of files (DataFusion's sibling state), which the
                     // readers left half read: a fresh instance reads them all.

@@ -66,8 +66,8 @@
 //! the spill file of its range of positions; the ranges are then read back
 //! one after another, each a quarter of what fitted. The order is the
 //! same; memory stays under the limit; the rows are written and read once
-//! more (under a filter, counted first by one more read); the first batch
-//! waits for the whole epoch to be spilled.
+//! more (under a filter, counted first by a read of the filters' columns);
+//! the first batch waits for the whole epoch to be spilled.
 //!
 //! A feed starts its next epoch ahead only when the pool has room for a
 //! second epoch as large as what the current one holds; else when this one

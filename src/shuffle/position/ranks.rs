@@ -85,13 +85,26 @@ impl RankedRowGroups {
         rows: &LogicalPlan,
     ) -> Result<Self> {
         let input = Arc::clone(shuffle.input());
-        let (scan, config) = windowable_scan(&input).map_err(|why| {
+        let scan = windowable_scan(&input).map_err(|why| {
             exec_datafusion_err!(
                 "reading rows of an epoch by position (dataset(), --rows) reads the query's \
                  Parquet row groups one at a time, which fails here: like SHUFFLE WINDOW, \
                  it {why}; iterate the feed instead"
             )
         })?;
+        Self::read_counting_query(input, scan, state, rows).await
+    }
+
+    /// The row groups of `input` (a position shuffle's input, whose one
+    /// Parquet scan is `scan` with `config`) in rank order, counted under a
+    /// filter by a query over `rows` (the rows the shuffle orders, planned
+    /// in `state`) that reads only what its filters read.
+    pub(crate) async fn read_counting_query(
+        input: Arc<dyn ExecutionPlan>,
+        (scan, config): (Arc<dyn ExecutionPlan>, FileScanConfig),
+        state: &SessionState,
+        rows: &LogicalPlan,
+    ) -> Result<Self> {
         let layout = ScanLayout::read(&config, state.runtime_env()).await?;
         let units = layout.units();
         let counts: Vec<u64> = if drops_rows(&input)? {

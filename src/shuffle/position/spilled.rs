@@ -42,8 +42,9 @@
 //!
 //! # Disk and cost
 //! The epoch's rows are written once (in the session's spill folder, as
-//! Arrow IPC) and read once; under a filter the rows are also counted
-//! first, by one more read of the input. The files go when the output is
+//! Arrow IPC) and read once; under a filter the rows it keeps are counted
+//! first by the query the windowed shuffles count with, which reads only
+//! the filters' columns. The files go when the output is
 //! dropped. The first batch waits for the whole epoch to be spilled.
 //!
 //! # What it checks
