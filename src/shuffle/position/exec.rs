@@ -10,6 +10,7 @@ use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
 use datafusion::common::runtime::JoinSet;
+use datafusion::common::stats::Precision;
 use datafusion::common::{DataFusionError, Statistics};
 use datafusion::common::{
     internal_datafusion_err, internal_err, resources_datafusion_err,
@@ -17,6 +18,7 @@ use datafusion::common::{
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
+use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::execution_plan::{EmissionType, reset_plan_states};
@@ -24,7 +26,9 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, SpillMetrics,
 };
 use datafusion::physical_plan::spill::get_record_batch_memory_size;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::statistics::{
+    ChildStats, StatisticsArgs, StatisticsContext,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
@@ -43,9 +47,10 @@ use crate::shuffle::windowed::{drops_rows, windowable_scan};
 ///
 /// Metrics: `runs` (held whole), `held_bytes` (what was held, or what fitted
 /// before the pool refused), `ranges` (position ranges read back from
-/// spill files; 0 when held whole), `counted_by_reading` (1 when a spilled
-/// epoch's filtered rows were counted by reading the input whole, for want
-/// of the session's count query over the filters' columns) and
+/// spill files; 0 when held whole), `spilled_unheld` (1 when the epoch was
+/// known not to fit before a row was read), `counted_by_reading` (1 when a
+/// spilled epoch's filtered rows were counted by reading the input whole,
+/// for want of the session's count query over the filters' columns) and
 /// DataFusion's spill metrics.
 #[derive(Debug)]
 pub struct PositionShuffleExec {
@@ -116,6 +121,34 @@ impl PositionShuffleExec {
         })
     }
 
+    /// What the pool has room for, when the epoch is known not to fit it
+    /// before a row is read: a finite pool, an exact row count (no filter)
+    /// and every column of a fixed width, whose rows take more than the
+    /// pool has free. Then there is nothing to learn by holding rows until
+    /// the pool refuses them (a read of up to the limit's worth, dropped).
+    fn known_not_to_fit(&self, ctx: &TaskContext) -> Result<Option<Fitted>> {
+        let pool = ctx.memory_pool();
+        let MemoryLimit::Finite(limit) = pool.memory_limit() else {
+            return Ok(None);
+        };
+        let Some(bytes_a_row) = fixed_row_bytes(&self.schema) else {
+            return Ok(None);
+        };
+        let statistics = StatisticsContext::new()
+            .compute(self.input.as_ref(), &StatisticsArgs::new())?;
+        let Precision::Exact(rows) = statistics.num_rows else {
+            return Ok(None);
+        };
+        let free = limit.saturating_sub(pool.reserved());
+        if rows.saturating_mul(bytes_a_row) <= free {
+            return Ok(None);
+        }
+        Ok(Some(Fitted {
+            rows: free / bytes_a_row,
+            bytes: free,
+        }))
+    }
+
     /// Its input: the rows, then each row's file and row index.
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.input
@@ -175,7 +208,13 @@ impl ExecutionPlan for PositionShuffleExec {
         let overflow = Arc::new(Overflow::default());
         let mut readers = JoinSet::new();
         let columns = self.schema.fields().len();
-        for input_partition in 0..self.input.properties().partitioning.partition_count() {
+        // An epoch known not to fit is spilled without trying to hold it.
+        let known_not_to_fit = self.known_not_to_fit(&ctx)?;
+        let partitions = match known_not_to_fit {
+            Some(_) => 0,
+            None => self.input.properties().partitioning.partition_count(),
+        };
+        for input_partition in 0..partitions {
             let stream = self.input.execute(input_partition, Arc::clone(&ctx))?;
             readers.spawn(read_partition(
                 stream,
@@ -192,6 +231,11 @@ impl ExecutionPlan for PositionShuffleExec {
             MetricBuilder::new(&self.metrics).counter("ranges", partition);
         let counted_by_reading =
             MetricBuilder::new(&self.metrics).counter("counted_by_reading", partition);
+        let spilled_unheld =
+            MetricBuilder::new(&self.metrics).counter("spilled_unheld", partition);
+        if known_not_to_fit.is_some() {
+            spilled_unheld.add(1);
+        }
         let spill_metrics = SpillMetrics::new(&self.metrics, partition);
         let (seed, epoch) = (self.seed, self.epoch);
         let input = Arc::clone(&self.input);
@@ -207,11 +251,20 @@ impl ExecutionPlan for PositionShuffleExec {
                 }
                 let Held { batches, runs } =
                     std::mem::take(&mut *held.lock().map_err(|_| poisoned())?);
-                if let Some(refused) = overflow.refused()? {
-                    let fitted = Fitted {
-                        rows: batches.iter().map(RecordBatch::num_rows).sum(),
-                        bytes: reservation.size(),
-                    };
+                let spilled = match known_not_to_fit {
+                    Some(fitted) => Some((
+                        fitted,
+                        "known from the rows and their fixed width".to_string(),
+                    )),
+                    None => overflow.refused()?.map(|refused| {
+                        let fitted = Fitted {
+                            rows: batches.iter().map(RecordBatch::num_rows).sum(),
+                            bytes: reservation.size(),
+                        };
+                        (fitted, refused)
+                    }),
+                };
+                if let Some((fitted, refused)) = spilled {
                     drop(batches);
                     drop(runs);
                     reservation.free();
@@ -294,6 +347,22 @@ impl ExecutionPlan for PositionShuffleExec {
 struct Held {
     batches: Vec<RecordBatch>,
     runs: Vec<Run>,
+}
+
+/// The bytes a row of `schema` takes at least when held, if every column
+/// has a fixed width (primitives, and fixed-size lists of them); `None`
+/// otherwise.
+fn fixed_row_bytes(schema: &Schema) -> Option<usize> {
+    let mut bytes = 0;
+    for field in schema.fields() {
+        bytes += match field.data_type() {
+            DataType::FixedSizeList(item, n) => {
+                item.data_type().primitive_width()? * usize::try_from(*n).ok()?
+            }
+            other => other.primitive_width()?,
+        };
+    }
+    (bytes > 0).then_some(bytes)
 }
 
 /// What the shuffle gives: the epoch held whole, or spilled by position

@@ -61,7 +61,10 @@
 //! partitions interleave rows of one file.
 //!
 //! An epoch the pool refuses is **spilled by position range** instead (see
-//! [`spilled`]): the rows held so far are dropped, the input is read again
+//! [`spilled`]): the rows held so far are dropped (or none is held, when
+//! the epoch is known not to fit: rows counted by the footers, every column
+//! of a fixed width, more bytes than the pool has free), the input is read
+//! again
 //! and each row, its position known from its rank (`π⁻¹`), is written to
 //! the spill file of its range of positions; the ranges are then read back
 //! one after another, each a quarter of what fitted. The order is the
