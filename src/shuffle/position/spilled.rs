@@ -71,7 +71,7 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::spill_file::SpillFile;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, RecordOutput, SpillMetrics,
+    BaselineMetrics, Count, RecordOutput, SpillMetrics, Time,
 };
 use datafusion::physical_plan::spill::{SpillManager, get_record_batch_memory_size};
 use futures::StreamExt;
@@ -266,6 +266,7 @@ impl SpilledEpoch {
             batch_rows: this.batch_rows,
             schema: Arc::clone(&this.schema),
             ranges_metric,
+            gathering: baseline.elapsed_compute().clone(),
         };
         futures::stream::unfold(Some(reading), |reading| async move {
             let mut reading = reading?;
@@ -446,6 +447,8 @@ struct Reading {
     batch_rows: usize,
     schema: SchemaRef,
     ranges_metric: Count,
+    /// The output's compute time: gathering each batch from its range.
+    gathering: Time,
 }
 
 impl Reading {
@@ -453,7 +456,10 @@ impl Reading {
         loop {
             if let Some((range, number)) = &mut self.current {
                 if *number * self.batch_rows < range.at.len() {
-                    let batch = range.batch(*number, self.batch_rows, &self.schema);
+                    let batch = {
+                        let _timer = self.gathering.timer();
+                        range.batch(*number, self.batch_rows, &self.schema)
+                    };
                     *number += 1;
                     return Some(batch);
                 }
