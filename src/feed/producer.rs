@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::common::internal_err;
 use datafusion::common::plan_err;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
@@ -179,14 +180,15 @@ impl Producer {
                     {
                         tokio::time::sleep(FIRST_BATCH_POLL).await;
                     }
-                    // An epoch shuffled by position holds all its rows (or
-                    // two ranges of them, spilled): a second one is started
-                    // ahead only if the pool has room for another as large
-                    // as what it holds now; else it starts when this one
-                    // ends. Started ahead, it tries to hold its rows until
-                    // the pool refuses, then spills; the current epoch's
-                    // ranges wait for that room (`grow_waiting`).
-                    if feed.holds_epochs_whole() && !room_for_another_epoch(&feed.session)
+                    // An epoch shuffled by position holds all its rows: a
+                    // second one is started ahead only if the pool has room
+                    // for another as large as what it holds now, and never
+                    // beside an epoch that spilled (see
+                    // `spilled_by_position`); else it starts when this one
+                    // ends.
+                    if feed.holds_epochs_whole()
+                        && (spilled_by_position(&sink)
+                            || !room_for_another_epoch(&feed.session))
                     {
                         return None;
                     }
@@ -775,6 +777,30 @@ fn window_spans(counts: &[u64]) -> Vec<EpochSpan> {
             span
         })
         .collect()
+}
+
+/// Whether `plan` holds a `SHUFFLE BY POSITION` that spilled its epoch
+/// (its metrics, once its first batch is out). Such an epoch reads its
+/// ranges back with memory it sized from what was free: a next epoch
+/// started beside it would size itself from what is free then, and each
+/// could wait for memory the other holds until its own end.
+fn spilled_by_position(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let metric = |node: &Arc<dyn ExecutionPlan>, name: &str| {
+        node.metrics()
+            .and_then(|m| m.sum_by_name(name))
+            .is_some_and(|v| v.as_usize() > 0)
+    };
+    let mut found = false;
+    let _ = plan.apply(|node| {
+        if node.name() == "PositionShuffleExec"
+            && (metric(node, "ranges") || metric(node, "spilled_unheld"))
+        {
+            found = true;
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// Whether the session's pool could hold another epoch as large as what

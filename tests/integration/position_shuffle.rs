@@ -497,8 +497,7 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
         "the tight feed gave other batches"
     );
     // Not even one epoch fits: each is spilled by position range (the
-    // next one started ahead while the current one is read back), in the
-    // same order.
+    // next one starts when the current one ends), in the same order.
     let spilled = sqlfeed::Session::builder()
         .target_partitions(2)
         .batch_size(8192)
