@@ -73,8 +73,8 @@
 //! the first batch waits for the whole epoch to be spilled.
 //!
 //! A feed starts its next epoch ahead only when the pool has room for a
-//! second epoch as large as what the current one holds; else when this one
-//! ends.
+//! second epoch as large as what the current one holds and the current one
+//! did not spill; else when this one ends.
 //!
 //! # Paths
 //! Files are ranked by their path as the object store names it: for local
