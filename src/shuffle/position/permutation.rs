@@ -134,30 +134,31 @@ impl IndexPermutation {
     /// The Feistel rounds undone: each round changes one half by a function
     /// of the other, so the same rounds in reverse order undo them.
     fn rounds_undone(&self, x: u64) -> u64 {
-        let mut low = x & self.low_mask;
-        let mut high = x >> self.low_bits;
+        let (mut low, mut high) = (x & self.low_mask, x >> self.low_bits);
         for (i, key) in self.keys.iter().enumerate().rev() {
-            if i % 2 == 0 {
-                high ^= splitmix64(low ^ key) & self.high_mask;
-            } else {
-                low ^= splitmix64(high ^ key) & self.low_mask;
-            }
+            self.round(i, *key, &mut low, &mut high);
         }
         (high << self.low_bits) | low
     }
 
     /// The Feistel rounds over `0..2^b`.
     fn rounds(&self, x: u64) -> u64 {
-        let mut low = x & self.low_mask;
-        let mut high = x >> self.low_bits;
+        let (mut low, mut high) = (x & self.low_mask, x >> self.low_bits);
         for (i, key) in self.keys.iter().enumerate() {
-            if i % 2 == 0 {
-                high ^= splitmix64(low ^ key) & self.high_mask;
-            } else {
-                low ^= splitmix64(high ^ key) & self.low_mask;
-            }
+            self.round(i, *key, &mut low, &mut high);
         }
         (high << self.low_bits) | low
+    }
+
+    /// Round `i`: even rounds change the high half by the low one, odd
+    /// rounds the low half by the high one (each its own inverse).
+    #[inline]
+    fn round(&self, i: usize, key: u64, low: &mut u64, high: &mut u64) {
+        if i.is_multiple_of(2) {
+            *high ^= splitmix64(*low ^ key) & self.high_mask;
+        } else {
+            *low ^= splitmix64(*high ^ key) & self.low_mask;
+        }
     }
 }
 
