@@ -182,13 +182,14 @@ impl Producer {
                     }
                     // An epoch shuffled by position holds all its rows: a
                     // second one is started ahead only if the pool has room
-                    // for another as large as what it holds now, and never
-                    // beside an epoch that spilled (see
-                    // `spilled_by_position`); else it starts when this one
-                    // ends.
+                    // for another as large as what it holds now, or, beside
+                    // an epoch that spilled, for another spilled one (see
+                    // `room_beside_a_spilled_epoch`); else it starts when
+                    // this one ends.
                     if feed.holds_epochs_whole()
-                        && (spilled_by_position(&sink)
-                            || !room_for_another_epoch(&feed.session))
+                        && !(room_for_another_epoch(&feed.session)
+                            || spilled_by_position(&sink)
+                                && room_beside_a_spilled_epoch(&feed.session))
                     {
                         return None;
                     }
@@ -780,10 +781,7 @@ fn window_spans(counts: &[u64]) -> Vec<EpochSpan> {
 }
 
 /// Whether `plan` holds a `SHUFFLE BY POSITION` that spilled its epoch
-/// (its metrics, once its first batch is out). Such an epoch reads its
-/// ranges back with memory it sized from what was free: a next epoch
-/// started beside it would size itself from what is free then, and each
-/// could wait for memory the other holds until its own end.
+/// (its metrics, once its first batch is out).
 fn spilled_by_position(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let metric = |node: &Arc<dyn ExecutionPlan>, name: &str| {
         node.metrics()
@@ -801,6 +799,21 @@ fn spilled_by_position(plan: &Arc<dyn ExecutionPlan>) -> bool {
         Ok(TreeNodeRecursion::Continue)
     });
     found
+}
+
+/// Whether a next epoch by position could be spilled beside one that
+/// spilled: that one holds its read-back's two ranges, reserved up front
+/// and never more than a third of the pool; a next epoch that does not
+/// fit sizes its ranges from what is free (a quarter of it each, and at
+/// most a sixth of the pool), so a third of the pool free is room enough,
+/// and neither waits for the other.
+fn room_beside_a_spilled_epoch(session: &crate::Session) -> bool {
+    use datafusion::execution::memory_pool::MemoryLimit;
+    let pool = &session.context().runtime_env().memory_pool;
+    match pool.memory_limit() {
+        MemoryLimit::Finite(limit) => pool.reserved().saturating_mul(3) <= limit * 2,
+        _ => true,
+    }
 }
 
 /// Whether the session's pool could hold another epoch as large as what

@@ -454,10 +454,12 @@ fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
     Ok(())
 }
 
-/// Every epoch shuffled by position holds all its rows and cannot spill:
-/// under a memory limit that fits one epoch but not two, the next epoch is
-/// not started ahead (it would not fit), and the feed gives the batches it
-/// gives without a limit.
+/// Every epoch shuffled by position holds all its rows: under a memory
+/// limit that fits one epoch but not two, the next epoch is not started
+/// ahead (it would not fit), and the feed gives the batches it gives
+/// without a limit. Under a limit that fits none, each epoch is spilled by
+/// position range and the next one is started ahead beside it (issue 55's
+/// epoch boundary under a tight memory limit), with the same batches.
 #[test]
 fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     use sqlfeed::device::Device;
@@ -466,8 +468,8 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     // 200k rows of two Int64 columns: about 3.2 MB held per epoch.
     let table = write_ids(dir.path(), 4, 50_000, 10_000)?;
     let sql = format!("SELECT id, v FROM {table}");
-    let ids_of = |session: &sqlfeed::Session| -> Result<Vec<i64>> {
-        let feed = Feed::builder(session, sql.clone())
+    let run = |session: &sqlfeed::Session| -> Result<(Vec<i64>, Vec<String>)> {
+        let mut feed = Feed::builder(session, sql.clone())
             .shuffle(4)
             .shuffle_by_position()
             .batch_size(4096)
@@ -475,14 +477,16 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
             .device(Device::Cpu)
             .build()?;
         let mut ids = vec![];
-        for batch in feed {
+        for batch in feed.by_ref() {
             ids.extend_from_slice(batch?.tensor("id")?.as_slice::<i64>()?);
             // A training step: the next epoch would be read while this
             // one is still held.
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        Ok(ids)
+        let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+        Ok((ids, plans))
     };
+    let ids_of = |session: &sqlfeed::Session| -> Result<Vec<i64>> { Ok(run(session)?.0) };
     let roomy = ids_of(&session(2, 8192)?)?;
     assert_eq!(roomy.len(), 3 * 200_000);
     let all: Vec<i64> = (0..200_000).collect();
@@ -496,17 +500,24 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
         ids_of(&tight)? == roomy,
         "the tight feed gave other batches"
     );
-    // Not even one epoch fits: each is spilled by position range (the
-    // next one starts when the current one ends), in the same order.
+    // Not even one epoch fits: each is spilled by position range, the
+    // next one started ahead beside it (each reserves its read-back up
+    // front, at most a third of the pool), in the same order.
     let spilled = sqlfeed::Session::builder()
         .target_partitions(2)
         .batch_size(8192)
         .memory_limit(2 << 20)
         .build()?;
-    assert!(
-        ids_of(&spilled)? == roomy,
-        "the spilled feed gave other batches"
-    );
+    let (ids, plans) = run(&spilled)?;
+    assert!(ids == roomy, "the spilled feed gave other batches");
+    assert_eq!(plans.len(), 3);
+    for (epoch, plan) in plans.iter().enumerate() {
+        assert_contains(plan, &["PositionShuffleExec", "spilled_unheld=1"]);
+        if epoch > 0 {
+            assert_contains(plan, &["LookaheadExec"]);
+        }
+    }
+    assert_eq!(spilled.context().runtime_env().memory_pool.reserved(), 0);
     Ok(())
 }
 

@@ -72,9 +72,11 @@
 //! more (under a filter, counted first by a read of the filters' columns);
 //! the first batch waits for the whole epoch to be spilled.
 //!
-//! A feed starts its next epoch ahead only when the pool has room for a
-//! second epoch as large as what the current one holds and the current one
-//! did not spill; else when this one ends.
+//! A feed starts its next epoch ahead when the pool has room for a second
+//! epoch as large as what the current one holds, or, beside an epoch that
+//! spilled (its read-back reserved up front, at most a third of the pool),
+//! when a third of the pool is free: the next epoch then spills beside it
+//! with ranges sized from what is free. Else it starts when this one ends.
 //!
 //! # Paths
 //! Files are ranked by their path as the object store names it: for local

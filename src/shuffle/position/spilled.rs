@@ -30,15 +30,26 @@
 //! and digests are the same under any memory limit.
 //!
 //! # Memory
-//! `R` (positions a range) is a quarter of the rows that fitted before the
-//! pool refused, rounded down to whole batches: the range read out and the
-//! range read ahead (each with where each position's row is, 8 bytes a
-//! row, reserved too) fit where the epoch did not. At most [`MAX_RANGES`]
-//! ranges (each an open spill file): an epoch that would need more is an
-//! error that says to raise the limit. While the rows are spilled
-//! each range buffers a little before its file is written (a share of a
-//! quarter of what fitted, at least 64 KiB). Ranges and buffers are
-//! reserved from the session's pool.
+//! `R` (positions a range) is sized so that a range takes a quarter of
+//! what fitted before the pool refused, and at most a sixth of the pool,
+//! counting each row's slot and where its position finds it (12 bytes),
+//! rounded down to whole batches: the range read out and the range read
+//! ahead fit where the epoch did not, and take at most a third of the pool.
+//! At most [`MAX_RANGES`] ranges (each an open spill file): an epoch that
+//! would need more is an error that says to raise the limit. While the
+//! rows are spilled each range buffers a little before its file is written
+//! (a share of one range's bytes, at least 64 KiB), reserved from the pool
+//! and written early when the pool refuses.
+//!
+//! The read-back is reserved **once, up front**, when the last row is
+//! spilled: the two largest ranges as written ([`ReadBudget`]); each range
+//! borrows from it while held and gives back when read out (a range larger
+//! than written borrows the rest from the pool). So an epoch never waits
+//! for memory once its first batch is out, and a feed's next epoch, started
+//! ahead beside it, sizes its own ranges from what is really free: two
+//! spilled epochs side by side take at most two thirds of the pool, and
+//! neither waits for the other. Batches read back share their file's
+//! buffers, so they are counted once per buffer, not once per batch.
 //!
 //! # Disk and cost
 //! The epoch's rows are written once (in the session's spill folder, as
@@ -61,13 +72,16 @@ use datafusion::arrow::compute::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use datafusion::common::runtime::{JoinSet, SpawnedTask};
+use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{
     DataFusionError, exec_datafusion_err, exec_err, internal_datafusion_err,
     internal_err, resources_datafusion_err,
 };
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{
+    MemoryConsumer, MemoryLimit, MemoryReservation,
+};
 use datafusion::execution::spill_file::SpillFile;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{
@@ -140,6 +154,9 @@ struct RangeSink {
     bytes: usize,
     reserved: usize,
     rows: u64,
+    /// What the batches written take in memory: what reading it back
+    /// will take.
+    written: usize,
     file: Option<SpillWriting>,
 }
 
@@ -176,11 +193,21 @@ impl SpilledEpoch {
         let counted = drops_rows(&input)?;
         let batch_rows = ctx.session_config().batch_size().max(1);
         let batch = batch_rows as u64;
-        // Two ranges held (one read out, one read ahead), each with its
-        // slot column and the read batches' overhead: a quarter each.
+        // Two ranges held (one read out, one read ahead), each with where
+        // each position's row is: each a quarter of what fitted, and at
+        // most a sixth of the pool, so that a feed's next epoch spilled
+        // beside this one fits too (two epochs' ranges: a third each).
         // Slots are numbered in u32.
-        let quarter = (fitted.rows as u64 / 4).min(u64::from(u32::MAX));
-        let range_rows = (quarter / batch * batch).max(batch);
+        let limit = match ctx.memory_pool().memory_limit() {
+            MemoryLimit::Finite(limit) => limit,
+            _ => usize::MAX,
+        };
+        let range_bytes = (fitted.bytes / 4).min(limit / 6);
+        // A row read back takes what it took held, plus its slot (4 bytes)
+        // and where its position finds it (8).
+        let row_bytes = fitted.bytes / fitted.rows.max(1) + 12;
+        let range_rows = (range_bytes / row_bytes).min(u32::MAX as usize) as u64;
+        let range_rows = (range_rows / batch * batch).max(batch);
         let permutation = IndexPermutation::new(groups.len(), seed, epoch);
         let ranges = permutation.len().div_ceil(range_rows) as usize;
         if ranges > MAX_RANGES {
@@ -195,7 +222,7 @@ impl SpilledEpoch {
                 permutation.len()
             ));
         }
-        let buffer_bytes = (fitted.bytes / 4 / ranges.max(1)).max(LEAST_BUFFER_BYTES);
+        let buffer_bytes = (range_bytes / ranges.max(1)).max(LEAST_BUFFER_BYTES);
         let mut fields = schema.fields().to_vec();
         fields.push(Arc::new(Field::new(SLOT_COLUMN, DataType::UInt32, false)));
         let spilled_schema = Arc::new(Schema::new(fields));
@@ -235,20 +262,27 @@ impl SpilledEpoch {
         let producer = {
             let this = Arc::clone(&this);
             SpawnedTask::spawn(async move {
-                let files = match this.spill_all().await {
-                    Ok(files) => files,
+                let spilled = match this.spill_all().await {
+                    Ok(spilled) => spilled,
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
                         return;
                     }
                 };
-                for (k, file) in files.into_iter().enumerate() {
+                let budget = match this.reserve_read_back(&spilled).await {
+                    Ok(budget) => budget,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                for (k, (file, _)) in spilled.into_iter().enumerate() {
                     // Waits until the range before is taken: two ranges
                     // held at most, the one read out and this one.
                     let Ok(permit) = tx.reserve().await else {
                         return;
                     };
-                    let range = this.read_range(k, file).await;
+                    let range = this.read_range(k, file, &budget).await;
                     let failed = range.is_err();
                     permit.send(range);
                     if failed {
@@ -282,8 +316,9 @@ impl SpilledEpoch {
     }
 
     /// Reads every input partition (a task each) and spills each row to
-    /// its range; the ranges' files, in range order (`None`: no rows).
-    async fn spill_all(&self) -> Result<Vec<Option<Arc<dyn SpillFile>>>> {
+    /// its range; the ranges' files, in range order (`None`: no rows),
+    /// each with what its rows take in memory.
+    async fn spill_all(&self) -> Result<Vec<(Option<Arc<dyn SpillFile>>, usize)>> {
         let sinks: Arc<Vec<Mutex<RangeSink>>> =
             Arc::new((0..self.ranges).map(|_| Mutex::default()).collect());
         // Under a filter: which partition reads each row group.
@@ -326,10 +361,11 @@ impl SpilledEpoch {
                     k as u64 * self.range_rows + expected
                 );
             }
-            files.push(match sink.file.take() {
+            let file = match sink.file.take() {
                 Some(mut file) => file(None)?,
                 None => None,
-            });
+            };
+            files.push((file, sink.written));
         }
         Ok(files)
     }
@@ -340,14 +376,52 @@ impl SpilledEpoch {
         (start + self.range_rows).min(self.ranks.permutation.len()) - start
     }
 
-    /// Range `k` read back from `file`: each row in its slot.
+    /// The read-back's memory, reserved once before the first range: the
+    /// two largest ranges (read out and read ahead), each with where each
+    /// position's row is (8 bytes a row). Reserved up front, a feed's next
+    /// epoch started beside this one sizes itself from what is really
+    /// free, and this one never waits for memory the other holds.
+    async fn reserve_read_back(
+        &self,
+        spilled: &[(Option<Arc<dyn SpillFile>>, usize)],
+    ) -> Result<Arc<ReadBudget>> {
+        let mut largest = [0usize; 2];
+        for (k, (_, bytes)) in spilled.iter().enumerate() {
+            let range = bytes + self.range_len(k) as usize * 8;
+            if range > largest[0] {
+                largest = [range, largest[0]];
+            } else if range > largest[1] {
+                largest[1] = range;
+            }
+        }
+        let budget = Arc::new(ReadBudget {
+            reservation: self.reservation.new_empty(),
+            lent: Mutex::new(0),
+        });
+        let bytes = largest[0] + largest[1];
+        grow_waiting(&budget.reservation, bytes)
+            .await
+            .map_err(|e| {
+                resources_datafusion_err!(
+                    "SHUFFLE BY POSITION spilled this epoch by position range, as it does \
+                     not fit the memory limit, and its two largest ranges ({bytes} bytes, \
+                     {} positions each) do not fit either: raise the memory limit \
+                     (--memory-limit), or use SHUFFLE WINDOW n. {e}",
+                    self.range_rows
+                )
+            })?;
+        Ok(budget)
+    }
+
+    /// Range `k` read back from `file`: each row in its slot, its memory
+    /// borrowed from `budget`.
     async fn read_range(
         &self,
         k: usize,
         file: Option<Arc<dyn SpillFile>>,
+        budget: &Arc<ReadBudget>,
     ) -> Result<Range> {
         let len = self.range_len(k) as usize;
-        let reservation = self.reservation.new_empty();
         let does_not_fit = |e| {
             resources_datafusion_err!(
                 "SHUFFLE BY POSITION spilled this epoch by position range, as it does not \
@@ -356,16 +430,21 @@ impl SpilledEpoch {
             )
         };
         // Each position's (piece, row): 8 bytes.
-        grow_waiting(&reservation, len * 8)
-            .await
-            .map_err(does_not_fit)?;
+        let mut loan = Loan {
+            budget: Arc::clone(budget),
+            bytes: 0,
+        };
+        loan.grow(len * 8).await.map_err(does_not_fit)?;
         let mut rows = Vec::new();
         let mut at = vec![(u32::MAX, 0u32); len];
         if let Some(file) = file {
             let mut stream = self.spill.read_spill_as_stream(file, None)?;
+            // The batches read back may share buffers (the file read whole):
+            // each buffer counted once.
+            let mut counter = RecordBatchMemoryCounter::new();
             while let Some(batch) = stream.next().await {
                 let batch = batch?;
-                grow_waiting(&reservation, get_record_batch_memory_size(&batch))
+                loan.grow(counter.count_batch(&batch))
                     .await
                     .map_err(does_not_fit)?;
                 let slots = batch
@@ -400,8 +479,53 @@ impl SpilledEpoch {
         Ok(Range {
             rows,
             at,
-            _reservation: reservation,
+            _loan: loan,
         })
+    }
+}
+
+/// A spilled epoch's read-back memory: reserved once from the pool, lent
+/// to each range while it is held.
+struct ReadBudget {
+    reservation: MemoryReservation,
+    /// Bytes lent to the ranges held now.
+    lent: Mutex<usize>,
+}
+
+/// What one range borrowed from its epoch's [`ReadBudget`], given back
+/// when the range is dropped.
+struct Loan {
+    budget: Arc<ReadBudget>,
+    bytes: usize,
+}
+
+impl Loan {
+    /// Borrows `bytes` more: from the budget while it has them, else from
+    /// the pool, which grows the budget (a range larger than its written
+    /// batches said).
+    async fn grow(&mut self, bytes: usize) -> Result<()> {
+        let short = {
+            let mut lent = self.budget.lent.lock().map_err(|_| poisoned())?;
+            let free = self.budget.reservation.size().saturating_sub(*lent);
+            let short = bytes.saturating_sub(free);
+            *lent += bytes - short;
+            short
+        };
+        self.bytes += bytes - short;
+        if short > 0 {
+            grow_waiting(&self.budget.reservation, short).await?;
+            *self.budget.lent.lock().map_err(|_| poisoned())? += short;
+            self.bytes += short;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        if let Ok(mut lent) = self.budget.lent.lock() {
+            *lent = lent.saturating_sub(self.bytes);
+        }
     }
 }
 
@@ -410,7 +534,7 @@ impl SpilledEpoch {
 struct Range {
     rows: Vec<RecordBatch>,
     at: Vec<(u32, u32)>,
-    _reservation: MemoryReservation,
+    _loan: Loan,
 }
 
 impl Range {
@@ -659,6 +783,7 @@ fn flush(
     }
     let batch = concat_batches(spill.schema(), &sink.buffered)?;
     sink.buffered.clear();
+    sink.written += get_record_batch_memory_size(&batch);
     buffered.shrink(sink.reserved);
     sink.bytes = 0;
     sink.reserved = 0;
