@@ -188,8 +188,9 @@ impl Producer {
                     // this one ends.
                     if feed.holds_epochs_whole()
                         && !(room_for_another_epoch(&feed.session)
-                            || spilled_by_position(&sink)
-                                && room_beside_a_spilled_epoch(&feed.session))
+                            || spilled_read_back(&sink).is_some_and(|bytes| {
+                                room_beside_a_spilled_epoch(&feed.session, bytes)
+                            }))
                     {
                         return None;
                     }
@@ -780,38 +781,37 @@ fn window_spans(counts: &[u64]) -> Vec<EpochSpan> {
         .collect()
 }
 
-/// Whether `plan` holds a `SHUFFLE BY POSITION` that spilled its epoch
-/// (its metrics, once its first batch is out).
-fn spilled_by_position(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    let metric = |node: &Arc<dyn ExecutionPlan>, name: &str| {
-        node.metrics()
-            .and_then(|m| m.sum_by_name(name))
-            .is_some_and(|v| v.as_usize() > 0)
-    };
-    let mut found = false;
+/// What the read-back of a `SHUFFLE BY POSITION` in `plan` that spilled
+/// its epoch holds (its metrics, set before its first batch is out), or
+/// `None` when none spilled.
+fn spilled_read_back(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    let mut read_back = None;
     let _ = plan.apply(|node| {
         if node.name() == "PositionShuffleExec"
-            && (metric(node, "ranges") || metric(node, "spilled_unheld"))
+            && let Some(bytes) = node
+                .metrics()
+                .and_then(|m| m.sum_by_name("read_back_bytes"))
+                .map(|v| v.as_usize())
+                .filter(|&bytes| bytes > 0)
         {
-            found = true;
+            read_back = Some(bytes);
             return Ok(TreeNodeRecursion::Stop);
         }
         Ok(TreeNodeRecursion::Continue)
     });
-    found
+    read_back
 }
 
 /// Whether a next epoch by position could be spilled beside one that
-/// spilled: that one holds its read-back's two ranges, reserved up front
-/// and never more than a third of the pool; a next epoch that does not
-/// fit sizes its ranges from what is free (a quarter of it each, and at
-/// most a sixth of the pool), so a third of the pool free is room enough,
-/// and neither waits for the other.
-fn room_beside_a_spilled_epoch(session: &crate::Session) -> bool {
+/// spilled and holds `read_back` bytes (its two ranges, reserved up front
+/// and never more than a third of the pool): it sizes its own ranges from
+/// what is free then, so it has room when at least as much is free; then
+/// neither waits for the other.
+fn room_beside_a_spilled_epoch(session: &crate::Session, read_back: usize) -> bool {
     use datafusion::execution::memory_pool::MemoryLimit;
     let pool = &session.context().runtime_env().memory_pool;
     match pool.memory_limit() {
-        MemoryLimit::Finite(limit) => pool.reserved().saturating_mul(3) <= limit * 2,
+        MemoryLimit::Finite(limit) => limit.saturating_sub(pool.reserved()) >= read_back,
         _ => true,
     }
 }

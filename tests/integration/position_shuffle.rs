@@ -9,8 +9,8 @@ use datafusion::error::Result;
 use sqlfeed::shuffle::IndexPermutation;
 
 use crate::common::{
-    assert_contains, assert_rows_printed, collect, first_int64s as ids,
-    sized_session as session, write_ids,
+    assert_contains, assert_rows_printed, collect, digest_lines, first_int64s as ids,
+    sized_session as session, succeeded, write_ids,
 };
 
 /// The order the docs define: position `p` holds `ranked[π(p)]`. The files
@@ -506,7 +506,7 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     let spilled = sqlfeed::Session::builder()
         .target_partitions(2)
         .batch_size(8192)
-        .memory_limit(2 << 20)
+        .memory_limit(3 << 20)
         .build()?;
     let (ids, plans) = run(&spilled)?;
     assert!(ids == roomy, "the spilled feed gave other batches");
@@ -518,6 +518,46 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
         }
     }
     assert_eq!(spilled.context().runtime_env().memory_pool.reserved(), 0);
+    Ok(())
+}
+
+/// Issue 55's epoch boundary under a tight memory limit, in a real
+/// process: `sqlfeed --memory-limit 3M feed … --shuffle-by-position` over
+/// three epochs of 200k rows (3.2 MB an epoch) with a training step spills
+/// every epoch and starts the next one ahead beside it (its plan a
+/// `LookaheadExec`), and every batch's digest is the roomy run's.
+#[test]
+fn a_tight_feed_process_spills_each_epoch_beside_the_next_with_the_same_batches()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 50_000, 10_000)?;
+    let sql = format!("SELECT id, v FROM {table}");
+    let run = |limit: &str| {
+        let mut command = crate::common::sqlfeed();
+        command
+            .args(["--memory-limit", limit, "--target-partitions", "2"])
+            .args(["feed", &sql, "--device", "cpu", "--digest"])
+            .args(["--shuffle-seed", "4", "--shuffle-by-position"])
+            .args(["--batch-size", "4096", "--epochs", "3", "--step-ms", "5"])
+            .arg("--explain-analyze");
+        let out = succeeded(crate::common::run(&mut command));
+        (digest_lines(&out), out)
+    };
+    let (roomy, _) = run("256M");
+    assert_eq!(roomy.len(), 3 * 200_000usize.div_ceil(4096));
+    let (tight, out) = run("3M");
+    assert!(
+        tight == roomy,
+        "the tight process gave other batches:\n{out}"
+    );
+    let epochs: Vec<&str> = out.split("\nepoch ").skip(1).collect();
+    assert_eq!(epochs.len(), 3, "{out}");
+    for (epoch, plan) in epochs.iter().enumerate() {
+        assert_contains(plan, &["PositionShuffleExec", "spilled_unheld=1"]);
+        if epoch > 0 {
+            assert_contains(plan, &["LookaheadExec"]);
+        }
+    }
     Ok(())
 }
 

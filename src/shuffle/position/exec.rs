@@ -229,6 +229,8 @@ impl ExecutionPlan for PositionShuffleExec {
         let held_bytes = MetricBuilder::new(&self.metrics).gauge("held_bytes", partition);
         let ranges_metric =
             MetricBuilder::new(&self.metrics).counter("ranges", partition);
+        let read_back_bytes =
+            MetricBuilder::new(&self.metrics).gauge("read_back_bytes", partition);
         let counted_by_reading =
             MetricBuilder::new(&self.metrics).counter("counted_by_reading", partition);
         let spilled_unheld =
@@ -328,7 +330,9 @@ impl ExecutionPlan for PositionShuffleExec {
             };
             match gather.await {
                 Ok(Output::Whole(gather)) => gather.stream(gatherers, baseline),
-                Ok(Output::Spilled(spilled)) => spilled.stream(baseline, ranges_metric),
+                Ok(Output::Spilled(spilled)) => {
+                    spilled.stream(baseline, ranges_metric, read_back_bytes)
+                }
                 Err(e) => futures::stream::once(async { Err(e) }).boxed(),
             }
         })

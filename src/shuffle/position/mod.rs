@@ -74,9 +74,10 @@
 //!
 //! A feed starts its next epoch ahead when the pool has room for a second
 //! epoch as large as what the current one holds, or, beside an epoch that
-//! spilled (its read-back reserved up front, at most a third of the pool),
-//! when a third of the pool is free: the next epoch then spills beside it
-//! with ranges sized from what is free. Else it starts when this one ends.
+//! spilled (its read-back reserved up front, at most a third of the pool,
+//! metric `read_back_bytes`), when as much as that read-back is free: the
+//! next epoch then spills beside it with ranges sized from what is free.
+//! Else it starts when this one ends.
 //!
 //! # Paths
 //! Files are ranked by their path as the object store names it: for local

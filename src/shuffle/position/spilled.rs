@@ -48,7 +48,8 @@
 //! for memory once its first batch is out, and a feed's next epoch, started
 //! ahead beside it, sizes its own ranges from what is really free: two
 //! spilled epochs side by side take at most two thirds of the pool, and
-//! neither waits for the other. Batches read back share their file's
+//! neither waits for the other (metric `read_back_bytes`: the bytes
+//! reserved up front). Batches read back share their file's
 //! buffers, so they are counted once per buffer, not once per batch.
 //!
 //! # Disk and cost
@@ -85,7 +86,7 @@ use datafusion::execution::memory_pool::{
 use datafusion::execution::spill_file::SpillFile;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, RecordOutput, SpillMetrics, Time,
+    BaselineMetrics, Count, Gauge, RecordOutput, SpillMetrics, Time,
 };
 use datafusion::physical_plan::spill::{SpillManager, get_record_batch_memory_size};
 use futures::StreamExt;
@@ -256,6 +257,7 @@ impl SpilledEpoch {
         self,
         baseline: BaselineMetrics,
         ranges_metric: Count,
+        read_back_bytes: Gauge,
     ) -> BoxStream<'static, Result<RecordBatch>> {
         let this = Arc::new(self);
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Range>>(1);
@@ -270,7 +272,10 @@ impl SpilledEpoch {
                     }
                 };
                 let budget = match this.reserve_read_back(&spilled).await {
-                    Ok(budget) => budget,
+                    Ok(budget) => {
+                        read_back_bytes.set(budget.reservation.size());
+                        budget
+                    }
                     Err(e) => {
                         let _ = tx.send(Err(e)).await;
                         return;
