@@ -18,8 +18,9 @@
 # EPOCHS=2, what the epoch boundary costs. CASES picks the cases (default
 # "content position scan"); the case `spilled` is `position` under
 # `--memory-limit $SPILL_LIMIT` (default 128M): an epoch that does not fit
-# spilled by position range, in the same order (equal digests). Needs a
-# release build.
+# spilled by position range, in the same order (equal digests); the case
+# `baseline` is `spilled` run by the binary $BASELINE (an older build, for
+# A B A B against it). Needs a release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-2}
@@ -50,14 +51,18 @@ for rows in "${sizes[@]}"; do
       global=()
       case $case in
         position) flags+=(--shuffle-by-position) ;;
-        spilled)
+        spilled | baseline)
           flags+=(--shuffle-by-position)
           global=(--memory-limit "${SPILL_LIMIT:-128M}")
           ;;
         scan) flags=() ;;
       esac
       [[ -z $step_ms ]] || flags+=(--step-ms "$step_ms")
-      /usr/bin/time -f "%M" -o "$timing" "$bin" ${global[@]+"${global[@]}"} feed "$sql" "${flags[@]}" \
+      run=$bin
+      if [[ $case == baseline ]]; then
+        run=${BASELINE:?the case baseline runs the binary \$BASELINE}
+      fi
+      /usr/bin/time -f "%M" -o "$timing" "$run" ${global[@]+"${global[@]}"} feed "$sql" "${flags[@]}" \
         --epochs "$epochs" --batch-size 4096 --device cpu --result-json --digest \
         >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
       read -r ttfb epoch digests < <(python3 scripts/bench/feed_result.py "$out")

@@ -8,6 +8,11 @@
 #
 #   scripts/bench-w2-first-batch.sh [ROUNDS=2] [ROWS...=200000 2000000]
 #
+# CASES picks the cases (default "unshuffled shuffled_1_thread
+# shuffled_cores"); `position` is SHUFFLE BY POSITION (held whole), and
+# `position_limited` the same under --memory-limit $LIMIT (default 1G): an
+# epoch that does not fit is spilled by position range.
+#
 # The data: ../shared/bench/gen_data.py's, written once under
 # target/bench-w2/rows-ROWS by $PYTHON (default python3; it needs numpy and
 # pyarrow). Needs a release build.
@@ -30,11 +35,16 @@ for rows in "${sizes[@]}"; do
   source scripts/bench/w2_feed.sh
   sql="SELECT $x_sql AS x, label AS y, image AS img FROM '$data/*.parquet'"
   for round in $(seq "$rounds"); do
-    for case in unshuffled shuffled_1_thread shuffled_cores; do
+    for case in ${CASES:-unshuffled shuffled_1_thread shuffled_cores}; do
       case $case in
         unshuffled) args=(feed "$sql") ;;
         shuffled_1_thread) args=(--set sqlfeed.shuffle_sort_threads=1 feed "$sql" --shuffle-seed 42) ;;
         shuffled_cores) args=(feed "$sql" --shuffle-seed 42) ;;
+        position) args=(feed "$sql" --shuffle-seed 42 --shuffle-by-position) ;;
+        position_limited)
+          args=(--memory-limit "${LIMIT:-1G}" feed "$sql" --shuffle-seed 42 --shuffle-by-position)
+          ;;
+        *) echo "unknown case $case" >&2; exit 2 ;;
       esac
       result=$(/usr/bin/time -f "%M" -o "$timing" "$bin" "${args[@]}" --max-batches 1 \
         --batch-size 256 --drop-last --prefetch 8 --device cpu \
