@@ -118,7 +118,9 @@ class Feed:
             hashing and indexing every row. The order follows the files (the
             same rows in other files are another order); the epoch is held in
             memory, or spilled by position range when it does not fit
-            ``memory_limit`` (the same order); embedded engine only.
+            ``memory_limit`` (the same order); embedded engine only. With
+            ``cache=True`` the first epoch stores its rows in its order and
+            later epochs read them in theirs (the same batches).
         epochs: None (default): every ``for`` loop is one epoch, the current
             one (DataLoader style: advance with :meth:`set_epoch`, or let the
             position roll over: after an epoch's last batch it is the next

@@ -554,6 +554,43 @@ def test_a_feed_by_position_that_does_not_fit_its_memory_limit_gives_the_same_ba
     assert epochs("2M") == roomy
 
 
+def test_a_cached_feed_by_position_gives_the_uncached_batches(tmp_path):
+    """``cache=True`` with ``shuffle_by_position=True``: the first epoch
+    stores its rows in its order, later epochs read them in theirs; every
+    epoch is the uncached feed's, and another session's feed is served from
+    the entry."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    for part in range(2):
+        rows = range(part * 3_000, (part + 1) * 3_000)
+        table = pa.table(
+            {"id": pa.array(rows, pa.int64()), "v": pa.array([i * 3 for i in rows], pa.int64())}
+        )
+        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=1_000)
+    query = f"SELECT id, v FROM '{tmp_path}/*.parquet' WHERE v % 7 <> 3"
+
+    def epochs(cache):
+        session = sqlfeed.Session(target_partitions=2, cache_dir=tmp_path / "cache")
+        feed = session.feed(
+            query,
+            batch_size=256,
+            shuffle=5,
+            shuffle_by_position=True,
+            epochs=3,
+            cache=cache,
+            device="cpu",
+            format="numpy",
+        )
+        return [b["id"].tolist() for b in feed]
+
+    plain = epochs(False)
+    assert sum(len(b) for b in plain) == 3 * sum(1 for i in range(6_000) if i * 3 % 7 != 3)
+    assert epochs(True) == plain
+    assert list((tmp_path / "cache" / "entries").iterdir()), "no entry was written"
+    assert epochs(True) == plain
+
+
 def test_a_feed_shuffled_by_position_gives_row_i_to_a_sampled_map_style_loader(session, tmp_path):
     """``dataset(epoch)`` of a feed shuffled by position: row ``i`` is the
     feed's ``i``-th row of that epoch, also for a ``DataLoader`` that draws

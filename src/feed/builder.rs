@@ -740,12 +740,6 @@ impl FeedBuilder {
                  or shuffle_by_position, not both",
             );
         }
-        if self.cache {
-            return refuse(
-                "does not work with the epoch cache yet: the cache keeps rows, not their \
-                 files; turn the cache off",
-            );
-        }
         if self.appended.is_some() {
             return refuse(
                 "cannot continue an epoch over appended data (new files change every \

@@ -81,6 +81,9 @@ pub(super) struct EpochCache {
     /// `mixture.rs`): later epochs plan it without planning the sources
     /// again (which lists their files).
     mixture: std::sync::OnceLock<LogicalPlan>,
+    /// A feed shuffled by position: the epoch whose order the entry holds
+    /// its rows in (the epoch that filled it).
+    stored_epoch: std::sync::OnceLock<u64>,
 }
 
 impl EpochCache {
@@ -95,7 +98,8 @@ impl EpochCache {
         lanes: String,
     ) -> Result<EpochQuery> {
         if let Some((table, finish)) = self.cached.get() {
-            return read(session, Arc::clone(table), finish.as_deref(), spec);
+            let stored = self.stored_epoch.get().copied();
+            return read(session, Arc::clone(table), finish.as_deref(), spec, stored);
         }
         if let Some(plan) = self.mixture.get() {
             let df = DataFrame::new(session.context().state(), plan.clone());
@@ -111,6 +115,9 @@ impl EpochCache {
             return shuffled(DataFrame::new(state, plan), spec);
         }
         let compact = compact(plan)?;
+        if let Some(ShuffleSpec::Positional { seed, epoch }) = spec {
+            return (self.by_position(session, state, compact, sql, (seed, epoch))).await;
+        }
         let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
         let keyed = with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
         // The entry's layout is part of what later epochs read: a shuffled
@@ -128,7 +135,7 @@ impl EpochCache {
         {
             CacheLookup::Hit(table) => {
                 let (table, finish) = self.cached.get_or_init(|| (table, finish));
-                read(session, Arc::clone(table), finish.as_deref(), spec)
+                read(session, Arc::clone(table), finish.as_deref(), spec, None)
             }
             CacheLookup::Miss(fill) => {
                 *self
@@ -145,11 +152,60 @@ impl EpochCache {
         }
     }
 
+    /// The epoch `(seed, epoch)` shuffled by position of the query split as
+    /// `compact`: the entry that epoch `epoch` filled if there is one (its
+    /// rows in that epoch's order), else the query with a fill of it. The
+    /// entry's key names the seed and the epoch: its order is theirs.
+    async fn by_position(
+        &self,
+        session: &Session,
+        state: SessionState,
+        compact: crate::cache::compact::CompactPlan,
+        sql: &str,
+        (seed, epoch): (u64, u64),
+    ) -> Result<EpochQuery> {
+        let spec = ShuffleSpec::Positional { seed, epoch };
+        let salt = format!("feed:by-position:seed={seed}:epoch={epoch}");
+        let finish = compact.split.then(|| compact.finish.clone());
+        match session
+            .cache()
+            .lookup_or_begin_fill(&state, compact.stored.clone(), sql, &salt)
+            .await?
+        {
+            CacheLookup::Hit(table) => {
+                let _ = self.stored_epoch.set(epoch);
+                let (table, finish) = self.cached.get_or_init(|| (table, finish));
+                read(
+                    session,
+                    Arc::clone(table),
+                    finish.as_deref(),
+                    Some(spec),
+                    Some(epoch),
+                )
+            }
+            CacheLookup::Miss(fill) => {
+                let _ = self.stored_epoch.set(epoch);
+                *self
+                    .filling_finish
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = finish;
+                let filled = crate::shuffle::late::shuffle_plan(compact.stored, spec)?;
+                Ok(EpochQuery::Filling {
+                    df: DataFrame::new(state, filled),
+                    finish: compact.finish,
+                    fill,
+                })
+            }
+        }
+    }
+
     /// `physical` (planned from `logical`, an [`EpochQuery::Filling`]'s
     /// query) writing into `fill` and finished by `finish`. A shuffled
     /// epoch's one ordered partition is spread over the session's target
-    /// partitions (later scans read them in parallel; the shuffle orders by
-    /// content anyway); an unshuffled one keeps a part per partition.
+    /// partitions when `shuffled` (later scans read them in parallel; the
+    /// shuffle orders by content anyway); an unshuffled one, or one
+    /// shuffled by position (whose entry's order is the epoch's), keeps a
+    /// part per partition.
     pub(super) fn tee(
         state: &SessionState,
         logical: &LogicalPlan,
@@ -301,18 +357,36 @@ fn shuffled(df: DataFrame, spec: Option<ShuffleSpec>) -> Result<EpochQuery> {
 }
 
 /// The epoch shuffled by `spec` over the cached `table`, finished by
-/// `finish`.
+/// `finish`; shuffled by position, the entry holds its rows in the order of
+/// epoch `stored`.
 fn read(
     session: &Session,
     table: Arc<CachedTable>,
     finish: Option<&[Expr]>,
     spec: Option<ShuffleSpec>,
+    stored: Option<u64>,
 ) -> Result<EpochQuery> {
     let (state, plan) = session
         .context()
         .read_table(table as Arc<dyn TableProvider>)?
         .into_parts();
-    let shuffled = shuffle_by_content_hash(plan, spec)?;
+    let shuffled = match (spec, stored) {
+        (Some(spec @ ShuffleSpec::Positional { .. }), Some(stored)) => {
+            LogicalPlan::Extension(datafusion::logical_expr::Extension {
+                node: Arc::new(crate::shuffle::ShuffleNode::try_new_keyed(
+                    plan,
+                    spec,
+                    crate::shuffle::ShuffleKey::StoredOrder(stored),
+                )?),
+            })
+        }
+        (Some(ShuffleSpec::Positional { .. }), None) => {
+            return Err(datafusion::common::internal_datafusion_err!(
+                "an epoch cache by position without the epoch of its order"
+            ));
+        }
+        (spec, _) => shuffle_by_content_hash(plan, spec)?,
+    };
     let plan = match finish {
         Some(finish) => apply_finish(shuffled, finish)?,
         None => shuffled,

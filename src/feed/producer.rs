@@ -640,7 +640,9 @@ impl Producer {
                     physical,
                     &finish,
                     &fill,
-                    feed.order.seed().is_some(),
+                    // By position, the entry keeps the lanes the feed
+                    // reads: their order is the stored order.
+                    feed.order.seed().is_some() && !feed.holds_epochs_whole(),
                 )?;
                 Some(fill)
             }

@@ -23,6 +23,11 @@ pub enum ShuffleKey {
     /// This input column holds each row's content hash already (a cached
     /// result stores it, so that a cached feed keeps the uncached order).
     ContentHash(String),
+    /// `SHUFFLE BY POSITION` over rows stored in the order of this epoch
+    /// of the same seed (a feed's epoch cache, filled by that epoch): a
+    /// row's rank is where it comes in that order, not its file and row,
+    /// so that a cached feed keeps the uncached order.
+    StoredOrder(u64),
 }
 
 impl ShuffleKey {
@@ -32,6 +37,7 @@ impl ShuffleKey {
             ShuffleKey::AllColumns => &[],
             ShuffleKey::Columns(names) => names,
             ShuffleKey::ContentHash(name) => std::slice::from_ref(name),
+            ShuffleKey::StoredOrder(_) => &[],
         }
     }
 }
@@ -42,6 +48,9 @@ impl fmt::Display for ShuffleKey {
             ShuffleKey::AllColumns => write!(f, "all columns"),
             ShuffleKey::Columns(names) => write!(f, "[{}]", names.join(", ")),
             ShuffleKey::ContentHash(name) => write!(f, "content hash {name}"),
+            ShuffleKey::StoredOrder(epoch) => {
+                write!(f, "stored in epoch {epoch}'s order")
+            }
         }
     }
 }
@@ -81,6 +90,11 @@ impl ShuffleNode {
         }
         if let ShuffleSpec::Windowed { window_rows: 0, .. } = spec {
             return plan_err!("SHUFFLE WINDOW must hold at least 1 row");
+        }
+        if matches!(key, ShuffleKey::StoredOrder(_))
+            && !matches!(spec, ShuffleSpec::Positional { .. })
+        {
+            return internal_err!("a {spec:?} shuffle keyed by {key}");
         }
         let schema = input.schema();
         if let Some(missing) = key
@@ -152,7 +166,13 @@ impl UserDefinedLogicalNodeCore for ShuffleNode {
                 }
             }
             ShuffleSpec::Positional { seed, epoch } => {
-                write!(f, "Shuffle: by position, seed={seed}, epoch={epoch}")
+                write!(f, "Shuffle: by position, seed={seed}, epoch={epoch}")?;
+                match &self.key {
+                    ShuffleKey::StoredOrder(stored) => {
+                        write!(f, ", stored in epoch {stored}'s order")
+                    }
+                    _ => Ok(()),
+                }
             }
             ShuffleSpec::Local { buffer_rows, seed } => {
                 write!(f, "LocalShuffle: buffer={buffer_rows}, seed={seed}")

@@ -137,7 +137,9 @@ pub use planner::{
     plan_sorted_shuffle,
 };
 pub(crate) use position::with_positions;
-pub use position::{IndexPermutation, PositionShuffleExec, RankedRowGroups};
+pub use position::{
+    IndexPermutation, PositionShuffleExec, RankedRowGroups, StoredOrderExec,
+};
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;
 pub use window_units::{WindowUnitFile, is_window_scan};

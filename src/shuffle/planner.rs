@@ -26,7 +26,8 @@ use super::{
     CopyIdentity, Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
     PositionShuffleExec, RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec,
     RankShardExec, SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec,
-    ShuffleNode, ShuffleSpec, WindowedShuffleExec, shuffle_batch_rows, with_positions,
+    ShuffleNode, ShuffleSpec, StoredOrderExec, WindowedShuffleExec, shuffle_batch_rows,
+    with_positions,
 };
 use datafusion::common::internal_datafusion_err;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -422,6 +423,9 @@ fn key_source(
             KeySource::Columns(names.iter().map(index).collect::<Result<Vec<_>>>()?)
         }
         ShuffleKey::ContentHash(name) => KeySource::ContentHash(index(name)?),
+        ShuffleKey::StoredOrder(_) => {
+            return internal_err!("a shuffle by content keyed by a stored order");
+        }
     })
 }
 
@@ -502,6 +506,20 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
             }
             ShuffleSpec::Positional { .. } if self.stage_shaped => {
                 return Err(super::refused_by_position_on_a_cluster());
+            }
+            ShuffleSpec::Positional { seed, epoch }
+                if let ShuffleKey::StoredOrder(stored) = *shuffle.key() =>
+            {
+                // Rows stored in epoch `stored`'s order (an epoch cache):
+                // ranked by where they come in the lanes the feed read them
+                // in, turns of the session's batch size.
+                let ordered = Arc::new(StoredOrderExec::new(
+                    Arc::clone(input),
+                    session.config().batch_size(),
+                ));
+                Arc::new(PositionShuffleExec::over_stored_order(
+                    ordered, seed, epoch, stored,
+                )?)
             }
             ShuffleSpec::Positional { seed, epoch } => {
                 // The input again, each row with its file and row index from

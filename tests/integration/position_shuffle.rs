@@ -384,7 +384,7 @@ fn a_shuffle_by_position_on_a_cluster_is_refused_by_name() -> Result<()> {
 /// A feed shuffled by position: its epochs are the defined orders, the same
 /// batches on any partition count, each epoch started ahead (the default)
 /// or not; a resume continues exactly and one under the other key is
-/// refused; the cache and windows are refused with what to do.
+/// refused; windows are refused with what to do.
 #[test]
 fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
     use sqlfeed::device::Device;
@@ -436,8 +436,6 @@ fn a_feed_by_position_is_the_defined_order_and_resumes_exactly() -> Result<()> {
         &err,
         &["shuffled by position but this feed is shuffled by content"],
     );
-    let err = feed(&s).cache(true).build().unwrap_err().to_string();
-    assert_contains(&err, &["shuffle_by_position", "epoch cache"]);
     let err = feed(&s)
         .shuffle_window(100)
         .build()
@@ -557,6 +555,104 @@ fn a_tight_feed_process_spills_each_epoch_beside_the_next_with_the_same_batches(
         if epoch > 0 {
             assert_contains(plan, &["LookaheadExec"]);
         }
+    }
+    Ok(())
+}
+
+/// A cached feed shuffled by position: its first epoch fills the epoch
+/// cache in that epoch's order, and every later epoch read from the entry
+/// (`StoredOrderExec`, the stored order composed with the epoch's) is the
+/// uncached epoch, with and without a filter and a widening function (the
+/// entry keeps the compact values); another session's first epoch is
+/// served from the entry; a resume reads it too; and under a memory limit
+/// that no epoch fits, the epochs read from the entry are spilled by
+/// position range, in the same order.
+#[test]
+fn a_cached_feed_by_position_gives_the_uncached_batches_every_epoch() -> Result<()> {
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::{Feed, OnDataChange};
+    let dir = tempfile::tempdir()?;
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(dir.path().join("small"))?;
+    std::fs::create_dir_all(dir.path().join("large"))?;
+    let small = write_ids(&dir.path().join("small"), 4, 500, 100)?;
+    let large = write_ids(&dir.path().join("large"), 4, 50_000, 10_000)?;
+    let sessions = |limit: Option<usize>| -> Result<sqlfeed::Session> {
+        let builder = sqlfeed::Session::builder()
+            .target_partitions(2)
+            .batch_size(8192)
+            .cache_dir(&cache);
+        match limit {
+            Some(bytes) => builder.memory_limit(bytes),
+            None => builder,
+        }
+        .build()
+    };
+    let feed = |session: &sqlfeed::Session, sql: &str, cached: bool| {
+        Feed::builder(session, sql)
+            .shuffle(11)
+            .shuffle_by_position()
+            .batch_size(64)
+            .epochs(3)
+            .cache(cached)
+            .device(Device::Cpu)
+    };
+    let run = |mut feed: sqlfeed::feed::Feed| -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+        let mut ids = vec![];
+        for batch in feed.by_ref() {
+            ids.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+        }
+        let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+        Ok((ids, plans))
+    };
+    for sql in [
+        format!("SELECT id, v FROM {small}"),
+        format!("SELECT id, one_hot(v, 7) AS w FROM {small} WHERE v <> 3"),
+    ] {
+        let s = sessions(None)?;
+        let (plain, _) = run(feed(&s, &sql, false).build()?)?;
+        let (cached, plans) = run(feed(&s, &sql, true).build()?)?;
+        assert!(cached == plain, "the cached feed gave other batches: {sql}");
+        assert_eq!(plans.len(), 3);
+        assert!(!plans[0].contains("StoredOrderExec"), "{}", plans[0]);
+        for plan in &plans[1..] {
+            assert_contains(
+                plan,
+                &[
+                    "CacheScanExec",
+                    "StoredOrderExec",
+                    "stored in epoch 0's order",
+                ],
+            );
+        }
+        // Another session over the same cache folder: a hit from the start.
+        let (again, plans) = run(feed(&sessions(None)?, &sql, true).build()?)?;
+        assert!(again == plain, "the entry's first epoch: {sql}");
+        assert_contains(&plans[0], &["CacheScanExec", "StoredOrderExec"]);
+        // Resumed in epoch 1, after 40 batches: the rest, from the entry.
+        let mut stopped = feed(&s, &sql, true).build()?;
+        for _ in 0..40 {
+            stopped.next().expect("a batch")?;
+        }
+        let checkpoint = stopped.checkpoint()?;
+        drop(stopped);
+        let (resumed, _) = run(feed(&s, &sql, true)
+            .resume_from(checkpoint, OnDataChange::Error)
+            .build()?)?;
+        assert!(resumed[..] == plain[40..], "resumed: {sql}");
+    }
+    // 200k rows (3.2 MB an epoch) under 3 MB: the first epoch spills by
+    // position range from the files, the later ones from the entry.
+    let sql = format!("SELECT id, v FROM {large}");
+    let (plain, _) = run(feed(&sessions(None)?, &sql, false)
+        .batch_size(4096)
+        .build()?)?;
+    let (tight, plans) = run(feed(&sessions(Some(3 << 20))?, &sql, true)
+        .batch_size(4096)
+        .build()?)?;
+    assert!(tight == plain, "the tight cached feed gave other batches");
+    for plan in &plans[1..] {
+        assert_contains(plan, &["StoredOrderExec", "spilled_unheld=1"]);
     }
     Ok(())
 }

@@ -281,6 +281,9 @@ fn to_message(node: &WireNode) -> Result<Node> {
                         names: names.clone(),
                     }),
                     ShuffleKey::ContentHash(name) => KeyKind::ContentHash(name.clone()),
+                    ShuffleKey::StoredOrder(_) => {
+                        return Err(crate::shuffle::refused_by_position_on_a_cluster());
+                    }
                 }),
             }),
         }),

@@ -294,7 +294,9 @@ fn carry_origins(plan: LogicalPlan, carry: &Carry) -> Result<LogicalPlan> {
                 // rows' files and row indexes) depends on the rows' content:
                 // the origin columns ride along without changing it.
                 (ShuffleSpec::Local { .. } | ShuffleSpec::Positional { .. }, key)
-                | (_, key @ ShuffleKey::ContentHash(_)) => key.clone(),
+                | (_, key @ (ShuffleKey::ContentHash(_) | ShuffleKey::StoredOrder(_))) => {
+                    key.clone()
+                }
                 (
                     ShuffleSpec::Global { .. } | ShuffleSpec::Windowed { .. },
                     ShuffleKey::AllColumns,

@@ -36,7 +36,7 @@ use futures::StreamExt;
 use super::canonical::{CanonicalRows, FileColumn, Run, runs_of};
 use super::permutation::IndexPermutation;
 use super::ranks::RankedRowGroups;
-use super::spilled::{Fitted, SpilledEpoch};
+use super::spilled::{Fitted, Placement, SpilledEpoch};
 use crate::exec::BatchStream;
 use crate::shuffle::windowed::{drops_rows, windowable_scan};
 
@@ -66,6 +66,10 @@ pub struct PositionShuffleExec {
     /// columns, when the epoch is spilled. Without it, each row group is
     /// read whole to count them.
     counting: Option<Arc<(SessionState, LogicalPlan)>>,
+    /// The epoch whose order the input's rows are stored in (an epoch
+    /// cache's, through [`super::StoredOrderExec`]): ranks are then where
+    /// the rows come in that order.
+    stored: Option<u64>,
     properties: Arc<datafusion::physical_plan::PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -100,6 +104,7 @@ impl PositionShuffleExec {
             epoch,
             schema,
             counting: None,
+            stored: None,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
@@ -112,11 +117,41 @@ impl PositionShuffleExec {
         self
     }
 
+    /// Shuffles rows stored in the order of epoch `stored` of `seed`
+    /// (`input`: a [`super::StoredOrderExec`]) as epoch `epoch` orders the
+    /// rows they came from: the epoch cache's later epochs.
+    pub fn over_stored_order(
+        input: Arc<dyn ExecutionPlan>,
+        seed: u64,
+        epoch: u64,
+        stored: u64,
+    ) -> Result<Self> {
+        Ok(Self {
+            stored: Some(stored),
+            ..Self::try_new(input, seed, epoch)?
+        })
+    }
+
+    /// The permutation of `n` rows: of `(seed, epoch)`, over the stored
+    /// order if the rows are stored.
+    fn permutation(
+        seed: u64,
+        epoch: u64,
+        stored: Option<u64>,
+        n: u64,
+    ) -> IndexPermutation {
+        match stored {
+            Some(stored) => IndexPermutation::over_stored(n, seed, epoch, stored),
+            None => IndexPermutation::new(n, seed, epoch),
+        }
+    }
+
     /// The same shuffle over `input` (the same rows, other columns): its
     /// seed, epoch and what counts its rows kept.
     pub fn over(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
         Ok(Self {
             counting: self.counting.clone(),
+            stored: self.stored,
             ..Self::try_new(input, self.seed, self.epoch)?
         })
     }
@@ -134,9 +169,7 @@ impl PositionShuffleExec {
         let Some(bytes_a_row) = fixed_row_bytes(&self.schema) else {
             return Ok(None);
         };
-        let statistics = StatisticsContext::new()
-            .compute(self.input.as_ref(), &StatisticsArgs::new())?;
-        let Precision::Exact(rows) = statistics.num_rows else {
+        let Some(rows) = exact_rows(&self.input)? else {
             return Ok(None);
         };
         let free = limit.saturating_sub(pool.reserved());
@@ -166,11 +199,17 @@ impl DisplayAs for PositionShuffleExec {
             DisplayFormatType::TreeRender => {
                 write!(f, "seed={}\nepoch={}", self.seed, self.epoch)
             }
-            _ => write!(
-                f,
-                "PositionShuffleExec: seed={}, epoch={}",
-                self.seed, self.epoch
-            ),
+            _ => {
+                write!(
+                    f,
+                    "PositionShuffleExec: seed={}, epoch={}",
+                    self.seed, self.epoch
+                )?;
+                match self.stored {
+                    Some(stored) => write!(f, ", stored in epoch {stored}'s order"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -239,7 +278,7 @@ impl ExecutionPlan for PositionShuffleExec {
             spilled_unheld.add(1);
         }
         let spill_metrics = SpillMetrics::new(&self.metrics, partition);
-        let (seed, epoch) = (self.seed, self.epoch);
+        let (seed, epoch, stored) = (self.seed, self.epoch, self.stored);
         let input = Arc::clone(&self.input);
         let counting = self.counting.clone();
         let batch_rows = ctx.session_config().batch_size().max(1);
@@ -271,35 +310,54 @@ impl ExecutionPlan for PositionShuffleExec {
                     drop(runs);
                     reservation.free();
                     held_bytes.set(fitted.bytes);
-                    let scan = windowable_scan(&input).map_err(|why| {
-                        resources_datafusion_err!(
-                            "{}; nor can it be spilled by position range: that ranks \
-                             rows by row group, and like SHUFFLE WINDOW, it {why}",
-                            does_not_fit(&fitted, &refused)
-                        )
-                    })?;
-                    let groups = match &counting {
-                        Some(counting) => {
-                            let (state, rows) = counting.as_ref();
-                            RankedRowGroups::read_counting_query(
-                                Arc::clone(&input),
-                                scan,
-                                state,
+                    let placement = match stored {
+                        // Stored rows are one run, ranked by where they come.
+                        Some(stored) => {
+                            let rows = exact_rows(&input)?.ok_or_else(|| {
+                                internal_datafusion_err!(
+                                    "stored rows shuffled by position have no exact count"
+                                )
+                            })? as u64;
+                            Placement::stored(
                                 rows,
+                                IndexPermutation::over_stored(rows, seed, epoch, stored),
                             )
-                            .await?
                         }
                         None => {
-                            if drops_rows(&input)? {
-                                counted_by_reading.add(1);
-                            }
-                            RankedRowGroups::read_by_reading(
-                                Arc::clone(&input),
-                                scan,
-                                &ctx,
-                                gatherers,
-                            )
-                            .await?
+                            let scan = windowable_scan(&input).map_err(|why| {
+                                resources_datafusion_err!(
+                                    "{}; nor can it be spilled by position range: that \
+                                     ranks rows by row group, and like SHUFFLE WINDOW, it \
+                                     {why}",
+                                    does_not_fit(&fitted, &refused)
+                                )
+                            })?;
+                            let groups = match &counting {
+                                Some(counting) => {
+                                    let (state, rows) = counting.as_ref();
+                                    RankedRowGroups::read_counting_query(
+                                        Arc::clone(&input),
+                                        scan,
+                                        state,
+                                        rows,
+                                    )
+                                    .await?
+                                }
+                                None => {
+                                    if drops_rows(&input)? {
+                                        counted_by_reading.add(1);
+                                    }
+                                    RankedRowGroups::read_by_reading(
+                                        Arc::clone(&input),
+                                        scan,
+                                        &ctx,
+                                        gatherers,
+                                    )
+                                    .await?
+                                }
+                            };
+                            let permutation = IndexPermutation::new(groups.len(), seed, epoch);
+                            Placement::of_groups(&groups, permutation)
                         }
                     };
                     // A scan executed again shares the first execution's
@@ -308,8 +366,7 @@ impl ExecutionPlan for PositionShuffleExec {
                     let input = reset_plan_states(input)?;
                     return Ok(Output::Spilled(SpilledEpoch::try_new(
                         input,
-                        &groups,
-                        (seed, epoch),
+                        placement,
                         fitted,
                         schema,
                         ctx,
@@ -320,7 +377,12 @@ impl ExecutionPlan for PositionShuffleExec {
                 runs_metric.add(rows.runs());
                 held_bytes.set(reservation.size());
                 Ok::<_, DataFusionError>(Output::Whole(Arc::new(Gather {
-                    permutation: IndexPermutation::new(rows.len(), seed, epoch),
+                    permutation: PositionShuffleExec::permutation(
+                        seed,
+                        epoch,
+                        stored,
+                        rows.len(),
+                    ),
                     rows,
                     batches,
                     batch_rows,
@@ -344,6 +406,16 @@ impl ExecutionPlan for PositionShuffleExec {
     }
 
     crate::exec::metrics_of_field!();
+}
+
+/// The rows `plan` gives, when its statistics know them exactly.
+fn exact_rows(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<usize>> {
+    let statistics =
+        StatisticsContext::new().compute(plan.as_ref(), &StatisticsArgs::new())?;
+    Ok(match statistics.num_rows {
+        Precision::Exact(rows) => Some(rows),
+        _ => None,
+    })
 }
 
 /// What the partitions' readers hold, in arrival order.

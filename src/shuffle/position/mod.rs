@@ -79,6 +79,14 @@
 //! next epoch then spills beside it with ranges sized from what is free.
 //! Else it starts when this one ends.
 //!
+//! # The epoch cache
+//! A cached feed's first epoch `b` stores its rows in its own order; a
+//! later epoch `e` reads them through [`StoredOrderExec`], which ranks each
+//! stored row by where it comes (row `i` of the entry has rank `π_b(i)`),
+//! and the permutation `π_b⁻¹ ∘ π_e`
+//! ([`IndexPermutation::over_stored`]): the same rows at the same
+//! positions as read from the files, held whole or spilled alike.
+//!
 //! # Paths
 //! Files are ranked by their path as the object store names it: for local
 //! files the absolute path. Ranks of one training run must see the data at
@@ -97,8 +105,10 @@ mod permutation;
 mod ranks;
 mod scan_position;
 mod spilled;
+mod stored;
 
 pub use exec::PositionShuffleExec;
 pub use permutation::IndexPermutation;
 pub use ranks::RankedRowGroups;
 pub(crate) use scan_position::with_positions;
+pub use stored::StoredOrderExec;

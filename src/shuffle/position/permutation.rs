@@ -53,6 +53,9 @@ pub struct IndexPermutation {
     table: Option<Vec<u32>>,
     /// Its inverse: the position of each index.
     inverse_table: Option<Vec<u32>>,
+    /// The order the rows are stored in, when they are an earlier epoch's
+    /// (an epoch cache): index `i` is then the row stored `i`-th.
+    stored: Option<Box<IndexPermutation>>,
 }
 
 impl IndexPermutation {
@@ -87,6 +90,20 @@ impl IndexPermutation {
             keys,
             table,
             inverse_table,
+            stored: None,
+        }
+    }
+
+    /// The permutation of `(seed, epoch)` over `n` rows stored in the order
+    /// of epoch `stored_epoch` (the row stored `i`-th is the one of rank
+    /// `π_stored(i)`): position `p` holds the stored row
+    /// `π_stored⁻¹(π_epoch(p))`, the row of rank `π_epoch(p)`, as in the
+    /// epoch read from the files. An epoch cache filled in one epoch's order
+    /// gives every later epoch's order this way, with no rank stored.
+    pub fn over_stored(n: u64, seed: u64, epoch: u64, stored_epoch: u64) -> Self {
+        Self {
+            stored: Some(Box::new(Self::new(n, seed, stored_epoch))),
+            ..Self::new(n, seed, epoch)
         }
     }
 
@@ -104,6 +121,26 @@ impl IndexPermutation {
     /// canonical rank of the row at that position of a `SHUFFLE BY
     /// POSITION` epoch, in constant time and memory (map-style access).
     pub fn at(&self, position: u64) -> u64 {
+        let rank = self.rank_at(position);
+        match &self.stored {
+            Some(stored) => stored.position_of(rank),
+            None => rank,
+        }
+    }
+
+    /// The position (`< n`) holding `index` (`< n`): the inverse of
+    /// [`Self::at`], in constant time and memory. Where a row goes when it
+    /// is read, for an epoch spilled by position range.
+    pub fn position_of(&self, index: u64) -> u64 {
+        let rank = match &self.stored {
+            Some(stored) => stored.at(index),
+            None => index,
+        };
+        self.position_of_rank(rank)
+    }
+
+    /// The rank at `position` of this epoch's order.
+    fn rank_at(&self, position: u64) -> u64 {
         debug_assert!(position < self.n, "position {position} of {}", self.n);
         if let Some(table) = &self.table {
             return u64::from(table[position as usize]);
@@ -115,10 +152,8 @@ impl IndexPermutation {
         x
     }
 
-    /// The position (`< n`) holding `index` (`< n`): the inverse of
-    /// [`Self::at`], in constant time and memory. Where a row goes when it
-    /// is read, for an epoch spilled by position range.
-    pub fn position_of(&self, index: u64) -> u64 {
+    /// The position of `index` (a rank) in this epoch's order.
+    fn position_of_rank(&self, index: u64) -> u64 {
         debug_assert!(index < self.n, "index {index} of {}", self.n);
         if let Some(inverse) = &self.inverse_table {
             return u64::from(inverse[index as usize]);
@@ -189,6 +224,26 @@ mod tests {
                 let index = permutation.at(position);
                 assert_eq!(permutation.position_of(index), position, "n = {n}");
             }
+        }
+    }
+
+    /// Over rows stored in epoch 3's order, epoch 5 puts at each position
+    /// the stored row that holds the rank epoch 5 puts there; `position_of`
+    /// undoes it.
+    #[test]
+    fn an_epoch_over_rows_stored_in_another_epochs_order_is_that_epoch() {
+        for n in [1u64, 7, 1000, 65_537, 200_003] {
+            let stored = IndexPermutation::new(n, 9, 3);
+            let epoch = IndexPermutation::new(n, 9, 5);
+            let over = IndexPermutation::over_stored(n, 9, 5, 3);
+            for position in (0..n).step_by((n as usize / 3000).max(1)) {
+                let row = over.at(position);
+                assert_eq!(stored.at(row), epoch.at(position), "n = {n}");
+                assert_eq!(over.position_of(row), position, "n = {n}");
+            }
+            // Over its own order, an epoch is the stored order.
+            let same = IndexPermutation::over_stored(n, 9, 3, 3);
+            assert!((0..n.min(500)).all(|p| same.at(p) == p), "n = {n}");
         }
     }
 

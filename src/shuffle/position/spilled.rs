@@ -106,6 +106,44 @@ pub(super) struct Fitted {
     pub(super) bytes: usize,
 }
 
+/// Where each row of a spilled epoch goes: its rank from its file and row
+/// index, and its position from its rank.
+pub(super) struct Placement {
+    pub(super) permutation: IndexPermutation,
+    /// `starts[g]`: the rank of row group `g`'s first row; one more entry,
+    /// the rows in all.
+    pub(super) starts: Vec<u64>,
+    /// File path → (first row index, row group in rank order) per row group.
+    pub(super) files: HashMap<String, Vec<(u64, usize)>>,
+}
+
+impl Placement {
+    /// The rows of `groups`, placed by `permutation`.
+    pub(super) fn of_groups(
+        groups: &RankedRowGroups,
+        permutation: IndexPermutation,
+    ) -> Self {
+        Self {
+            permutation,
+            starts: groups.starts().to_vec(),
+            files: groups.files().into_iter().collect(),
+        }
+    }
+
+    /// `rows` stored rows ([`super::stored`]: one "file", ranked by where
+    /// each comes), placed by `permutation`.
+    pub(super) fn stored(rows: u64, permutation: IndexPermutation) -> Self {
+        Self {
+            permutation,
+            starts: vec![0, rows],
+            files: HashMap::from([(
+                super::stored::STORED_ROWS.to_string(),
+                vec![(0, 0)],
+            )]),
+        }
+    }
+}
+
 /// The slot column written beside each spilled row.
 const SLOT_COLUMN: &str = "__sqlfeed_position_slot";
 
@@ -180,12 +218,11 @@ fn open_spill_file(spill: &SpillManager) -> Result<SpillWriting> {
 }
 
 impl SpilledEpoch {
-    /// The spilled epoch of `(seed, epoch)` over `groups` of `input`, sized
-    /// by what `fitted`.
+    /// The spilled epoch of `input`'s rows, placed as `placement` says,
+    /// sized by what `fitted`.
     pub(super) fn try_new(
         input: Arc<dyn ExecutionPlan>,
-        groups: &RankedRowGroups,
-        (seed, epoch): (u64, u64),
+        placement: Placement,
         fitted: Fitted,
         schema: SchemaRef,
         ctx: Arc<TaskContext>,
@@ -209,7 +246,11 @@ impl SpilledEpoch {
         let row_bytes = fitted.bytes / fitted.rows.max(1) + 12;
         let range_rows = (range_bytes / row_bytes).min(u32::MAX as usize) as u64;
         let range_rows = (range_rows / batch * batch).max(batch);
-        let permutation = IndexPermutation::new(groups.len(), seed, epoch);
+        let Placement {
+            permutation,
+            starts,
+            files,
+        } = placement;
         let ranges = permutation.len().div_ceil(range_rows) as usize;
         if ranges > MAX_RANGES {
             return Err(resources_datafusion_err!(
@@ -234,8 +275,8 @@ impl SpilledEpoch {
             input,
             ranks: Arc::new(Ranks {
                 permutation,
-                starts: groups.starts().to_vec(),
-                files: groups.files().into_iter().collect(),
+                starts,
+                files,
                 counted,
             }),
             range_rows,

@@ -1,0 +1,157 @@
+//! [`StoredOrderExec`]: rows stored in one epoch's order by position (a
+//! feed's epoch cache), each given where it comes in that order, so that
+//! [`super::PositionShuffleExec`] orders them as any later epoch of the
+//! files would.
+//!
+//! ```text
+//!  epoch b (a cache miss): the files ──► PositionShuffleExec(π_b) ──► feed
+//!                                                    └──► cache entry, rows
+//!                                                         in epoch b's order
+//!  epoch e (from the entry):
+//!    cache parts (p0 … pN-1, the lanes epoch b was read in)
+//!      ──► StoredOrderExec: one stream, in turns of `turn_rows` rows (the
+//!          feed's order of lanes); each row + (STORED_ROWS, i), i = 0, 1, …
+//!      ──► PositionShuffleExec over the stored order: position p holds
+//!          stored row π_b⁻¹(π_e(p)), the row of rank π_e(p)
+//! ```
+//!
+//! # The same batches
+//! Row `i` of the entry is the row at position `i` of epoch `b`, the row of
+//! canonical rank `π_b(i)` ([`super::IndexPermutation::over_stored`]): so
+//! epoch `e` read from the entry puts at position `p` the row of rank
+//! `π_e(p)`, as read from the files. No rank is stored; the entry's layout
+//! is the order (its parts are read in the turns the feed read them in,
+//! see `crate::exec::lanes`).
+//!
+//! # Memory
+//! Streams: one batch of each part read ahead.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::Statistics;
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+};
+use futures::StreamExt;
+
+use super::scan_position::{POSITION_FILE_COLUMN, POSITION_ROW_COLUMN};
+use crate::exec::BatchStream;
+
+/// The one "file" stored rows are ranked in.
+pub(super) const STORED_ROWS: &str = "stored rows";
+
+/// Its input's partitions as one stream in the feed's order of lanes, each
+/// row with [`STORED_ROWS`] and its index in that stream as the two
+/// position columns; see the module docs.
+#[derive(Debug)]
+pub struct StoredOrderExec {
+    input: Arc<dyn ExecutionPlan>,
+    turn_rows: usize,
+    schema: SchemaRef,
+    properties: Arc<datafusion::physical_plan::PlanProperties>,
+}
+
+impl StoredOrderExec {
+    /// `input`'s rows, read in turns of `turn_rows` rows a partition.
+    pub fn new(input: Arc<dyn ExecutionPlan>, turn_rows: usize) -> Self {
+        let input_schema = input.schema();
+        let mut fields = input_schema.fields().to_vec();
+        fields.push(Arc::new(Field::new(
+            POSITION_FILE_COLUMN,
+            DataType::Utf8,
+            false,
+        )));
+        fields.push(Arc::new(Field::new(
+            POSITION_ROW_COLUMN,
+            DataType::Int64,
+            false,
+        )));
+        let schema = Arc::new(Schema::new_with_metadata(
+            fields,
+            input_schema.metadata().clone(),
+        ));
+        let properties = Arc::new(crate::exec::one_bounded_partition(
+            Arc::clone(&schema),
+            EmissionType::Incremental,
+        ));
+        Self {
+            input,
+            turn_rows: turn_rows.max(1),
+            schema,
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for StoredOrderExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "StoredOrderExec: {} lanes, turns of {} rows",
+            self.input.output_partitioning().partition_count(),
+            self.turn_rows
+        )
+    }
+}
+
+impl ExecutionPlan for StoredOrderExec {
+    crate::exec::one_input_operator! {
+        name: "StoredOrderExec",
+        properties: own,
+        rebuild: |this, child| Ok(Self::new(child, this.turn_rows)),
+    }
+
+    // The lanes are the stored order: repartitioning them would change it.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
+        vec![ChildStats::At(None)]
+    }
+
+    fn statistics_from_inputs(
+        &self,
+        input_stats: &[Arc<Statistics>],
+        _args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        Ok(crate::exec::rows_passed_through(input_stats, &self.schema))
+    }
+
+    fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
+        crate::exec::only_partition("StoredOrderExec", partition)?;
+        let rows =
+            crate::exec::lanes::ordered_partitions(&self.input, ctx, self.turn_rows)?;
+        let schema = Arc::clone(&self.schema);
+        let mut next: i64 = 0;
+        let numbered = rows.map(move |batch| {
+            let batch = batch?;
+            let n = batch.num_rows();
+            let mut columns = batch.columns().to_vec();
+            columns.push(Arc::new(StringArray::from_iter_values(
+                std::iter::repeat_n(STORED_ROWS, n),
+            )));
+            columns.push(Arc::new(Int64Array::from_iter_values(
+                next..next + n as i64,
+            )));
+            next += n as i64;
+            Ok(RecordBatch::try_new(Arc::clone(&schema), columns)?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            numbered,
+        )))
+    }
+}
