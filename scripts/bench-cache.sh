@@ -8,6 +8,9 @@
 #
 #   scripts/bench-cache.sh [ROWS=30000] [IMAGE_SIZE=96] [RESIZE=64]
 #
+# FEED_FLAGS adds feed options to every run, e.g.
+# FEED_FLAGS=--shuffle-by-position for the exact order by position.
+#
 # Needs a release build (cargo build --release). Data and cache go under
 # target/bench-cache/.
 set -euo pipefail
@@ -26,7 +29,7 @@ fi
 sql="SELECT image_to_tensor(image_resize(image_decode(image_jpeg), $resize, $resize)) AS image,
             label AS y FROM '$data/*.parquet'"
 feed() { "$bin" --cache-dir "$cache" feed "$sql" --shuffle-seed 42 --epochs 3 \
-           --batch-size 256 --prefetch 8 --device cpu --result-json "$@" 2>/dev/null \
+           --batch-size 256 --prefetch 8 --device cpu --result-json ${FEED_FLAGS:-} "$@" 2>/dev/null \
          | sed -n 's/^RESULT //p'; }
 "$bin" --cache-dir "$cache" -c "CLEAR CACHE" >/dev/null
 report() { # name json
@@ -38,7 +41,7 @@ print(f"{name:<22} rows {r['rows']:>7}  epochs " + "  ".join(f"{s:6.2f}s" for s 
       + f"   epoch0/epoch1 {e[0] / e[1]:5.2f}x")
 PY
 }
-echo "feed: $rows JPEGs ${size}x${size} -> decode, resize ${resize}x${resize}, float32 CHW; 3 epochs, SHUFFLE SEED 42, $(nproc) cores"
+echo "feed: $rows JPEGs ${size}x${size} -> decode, resize ${resize}x${resize}, float32 CHW; 3 epochs, SHUFFLE SEED 42 ${FEED_FLAGS:-}, $(nproc) cores"
 report "no cache" "$(feed)"
 report "cache, first run" "$(feed --cache)"
 report "cache, second run" "$(feed --cache)"
