@@ -106,6 +106,15 @@ impl EpochCache {
             return shuffled(df, spec);
         }
         let (state, plan) = session.sql(sql).await?.into_parts();
+        // By position, before anything runs: what it cannot rank (a
+        // mixture among them) is refused when the fill is planned, naming
+        // the operator.
+        if let Some(ShuffleSpec::Positional { seed, epoch }) = spec {
+            let compact = compact(plan)?;
+            return self
+                .by_position(session, state, compact, sql, (seed, epoch))
+                .await;
+        }
         // A mixture draws other rows every epoch: its sources are kept, not
         // one epoch's rows.
         if super::mixture::has_mixture(&plan)? {
@@ -115,9 +124,6 @@ impl EpochCache {
             return shuffled(DataFrame::new(state, plan), spec);
         }
         let compact = compact(plan)?;
-        if let Some(ShuffleSpec::Positional { seed, epoch }) = spec {
-            return (self.by_position(session, state, compact, sql, (seed, epoch))).await;
-        }
         let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
         let keyed = with_content_hash(compact.stored.clone(), Arc::clone(&row_key))?;
         // The entry's layout is part of what later epochs read: a shuffled
@@ -173,7 +179,7 @@ impl EpochCache {
             .await?
         {
             CacheLookup::Hit(table) => {
-                let _ = self.stored_epoch.set(epoch);
+                self.store_order_of(epoch)?;
                 let (table, finish) = self.cached.get_or_init(|| (table, finish));
                 read(
                     session,
@@ -184,7 +190,7 @@ impl EpochCache {
                 )
             }
             CacheLookup::Miss(fill) => {
-                let _ = self.stored_epoch.set(epoch);
+                self.store_order_of(epoch)?;
                 *self
                     .filling_finish
                     .lock()
@@ -196,6 +202,19 @@ impl EpochCache {
                     fill,
                 })
             }
+        }
+    }
+
+    /// Records that the entry holds its rows in epoch `epoch`'s order; an
+    /// entry of another epoch's order is an internal error, never another
+    /// order.
+    fn store_order_of(&self, epoch: u64) -> Result<()> {
+        match *self.stored_epoch.get_or_init(|| epoch) {
+            stored if stored == epoch => Ok(()),
+            stored => Err(datafusion::common::internal_datafusion_err!(
+                "an epoch cache by position in epoch {stored}'s order, filled again in \
+                 epoch {epoch}'s"
+            )),
         }
     }
 

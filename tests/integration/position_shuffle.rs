@@ -325,6 +325,74 @@ async fn an_epoch_that_does_not_fit_is_spilled_by_position_range_in_the_same_ord
     Ok(())
 }
 
+/// Strings read as views (`schema_force_view_types`), spilled by position:
+/// a range's pieces keep their source batches' whole data buffers, so each
+/// range is counted as written (compacted). Counted with those buffers, the
+/// read-back reserved up front would be many times the pool and refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn view_columns_spilled_by_position_are_counted_as_written() -> Result<()> {
+    use datafusion::arrow::compute::concat_batches;
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 100_000, 10_000)?;
+    let strings = dir.path().join("strings.parquet");
+    let roomy = session(2, 4096)?;
+    collect(
+        &roomy,
+        &format!(
+            "COPY (SELECT id, concat('row ', CAST(v AS VARCHAR), ' of the table') AS s \
+             FROM {table} ORDER BY id) TO '{}'",
+            strings.display()
+        ),
+    )
+    .await?;
+    let sql = format!(
+        "SELECT id, s FROM '{}' SHUFFLE BY POSITION SEED 3",
+        strings.display()
+    );
+    let whole = collect(&roomy, &sql).await?;
+    let tight = sqlfeed::Session::builder()
+        .target_partitions(2)
+        .batch_size(4096)
+        .memory_limit(2 << 20)
+        .setting(
+            "datafusion.execution.parquet.schema_force_view_types",
+            "true",
+        )
+        .build()?;
+    let df = tight.sql(&sql).await?;
+    let plan = df.create_physical_plan().await?;
+    assert!(
+        plan.schema().field_with_name("s")?.data_type()
+            == &datafusion::arrow::datatypes::DataType::Utf8View,
+        "s is not read as a view"
+    );
+    let batches = datafusion::physical_plan::collect(
+        std::sync::Arc::clone(&plan),
+        tight.context().task_ctx(),
+    )
+    .await?;
+    assert!(
+        ranges_spilled(&plan) >= 4,
+        "not spilled: {}",
+        ranges_spilled(&plan)
+    );
+    assert_eq!(ids(&batches), ids(&whole));
+    let cast =
+        |batches: &[datafusion::arrow::array::RecordBatch]| -> Result<Vec<String>> {
+            let all = concat_batches(&batches[0].schema(), batches)?;
+            let s = datafusion::arrow::compute::cast(
+                all.column(1),
+                &datafusion::arrow::datatypes::DataType::Utf8,
+            )?;
+            Ok(datafusion::arrow::array::AsArray::as_string::<i32>(&s)
+                .iter()
+                .map(|v| v.unwrap_or_default().to_string())
+                .collect())
+        };
+    assert!(cast(&batches)? == cast(&whole)?, "other strings");
+    Ok(())
+}
+
 /// A limit so small that the epoch would need more ranges than spill files
 /// it may keep open: an error that says so and what to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -119,7 +119,8 @@ impl IndexPermutation {
 
     /// The index at `position` (`< n`) of the permuted order: the
     /// canonical rank of the row at that position of a `SHUFFLE BY
-    /// POSITION` epoch, in constant time and memory (map-style access).
+    /// POSITION` epoch (over stored rows, the stored row's index), in
+    /// constant time and memory (map-style access).
     pub fn at(&self, position: u64) -> u64 {
         let rank = self.rank_at(position);
         match &self.stored {

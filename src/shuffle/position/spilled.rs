@@ -31,7 +31,8 @@
 //!
 //! # Memory
 //! `R` (positions a range) is sized so that a range takes a quarter of
-//! what fitted before the pool refused, and at most a sixth of the pool,
+//! what fitted before the pool refused, and about a sixth of the pool at
+//! most (by the rows' average bytes),
 //! counting each row's slot and where its position finds it (12 bytes),
 //! rounded down to whole batches: the range read out and the range read
 //! ahead fit where the epoch did not, and take at most a third of the pool.
@@ -44,10 +45,11 @@
 //! The read-back is reserved **once, up front**, when the last row is
 //! spilled: the two largest ranges as written ([`ReadBudget`]); each range
 //! borrows from it while held and gives back when read out (a range larger
-//! than written borrows the rest from the pool). So an epoch never waits
-//! for memory once its first batch is out, and a feed's next epoch, started
-//! ahead beside it, sizes its own ranges from what is really free: two
-//! spilled epochs side by side take at most two thirds of the pool, and
+//! than written borrows the rest from the pool, waiting for it as before).
+//! So an epoch does not wait for memory once its first batch is out, and a
+//! feed's next epoch, started ahead beside it, sizes its own ranges from
+//! what is really free: two spilled epochs side by side take about two
+//! thirds of the pool (ranges are sized by the rows' average bytes), and
 //! neither waits for the other (metric `read_back_bytes`: the bytes
 //! reserved up front). Batches read back share their file's
 //! buffers, so they are counted once per buffer, not once per batch.
@@ -829,6 +831,14 @@ fn flush(
     }
     let batch = concat_batches(spill.schema(), &sink.buffered)?;
     sink.buffered.clear();
+    // Pieces of view columns keep their source batches' whole data
+    // buffers: compacted, the batch is what is written and read back (the
+    // spill writer would compact it too), and what is counted.
+    let batch = RecordBatch::try_new_with_options(
+        Arc::clone(batch.schema_ref()),
+        crate::shuffle::permute::compact_views(batch.columns()),
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?;
     sink.written += get_record_batch_memory_size(&batch);
     buffered.shrink(sink.reserved);
     sink.bytes = 0;

@@ -24,13 +24,16 @@
 //! see `crate::exec::lanes`).
 //!
 //! # Memory
-//! Streams: one batch of each part read ahead.
+//! Streams: two batches of each part read ahead
+//! (`crate::exec::lanes::LANE_READ_AHEAD`).
 
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::array::{
+    DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
+};
+use datafusion::arrow::datatypes::{Field, Int32Type, Schema, SchemaRef};
 use datafusion::common::Statistics;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -42,7 +45,9 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::scan_position::{POSITION_FILE_COLUMN, POSITION_ROW_COLUMN};
+use super::scan_position::{
+    POSITION_FILE_COLUMN, POSITION_ROW_COLUMN, position_file_type,
+};
 use crate::exec::BatchStream;
 
 /// The one "file" stored rows are ranked in.
@@ -66,12 +71,12 @@ impl StoredOrderExec {
         let mut fields = input_schema.fields().to_vec();
         fields.push(Arc::new(Field::new(
             POSITION_FILE_COLUMN,
-            DataType::Utf8,
+            position_file_type(),
             false,
         )));
         fields.push(Arc::new(Field::new(
             POSITION_ROW_COLUMN,
-            DataType::Int64,
+            datafusion::arrow::datatypes::DataType::Int64,
             false,
         )));
         let schema = Arc::new(Schema::new_with_metadata(
@@ -135,14 +140,16 @@ impl ExecutionPlan for StoredOrderExec {
         let rows =
             crate::exec::lanes::ordered_partitions(&self.input, ctx, self.turn_rows)?;
         let schema = Arc::clone(&self.schema);
+        let file = Arc::new(StringArray::from(vec![STORED_ROWS]));
         let mut next: i64 = 0;
         let numbered = rows.map(move |batch| {
             let batch = batch?;
             let n = batch.num_rows();
             let mut columns = batch.columns().to_vec();
-            columns.push(Arc::new(StringArray::from_iter_values(
-                std::iter::repeat_n(STORED_ROWS, n),
-            )));
+            columns.push(Arc::new(DictionaryArray::<Int32Type>::try_new(
+                Int32Array::from(vec![0; n]),
+                Arc::clone(&file) as _,
+            )?));
             columns.push(Arc::new(Int64Array::from_iter_values(
                 next..next + n as i64,
             )));
