@@ -693,21 +693,28 @@ fn a_cached_feed_by_position_gives_the_uncached_batches_every_epoch() -> Result<
                 ],
             );
         }
-        // Another session over the same cache folder: a hit from the start.
+        // Another session over the same cache folder: a hit from the start,
+        // whose epoch 0 (the entry's own order) streams the entry.
         let (again, plans) = run(feed(&sessions(None)?, &sql, true).build()?)?;
         assert!(again == plain, "the entry's first epoch: {sql}");
-        assert_contains(&plans[0], &["CacheScanExec", "StoredOrderExec"]);
-        // Resumed in epoch 1, after 40 batches: the rest, from the entry.
-        let mut stopped = feed(&s, &sql, true).build()?;
-        for _ in 0..40 {
-            stopped.next().expect("a batch")?;
+        assert_contains(&plans[0], &["CacheScanExec"]);
+        assert!(!plans[0].contains("PositionShuffleExec"), "{}", plans[0]);
+        assert_contains(&plans[1], &["CacheScanExec", "StoredOrderExec"]);
+        // Resumed after 10 batches (epoch 0, streamed from the entry) and
+        // after 40 (epoch 1, which fills an entry of its own order): the
+        // rest.
+        for done in [10, 40] {
+            let mut stopped = feed(&s, &sql, true).build()?;
+            for _ in 0..done {
+                stopped.next().expect("a batch")?;
+            }
+            let checkpoint = stopped.checkpoint()?;
+            drop(stopped);
+            let (resumed, _) = run(feed(&s, &sql, true)
+                .resume_from(checkpoint, OnDataChange::Error)
+                .build()?)?;
+            assert!(resumed[..] == plain[done..], "resumed after {done}: {sql}");
         }
-        let checkpoint = stopped.checkpoint()?;
-        drop(stopped);
-        let (resumed, _) = run(feed(&s, &sql, true)
-            .resume_from(checkpoint, OnDataChange::Error)
-            .build()?)?;
-        assert!(resumed[..] == plain[40..], "resumed: {sql}");
     }
     // 200k rows (3.2 MB an epoch) under 3 MB: the first epoch spills by
     // position range from the files, the later ones from the entry.
