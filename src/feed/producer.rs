@@ -805,26 +805,30 @@ fn spilled_read_back(plan: &Arc<dyn ExecutionPlan>) -> Option<usize> {
 }
 
 /// Whether a next epoch by position could be spilled beside one that
-/// spilled and holds `read_back` bytes (its two ranges, reserved up front
-/// and never more than a third of the pool): it sizes its own ranges from
-/// what is free then, so it has room when at least as much is free; then
+/// spilled and holds `read_back` bytes (its two ranges, reserved up front,
+/// about a third of the pool at most): it sizes its own ranges from what
+/// is free then, so it has room when at least as much is free; then
 /// neither waits for the other.
 fn room_beside_a_spilled_epoch(session: &crate::Session, read_back: usize) -> bool {
-    use datafusion::execution::memory_pool::MemoryLimit;
-    let pool = &session.context().runtime_env().memory_pool;
-    match pool.memory_limit() {
-        MemoryLimit::Finite(limit) => limit.saturating_sub(pool.reserved()) >= read_back,
-        _ => true,
-    }
+    has_free(session, |_| read_back)
 }
 
 /// Whether the session's pool could hold another epoch as large as what
 /// it holds now (a finite pool with at least as much free as reserved).
 fn room_for_another_epoch(session: &crate::Session) -> bool {
+    has_free(session, |reserved| reserved)
+}
+
+/// Whether the session's pool has `bytes(reserved)` free (always, when it
+/// has no limit).
+fn has_free(session: &crate::Session, bytes: impl FnOnce(usize) -> usize) -> bool {
     use datafusion::execution::memory_pool::MemoryLimit;
     let pool = &session.context().runtime_env().memory_pool;
     match pool.memory_limit() {
-        MemoryLimit::Finite(limit) => pool.reserved().saturating_mul(2) <= limit,
+        MemoryLimit::Finite(limit) => {
+            let reserved = pool.reserved();
+            limit.saturating_sub(reserved) >= bytes(reserved)
+        }
         _ => true,
     }
 }

@@ -513,10 +513,11 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 // Rows stored in epoch `stored`'s order (an epoch cache):
                 // ranked by where they come in the lanes the feed read them
                 // in, turns of the session's batch size.
-                let ordered = Arc::new(StoredOrderExec::new(
+                let lanes = Arc::new(crate::exec::lanes::LaneInterleaveExec::new(
                     Arc::clone(input),
                     session.config().batch_size(),
                 ));
+                let ordered = Arc::new(StoredOrderExec::try_new(lanes)?);
                 Arc::new(PositionShuffleExec::over_stored_order(
                     ordered, seed, epoch, stored,
                 )?)

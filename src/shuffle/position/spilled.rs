@@ -177,10 +177,7 @@ pub(super) struct SpilledEpoch {
 
 /// How a row's rank is found from its file and row index.
 struct Ranks {
-    permutation: IndexPermutation,
-    starts: Vec<u64>,
-    /// File path → (first row index, row group in rank order) per row group.
-    files: HashMap<String, Vec<(u64, usize)>>,
+    placement: Placement,
     /// Under a filter, a row's offset in its row group is the rows of that
     /// group kept before it: counted as the rows come, each group by the
     /// one reader that reads it.
@@ -248,12 +245,7 @@ impl SpilledEpoch {
         let row_bytes = fitted.bytes / fitted.rows.max(1) + 12;
         let range_rows = (range_bytes / row_bytes).min(u32::MAX as usize) as u64;
         let range_rows = (range_rows / batch * batch).max(batch);
-        let Placement {
-            permutation,
-            starts,
-            files,
-        } = placement;
-        let ranges = permutation.len().div_ceil(range_rows) as usize;
+        let ranges = placement.permutation.len().div_ceil(range_rows) as usize;
         if ranges > MAX_RANGES {
             return Err(resources_datafusion_err!(
                 "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit: \
@@ -263,7 +255,7 @@ impl SpilledEpoch {
                  SHUFFLE WINDOW n, which holds one window",
                 fitted.rows,
                 fitted.bytes,
-                permutation.len()
+                placement.permutation.len()
             ));
         }
         let buffer_bytes = (range_bytes / ranges.max(1)).max(LEAST_BUFFER_BYTES);
@@ -275,12 +267,7 @@ impl SpilledEpoch {
         let buffered = Arc::new(reservation.new_empty());
         Ok(Self {
             input,
-            ranks: Arc::new(Ranks {
-                permutation,
-                starts,
-                files,
-                counted,
-            }),
+            ranks: Arc::new(Ranks { placement, counted }),
             range_rows,
             ranges,
             batch_rows,
@@ -421,7 +408,7 @@ impl SpilledEpoch {
     /// Positions in range `k`.
     fn range_len(&self, k: usize) -> u64 {
         let start = k as u64 * self.range_rows;
-        (start + self.range_rows).min(self.ranks.permutation.len()) - start
+        (start + self.range_rows).min(self.ranks.placement.permutation.len()) - start
     }
 
     /// The read-back's memory, reserved once before the first range: the
@@ -698,7 +685,7 @@ impl Reader {
                 let file_groups = match groups {
                     Some((p, g)) if p == path => g,
                     _ => {
-                        let g = self.ranks.files.get(path).ok_or_else(|| {
+                        let g = self.ranks.placement.files.get(path).ok_or_else(|| {
                             exec_datafusion_err!(
                                 "SHUFFLE BY POSITION read a row of {path}, which was not \
                                  listed when the epoch was planned: plan it again"
@@ -736,15 +723,15 @@ impl Reader {
                 } else {
                     index - first_row
                 };
-                let rank = self.ranks.starts[group] + offset;
-                if rank >= self.ranks.starts[group + 1] {
+                let rank = self.ranks.placement.starts[group] + offset;
+                if rank >= self.ranks.placement.starts[group + 1] {
                     return exec_err!(
                         "SHUFFLE BY POSITION: row {index} of {path} has rank {rank}, past its \
                          row group's rows: the file changed while the epoch was read; read \
                          the epoch again"
                     );
                 }
-                let position = self.ranks.permutation.position_of(rank);
+                let position = self.ranks.placement.permutation.position_of(rank);
                 let range = (position / self.range_rows) as usize;
                 let slot = (position % self.range_rows) as u32;
                 let (rows, slots) = by_range.entry(range).or_default();

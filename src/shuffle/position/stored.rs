@@ -9,8 +9,9 @@
 //!                                                         in epoch b's order
 //!  epoch e (from the entry):
 //!    cache parts (p0 … pN-1, the lanes epoch b was read in)
-//!      ──► StoredOrderExec: one stream, in turns of `turn_rows` rows (the
-//!          feed's order of lanes); each row + (STORED_ROWS, i), i = 0, 1, …
+//!      ──► LaneInterleaveExec: one stream, in turns of the session's batch
+//!          size (the feed's order of lanes)
+//!      ──► StoredOrderExec: each row + (STORED_ROWS, i), i = 0, 1, …
 //!      ──► PositionShuffleExec over the stored order: position p holds
 //!          stored row π_b⁻¹(π_e(p)), the row of rank π_e(p)
 //! ```
@@ -24,8 +25,7 @@
 //! see `crate::exec::lanes`).
 //!
 //! # Memory
-//! Streams: two batches of each part read ahead
-//! (`crate::exec::lanes::LANE_READ_AHEAD`).
+//! Streams: it adds two columns to each batch of its one input partition.
 
 use std::fmt;
 use std::sync::Arc;
@@ -35,6 +35,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{Field, Int32Type, Schema, SchemaRef};
 use datafusion::common::Statistics;
+use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::execution_plan::EmissionType;
@@ -53,20 +54,27 @@ use crate::exec::BatchStream;
 /// The one "file" stored rows are ranked in.
 pub(super) const STORED_ROWS: &str = "stored rows";
 
-/// Its input's partitions as one stream in the feed's order of lanes, each
-/// row with [`STORED_ROWS`] and its index in that stream as the two
-/// position columns; see the module docs.
+/// Its input's one partition (the stored rows in order, through
+/// `crate::exec::lanes::LaneInterleaveExec`), each row with [`STORED_ROWS`]
+/// and its index in that stream as the two position columns; see the
+/// module docs.
 #[derive(Debug)]
 pub struct StoredOrderExec {
     input: Arc<dyn ExecutionPlan>,
-    turn_rows: usize,
     schema: SchemaRef,
     properties: Arc<datafusion::physical_plan::PlanProperties>,
 }
 
 impl StoredOrderExec {
-    /// `input`'s rows, read in turns of `turn_rows` rows a partition.
-    pub fn new(input: Arc<dyn ExecutionPlan>, turn_rows: usize) -> Self {
+    /// `input`'s rows, numbered; more than one input partition (no order
+    /// among them) is an internal error.
+    pub fn try_new(input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let partitions = input.output_partitioning().partition_count();
+        if partitions != 1 {
+            return internal_err!(
+                "StoredOrderExec numbers one ordered partition, got {partitions}"
+            );
+        }
         let input_schema = input.schema();
         let mut fields = input_schema.fields().to_vec();
         fields.push(Arc::new(Field::new(
@@ -87,23 +95,17 @@ impl StoredOrderExec {
             Arc::clone(&schema),
             EmissionType::Incremental,
         ));
-        Self {
+        Ok(Self {
             input,
-            turn_rows: turn_rows.max(1),
             schema,
             properties,
-        }
+        })
     }
 }
 
 impl DisplayAs for StoredOrderExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(
-            f,
-            "StoredOrderExec: {} lanes, turns of {} rows",
-            self.input.output_partitioning().partition_count(),
-            self.turn_rows
-        )
+        write!(f, "StoredOrderExec")
     }
 }
 
@@ -111,16 +113,17 @@ impl ExecutionPlan for StoredOrderExec {
     crate::exec::one_input_operator! {
         name: "StoredOrderExec",
         properties: own,
-        rebuild: |this, child| Ok(Self::new(child, this.turn_rows)),
+        rebuild: |_this, child| Self::try_new(child),
     }
 
-    // The lanes are the stored order: repartitioning them would change it.
+    // The one partition is the stored order: repartitioning it would
+    // change it.
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false]
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![false]
+        vec![true]
     }
 
     fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
@@ -137,8 +140,7 @@ impl ExecutionPlan for StoredOrderExec {
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         crate::exec::only_partition("StoredOrderExec", partition)?;
-        let rows =
-            crate::exec::lanes::ordered_partitions(&self.input, ctx, self.turn_rows)?;
+        let rows = self.input.execute(0, ctx)?;
         let schema = Arc::clone(&self.schema);
         let file = Arc::new(StringArray::from(vec![STORED_ROWS]));
         let mut next: i64 = 0;
