@@ -11,7 +11,8 @@
 # CASES picks the cases (default "unshuffled shuffled_1_thread
 # shuffled_cores"); `position` is SHUFFLE BY POSITION (held whole), and
 # `position_limited` the same under --memory-limit $LIMIT (default 1G): an
-# epoch that does not fit is spilled by position range.
+# epoch that does not fit is spilled by position range. A case named
+# CASE_baseline runs CASE with $BASELINE, an older build, for A B A B.
 #
 # The data: ../shared/bench/gen_data.py's, written once under
 # target/bench-w2/rows-ROWS by $PYTHON (default python3; it needs numpy and
@@ -36,7 +37,12 @@ for rows in "${sizes[@]}"; do
   sql="SELECT $x_sql AS x, label AS y, image AS img FROM '$data/*.parquet'"
   for round in $(seq "$rounds"); do
     for case in ${CASES:-unshuffled shuffled_1_thread shuffled_cores}; do
-      case $case in
+      # CASE_baseline: CASE run by $BASELINE (an older build), for A B A B.
+      run_bin=$bin
+      if [[ $case == *_baseline ]]; then
+        run_bin=${BASELINE:?set BASELINE to an older build for $case}
+      fi
+      case ${case%_baseline} in
         unshuffled) args=(feed "$sql") ;;
         shuffled_1_thread) args=(--set sqlfeed.shuffle_sort_threads=1 feed "$sql" --shuffle-seed 42) ;;
         shuffled_cores) args=(feed "$sql" --shuffle-seed 42) ;;
@@ -46,7 +52,7 @@ for rows in "${sizes[@]}"; do
           ;;
         *) echo "unknown case $case" >&2; exit 2 ;;
       esac
-      result=$(/usr/bin/time -f "%M" -o "$timing" "$bin" "${args[@]}" --max-batches 1 \
+      result=$(/usr/bin/time -f "%M" -o "$timing" "$run_bin" "${args[@]}" --max-batches 1 \
         --batch-size 256 --drop-last --prefetch 8 --device cpu \
         --tensor img:dtype=float32,shape=3x32x32,scale=1/255 --result-json 2>/dev/null |
         grep '^RESULT ' | cut -c8-)
