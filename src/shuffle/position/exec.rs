@@ -502,24 +502,13 @@ async fn read_partition(
         if batch.num_rows() == 0 {
             continue;
         }
-        let file_column = Arc::clone(batch.column(columns));
-        let row_column = Arc::clone(batch.column(columns + 1));
-        let files = FileColumn::try_new(file_column.as_ref())?;
-        let rows = row_column
+        let files = FileColumn::try_new(batch.column(columns).as_ref())?;
+        let rows = batch
+            .column(columns + 1)
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| internal_datafusion_err!("the row column is not Int64"))?;
         // Held until the epoch ends: charged (and kept) at what it holds.
-        // The batch is taken apart so that its columns have one owner and
-        // can be shrunk.
-        let (schema, mut row_columns, row_count) = batch.into_parts();
-        row_columns.truncate(columns);
-        let rows_only =
-            super::super::permute::fit_batch(RecordBatch::try_new_with_options(
-                Arc::new(schema.project(&kept)?),
-                row_columns,
-                &datafusion::arrow::array::RecordBatchOptions::new()
-                    .with_row_count(Some(row_count)),
-            )?)?;
+        let rows_only = super::super::permute::fit_batch(batch.project(&kept)?)?;
         let bytes = get_record_batch_memory_size(&rows_only);
         if let Err(e) = reservation.try_grow(bytes) {
             return overflow.refuse(e.to_string());
