@@ -393,6 +393,71 @@ async fn view_columns_spilled_by_position_are_counted_as_written() -> Result<()>
     Ok(())
 }
 
+/// The Parquet reader leaves a binary column's buffers with room to spare
+/// (they grow by doubling). An epoch that fits once that room is given back
+/// is held whole under a limit it exceeds charged with the room, not
+/// spilled. Charged with the room (as before the fit on the pool's first
+/// refusal), it is spilled and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_that_fits_without_the_readers_spare_room_is_held_whole() -> Result<()> {
+    use datafusion::physical_plan::spill::get_record_batch_memory_size;
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 20_000, 5_000)?;
+    let strings = dir.path().join("strings.parquet");
+    let roomy = session(2, 1024)?;
+    collect(
+        &roomy,
+        &format!(
+            "COPY (SELECT id, arrow_cast(concat(CAST(v AS VARCHAR), repeat('.', 700 + \
+             CAST(id % 600 AS INT))), 'Binary') AS s FROM {table} ORDER BY id) TO '{}'",
+            strings.display()
+        ),
+    )
+    .await?;
+    let sql = format!(
+        "SELECT id, s FROM '{}' SHUFFLE BY POSITION SEED 3",
+        strings.display()
+    );
+    let df = roomy.sql(&sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let whole = datafusion::physical_plan::collect(
+        std::sync::Arc::clone(&plan),
+        roomy.context().task_ctx(),
+    )
+    .await?;
+    // Charged as the reader left them, against what the rows take.
+    let charged = position_metric(&plan, "held_bytes");
+    let rows_bytes: usize = whole.iter().map(get_record_batch_memory_size).sum();
+    assert!(
+        charged > rows_bytes * 9 / 8,
+        "the reader left little room to give back ({charged} bytes charged for \
+         {rows_bytes} of rows): this test shows nothing"
+    );
+    let limit = (charged + rows_bytes * 17 / 16) / 2;
+    let tight = sqlfeed::Session::builder()
+        .target_partitions(2)
+        .batch_size(1024)
+        .memory_limit(limit)
+        .build()?;
+    let df = tight.sql(&sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let batches = datafusion::physical_plan::collect(
+        std::sync::Arc::clone(&plan),
+        tight.context().task_ctx(),
+    )
+    .await?;
+    assert_eq!(
+        ranges_spilled(&plan),
+        0,
+        "spilled under {limit} bytes: {charged} charged whole, {rows_bytes} of rows"
+    );
+    let held = position_metric(&plan, "held_bytes");
+    assert!(held <= limit, "held {held} bytes under a limit of {limit}");
+    assert_eq!(batches, whole);
+    assert_eq!(tight.context().runtime_env().memory_pool.reserved(), 0);
+    Ok(())
+}
+
 /// A limit so small that the epoch would need more ranges than spill files
 /// it may keep open: an error that says so and what to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

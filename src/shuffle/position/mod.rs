@@ -58,7 +58,12 @@
 //! pool. On top of the rows: about 64 bytes per run (a run is a batch's
 //! rows of one file) and 4 bytes per 4,096 rows; a run with holes (a
 //! filter's) keeps its row indexes, 8 bytes a row, to be ranked even when
-//! partitions interleave rows of one file.
+//! partitions interleave rows of one file. Batches are held as the scan
+//! gives them until the pool first refuses one; then every held batch whose
+//! binary or string buffers have much room to spare (the Parquet reader
+//! grows them by doubling: W2's 3 KB images were charged 4.6 KB a row) is
+//! copied to fit, and so is each batch after it. Only an epoch near the
+//! limit pays for the copy, and one that fits without the room is held.
 //!
 //! An epoch the pool refuses is **spilled by position range** instead (see
 //! [`spilled`]): the rows held so far are dropped (or none is held, when
