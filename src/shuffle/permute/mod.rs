@@ -117,7 +117,7 @@ mod streamed_index;
 use crate::exec::BatchStream;
 use permuter::Permuter;
 pub(super) use permuter::compact_views;
-pub(crate) use permuter::fit_batch;
+pub(crate) use permuter::{fit_batch, fitted_size};
 
 /// Bytes of one index entry.
 const INDEX_ENTRY_BYTES: usize = std::mem::size_of::<(u64, u32, u32)>();

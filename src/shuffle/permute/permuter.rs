@@ -689,8 +689,7 @@ pub(crate) fn fit_batch(batch: RecordBatch) -> Result<RecordBatch> {
                 DataType::Utf8View => Arc::new(column.as_string_view().gc()) as ArrayRef,
                 DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
                 _ => {
-                    let used = column.to_data().get_slice_memory_size()?;
-                    if column.get_buffer_memory_size() > used + used / 8 {
+                    if has_room_to_spare(column.as_ref())? {
                         let indices = indices.get_or_insert_with(|| {
                             UInt32Array::from_iter_values(0..rows as u32)
                         });
@@ -707,6 +706,28 @@ pub(crate) fn fit_batch(batch: RecordBatch) -> Result<RecordBatch> {
         columns,
         &RecordBatchOptions::new().with_row_count(Some(rows)),
     )?)
+}
+
+/// Whether `column` has more than an eighth of its buffers unused: then
+/// [`fit_batch`] copies it.
+fn has_room_to_spare(column: &dyn Array) -> Result<bool> {
+    let used = column.to_data().get_slice_memory_size()?;
+    Ok(column.get_buffer_memory_size() > used + used / 8)
+}
+
+/// What `batch`, its views compacted, would take once [`fit_batch`] fitted
+/// it, without copying it: the bytes its values use in the columns it
+/// would copy, and the buffers of the others.
+pub(crate) fn fitted_size(batch: &RecordBatch) -> Result<usize> {
+    let mut bytes = 0;
+    for column in batch.columns() {
+        bytes += if has_room_to_spare(column.as_ref())? {
+            column.to_data().get_slice_memory_size()?
+        } else {
+            column.get_buffer_memory_size()
+        };
+    }
+    Ok(bytes)
 }
 
 pub(super) fn content_keys(
@@ -753,9 +774,12 @@ mod tests {
             vec![grown_binary(rows, bytes_a_row)],
         )?;
         let grown = get_record_batch_memory_size(&batch);
+        let foreseen = fitted_size(&batch)?;
         // Fitted even while another batch shares its buffers: copied.
         let fitted = fit_batch(batch.clone())?;
         let held = get_record_batch_memory_size(&fitted);
+        assert_eq!(foreseen, held, "fitted_size foresaw another size");
+        assert_eq!(fitted_size(&fitted)?, held);
         let data = rows * bytes_a_row + (rows + 1) * 4;
         assert!(
             grown > data * 3 / 2,

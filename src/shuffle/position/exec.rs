@@ -19,7 +19,7 @@ use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::execution::memory_pool::MemoryLimit;
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::execution_plan::{EmissionType, reset_plan_states};
 use datafusion::physical_plan::metrics::{
@@ -33,7 +33,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 
-use super::super::permute::fit_batch;
+use super::super::permute::{fit_batch, fitted_size};
 use super::canonical::{CanonicalRows, FileColumn, Run, runs_of};
 use super::permutation::IndexPermutation;
 use super::ranks::RankedRowGroups;
@@ -254,6 +254,8 @@ impl ExecutionPlan for PositionShuffleExec {
             Some(_) => 0,
             None => self.input.properties().partitioning.partition_count(),
         };
+        // Rows in the epoch, when the statistics know them (no filter).
+        let epoch_rows = exact_rows(&self.input)?;
         for input_partition in 0..partitions {
             let stream = self.input.execute(input_partition, Arc::clone(&ctx))?;
             readers.spawn(read_partition(
@@ -262,6 +264,8 @@ impl ExecutionPlan for PositionShuffleExec {
                 Arc::clone(&held),
                 Arc::clone(&reservation),
                 Arc::clone(&overflow),
+                epoch_rows,
+                Arc::clone(ctx.memory_pool()),
             ));
         }
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -426,6 +430,9 @@ struct Held {
     runs: Vec<Run>,
     /// Batches before this one are fitted (see [`Held::fit`]).
     fitted: usize,
+    /// Rows held, and what they would take fitted ([`fitted_size`]).
+    rows: usize,
+    fitted_bytes: usize,
     /// Set when the pool first refused a batch: every batch is then held
     /// fitted.
     fitting: bool,
@@ -446,6 +453,30 @@ impl Held {
         }
         self.fitted = self.batches.len();
         Ok(())
+    }
+
+    /// Whether the epoch of `epoch_rows` rows could be held once fitted,
+    /// judged from the rows held so far and a batch of `rows` rows that
+    /// takes `fitted` bytes fitted: their size fitted ([`fitted_size`],
+    /// counted as they come) scaled to the epoch, against what
+    /// `reservation` holds and `pool` has free. Unknown rows (a filter):
+    /// it may.
+    fn would_fit(
+        &self,
+        (rows, fitted): (usize, usize),
+        epoch_rows: Option<usize>,
+        reservation: &MemoryReservation,
+        pool: &dyn MemoryPool,
+    ) -> bool {
+        let (Some(epoch_rows), MemoryLimit::Finite(limit)) =
+            (epoch_rows, pool.memory_limit())
+        else {
+            return true;
+        };
+        let a_row =
+            (self.fitted_bytes + fitted) as f64 / (self.rows + rows).max(1) as f64;
+        let room = reservation.size() + limit.saturating_sub(pool.reserved());
+        a_row * epoch_rows as f64 <= room as f64
     }
 }
 
@@ -515,6 +546,8 @@ async fn read_partition(
     held: Arc<Mutex<Held>>,
     reservation: Arc<MemoryReservation>,
     overflow: Arc<Overflow>,
+    epoch_rows: Option<usize>,
+    pool: Arc<dyn MemoryPool>,
 ) -> Result<()> {
     let kept: Vec<usize> = (0..columns).collect();
     let mut last_file = None;
@@ -541,12 +574,27 @@ async fn read_partition(
             rows_only = fit_batch(rows_only)?;
         }
         let mut bytes = get_record_batch_memory_size(&rows_only);
-        if reservation.try_grow(bytes).is_err() {
+        let fitted_bytes = fitted_size(&rows_only)?;
+        if let Err(refused) = reservation.try_grow(bytes) {
             // Near the limit: the Parquet reader leaves binary and string
             // columns with up to twice the room their values take (W2's
             // 0.2M rows: 923 MB charged for 612 MB of rows). Give that
-            // room back before giving up on holding the epoch.
-            held.lock().map_err(|_| poisoned())?.fit(&reservation)?;
+            // room back before giving up on holding the epoch, unless the
+            // epoch is known not to fit even then.
+            {
+                let mut held = held.lock().map_err(|_| poisoned())?;
+                if !held.fitting
+                    && !held.would_fit(
+                        (rows_only.num_rows(), fitted_bytes),
+                        epoch_rows,
+                        &reservation,
+                        pool.as_ref(),
+                    )
+                {
+                    return overflow.refuse(refused.to_string());
+                }
+                held.fit(&reservation)?;
+            }
             rows_only = fit_batch(rows_only)?;
             bytes = get_record_batch_memory_size(&rows_only);
             if let Err(e) = reservation.try_grow(bytes) {
@@ -555,6 +603,8 @@ async fn read_partition(
         }
         let index = {
             let mut held = held.lock().map_err(|_| poisoned())?;
+            held.rows += rows_only.num_rows();
+            held.fitted_bytes += fitted_bytes;
             held.batches.push(rows_only);
             held.batches.len() - 1
         };

@@ -62,8 +62,10 @@
 //! gives them until the pool first refuses one; then every held batch whose
 //! binary or string buffers have much room to spare (the Parquet reader
 //! grows them by doubling: W2's 3 KB images were charged 4.6 KB a row) is
-//! copied to fit, and so is each batch after it. Only an epoch near the
-//! limit pays for the copy, and one that fits without the room is held.
+//! copied to fit, and so is each batch after it, unless the epoch's rows
+//! (known when no filter drops any) say it would not fit even so: then it
+//! is spilled at once. Only an epoch near the limit pays for the copy, and
+//! one that fits without the room is held.
 //!
 //! An epoch the pool refuses is **spilled by position range** instead (see
 //! [`spilled`]): the rows held so far are dropped (or none is held, when
