@@ -458,6 +458,53 @@ async fn an_epoch_that_fits_without_the_readers_spare_room_is_held_whole() -> Re
     Ok(())
 }
 
+/// An epoch of variable-width rows far over its limit is judged from its
+/// first rows and spilled then, not after reading up to the limit: the
+/// same batches as held whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_far_over_its_limit_is_spilled_on_its_first_rows() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 2, 20_000, 5_000)?;
+    let blobs = dir.path().join("blobs.parquet");
+    let roomy = session(2, 256)?;
+    collect(
+        &roomy,
+        &format!(
+            "COPY (SELECT id, arrow_cast(repeat('.', 700 + CAST(id % 600 AS INT)), \
+             'Binary') AS b FROM {table} ORDER BY id) TO '{}'",
+            blobs.display()
+        ),
+    )
+    .await?;
+    let sql = format!(
+        "SELECT id, b FROM '{}' SHUFFLE BY POSITION SEED 5",
+        blobs.display()
+    );
+    let whole = collect(&roomy, &sql).await?;
+    let tight = sqlfeed::Session::builder()
+        .target_partitions(2)
+        .batch_size(256)
+        .memory_limit(12 << 20)
+        .build()?;
+    let df = tight.sql(&sql).await?;
+    let plan = df.create_physical_plan().await?;
+    let batches = datafusion::physical_plan::collect(
+        std::sync::Arc::clone(&plan),
+        tight.context().task_ctx(),
+    )
+    .await?;
+    assert_eq!(position_metric(&plan, "judged_early"), 1);
+    assert_eq!(position_metric(&plan, "spilled_unheld"), 0);
+    assert!(
+        ranges_spilled(&plan) >= 4,
+        "{} ranges",
+        ranges_spilled(&plan)
+    );
+    assert_eq!(batches, whole);
+    assert_eq!(tight.context().runtime_env().memory_pool.reserved(), 0);
+    Ok(())
+}
+
 /// A limit so small that the epoch would need more ranges than spill files
 /// it may keep open: an error that says so and what to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

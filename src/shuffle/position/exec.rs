@@ -23,7 +23,8 @@ use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReser
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::execution_plan::{EmissionType, reset_plan_states};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput, SpillMetrics,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput,
+    SpillMetrics,
 };
 use datafusion::physical_plan::spill::get_record_batch_memory_size;
 use datafusion::physical_plan::statistics::{
@@ -49,7 +50,8 @@ use crate::shuffle::windowed::{drops_rows, windowable_scan};
 /// Metrics: `runs` (held whole), `held_bytes` (what was held, or what fitted
 /// before the pool refused), `ranges` (position ranges read back from
 /// spill files; 0 when held whole), `spilled_unheld` (1 when the epoch was
-/// known not to fit before a row was read), `counted_by_reading` (1 when a
+/// known not to fit before a row was read), `judged_early` (1 when its
+/// first rows put it at more than twice its room), `counted_by_reading` (1 when a
 /// spilled epoch's filtered rows were counted by reading the input whole,
 /// for want of the session's count query over the filters' columns) and
 /// DataFusion's spill metrics.
@@ -256,6 +258,8 @@ impl ExecutionPlan for PositionShuffleExec {
         };
         // Rows in the epoch, when the statistics know them (no filter).
         let epoch_rows = exact_rows(&self.input)?;
+        let judged_early =
+            MetricBuilder::new(&self.metrics).counter("judged_early", partition);
         for input_partition in 0..partitions {
             let stream = self.input.execute(input_partition, Arc::clone(&ctx))?;
             readers.spawn(read_partition(
@@ -264,8 +268,11 @@ impl ExecutionPlan for PositionShuffleExec {
                 Arc::clone(&held),
                 Arc::clone(&reservation),
                 Arc::clone(&overflow),
-                epoch_rows,
-                Arc::clone(ctx.memory_pool()),
+                EpochRoom {
+                    epoch_rows,
+                    pool: Arc::clone(ctx.memory_pool()),
+                    judged_early: judged_early.clone(),
+                },
             ));
         }
         let baseline = BaselineMetrics::new(&self.metrics, partition);
@@ -302,11 +309,11 @@ impl ExecutionPlan for PositionShuffleExec {
                         fitted,
                         "known from the rows and their fixed width".to_string(),
                     )),
-                    None => overflow.refused()?.map(|refused| {
-                        let fitted = Fitted {
+                    None => overflow.refused()?.map(|(refused, sized)| {
+                        let fitted = sized.unwrap_or_else(|| Fitted {
                             rows: batches.iter().map(RecordBatch::num_rows).sum(),
                             bytes: reservation.size(),
-                        };
+                        });
                         (fitted, refused)
                     }),
                 };
@@ -433,6 +440,8 @@ struct Held {
     /// Rows held, and what they would take fitted ([`fitted_size`]).
     rows: usize,
     fitted_bytes: usize,
+    /// Whether the epoch was judged from its first rows.
+    judged: bool,
     /// Set when the pool first refused a batch: every batch is then held
     /// fitted.
     fitting: bool,
@@ -455,30 +464,82 @@ impl Held {
         Ok(())
     }
 
-    /// Whether the epoch of `epoch_rows` rows could be held once fitted,
-    /// judged from the rows held so far and a batch of `rows` rows that
-    /// takes `fitted` bytes fitted: their size fitted ([`fitted_size`],
-    /// counted as they come) scaled to the epoch, against what
-    /// `reservation` holds and `pool` has free. Unknown rows (a filter):
-    /// it may.
-    fn would_fit(
+    /// The epoch of `epoch_rows` rows fitted, judged from the rows held so
+    /// far and `more` (a batch's rows and its bytes fitted,
+    /// [`fitted_size`]), scaled to the epoch: its bytes, a row's, and the
+    /// room the epoch has (what `reservation` holds and `pool` has free).
+    /// `None` where the rows are unknown (a filter) or the pool unlimited.
+    fn estimate(
         &self,
         (rows, fitted): (usize, usize),
         epoch_rows: Option<usize>,
         reservation: &MemoryReservation,
         pool: &dyn MemoryPool,
-    ) -> bool {
+    ) -> Option<(f64, f64, usize)> {
         let (Some(epoch_rows), MemoryLimit::Finite(limit)) =
             (epoch_rows, pool.memory_limit())
         else {
-            return true;
+            return None;
         };
         let a_row =
             (self.fitted_bytes + fitted) as f64 / (self.rows + rows).max(1) as f64;
         let room = reservation.size() + limit.saturating_sub(pool.reserved());
-        a_row * epoch_rows as f64 <= room as f64
+        Some((a_row * epoch_rows as f64, a_row, room))
+    }
+
+    /// Whether the epoch could be held once fitted (see [`Held::estimate`];
+    /// unknown: it may).
+    fn would_fit(
+        &self,
+        more: (usize, usize),
+        epoch_rows: Option<usize>,
+        reservation: &MemoryReservation,
+        pool: &dyn MemoryPool,
+    ) -> bool {
+        self.estimate(more, epoch_rows, reservation, pool)
+            .is_none_or(|(bytes, _, room)| bytes <= room as f64)
+    }
+
+    /// Why the epoch cannot be held, judged from its first rows, and what
+    /// its spilled ranges are sized by: when its rows fitted would take
+    /// more than twice its room (the slack is for rows that differ in size
+    /// further on). Then it is spilled without reading up to the limit.
+    fn far_over(
+        &self,
+        epoch_rows: Option<usize>,
+        reservation: &MemoryReservation,
+        pool: &dyn MemoryPool,
+    ) -> Option<(String, Fitted)> {
+        let (bytes, a_row, room) =
+            self.estimate((0, 0), epoch_rows, reservation, pool)?;
+        (bytes > 2.0 * room as f64).then(|| {
+            (
+                format!(
+                    "its first {} rows put the epoch at about {} bytes, more than twice \
+                     the {room} bytes there is room for",
+                    self.rows, bytes as u64
+                ),
+                Fitted {
+                    rows: (room as f64 / a_row.max(1.0)) as usize,
+                    bytes: room,
+                },
+            )
+        })
     }
 }
+
+/// What a reader judges the epoch's room by: its rows, when the statistics
+/// know them (no filter), and the pool; and the metric counting an epoch
+/// spilled on its first rows.
+struct EpochRoom {
+    epoch_rows: Option<usize>,
+    pool: Arc<dyn MemoryPool>,
+    judged_early: Count,
+}
+
+/// Batches held before the epoch is judged from its first rows
+/// ([`Held::far_over`]).
+const JUDGED_AFTER_BATCHES: usize = 8;
 
 /// The bytes a row of `schema` takes at least when held, if every column
 /// has a fixed width (primitives, and fixed-size lists of them); `None`
@@ -507,20 +568,26 @@ enum Output {
 /// not fit, and every reader stops.
 #[derive(Debug, Default)]
 struct Overflow {
-    refused: Mutex<Option<String>>,
+    /// Why, and what to size the spilled ranges by when it is not what
+    /// was held (an epoch judged from its first rows).
+    refused: Mutex<Option<(String, Option<Fitted>)>>,
 }
 
 impl Overflow {
     fn refuse(&self, why: String) -> Result<()> {
+        self.refuse_sized(why, None)
+    }
+
+    fn refuse_sized(&self, why: String, sized: Option<Fitted>) -> Result<()> {
         self.refused
             .lock()
             .map_err(|_| poisoned())?
-            .get_or_insert(why);
+            .get_or_insert((why, sized));
         Ok(())
     }
 
     /// The pool's refusal, if it refused.
-    fn refused(&self) -> Result<Option<String>> {
+    fn refused(&self) -> Result<Option<(String, Option<Fitted>)>> {
         Ok(self.refused.lock().map_err(|_| poisoned())?.clone())
     }
 }
@@ -546,9 +613,13 @@ async fn read_partition(
     held: Arc<Mutex<Held>>,
     reservation: Arc<MemoryReservation>,
     overflow: Arc<Overflow>,
-    epoch_rows: Option<usize>,
-    pool: Arc<dyn MemoryPool>,
+    room: EpochRoom,
 ) -> Result<()> {
+    let EpochRoom {
+        epoch_rows,
+        pool,
+        judged_early,
+    } = room;
     let kept: Vec<usize> = (0..columns).collect();
     let mut last_file = None;
     while let Some(batch) = stream.next().await {
@@ -606,6 +677,15 @@ async fn read_partition(
             held.rows += rows_only.num_rows();
             held.fitted_bytes += fitted_bytes;
             held.batches.push(rows_only);
+            if !held.judged && held.batches.len() >= JUDGED_AFTER_BATCHES {
+                held.judged = true;
+                if let Some((why, sized)) =
+                    held.far_over(epoch_rows, &reservation, pool.as_ref())
+                {
+                    judged_early.add(1);
+                    return overflow.refuse_sized(why, Some(sized));
+                }
+            }
             held.batches.len() - 1
         };
         let runs = runs_of(&files, rows, index, &mut last_file)?;

@@ -65,7 +65,10 @@
 //! copied to fit, and so is each batch after it, unless the epoch's rows
 //! (known when no filter drops any) say it would not fit even so: then it
 //! is spilled at once. Only an epoch near the limit pays for the copy, and
-//! one that fits without the room is held.
+//! one that fits without the room is held. An epoch whose first rows (8
+//! batches), fitted and scaled to its rows, take more than twice its room
+//! is spilled then, without reading up to the limit first (metric
+//! `judged_early`).
 //!
 //! An epoch the pool refuses is **spilled by position range** instead (see
 //! [`spilled`]): the rows held so far are dropped (or none is held, when
