@@ -591,6 +591,52 @@ def test_a_cached_feed_by_position_gives_the_uncached_batches(tmp_path):
     assert epochs(True) == plain
 
 
+def test_stateful_dataloader_resumes_a_cached_feed_by_position_from_the_entry(tmp_path):
+    """torchdata's ``StatefulDataLoader`` over a cached feed by position: its
+    state in epoch 1, loaded by a loader of another session (served from the
+    entry the first filled), gives the rest of that epoch as the uncached
+    feed has it."""
+    require("torch", "torch")
+    stateful = require("torchdata.stateful_dataloader", "torchdata")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from sqlfeed.torch import FeedDataset
+
+    for part in range(2):
+        rows = range(part * 2_000, (part + 1) * 2_000)
+        table = pa.table({"id": pa.array(rows, pa.int64())})
+        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=500)
+    query = f"SELECT id FROM '{tmp_path}/*.parquet'"
+    options = dict(
+        batch_size=128, shuffle=9, shuffle_by_position=True, device="cpu", format="numpy"
+    )
+
+    def feed(cache):
+        session = sqlfeed.Session(target_partitions=2, cache_dir=tmp_path / "cache")
+        return session.feed(query, cache=cache, **options)
+
+    plain = feed(False)
+    reference = []
+    for epoch in range(2):
+        plain.set_epoch(epoch)
+        reference.append([b["id"].tolist() for b in plain])
+    assert reference[0] != reference[1]
+
+    def loader():
+        return stateful.StatefulDataLoader(FeedDataset(feed(True)), batch_size=None, num_workers=0)
+
+    first = loader()
+    epoch0 = [b["id"].tolist() for b in first]
+    mid = iter(first)
+    epoch1 = [next(mid)["id"].tolist() for _ in range(7)]
+    assert list((tmp_path / "cache" / "entries").iterdir()), "no entry was written"
+    again = loader()
+    again.load_state_dict(first.state_dict())
+    rest = [b["id"].tolist() for b in again]
+    assert [epoch0, epoch1 + rest] == reference
+
+
 def test_a_feed_shuffled_by_position_gives_row_i_to_a_sampled_map_style_loader(session, tmp_path):
     """``dataset(epoch)`` of a feed shuffled by position: row ``i`` is the
     feed's ``i``-th row of that epoch, also for a ``DataLoader`` that draws
