@@ -665,19 +665,21 @@ pub(crate) fn compact_views(columns: &[ArrayRef]) -> Vec<ArrayRef> {
         .collect()
 }
 
-/// `batch` as it should be held for long: [`compact_views`], and a column
-/// whose buffers have much more room than its values take copied into
-/// buffers of its own size. The Parquet reader grows a binary or string
-/// column's buffers by doubling, so a batch straight from a scan has on
-/// average half as much again allocated as used (W2's 3 KB images: 4.6 KB
-/// a row charged for 3.1 KB of values), and a reservation of the batch
-/// pays for all of it. Shrinking in place does not help: the allocator
-/// (mimalloc) keeps a block that is at least half used where it is, room
-/// and all, so only a copy gives the room back. Columns with less than an
-/// eighth unused (primitives, fixed-size lists) are kept as they are. The
-/// copy costs a pass over the bytes (at 2M W2 rows held whole, 6.3 s
-/// became 10.4 s to the first batch when every batch was copied), so the
-/// position shuffle copies only once the pool refuses a batch.
+/// `batch` (its views already compacted, [`compact_views`]) as it should be
+/// held for long: a column whose buffers have much more room than its
+/// values take copied into buffers of its own size. The Parquet reader
+/// grows a binary or string column's buffers by doubling, so a batch
+/// straight from a scan has on average half as much again allocated as used
+/// (W2's 3 KB images: 4.6 KB a row charged for 3.1 KB of values), and a
+/// reservation of the batch pays for all of it. Shrinking in place does not
+/// help: the allocator (mimalloc) keeps a block that is at least half used
+/// where it is, room and all, so only a copy gives the room back. Columns
+/// with at most an eighth unused, and those a copy would not shrink (views,
+/// dictionaries, and nested columns holding them: `take` keeps their data
+/// buffers), are kept as they are. The copy costs a pass over the bytes (at
+/// 2M W2 rows held whole, 6.3 s became 10.4 s to the first batch when every
+/// batch was copied), so the position shuffle copies only once the pool
+/// refuses a batch.
 pub(crate) fn fit_batch(batch: RecordBatch) -> Result<RecordBatch> {
     let rows = batch.num_rows();
     let mut indices = None;
@@ -685,19 +687,12 @@ pub(crate) fn fit_batch(batch: RecordBatch) -> Result<RecordBatch> {
     let columns = columns
         .into_iter()
         .map(|column| {
-            Ok(match column.data_type() {
-                DataType::Utf8View => Arc::new(column.as_string_view().gc()) as ArrayRef,
-                DataType::BinaryView => Arc::new(column.as_binary_view().gc()),
-                _ => {
-                    if has_room_to_spare(column.as_ref())? {
-                        let indices = indices.get_or_insert_with(|| {
-                            UInt32Array::from_iter_values(0..rows as u32)
-                        });
-                        take(column.as_ref(), indices, None)?
-                    } else {
-                        column
-                    }
-                }
+            Ok(if has_room_to_spare(column.as_ref())? {
+                let indices = indices
+                    .get_or_insert_with(|| UInt32Array::from_iter_values(0..rows as u32));
+                take(column.as_ref(), indices, None)?
+            } else {
+                column
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -708,16 +703,43 @@ pub(crate) fn fit_batch(batch: RecordBatch) -> Result<RecordBatch> {
     )?)
 }
 
-/// Whether `column` has more than an eighth of its buffers unused: then
-/// [`fit_batch`] copies it.
+/// Whether [`fit_batch`] copies `column`: more than an eighth of its
+/// buffers unused, and a type whose copy by `take` has buffers of its own.
 fn has_room_to_spare(column: &dyn Array) -> Result<bool> {
+    if !copies_its_buffers(column.data_type()) {
+        return Ok(false);
+    }
     let used = column.to_data().get_slice_memory_size()?;
     Ok(column.get_buffer_memory_size() > used + used / 8)
 }
 
-/// What `batch`, its views compacted, would take once [`fit_batch`] fitted
-/// it, without copying it: the bytes its values use in the columns it
-/// would copy, and the buffers of the others.
+/// Whether `take` gives a column of this type buffers of its own, sized to
+/// its values: not views and dictionaries (their data buffers or values
+/// are kept whole), nor anything nesting them. (A view's used size, as
+/// `get_slice_memory_size` counts it, is its views alone.)
+fn copies_its_buffers(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Utf8View
+        | DataType::BinaryView
+        | DataType::Dictionary(..)
+        | DataType::ListView(_)
+        | DataType::LargeListView(_)
+        | DataType::RunEndEncoded(..)
+        | DataType::Union(..)
+        | DataType::Map(..) => false,
+        DataType::List(item)
+        | DataType::LargeList(item)
+        | DataType::FixedSizeList(item, _) => copies_its_buffers(item.data_type()),
+        DataType::Struct(fields) => {
+            fields.iter().all(|f| copies_its_buffers(f.data_type()))
+        }
+        _ => true,
+    }
+}
+
+/// What `batch` would take once [`fit_batch`] fitted it, without copying
+/// it: the bytes its values use in the columns it would copy, and the
+/// buffers of the others.
 pub(crate) fn fitted_size(batch: &RecordBatch) -> Result<usize> {
     let mut bytes = 0;
     for column in batch.columns() {
@@ -788,6 +810,32 @@ mod tests {
         assert!(
             held < data * 21 / 20,
             "{held} charged for {data} bytes held"
+        );
+        // Views (their values in data buffers the used size does not
+        // count) and dictionaries are kept, and foreseen as they are.
+        let mut views = datafusion::arrow::array::StringViewBuilder::new();
+        for i in 0..rows {
+            views.append_value(format!("{i:0>40}"));
+        }
+        let views: ArrayRef = Arc::new(views.finish());
+        let keys = datafusion::arrow::array::Int32Array::from_iter_values(0..rows as i32);
+        let dictionary: ArrayRef =
+            Arc::new(datafusion::arrow::array::DictionaryArray::new(
+                keys,
+                grown_binary(rows, bytes_a_row),
+            ));
+        let kept = RecordBatch::try_from_iter([("v", views), ("d", dictionary)])?;
+        let kept_bytes: usize = kept
+            .columns()
+            .iter()
+            .map(|c| c.get_buffer_memory_size())
+            .sum();
+        assert_eq!(fitted_size(&kept)?, kept_bytes);
+        let refitted = fit_batch(kept.clone())?;
+        assert_eq!(refitted, kept);
+        assert_eq!(
+            get_record_batch_memory_size(&refitted),
+            get_record_batch_memory_size(&kept)
         );
         // A column with little room is kept as it is.
         let again = fit_batch(fitted.clone())?;

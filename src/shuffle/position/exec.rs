@@ -38,7 +38,7 @@ use super::super::permute::{fit_batch, fitted_size};
 use super::canonical::{CanonicalRows, FileColumn, Run, runs_of};
 use super::permutation::IndexPermutation;
 use super::ranks::RankedRowGroups;
-use super::spilled::{Fitted, Placement, SpilledEpoch};
+use super::spilled::{Fitted, MAX_RANGES, Placement, SpilledEpoch, range_size};
 use crate::exec::BatchStream;
 use crate::shuffle::windowed::{drops_rows, windowable_scan};
 
@@ -47,8 +47,8 @@ use crate::shuffle::windowed::{drops_rows, windowable_scan};
 /// [`IndexPermutation`] of `(seed, epoch)` over the rows' canonical ranks.
 /// Module docs: the order, memory (and spilling) and what it refuses.
 ///
-/// Metrics: `runs` (held whole), `held_bytes` (what was held, or what fitted
-/// before the pool refused), `ranges` (position ranges read back from
+/// Metrics: `runs` (held whole), `held_bytes` (what was held, or what was
+/// held when the epoch was found not to fit), `ranges` (position ranges read back from
 /// spill files; 0 when held whole), `spilled_unheld` (1 when the epoch was
 /// known not to fit before a row was read), `judged_early` (1 when its
 /// first rows put it at more than twice its room), `counted_by_reading` (1 when a
@@ -271,6 +271,7 @@ impl ExecutionPlan for PositionShuffleExec {
                 EpochRoom {
                     epoch_rows,
                     pool: Arc::clone(ctx.memory_pool()),
+                    batch_rows: ctx.session_config().batch_size().max(1),
                     judged_early: judged_early.clone(),
                 },
             ));
@@ -304,24 +305,25 @@ impl ExecutionPlan for PositionShuffleExec {
                 }
                 let Held { batches, runs, .. } =
                     std::mem::take(&mut *held.lock().map_err(|_| poisoned())?);
+                // What was held when the epoch was found not to fit.
+                let held_then = Fitted {
+                    rows: batches.iter().map(RecordBatch::num_rows).sum(),
+                    bytes: reservation.size(),
+                };
                 let spilled = match known_not_to_fit {
                     Some(fitted) => Some((
                         fitted,
                         "known from the rows and their fixed width".to_string(),
                     )),
-                    None => overflow.refused()?.map(|(refused, sized)| {
-                        let fitted = sized.unwrap_or_else(|| Fitted {
-                            rows: batches.iter().map(RecordBatch::num_rows).sum(),
-                            bytes: reservation.size(),
-                        });
-                        (fitted, refused)
-                    }),
+                    None => overflow
+                        .refused()?
+                        .map(|(refused, sized)| (sized.unwrap_or(held_then), refused)),
                 };
                 if let Some((fitted, refused)) = spilled {
                     drop(batches);
                     drop(runs);
                     reservation.free();
-                    held_bytes.set(fitted.bytes);
+                    held_bytes.set(held_then.bytes);
                     let placement = match stored {
                         // Stored rows are one run, ranked by where they come.
                         Some(stored) => {
@@ -341,7 +343,7 @@ impl ExecutionPlan for PositionShuffleExec {
                                     "{}; nor can it be spilled by position range: that \
                                      ranks rows by row group, and like SHUFFLE WINDOW, it \
                                      {why}",
-                                    does_not_fit(&fitted, &refused)
+                                    does_not_fit(&held_then, &refused)
                                 )
                             })?;
                             let groups = match &counting {
@@ -504,27 +506,45 @@ impl Held {
     /// its spilled ranges are sized by: when its rows fitted would take
     /// more than twice its room (the slack is for rows that differ in size
     /// further on). Then it is spilled without reading up to the limit.
+    /// Not judged before a 128th of its rows are held, nor when ranges
+    /// sized by these rows would be more than a spilled epoch may have (the
+    /// pool's refusal, later, sizes them by more rows).
     fn far_over(
         &self,
         epoch_rows: Option<usize>,
         reservation: &MemoryReservation,
         pool: &dyn MemoryPool,
+        batch_rows: usize,
     ) -> Option<(String, Fitted)> {
+        let epoch_rows_known = epoch_rows?;
+        if self.rows < epoch_rows_known / 128 {
+            return None;
+        }
         let (bytes, a_row, room) =
             self.estimate((0, 0), epoch_rows, reservation, pool)?;
-        (bytes > 2.0 * room as f64).then(|| {
-            (
-                format!(
-                    "its first {} rows put the epoch at about {} bytes, more than twice \
-                     the {room} bytes there is room for",
-                    self.rows, bytes as u64
-                ),
-                Fitted {
-                    rows: (room as f64 / a_row.max(1.0)) as usize,
-                    bytes: room,
-                },
-            )
-        })
+        if bytes <= 2.0 * room as f64 {
+            return None;
+        }
+        let sized = Fitted {
+            rows: (room as f64 / a_row.max(1.0)) as usize,
+            bytes: room,
+        };
+        let limit = match pool.memory_limit() {
+            MemoryLimit::Finite(limit) => limit,
+            _ => return None,
+        };
+        let (_, range_rows) = range_size(sized, limit, batch_rows);
+        if epoch_rows_known.div_ceil(range_rows as usize) > MAX_RANGES {
+            return None;
+        }
+        Some((
+            format!(
+                "its first {} rows put the epoch at about {} bytes, more than twice the \
+                 {room} bytes there is room for",
+                self.rows, bytes as u64
+            ),
+            sized,
+        ))
     }
 }
 
@@ -534,10 +554,12 @@ impl Held {
 struct EpochRoom {
     epoch_rows: Option<usize>,
     pool: Arc<dyn MemoryPool>,
+    /// The session's batch size, which spilled ranges are multiples of.
+    batch_rows: usize,
     judged_early: Count,
 }
 
-/// Batches held before the epoch is judged from its first rows
+/// Batches held, at least, before the epoch is judged from its first rows
 /// ([`Held::far_over`]).
 const JUDGED_AFTER_BATCHES: usize = 8;
 
@@ -593,13 +615,13 @@ impl Overflow {
 }
 
 /// That the epoch does not fit, with what was held when it was found.
-fn does_not_fit(fitted: &Fitted, refused: &str) -> String {
+fn does_not_fit(held: &Fitted, refused: &str) -> String {
     format!(
         "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit \
-         ({} rows held in {} bytes when the pool refused more: {refused}): raise the \
-         memory limit (--memory-limit), or use SHUFFLE, which spills to disk, or \
-         SHUFFLE WINDOW n, which holds one window",
-        fitted.rows, fitted.bytes
+         ({refused}; {} rows were held in {} bytes): raise the memory limit \
+         (--memory-limit), or use SHUFFLE, which spills to disk, or SHUFFLE WINDOW n, \
+         which holds one window",
+        held.rows, held.bytes
     )
 }
 
@@ -618,6 +640,7 @@ async fn read_partition(
     let EpochRoom {
         epoch_rows,
         pool,
+        batch_rows,
         judged_early,
     } = room;
     let kept: Vec<usize> = (0..columns).collect();
@@ -678,9 +701,9 @@ async fn read_partition(
             held.fitted_bytes += fitted_bytes;
             held.batches.push(rows_only);
             if !held.judged && held.batches.len() >= JUDGED_AFTER_BATCHES {
-                held.judged = true;
+                held.judged = epoch_rows.is_none_or(|rows| held.rows >= rows / 128);
                 if let Some((why, sized)) =
-                    held.far_over(epoch_rows, &reservation, pool.as_ref())
+                    held.far_over(epoch_rows, &reservation, pool.as_ref(), batch_rows)
                 {
                     judged_early.add(1);
                     return overflow.refuse_sized(why, Some(sized));

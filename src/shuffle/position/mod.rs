@@ -59,16 +59,17 @@
 //! rows of one file) and 4 bytes per 4,096 rows; a run with holes (a
 //! filter's) keeps its row indexes, 8 bytes a row, to be ranked even when
 //! partitions interleave rows of one file. Batches are held as the scan
-//! gives them until the pool first refuses one; then every held batch whose
-//! binary or string buffers have much room to spare (the Parquet reader
-//! grows them by doubling: W2's 3 KB images were charged 4.6 KB a row) is
-//! copied to fit, and so is each batch after it, unless the epoch's rows
-//! (known when no filter drops any) say it would not fit even so: then it
-//! is spilled at once. Only an epoch near the limit pays for the copy, and
-//! one that fits without the room is held. An epoch whose first rows (8
-//! batches), fitted and scaled to its rows, take more than twice its room
-//! is spilled then, without reading up to the limit first (metric
-//! `judged_early`).
+//! gives them until the pool first refuses one; then every held column with
+//! more than an eighth of its buffers unused (the Parquet reader grows
+//! binary and string buffers by doubling: W2's 3 KB images were charged
+//! 4.6 KB a row) is copied to fit, and so is each batch after it, unless
+//! the epoch's rows (known when no filter drops any) say it would not fit
+//! even so: then it is spilled at once. Only an epoch near the limit pays
+//! for the copy, and one that fits without the room is held. An epoch
+//! whose first rows (at least 8 batches and a 128th of its rows), fitted
+//! and scaled to its rows, take more than twice its room is spilled then,
+//! without reading up to the limit first (metric `judged_early`), unless
+//! ranges sized by those rows would be too many.
 //!
 //! An epoch the pool refuses is **spilled by position range** instead (see
 //! [`spilled`]): the rows held so far are dropped (or none is held, when

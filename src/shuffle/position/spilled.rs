@@ -151,10 +151,30 @@ const SLOT_COLUMN: &str = "__sqlfeed_position_slot";
 
 /// The most ranges an epoch is spilled in: each is a spill file, open until
 /// it is read back.
-const MAX_RANGES: usize = 512;
+pub(super) const MAX_RANGES: usize = 512;
 
 /// The least a range buffers before it is written.
 const LEAST_BUFFER_BYTES: usize = 64 << 10;
+
+/// The bytes and positions of a range of an epoch spilled under a pool of
+/// `limit` bytes, sized by what `fitted`, in batches of `batch_rows`. Two
+/// ranges are held (one read out, one read ahead), each with where each
+/// position's row is: each a quarter of what fitted, and at most a sixth of
+/// the pool, so that a feed's next epoch spilled beside this one fits too
+/// (two epochs' ranges: a third each). Slots are numbered in u32.
+pub(super) fn range_size(
+    fitted: Fitted,
+    limit: usize,
+    batch_rows: usize,
+) -> (usize, u64) {
+    let batch = batch_rows.max(1) as u64;
+    let range_bytes = (fitted.bytes / 4).min(limit / 6);
+    // A row read back takes what it took held, plus its slot (4 bytes) and
+    // where its position finds it (8).
+    let row_bytes = fitted.bytes / fitted.rows.max(1) + 12;
+    let range_rows = (range_bytes / row_bytes).min(u32::MAX as usize) as u64;
+    (range_bytes, (range_rows / batch * batch).max(batch))
+}
 
 /// An epoch by position spilled by position range; see the module docs.
 pub(super) struct SpilledEpoch {
@@ -229,22 +249,11 @@ impl SpilledEpoch {
     ) -> Result<Self> {
         let counted = drops_rows(&input)?;
         let batch_rows = ctx.session_config().batch_size().max(1);
-        let batch = batch_rows as u64;
-        // Two ranges held (one read out, one read ahead), each with where
-        // each position's row is: each a quarter of what fitted, and at
-        // most a sixth of the pool, so that a feed's next epoch spilled
-        // beside this one fits too (two epochs' ranges: a third each).
-        // Slots are numbered in u32.
         let limit = match ctx.memory_pool().memory_limit() {
             MemoryLimit::Finite(limit) => limit,
             _ => usize::MAX,
         };
-        let range_bytes = (fitted.bytes / 4).min(limit / 6);
-        // A row read back takes what it took held, plus its slot (4 bytes)
-        // and where its position finds it (8).
-        let row_bytes = fitted.bytes / fitted.rows.max(1) + 12;
-        let range_rows = (range_bytes / row_bytes).min(u32::MAX as usize) as u64;
-        let range_rows = (range_rows / batch * batch).max(batch);
+        let (range_bytes, range_rows) = range_size(fitted, limit, batch_rows);
         let ranges = placement.permutation.len().div_ceil(range_rows) as usize;
         if ranges > MAX_RANGES {
             return Err(resources_datafusion_err!(
