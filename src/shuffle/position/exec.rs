@@ -697,6 +697,14 @@ async fn read_partition(
         }
         let index = {
             let mut held = held.lock().map_err(|_| poisoned())?;
+            if held.fitting {
+                // Another reader may have started fitting since this batch
+                // was looked at: fitted under the lock, none is left out
+                // (an already fitted batch is not copied again).
+                rows_only = fit_batch(rows_only)?;
+                let fitted = get_record_batch_memory_size(&rows_only);
+                reservation.shrink(bytes.saturating_sub(fitted).min(reservation.size()));
+            }
             held.rows += rows_only.num_rows();
             held.fitted_bytes += fitted_bytes;
             held.batches.push(rows_only);
@@ -779,6 +787,7 @@ impl Gather {
         let total = self.output_batches();
         let gatherers = (gatherers as u64).clamp(1, total.max(1));
         let mut receivers = Vec::with_capacity(gatherers as usize);
+        let mut threads = Vec::with_capacity(gatherers as usize);
         for first in 0..gatherers {
             let (tx, rx) = tokio::sync::mpsc::channel(READY_AHEAD);
             let gather = Arc::clone(&self);
@@ -803,13 +812,22 @@ impl Gather {
             };
             // A dropped handle: the thread ends at its next send once the
             // output is dropped.
-            drop(tokio::task::spawn_blocking(work));
+            threads.push(tokio::task::spawn_blocking(work));
             receivers.push(rx);
         }
         futures::stream::unfold(
-            (receivers, 0u64, baseline),
-            move |(mut receivers, number, baseline)| async move {
+            (receivers, threads, 0u64, baseline),
+            move |(mut receivers, threads, number, baseline)| async move {
                 if number >= total {
+                    // The output ends once every gatherer has let go of the
+                    // held rows, so their reservation is back in the pool
+                    // when the consumer sees the end (a next epoch sized by
+                    // what is free sees it free). Its receiver gone, a
+                    // gatherer blocked on a send ends.
+                    drop(receivers);
+                    for thread in threads {
+                        let _ = thread.await;
+                    }
                     return None;
                 }
                 let gatherer = (number % receivers.len() as u64) as usize;
@@ -821,7 +839,7 @@ impl Gather {
                 };
                 // After an error, nothing more.
                 let next = if batch.is_err() { total } else { number + 1 };
-                Some((batch, (receivers, next, baseline)))
+                Some((batch, (receivers, threads, next, baseline)))
             },
         )
         .boxed()
