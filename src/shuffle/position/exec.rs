@@ -437,32 +437,33 @@ fn exact_rows(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<usize>> {
 struct Held {
     batches: Vec<RecordBatch>,
     runs: Vec<Run>,
-    /// Batches before this one are fitted (see [`Held::fit`]).
-    fitted: usize,
     /// Rows held, and what they would take fitted ([`fitted_size`]).
     rows: usize,
     fitted_bytes: usize,
     /// Whether the epoch was judged from its first rows.
     judged: bool,
-    /// Set when the pool first refused a batch: every batch is then held
-    /// fitted.
+    /// Set when the pool first refused a batch and the held batches were
+    /// fitted: every batch is held fitted from then on.
     fitting: bool,
 }
 
 impl Held {
-    /// Gives back the room the held batches do not use: each batch not yet
-    /// fitted is copied to fit ([`fit_batch`]) and `reservation` shrunk by
-    /// what that freed. Run once the pool refuses a batch, so that only an
-    /// epoch near the limit pays for the copy.
+    /// Gives back the room the held batches do not use: each is copied to
+    /// fit ([`fit_batch`]) and `reservation` shrunk by what that freed. Run
+    /// once, when the pool first refuses a batch, so that only an epoch
+    /// near the limit pays for the copy; every batch held after it is held
+    /// fitted.
     fn fit(&mut self, reservation: &MemoryReservation) -> Result<()> {
+        if self.fitting {
+            return Ok(());
+        }
         self.fitting = true;
-        for batch in &mut self.batches[self.fitted..] {
+        for batch in &mut self.batches {
             let before = get_record_batch_memory_size(batch);
             *batch = fit_batch(batch.clone())?;
             let after = get_record_batch_memory_size(batch);
             reservation.shrink(before.saturating_sub(after).min(reservation.size()));
         }
-        self.fitted = self.batches.len();
         Ok(())
     }
 
@@ -645,6 +646,10 @@ async fn read_partition(
     } = room;
     let kept: Vec<usize> = (0..columns).collect();
     let mut last_file = None;
+    // The epoch can be judged by its rows' fitted size only when its rows
+    // are known and the pool is finite; else that size is not counted.
+    let judging =
+        epoch_rows.is_some() && matches!(pool.memory_limit(), MemoryLimit::Finite(_));
     while let Some(batch) = stream.next().await {
         if overflow.refused()?.is_some() {
             return Ok(());
@@ -668,7 +673,7 @@ async fn read_partition(
             rows_only = fit_batch(rows_only)?;
         }
         let mut bytes = get_record_batch_memory_size(&rows_only);
-        let fitted_bytes = fitted_size(&rows_only)?;
+        let fitted_bytes = if judging { fitted_size(&rows_only)? } else { 0 };
         if let Err(refused) = reservation.try_grow(bytes) {
             // Near the limit: the Parquet reader leaves binary and string
             // columns with up to twice the room their values take (W2's
