@@ -365,6 +365,34 @@ def test_a_windowed_shuffle_feeds_every_row_once_and_resumes_from_its_state(sess
         session.feed(query, **dict(options, shuffle_window=300)).load_state_dict(state)
 
 
+def two_epochs(feed):
+    """The ids of epochs 0 and 1 of ``feed``, a batch a list, as a plain
+    loop reads them; the two epochs differ."""
+    epochs = []
+    for epoch in range(2):
+        feed.set_epoch(epoch)
+        epochs.append([b["id"].tolist() for b in feed])
+    assert epochs[0] != epochs[1]
+    return epochs
+
+
+def resumed_in_epoch_1(loader, before_resume=None):
+    """Epochs 0 and 1 through ``loader()`` (a ``StatefulDataLoader``), the
+    second stopped after 7 batches and finished by a new loader from the
+    first's state: the ids a batch a list, as :func:`two_epochs` gives
+    them."""
+    first = loader()
+    epoch0 = [b["id"].tolist() for b in first]
+    mid = iter(first)
+    epoch1 = [next(mid)["id"].tolist() for _ in range(7)]
+    if before_resume is not None:
+        before_resume()
+    again = loader()
+    again.load_state_dict(first.state_dict())
+    rest = [b["id"].tolist() for b in again]
+    return [epoch0, epoch1 + rest]
+
+
 def test_stateful_dataloader_resumes_a_windowed_feed_mid_epoch(session, tmp_path):
     """torchdata's ``StatefulDataLoader`` over a windowed feed: its state
     mid-epoch, loaded by a new loader, gives the rest of that epoch as a
@@ -374,26 +402,14 @@ def test_stateful_dataloader_resumes_a_windowed_feed_mid_epoch(session, tmp_path
     from sqlfeed.torch import FeedDataset
 
     query = windowed_ids(tmp_path)
-    feed = session.feed(query, **WINDOWED)
-    reference = []
-    for epoch in range(2):
-        feed.set_epoch(epoch)
-        reference.append([b["id"].tolist() for b in feed])
-    assert reference[0] != reference[1]
+    reference = two_epochs(session.feed(query, **WINDOWED))
 
     def loader():
         return stateful.StatefulDataLoader(
             FeedDataset(session.feed(query, **WINDOWED)), batch_size=None, num_workers=0
         )
 
-    first = loader()
-    epoch0 = [b["id"].tolist() for b in first]
-    mid = iter(first)
-    epoch1 = [next(mid)["id"].tolist() for _ in range(7)]
-    again = loader()
-    again.load_state_dict(first.state_dict())
-    rest = [b["id"].tolist() for b in again]
-    assert [epoch0, epoch1 + rest] == reference
+    assert resumed_in_epoch_1(loader) == reference
 
 
 def test_ctrl_c_stops_the_feed_within_a_second_and_leaves_no_thread(session, ctrl_c_raises):
@@ -616,25 +632,15 @@ def test_stateful_dataloader_resumes_a_cached_feed_by_position_from_the_entry(tm
         session = sqlfeed.Session(target_partitions=2, cache_dir=tmp_path / "cache")
         return session.feed(query, cache=cache, **options)
 
-    plain = feed(False)
-    reference = []
-    for epoch in range(2):
-        plain.set_epoch(epoch)
-        reference.append([b["id"].tolist() for b in plain])
-    assert reference[0] != reference[1]
+    reference = two_epochs(feed(False))
 
     def loader():
         return stateful.StatefulDataLoader(FeedDataset(feed(True)), batch_size=None, num_workers=0)
 
-    first = loader()
-    epoch0 = [b["id"].tolist() for b in first]
-    mid = iter(first)
-    epoch1 = [next(mid)["id"].tolist() for _ in range(7)]
-    assert list((tmp_path / "cache" / "entries").iterdir()), "no entry was written"
-    again = loader()
-    again.load_state_dict(first.state_dict())
-    rest = [b["id"].tolist() for b in again]
-    assert [epoch0, epoch1 + rest] == reference
+    def entry_written():
+        assert list((tmp_path / "cache" / "entries").iterdir()), "no entry was written"
+
+    assert resumed_in_epoch_1(loader, before_resume=entry_written) == reference
 
 
 def test_a_feed_shuffled_by_position_gives_row_i_to_a_sampled_map_style_loader(session, tmp_path):

@@ -220,6 +220,38 @@ fn ranges_spilled(
     position_metric(plan, "ranges")
 }
 
+/// `sql` planned and run on `session`: the plan (its metrics read after)
+/// and the batches.
+async fn planned(
+    session: &sqlfeed::Session,
+    sql: &str,
+) -> Result<(
+    std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    Vec<datafusion::arrow::array::RecordBatch>,
+)> {
+    let plan = session.sql(sql).await?.create_physical_plan().await?;
+    let batches = datafusion::physical_plan::collect(
+        std::sync::Arc::clone(&plan),
+        session.context().task_ctx(),
+    )
+    .await?;
+    Ok((plan, batches))
+}
+
+/// A session of `partitions` partitions and batches of `batch_size` rows
+/// under a memory limit of `bytes`.
+fn limited_session(
+    partitions: usize,
+    batch_size: usize,
+    bytes: usize,
+) -> Result<sqlfeed::Session> {
+    sqlfeed::Session::builder()
+        .target_partitions(partitions)
+        .batch_size(batch_size)
+        .memory_limit(bytes)
+        .build()
+}
+
 /// Metric `name` of the plan's `PositionShuffleExec`, 0 if it has none.
 fn position_metric(
     plan: &std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>,
@@ -283,29 +315,13 @@ async fn an_epoch_that_does_not_fit_is_spilled_by_position_range_in_the_same_ord
         ),
     ] {
         let roomy = session(2, 4096)?;
-        let df = roomy.sql(&sql).await?;
-        let plan = df.create_physical_plan().await?;
-        let whole = datafusion::physical_plan::collect(
-            std::sync::Arc::clone(&plan),
-            roomy.context().task_ctx(),
-        )
-        .await?;
+        let (plan, whole) = planned(&roomy, &sql).await?;
         assert_eq!(ranges_spilled(&plan), 0, "held whole: {sql}");
         assert_eq!(ids(&whole), expected, "{sql}");
         let whole = concat_batches(&whole[0].schema(), &whole)?;
         for partitions in [1, 2] {
-            let tight = sqlfeed::Session::builder()
-                .target_partitions(partitions)
-                .batch_size(4096)
-                .memory_limit(1 << 20)
-                .build()?;
-            let df = tight.sql(&sql).await?;
-            let plan = df.create_physical_plan().await?;
-            let batches = datafusion::physical_plan::collect(
-                std::sync::Arc::clone(&plan),
-                tight.context().task_ctx(),
-            )
-            .await?;
+            let tight = limited_session(partitions, 4096, 1 << 20)?;
+            let (plan, batches) = planned(&tight, &sql).await?;
             let ranges = ranges_spilled(&plan);
             assert!(ranges >= 4, "{ranges} ranges for 3.2 MB in 1 MiB: {sql}");
             // A filter's rows counted by a query over its columns, not by
@@ -359,18 +375,12 @@ async fn view_columns_spilled_by_position_are_counted_as_written() -> Result<()>
             "true",
         )
         .build()?;
-    let df = tight.sql(&sql).await?;
-    let plan = df.create_physical_plan().await?;
+    let (plan, batches) = planned(&tight, &sql).await?;
     assert!(
         plan.schema().field_with_name("s")?.data_type()
             == &datafusion::arrow::datatypes::DataType::Utf8View,
         "s is not read as a view"
     );
-    let batches = datafusion::physical_plan::collect(
-        std::sync::Arc::clone(&plan),
-        tight.context().task_ctx(),
-    )
-    .await?;
     assert!(
         ranges_spilled(&plan) >= 4,
         "not spilled: {}",
@@ -418,13 +428,7 @@ async fn an_epoch_that_fits_without_the_readers_spare_room_is_held_whole() -> Re
         "SELECT id, s FROM '{}' SHUFFLE BY POSITION SEED 3",
         strings.display()
     );
-    let df = roomy.sql(&sql).await?;
-    let plan = df.create_physical_plan().await?;
-    let whole = datafusion::physical_plan::collect(
-        std::sync::Arc::clone(&plan),
-        roomy.context().task_ctx(),
-    )
-    .await?;
+    let (plan, whole) = planned(&roomy, &sql).await?;
     // Charged as the reader left them, against what the rows take.
     let charged = position_metric(&plan, "held_bytes");
     let rows_bytes: usize = whole.iter().map(get_record_batch_memory_size).sum();
@@ -434,18 +438,8 @@ async fn an_epoch_that_fits_without_the_readers_spare_room_is_held_whole() -> Re
          {rows_bytes} of rows): this test shows nothing"
     );
     let limit = (charged + rows_bytes * 17 / 16) / 2;
-    let tight = sqlfeed::Session::builder()
-        .target_partitions(2)
-        .batch_size(1024)
-        .memory_limit(limit)
-        .build()?;
-    let df = tight.sql(&sql).await?;
-    let plan = df.create_physical_plan().await?;
-    let batches = datafusion::physical_plan::collect(
-        std::sync::Arc::clone(&plan),
-        tight.context().task_ctx(),
-    )
-    .await?;
+    let tight = limited_session(2, 1024, limit)?;
+    let (plan, batches) = planned(&tight, &sql).await?;
     assert_eq!(
         ranges_spilled(&plan),
         0,
@@ -481,18 +475,8 @@ async fn an_epoch_far_over_its_limit_is_spilled_on_its_first_rows() -> Result<()
         blobs.display()
     );
     let whole = collect(&roomy, &sql).await?;
-    let tight = sqlfeed::Session::builder()
-        .target_partitions(2)
-        .batch_size(256)
-        .memory_limit(12 << 20)
-        .build()?;
-    let df = tight.sql(&sql).await?;
-    let plan = df.create_physical_plan().await?;
-    let batches = datafusion::physical_plan::collect(
-        std::sync::Arc::clone(&plan),
-        tight.context().task_ctx(),
-    )
-    .await?;
+    let tight = limited_session(2, 256, 12 << 20)?;
+    let (plan, batches) = planned(&tight, &sql).await?;
     assert_eq!(position_metric(&plan, "judged_early"), 1);
     assert_eq!(position_metric(&plan, "spilled_unheld"), 0);
     assert!(
@@ -511,11 +495,7 @@ async fn an_epoch_far_over_its_limit_is_spilled_on_its_first_rows() -> Result<()
 async fn an_epoch_too_large_for_its_spilled_ranges_says_what_to_do() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let table = write_ids(dir.path(), 2, 100_000, 10_000)?;
-    let tiny = sqlfeed::Session::builder()
-        .target_partitions(1)
-        .batch_size(64)
-        .memory_limit(16 << 10)
-        .build()?;
+    let tiny = limited_session(1, 64, 16 << 10)?;
     let err = match collect(
         &tiny,
         &format!("SELECT id, v FROM {table} SHUFFLE BY POSITION SEED 3"),
@@ -669,11 +649,7 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     assert_eq!(roomy.len(), 3 * 200_000);
     let all: Vec<i64> = (0..200_000).collect();
     assert_eq!(roomy[..200_000], defined_order(&all, 4, 0)[..]);
-    let tight = sqlfeed::Session::builder()
-        .target_partitions(2)
-        .batch_size(8192)
-        .memory_limit(7 << 20)
-        .build()?;
+    let tight = limited_session(2, 8192, 7 << 20)?;
     assert!(
         ids_of(&tight)? == roomy,
         "the tight feed gave other batches"
@@ -681,11 +657,7 @@ fn epochs_that_fit_once_but_not_twice_run_one_after_another() -> Result<()> {
     // Not even one epoch fits: each is spilled by position range, the
     // next one started ahead beside it (each reserves its read-back up
     // front, at most a third of the pool), in the same order.
-    let spilled = sqlfeed::Session::builder()
-        .target_partitions(2)
-        .batch_size(8192)
-        .memory_limit(3 << 20)
-        .build()?;
+    let spilled = limited_session(2, 8192, 3 << 20)?;
     let (ids, plans) = run(&spilled)?;
     assert!(ids == roomy, "the spilled feed gave other batches");
     assert_eq!(plans.len(), 3);
