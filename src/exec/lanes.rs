@@ -38,12 +38,10 @@ use std::sync::Arc;
 use super::BatchStream;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::Statistics;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::common::spawn_buffered;
 use datafusion::physical_plan::execution_plan::EmissionType;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
@@ -129,20 +127,7 @@ impl ExecutionPlan for LaneInterleaveExec {
     }
 
     // Every row of every lane, once: the rows are its input's.
-    fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(None)]
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(crate::exec::rows_passed_through(
-            input_stats,
-            &self.input.schema(),
-        ))
-    }
+    crate::exec::statistics_of_one_input!(rows_passed_through, whole input);
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         crate::exec::only_partition("LaneInterleaveExec", partition)?;

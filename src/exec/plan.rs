@@ -371,7 +371,9 @@ pub(crate) use keeps_input_order;
 
 /// `child_stats_requests` and `statistics_from_inputs` of an operator whose
 /// statistics come from its one input's, for the same partition, through
-/// `$from` ([`first_input_statistics`] or [`rows_passed_through`]).
+/// `$from` ([`first_input_statistics`] or [`rows_passed_through`]); with
+/// `whole input`, from the input's over all its partitions (an operator
+/// that makes one partition of many).
 macro_rules! statistics_of_one_input {
     ($from:ident) => {
         fn child_stats_requests(
@@ -382,6 +384,20 @@ macro_rules! statistics_of_one_input {
                 partition,
             )]
         }
+
+        $crate::exec::statistics_of_one_input!(@from $from);
+    };
+    ($from:ident, whole input) => {
+        fn child_stats_requests(
+            &self,
+            _partition: Option<usize>,
+        ) -> Vec<datafusion::physical_plan::statistics::ChildStats> {
+            vec![datafusion::physical_plan::statistics::ChildStats::At(None)]
+        }
+
+        $crate::exec::statistics_of_one_input!(@from $from);
+    };
+    (@from $from:ident) => {
 
         fn statistics_from_inputs(
             &self,

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
 use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
+use datafusion::common::DataFusionError;
 use datafusion::common::runtime::JoinSet;
 use datafusion::common::stats::Precision;
-use datafusion::common::{DataFusionError, Statistics};
 use datafusion::common::{
     internal_datafusion_err, internal_err, resources_datafusion_err,
 };
@@ -27,9 +27,7 @@ use datafusion::physical_plan::metrics::{
     SpillMetrics,
 };
 use datafusion::physical_plan::spill::get_record_batch_memory_size;
-use datafusion::physical_plan::statistics::{
-    ChildStats, StatisticsArgs, StatisticsContext,
-};
+use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
@@ -229,17 +227,7 @@ impl ExecutionPlan for PositionShuffleExec {
         vec![false]
     }
 
-    fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(None)]
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(crate::exec::rows_passed_through(input_stats, &self.schema))
-    }
+    crate::exec::statistics_of_one_input!(rows_passed_through, whole input);
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         crate::exec::only_partition("PositionShuffleExec", partition)?;

@@ -34,12 +34,10 @@ use datafusion::arrow::array::{
     DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use datafusion::arrow::datatypes::{Field, Int32Type, Schema, SchemaRef};
-use datafusion::common::Statistics;
 use datafusion::common::internal_err;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::execution_plan::EmissionType;
-use datafusion::physical_plan::statistics::{ChildStats, StatisticsArgs};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
@@ -126,17 +124,7 @@ impl ExecutionPlan for StoredOrderExec {
         vec![true]
     }
 
-    fn child_stats_requests(&self, _partition: Option<usize>) -> Vec<ChildStats> {
-        vec![ChildStats::At(None)]
-    }
-
-    fn statistics_from_inputs(
-        &self,
-        input_stats: &[Arc<Statistics>],
-        _args: &StatisticsArgs,
-    ) -> Result<Arc<Statistics>> {
-        Ok(crate::exec::rows_passed_through(input_stats, &self.schema))
-    }
+    crate::exec::statistics_of_one_input!(rows_passed_through, whole input);
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         crate::exec::only_partition("StoredOrderExec", partition)?;
