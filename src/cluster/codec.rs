@@ -52,14 +52,15 @@ use datafusion_proto::physical_plan::{
 use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
 
 use super::declared::{PythonDeclaration, declared_function};
+use super::row_index::RowIndexScanExec;
 use super::wire::WireNode;
 use crate::cache::CachedTable;
 use crate::cache::shared::{SharedEntryWriteExec, SharedEntryWriteNode};
 use crate::shuffle::mix::pattern::Turns;
 use crate::shuffle::mix::{MixExec, MixNode, MixSource, MixWindowExec};
 use crate::shuffle::{
-    DealExec, LocalShuffleExec, PermuteExec, PermuteMode, RangeBucketExec, RankShardExec,
-    ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
+    DealExec, LocalShuffleExec, PermuteExec, PermuteMode, PositionKeyExec,
+    RangeBucketExec, RankShardExec, ShuffleKeyExec, ShuffleMergeExec, ShuffleNode,
 };
 use crate::sql::ParallelProjectionExec;
 use datafusion_proto::protobuf::PhysicalExprNode;
@@ -309,9 +310,6 @@ impl LogicalExtensionCodec for SqlfeedLogicalCodec {
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
         let any = node.node.as_any();
         if let Some(shuffle) = any.downcast_ref::<ShuffleNode>() {
-            if let crate::shuffle::ShuffleSpec::Positional { .. } = shuffle.spec() {
-                return Err(crate::shuffle::refused_by_position_on_a_cluster());
-            }
             let wire = WireNode::Shuffle {
                 spec: shuffle.spec(),
                 key: shuffle.key().clone(),
@@ -499,6 +497,13 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                     .unique_rows(unique_rows)
                     .with_copies(copies),
             ),
+            // The scan without its row index, restored (`row_index.rs`).
+            WireNode::RowIndexScan { row_columns } => {
+                RowIndexScanExec::restore(&input, &row_columns)?
+            }
+            WireNode::PositionKey { keys } => {
+                Arc::new(PositionKeyExec::try_new(input, keys)?)
+            }
             WireNode::RangeBucket { ranges, counted } => {
                 Arc::new(RangeBucketExec::try_new_counted(input, ranges, counted)?)
             }
@@ -560,6 +565,14 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 ranged: root.is_ranged(),
                 unique_rows: root.is_unique_rows(),
                 copies: root.copies(),
+            }
+        } else if let Some(scan) = plan.downcast_ref::<RowIndexScanExec>() {
+            WireNode::RowIndexScan {
+                row_columns: scan.row_columns().to_vec(),
+            }
+        } else if let Some(keyed) = plan.downcast_ref::<PositionKeyExec>() {
+            WireNode::PositionKey {
+                keys: keyed.keys().clone(),
             }
         } else if let Some(bucket) = plan.downcast_ref::<RangeBucketExec>() {
             WireNode::RangeBucket {

@@ -44,6 +44,7 @@ mod codec;
 mod declared;
 mod executor;
 mod retry;
+mod row_index;
 mod scale_out;
 mod scheduler;
 mod shared_job;

@@ -158,7 +158,9 @@ pub async fn run_scheduler(
 /// `ParallelFunctions` for a quarantine's projections only (executors add
 /// the rest, sized to their cores),
 /// and [`super::BalanceScanRows`] after the distribution rules, so that the
-/// stage-1 tasks of a shuffle read equal numbers of rows.
+/// stage-1 tasks of a shuffle read equal numbers of rows; last,
+/// [`super::row_index::CarryRowIndexes`], so that a shuffle by position's
+/// scans reach the executors with their row indexes.
 fn scheduler_physical_rules()
 -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = crate::sql::rules::physical_optimizer_rules(false);
@@ -167,5 +169,7 @@ fn scheduler_physical_rules()
         .position(|r| r.name() == "sqlfeed_keep_shuffle_order")
         .map_or(rules.len(), |i| i + 1);
     rules.insert(at, Arc::new(super::BalanceScanRows));
+    // Last: the scans it carries are final.
+    rules.push(Arc::new(super::row_index::CarryRowIndexes));
     rules
 }

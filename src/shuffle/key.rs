@@ -68,7 +68,7 @@ pub fn shuffle_seed(seed: u64, epoch: u64) -> u64 {
 /// memory limit (at least 256 KiB). The external sort must hold a whole
 /// batch to accept it; one batch of wide rows (strings of kilobytes built
 /// with doubling capacity) can otherwise exceed the whole share.
-fn max_batch_bytes(context: &TaskContext, partitions: usize) -> usize {
+pub(crate) fn max_batch_bytes(context: &TaskContext, partitions: usize) -> usize {
     match context.memory_pool().memory_limit() {
         MemoryLimit::Finite(limit) => (limit / partitions.max(1) / 64).max(256 << 10),
         _ => usize::MAX,
@@ -78,7 +78,10 @@ fn max_batch_bytes(context: &TaskContext, partitions: usize) -> usize {
 /// `batch` as one or more compact batches of at most about `max_bytes` each.
 /// Slices would share (and be charged for) the whole buffers, so chunks are
 /// copied.
-fn split_to_fit(batch: &RecordBatch, max_bytes: usize) -> Result<Vec<RecordBatch>> {
+pub(crate) fn split_to_fit(
+    batch: &RecordBatch,
+    max_bytes: usize,
+) -> Result<Vec<RecordBatch>> {
     let bytes = batch.get_array_memory_size();
     let rows = batch.num_rows();
     if bytes <= max_bytes || rows <= 1 {

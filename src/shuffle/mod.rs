@@ -138,7 +138,8 @@ pub use planner::{
 };
 pub(crate) use position::with_positions;
 pub use position::{
-    IndexPermutation, PositionShuffleExec, RankedRowGroups, StoredOrderExec,
+    IndexPermutation, PositionKeyExec, PositionKeys, PositionShuffleExec,
+    RankedRowGroups, StoredOrderExec,
 };
 pub use range::{RANGE_BUCKET_COLUMN, RANGE_COUNTS_COLUMN, RangeBucketExec};
 pub use unique::REPEATED_ROWS;

@@ -14,6 +14,7 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
@@ -24,10 +25,10 @@ use crate::config::SqlfeedOptions;
 use super::windowed::cut_to_window;
 use super::{
     CopyIdentity, Deal, DealExec, KeySource, LocalShuffleExec, PermuteExec, PermuteMode,
-    PositionShuffleExec, RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN, RangeBucketExec,
-    RankShardExec, SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec, ShuffleMergeExec,
-    ShuffleNode, ShuffleSpec, StoredOrderExec, WindowedShuffleExec, shuffle_batch_rows,
-    with_positions,
+    PositionKeyExec, PositionShuffleExec, RANGE_BUCKET_COLUMN, RANK_ROUTE_COLUMN,
+    RangeBucketExec, RankShardExec, SHUFFLE_KEY_COLUMN, ShuffleKey, ShuffleKeyExec,
+    ShuffleMergeExec, ShuffleNode, ShuffleSpec, StoredOrderExec, WindowedShuffleExec,
+    shuffle_batch_rows, with_positions,
 };
 use datafusion::common::internal_datafusion_err;
 use datafusion::execution::memory_pool::MemoryLimit;
@@ -320,11 +321,6 @@ pub fn plan_sorted_shuffle(
         batch_rows,
     } = key_rows(input, shuffle)?;
     let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
-    let ordering = LexOrdering::new([PhysicalSortExpr::new(
-        Arc::clone(&key),
-        SortOptions::default(),
-    )])
-    .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
     // The copy stage: every copy of a row in one task, numbered, sorted.
     // Planned for unique rows, rows go from the scan to their range.
     let permuted: Arc<dyn ExecutionPlan> = if unique_rows {
@@ -339,6 +335,44 @@ pub fn plan_sorted_shuffle(
                 .with_copies(copies)?,
         )
     };
+    let final_stage = FinalStage {
+        ranges,
+        deal,
+        unique_rows,
+    };
+    sorted_ranges(
+        permuted,
+        (seed, epoch),
+        columns,
+        batch_rows,
+        copies,
+        final_stage,
+    )
+}
+
+/// The stage-shaped shuffle after its key: `permuted`'s rows (`columns`
+/// columns, then the key; with fewer than 2 ranges each partition sorted by
+/// key) in `final_stage`'s key ranges, each sorted in a task of its own and
+/// dealt to ranks when asked, or merged by one task; the key dropped.
+fn sorted_ranges(
+    permuted: Arc<dyn ExecutionPlan>,
+    (seed, epoch): (u64, u64),
+    columns: usize,
+    batch_rows: usize,
+    copies: CopyIdentity,
+    final_stage: FinalStage,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let FinalStage {
+        ranges,
+        deal,
+        unique_rows,
+    } = final_stage;
+    let key: Arc<dyn PhysicalExpr> = Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
+    let ordering = LexOrdering::new([PhysicalSortExpr::new(
+        Arc::clone(&key),
+        SortOptions::default(),
+    )])
+    .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
     let shuffled: Arc<dyn ExecutionPlan> = if ranges >= 2 {
         let bucketed: Arc<dyn ExecutionPlan> = Arc::new(
             RangeBucketExec::try_new_counted(permuted, ranges, deal.is_some())?,
@@ -429,6 +463,92 @@ fn key_source(
     })
 }
 
+/// The input of a shuffle by position planned again from `logical`, each
+/// row with its file and row index from the scan as its last two columns
+/// (the planned input has no such columns).
+async fn plan_positioned_input(
+    planner: &dyn PhysicalPlanner,
+    logical: &LogicalPlan,
+    session: &dyn Session,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let positioned = with_positions(logical.clone())?;
+    let input = if SqlfeedOptions::of(session.config().options()).isolate_row_errors {
+        // Failing rows are isolated above the shuffle, in the outer plan's
+        // output projections (their slots keep their positions; the feed
+        // fills them). Planned here, the input would isolate its own: a
+        // marker column after the two position columns.
+        let Some(state) = session.as_any().downcast_ref::<SessionState>() else {
+            return not_impl_err!(
+                "SHUFFLE BY POSITION isolates failing rows only in a sqlfeed session; \
+                 turn sqlfeed.isolate_row_errors off, or use SHUFFLE"
+            );
+        };
+        let mut config = state.config().clone();
+        let mut options = SqlfeedOptions::of(config.options()).clone();
+        options.isolate_row_errors = false;
+        config.options_mut().extensions.insert(options);
+        let state = SessionStateBuilder::new_from_existing(state.clone())
+            .with_config(config)
+            .build();
+        planner.create_physical_plan(&positioned, &state).await?
+    } else {
+        planner.create_physical_plan(&positioned, session).await?
+    };
+    if crate::exec::row_errors::has_row_errors(&input.schema()) {
+        return internal_err!(
+            "SHUFFLE BY POSITION's input isolates row errors under the shuffle"
+        );
+    }
+    Ok(input)
+}
+
+/// A shuffle by position, stage-shaped (a cluster's): each row keyed by
+/// its position ([`PositionKeyExec`], its row groups placed from the
+/// footers or counted by a query over `rows` in `state`), then the key
+/// ranges of `SHUFFLE`'s final stage. No two rows share a key, so there
+/// is no copy stage.
+async fn plan_position_ranges(
+    input: Arc<dyn ExecutionPlan>,
+    (seed, epoch): (u64, u64),
+    state: &SessionState,
+    rows: &LogicalPlan,
+    final_stage: FinalStage,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let memory_limit = match state.runtime_env().memory_pool.memory_limit() {
+        MemoryLimit::Finite(bytes) => bytes,
+        _ => usize::MAX / 2,
+    };
+    let keyed: Arc<dyn ExecutionPlan> = Arc::new(
+        PositionKeyExec::plan(input, (seed, epoch), final_stage.ranges, state, rows)
+            .await?,
+    );
+    let columns = keyed.schema().fields().len() - 1;
+    let batch_rows = batch_rows_for(&keyed, memory_limit, state.config().batch_size());
+    let permuted: Arc<dyn ExecutionPlan> = if final_stage.ranges >= 2 {
+        keyed
+    } else {
+        // One task merges: each partition sorted by key first.
+        let key: Arc<dyn PhysicalExpr> =
+            Arc::new(Column::new(SHUFFLE_KEY_COLUMN, columns));
+        let ordering =
+            LexOrdering::new([PhysicalSortExpr::new(key, SortOptions::default())])
+                .ok_or_else(|| internal_datafusion_err!("empty shuffle ordering"))?;
+        Arc::new(SortExec::new(ordering, keyed).with_preserve_partitioning(true))
+    };
+    let final_stage = FinalStage {
+        unique_rows: false,
+        ..final_stage
+    };
+    sorted_ranges(
+        permuted,
+        (seed, epoch),
+        columns,
+        batch_rows,
+        CopyIdentity::Values,
+        final_stage,
+    )
+}
+
 #[async_trait]
 impl ExtensionPlanner for ShuffleExtensionPlanner {
     async fn plan_extension(
@@ -504,8 +624,30 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                     None => shuffled,
                 }
             }
-            ShuffleSpec::Positional { .. } if self.stage_shaped => {
+            ShuffleSpec::Positional { .. }
+                if self.stage_shaped
+                    && matches!(shuffle.key(), ShuffleKey::StoredOrder(_)) =>
+            {
                 return Err(super::refused_by_position_on_a_cluster());
+            }
+            ShuffleSpec::Positional { seed, epoch } if self.stage_shaped => {
+                let [logical] = logical_inputs else {
+                    return internal_err!("Shuffle has one input");
+                };
+                let Some(state) = session.as_any().downcast_ref::<SessionState>() else {
+                    return not_impl_err!(
+                        "SHUFFLE BY POSITION on a cluster is planned by a sqlfeed scheduler"
+                    );
+                };
+                let input = plan_positioned_input(planner, logical, session).await?;
+                plan_position_ranges(
+                    input,
+                    (seed, epoch),
+                    state,
+                    logical,
+                    requested_final_stage(session),
+                )
+                .await?
             }
             ShuffleSpec::Positional { seed, epoch }
                 if let ShuffleKey::StoredOrder(stored) = *shuffle.key() =>
@@ -523,43 +665,10 @@ impl ExtensionPlanner for ShuffleExtensionPlanner {
                 )?)
             }
             ShuffleSpec::Positional { seed, epoch } => {
-                // The input again, each row with its file and row index from
-                // the scan (the planned `input` has no such columns).
                 let [logical] = logical_inputs else {
                     return internal_err!("Shuffle has one input");
                 };
-                let positioned = with_positions((*logical).clone())?;
-                let input = if SqlfeedOptions::of(session.config().options())
-                    .isolate_row_errors
-                {
-                    // Failing rows are isolated above the shuffle, in the
-                    // outer plan's output projections (their slots keep
-                    // their positions; the feed fills them). Planned here,
-                    // the input would isolate its own: a marker column
-                    // after the two position columns.
-                    let Some(state) = session.as_any().downcast_ref::<SessionState>()
-                    else {
-                        return not_impl_err!(
-                            "SHUFFLE BY POSITION isolates failing rows only in a sqlfeed \
-                             session; turn sqlfeed.isolate_row_errors off, or use SHUFFLE"
-                        );
-                    };
-                    let mut config = state.config().clone();
-                    let mut options = SqlfeedOptions::of(config.options()).clone();
-                    options.isolate_row_errors = false;
-                    config.options_mut().extensions.insert(options);
-                    let state = SessionStateBuilder::new_from_existing(state.clone())
-                        .with_config(config)
-                        .build();
-                    planner.create_physical_plan(&positioned, &state).await?
-                } else {
-                    planner.create_physical_plan(&positioned, session).await?
-                };
-                if crate::exec::row_errors::has_row_errors(&input.schema()) {
-                    return internal_err!(
-                        "SHUFFLE BY POSITION's input isolates row errors under the shuffle"
-                    );
-                }
+                let input = plan_positioned_input(planner, logical, session).await?;
                 let shuffle = PositionShuffleExec::try_new(input, seed, epoch)?;
                 // What counts a filter's rows (its columns only) if the
                 // epoch does not fit and is spilled.

@@ -518,26 +518,101 @@ async fn an_epoch_too_large_for_its_spilled_ranges_says_what_to_do() -> Result<(
     Ok(())
 }
 
-/// A cluster gets no plan it cannot run: the client refuses it by name.
+/// A session on an in-process cluster (scheduler and executor) of
+/// `partitions` target partitions.
+#[cfg(feature = "ballista")]
+fn standalone_cluster(partitions: usize) -> Result<sqlfeed::Session> {
+    sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(partitions)
+        .build()
+}
+
+/// On a cluster a shuffle by position is keyed by each row's position and
+/// runs as `SHUFFLE`'s stage-shaped job (key ranges, one sort each): the
+/// defined order, as embedded, on 1 to 4 key ranges, with and without a
+/// filter (the rows it keeps counted once on the scheduler); the epoch
+/// cache's stored order is still refused by name.
 #[cfg(feature = "ballista")]
 #[test]
-fn a_shuffle_by_position_on_a_cluster_is_refused_by_name() -> Result<()> {
+fn a_shuffle_by_position_on_a_cluster_is_the_embedded_order() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let data = write_ids(dir.path(), 2, 40, 16)?;
-    let session = sqlfeed::Session::builder()
-        .cluster("standalone")
-        .target_partitions(2)
-        .build()?;
+    let table = write_ids(dir.path(), 3, 400, 64)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let error = runtime
-        .block_on(async {
-            let sql = format!("SELECT id FROM {data} SHUFFLE BY POSITION SEED 3");
-            session.collect(session.sql(&sql).await?).await
-        })
-        .map(|_| ())
-        .expect_err("refused")
-        .to_string();
-    assert_contains(&error, &["SHUFFLE BY POSITION runs on the embedded engine"]);
+    let all: Vec<i64> = (0..1200).collect();
+    let kept: Vec<i64> = (0..1200).filter(|id| id % 7 != 3).collect();
+    for partitions in [1, 2, 4] {
+        let cluster = standalone_cluster(partitions)?;
+        for (sql, expected) in [
+            (
+                format!("SELECT id FROM {table} SHUFFLE BY POSITION SEED 3 EPOCH 1"),
+                defined_order(&all, 3, 1),
+            ),
+            (
+                format!(
+                    "SELECT id * 2 AS id, v FROM {table} WHERE v <> 3 \
+                     SHUFFLE BY POSITION SEED 9"
+                ),
+                defined_order(&kept, 9, 0).iter().map(|id| id * 2).collect(),
+            ),
+        ] {
+            let got = runtime.block_on(async {
+                let batches = cluster.collect(cluster.sql(&sql).await?).await?;
+                Ok::<_, datafusion::error::DataFusionError>(ids(&batches))
+            })?;
+            assert_eq!(got, expected, "{partitions} partitions: {sql}");
+            let embedded = runtime.block_on(collect(&session(partitions, 100)?, &sql))?;
+            assert_eq!(
+                ids(&embedded),
+                expected,
+                "embedded, {partitions} partitions"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A cluster feed shuffled by position gives every rank the embedded
+/// batches: each epoch's job keyed by position and dealt to the ranks on
+/// the executors (2 and 3 ranks, a padded last step, a filter counted once).
+#[cfg(feature = "ballista")]
+#[test]
+fn a_cluster_feed_by_position_gives_every_rank_the_embedded_batches() -> Result<()> {
+    use sqlfeed::device::Device;
+    use sqlfeed::feed::Feed;
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 3, 333, 50)?;
+    let cluster = standalone_cluster(2)?;
+    let embedded = session(3, 100)?;
+    for (sql, world) in [
+        (format!("SELECT id FROM {table}"), 2),
+        (format!("SELECT id FROM {table} WHERE v <> 3"), 3),
+    ] {
+        let run = |session: &sqlfeed::Session, rank: usize| -> Result<Vec<Vec<i64>>> {
+            Feed::builder(session, sql.clone())
+                .shuffle(5)
+                .shuffle_by_position()
+                .batch_size(32)
+                .shard(rank, world)
+                .epochs(2)
+                .device(Device::Cpu)
+                .build()?
+                .map(|b| Ok(b?.tensor("id")?.as_slice::<i64>()?.to_vec()))
+                .collect()
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for rank in 0..world {
+            let here = run(&embedded, rank)?;
+            assert_eq!(run(&cluster, rank)?, here, "rank {rank} of {world}: {sql}");
+            seen.extend(here.concat());
+        }
+        let expected = if sql.contains("WHERE") {
+            (0..999).filter(|id| id % 7 != 3).count()
+        } else {
+            999
+        };
+        assert_eq!(seen.len(), expected, "{sql}");
+    }
     Ok(())
 }
 

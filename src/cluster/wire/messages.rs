@@ -11,7 +11,7 @@ pub struct Envelope {
     pub version: u32,
     #[prost(
         oneof = "Node",
-        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16"
+        tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18"
     )]
     pub node: Option<Node>,
 }
@@ -49,6 +49,48 @@ pub enum Node {
     MixWindow(MixWindowNode),
     #[prost(message, tag = "16")]
     ParallelProjection(ParallelProjectionNode),
+    #[prost(message, tag = "17")]
+    PositionKey(PositionKeyNode),
+    #[prost(message, tag = "18")]
+    RowIndexScan(RowIndexScanNode),
+}
+
+/// `RowIndexScanExec`: its row index columns (its input is the scan
+/// without them).
+#[derive(Clone, PartialEq, Message)]
+pub struct RowIndexScanNode {
+    #[prost(uint64, repeated, tag = "1")]
+    pub places: Vec<u64>,
+    #[prost(string, repeated, tag = "2")]
+    pub names: Vec<String>,
+}
+
+/// `PositionKeyExec`: its `PositionKeys`.
+#[derive(Clone, PartialEq, Message)]
+pub struct PositionKeyNode {
+    #[prost(uint64, tag = "1")]
+    pub seed: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "3")]
+    pub ranges: u64,
+    #[prost(bool, tag = "4")]
+    pub counted: bool,
+    #[prost(uint64, repeated, tag = "5")]
+    pub starts: Vec<u64>,
+    #[prost(message, repeated, tag = "6")]
+    pub files: Vec<PositionFile>,
+}
+
+/// One file's row groups: (first row index, row group in rank order) each.
+#[derive(Clone, PartialEq, Message)]
+pub struct PositionFile {
+    #[prost(string, tag = "1")]
+    pub path: String,
+    #[prost(uint64, repeated, tag = "2")]
+    pub first_rows: Vec<u64>,
+    #[prost(uint64, repeated, tag = "3")]
+    pub groups: Vec<u64>,
 }
 
 /// `ParallelProjectionExec`: its expressions (DataFusion's
@@ -238,7 +280,7 @@ pub struct Shuffle {
 /// A `ShuffleSpec`.
 #[derive(Clone, PartialEq, Message)]
 pub struct Spec {
-    #[prost(oneof = "SpecKind", tags = "1, 2, 3")]
+    #[prost(oneof = "SpecKind", tags = "1, 2, 3, 4")]
     pub kind: Option<SpecKind>,
 }
 
@@ -251,6 +293,9 @@ pub enum SpecKind {
     Local(LocalShuffle),
     #[prost(message, tag = "3")]
     Windowed(Windowed),
+    /// `ShuffleSpec::Positional`: its seed and epoch.
+    #[prost(message, tag = "4")]
+    Positional(Global),
 }
 
 /// `ShuffleSpec::Windowed`.

@@ -30,7 +30,9 @@ use messages::*;
 
 use crate::shuffle::mix::MixSpec;
 use crate::shuffle::mix::pattern::{TurnsOrigin, Window};
-use crate::shuffle::{CopyIdentity, Deal, KeySource, ShuffleKey, ShuffleSpec};
+use crate::shuffle::{
+    CopyIdentity, Deal, KeySource, PositionKeys, ShuffleKey, ShuffleSpec,
+};
 
 /// What a sqlfeed payload holds: the nodes of sqlfeed's codecs
 /// (`super::codec`), as the messages below carry them.
@@ -67,6 +69,16 @@ pub enum WireNode {
         unique_rows: bool,
         /// Which columns make two rows copies (`ShuffleMergeExec::copies`).
         copies: CopyIdentity,
+    },
+    /// `RowIndexScanExec`.
+    RowIndexScan {
+        /// Each row index column's place in the scan's output and its name.
+        row_columns: Vec<(usize, String)>,
+    },
+    /// `PositionKeyExec`.
+    PositionKey {
+        /// Where it places every row.
+        keys: PositionKeys,
     },
     /// `RangeBucketExec`.
     RangeBucket {
@@ -263,8 +275,8 @@ fn to_message(node: &WireNode) -> Result<Node> {
                         window_rows,
                         only_window,
                     }),
-                    ShuffleSpec::Positional { .. } => {
-                        return Err(crate::shuffle::refused_by_position_on_a_cluster());
+                    ShuffleSpec::Positional { seed, epoch } => {
+                        SpecKind::Positional(Global { seed, epoch })
                     }
                     ShuffleSpec::Local { buffer_rows, seed } => {
                         SpecKind::Local(LocalShuffle {
@@ -333,6 +345,26 @@ fn to_message(node: &WireNode) -> Result<Node> {
             workers: *workers as u64,
             batch_bytes: *batch_bytes as u64,
             isolate_row_errors: *isolate_row_errors,
+        }),
+        WireNode::RowIndexScan { row_columns } => Node::RowIndexScan(RowIndexScanNode {
+            places: row_columns.iter().map(|(place, _)| *place as u64).collect(),
+            names: row_columns.iter().map(|(_, name)| name.clone()).collect(),
+        }),
+        WireNode::PositionKey { keys } => Node::PositionKey(PositionKeyNode {
+            seed: keys.seed,
+            epoch: keys.epoch,
+            ranges: keys.ranges as u64,
+            counted: keys.counted,
+            starts: keys.starts.clone(),
+            files: keys
+                .files
+                .iter()
+                .map(|(path, groups)| PositionFile {
+                    path: path.clone(),
+                    first_rows: groups.iter().map(|&(first, _)| first).collect(),
+                    groups: groups.iter().map(|&(_, group)| group as u64).collect(),
+                })
+                .collect(),
         }),
         WireNode::RangeBucket { ranges, counted } => Node::RangeBucket(RangeBucket {
             ranges: *ranges as u64,
@@ -537,6 +569,9 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
                     buffer_rows: usize_of(local.buffer_rows, "buffer rows")?,
                     seed: local.seed,
                 },
+                SpecKind::Positional(Global { seed, epoch }) => {
+                    ShuffleSpec::Positional { seed, epoch }
+                }
                 SpecKind::Windowed(windowed) => ShuffleSpec::Windowed {
                     seed: windowed.seed,
                     epoch: windowed.epoch,
@@ -588,6 +623,49 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             workers: usize_of(projection.workers, "workers")?,
             batch_bytes: usize_of(projection.batch_bytes, "batch bytes")?,
             isolate_row_errors: projection.isolate_row_errors,
+        },
+        Node::RowIndexScan(node) => {
+            if node.places.len() != node.names.len() {
+                return Err("its row index columns are damaged".to_string());
+            }
+            WireNode::RowIndexScan {
+                row_columns: node
+                    .places
+                    .into_iter()
+                    .zip(node.names)
+                    .map(|(place, name)| Ok((usize_of(place, "column place")?, name)))
+                    .collect::<std::result::Result<Vec<_>, String>>()?,
+            }
+        }
+        Node::PositionKey(node) => WireNode::PositionKey {
+            keys: PositionKeys {
+                seed: node.seed,
+                epoch: node.epoch,
+                ranges: usize_of(node.ranges, "range count")?,
+                counted: node.counted,
+                starts: node.starts,
+                files: node
+                    .files
+                    .into_iter()
+                    .map(|file| {
+                        if file.first_rows.len() != file.groups.len() {
+                            return Err(format!(
+                                "its row groups of {} are damaged",
+                                file.path
+                            ));
+                        }
+                        let groups = file
+                            .first_rows
+                            .into_iter()
+                            .zip(file.groups)
+                            .map(|(first, group)| {
+                                Ok((first, usize_of(group, "row group")?))
+                            })
+                            .collect::<std::result::Result<Vec<_>, String>>()?;
+                        Ok((file.path, groups))
+                    })
+                    .collect::<std::result::Result<Vec<_>, String>>()?,
+            },
         },
         Node::RangeBucket(bucket) => WireNode::RangeBucket {
             ranges: usize_of(bucket.ranges, "range count")?,
@@ -698,6 +776,7 @@ mod tests {
                 window_rows: 65_536,
                 only_window: Some(0),
             },
+            ShuffleSpec::Positional { seed: 9, epoch: 4 },
         ];
         let keys = [
             ShuffleKey::AllColumns,
@@ -740,6 +819,22 @@ mod tests {
                 ranged: true,
                 unique_rows: true,
                 copies: CopyIdentity::ContentHash(0),
+            },
+            WireNode::PositionKey {
+                keys: PositionKeys {
+                    seed: 3,
+                    epoch: 2,
+                    ranges: 4,
+                    counted: true,
+                    starts: vec![0, 10, 25, 31],
+                    files: vec![
+                        ("/data/a.parquet".into(), vec![(0, 0), (16, 1)]),
+                        ("/data/b.parquet".into(), vec![(0, 2)]),
+                    ],
+                },
+            },
+            WireNode::RowIndexScan {
+                row_columns: vec![(2, "__sqlfeed_position_row".into())],
             },
             WireNode::RangeBucket {
                 ranges: 4,

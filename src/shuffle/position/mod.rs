@@ -112,13 +112,16 @@
 
 mod canonical;
 mod exec;
+mod keyed;
 mod permutation;
+mod placement;
 mod ranks;
 mod scan_position;
 mod spilled;
 mod stored;
 
 pub use exec::PositionShuffleExec;
+pub use keyed::{PositionKeyExec, PositionKeys};
 pub use permutation::IndexPermutation;
 pub use ranks::RankedRowGroups;
 pub(crate) use scan_position::with_positions;

@@ -73,7 +73,7 @@ use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions, UInt32A
 use datafusion::arrow::compute::{
     concat_batches, interleave_record_batch, take_record_batch,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::runtime::{JoinSet, SpawnedTask};
 use datafusion::common::utils::memory::RecordBatchMemoryCounter;
 use datafusion::common::{
@@ -94,9 +94,8 @@ use datafusion::physical_plan::spill::{SpillManager, get_record_batch_memory_siz
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use super::canonical::FileColumn;
-use super::permutation::IndexPermutation;
-use super::ranks::RankedRowGroups;
+pub(super) use super::placement::Placement;
+use super::placement::RowPlacer;
 use crate::exec::BatchStream;
 use crate::shuffle::windowed::drops_rows;
 
@@ -106,44 +105,6 @@ use crate::shuffle::windowed::drops_rows;
 pub(super) struct Fitted {
     pub(super) rows: usize,
     pub(super) bytes: usize,
-}
-
-/// Where each row of a spilled epoch goes: its rank from its file and row
-/// index, and its position from its rank.
-pub(super) struct Placement {
-    pub(super) permutation: IndexPermutation,
-    /// `starts[g]`: the rank of row group `g`'s first row; one more entry,
-    /// the rows in all.
-    pub(super) starts: Vec<u64>,
-    /// File path → (first row index, row group in rank order) per row group.
-    pub(super) files: HashMap<String, Vec<(u64, usize)>>,
-}
-
-impl Placement {
-    /// The rows of `groups`, placed by `permutation`.
-    pub(super) fn of_groups(
-        groups: &RankedRowGroups,
-        permutation: IndexPermutation,
-    ) -> Self {
-        Self {
-            permutation,
-            starts: groups.starts().to_vec(),
-            files: groups.files().into_iter().collect(),
-        }
-    }
-
-    /// `rows` stored rows ([`super::stored`]: one "file", ranked by where
-    /// each comes), placed by `permutation`.
-    pub(super) fn stored(rows: u64, permutation: IndexPermutation) -> Self {
-        Self {
-            permutation,
-            starts: vec![0, rows],
-            files: HashMap::from([(
-                super::stored::STORED_ROWS.to_string(),
-                vec![(0, 0)],
-            )]),
-        }
-    }
 }
 
 /// The slot column written beside each spilled row.
@@ -197,7 +158,7 @@ pub(super) struct SpilledEpoch {
 
 /// How a row's rank is found from its file and row index.
 struct Ranks {
-    placement: Placement,
+    placement: Arc<Placement>,
     /// Under a filter, a row's offset in its row group is the rows of that
     /// group kept before it: counted as the rows come, each group by the
     /// one reader that reads it.
@@ -276,7 +237,10 @@ impl SpilledEpoch {
         let buffered = Arc::new(reservation.new_empty());
         Ok(Self {
             input,
-            ranks: Arc::new(Ranks { placement, counted }),
+            ranks: Arc::new(Ranks {
+                placement: Arc::new(placement),
+                counted,
+            }),
             range_rows,
             ranges,
             batch_rows,
@@ -672,75 +636,21 @@ struct Reader {
 
 impl Reader {
     async fn run(self, mut stream: BatchStream) -> Result<()> {
-        // Under a filter: rows of each row group kept so far, and the last
-        // row index seen (rows of a group must come in order).
-        let mut kept: HashMap<usize, (u64, i64)> = HashMap::new();
-        let mut last_file: Option<(String, usize)> = None;
+        let mut placer =
+            RowPlacer::new(Arc::clone(&self.ranks.placement), self.ranks.counted);
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
-            let files = FileColumn::try_new(batch.column(self.columns).as_ref())?;
-            let row_indexes = batch
-                .column(self.columns + 1)
-                .as_primitive_opt::<Int64Type>()
-                .ok_or_else(|| internal_datafusion_err!("the row column is not Int64"))?;
+            let positions = placer.positions(
+                batch.column(self.columns).as_ref(),
+                batch.column(self.columns + 1).as_ref(),
+                |group, path| self.claim(group, path),
+            )?;
             // Per range: the batch's rows in it and their slots.
             let mut by_range: HashMap<usize, (Vec<u32>, Vec<u32>)> = HashMap::new();
-            let mut groups: Option<(&str, &Vec<(u64, usize)>)> = None;
-            for row in 0..batch.num_rows() {
-                let path = files.path(row);
-                let file_groups = match groups {
-                    Some((p, g)) if p == path => g,
-                    _ => {
-                        let g = self.ranks.placement.files.get(path).ok_or_else(|| {
-                            exec_datafusion_err!(
-                                "SHUFFLE BY POSITION read a row of {path}, which was not \
-                                 listed when the epoch was planned: plan it again"
-                            )
-                        })?;
-                        groups = Some((path, g));
-                        g
-                    }
-                };
-                let row_index = row_indexes.value(row);
-                let index = u64::try_from(row_index).map_err(|_| {
-                    internal_datafusion_err!("row index {row_index} of {path}")
-                })?;
-                let place = file_groups.partition_point(|&(first, _)| first <= index);
-                let Some(&(first_row, group)) =
-                    place.checked_sub(1).and_then(|p| file_groups.get(p))
-                else {
-                    return internal_err!(
-                        "row {index} of {path} before its first row group"
-                    );
-                };
-                let offset = if self.ranks.counted {
-                    self.claim(group, &mut last_file, path)?;
-                    let (count, last) = kept.entry(group).or_insert((0, -1));
-                    if row_index <= *last {
-                        return internal_err!(
-                            "SHUFFLE BY POSITION: rows of row group {group} of {path} came \
-                             out of order (row {row_index} after {last}): they cannot be \
-                             ranked under a filter"
-                        );
-                    }
-                    *last = row_index;
-                    *count += 1;
-                    *count - 1
-                } else {
-                    index - first_row
-                };
-                let rank = self.ranks.placement.starts[group] + offset;
-                if rank >= self.ranks.placement.starts[group + 1] {
-                    return exec_err!(
-                        "SHUFFLE BY POSITION: row {index} of {path} has rank {rank}, past its \
-                         row group's rows: the file changed while the epoch was read; read \
-                         the epoch again"
-                    );
-                }
-                let position = self.ranks.placement.permutation.position_of(rank);
+            for (row, position) in positions.into_iter().enumerate() {
                 let range = (position / self.range_rows) as usize;
                 let slot = (position % self.range_rows) as u32;
                 let (rows, slots) = by_range.entry(range).or_default();
@@ -772,15 +682,7 @@ impl Reader {
 
     /// Claims row group `group` for this reader (under a filter a group's
     /// rows must all come through one reader, in order).
-    fn claim(
-        &self,
-        group: usize,
-        last: &mut Option<(String, usize)>,
-        path: &str,
-    ) -> Result<()> {
-        if last.as_ref().is_some_and(|(_, g)| *g == group) {
-            return Ok(());
-        }
+    fn claim(&self, group: usize, path: &str) -> Result<()> {
         let mut readers = self.readers_of.lock().map_err(|_| poisoned())?;
         let reader = *readers.entry(group).or_insert(self.partition);
         if reader != self.partition {
@@ -789,7 +691,6 @@ impl Reader {
                  partitions: its rows cannot be ranked under a filter"
             );
         }
-        *last = Some((path.to_string(), group));
         Ok(())
     }
 
