@@ -310,7 +310,7 @@ impl FeedPlan {
         let source = EpochSource::choose(
             &builder.session,
             builder.cache,
-            builder.shuffle_seed.is_some(),
+            builder.shuffle_seed.is_some() && !builder.shuffle_by_position,
         );
         let user_sql = builder.query_sql().to_string();
         let quarantine = match (builder.on_error, &rows) {

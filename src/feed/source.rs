@@ -1,12 +1,17 @@
 //! Where a feed's epochs run, chosen once when the feed is built.
 //!
 //! ```text
-//!   session.scale_out()?   cache + shuffle + executor_cache_dir?
-//!   ───────────────────    ─────────────────────────────────────
+//!   session.scale_out()?   cache + SHUFFLE by content + executor_cache_dir?
+//!   ───────────────────    ──────────────────────────────────────────────
 //!   none                   —        ──► Embedded
 //!   a cluster              no       ──► Cluster(scale_out)
 //!   a cluster              yes      ──► ExecutorCache { scale_out, dir }
 //! ```
+//!
+//! The executor cache keeps rows by their content hash and later epochs
+//! shuffle them by content: a feed shuffled by position caches its first
+//! epoch's rows here instead (the local epoch cache over `Cluster`), in
+//! that epoch's order, which later epochs read by position.
 //!
 //! The local epoch cache is not a source of its own: it is a layer over
 //! `Embedded` or `Cluster`. Its first epoch fills the entry from the
@@ -46,14 +51,14 @@ pub(super) enum EpochSource {
 
 impl EpochSource {
     /// The source of a feed over `session`, cached (`cache`) and shuffled
-    /// (`shuffled`) or not.
-    pub(super) fn choose(session: &Session, cache: bool, shuffled: bool) -> Self {
+    /// by content (`by_content`: `SHUFFLE` or `SHUFFLE WINDOW`) or not.
+    pub(super) fn choose(session: &Session, cache: bool, by_content: bool) -> Self {
         let Some(scale_out) = session.scale_out() else {
             return Self::Embedded;
         };
         let scale_out = Arc::clone(scale_out);
         match executor_cache_dir(session) {
-            Some(dir) if cache && shuffled => Self::ExecutorCache { scale_out, dir },
+            Some(dir) if cache && by_content => Self::ExecutorCache { scale_out, dir },
             _ => Self::Cluster(scale_out),
         }
     }

@@ -613,6 +613,37 @@ fn a_cluster_feed_by_position_gives_every_rank_the_embedded_batches() -> Result<
         };
         assert_eq!(seen.len(), expected, "{sql}");
     }
+    // Cached, with an executor cache folder: the executors keep rows by
+    // content, so the entry is kept here, filled from the cluster's first
+    // epoch in its order and read by position in the next ones.
+    let cache = tempfile::tempdir()?;
+    let cached_cluster = sqlfeed::Session::builder()
+        .cluster("standalone")
+        .target_partitions(2)
+        .cache_dir(cache.path().join("local"))
+        .executor_cache_dir(cache.path().join("shared").display().to_string())
+        .build()?;
+    let sql = format!("SELECT id FROM {table}");
+    let run = |session: &sqlfeed::Session, cached: bool| -> Result<Vec<Vec<i64>>> {
+        Feed::builder(session, sql.clone())
+            .shuffle(5)
+            .shuffle_by_position()
+            .batch_size(32)
+            .epochs(3)
+            .cache(cached)
+            .device(Device::Cpu)
+            .build()?
+            .map(|b| Ok(b?.tensor("id")?.as_slice::<i64>()?.to_vec()))
+            .collect()
+    };
+    assert_eq!(run(&cached_cluster, true)?, run(&embedded, false)?);
+    assert!(
+        !cache.path().join("shared").exists()
+            || std::fs::read_dir(cache.path().join("shared"))?
+                .next()
+                .is_none(),
+        "nothing kept on the executors"
+    );
     Ok(())
 }
 
