@@ -16,8 +16,9 @@
 #   scripts/bench-window-cluster.sh [ROUNDS=2] [WINDOW=8192] [ROWS...=20000 80000 320000]
 #   JOB_DATA_TTL=60 CASES=window SET=sqlfeed.window_jobs_kept=8 scripts/bench-window-cluster.sh …
 #       JOB_DATA_TTL: the scheduler's `--job-data-ttl` (default 300);
-#       CASES (exact, window or both, the default) picks what runs; SET, a
-#       session setting of every feed (`--set`)
+#       CASES (exact, window or both, the default; position: SHUFFLE BY
+#       POSITION, one job an epoch keyed by each row's file and row) picks
+#       what runs; SET, a session setting of every feed (`--set`)
 #
 # `sqlfeed gen` writes 8 files in row groups of at most 8,192 rows (one per
 # file at 20k rows, 5 per file at 320k). Needs a release build; data and
@@ -55,10 +56,15 @@ for rows in "${sizes[@]}"; do
     cases=()
     [[ ${CASES:-exact window} == *exact* ]] && cases+=(exact)
     [[ ${CASES:-exact window} == *window* ]] && cases+=("window=$window")
+    [[ ${CASES:-exact window} == *position* ]] && cases+=(position)
     for case in "${cases[@]}"; do
       start_cluster "$bin" --job-data-ttl "${JOB_DATA_TTL:-300}"
       args=(--shuffle-seed 42)
-      [[ $case == exact ]] || args+=(--shuffle-window "$window")
+      case $case in
+        exact) ;;
+        position) args+=(--shuffle-by-position) ;;
+        *) args+=(--shuffle-window "$window") ;;
+      esac
       settings=()
       [[ -z ${SET:-} ]] || settings=(--set "$SET")
       /usr/bin/time -f "%M" -o "$timing" \
