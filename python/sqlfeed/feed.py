@@ -118,7 +118,8 @@ class Feed:
             hashing and indexing every row. The order follows the files (the
             same rows in other files are another order); the epoch is held in
             memory, or spilled by position range when it does not fit
-            ``memory_limit`` (the same order); embedded engine only. With
+            ``memory_limit`` (the same order); on a cluster, one job an
+            epoch keyed by position and dealt to the ranks. With
             ``cache=True`` the first epoch stores its rows in its order and
             later epochs read them in theirs (the same batches).
         epochs: None (default): every ``for`` loop is one epoch, the current

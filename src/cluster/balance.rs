@@ -12,7 +12,7 @@
 //! other lengths), a stage-1 task then reads many more rows than another,
 //! and everything above it in the task — keying, the exchange, on a cluster
 //! the functions too — waits for the slowest. This rule re-cuts the file
-//! groups of a scan under a [`ShuffleKeyExec`] by the files' row counts
+//! groups of a scan under a [`ShuffleKeyExec`] (or `PositionKeyExec`) by the files' row counts
 //! (their statistics, which DataFusion collects when it lists Parquet files):
 //! the same files, in the same order, as many groups as before, each file
 //! range sized by its file's rows per byte. A range's rows are those of the
@@ -21,7 +21,9 @@
 //!
 //! # Ordering
 //! Only scans under a global shuffle are touched: the shuffle orders rows by
-//! content, so which task reads a row changes nothing a consumer sees.
+//! content, or by position (`PositionKeyExec`: a row's key is its file and
+//! row, and under a filter a row group is still read whole by one task), so
+//! which task reads a row changes nothing a consumer sees.
 //! Unshuffled results, whose order follows the file groups, keep them.
 //!
 //! Scans of files without row statistics are left as they are.
@@ -39,7 +41,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::exec::{NodeRewrite, PlanNode, Rewritten};
-use crate::shuffle::ShuffleKeyExec;
+use crate::shuffle::{PositionKeyExec, ShuffleKeyExec};
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -52,7 +54,9 @@ impl NodeRewrite for BalanceScanRows {
     const ROOT_FIRST: bool = true;
 
     fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
-        if node.as_ref().downcast_ref::<ShuffleKeyExec>().is_none() {
+        if node.as_ref().downcast_ref::<ShuffleKeyExec>().is_none()
+            && node.as_ref().downcast_ref::<PositionKeyExec>().is_none()
+        {
             return Ok(Transformed::no(node));
         }
         let balanced = node.transform_up(|below| {

@@ -269,6 +269,12 @@ impl ExecutionPlan for RowIndexScanExec {
         vec![&self.clean]
     }
 
+    // The scan it carries, partition for partition: nothing may come
+    // between (`restore` reads the Parquet scan itself).
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
     crate::exec::no_expressions!();
 
     fn with_new_children(self: Arc<Self>, children: Vec<PlanNode>) -> Result<PlanNode> {

@@ -196,7 +196,8 @@ impl FeedBuilder {
     /// laid out in other files are another order). Needs
     /// [`FeedBuilder::shuffle`]; one Parquet table, row-wise queries; the
     /// epoch is held in memory, or spilled by position range when it does
-    /// not fit the session's memory limit (same order); embedded engine.
+    /// not fit the session's memory limit (same order). On a cluster each
+    /// epoch is one job keyed by position, dealt to the ranks.
     pub fn shuffle_by_position(mut self) -> Self {
         self.shuffle_by_position = true;
         self

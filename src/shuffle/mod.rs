@@ -216,13 +216,14 @@ impl ShuffleSpec {
     }
 }
 
-/// Why `SHUFFLE BY POSITION` does not go to a cluster: said by the client
-/// before it sends the plan (the wire has no such shuffle, so an older
-/// scheduler cannot misread it) and by a scheduler's planner.
+/// Why an epoch of `SHUFFLE BY POSITION` read from the epoch cache (keyed
+/// by the entry's stored order) does not go to a cluster: the entry is on
+/// the rank's machine, which reads it (`crate::feed`). Said by the client
+/// before it sends such a plan and by a scheduler's planner.
 pub fn refused_by_position_on_a_cluster() -> datafusion::error::DataFusionError {
     datafusion::error::DataFusionError::NotImplemented(
-        "SHUFFLE BY POSITION runs on the embedded engine; on a cluster use SHUFFLE or \
-         SHUFFLE WINDOW n"
+        "SHUFFLE BY POSITION over an epoch cache entry runs where the entry is, on the \
+         embedded engine; on a cluster, shuffle the query's Parquet files by position"
             .to_string(),
     )
 }

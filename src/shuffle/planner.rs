@@ -518,6 +518,23 @@ async fn plan_position_ranges(
         MemoryLimit::Finite(bytes) => bytes,
         _ => usize::MAX / 2,
     };
+    // Under a filter a row group's rows are ranked by counting them in
+    // order in one task. Ballista plans each stage's input again at a hash
+    // exchange, where a round-robin repartition could come under the
+    // filter: ranges then end in one merging task instead (feeds, the ones
+    // that ask for ranges, turn round-robin off).
+    let final_stage = if final_stage.ranges >= 2
+        && state
+            .config()
+            .options()
+            .optimizer
+            .enable_round_robin_repartition
+        && super::windowed::drops_rows(&input)?
+    {
+        FinalStage::merge()
+    } else {
+        final_stage
+    };
     let keyed: Arc<dyn ExecutionPlan> = Arc::new(
         PositionKeyExec::plan(input, (seed, epoch), final_stage.ranges, state, rows)
             .await?,

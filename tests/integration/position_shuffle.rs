@@ -529,10 +529,10 @@ fn standalone_cluster(partitions: usize) -> Result<sqlfeed::Session> {
 }
 
 /// On a cluster a shuffle by position is keyed by each row's position and
-/// runs as `SHUFFLE`'s stage-shaped job (key ranges, one sort each): the
-/// defined order, as embedded, on 1 to 4 key ranges, with and without a
-/// filter (the rows it keeps counted once on the scheduler); the epoch
-/// cache's stored order is still refused by name.
+/// runs as `SHUFFLE`'s stage-shaped job (a plain query's: sorted per scan
+/// task, merged by one): the defined order, as embedded, on 1, 2 and 4
+/// partitions, with and without a filter (the rows it keeps counted once on
+/// the scheduler). A feed's job is cut in key ranges and dealt (below).
 #[cfg(feature = "ballista")]
 #[test]
 fn a_shuffle_by_position_on_a_cluster_is_the_embedded_order() -> Result<()> {
@@ -588,22 +588,34 @@ fn a_cluster_feed_by_position_gives_every_rank_the_embedded_batches() -> Result<
         (format!("SELECT id FROM {table}"), 2),
         (format!("SELECT id FROM {table} WHERE v <> 3"), 3),
     ] {
-        let run = |session: &sqlfeed::Session, rank: usize| -> Result<Vec<Vec<i64>>> {
-            Feed::builder(session, sql.clone())
+        let run = |session: &sqlfeed::Session,
+                   rank: usize|
+         -> Result<(Vec<Vec<i64>>, Vec<String>)> {
+            let mut feed = Feed::builder(session, sql.clone())
                 .shuffle(5)
                 .shuffle_by_position()
                 .batch_size(32)
                 .shard(rank, world)
                 .epochs(2)
                 .device(Device::Cpu)
-                .build()?
-                .map(|b| Ok(b?.tensor("id")?.as_slice::<i64>()?.to_vec()))
-                .collect()
+                .build()?;
+            let mut batches = vec![];
+            for batch in feed.by_ref() {
+                batches.push(batch?.tensor("id")?.as_slice::<i64>()?.to_vec());
+            }
+            let plans = feed.epoch_plans().iter().map(|(_, p)| p.clone()).collect();
+            Ok((batches, plans))
         };
         let mut seen = std::collections::BTreeSet::new();
         for rank in 0..world {
-            let here = run(&embedded, rank)?;
-            assert_eq!(run(&cluster, rank)?, here, "rank {rank} of {world}: {sql}");
+            let (here, _) = run(&embedded, rank)?;
+            let (on_cluster, plans) = run(&cluster, rank)?;
+            assert_eq!(on_cluster, here, "rank {rank} of {world}: {sql}");
+            // Each epoch's job dealt to the ranks: this rank fetched its own.
+            assert_eq!(plans.len(), 2);
+            for plan in &plans {
+                assert_contains(plan, &[&format!("dealt_to={world}")]);
+            }
             seen.extend(here.concat());
         }
         let expected = if sql.contains("WHERE") {

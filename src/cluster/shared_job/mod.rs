@@ -136,7 +136,9 @@ fn shuffle_under_projections(plan: &LogicalPlan, through_cache_write: bool) -> b
                         .is_some_and(|input| shuffle_under_projections(input, true))
             } else {
                 // A window's job (a windowed feed's) is a global shuffle of
-                // that window's rows.
+                // that window's rows; a shuffle by position is keyed and cut
+                // in key ranges as a global one is (an epoch read from the
+                // epoch cache, keyed by its stored order, runs here).
                 node.downcast_ref::<crate::shuffle::ShuffleNode>()
                     .is_some_and(|shuffle| {
                         matches!(
@@ -146,7 +148,13 @@ fn shuffle_under_projections(plan: &LogicalPlan, through_cache_write: bool) -> b
                                     only_window: Some(_),
                                     ..
                                 }
-                        )
+                        ) || (matches!(
+                            shuffle.spec(),
+                            crate::shuffle::ShuffleSpec::Positional { .. }
+                        ) && !matches!(
+                            shuffle.key(),
+                            crate::shuffle::ShuffleKey::StoredOrder(_)
+                        ))
                     })
             }
         }

@@ -7,7 +7,8 @@
 //!             shuffle_root = 4; local_shuffle = 5; permute = 6; function = 7;
 //!             range_bucket = 8; deal = 9; rank_shard = 10;
 //!             shared_entry_write = 11; user_function = 12; mix = 13;
-//!             mix_exec = 14; mix_window = 15 } }
+//!             mix_exec = 14; mix_window = 15; parallel_projection = 16;
+//!             position_key = 17; row_index_scan = 18 } }
 //! ```
 //!
 //! # Compatibility

@@ -160,10 +160,20 @@ impl PositionKeyExec {
                 keys.rows()
             );
         }
-        if keys.starts.len() != keys.files.iter().map(|(_, g)| g.len()).sum::<usize>() + 1
+        // What a damaged plan could hold, named rather than indexed past.
+        let groups = keys.starts.len().saturating_sub(1);
+        if keys.ranges == 0
+            || groups != keys.files.iter().map(|(_, g)| g.len()).sum::<usize>()
+            || keys.starts.windows(2).any(|w| w[0] > w[1])
+            || keys
+                .files
+                .iter()
+                .flat_map(|(_, g)| g)
+                .any(|&(_, group)| group >= groups)
         {
             return internal_err!(
-                "PositionKeyExec: row groups and their starts disagree"
+                "PositionKeyExec: {} key ranges, {groups} row groups placed: the plan is damaged",
+                keys.ranges
             );
         }
         let mut with_key: Vec<Arc<Field>> = fields[..fields.len() - 2].to_vec();
@@ -209,7 +219,17 @@ impl PositionKeyExec {
         let counted = drops_rows(&input)?;
         let groups =
             RankedRowGroups::read_counting_query(Arc::clone(&input), scan, state, rows)
-                .await?;
+                .await
+                .map_err(|e| match counted {
+                    // The count runs here, on the scheduler.
+                    true => e.context(
+                        "SHUFFLE BY POSITION on a cluster counts the rows the query's \
+                         filters keep on the scheduler, reading the filters' columns, and \
+                         that failed (a Python function runs only on executors): filter \
+                         without it, run the feed embedded, or use SHUFFLE",
+                    ),
+                    false => e,
+                })?;
         let keys = PositionKeys {
             seed,
             epoch,
@@ -339,6 +359,58 @@ fn claim(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::physical_plan::empty::EmptyExec;
+
+    #[test]
+    fn damaged_placements_are_refused_not_indexed() {
+        let input: Arc<dyn ExecutionPlan> =
+            Arc::new(EmptyExec::new(Arc::new(Schema::new(vec![
+                Field::new("x", DataType::Int64, false),
+                Field::new(
+                    POSITION_FILE_COLUMN,
+                    super::super::scan_position::position_file_type(),
+                    false,
+                ),
+                Field::new(POSITION_ROW_COLUMN, DataType::Int64, false),
+            ]))));
+        let keys = PositionKeys {
+            seed: 1,
+            epoch: 0,
+            ranges: 2,
+            counted: false,
+            starts: vec![0, 10, 20],
+            files: vec![("/a.parquet".into(), vec![(0, 0), (10, 1)])],
+        };
+        let keyed = PositionKeyExec::try_new(Arc::clone(&input), keys.clone());
+        assert_eq!(
+            keyed
+                .map(|k| k.schema().field(1).name().clone())
+                .ok()
+                .as_deref(),
+            Some(SHUFFLE_KEY_COLUMN)
+        );
+        for damaged in [
+            PositionKeys {
+                ranges: 0,
+                ..keys.clone()
+            },
+            PositionKeys {
+                starts: vec![0, 10],
+                ..keys.clone()
+            },
+            PositionKeys {
+                starts: vec![0, 20, 10],
+                ..keys.clone()
+            },
+            PositionKeys {
+                files: vec![("/a.parquet".into(), vec![(0, 0), (10, 2)])],
+                ..keys.clone()
+            },
+        ] {
+            let err = PositionKeyExec::try_new(Arc::clone(&input), damaged).unwrap_err();
+            assert!(err.to_string().contains("the plan is damaged"), "{err}");
+        }
+    }
 
     #[test]
     fn keys_grow_with_positions_and_avoid_first_keys_of_ranges() {

@@ -104,8 +104,16 @@
 //! the same paths (or the same bucket keys) to share one order.
 //!
 //! # Where it runs
-//! The embedded engine. On a Ballista cluster it is refused before the plan
-//! leaves the client (the stage-shaped planner refuses it too).
+//! The embedded engine, as drawn above. On a Ballista cluster the
+//! scheduler places the row groups (from the footers, or under a filter
+//! the rows it keeps, counted once by a query of the filter's columns) and
+//! keys every row by its position ([`PositionKeyExec`], on the executors
+//! as the rows are scanned), and the job sorts key ranges as `SHUFFLE`'s
+//! does, without its copy stage (no two rows share a position): the same
+//! order, dealt to ranks like any cluster feed's. The scan's row index
+//! travels to the executors as `crate::cluster`'s `RowIndexScanExec`. An
+//! epoch read from the epoch cache (`StoredOrderExec`) runs where the
+//! entry is, on the rank's machine.
 //!
 //! # Ordering
 //! One output partition in the permutation's order.
