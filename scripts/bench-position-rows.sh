@@ -6,11 +6,15 @@
 # the feed's own first batch of the same epoch.
 #
 #   scripts/bench-position-rows.sh [ROUNDS=2] [ROWS...=200000 2000000 20000000]
+#   BASELINE=/tmp/sqlfeed-old scripts/bench-position-rows.sh …
+#       each --rows case also run by $BASELINE (an older build) right after
+#       this build's, A B A B (case names ending in "(baseline)")
 #
 # The data is bench-epochs.sh's (8 float columns and a label in 16 files,
 # written first if missing), read as `x` (the 8 features as one vector) and
-# `y`. COUNT positions from 1000 on: 1 reads one row group; 256 and 4096
-# read every row group they fall in (uniform positions: nearly all). Needs a
+# `y`. COUNT positions from 1000 on: a row group asked for at most one row
+# in 16 reads the pages holding them (1 position; 256 over 20 row groups of
+# 1M rows), else it is read whole (4096 positions at 0.2M rows). Needs a
 # release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +28,7 @@ timing=$(mktemp)
 out=$(mktemp)
 trap 'rm -f "$timing" "$out"' EXIT
 
-printf '%-9s %-6s %-22s %8s %12s\n' rows round case wall_s peak_rss_mb
+printf '%-9s %-6s %-33s %8s %12s\n' rows round case wall_s peak_rss_mb
 for rows in "${sizes[@]}"; do
   data=target/bench-epochs/unique-$rows
   if [[ ! -f $data/done ]]; then
@@ -40,15 +44,21 @@ for rows in "${sizes[@]}"; do
         /usr/bin/time -f "%M" -o "$timing" "$bin" feed "$sql" "${flags[@]}" --epochs 1 \
           --batch-size 4096 --result-json >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
         read -r wall _ < <(python3 scripts/bench/feed_result.py "$out")
+        rss=$(tail -1 "$timing" | awk '{print $NF}')
+        printf '%-9s %-6s %-33s %8s %12.0f\n' "$rows" "$round" "$case" "$wall" \
+          "$(echo "$rss / 1024" | bc -l)"
       else
-        case="--rows 0:1000:$count"
-        /usr/bin/time -f "%e %M" -o "$timing" "$bin" feed "$sql" "${flags[@]}" \
-          --rows "0:1000:$count" >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
-        wall=$(tail -1 "$timing" | cut -d' ' -f1)
+        for build in "$bin" ${BASELINE:+"$BASELINE"}; do
+          case="--rows 0:1000:$count"
+          [[ $build == "$bin" ]] || case="$case (baseline)"
+          /usr/bin/time -f "%e %M" -o "$timing" "$build" feed "$sql" "${flags[@]}" \
+            --rows "0:1000:$count" >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
+          wall=$(tail -1 "$timing" | cut -d' ' -f1)
+          rss=$(tail -1 "$timing" | awk '{print $NF}')
+          printf '%-9s %-6s %-33s %8s %12.0f\n' "$rows" "$round" "$case" "$wall" \
+            "$(echo "$rss / 1024" | bc -l)"
+        done
       fi
-      rss=$(tail -1 "$timing" | awk '{print $NF}')
-      printf '%-9s %-6s %-22s %8s %12.0f\n' "$rows" "$round" "$case" "$wall" \
-        "$(echo "$rss / 1024" | bc -l)"
     done
   done
 done

@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::{
-    CachedParquetFileReaderFactory, ParquetFileReaderFactory,
+    CachedParquetFileReaderFactory, ParquetAccessPlan, ParquetFileReaderFactory,
+    RowGroupAccess,
 };
 use datafusion::datasource::physical_plan::{
     FileGroup, FileScanConfig, FileScanConfigBuilder,
@@ -32,7 +33,9 @@ use datafusion::datasource::physical_plan::{
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnv;
-use datafusion::parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
@@ -262,6 +265,44 @@ impl ScanLayout {
         DataSourceExec::from_data_source(
             FileScanConfigBuilder::from(config.clone())
                 .with_file_groups(groups)
+                .build(),
+        )
+    }
+}
+
+impl ScanLayout {
+    /// `config`'s scan cut to rows `offsets` (rising, each below the unit's
+    /// rows) of row group `unit`: its file whole, with an access plan that
+    /// skips every other row group and selects those rows of this one, so
+    /// that pages holding none of them are not read (given the file's page
+    /// index). One machine only: access plans do not travel to executors.
+    pub(crate) fn rows_scan(
+        &self,
+        config: &FileScanConfig,
+        unit: Unit,
+        offsets: &[u64],
+    ) -> Arc<dyn ExecutionPlan> {
+        let mut selectors = Vec::with_capacity(2 * offsets.len() + 1);
+        let mut at = 0u64;
+        for &offset in offsets {
+            if offset > at {
+                selectors.push(RowSelector::skip((offset - at) as usize));
+            }
+            selectors.push(RowSelector::select(1));
+            at = offset + 1;
+        }
+        if unit.rows > at {
+            selectors.push(RowSelector::skip((unit.rows - at) as usize));
+        }
+        let mut access = ParquetAccessPlan::new_none(self.row_groups[unit.file].len());
+        access.set(
+            unit.row_group,
+            RowGroupAccess::Selection(RowSelection::from(selectors)),
+        );
+        let file = self.files[unit.file].clone().with_extension(access);
+        DataSourceExec::from_data_source(
+            FileScanConfigBuilder::from(config.clone())
+                .with_file_groups(vec![FileGroup::new(vec![file])])
                 .build(),
         )
     }

@@ -17,8 +17,9 @@
 //!    len()       rows per row group: the footers' (no filter), or counted
 //!                once
 //!    row(i)      rank π(i) ─► its row group, read up to the shuffle and
-//!                kept with the last ones read ─► the functions above the
-//!                shuffle, on that row alone
+//!                kept with the last ones read (or, asked for few of its
+//!                rows and nothing filtered, the pages holding them) ─►
+//!                the functions above the shuffle, on that row alone
 //! ```
 //!
 //! # The feed's rows
@@ -34,11 +35,15 @@
 //! # Cost
 //! A windowed row costs its window: the window's scan, functions and
 //! shuffle; the last window read is kept, so reading in order reads each
-//! window once, and memory holds one window. A row by position costs its
-//! row group's columns under the shuffle, then the functions above the
-//! shuffle for that row alone; the row groups read last are kept up to
-//! [`positions::HELD_BYTES`], so a batch of positions reads each of its
-//! row groups once. An exact `SHUFFLE` keyed by content is refused: its
+//! window once, and memory holds one window. A row by position costs the
+//! pages holding it, in the columns under the shuffle, when nothing under
+//! the shuffle drops rows and a batch of positions asks for at most one
+//! row in 16 of its row group (Parquet row selection; files without a page
+//! index read the row group's column chunks, decoding only those pages);
+//! else its row group's columns, kept with the row groups read last up to
+//! [`positions::HELD_BYTES`], so that a batch of positions reads each of its
+//! row groups once. Then the functions above the shuffle, for that row
+//! alone. An exact `SHUFFLE` keyed by content is refused: its
 //! row would cost the epoch's shuffle (and hold it). So is an unshuffled
 //! feed, whose order interleaves partitions as its sink reads them; both
 //! are refused saying what to do.

@@ -7,7 +7,9 @@
 //!  the epoch's plan:   above (late functions) ─► PositionShuffleExec ─► input
 //!  positions i, j, …   ─► ranks π(i), π(j), …   (IndexPermutation, no read)
 //!                      ─► their row groups      (RankedRowGroups, counted once)
-//!                      ─► each row group read once, or found among those kept
+//!                      ─► each row group read once, or found among those kept,
+//!                         or (few of its rows asked, no filter) the rows
+//!                         alone: the pages holding them, not kept
 //!                      ─► the rows gathered in the order asked
 //!                      ─► above, over a memory source of those rows in place
 //!                         of the shuffle
@@ -21,7 +23,7 @@
 //! groups are read `target_partitions` at a time, each on a task of its
 //! own (the dataset's runtime has a thread per core).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
@@ -42,6 +44,11 @@ use crate::shuffle::{IndexPermutation, PositionShuffleExec, RankedRowGroups};
 
 /// Bytes of row groups kept for the next positions.
 pub(crate) const HELD_BYTES: usize = 256 << 20;
+
+/// A row group's rows are read alone (the pages holding them) when at most
+/// one in this many of them is asked for, else the row group is read whole
+/// and kept.
+const READ_ALONE_SHARE: u64 = 16;
 
 /// One epoch shuffled by position; see the module docs.
 pub(super) struct Positions {
@@ -146,28 +153,40 @@ impl Positions {
             })?;
             places.push(place);
         }
-        let mut wanted: Vec<usize> = places.iter().map(|&(group, _)| group).collect();
-        wanted.sort_unstable();
-        wanted.dedup();
+        // Each row group's offsets asked for, rising.
+        let mut by_group: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for &(group, offset) in &places {
+            by_group.entry(group).or_default().push(offset);
+        }
+        for offsets in by_group.values_mut() {
+            offsets.sort_unstable();
+            offsets.dedup();
+        }
+        let wanted: Vec<(usize, Vec<u64>)> = by_group.into_iter().collect();
         let read = self.groups(runtime, &planned, &wanted)?;
         let mut indices = Vec::with_capacity(places.len());
         for (group, offset) in places {
-            let at = wanted.binary_search(&group).map_err(|_| {
-                internal_datafusion_err!("row group {group} was not read")
-            })?;
-            let offset = usize::try_from(offset)
-                .ok()
-                .filter(|&offset| offset < read[at].num_rows())
-                .ok_or_else(|| {
-                    internal_datafusion_err!("row {offset} of a row group read shorter")
+            let at = wanted
+                .binary_search_by_key(&group, |(number, _)| *number)
+                .map_err(|_| {
+                    internal_datafusion_err!("row group {group} was not read")
                 })?;
-            indices.push((at, offset));
+            let row = match &read[at] {
+                GroupRead::Whole(rows) => usize::try_from(offset)
+                    .ok()
+                    .filter(|&offset| offset < rows.num_rows()),
+                GroupRead::Alone { offsets, .. } => offsets.binary_search(&offset).ok(),
+            }
+            .ok_or_else(|| {
+                internal_datafusion_err!("row {offset} of a row group read shorter")
+            })?;
+            indices.push((at, row));
         }
         let schema = planned.shuffle.schema();
         let gathered = if indices.is_empty() {
             RecordBatch::new_empty(Arc::clone(&schema))
         } else {
-            let batches: Vec<&RecordBatch> = read.iter().collect();
+            let batches: Vec<&RecordBatch> = read.iter().map(GroupRead::rows).collect();
             let gathered = interleave_record_batch(&batches, &indices)?;
             // As the shuffle gives them: its schema, not its input's.
             RecordBatch::try_new_with_options(
@@ -183,101 +202,148 @@ impl Positions {
         )
     }
 
-    /// Row groups `wanted`'s rows as the shuffle holds them, in that order:
-    /// those kept from earlier reads, and the others read at once, as many
-    /// at a time as the session has target partitions.
+    /// Row groups `wanted`'s rows as the shuffle holds them, in that order,
+    /// for the offsets each is asked for: those kept from earlier reads;
+    /// the others read at once, as many at a time as the session has target
+    /// partitions, each whole (and kept) or, when few of its rows are asked
+    /// for and nothing under the shuffle drops rows, those rows alone (the
+    /// pages holding them; not kept).
     fn groups(
         &self,
         runtime: &tokio::runtime::Runtime,
         planned: &Arc<Planned>,
-        wanted: &[usize],
-    ) -> Result<Vec<RecordBatch>> {
+        wanted: &[(usize, Vec<u64>)],
+    ) -> Result<Vec<GroupRead>> {
         let mut held = self
             .held
             .lock()
             .unwrap_or_else(|poison| poison.into_inner());
-        let mut found: Vec<Option<RecordBatch>> = wanted
+        let mut found: Vec<Option<GroupRead>> = wanted
             .iter()
-            .map(|group| {
+            .map(|(group, _)| {
                 let at = held.iter().position(|(number, _)| number == group)?;
                 // Asked for again: the last to go.
                 let entry = held.remove(at)?;
                 let rows = entry.1.clone();
                 held.push_back(entry);
-                Some(rows)
+                Some(GroupRead::Whole(rows))
             })
             .collect();
-        let missing: Vec<(usize, usize)> = found
+        let starts = planned.groups.starts();
+        let alone = |group: usize, offsets: &[u64]| {
+            planned.groups.reads_rows_alone()
+                && (offsets.len() as u64).saturating_mul(READ_ALONE_SHARE)
+                    <= starts[group + 1] - starts[group]
+        };
+        let missing: Vec<(usize, usize, Option<Vec<u64>>)> = found
             .iter()
             .enumerate()
             .filter(|(_, rows)| rows.is_none())
-            .map(|(slot, _)| (slot, wanted[slot]))
+            .map(|(slot, _)| {
+                let (group, offsets) = &wanted[slot];
+                let offsets = alone(*group, offsets).then(|| offsets.clone());
+                (slot, *group, offsets)
+            })
             .collect();
         if !missing.is_empty() {
             let reading = Arc::clone(planned);
             let ctx = Arc::new(TaskContext::from(&self.query.state));
             let at_once = ctx.session_config().target_partitions().max(1);
-            let read: Vec<(usize, usize, RecordBatch)> =
-                on_runtime(runtime, async move {
-                    let groups: Vec<usize> =
-                        missing.iter().map(|&(_, group)| group).collect();
-                    reading.groups.check_unchanged(&groups, &ctx).await?;
-                    // Each row group decoded on a task of its own.
-                    let reads: Vec<_> = missing
-                        .into_iter()
-                        .map(|(slot, group)| {
-                            let reading = Arc::clone(&reading);
-                            let ctx = Arc::clone(&ctx);
-                            async move {
-                                let rows = SpawnedTask::spawn(async move {
-                                    reading.groups.read_group(group, ctx).await
+            let read: Vec<(usize, usize, GroupRead)> = on_runtime(runtime, async move {
+                let groups: Vec<usize> =
+                    missing.iter().map(|&(_, group, _)| group).collect();
+                reading.groups.check_unchanged(&groups, &ctx).await?;
+                // Each row group decoded on a task of its own.
+                let reads: Vec<_> = missing
+                    .into_iter()
+                    .map(|(slot, group, offsets)| {
+                        let reading = Arc::clone(&reading);
+                        let ctx = Arc::clone(&ctx);
+                        async move {
+                            let read = SpawnedTask::spawn(async move {
+                                Ok::<_, datafusion::error::DataFusionError>(match offsets
+                                {
+                                    Some(offsets) => GroupRead::Alone {
+                                        rows: reading
+                                            .groups
+                                            .read_rows(group, &offsets, ctx)
+                                            .await?,
+                                        offsets,
+                                    },
+                                    None => GroupRead::Whole(
+                                        reading.groups.read_group(group, ctx).await?,
+                                    ),
                                 })
-                                .join()
-                                .await
-                                .map_err(|e| {
-                                    internal_datafusion_err!(
-                                        "reading row group {group}: {e}"
-                                    )
-                                })??;
-                                Ok::<_, datafusion::error::DataFusionError>((
-                                    slot, group, rows,
-                                ))
-                            }
-                        })
-                        .collect();
-                    futures::stream::iter(reads)
-                        .buffer_unordered(at_once)
-                        .try_collect()
-                        .await
-                })?;
-            for (slot, group, rows) in read {
-                held.push_back((group, rows.clone()));
-                found[slot] = Some(rows);
-            }
-            let mut bytes: usize =
-                held.iter().map(|(_, b)| b.get_array_memory_size()).sum();
-            // Up to HELD_BYTES, and what the pool grants (the last one read
-            // is kept in any case: the batch being gathered needs it).
-            while held.len() > 1
-                && (bytes > HELD_BYTES || self.reserved.try_resize(bytes).is_err())
-            {
-                if let Some((_, oldest)) = held.pop_front() {
-                    bytes -= oldest.get_array_memory_size();
+                            })
+                            .join()
+                            .await
+                            .map_err(|e| {
+                                internal_datafusion_err!("reading row group {group}: {e}")
+                            })??;
+                            Ok::<_, datafusion::error::DataFusionError>((
+                                slot, group, read,
+                            ))
+                        }
+                    })
+                    .collect();
+                futures::stream::iter(reads)
+                    .buffer_unordered(at_once)
+                    .try_collect()
+                    .await
+            })?;
+            let mut kept_more = false;
+            for (slot, group, read) in read {
+                if let GroupRead::Whole(rows) = &read {
+                    held.push_back((group, rows.clone()));
+                    kept_more = true;
                 }
+                found[slot] = Some(read);
             }
-            if held.len() <= 1 {
-                self.reserved.resize(bytes);
+            if kept_more {
+                let mut bytes: usize =
+                    held.iter().map(|(_, b)| b.get_array_memory_size()).sum();
+                // Up to HELD_BYTES, and what the pool grants (the last one
+                // read is kept in any case: the batch being gathered needs it).
+                while held.len() > 1
+                    && (bytes > HELD_BYTES || self.reserved.try_resize(bytes).is_err())
+                {
+                    if let Some((_, oldest)) = held.pop_front() {
+                        bytes -= oldest.get_array_memory_size();
+                    }
+                }
+                if held.len() <= 1 {
+                    self.reserved.resize(bytes);
+                }
             }
         }
         found
             .into_iter()
             .zip(wanted)
-            .map(|(rows, group)| {
+            .map(|(rows, (group, _))| {
                 rows.ok_or_else(|| {
                     internal_datafusion_err!("row group {group} was not read")
                 })
             })
             .collect()
+    }
+}
+
+/// What a batch of positions read of one row group.
+enum GroupRead {
+    /// All its rows, by offset (kept for the next positions).
+    Whole(RecordBatch),
+    /// Rows `offsets` (rising) alone, in that order.
+    Alone {
+        offsets: Vec<u64>,
+        rows: RecordBatch,
+    },
+}
+
+impl GroupRead {
+    fn rows(&self) -> &RecordBatch {
+        match self {
+            Self::Whole(rows) | Self::Alone { rows, .. } => rows,
+        }
     }
 }
 

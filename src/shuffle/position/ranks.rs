@@ -10,6 +10,8 @@
 //!  rank r ──► row group g holding it (running sums of the rows)
 //!         ──► the input with its scan cut to g ──► g's rows by row index
 //!         ──► row r − (ranks before g)
+//!  (no filter: ranks r, s, … of g ──► the scan of g with a row selection
+//!   of offsets r − start, s − start, … ──► the pages holding them alone)
 //! ```
 //!
 //! # Why it gives the shuffle's ranks
@@ -72,6 +74,9 @@ pub struct RankedRowGroups {
     /// `starts[k]`: the rank of row group `k`'s first row; one more entry,
     /// the rows in all.
     starts: Vec<u64>,
+    /// Something under the shuffle drops rows: a rank's offset in its row
+    /// group is not its row's offset in the file's row group.
+    counted: bool,
 }
 
 impl RankedRowGroups {
@@ -116,9 +121,7 @@ impl RankedRowGroups {
         } else {
             units.iter().map(|unit| unit.rows).collect()
         };
-        Ok(Self::with_counts(
-            input, scan, config, layout, units, counts,
-        ))
+        Self::with_counts(input, scan, config, layout, units, counts)
     }
 
     /// The row groups of `input` (a position shuffle's input, whose one
@@ -166,9 +169,7 @@ impl RankedRowGroups {
         } else {
             units.iter().map(|unit| unit.rows).collect()
         };
-        Ok(Self::with_counts(
-            input, scan, config, layout, units, counts,
-        ))
+        Self::with_counts(input, scan, config, layout, units, counts)
     }
 
     fn with_counts(
@@ -178,7 +179,8 @@ impl RankedRowGroups {
         layout: ScanLayout,
         units: Vec<Unit>,
         counts: Vec<u64>,
-    ) -> Self {
+    ) -> Result<Self> {
+        let counted = drops_rows(&input)?;
         let mut starts = Vec::with_capacity(counts.len() + 1);
         let mut start = 0u64;
         starts.push(start);
@@ -186,14 +188,15 @@ impl RankedRowGroups {
             start += rows;
             starts.push(start);
         }
-        Self {
+        Ok(Self {
             input,
             scan,
             config,
             layout,
             units,
             starts,
-        }
+            counted,
+        })
     }
 
     /// Rows that reach the shuffle: the epoch's length.
@@ -297,14 +300,99 @@ impl RankedRowGroups {
         let Some(&unit) = self.units.get(group) else {
             return internal_err!("row group {group} of a position shuffle's input");
         };
-        let file = self.layout.location(unit.file);
         let cut = self.layout.scan(&self.config, &[unit]);
+        let counted = self.starts[group + 1] - self.starts[group];
+        let rows = self.read_cut(cut, unit, ctx).await?;
+        if rows.num_rows() as u64 != counted {
+            return plan_err!(
+                "row group {} of {} gave {} rows where it was counted at {counted}: did \
+                 the file change since the epoch was planned? Plan it again",
+                unit.row_group,
+                self.layout.location(unit.file),
+                rows.num_rows()
+            );
+        }
+        without_positions(&rows)
+    }
+
+    /// Whether a rank's offset in its row group is its row's offset there
+    /// (nothing under the shuffle drops rows), so that [`Self::read_rows`]
+    /// can read rows of a row group alone.
+    pub fn reads_rows_alone(&self) -> bool {
+        !self.counted
+    }
+
+    /// Rows `offsets` (rising, no repeats) of row group `group`, as the
+    /// shuffle holds them, read alone: the pages holding them, not the row
+    /// group (the file's page index permitting). Only where
+    /// [`Self::reads_rows_alone`]; the caller checks first that the file did
+    /// not change ([`Self::check_unchanged`]).
+    pub async fn read_rows(
+        &self,
+        group: usize,
+        offsets: &[u64],
+        ctx: Arc<TaskContext>,
+    ) -> Result<RecordBatch> {
+        let Some(&unit) = self.units.get(group) else {
+            return internal_err!("row group {group} of a position shuffle's input");
+        };
+        if self.counted {
+            return internal_err!("rows read alone under a filter");
+        }
+        if offsets.windows(2).any(|w| w[0] >= w[1])
+            || offsets.last().is_some_and(|&last| last >= unit.rows)
+        {
+            return internal_err!(
+                "rows {offsets:?} of a row group of {} rows",
+                unit.rows
+            );
+        }
+        let cut = self.layout.rows_scan(&self.config, unit, offsets);
+        let rows = self.read_cut(cut, unit, ctx).await?;
+        // The rows asked for, by row index in the file.
+        let first_row = self.first_row_index(group);
+        let row_indexes = rows
+            .column(rows.num_columns() - 1)
+            .as_primitive::<Int64Type>()
+            .values();
+        let expected = offsets.iter().map(|&offset| (first_row + offset) as i64);
+        if rows.num_rows() != offsets.len() || !expected.eq(row_indexes.iter().copied()) {
+            return plan_err!(
+                "rows of row group {} of {} read alone are not the rows asked for ({} of \
+                 {}): did the file change since the epoch was planned? Plan it again",
+                unit.row_group,
+                self.layout.location(unit.file),
+                rows.num_rows(),
+                offsets.len()
+            );
+        }
+        without_positions(&rows)
+    }
+
+    /// The row index in its file of row group `group`'s first row.
+    fn first_row_index(&self, group: usize) -> u64 {
+        let file = self.units[group].file;
+        self.units[..group]
+            .iter()
+            .filter(|unit| unit.file == file)
+            .map(|unit| unit.rows)
+            .sum()
+    }
+
+    /// The rows of `cut` (the input with its scan cut to rows of `unit`) by
+    /// row index, with their position columns; a row read twice is an error.
+    async fn read_cut(
+        &self,
+        cut: Arc<dyn ExecutionPlan>,
+        unit: Unit,
+        ctx: Arc<TaskContext>,
+    ) -> Result<RecordBatch> {
+        let file = self.layout.location(unit.file);
         let input = replace_scan(Arc::clone(&self.input), &self.scan, cut)?;
         let schema = input.schema();
         let batches = datafusion::physical_plan::collect(input, ctx).await?;
         let all = concat_batches(&schema, &batches)?;
-        let columns = all.num_columns();
-        let Some(row_column) = columns.checked_sub(1) else {
+        let Some(row_column) = all.num_columns().checked_sub(1) else {
             return internal_err!("a position shuffle's input without columns");
         };
         let rows = all
@@ -320,22 +408,18 @@ impl RankedRowGroups {
                 pair[0]
             );
         }
-        let counted = self.starts[group + 1] - self.starts[group];
-        if sorted.num_rows() as u64 != counted {
-            return plan_err!(
-                "row group {} of {file} gave {} rows where it was counted at {counted}: did \
-                 the file change since the epoch was planned? Plan it again",
-                unit.row_group,
-                sorted.num_rows()
-            );
-        }
-        let kept: Vec<usize> = (0..columns - 2).collect();
-        Ok(RecordBatch::try_new_with_options(
-            Arc::new(sorted.schema().project(&kept)?),
-            kept.iter().map(|&c| Arc::clone(sorted.column(c))).collect(),
-            &RecordBatchOptions::new().with_row_count(Some(sorted.num_rows())),
-        )?)
+        Ok(sorted)
     }
+}
+
+/// `rows` without their last two columns (the file and row index).
+fn without_positions(rows: &RecordBatch) -> Result<RecordBatch> {
+    let kept: Vec<usize> = (0..rows.num_columns().saturating_sub(2)).collect();
+    Ok(RecordBatch::try_new_with_options(
+        Arc::new(rows.schema().project(&kept)?),
+        kept.iter().map(|&c| Arc::clone(rows.column(c))).collect(),
+        &RecordBatchOptions::new().with_row_count(Some(rows.num_rows())),
+    )?)
 }
 
 /// The rows `plan` gives, over all its partitions, read one partition
