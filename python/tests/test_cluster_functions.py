@@ -448,6 +448,44 @@ def test_a_cached_feed_on_the_cluster_gives_the_embedded_batches_from_its_cache(
     assert digests["cluster"] == digests["embedded"]
 
 
+def test_a_feed_by_position_runs_python_functions_on_the_cluster_as_embedded(cluster, prep, data):
+    # Issue 55: each row keyed by its file and row on the executors; the
+    # functions run after the shuffle, on the executors too.
+    query = f"SELECT doubled(f0) AS x, jittered(id) AS j, label FROM '{data}'"
+    digests = {}
+    for where, session in sessions(cluster, [prep.doubled, prep.jittered]).items():
+        feed = session.feed(
+            query,
+            batch_size=500,
+            shuffle=3,
+            shuffle_by_position=True,
+            epochs=2,
+            device="cpu",
+            format="numpy",
+            run_id=f"test-55-position-{where}",
+        )
+        digests[where] = [
+            hashlib.sha256(b"".join(b[n].tobytes() for n in sorted(b))).hexdigest() for b in feed
+        ]
+    assert len(digests["cluster"]) == 24
+    assert digests["cluster"] == digests["embedded"]
+    # A filter's rows are counted on the scheduler, where a Python function
+    # is only declared: refused saying so, not an internal error.
+    session = sessions(cluster, [prep.doubled])["cluster"]
+    feed = session.feed(
+        f"SELECT label FROM '{data}' WHERE doubled(f0) > 1.0",
+        batch_size=500,
+        shuffle=3,
+        shuffle_by_position=True,
+        epochs=1,
+        device="cpu",
+        format="numpy",
+        run_id="test-55-position-python-filter",
+    )
+    with pytest.raises(Exception, match="filters keep on the scheduler"):
+        list(feed)
+
+
 def test_an_executor_of_another_version_than_its_binary_does_not_start(capsys, tmp_path):
     from sqlfeed.executor import main
 
