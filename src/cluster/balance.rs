@@ -16,8 +16,8 @@
 //! (their statistics, which DataFusion collects when it lists Parquet files):
 //! the same files, in the same order, as many groups as before, each file
 //! range sized by its file's rows per byte. A range's rows are those of the
-//! row groups whose middle falls in it (Parquet's rule), so groups are equal
-//! to within a row group.
+//! row groups whose first page starts in it (DataFusion's rule), so groups
+//! are equal to within a row group.
 //!
 //! # Ordering
 //! Only scans under a global shuffle are touched: the shuffle orders rows by

@@ -519,22 +519,11 @@ async fn plan_position_ranges(
         _ => usize::MAX / 2,
     };
     // Under a filter a row group's rows are ranked by counting them in
-    // order in one task. Ballista plans each stage's input again at a hash
-    // exchange, where a round-robin repartition could come under the
-    // filter: ranges then end in one merging task instead (feeds, the ones
-    // that ask for ranges, turn round-robin off).
-    let final_stage = if final_stage.ranges >= 2
-        && state
-            .config()
-            .options()
-            .optimizer
-            .enable_round_robin_repartition
-        && super::windowed::drops_rows(&input)?
-    {
-        FinalStage::merge()
-    } else {
-        final_stage
-    };
+    // order in one task, so no round-robin repartition may come under the
+    // filter: Ballista 55 removes them from distributed plans, and plans
+    // every job in a session with them turned off (its session manager
+    // overrides `enable_round_robin_repartition`), where each stage's input
+    // is planned again.
     let keyed: Arc<dyn ExecutionPlan> = Arc::new(
         PositionKeyExec::plan(input, (seed, epoch), final_stage.ranges, state, rows)
             .await?,

@@ -37,6 +37,7 @@ use datafusion::parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
+use datafusion::parquet::file::metadata::PageIndexPolicy;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -99,8 +100,12 @@ impl ScanLayout {
                 None,
                 &ExecutionPlanMetricsSet::new(),
             )?;
-            let metadata =
-                ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new())
+            // With the page index where the file has one: it stays in the
+            // metadata cache, where a read of a few rows by position
+            // (`RankedRowGroups::read_rows`) finds the pages holding them.
+            let options = ArrowReaderOptions::new()
+                .with_page_index_policy(PageIndexPolicy::Optional);
+            let metadata = ArrowReaderMetadata::load_async(&mut reader, options)
                     .await
                     .map_err(|e| {
                         DataFusionError::Execution(format!(

@@ -225,8 +225,9 @@ impl PositionKeyExec {
                     true => e.context(
                         "SHUFFLE BY POSITION on a cluster counts the rows the query's \
                          filters keep on the scheduler, reading the filters' columns, and \
-                         that failed (a Python function runs only on executors): filter \
-                         without it, run the feed embedded, or use SHUFFLE",
+                         that failed (a filter calling a Python function, which runs only \
+                         on executors, fails there): filter without it, run the feed \
+                         embedded, or use SHUFFLE",
                     ),
                     false => e,
                 })?;
