@@ -49,15 +49,12 @@
 //! as not kept: the key takes the index of a dropped column, see
 //! `maintains_input_order`).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::common::{
-    DataFusionError, internal_datafusion_err, internal_err, not_impl_err,
-};
+use datafusion::common::{DataFusionError, internal_err, not_impl_err};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
@@ -72,7 +69,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::permutation::IndexPermutation;
-use super::placement::{Placement, RowPlacer};
+use super::placement::{GroupReaders, Placement, RowPlacer, claim_group};
 use super::ranks::RankedRowGroups;
 use super::scan_position::{POSITION_FILE_COLUMN, POSITION_ROW_COLUMN};
 use crate::exec::{BatchStream, Setting};
@@ -134,7 +131,7 @@ pub struct PositionKeyExec {
     keys: PositionKeys,
     placement: Arc<Placement>,
     /// Under a filter, which partition counts each row group.
-    readers_of: Arc<Mutex<HashMap<usize, usize>>>,
+    readers_of: Arc<GroupReaders>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -306,7 +303,7 @@ impl ExecutionPlan for PositionKeyExec {
                 let positions = placer.positions(
                     batch.column(columns).as_ref(),
                     batch.column(columns + 1).as_ref(),
-                    |group, path| claim(&readers_of, partition, group, path),
+                    |group, path| claim_group(&readers_of, partition, group, path),
                 )?;
                 let keys: UInt64Array = positions
                     .into_iter()
@@ -334,27 +331,6 @@ impl ExecutionPlan for PositionKeyExec {
     }
 
     crate::exec::metrics_of_field!();
-}
-
-/// Claims row group `group` of `path` for `partition`: under a filter a
-/// group's rows must all come through one partition.
-fn claim(
-    readers_of: &Mutex<HashMap<usize, usize>>,
-    partition: usize,
-    group: usize,
-    path: &str,
-) -> Result<()> {
-    let mut readers = readers_of
-        .lock()
-        .map_err(|_| internal_datafusion_err!("PositionKeyExec: a reader panicked"))?;
-    let reader = *readers.entry(group).or_insert(partition);
-    if reader != partition {
-        return internal_err!(
-            "SHUFFLE BY POSITION: row group {group} of {path} came through two \
-             partitions: its rows cannot be ranked under a filter"
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]

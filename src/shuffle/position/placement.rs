@@ -73,6 +73,31 @@ impl Placement {
     }
 }
 
+/// Which reader (partition) counts each row group under a filter, shared
+/// by the readers of one epoch.
+pub(crate) type GroupReaders = std::sync::Mutex<HashMap<usize, usize>>;
+
+/// Claims row group `group` of `path` for reader `partition` in `readers`:
+/// under a filter a group's rows must all come through one reader.
+pub(crate) fn claim_group(
+    readers: &GroupReaders,
+    partition: usize,
+    group: usize,
+    path: &str,
+) -> Result<()> {
+    let mut readers = readers.lock().map_err(|_| {
+        internal_datafusion_err!("SHUFFLE BY POSITION: a reader panicked")
+    })?;
+    let reader = *readers.entry(group).or_insert(partition);
+    if reader != partition {
+        return internal_err!(
+            "SHUFFLE BY POSITION: row group {group} of {path} came through two \
+             partitions: its rows cannot be ranked under a filter"
+        );
+    }
+    Ok(())
+}
+
 /// One reader's rows placed as they come; see the module docs.
 pub(crate) struct RowPlacer {
     placement: Arc<Placement>,

@@ -95,7 +95,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 
 pub(super) use super::placement::Placement;
-use super::placement::RowPlacer;
+use super::placement::{RowPlacer, claim_group};
 use crate::exec::BatchStream;
 use crate::shuffle::windowed::drops_rows;
 
@@ -683,15 +683,7 @@ impl Reader {
     /// Claims row group `group` for this reader (under a filter a group's
     /// rows must all come through one reader, in order).
     fn claim(&self, group: usize, path: &str) -> Result<()> {
-        let mut readers = self.readers_of.lock().map_err(|_| poisoned())?;
-        let reader = *readers.entry(group).or_insert(self.partition);
-        if reader != self.partition {
-            return internal_err!(
-                "SHUFFLE BY POSITION: row group {group} of {path} came through two \
-                 partitions: its rows cannot be ranked under a filter"
-            );
-        }
-        Ok(())
+        claim_group(&self.readers_of, self.partition, group, path)
     }
 
     /// Adds `piece` to range `range`'s buffer, writing the buffer to the
