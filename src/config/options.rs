@@ -64,6 +64,12 @@ extensions_options! {
         pub deal_epoch_rows: u64, default = 0
         /// With `deal_epoch_rows`, the rows of the job's own window.
         pub deal_window_rows: u64, default = 0
+        /// The rows a `SHUFFLE BY POSITION`'s filter keeps, counted by a
+        /// cluster feed's rank before it submits the epoch's job (JSON:
+        /// the bucket size and `[file, bucket, rows]` triples), so that the
+        /// scheduler places the rows without running the filter itself
+        /// (`crate::shuffle::PositionKeyExec`). Empty: the scheduler counts.
+        pub position_bucket_rows: String, default = String::new()
         /// A folder every executor and rank of a cluster reaches (a shared
         /// file system): a cached, shuffled cluster feed keeps its entry
         /// there, written by the executors that compute the first epoch

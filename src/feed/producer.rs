@@ -37,8 +37,8 @@ use crate::session::{
     CompletedJob, DeferredPads, EpochJob, EpochJobPlan, JobMixture, ReadJobs, ScaleOut,
 };
 use crate::shuffle::{
-    BucketRows, EpochSpan, ShuffleSpec, filters_may_change, shuffle, window_count,
-    window_rows, with_only_window,
+    BucketRows, EpochSpan, ShuffleSpec, encode_bucket_rows, filters_may_change,
+    position_bucket_rows, shuffle, window_count, window_rows, with_only_window,
 };
 
 /// How often the look-ahead, waiting for the current epoch's first batch,
@@ -284,7 +284,10 @@ impl Producer {
                     ),
             } => self.plan_cluster_windows(scale_out, spec, epoch).await,
             EpochRoute::Cluster { scale_out, spec } => {
-                let df = self.query(spec).await?;
+                let mut df = self.query(spec).await?;
+                if let Some(ShuffleSpec::Positional { .. }) = spec {
+                    df = self.with_position_counts(df, epoch).await?;
+                }
                 let may_deal = feed.start_on_the_grid(epoch);
                 let (job, mixture) =
                     self.plan_cluster_epoch(scale_out, df, epoch, may_deal, None)?;
@@ -452,6 +455,50 @@ impl Producer {
             after: None,
             mixture: None,
         })
+    }
+
+    /// `df`, an epoch shuffled by position for the cluster, with the rows
+    /// its filters keep counted here and sent with the job
+    /// (`sqlfeed.position_bucket_rows`): counted once per run (each epoch
+    /// where a filter may keep other rows), reading only the filters'
+    /// columns, by this process, which runs every function the feed does;
+    /// the scheduler, where a Python function is only declared, then runs
+    /// no filter. Unfiltered, the footers place the rows: `df` as it is.
+    async fn with_position_counts(&self, df: DataFrame, epoch: u64) -> Result<DataFrame> {
+        let here = self.plan_embedded(df.clone(), None, epoch).await?;
+        let feed = &self.plan;
+        let (state, rows) = feed.session.sql(&feed.sql).await?.into_parts();
+        // Here, with the epoch's settings, which a seeded filter may read.
+        let config = self.epoch_config(state.config(), epoch);
+        let mut counting = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
+            .build();
+        counting.mark_start_execution();
+        let this_epoch = std::sync::OnceLock::new();
+        let counted = if filters_may_change(&rows)? {
+            &this_epoch
+        } else {
+            &self.filtered_rows
+        };
+        let Some(buckets) =
+            position_bucket_rows(&here.plan, &counting, &rows, counted).await?
+        else {
+            return Ok(df);
+        };
+        let (state, plan) = df.into_parts();
+        let mut config = state.config().clone();
+        if let Some(options) = config
+            .options_mut()
+            .extensions
+            .get_mut::<crate::config::SqlfeedOptions>()
+        {
+            options.position_bucket_rows = encode_bucket_rows(&buckets);
+        }
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        Ok(DataFrame::new(state, plan))
     }
 
     /// The rows of each window of the windowed epoch `plan` (planned on

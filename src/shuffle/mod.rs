@@ -146,7 +146,8 @@ pub use unique::REPEATED_ROWS;
 pub use window_units::{WindowUnitFile, is_window_scan};
 pub use windowed::{
     BucketRows, WINDOWS_AHEAD, WindowedShuffleExec, count_rows_by_bucket,
-    filters_may_change, why_not_windowable, window_count, window_rows, with_only_window,
+    decode_bucket_rows, encode_bucket_rows, filters_may_change, position_bucket_rows,
+    why_not_windowable, window_count, window_rows, with_only_window,
 };
 
 /// What a `SHUFFLE` clause asks for.

@@ -520,6 +520,77 @@ pub async fn window_rows(
     Ok(Some(layout.counted_windows(&windows, &buckets)))
 }
 
+/// The rows the filters under the first `SHUFFLE BY POSITION` of `plan`
+/// (planned on this machine) keep per file and bucket of rows, counted by a
+/// query over `rows` planned in `state` (or taken from `counted`, the run's
+/// count at the same grain); `None` when nothing under it drops rows (the
+/// footers place them). What a cluster feed sends with the epoch's job
+/// (`sqlfeed.position_bucket_rows`).
+pub async fn position_bucket_rows(
+    plan: &Arc<dyn ExecutionPlan>,
+    state: &SessionState,
+    rows: &LogicalPlan,
+    counted: &OnceLock<BucketRows>,
+) -> Result<Option<BucketRows>> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let Some(shuffle) = node.downcast_ref::<super::PositionShuffleExec>() {
+            found = Some(Arc::clone(shuffle.input()));
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some(input) = found else {
+        return Ok(None);
+    };
+    if !drops_rows(&input)? {
+        return Ok(None);
+    }
+    let (_, config) = the_one_parquet_scan(&input)?;
+    let grain = ScanLayout::read(&config, state.runtime_env())
+        .await?
+        .grain();
+    let buckets = match counted.get() {
+        Some((counted_grain, buckets)) if *counted_grain == grain => Arc::clone(buckets),
+        _ => {
+            let buckets =
+                Arc::new(count_rows_by_bucket(state, rows.clone(), grain).await?);
+            let _ = counted.set((grain, Arc::clone(&buckets)));
+            buckets
+        }
+    };
+    Ok(Some((grain, buckets)))
+}
+
+/// `buckets` as `sqlfeed.position_bucket_rows` carries them.
+pub fn encode_bucket_rows((grain, buckets): &BucketRows) -> String {
+    let rows: Vec<(&str, u64, u64)> = buckets
+        .iter()
+        .map(|((file, bucket), rows)| (file.as_str(), *bucket, *rows))
+        .collect();
+    serde_json::json!({ "grain": grain, "rows": rows }).to_string()
+}
+
+/// `sqlfeed.position_bucket_rows` read back; an error names what is wrong.
+pub fn decode_bucket_rows(text: &str) -> Result<BucketRows> {
+    #[derive(serde::Deserialize)]
+    struct Carried {
+        grain: u64,
+        rows: Vec<(String, u64, u64)>,
+    }
+    let carried: Carried = serde_json::from_str(text).map_err(|e| {
+        DataFusionError::Plan(format!(
+            "sqlfeed.position_bucket_rows is not what a feed sends ({e}): leave it unset"
+        ))
+    })?;
+    let buckets = carried
+        .rows
+        .into_iter()
+        .map(|(file, bucket, rows)| ((file, bucket), rows))
+        .collect();
+    Ok((carried.grain, Arc::new(buckets)))
+}
+
 /// The rows `rows` (a query over one Parquet table, planned in `state`)
 /// gives per file (by location) and bucket of `grain` rows of it: a query
 /// grouping by `input_file_name()` and `file_row_index() / grain`, which
@@ -739,6 +810,22 @@ impl WindowMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bucket_rows_travel_as_a_setting_and_damage_is_named() -> Result<()> {
+        let buckets: HashMap<(String, u64), u64> = HashMap::from([
+            (("/data/a \"x\".parquet".to_string(), 0), 7),
+            (("/data/b.parquet".to_string(), 3), 0),
+        ]);
+        let carried = encode_bucket_rows(&(4096, Arc::new(buckets.clone())));
+        let (grain, back) = decode_bucket_rows(&carried)?;
+        assert_eq!((grain, back.as_ref()), (4096, &buckets));
+        let err = decode_bucket_rows("{\"grain\": 1}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sqlfeed.position_bucket_rows"), "{err}");
+        Ok(())
+    }
 
     async fn plan_of(sql: &str) -> Result<LogicalPlan> {
         let session = crate::Session::try_new()?;

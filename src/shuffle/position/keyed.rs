@@ -72,11 +72,12 @@ use super::permutation::IndexPermutation;
 use super::placement::{GroupReaders, Placement, RowPlacer, claim_group};
 use super::ranks::RankedRowGroups;
 use super::scan_position::{POSITION_FILE_COLUMN, POSITION_ROW_COLUMN};
+use crate::config::SqlfeedOptions;
 use crate::exec::{BatchStream, Setting};
 use crate::shuffle::SHUFFLE_KEY_COLUMN;
 use crate::shuffle::key::{max_batch_bytes, split_to_fit};
 use crate::shuffle::range::{first_key, range_of};
-use crate::shuffle::windowed::{drops_rows, windowable_scan};
+use crate::shuffle::windowed::{decode_bucket_rows, drops_rows, windowable_scan};
 
 /// The key of position `position` of an epoch of `rows` rows, its keys cut
 /// into `ranges` key ranges: positions spread over the u64 space in order,
@@ -214,7 +215,18 @@ impl PositionKeyExec {
             ))
         })?;
         let counted = drops_rows(&input)?;
-        let groups =
+        let carried = &SqlfeedOptions::of(state.config().options()).position_bucket_rows;
+        let groups = if counted && !carried.is_empty() {
+            // Counted by the feed's rank, which can run every filter.
+            let buckets = decode_bucket_rows(carried)?;
+            RankedRowGroups::read_with_buckets(
+                Arc::clone(&input),
+                scan,
+                state.runtime_env(),
+                &buckets,
+            )
+            .await?
+        } else {
             RankedRowGroups::read_counting_query(Arc::clone(&input), scan, state, rows)
                 .await
                 .map_err(|e| match counted {
@@ -227,7 +239,8 @@ impl PositionKeyExec {
                          embedded, or use SHUFFLE",
                     ),
                     false => e,
-                })?;
+                })?
+        };
         let keys = PositionKeys {
             seed,
             epoch,

@@ -125,6 +125,31 @@ impl RankedRowGroups {
     }
 
     /// The row groups of `input` (a position shuffle's input, whose one
+    /// Parquet scan is `scan` with `config`) in rank order, with the rows
+    /// its filters keep taken from `buckets` (counted per file and bucket
+    /// of rows where the query was planned: a cluster feed's rank).
+    pub(crate) async fn read_with_buckets(
+        input: Arc<dyn ExecutionPlan>,
+        (scan, config): (Arc<dyn ExecutionPlan>, FileScanConfig),
+        runtime: &datafusion::execution::runtime_env::RuntimeEnv,
+        (grain, buckets): &crate::shuffle::windowed::BucketRows,
+    ) -> Result<Self> {
+        let layout = ScanLayout::read(&config, runtime).await?;
+        if layout.grain() != *grain {
+            return plan_err!(
+                "SHUFFLE BY POSITION: the rows its filters keep were counted in buckets of \
+                 {grain} rows, where the files' row groups now give buckets of {}: the \
+                 files changed since; run the epoch again",
+                layout.grain()
+            );
+        }
+        let units = layout.units();
+        let one_each: Vec<Vec<Unit>> = units.iter().map(|&u| vec![u]).collect();
+        let counts = layout.counted_windows(&one_each, buckets);
+        Self::with_counts(input, scan, config, layout, units, counts)
+    }
+
+    /// The row groups of `input` (a position shuffle's input, whose one
     /// Parquet scan is `scan` with `config`) in rank order, counted by
     /// reading them when something under the shuffle drops rows: every row
     /// group's rows through the whole input, `at_once` row groups at a
