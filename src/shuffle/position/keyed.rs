@@ -6,8 +6,10 @@
 //!  scheduler, planning the job:
 //!    the shuffle's input with each row's file and row index (as embedded)
 //!    row groups in rank order, rows per row group: the footers, or the
-//!      rows the filters keep, counted once by a query of their columns
-//!      (RankedRowGroups)                     ──► carried in the plan
+//!      rows the filters keep: counted by a feed's rank (which runs every
+//!      function, Python ones too) and sent with the job
+//!      (`sqlfeed.position_bucket_rows`), else counted here by a query of
+//!      the filters' columns (RankedRowGroups) ──► carried in the plan
 //!
 //!  stage 1, on the executors, one task per scan partition; per row:
 //!    (file, row index) ──► rank ──► position p = π⁻¹(rank)   (placement.rs)

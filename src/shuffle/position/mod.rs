@@ -106,8 +106,8 @@
 //! # Where it runs
 //! The embedded engine, as drawn above. On a Ballista cluster the
 //! scheduler places the row groups (from the footers, or under a filter
-//! the rows it keeps, counted once by a query of the filter's columns) and
-//! keys every row by its position ([`PositionKeyExec`], on the executors
+//! the rows it keeps: counted by a feed's rank once per run and sent with
+//! the job, or by the scheduler for a plain query) and keys every row by its position ([`PositionKeyExec`], on the executors
 //! as the rows are scanned), and the job sorts key ranges as `SHUFFLE`'s
 //! does, without its copy stage (no two rows share a position): the same
 //! order, dealt to ranks like any cluster feed's. The scan's row index
