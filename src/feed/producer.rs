@@ -11,6 +11,7 @@ use datafusion::common::plan_err;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
 use datafusion::error::Result;
+use datafusion::execution::context::SessionState;
 use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan, ScalarUDF};
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
@@ -465,22 +466,14 @@ impl Producer {
     /// the scheduler, where a Python function is only declared, then runs
     /// no filter. Unfiltered, the footers place the rows: `df` as it is.
     async fn with_position_counts(&self, df: DataFrame, epoch: u64) -> Result<DataFrame> {
+        let (counting, rows, run_count) = self.counting_query(epoch).await?;
+        // Without a filter the footers place the rows: nothing to plan here.
+        if !rows.exists(|node| Ok(matches!(node, LogicalPlan::Filter(_))))? {
+            return Ok(df);
+        }
         let here = self.plan_embedded(df.clone(), None, epoch).await?;
-        let feed = &self.plan;
-        let (state, rows) = feed.session.sql(&feed.sql).await?.into_parts();
-        // Here, with the epoch's settings, which a seeded filter may read.
-        let config = self.epoch_config(state.config(), epoch);
-        let mut counting = SessionStateBuilder::new_from_existing(state)
-            .with_config(config)
-            .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
-            .build();
-        counting.mark_start_execution();
         let this_epoch = std::sync::OnceLock::new();
-        let counted = if filters_may_change(&rows)? {
-            &this_epoch
-        } else {
-            &self.filtered_rows
-        };
+        let counted = run_count.unwrap_or(&this_epoch);
         let Some(buckets) =
             position_bucket_rows(&here.plan, &counting, &rows, counted).await?
         else {
@@ -509,25 +502,35 @@ impl Producer {
         plan: &Arc<dyn ExecutionPlan>,
         epoch: u64,
     ) -> Result<Option<Vec<u64>>> {
+        let (state, rows, run_count) = self.counting_query(epoch).await?;
+        let this_epoch = std::sync::OnceLock::new();
+        window_rows(plan, &state, &rows, run_count.unwrap_or(&this_epoch)).await
+    }
+
+    /// The feed's query as this process counts the rows its filters keep
+    /// (for windows, or a cluster epoch by position): planned here, also in
+    /// a cluster session (the embedded planner), with epoch `epoch`'s
+    /// settings, which a seeded filter may read; and where the run keeps
+    /// its count, unless a filter may keep other rows in another epoch
+    /// (`None`: counted again for this epoch).
+    async fn counting_query(
+        &self,
+        epoch: u64,
+    ) -> Result<(
+        SessionState,
+        LogicalPlan,
+        Option<&std::sync::OnceLock<BucketRows>>,
+    )> {
         let feed = &self.plan;
         let (state, rows) = feed.session.sql(&feed.sql).await?.into_parts();
-        // Here, also in a cluster session (the embedded planner), with the
-        // epoch's settings, which a seeded filter may read.
         let config = self.epoch_config(state.config(), epoch);
         let mut state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .with_query_planner(Arc::new(crate::sql::SqlfeedQueryPlanner::embedded()))
             .build();
         state.mark_start_execution();
-        // A filter that may keep other rows in another epoch is counted
-        // again each epoch.
-        let this_epoch = std::sync::OnceLock::new();
-        let counted = if filters_may_change(&rows)? {
-            &this_epoch
-        } else {
-            &self.filtered_rows
-        };
-        window_rows(plan, &state, &rows, counted).await
+        let run_count = (!filters_may_change(&rows)?).then_some(&self.filtered_rows);
+        Ok((state, rows, run_count))
     }
 
     /// The first epoch of a locally cached feed on the cluster: the job's

@@ -75,6 +75,34 @@ pub(crate) fn max_batch_bytes(context: &TaskContext, partitions: usize) -> usize
     }
 }
 
+/// The stream of an operator that appends a shuffle key ([`ShuffleKeyExec`],
+/// `PositionKeyExec`): each batch of `input` cut to fit the sort's share
+/// ([`split_to_fit`] of `max_batch_bytes`), each piece, in order, made into
+/// the columns of `schema` by `key`; an error ends the stream.
+pub(crate) fn keyed_batches(
+    input: BatchStream,
+    schema: SchemaRef,
+    baseline: BaselineMetrics,
+    max_batch_bytes: usize,
+    mut key: impl FnMut(&RecordBatch) -> Result<Vec<ArrayRef>> + Send + 'static,
+) -> BatchStream {
+    let output = Arc::clone(&schema);
+    let keyed = input.flat_map(move |batch| {
+        let keyed = batch.and_then(|batch| {
+            let timer = baseline.elapsed_compute().timer();
+            let mut out = vec![];
+            for chunk in split_to_fit(&batch, max_batch_bytes)? {
+                let keyed = RecordBatch::try_new(Arc::clone(&schema), key(&chunk)?)?;
+                out.push(Ok(keyed.record_output(&baseline)));
+            }
+            timer.done();
+            Ok(out)
+        });
+        futures::stream::iter(keyed.unwrap_or_else(|e| vec![Err(e)]))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(output, keyed))
+}
+
 /// `batch` as one or more compact batches of at most about `max_bytes` each.
 /// Slices would share (and be charged for) the whole buffers, so chunks are
 /// copied.
@@ -304,30 +332,18 @@ impl ExecutionPlan for ShuffleKeyExec {
         let schema = Arc::clone(&self.schema);
         let hash_seed = shuffle_seed(self.seed, self.epoch);
         let source = self.source.clone();
-        let keyed = input.flat_map(move |batch| {
-            let keyed = batch.and_then(|batch| {
-                let timer = baseline.elapsed_compute().timer();
-                let chunks = split_to_fit(&batch, max_batch_bytes)?;
-                let mut out = Vec::with_capacity(chunks.len());
-                for chunk in chunks {
-                    let keys = shuffle_keys(&content_hashes(&chunk, &source)?, hash_seed);
-                    let mut columns: Vec<ArrayRef> = chunk.columns().to_vec();
-                    columns.push(Arc::new(keys));
-                    let keyed = RecordBatch::try_new(Arc::clone(&schema), columns)?;
-                    out.push(Ok(keyed.record_output(&baseline)));
-                }
-                timer.done();
-                Ok(out)
-            });
-            futures::stream::iter(match keyed {
-                Ok(batches) => batches,
-                Err(e) => vec![Err(e)],
-            })
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            keyed,
-        )))
+        Ok(keyed_batches(
+            input,
+            schema,
+            baseline,
+            max_batch_bytes,
+            move |chunk| {
+                let keys = shuffle_keys(&content_hashes(chunk, &source)?, hash_seed);
+                let mut columns: Vec<ArrayRef> = chunk.columns().to_vec();
+                columns.push(Arc::new(keys));
+                Ok(columns)
+            },
+        ))
     }
 
     crate::exec::metrics_of_field!();

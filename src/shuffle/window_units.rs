@@ -276,6 +276,14 @@ impl ScanLayout {
 }
 
 impl ScanLayout {
+    /// The row index in its file of `unit`'s first row.
+    pub(crate) fn first_row(&self, unit: Unit) -> u64 {
+        self.row_groups[unit.file][..unit.row_group]
+            .iter()
+            .map(|&(rows, _)| rows)
+            .sum()
+    }
+
     /// `config`'s scan cut to rows `offsets` (rising, each below the unit's
     /// rows) of row group `unit`: its file whole, with an access plan that
     /// skips every other row group and selects those rows of this one, so

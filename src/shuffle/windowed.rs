@@ -506,18 +506,28 @@ pub async fn window_rows(
                 .collect(),
         ));
     }
-    let grain = layout.grain();
-    let buckets = match counted.get() {
-        Some((counted_grain, buckets)) if *counted_grain == grain => Arc::clone(buckets),
-        _ => {
-            let buckets =
-                Arc::new(count_rows_by_bucket(state, rows.clone(), grain).await?);
-            // Two epochs planned at once may both count: the same rows.
-            let _ = counted.set((grain, Arc::clone(&buckets)));
-            buckets
-        }
-    };
+    let buckets = counted_once(state, rows, layout.grain(), counted).await?;
     Ok(Some(layout.counted_windows(&windows, &buckets)))
+}
+
+/// The rows `rows` gives per file and bucket of `grain` rows
+/// ([`count_rows_by_bucket`]), or the run's count in `counted` if it was
+/// made at that grain.
+async fn counted_once(
+    state: &SessionState,
+    rows: &LogicalPlan,
+    grain: u64,
+    counted: &OnceLock<BucketRows>,
+) -> Result<Arc<HashMap<(String, u64), u64>>> {
+    if let Some((counted_grain, buckets)) = counted.get()
+        && *counted_grain == grain
+    {
+        return Ok(Arc::clone(buckets));
+    }
+    let buckets = Arc::new(count_rows_by_bucket(state, rows.clone(), grain).await?);
+    // Two epochs planned at once may both count: the same rows.
+    let _ = counted.set((grain, Arc::clone(&buckets)));
+    Ok(buckets)
 }
 
 /// The rows the filters under the first `SHUFFLE BY POSITION` of `plan`
@@ -550,15 +560,7 @@ pub async fn position_bucket_rows(
     let grain = ScanLayout::read(&config, state.runtime_env())
         .await?
         .grain();
-    let buckets = match counted.get() {
-        Some((counted_grain, buckets)) if *counted_grain == grain => Arc::clone(buckets),
-        _ => {
-            let buckets =
-                Arc::new(count_rows_by_bucket(state, rows.clone(), grain).await?);
-            let _ = counted.set((grain, Arc::clone(&buckets)));
-            buckets
-        }
-    };
+    let buckets = counted_once(state, rows, grain, counted).await?;
     Ok(Some((grain, buckets)))
 }
 

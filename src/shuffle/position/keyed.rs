@@ -54,21 +54,17 @@
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::{DataFusionError, internal_err, not_impl_err};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, RecordOutput,
-};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
-use futures::StreamExt;
 
 use super::permutation::IndexPermutation;
 use super::placement::{GroupReaders, Placement, RowPlacer, claim_group};
@@ -77,7 +73,7 @@ use super::scan_position::{POSITION_FILE_COLUMN, POSITION_ROW_COLUMN};
 use crate::config::SqlfeedOptions;
 use crate::exec::{BatchStream, Setting};
 use crate::shuffle::SHUFFLE_KEY_COLUMN;
-use crate::shuffle::key::{max_batch_bytes, split_to_fit};
+use crate::shuffle::key::{keyed_batches, max_batch_bytes};
 use crate::shuffle::range::{first_key, range_of};
 use crate::shuffle::windowed::{decode_bucket_rows, drops_rows, windowable_scan};
 
@@ -311,9 +307,12 @@ impl ExecutionPlan for PositionKeyExec {
         // Each batch's rows placed as they come: under a filter the placer
         // counts each row group's rows across batches.
         let mut placer = RowPlacer::new(Arc::clone(&self.placement), counted);
-        let keyed = input.flat_map(move |batch| {
-            let keyed = batch.and_then(|batch| {
-                let timer = baseline.elapsed_compute().timer();
+        Ok(keyed_batches(
+            input,
+            schema,
+            baseline,
+            max_batch_bytes,
+            move |batch| {
                 let columns = batch.num_columns() - 2;
                 let positions = placer.positions(
                     batch.column(columns).as_ref(),
@@ -326,23 +325,9 @@ impl ExecutionPlan for PositionKeyExec {
                     .collect();
                 let mut out: Vec<ArrayRef> = batch.columns()[..columns].to_vec();
                 out.push(Arc::new(keys));
-                let keyed = RecordBatch::try_new(Arc::clone(&schema), out)?;
-                let chunks = split_to_fit(&keyed, max_batch_bytes)?;
-                timer.done();
-                Ok(chunks
-                    .into_iter()
-                    .map(|chunk| Ok(chunk.record_output(&baseline)))
-                    .collect::<Vec<_>>())
-            });
-            futures::stream::iter(match keyed {
-                Ok(batches) => batches,
-                Err(e) => vec![Err(e)],
-            })
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            keyed,
-        )))
+                Ok(out)
+            },
+        ))
     }
 
     crate::exec::metrics_of_field!();

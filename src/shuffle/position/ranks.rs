@@ -375,7 +375,7 @@ impl RankedRowGroups {
         let cut = self.layout.rows_scan(&self.config, unit, offsets);
         let rows = self.read_cut(cut, unit, ctx).await?;
         // The rows asked for, by row index in the file.
-        let first_row = self.first_row_index(group);
+        let first_row = self.layout.first_row(unit);
         let row_indexes = rows
             .column(rows.num_columns() - 1)
             .as_primitive::<Int64Type>()
@@ -392,16 +392,6 @@ impl RankedRowGroups {
             );
         }
         without_positions(&rows)
-    }
-
-    /// The row index in its file of row group `group`'s first row.
-    fn first_row_index(&self, group: usize) -> u64 {
-        let file = self.units[group].file;
-        self.units[..group]
-            .iter()
-            .filter(|unit| unit.file == file)
-            .map(|unit| unit.rows)
-            .sum()
     }
 
     /// The rows of `cut` (the input with its scan cut to rows of `unit`) by
