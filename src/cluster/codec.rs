@@ -43,6 +43,7 @@ use datafusion::datasource::file_format::FileFormatFactory;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Extension, LogicalPlan, ScalarUDF};
+use datafusion::physical_expr::projection::ProjectionExprs;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
@@ -498,8 +499,25 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                     .with_copies(copies),
             ),
             // The scan without its row index, restored (`row_index.rs`).
-            WireNode::RowIndexScan { row_columns } => {
-                RowIndexScanExec::restore(&input, &row_columns)?
+            WireNode::RowIndexScan { exprs, names } => {
+                let decoding = PhysicalPlanDecodeContext::new(ctx, self);
+                let schema = input.schema();
+                let projection = exprs
+                    .iter()
+                    .zip(names)
+                    .map(|(bytes, name)| {
+                        let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(|e| {
+                            plan_datafusion_err!(
+                                "cannot decode the expression of column '{name}' of a \
+                                 Parquet scan reading row indexes: {e}"
+                            )
+                        })?;
+                        let expr =
+                            proto_converter.proto_to_physical_expr(&node, &schema, &decoding)?;
+                        Ok(ProjectionExpr::new(expr, name))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                RowIndexScanExec::restore(&input, &ProjectionExprs::new(projection))?
             }
             WireNode::PositionKey { keys } => {
                 Arc::new(PositionKeyExec::try_new(input, keys)?)
@@ -567,9 +585,17 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 copies: root.copies(),
             }
         } else if let Some(scan) = plan.downcast_ref::<RowIndexScanExec>() {
-            WireNode::RowIndexScan {
-                row_columns: scan.row_columns().to_vec(),
-            }
+            let (exprs, names) = scan
+                .projection()
+                .iter()
+                .map(|e| {
+                    let bytes = proto_converter
+                        .physical_expr_to_proto(&e.expr, self)?
+                        .encode_to_vec();
+                    Ok((bytes, e.alias.clone()))
+                })
+                .collect::<Result<(Vec<_>, Vec<_>)>>()?;
+            WireNode::RowIndexScan { exprs, names }
         } else if let Some(keyed) = plan.downcast_ref::<PositionKeyExec>() {
             WireNode::PositionKey {
                 keys: keyed.keys().clone(),

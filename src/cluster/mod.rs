@@ -70,6 +70,7 @@ pub use codec::{FunctionRegistry, SqlfeedLogicalCodec, SqlfeedPhysicalCodec};
 pub use declared::{DeclaredArgs, PythonDeclaration};
 pub use executor::{ExecutorOptions, run_executor};
 pub use retry::{AttemptFactory, ExactRetryExec, MAX_RETRIES};
+pub(crate) use row_index::uncarried as uncarried_row_indexes;
 pub use scheduler::{DEFAULT_JOB_DATA_TTL_SECONDS, SchedulerOptions, run_scheduler};
 pub use shared_job::{CompletedJob, JobDeal, RunJob, SharedJobExec};
 pub use standalone::Standalone;

@@ -10,13 +10,14 @@
 //!
 //! ```text
 //!  scheduler (CarryRowIndexes, its last rule)        executor (decoding)
-//!  PositionKeyExec                                   PositionKeyExec
-//!    … DataSourceExec                                  … DataSourceExec
-//!      projection [x, file, CAST(row_index@15)]   ──►    the clean scan, with
-//!      virtual columns [row_index]                       CAST(file_row_index())
-//!  becomes RowIndexScanExec: where each row index        pushed into it: the
-//!    column goes, over the scan without them (the        scan adds its row index
-//!    clean scan, an ordinary DataSourceExec)             as when it was planned
+//!  DataSourceExec                                    the clean scan, with
+//!    projection [x, CAST(row_index@15), …]    ──►      [x, CAST(file_row_index()), …]
+//!    virtual columns [row_index]                       pushed into it: the scan
+//!  becomes RowIndexScanExec: the scan's projection,    adds its row index as
+//!    file_row_index() in place of the row index,       when it was planned
+//!    over the scan without virtual columns or
+//!    projection (the clean scan, an ordinary
+//!    DataSourceExec)
 //! ```
 //!
 //! The clean scan stays a child that Ballista knows: its scheduler gives
@@ -24,19 +25,20 @@
 //! `DataSourceExec`s (an operator it does not know would be left whole,
 //! and every task would read every file).
 //!
-//! The executor pushes `file_row_index()` into the clean scan the way
+//! The executor pushes the projection into the clean scan the way
 //! DataFusion's projection pushdown did when the plan was made, so the
-//! scan it runs is the scan the scheduler planned. Only scans under
-//! [`PositionKeyExec`] (a `SHUFFLE BY POSITION`'s stage 1) are carried
-//! this way; a plain query selecting `file_row_index()` on a cluster fails
-//! with DataFusion's error.
+//! scan it runs is the scan the scheduler planned. Every Parquet scan
+//! that reads a row index travels this way: a `SHUFFLE BY POSITION`'s
+//! stage 1 and a plain query selecting `file_row_index()` alike. Filters
+//! on a row index are never pushed into the scan (DataFusion keeps them
+//! above it), so the scan's predicate travels as it is.
 
 use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_datafusion_err, internal_err};
+use datafusion::common::internal_err;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::{
     FileScanConfig, FileScanConfigBuilder, FileSource, ParquetSource,
@@ -46,44 +48,45 @@ use datafusion::datasource::table_schema::TableSchema;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::ScalarFunctionExpr;
-use datafusion::physical_expr::expressions::{CastExpr, Column};
-use datafusion::physical_expr::projection::{ProjectionExpr, ProjectionExprs};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::projection::ProjectionExprs;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties,
 };
 
 use crate::exec::{BatchStream, NodeRewrite, PlanNode, Rewritten};
-use crate::shuffle::PositionKeyExec;
 
-/// A Parquet scan that projects row indexes, as it travels: where each
-/// goes, over the scan without them. See the module docs.
+/// A Parquet scan that reads row indexes, as it travels: its projection,
+/// with `file_row_index()` in place of each row index, over the scan
+/// without them. See the module docs.
 #[derive(Debug)]
 pub struct RowIndexScanExec {
-    /// The scan without its row index columns.
+    /// The scan without its virtual columns or projection.
     clean: Arc<dyn ExecutionPlan>,
-    /// Each row index column: its place in the scan's output and its name.
-    row_columns: Vec<(usize, String)>,
-    /// The clean scan with its row indexes: what runs.
+    /// The scan's projection over `clean`'s columns, `file_row_index()`
+    /// in place of its row index.
+    projection: ProjectionExprs,
+    /// The clean scan with the projection pushed into it: what runs.
     scan: Arc<dyn ExecutionPlan>,
 }
 
 impl RowIndexScanExec {
-    /// Row index columns `row_columns` (place, name) over `clean`, a
-    /// Parquet scan without them.
+    /// `projection` (over `clean`'s columns, calling `file_row_index()`)
+    /// over `clean`, a Parquet scan without virtual columns.
     pub fn try_new(
         clean: Arc<dyn ExecutionPlan>,
-        row_columns: Vec<(usize, String)>,
+        projection: ProjectionExprs,
     ) -> Result<Self> {
-        let scan = Self::restore(&clean, &row_columns)?;
+        let scan = Self::restore(&clean, &projection)?;
         Ok(Self {
             clean,
-            row_columns,
+            projection,
             scan,
         })
     }
 
-    /// `scan` carried as its clean scan and row index columns, if it is a
-    /// Parquet scan that projects row indexes.
+    /// `scan` carried as its clean scan and projection, if it is a Parquet
+    /// scan that reads a row index.
     pub fn wrap(scan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
         let Some((config, parquet)) = parquet_scan(scan) else {
             return Ok(None);
@@ -95,40 +98,55 @@ impl RowIndexScanExec {
         let Some(projection) = parquet.projection() else {
             return Ok(None);
         };
-        // Columns past this width are virtual: row numbers.
+        // Columns past this width are virtual: row numbers, the only
+        // virtual column DataFusion 55's Parquet scan has.
         let width = table.schema_without_virtual_columns().fields().len();
-        let mut kept: Vec<ProjectionExpr> = vec![];
-        let mut row_columns = vec![];
-        for (place, projected) in projection.iter().enumerate() {
-            if !references_past(&projected.expr, width)? {
-                kept.push(projected.clone());
-            } else if is_row_index(&projected.expr, width) {
-                row_columns.push((place, projected.alias.clone()));
-            } else {
-                return internal_err!(
-                    "a Parquet scan projects {} over its virtual columns: only a row \
-                     index (as Int64) travels to executors",
-                    projected.expr
-                );
-            }
-        }
+        let config_options = Arc::new(ConfigOptions::default());
         let table_schema = TableSchema::builder(Arc::clone(table.file_schema()))
             .with_table_partition_cols(table.table_partition_cols().clone())
             .build();
-        let clean = with_source(
-            config,
-            rebuilt(parquet, table_schema),
-            &ProjectionExprs::new(kept),
-        )?;
-        Self::try_new(clean, row_columns).map(Some)
+        let clean_schema = Arc::clone(table_schema.table_schema());
+        let carried = projection.clone().try_map_exprs(|expr| {
+            expr.transform(|e| {
+                let Some(column) = e.downcast_ref::<Column>() else {
+                    return Ok(Transformed::no(e));
+                };
+                if column.index() < width {
+                    return Ok(Transformed::no(e));
+                }
+                let field = table.table_schema().field(column.index());
+                if field.data_type() != &DataType::Int64 {
+                    return internal_err!(
+                        "a Parquet scan reads virtual column '{}' of type {}: only a \
+                         row index (Int64) travels to executors",
+                        field.name(),
+                        field.data_type()
+                    );
+                }
+                let row_index: Arc<dyn PhysicalExpr> =
+                    Arc::new(ScalarFunctionExpr::try_new(
+                        datafusion::functions::core::file_row_index(),
+                        vec![],
+                        &clean_schema,
+                        Arc::clone(&config_options),
+                    )?);
+                Ok(Transformed::yes(row_index))
+            })
+            .map(|t| t.data)
+        })?;
+        let config = FileScanConfigBuilder::from(config.clone())
+            .with_source(Arc::new(rebuilt(parquet, table_schema)))
+            .build();
+        let clean = DataSourceExec::from_data_source(config);
+        Self::try_new(clean, carried).map(Some)
     }
 
-    /// The scan of `clean` with `row_columns` (place, name) pushed into it
-    /// as `CAST(file_row_index() AS Int64)`: DataFusion adds the row index
-    /// as it did when the scan was planned.
+    /// The scan of `clean` with `projection` pushed into it: DataFusion
+    /// adds the row index for each `file_row_index()`, as it did when the
+    /// scan was planned.
     pub fn restore(
         clean: &Arc<dyn ExecutionPlan>,
-        row_columns: &[(usize, String)],
+        projection: &ProjectionExprs,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let Some((config, parquet)) = parquet_scan(clean) else {
             return internal_err!(
@@ -136,40 +154,21 @@ impl RowIndexScanExec {
                 clean.name()
             );
         };
-        let schema = clean.schema();
-        let mut clean_columns = schema.fields().iter().enumerate();
-        let width = schema.fields().len() + row_columns.len();
-        let config_options = Arc::new(ConfigOptions::default());
-        let mut exprs = Vec::with_capacity(width);
-        for place in 0..width {
-            if let Some((_, name)) = row_columns.iter().find(|(at, _)| *at == place) {
-                let row_index: Arc<dyn PhysicalExpr> =
-                    Arc::new(ScalarFunctionExpr::try_new(
-                        datafusion::functions::core::file_row_index(),
-                        vec![],
-                        &schema,
-                        Arc::clone(&config_options),
-                    )?);
-                let cast = Arc::new(CastExpr::new(row_index, DataType::Int64, None));
-                exprs.push(ProjectionExpr::new(cast, name.clone()));
-            } else {
-                let (index, field) = clean_columns.next().ok_or_else(|| {
-                    internal_datafusion_err!(
-                        "RowIndexScanExec: row index places past the scan"
-                    )
-                })?;
-                exprs.push(ProjectionExpr::new(
-                    Arc::new(Column::new(field.name(), index)),
-                    field.name().clone(),
-                ));
-            }
-        }
-        with_source(config, parquet.clone(), &ProjectionExprs::new(exprs))
+        let Some(source) = parquet.try_pushdown_projection(projection)? else {
+            return internal_err!(
+                "a Parquet scan refused the projection it was planned with"
+            );
+        };
+        let config = FileScanConfigBuilder::from(config.clone())
+            .with_source(source)
+            .build();
+        Ok(DataSourceExec::from_data_source(config))
     }
 
-    /// Each row index column's place in the output and its name.
-    pub fn row_columns(&self) -> &[(usize, String)] {
-        &self.row_columns
+    /// The scan's projection, `file_row_index()` in place of its row
+    /// index.
+    pub fn projection(&self) -> &ProjectionExprs {
+        &self.projection
     }
 }
 
@@ -200,58 +199,9 @@ fn rebuilt(parquet: &ParquetSource, table_schema: TableSchema) -> ParquetSource 
     source
 }
 
-/// The scan of `config` reading through `source` with `projection` pushed
-/// into it (over the source's output).
-fn with_source(
-    config: &FileScanConfig,
-    source: ParquetSource,
-    projection: &ProjectionExprs,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    let Some(source) = source.try_pushdown_projection(projection)? else {
-        return internal_err!("a Parquet scan refused a projection of its own columns");
-    };
-    let config = FileScanConfigBuilder::from(config.clone())
-        .with_source(source)
-        .build();
-    Ok(DataSourceExec::from_data_source(config))
-}
-
-/// Whether `expr` reads a column at `width` or past it.
-fn references_past(expr: &Arc<dyn PhysicalExpr>, width: usize) -> Result<bool> {
-    let mut past = false;
-    expr.apply(|e| {
-        if e.downcast_ref::<Column>()
-            .is_some_and(|c| c.index() >= width)
-        {
-            past = true;
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    Ok(past)
-}
-
-/// Whether `expr` is a virtual column (at `width` or past it), cast to
-/// Int64 or not: the row index as sqlfeed projects it.
-fn is_row_index(expr: &Arc<dyn PhysicalExpr>, width: usize) -> bool {
-    let column = match expr.downcast_ref::<CastExpr>() {
-        Some(cast) if cast.cast_type() == &DataType::Int64 => cast.expr(),
-        Some(_) => return false,
-        None => expr,
-    };
-    column
-        .downcast_ref::<Column>()
-        .is_some_and(|c| c.index() >= width)
-}
-
 impl DisplayAs for RowIndexScanExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "RowIndexScanExec: row_columns=[")?;
-        for (i, (place, name)) in self.row_columns.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            write!(f, "{sep}{name}@{place}")?;
-        }
-        write!(f, "], ")?;
+        write!(f, "RowIndexScanExec: ")?;
         self.scan.fmt_as(t, f)
     }
 }
@@ -279,7 +229,7 @@ impl ExecutionPlan for RowIndexScanExec {
 
     fn with_new_children(self: Arc<Self>, children: Vec<PlanNode>) -> Result<PlanNode> {
         let clean = crate::exec::single_child("RowIndexScanExec", &children)?;
-        Ok(Arc::new(Self::try_new(clean, self.row_columns.clone())?))
+        Ok(Arc::new(Self::try_new(clean, self.projection.clone())?))
     }
 
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
@@ -287,32 +237,38 @@ impl ExecutionPlan for RowIndexScanExec {
     }
 }
 
-/// Carries every Parquet scan that projects row indexes under a
-/// [`PositionKeyExec`] as a [`RowIndexScanExec`]; the scheduler's last
-/// rule, once nothing else will touch the scans.
+/// `plan` with every [`RowIndexScanExec`] replaced by the scan it carries.
+///
+/// A plan the scheduler plans inside its planning (a shuffle by position's
+/// input, planned again with its positions) has been through every rule,
+/// [`CarryRowIndexes`] too. The outer plan's rules must see that input's
+/// scans as scans (to cut, balance and place them), and its own last rule
+/// carries them again.
+pub(crate) fn uncarried(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    Ok(plan
+        .transform_up(|node| {
+            Ok(match node.downcast_ref::<RowIndexScanExec>() {
+                Some(carried) => Transformed::yes(Arc::clone(&carried.scan)),
+                None => Transformed::no(node),
+            })
+        })?
+        .data)
+}
+
+/// Carries every Parquet scan that reads a row index as a
+/// [`RowIndexScanExec`]; the scheduler's last rule, once nothing else will
+/// touch the scans.
 #[derive(Debug, Default)]
 pub struct CarryRowIndexes;
 
 crate::exec::node_rewrite_rule!(CarryRowIndexes, "sqlfeed_carry_row_indexes");
 
 impl NodeRewrite for CarryRowIndexes {
-    // From the root, to stop below the first `PositionKeyExec`.
-    const ROOT_FIRST: bool = true;
-
     fn rewrite(&self, node: PlanNode, _config: &ConfigOptions) -> Rewritten {
-        if node.as_ref().downcast_ref::<PositionKeyExec>().is_none() {
-            return Ok(Transformed::no(node));
-        }
-        let carried = node.transform_up(|below| {
-            Ok(match RowIndexScanExec::wrap(&below)? {
-                Some(scan) => Transformed::yes(Arc::new(scan) as PlanNode),
-                None => Transformed::no(below),
-            })
-        })?;
-        Ok(Transformed::new(
-            carried.data,
-            carried.transformed,
-            TreeNodeRecursion::Jump,
-        ))
+        Ok(match RowIndexScanExec::wrap(&node)? {
+            // Leaves first: the new clean scan below is not visited.
+            Some(scan) => Transformed::yes(Arc::new(scan) as PlanNode),
+            None => Transformed::no(node),
+        })
     }
 }

@@ -55,13 +55,14 @@ pub enum Node {
     RowIndexScan(RowIndexScanNode),
 }
 
-/// `RowIndexScanExec`: its row index columns (its input is the scan
-/// without them).
+/// `RowIndexScanExec`: its projection (DataFusion's `PhysicalExprNode`s,
+/// encoded) and output names; its input is the scan without virtual
+/// columns. Tags 1 and 2 (row index places and names) are retired.
 #[derive(Clone, PartialEq, Message)]
 pub struct RowIndexScanNode {
-    #[prost(uint64, repeated, tag = "1")]
-    pub places: Vec<u64>,
-    #[prost(string, repeated, tag = "2")]
+    #[prost(bytes = "vec", repeated, tag = "3")]
+    pub exprs: Vec<Vec<u8>>,
+    #[prost(string, repeated, tag = "4")]
     pub names: Vec<String>,
 }
 

@@ -73,8 +73,11 @@ pub enum WireNode {
     },
     /// `RowIndexScanExec`.
     RowIndexScan {
-        /// Each row index column's place in the scan's output and its name.
-        row_columns: Vec<(usize, String)>,
+        /// Each projected expression as DataFusion's encoded
+        /// `PhysicalExprNode`, `file_row_index()` in place of the row index.
+        exprs: Vec<Vec<u8>>,
+        /// Each projected column's name.
+        names: Vec<String>,
     },
     /// `PositionKeyExec`.
     PositionKey {
@@ -347,9 +350,9 @@ fn to_message(node: &WireNode) -> Result<Node> {
             batch_bytes: *batch_bytes as u64,
             isolate_row_errors: *isolate_row_errors,
         }),
-        WireNode::RowIndexScan { row_columns } => Node::RowIndexScan(RowIndexScanNode {
-            places: row_columns.iter().map(|(place, _)| *place as u64).collect(),
-            names: row_columns.iter().map(|(_, name)| name.clone()).collect(),
+        WireNode::RowIndexScan { exprs, names } => Node::RowIndexScan(RowIndexScanNode {
+            exprs: exprs.clone(),
+            names: names.clone(),
         }),
         WireNode::PositionKey { keys } => Node::PositionKey(PositionKeyNode {
             seed: keys.seed,
@@ -626,16 +629,12 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             isolate_row_errors: projection.isolate_row_errors,
         },
         Node::RowIndexScan(node) => {
-            if node.places.len() != node.names.len() {
-                return Err("its row index columns are damaged".to_string());
+            if node.exprs.len() != node.names.len() {
+                return Err("its projection is damaged".to_string());
             }
             WireNode::RowIndexScan {
-                row_columns: node
-                    .places
-                    .into_iter()
-                    .zip(node.names)
-                    .map(|(place, name)| Ok((usize_of(place, "column place")?, name)))
-                    .collect::<std::result::Result<Vec<_>, String>>()?,
+                exprs: node.exprs,
+                names: node.names,
             }
         }
         Node::PositionKey(node) => WireNode::PositionKey {
@@ -835,7 +834,8 @@ mod tests {
                 },
             },
             WireNode::RowIndexScan {
-                row_columns: vec![(2, "__sqlfeed_position_row".into())],
+                exprs: vec![vec![1, 2, 3], vec![]],
+                names: vec!["x".into(), "__sqlfeed_position_row".into()],
             },
             WireNode::RangeBucket {
                 ranges: 4,
