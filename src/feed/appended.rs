@@ -30,6 +30,18 @@
 //! fresh uniform order that is again a pure function of the data and the
 //! checkpoint. Later epochs are a fresh run's over all the data.
 //!
+//! # By position
+//! A feed shuffled by position (`SHUFFLE BY POSITION`) ranks rows by file
+//! and row, so new files move every old position: the old order is the
+//! order of the query over the old files alone. The consumed rows are the
+//! first `R` rows of that order (the origins query over the old files, each
+//! scan filtered to them), and the rest is shuffled by position with the
+//! continuation's seed. A shuffle by position takes no join, so the
+//! consumed rows are left out by a filter at each scan
+//! (`NotConsumedFunc`, the consumed (file, row) pairs in a hash set), which
+//! its placement counts like any filter (reading no column: the file and
+//! row come from the scan).
+//!
 //! # Limits
 //! Shuffled feeds only: an unshuffled order over partitions changes when a
 //! file joins the listing, so its old order cannot be recomputed. Each row
@@ -39,14 +51,15 @@
 //! continued epoch records the continuation, and resumes it; data appended
 //! a second time within the same epoch is refused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::array::{BooleanArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, JoinType, plan_err};
-use datafusion::common::{internal_datafusion_err, plan_datafusion_err};
+use datafusion::common::{internal_datafusion_err, internal_err, plan_datafusion_err};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::{
     MemTable, ViewTable, provider_as_source, source_as_provider,
@@ -55,7 +68,8 @@ use datafusion::error::Result;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::functions::core::expr_fn::{file_row_index, input_file_name};
 use datafusion::logical_expr::{
-    Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF, SubqueryAlias, cast, col, lit,
+    ColumnarValue, Expr, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, SubqueryAlias, Volatility, cast, col, lit,
 };
 use datafusion::physical_plan::collect;
 
@@ -92,18 +106,36 @@ impl Appended {
         &self,
         session: &Session,
         sql: &str,
-        seed: u64,
+        spec: ShuffleSpec,
     ) -> Result<DataFrame> {
+        let (seed, by_position) = match spec {
+            ShuffleSpec::Global { seed, .. } => (seed, false),
+            ShuffleSpec::Positional { seed, .. } => (seed, true),
+            other => {
+                return plan_err!(
+                    "an epoch shuffled by {other:?} cannot be continued over appended \
+                     data; start it anew"
+                );
+            }
+        };
         let old_ids = self.old_file_ids(session, sql).await?;
-        let consumed = self.consumed(session, sql, seed, &old_ids).await?;
+        let consumed = self
+            .consumed(session, sql, seed, by_position, &old_ids)
+            .await?;
         let (state, plan) = session.sql(sql).await?.into_parts();
+        let seed = self.continued_seed(seed);
+        let epoch = self.epoch;
+        if by_position {
+            let plan = at_scans(plan, &|scan| not_consumed(scan, &consumed))?;
+            return shuffle(
+                DataFrame::new(state, plan),
+                ShuffleSpec::Positional { seed, epoch },
+            );
+        }
         let plan = exclude(plan, &consumed)?;
         shuffle(
             DataFrame::new(state, plan),
-            ShuffleSpec::Global {
-                seed: self.continued_seed(seed),
-                epoch: self.epoch,
-            },
+            ShuffleSpec::Global { seed, epoch },
         )
     }
 
@@ -151,22 +183,34 @@ impl Appended {
     }
 
     /// The first `rows` rows of the epoch's order that come from an old
-    /// file, as a table of (file id, row).
+    /// file, as a table of (file id, row). By position, the order over the
+    /// old files alone (module docs).
     async fn consumed(
         &self,
         session: &Session,
         sql: &str,
         seed: u64,
+        by_position: bool,
         old_ids: &[i64],
     ) -> Result<RecordBatch> {
-        let spec = ShuffleSpec::Global {
-            seed,
-            epoch: self.epoch,
+        let epoch = self.epoch;
+        let old: Vec<Expr> = old_ids.iter().map(|id| lit(*id)).collect();
+        let query = session.sql(sql).await?;
+        let (state, plan) = if by_position {
+            let (state, plan) = query.into_parts();
+            let in_old = scan_file_id().in_list(old.clone(), false);
+            let plan = at_scans(plan, &|scan| {
+                LogicalPlanBuilder::from(scan)
+                    .filter(in_old.clone())?
+                    .build()
+            })?;
+            let spec = ShuffleSpec::Positional { seed, epoch };
+            shuffle(DataFrame::new(state, plan), spec)?.into_parts()
+        } else {
+            shuffle(query, ShuffleSpec::Global { seed, epoch })?.into_parts()
         };
-        let (state, plan) = shuffle(session.sql(sql).await?, spec)?.into_parts();
         let row_key = Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()));
         let origins = provenance::origins_plan(plan, row_key, &[])?;
-        let old: Vec<Expr> = old_ids.iter().map(|id| lit(*id)).collect();
         let plan = LogicalPlanBuilder::from(origins)
             .filter(col(ORIGIN_FILE_COLUMN).in_list(old, false))?
             .limit(0, Some(usize::try_from(self.rows).unwrap_or(usize::MAX)))?
@@ -213,6 +257,14 @@ fn int64_column(batch: &RecordBatch, index: usize) -> Result<&Int64Array> {
         .ok_or_else(|| internal_datafusion_err!("an origins column is not Int64"))
 }
 
+/// Each scanned row's file id, as the origins name it.
+fn scan_file_id() -> Expr {
+    provenance::file_id_expr(
+        Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()))
+            .call(vec![lit(0i64), input_file_name()]),
+    )
+}
+
 /// `plan` without the rows in `consumed`: every scan of Parquet files
 /// anti-joined with it on (file id, row), its schema unchanged.
 fn exclude(plan: LogicalPlan, consumed: &RecordBatch) -> Result<LogicalPlan> {
@@ -220,17 +272,32 @@ fn exclude(plan: LogicalPlan, consumed: &RecordBatch) -> Result<LogicalPlan> {
         consumed.schema(),
         vec![vec![consumed.clone()]],
     )?);
-    let file_id = provenance::file_id_expr(
-        Arc::new(ScalarUDF::from(crate::sql::RowKeyFunc::new()))
-            .call(vec![lit(0i64), input_file_name()]),
-    );
-    exclude_below(plan, &table, &file_id)
+    let file_id = scan_file_id();
+    at_scans(plan, &|scan| anti_join(scan, &table, &file_id))
 }
 
-fn exclude_below(
+/// `scan` without the rows in `consumed`, by a filter: a shuffle by
+/// position takes no join.
+fn not_consumed(scan: LogicalPlan, consumed: &RecordBatch) -> Result<LogicalPlan> {
+    let pairs = int64_column(consumed, 0)?
+        .values()
+        .iter()
+        .copied()
+        .zip(int64_column(consumed, 1)?.values().iter().copied())
+        .collect();
+    let function = ScalarUDF::from(NotConsumedFunc::new(pairs));
+    let kept = function.call(vec![
+        scan_file_id(),
+        cast(file_row_index(), DataType::Int64),
+    ]);
+    LogicalPlanBuilder::from(scan).filter(kept)?.build()
+}
+
+/// `plan` with `wrap` applied to every scan of Parquet files (each checked
+/// to be one), through the views of folder globs.
+fn at_scans(
     plan: LogicalPlan,
-    consumed: &Arc<MemTable>,
-    file_id: &Expr,
+    wrap: &dyn Fn(LogicalPlan) -> Result<LogicalPlan>,
 ) -> Result<LogicalPlan> {
     Ok(plan
         .transform_up(|node| {
@@ -243,8 +310,7 @@ fn exclude_below(
                 && scan.projection.is_none()
                 && scan.filters.is_empty()
             {
-                let inner =
-                    exclude_below(view.logical_plan().clone(), consumed, file_id)?;
+                let inner = at_scans(view.logical_plan().clone(), wrap)?;
                 return Ok(Transformed::yes(LogicalPlan::SubqueryAlias(
                     SubqueryAlias::try_new(Arc::new(inner), scan.table_name.clone())?,
                 )));
@@ -253,36 +319,123 @@ fn exclude_below(
                 scan.table_name.to_string(),
                 provider.as_ref(),
             )?;
-            let schema = Arc::clone(&scan.projected_schema);
-            let columns: Vec<Expr> = (0..schema.fields().len())
-                .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
-                .collect();
-            let mut with_origin = columns.clone();
-            with_origin.push(file_id.clone().alias(SCAN_FILE));
-            with_origin.push(cast(file_row_index(), DataType::Int64).alias(SCAN_ROW));
-            let consumed_scan = LogicalPlanBuilder::scan(
-                CONSUMED_TABLE,
-                provider_as_source(Arc::clone(consumed) as _),
-                None,
-            )?
-            .build()?;
-            let rest = LogicalPlanBuilder::from(node.clone())
-                .project(with_origin)?
-                .join(
-                    consumed_scan,
-                    JoinType::LeftAnti,
-                    (
-                        vec![Column::from_name(SCAN_FILE), Column::from_name(SCAN_ROW)],
-                        vec![
-                            Column::new(Some(CONSUMED_TABLE), CONSUMED_FILE),
-                            Column::new(Some(CONSUMED_TABLE), CONSUMED_ROW),
-                        ],
-                    ),
-                    None,
-                )?
-                .project(columns)?
-                .build()?;
-            Ok(Transformed::yes(rest))
+            Ok(Transformed::yes(wrap(node)?))
         })?
         .data)
+}
+
+/// `scan` anti-joined with `consumed` on (file id, row), its schema
+/// unchanged.
+fn anti_join(
+    scan: LogicalPlan,
+    consumed: &Arc<MemTable>,
+    file_id: &Expr,
+) -> Result<LogicalPlan> {
+    let schema = Arc::clone(scan.schema());
+    let columns: Vec<Expr> = (0..schema.fields().len())
+        .map(|i| Expr::Column(Column::from(schema.qualified_field(i))))
+        .collect();
+    let mut with_origin = columns.clone();
+    with_origin.push(file_id.clone().alias(SCAN_FILE));
+    with_origin.push(cast(file_row_index(), DataType::Int64).alias(SCAN_ROW));
+    let consumed_scan = LogicalPlanBuilder::scan(
+        CONSUMED_TABLE,
+        provider_as_source(Arc::clone(consumed) as _),
+        None,
+    )?
+    .build()?;
+    LogicalPlanBuilder::from(scan)
+        .project(with_origin)?
+        .join(
+            consumed_scan,
+            JoinType::LeftAnti,
+            (
+                vec![Column::from_name(SCAN_FILE), Column::from_name(SCAN_ROW)],
+                vec![
+                    Column::new(Some(CONSUMED_TABLE), CONSUMED_FILE),
+                    Column::new(Some(CONSUMED_TABLE), CONSUMED_ROW),
+                ],
+            ),
+            None,
+        )?
+        .project(columns)?
+        .build()
+}
+
+/// `sqlfeed_not_consumed(file id, row)`: whether a scanned row is not one
+/// of a continuation's consumed rows (module docs, "By position"). Built
+/// into the continued epoch's plan only, never registered by name.
+#[derive(Debug)]
+struct NotConsumedFunc {
+    /// The consumed rows: (file id, row index in the file).
+    consumed: Arc<HashSet<(i64, i64)>>,
+    signature: Signature,
+}
+
+impl NotConsumedFunc {
+    fn new(consumed: HashSet<(i64, i64)>) -> Self {
+        Self {
+            consumed: Arc::new(consumed),
+            signature: Signature::exact(
+                vec![DataType::Int64, DataType::Int64],
+                Volatility::Immutable,
+            ),
+        }
+    }
+}
+
+// Two instances are the same function when they hold the same set; the
+// set is built once per continued epoch and shared by its scans.
+impl PartialEq for NotConsumedFunc {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.consumed, &other.consumed)
+    }
+}
+
+impl Eq for NotConsumedFunc {}
+
+impl Hash for NotConsumedFunc {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.consumed).hash(state);
+    }
+}
+
+impl ScalarUDFImpl for NotConsumedFunc {
+    fn name(&self) -> &str {
+        "sqlfeed_not_consumed"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _arg_types: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let [file, row] = args.args.as_slice() else {
+            return internal_err!("sqlfeed_not_consumed takes a file id and a row");
+        };
+        let (file, row) = (
+            file.to_array(args.number_rows)?,
+            row.to_array(args.number_rows)?,
+        );
+        let (Some(file), Some(row)) = (
+            file.as_any().downcast_ref::<Int64Array>(),
+            row.as_any().downcast_ref::<Int64Array>(),
+        ) else {
+            return internal_err!("sqlfeed_not_consumed takes two Int64 columns");
+        };
+        let kept: BooleanArray = file
+            .iter()
+            .zip(row.iter())
+            .map(|(file, row)| match (file, row) {
+                (Some(file), Some(row)) => Some(!self.consumed.contains(&(file, row))),
+                // Every scanned row has a file and a row index.
+                _ => Some(true),
+            })
+            .collect();
+        Ok(ColumnarValue::Array(Arc::new(kept)))
+    }
 }

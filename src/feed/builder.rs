@@ -311,9 +311,10 @@ impl FeedBuilder {
     /// fresh order that is a pure function of (seed, epoch, rows, old files,
     /// data); later epochs are a fresh run's over all of it. Combine with
     /// [`FeedBuilder::resume_after_rows`] to resume a checkpoint taken inside
-    /// the continued epoch (its rows count from the continuation). Shuffled
-    /// feeds only; an old file that is gone or holds fewer rows is an error
-    /// naming it. See `appended.rs`.
+    /// the continued epoch (its rows count from the continuation). Feeds
+    /// shuffled exactly only (by content or by position; not in windows);
+    /// an old file that is gone or holds fewer rows is an error naming it.
+    /// See `appended.rs`.
     pub fn continue_over_appended(
         mut self,
         epoch: u64,
@@ -739,12 +740,6 @@ impl FeedBuilder {
             return refuse(
                 "orders the whole epoch at once and has no windows: give shuffle_window \
                  or shuffle_by_position, not both",
-            );
-        }
-        if self.appended.is_some() {
-            return refuse(
-                "cannot continue an epoch over appended data (new files change every \
-                 position); start the epoch anew (on_data_change='restart_epoch')",
             );
         }
         Ok(())

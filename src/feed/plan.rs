@@ -183,11 +183,11 @@ pub(super) enum EpochRoute<'a> {
         dir: &'a str,
     },
     /// An epoch continued over appended data: the rows not consumed before,
-    /// joined against what is held here (embedded, never cached); with
-    /// `origins`, each row's origin instead.
+    /// joined against (by position: filtered by) what is held here
+    /// (embedded, never cached); with `origins`, each row's origin instead.
     Continued {
         appended: &'a Appended,
-        seed: u64,
+        spec: ShuffleSpec,
         origins: Option<&'a [String]>,
     },
     /// Each row's origin, on the embedded engine (the order is the same on
@@ -403,14 +403,19 @@ impl FeedPlan {
                     dir,
                 }
             }
-            // Only a shuffled feed continues (checked when built).
-            (_, Some(ShuffleSpec::Global { seed, .. }), Some(appended), origins) => {
-                EpochRoute::Continued {
-                    appended,
-                    seed,
-                    origins,
-                }
-            }
+            // Only a feed shuffled exactly continues (checked when built).
+            (
+                _,
+                Some(
+                    spec @ (ShuffleSpec::Global { .. } | ShuffleSpec::Positional { .. }),
+                ),
+                Some(appended),
+                origins,
+            ) => EpochRoute::Continued {
+                appended,
+                spec,
+                origins,
+            },
             (_, spec, _, Some(kept)) => EpochRoute::Origins { kept, spec },
             (source, spec, ..) if self.cache => EpochRoute::LocalCache {
                 spec,

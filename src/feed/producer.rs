@@ -243,10 +243,10 @@ impl Producer {
             }
             EpochRoute::Continued {
                 appended,
-                seed,
+                spec,
                 origins,
             } => {
-                let df = appended.remaining(&feed.session, &feed.sql, seed).await?;
+                let df = appended.remaining(&feed.session, &feed.sql, spec).await?;
                 let df = match origins {
                     Some(kept) => origins_of(df, kept)?,
                     None => df,

@@ -379,6 +379,82 @@ fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Resul
     Ok(())
 }
 
+/// An epoch shuffled by position goes on over appended files too: new
+/// files move every old position, so the consumed rows are the first ones
+/// of the order over the old files alone, and the rest (the old rows not
+/// consumed, filtered out at the scan, and every new row) is shuffled by
+/// position anew. The new file's path sorts among the old ones (every old
+/// file after it changes rank), with and without a filter (whose rows the
+/// placement counts).
+#[test]
+fn an_epoch_by_position_continues_over_appended_files_without_feeding_a_row_twice()
+-> Result<()> {
+    for filter in ["", " WHERE id % 5 <> 2"] {
+        let dir = tempfile::tempdir()?;
+        let sql = format!("{}{filter}", ids(dir.path())?);
+        let kept = |id: &i64| filter.is_empty() || id % 5 != 2;
+        let session = session()?;
+        let feed = |batch: usize, rank: usize, world: usize| {
+            Feed::builder(&session, &sql)
+                .shuffle(6)
+                .shuffle_by_position()
+                .epochs(2)
+                .batch_size(batch)
+                .shard(rank, world)
+        };
+        // Two ranks of 64 stop after global step 2: 384 rows consumed.
+        let before: Vec<Vec<Fed>> = ranks(2, |rank| feed(64, rank, 2))?
+            .into_iter()
+            .map(|rank| rank.into_iter().take(3).collect())
+            .collect();
+        let (epoch, rows) = before[0][2].3;
+        assert_eq!((epoch, rows), (0, 384));
+        let old_files = manifest(&session, &sql)?;
+        // part-00 sorts between part-0 and part-1.
+        let added = Int64Array::from_iter_values(1000..1250);
+        write_parquet(
+            &dir.path().join("part-00.parquet"),
+            &RecordBatch::try_from_iter(vec![("id", arc(added))])?,
+        )?;
+        let continued = |rank: usize| {
+            feed(50, rank, 3).continue_over_appended(epoch, old_files.clone(), rows)
+        };
+        let after = ranks(3, continued)?;
+        let counts = counts(&[&before, &after], 0);
+        let missing: Vec<i64> = (0..1250)
+            .filter(|id| kept(id) && !counts.contains_key(id))
+            .collect();
+        let strays: Vec<&i64> = counts.keys().filter(|id| !kept(id)).collect();
+        assert!(
+            missing.is_empty() && strays.is_empty(),
+            "every old and new row is fed{filter}: missing {missing:?}, filtered out \
+             yet fed {strays:?}"
+        );
+        let twice = counts.values().filter(|n| **n > 1).count();
+        assert!(twice <= 2, "only pads are fed twice{filter}: {twice}");
+        // The continued order mixes new and old rows from its first batch.
+        let first_step: Vec<i64> = after.iter().flat_map(|r| r[0].2.clone()).collect();
+        let new = first_step.iter().filter(|id| **id >= 1000).count();
+        assert!(
+            (15..90).contains(&new),
+            "{new} of 150 rows new{filter} (expected about 40 to 50)"
+        );
+        // Epoch 1 is a fresh run's over all five files.
+        let fresh = ranks(3, |rank| feed(50, rank, 3))?;
+        for rank in 0..3 {
+            let later = |run: &[Fed]| -> Vec<Fed> {
+                run.iter().filter(|b| b.0 == 1).cloned().collect()
+            };
+            assert_eq!(later(&after[rank]), later(&fresh[rank]), "epoch 1{filter}");
+        }
+        // A checkpoint inside the continued epoch resumes it exactly.
+        let (_, rows_in) = after[1][2].3;
+        let resumed = fed(continued(1).resume_after_rows(epoch, rows_in, 3))?;
+        assert_eq!(resumed, after[1][3..].to_vec(), "resumed{filter}");
+    }
+    Ok(())
+}
+
 /// Every batch of `feed` after the first `taken` and the feed's checkpoint
 /// after them, as a run stopped there would leave it.
 fn taken_and_checkpoint(
