@@ -167,7 +167,8 @@ def _with_positions(feed):
         yield batch
 
 
-def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path):
+@pytest.mark.parametrize("order", [{}, {"shuffle_by_position": True}], ids=["content", "position"])
+def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path, order):
     require("numpy", "numpy")
     pa = pytest.importorskip("pyarrow")
     import shutil
@@ -176,15 +177,15 @@ def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path):
 
     data = tmp_path / "ids"
     shutil.copytree(ids_data, data)
-    before = [_feed(session, data, shard=(rank, 2)) for rank in (0, 1)]
+    before = [_feed(session, data, shard=(rank, 2), **order) for rank in (0, 1)]
     consumed = _ids_of_first(before, 3)
     state = json.loads(json.dumps(before[0].state_dict()))
     assert state["rows"] == 384 and state["appended"] is None
     added = pa.table({"id": pa.array(range(1000, 1250), pa.int64())})
     pq.write_table(added, data / "part-4.parquet")
     with pytest.raises(sqlfeed.PlanError, match=r"1 added: .*part-4.*on_data_change='continue'"):
-        _feed(session, data).load_state_dict(state)
-    after = [_feed(session, data, batch_size=50, shard=(rank, 3)) for rank in range(3)]
+        _feed(session, data, **order).load_state_dict(state)
+    after = [_feed(session, data, batch_size=50, shard=(rank, 3), **order) for rank in range(3)]
     for feed in after:
         feed.load_state_dict(state, on_data_change="continue")
     # Rank 1 stops after 2 batches of the continued epoch; its checkpoint
@@ -193,10 +194,10 @@ def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path):
     head = [next(it)["id"].tolist() for _ in range(2)]
     inner = json.loads(json.dumps(after[1].state_dict()))
     assert inner["appended"]["rows"] == 384 and inner["rows"] == 300
-    resumed = _feed(session, data, batch_size=50, shard=(1, 3))
+    resumed = _feed(session, data, batch_size=50, shard=(1, 3), **order)
     resumed.load_state_dict(inner)
     rest = [b["id"].tolist() for b in resumed]
-    assert head + rest == [b["id"].tolist() for b in _continued(session, data, state, 1)]
+    assert head + rest == [b["id"].tolist() for b in _continued(session, data, state, 1, order)]
     for rank in (0, 2):
         consumed.update(i for b in after[rank] for i in b["id"].tolist())
     consumed.update(i for b in head + rest for i in b)
@@ -206,11 +207,11 @@ def test_an_epoch_continues_over_appended_files(session, ids_data, tmp_path):
     # Only added files can be continued over.
     (data / "part-2.parquet").unlink()
     with pytest.raises(sqlfeed.PlanError, match=r"1 removed: .*part-2.*only added files"):
-        _feed(session, data).load_state_dict(state, on_data_change="continue")
+        _feed(session, data, **order).load_state_dict(state, on_data_change="continue")
 
 
-def _continued(session, data, state, rank):
-    feed = _feed(session, data, batch_size=50, shard=(rank, 3))
+def _continued(session, data, state, rank, order):
+    feed = _feed(session, data, batch_size=50, shard=(rank, 3), **order)
     feed.load_state_dict(state, on_data_change="continue")
     return list(feed)
 
