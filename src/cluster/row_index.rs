@@ -37,8 +37,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Statistics, internal_err};
 use datafusion::config::ConfigOptions;
 use datafusion::datasource::physical_plan::{
     FileScanConfig, FileScanConfigBuilder, FileSource, ParquetSource,
@@ -50,6 +50,7 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::projection::ProjectionExprs;
+use datafusion::physical_plan::statistics::StatisticsArgs;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PhysicalExpr, PlanProperties,
 };
@@ -85,6 +86,13 @@ impl RowIndexScanExec {
         })
     }
 
+    /// The scan that runs here: on the scheduler the scan as planned (with
+    /// what DataFusion's protobuf does not carry either, such as a reversed
+    /// row group order), else the one restored from the wire.
+    pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.scan
+    }
+
     /// `scan` carried as its clean scan and projection, if it is a Parquet
     /// scan that reads a row index.
     pub fn wrap(scan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
@@ -106,6 +114,7 @@ impl RowIndexScanExec {
             .with_table_partition_cols(table.table_partition_cols().clone())
             .build();
         let clean_schema = Arc::clone(table_schema.table_schema());
+        let mut reads_row_index = false;
         let carried = projection.clone().try_map_exprs(|expr| {
             expr.transform(|e| {
                 let Some(column) = e.downcast_ref::<Column>() else {
@@ -130,15 +139,27 @@ impl RowIndexScanExec {
                         &clean_schema,
                         Arc::clone(&config_options),
                     )?);
+                reads_row_index = true;
                 Ok(Transformed::yes(row_index))
             })
             .map(|t| t.data)
         })?;
+        if !reads_row_index {
+            // Its virtual column unread: the scan travels as it is.
+            return Ok(None);
+        }
         let config = FileScanConfigBuilder::from(config.clone())
             .with_source(Arc::new(rebuilt(parquet, table_schema)))
             .build();
-        let clean = DataSourceExec::from_data_source(config);
-        Self::try_new(clean, carried).map(Some)
+        let clean: Arc<dyn ExecutionPlan> = DataSourceExec::from_data_source(config);
+        // Restored once here, so that a projection the clean scan refuses
+        // fails on the scheduler, naming it, rather than on every task.
+        Self::restore(&clean, &carried)?;
+        Ok(Some(Self {
+            clean,
+            projection: carried,
+            scan: Arc::clone(scan),
+        }))
     }
 
     /// The scan of `clean` with `projection` pushed into it: DataFusion
@@ -235,6 +256,15 @@ impl ExecutionPlan for RowIndexScanExec {
     fn execute(&self, partition: usize, ctx: Arc<TaskContext>) -> Result<BatchStream> {
         self.scan.execute(partition, ctx)
     }
+
+    // The scan's own: a leaf, it needs no input's.
+    fn statistics_from_inputs(
+        &self,
+        _input_stats: &[Arc<Statistics>],
+        args: &StatisticsArgs,
+    ) -> Result<Arc<Statistics>> {
+        self.scan.statistics_from_inputs(&[], args)
+    }
 }
 
 /// `plan` with every [`RowIndexScanExec`] replaced by the scan it carries.
@@ -248,7 +278,7 @@ pub(crate) fn uncarried(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Executio
     Ok(plan
         .transform_up(|node| {
             Ok(match node.downcast_ref::<RowIndexScanExec>() {
-                Some(carried) => Transformed::yes(Arc::clone(&carried.scan)),
+                Some(carried) => Transformed::yes(Arc::clone(carried.scan())),
                 None => Transformed::no(node),
             })
         })?

@@ -38,7 +38,7 @@
 //! scan filtered to them), and the rest is shuffled by position with the
 //! continuation's seed. A shuffle by position takes no join, so the
 //! consumed rows are left out by a filter at each scan
-//! (`NotConsumedFunc`, the consumed (file, row) pairs in a hash set), which
+//! (`NotConsumedFunc`: each old file's consumed rows, sorted), which
 //! its placement counts like any filter (reading no column: the file and
 //! row come from the scan).
 //!
@@ -47,11 +47,12 @@
 //! file joins the listing, so its old order cannot be recomputed. Each row
 //! of a file must be read once (a `UNION ALL` of the same files is
 //! refused): a consumed row is known by its file and row. The
-//! consumed rows are held in memory (16 bytes each). A checkpoint taken in a
+//! consumed rows are held in memory, outside the memory pool (16 bytes
+//! each; by position, 8 bytes each in the filter's set). A checkpoint taken in a
 //! continued epoch records the continuation, and resumes it; data appended
 //! a second time within the same epoch is refused.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -108,6 +109,19 @@ impl Appended {
         sql: &str,
         spec: ShuffleSpec,
     ) -> Result<DataFrame> {
+        let (rest, spec) = self.remaining_unshuffled(session, sql, spec).await?;
+        shuffle(rest, spec)
+    }
+
+    /// The rest of the epoch before its shuffle, and that shuffle: what
+    /// [`Self::remaining`] shuffles, for readers of rows by position
+    /// (`crate::feed::EpochDataset`) that place the rows themselves.
+    pub(crate) async fn remaining_unshuffled(
+        &self,
+        session: &Session,
+        sql: &str,
+        spec: ShuffleSpec,
+    ) -> Result<(DataFrame, ShuffleSpec)> {
         let (seed, by_position) = match spec {
             ShuffleSpec::Global { seed, .. } => (seed, false),
             ShuffleSpec::Positional { seed, .. } => (seed, true),
@@ -126,17 +140,20 @@ impl Appended {
         let seed = self.continued_seed(seed);
         let epoch = self.epoch;
         if by_position {
-            let plan = at_scans(plan, &|scan| not_consumed(scan, &consumed))?;
-            return shuffle(
+            // One set, shared by every scan's filter.
+            let not_consumed = not_consumed_function(&consumed)?;
+            drop(consumed);
+            let plan = at_scans(plan, &|scan| filter_consumed(scan, &not_consumed))?;
+            return Ok((
                 DataFrame::new(state, plan),
                 ShuffleSpec::Positional { seed, epoch },
-            );
+            ));
         }
         let plan = exclude(plan, &consumed)?;
-        shuffle(
+        Ok((
             DataFrame::new(state, plan),
             ShuffleSpec::Global { seed, epoch },
-        )
+        ))
     }
 
     /// The seed of the rest's order: the feed's mixed with the checkpoint.
@@ -276,17 +293,25 @@ fn exclude(plan: LogicalPlan, consumed: &RecordBatch) -> Result<LogicalPlan> {
     at_scans(plan, &|scan| anti_join(scan, &table, &file_id))
 }
 
-/// `scan` without the rows in `consumed`, by a filter: a shuffle by
-/// position takes no join.
-fn not_consumed(scan: LogicalPlan, consumed: &RecordBatch) -> Result<LogicalPlan> {
-    let pairs = int64_column(consumed, 0)?
-        .values()
-        .iter()
-        .copied()
-        .zip(int64_column(consumed, 1)?.values().iter().copied())
-        .collect();
-    let function = ScalarUDF::from(NotConsumedFunc::new(pairs));
-    let kept = function.call(vec![
+/// The filter function that keeps the rows not in `consumed` (file id,
+/// row): each file's consumed rows sorted, 8 bytes a row.
+fn not_consumed_function(consumed: &RecordBatch) -> Result<ScalarUDF> {
+    let mut by_file: HashMap<i64, Vec<i64>> = HashMap::new();
+    let files = int64_column(consumed, 0)?.values();
+    let rows = int64_column(consumed, 1)?.values();
+    for (file, row) in files.iter().zip(rows.iter()) {
+        by_file.entry(*file).or_default().push(*row);
+    }
+    for rows in by_file.values_mut() {
+        rows.sort_unstable();
+    }
+    Ok(ScalarUDF::from(NotConsumedFunc::new(by_file)))
+}
+
+/// `scan` without the consumed rows, by a filter (`not_consumed`): a
+/// shuffle by position takes no join.
+fn filter_consumed(scan: LogicalPlan, not_consumed: &ScalarUDF) -> Result<LogicalPlan> {
+    let kept = not_consumed.call(vec![
         scan_file_id(),
         cast(file_row_index(), DataType::Int64),
     ]);
@@ -367,13 +392,13 @@ fn anti_join(
 /// into the continued epoch's plan only, never registered by name.
 #[derive(Debug)]
 struct NotConsumedFunc {
-    /// The consumed rows: (file id, row index in the file).
-    consumed: Arc<HashSet<(i64, i64)>>,
+    /// The consumed rows: each file id's row indexes, sorted.
+    consumed: Arc<HashMap<i64, Vec<i64>>>,
     signature: Signature,
 }
 
 impl NotConsumedFunc {
-    fn new(consumed: HashSet<(i64, i64)>) -> Self {
+    fn new(consumed: HashMap<i64, Vec<i64>>) -> Self {
         Self {
             consumed: Arc::new(consumed),
             signature: Signature::exact(
@@ -385,7 +410,7 @@ impl NotConsumedFunc {
 }
 
 // Two instances are the same function when they hold the same set; the
-// set is built once per continued epoch and shared by its scans.
+// set is built once per continued epoch and shared by its scans' filters.
 impl PartialEq for NotConsumedFunc {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.consumed, &other.consumed)
@@ -431,7 +456,11 @@ impl ScalarUDFImpl for NotConsumedFunc {
             .iter()
             .zip(row.iter())
             .map(|(file, row)| match (file, row) {
-                (Some(file), Some(row)) => Some(!self.consumed.contains(&(file, row))),
+                (Some(file), Some(row)) => Some(
+                    self.consumed
+                        .get(&file)
+                        .is_none_or(|rows| rows.binary_search(&row).is_err()),
+                ),
                 // Every scanned row has a file and a row index.
                 _ => Some(true),
             })

@@ -379,6 +379,12 @@ fn an_epoch_continues_over_appended_files_without_feeding_a_row_twice() -> Resul
     Ok(())
 }
 
+/// Rows left in the continued epoch of the test below: 1250 ids less the
+/// 384 consumed, or with the filter 1000 kept less 384.
+fn expected_rest(unfiltered: bool) -> usize {
+    if unfiltered { 1250 - 384 } else { 1000 - 384 }
+}
+
 /// An epoch shuffled by position goes on over appended files too: new
 /// files move every old position, so the consumed rows are the first ones
 /// of the order over the old files alone, and the rest (the old rows not
@@ -451,6 +457,29 @@ fn an_epoch_by_position_continues_over_appended_files_without_feeding_a_row_twic
         let (_, rows_in) = after[1][2].3;
         let resumed = fed(continued(1).resume_after_rows(epoch, rows_in, 3))?;
         assert_eq!(resumed, after[1][3..].to_vec(), "resumed{filter}");
+        // Rows by position follow the continuation: row i of the continued
+        // epoch is the i-th row the ranks were fed, step by step.
+        let steps = after[0].iter().filter(|b| b.0 == 0).count();
+        let delivered: Vec<i64> = (0..steps)
+            .flat_map(|step| after.iter().flat_map(move |rank| rank[step].2.clone()))
+            .collect();
+        let dataset = continued(0).dataset(epoch)?;
+        let len = dataset.len()?;
+        assert_eq!(
+            len as usize,
+            expected_rest(filter.is_empty()),
+            "len{filter}"
+        );
+        let positions: Vec<u64> = (0..len).collect();
+        let rows = dataset.rows(&positions)?;
+        let ids = rows
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("ids")
+            .values()
+            .to_vec();
+        assert_eq!(ids, delivered[..len as usize], "rows by position{filter}");
     }
     Ok(())
 }

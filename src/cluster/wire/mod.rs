@@ -182,7 +182,7 @@ pub const PREFIX: &[u8] = b"sqlfeed";
 pub const WIRE_FORMAT: u8 = 2;
 
 /// The version of the messages below; see the module docs.
-pub const WIRE_VERSION: u32 = 3;
+pub const WIRE_VERSION: u32 = 4;
 
 fn to_points(schedules: &[Vec<(u64, f64)>]) -> Vec<SchedulePoints> {
     schedules
@@ -629,7 +629,9 @@ fn from_message(node: Node) -> std::result::Result<WireNode, String> {
             isolate_row_errors: projection.isolate_row_errors,
         },
         Node::RowIndexScan(node) => {
-            if node.exprs.len() != node.names.len() {
+            // Empty: a message of the retired form (tags 1 and 2), or
+            // damaged; a scan reading a row index projects at least it.
+            if node.exprs.len() != node.names.len() || node.exprs.is_empty() {
                 return Err("its projection is damaged".to_string());
             }
             WireNode::RowIndexScan {
@@ -1020,11 +1022,11 @@ mod tests {
             },
             &mut buf,
         )?;
-        // version = 3 (field 1, varint); shuffle_root (field 4, length 8):
+        // version = 4 (field 1, varint); shuffle_root (field 4, length 8):
         // seed (1) = 1, epoch (2) = 2, batch_rows (3) = 3,
         // copies_by_column (6) = 4.
         let expected: &[u8] =
-            b"sqlfeed\x02\x08\x03\x22\x08\x08\x01\x10\x02\x18\x03\x30\x04";
+            b"sqlfeed\x02\x08\x04\x22\x08\x08\x01\x10\x02\x18\x03\x30\x04";
         assert_eq!(buf, expected);
         Ok(())
     }
@@ -1058,7 +1060,7 @@ mod tests {
         assert!(err.contains("invalid protobuf"), "{err}");
         assert!(message(b"sqlfeed").contains("empty"));
         // (Field 99, length 0.)
-        let err = message(b"sqlfeed\x02\x08\x03\x9a\x06\x00");
+        let err = message(b"sqlfeed\x02\x08\x04\x9a\x06\x00");
         assert!(err.contains("no node this version knows"), "{err}");
         // Required parts left out.
         let mut buf = b"sqlfeed\x02".to_vec();
@@ -1069,6 +1071,15 @@ mod tests {
         .encode(&mut buf)
         .expect("encodes");
         assert!(message(&buf).contains("key source is missing"));
+        // A row index scan without its projection (version 3's form).
+        let mut buf = b"sqlfeed\x02".to_vec();
+        Envelope {
+            version: WIRE_VERSION,
+            node: Some(Node::RowIndexScan(RowIndexScanNode::default())),
+        }
+        .encode(&mut buf)
+        .expect("encodes");
+        assert!(message(&buf).contains("its projection is damaged"));
         // Not ours: Ballista's codec gets it.
         assert_eq!(decode(b"\x0a\x02hi").expect("not ours"), None);
     }

@@ -170,8 +170,17 @@ impl EpochDataset {
         }
         let session = feed.session.clone();
         let sql = feed.sql.clone();
+        // An epoch continued over appended data is its rest, in its order.
+        let continued = feed.appended.clone().filter(|a| a.epoch == epoch);
         let (df, rows) = on_runtime(runtime, async move {
-            let df = session.sql(&sql).await?;
+            let (df, spec) = match (continued, spec) {
+                (Some(appended), Some(spec)) => {
+                    let (rest, spec) =
+                        appended.remaining_unshuffled(&session, &sql, spec).await?;
+                    (rest, Some(spec))
+                }
+                (_, spec) => (session.sql(&sql).await?, spec),
+            };
             let rows = df.logical_plan().clone();
             let shuffled = match spec {
                 Some(spec) => shuffle(df, spec)?,
