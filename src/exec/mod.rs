@@ -12,6 +12,7 @@
 //! - [`row_errors`]: a projection's failing rows marked instead of fatal
 //!   (a feed's quarantine).
 
+pub(crate) mod batches;
 pub(crate) mod display;
 pub(crate) mod lanes;
 pub(crate) mod panics;

@@ -31,7 +31,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::common::resources_datafusion_err;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -166,7 +165,7 @@ impl ShuffleBuffer {
 
     fn take(&self, rows: &[RowRef]) -> Result<RecordBatch> {
         let held: Vec<&RecordBatch> = self.held.iter().collect();
-        Ok(interleave_record_batch(&held, rows)?)
+        crate::exec::batches::interleave_rows(&held, rows)
     }
 
     /// Copies the still-referenced rows into one batch and drops the rest.

@@ -1133,3 +1133,34 @@ fn a_plain_cluster_query_reads_row_indexes_as_embedded() -> Result<()> {
     }
     Ok(())
 }
+
+/// A shuffle whose rows keep no column (`count(*)` over it) counts them:
+/// by position, filtered or not, under a roomy and a tight memory limit
+/// (rows of no columns take no memory, so both hold the epoch whole), and
+/// the other shuffles beside it. Gathering rows of no columns failed in Arrow ("must
+/// either specify a row count or at least one column") wherever the rows
+/// were taken or interleaved by position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shuffle_of_rows_without_columns_counts_them() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 4, 500, 64)?;
+    let held = session(2, 100)?;
+    let tight = limited_session(2, 100, 64 << 10)?;
+    for (filter, rows) in [("", 2000), ("WHERE v <> 3", 2000 - 286)] {
+        for shuffle in [
+            "SHUFFLE BY POSITION SEED 3",
+            "SHUFFLE SEED 3",
+            "SHUFFLE WINDOW 300 SEED 3",
+            "LOCAL SHUFFLE BUFFER 50 SEED 3",
+        ] {
+            let sql = format!(
+                "SELECT count(*) FROM (SELECT id FROM {table} {filter} {shuffle})"
+            );
+            for (memory, session) in [("256M", &held), ("64K", &tight)] {
+                let batches = collect(session, &sql).await?;
+                assert_eq!(ids(&batches), vec![rows], "{memory}: {sql}");
+            }
+        }
+    }
+    Ok(())
+}

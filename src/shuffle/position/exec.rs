@@ -7,7 +7,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch};
-use datafusion::arrow::compute::interleave_record_batch;
 use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
 use datafusion::common::DataFusionError;
 use datafusion::common::runtime::JoinSet;
@@ -764,7 +763,7 @@ impl Gather {
             .map(|position| self.rows.locate(self.permutation.at(position)))
             .collect();
         let batches: Vec<&RecordBatch> = self.batches.iter().collect();
-        let batch = interleave_record_batch(&batches, &indices)?;
+        let batch = crate::exec::batches::interleave_rows(&batches, &indices)?;
         Ok(batch.with_schema(Arc::clone(&self.schema))?)
     }
 

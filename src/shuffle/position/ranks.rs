@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions};
-use datafusion::arrow::compute::{concat_batches, sort_to_indices, take_record_batch};
+use datafusion::arrow::compute::{concat_batches, sort_to_indices};
 use datafusion::arrow::datatypes::Int64Type;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_datafusion_err, exec_err, internal_err, plan_err};
@@ -415,7 +415,7 @@ impl RankedRowGroups {
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| exec_datafusion_err!("the row column is not Int64"))?;
         let order = sort_to_indices(rows, None, None)?;
-        let sorted = take_record_batch(&all, &order)?;
+        let sorted = crate::exec::batches::take_rows(&all, &order)?;
         let sorted_rows = sorted.column(row_column).as_primitive::<Int64Type>();
         if let Some(pair) = sorted_rows.values().windows(2).find(|w| w[0] == w[1]) {
             return exec_err!(

@@ -70,9 +70,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{AsArray, RecordBatch, RecordBatchOptions, UInt32Array};
-use datafusion::arrow::compute::{
-    concat_batches, interleave_record_batch, take_record_batch,
-};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::runtime::{JoinSet, SpawnedTask};
 use datafusion::common::utils::memory::RecordBatchMemoryCounter;
@@ -560,7 +558,7 @@ impl Range {
             .iter()
             .map(|&(piece, row)| (piece as usize, row as usize))
             .collect();
-        let batch = interleave_record_batch(&refs, &at)?;
+        let batch = crate::exec::batches::interleave_rows(&refs, &at)?;
         Ok(batch.with_schema(Arc::clone(schema))?)
     }
 }
@@ -666,7 +664,10 @@ impl Reader {
                 &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
             )?;
             for (range, (rows, slots)) in by_range {
-                let taken = take_record_batch(&rows_only, &UInt32Array::from(rows))?;
+                let taken = crate::exec::batches::take_rows(
+                    &rows_only,
+                    &UInt32Array::from(rows),
+                )?;
                 let mut columns = taken.columns().to_vec();
                 columns.push(Arc::new(UInt32Array::from(slots)));
                 let piece = RecordBatch::try_new_with_options(
