@@ -1164,3 +1164,48 @@ async fn a_shuffle_of_rows_without_columns_counts_them() -> Result<()> {
     }
     Ok(())
 }
+
+/// A volatile filter (`random() < 0.5`) keeps other rows each read: held
+/// whole, its epoch is read once and works; spilled, which reads the
+/// input twice, it is refused naming the filter and a deterministic
+/// sample instead (it failed with "the file changed while the epoch was
+/// read"), and that sample spills in the same order it has held whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volatile_filter_is_refused_when_its_epoch_spills_naming_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // 200k rows of (id, v): 3.2 MB held.
+    let table = write_ids(dir.path(), 2, 100_000, 10_000)?;
+    let roomy = session(2, 4096)?;
+    let tight = limited_session(2, 4096, 1 << 20)?;
+    let volatile = format!(
+        "SELECT id, v FROM {table} WHERE random() < 0.5 SHUFFLE BY POSITION SEED 3"
+    );
+    let held = ids(&collect(&roomy, &volatile).await?);
+    let mut distinct = held.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(
+        (90_000..110_000).contains(&held.len()) && distinct.len() == held.len(),
+        "{} rows, {} distinct",
+        held.len(),
+        distinct.len()
+    );
+    let err = collect(&tight, &volatile).await.unwrap_err().to_string();
+    assert_contains(
+        &err,
+        &[
+            "random() < 0.5",
+            "volatile",
+            "reads the input twice",
+            "sqlfeed_row_key(42, id)",
+        ],
+    );
+    let sampled = format!(
+        "SELECT id, v FROM {table} WHERE sqlfeed_row_key(42, id) % 2 = 0 \
+         SHUFFLE BY POSITION SEED 3"
+    );
+    let (plan, spilled) = planned(&tight, &sampled).await?;
+    assert!(ranges_spilled(&plan) >= 2, "the sample spills");
+    assert_eq!(ids(&spilled), ids(&collect(&roomy, &sampled).await?));
+    Ok(())
+}

@@ -11,6 +11,7 @@ use datafusion::arrow::datatypes::{DataType, Int64Type, Schema, SchemaRef};
 use datafusion::common::DataFusionError;
 use datafusion::common::runtime::JoinSet;
 use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{
     internal_datafusion_err, internal_err, resources_datafusion_err,
 };
@@ -20,7 +21,10 @@ use datafusion::execution::context::SessionState;
 use datafusion::execution::memory_pool::MemoryLimit;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool, MemoryReservation};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::Volatility;
+use datafusion::physical_expr::ScalarFunctionExpr;
 use datafusion::physical_plan::execution_plan::{EmissionType, reset_plan_states};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, RecordOutput,
     SpillMetrics,
@@ -333,6 +337,20 @@ impl ExecutionPlan for PositionShuffleExec {
                                     does_not_fit(&held_then, &refused)
                                 )
                             })?;
+                            // Spilled, rows are read twice (placed, then
+                            // written by position): a filter that keeps
+                            // other rows each read would misplace them.
+                            if let Some(filter) = volatile_filter(&input)? {
+                                return Err(resources_datafusion_err!(
+                                    "{}; nor can it be spilled by position range: that \
+                                     reads the input twice, and the filter `{filter}` calls \
+                                     a volatile function, which keeps other rows each \
+                                     read; filter by what the rows hold instead (to sample \
+                                     half the rows: `sqlfeed_row_key(42, id) % 2 = 0` over \
+                                     a key column, not `random() < 0.5`)",
+                                    does_not_fit(&held_then, &refused)
+                                ));
+                            }
                             let groups = match &counting {
                                 Some(counting) => {
                                     let (state, rows) = counting.as_ref();
@@ -603,6 +621,32 @@ impl Overflow {
 }
 
 /// That the epoch does not fit, with what was held when it was found.
+/// The first filter under `input` whose predicate calls a volatile
+/// function (`random()`), as it reads.
+fn volatile_filter(input: &Arc<dyn ExecutionPlan>) -> Result<Option<String>> {
+    let mut found = None;
+    input.apply(|node| {
+        if let Some(filter) = node.downcast_ref::<FilterExec>() {
+            let mut volatile = false;
+            filter.predicate().apply(|e| {
+                if let Some(function) = e.downcast_ref::<ScalarFunctionExpr>()
+                    && function.fun().signature().volatility == Volatility::Volatile
+                {
+                    volatile = true;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })?;
+            if volatile {
+                found = Some(filter.predicate().to_string());
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(found)
+}
+
 fn does_not_fit(held: &Fitted, refused: &str) -> String {
     format!(
         "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit \
