@@ -471,6 +471,17 @@ def test_a_feed_by_position_runs_python_functions_on_the_cluster_as_embedded(clu
         }
         assert all(digests["cluster"]), f"no rows kept: {query}"
         assert digests["cluster"] == digests["embedded"], query
+    # A plain query's filter calling a Python function: its kept rows are
+    # counted by the client, which runs the function, and sent with the job.
+    query = (
+        f"SELECT id, doubled(f0) AS x FROM '{data}' WHERE doubled(f0) > 1.0 "
+        "SHUFFLE BY POSITION SEED 7"
+    )
+    tables = {
+        where: s.sql(query).to_arrow() for where, s in sessions(cluster, [prep.doubled]).items()
+    }
+    assert 0 < tables["cluster"].num_rows < 6000, tables["cluster"].num_rows
+    assert tables["cluster"].equals(tables["embedded"])
 
 
 def test_an_executor_of_another_version_than_its_binary_does_not_start(capsys, tmp_path):

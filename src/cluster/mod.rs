@@ -40,6 +40,7 @@
 
 mod balance;
 mod cli;
+mod client_counts;
 mod codec;
 mod declared;
 mod executor;
@@ -216,6 +217,9 @@ pub(crate) fn client_state(
         .with_config(config)
         .build()
         .upgrade_for_ballista(address.grpc_url())?;
+    // A shuffle by position's filtered rows counted here, where every
+    // function runs, rather than on the scheduler.
+    let state = client_counts::CountingClientPlanner::install(state);
     Ok((state, address))
 }
 

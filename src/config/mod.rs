@@ -7,4 +7,4 @@ mod deterministic;
 mod options;
 
 pub use deterministic::{PartitionOrder, deterministic_config};
-pub use options::SqlfeedOptions;
+pub use options::{SqlfeedOptions, SqlfeedSettings};

@@ -1,12 +1,17 @@
 //! [`SqlfeedOptions`]: sqlfeed's session settings, set like DataFusion's with
 //! `SET sqlfeed.<name> = <value>` (or `SessionConfig::options_mut()`).
 
+use std::any::Any;
+use std::ops::{Deref, DerefMut};
+
 use datafusion::common::extensions_options;
-use datafusion::config::ConfigExtension;
+use datafusion::config::{ConfigEntry, ConfigExtension, ExtensionOptions};
+use datafusion::error::Result;
 
 extensions_options! {
-    /// Session settings of sqlfeed's optimizer rules and operators.
-    pub struct SqlfeedOptions {
+    /// The fields of [`SqlfeedOptions`], which lists them under their full
+    /// names.
+    pub struct SqlfeedSettings {
         /// Run row-wise functions after a `SHUFFLE` instead of before it, so
         /// that the shuffle moves what they read, not what they produce (the
         /// order is the same either way; see `crate::shuffle::late`).
@@ -115,6 +120,59 @@ extensions_options! {
         /// behind runs a removed window's job again, with the same rows
         /// (`session::ReadJobs`).
         pub window_jobs_kept: usize, default = 1
+    }
+}
+
+/// Session settings of sqlfeed's optimizer rules and operators (the
+/// fields of [`SqlfeedSettings`]).
+///
+/// Its entries carry their prefix (`sqlfeed.late_materialization`), where
+/// `extensions_options!` lists them bare: a cluster client sends a job the
+/// entries of its settings as key-value pairs, and a scheduler cannot set
+/// a bare key, so `SET sqlfeed.…` never reached a plain query's job.
+#[derive(Debug, Clone, Default)]
+pub struct SqlfeedOptions(SqlfeedSettings);
+
+impl Deref for SqlfeedOptions {
+    type Target = SqlfeedSettings;
+
+    fn deref(&self) -> &SqlfeedSettings {
+        &self.0
+    }
+}
+
+impl DerefMut for SqlfeedOptions {
+    fn deref_mut(&mut self) -> &mut SqlfeedSettings {
+        &mut self.0
+    }
+}
+
+impl ExtensionOptions for SqlfeedOptions {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        self.0.set(key, value)
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        self.0
+            .entries()
+            .into_iter()
+            .map(|entry| ConfigEntry {
+                key: format!("{}.{}", Self::PREFIX, entry.key),
+                ..entry
+            })
+            .collect()
     }
 }
 

@@ -341,9 +341,11 @@ impl SessionBuilder {
         let mut config = SessionConfig::new()
             .with_information_schema(true)
             .with_target_partitions(partitions)
-            .with_option_extension(SqlfeedOptions {
-                executor_cache_dir: self.executor_cache_dir.clone().unwrap_or_default(),
-                ..SqlfeedOptions::default()
+            .with_option_extension({
+                let mut options = SqlfeedOptions::default();
+                options.executor_cache_dir =
+                    self.executor_cache_dir.clone().unwrap_or_default();
+                options
             })
             // Registered, so that a feed's epoch travels with a cluster job
             // to the scheduler (a MIX's draw) and executors (seeded

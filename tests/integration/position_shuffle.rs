@@ -1209,3 +1209,34 @@ async fn a_volatile_filter_is_refused_when_its_epoch_spills_naming_it() -> Resul
     assert_eq!(ids(&spilled), ids(&collect(&roomy, &sampled).await?));
     Ok(())
 }
+
+/// A plain cluster query's job carries the session's sqlfeed settings:
+/// `SET sqlfeed.…` reached the scheduler only for feeds (DataFusion lists an
+/// extension's settings without their prefix, which the scheduler cannot
+/// set). A damaged count set by hand is read there and named; unset, the
+/// filtered query gives the embedded order (its rows counted by the client).
+#[cfg(feature = "ballista")]
+#[test]
+fn a_plain_cluster_query_carries_the_sessions_sqlfeed_settings() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let table = write_ids(dir.path(), 3, 400, 64)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let sql = format!("SELECT id FROM {table} WHERE v <> 3 SHUFFLE BY POSITION SEED 9");
+    let kept: Vec<i64> = (0..1200).filter(|id| id % 7 != 3).collect();
+    let cluster = standalone_cluster(2)?;
+    let got = runtime.block_on(collect(&cluster, &sql))?;
+    assert_eq!(ids(&got), defined_order(&kept, 9, 0));
+    runtime.block_on(async {
+        cluster
+            .sql("SET sqlfeed.position_bucket_rows = 'not a count'")
+            .await?
+            .collect()
+            .await
+    })?;
+    let err = runtime
+        .block_on(collect(&cluster, &sql))
+        .unwrap_err()
+        .to_string();
+    assert_contains(&err, &["sqlfeed.position_bucket_rows", "leave it unset"]);
+    Ok(())
+}

@@ -80,41 +80,24 @@ mod request;
 use crate::exec::BatchStream;
 use request::{Fetched, JobRequest};
 
-/// The settings a job is submitted with: DataFusion's and Ballista's, and
-/// sqlfeed's under their prefixes (DataFusion lists an extension's entries
-/// without its prefix, and the scheduler ignores keys it cannot set, so
-/// `SET sqlfeed.…` did not reach it). The feed's epoch
-/// (`sqlfeed_udfs::augment`) lists its entries under their full names.
+/// The settings a job is submitted with: DataFusion's, Ballista's and
+/// sqlfeed's, each under its prefix (`SqlfeedOptions` and the feed's epoch,
+/// `sqlfeed_udfs::augment`, list theirs under their full names). An entry
+/// without a prefix is an extension's that lists its entries bare, which
+/// the scheduler could not set.
 fn settings(config: &datafusion::prelude::SessionConfig) -> Vec<KeyValuePair> {
-    use datafusion::config::{ConfigExtension, ExtensionOptions};
-    let pair = |key: String, value: Option<String>| {
-        value.map(|value| KeyValuePair {
-            key,
-            value: Some(value),
-        })
-    };
-    let mut settings: Vec<KeyValuePair> = config
+    config
         .options()
         .entries()
         .into_iter()
-        // Unprefixed keys are extensions' entries.
         .filter(|entry| entry.key.contains('.'))
-        .filter_map(|entry| pair(entry.key, entry.value))
-        .collect();
-    if let Some(options) = config
-        .options()
-        .extensions
-        .get::<crate::config::SqlfeedOptions>()
-    {
-        let prefix = crate::config::SqlfeedOptions::PREFIX;
-        settings.extend(
-            options
-                .entries()
-                .into_iter()
-                .filter_map(|entry| pair(format!("{prefix}.{}", entry.key), entry.value)),
-        );
-    }
-    settings
+        .filter_map(|entry| {
+            entry.value.map(|value| KeyValuePair {
+                key: entry.key,
+                value: Some(value),
+            })
+        })
+        .collect()
 }
 
 /// Whether `plan` is a global `SHUFFLE` under nothing but projections,
