@@ -20,22 +20,27 @@
 //! failed there. The client runs every function the query calls, so it
 //! counts instead, once per query, as a feed's rank does once per run.
 //!
-//! Only a query with exactly one positional shuffle is counted here (the
-//! setting carries one count); one with several, or a count already set
-//! (a feed's), goes to Ballista's planner as it is, and the scheduler
-//! counts.
+//! Only what the scheduler cannot count is counted here: a query with
+//! exactly one positional shuffle (the setting carries one count) over a
+//! filter that calls a Python function. Any other query, or one whose
+//! count is already set (a feed's), goes to Ballista's planner as it is,
+//! and the scheduler counts, so planning alone (`explain()`, a cache key)
+//! reads nothing here. A count larger than [`MAX_COUNT_BYTES`] (row groups
+//! of irregular sizes make buckets of few rows) would not fit a job's
+//! messages: refused, saying so.
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::context::{QueryPlanner, SessionState};
 use datafusion::execution::{SessionStateBuilder, TaskContext};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use datafusion_session::Session;
+use sqlfeed_udfs::user::FunctionOrigin;
 
 use crate::config::SqlfeedOptions;
 use crate::exec::BatchStream;
@@ -77,10 +82,13 @@ impl CountingClientPlanner {
         {
             return Ok(None);
         }
+        if matches!(logical, LogicalPlan::Explain(_)) {
+            return Ok(None);
+        }
         let Some(rows) = one_positional_input(logical)? else {
             return Ok(None);
         };
-        if !rows.exists(|node| Ok(matches!(node, LogicalPlan::Filter(_))))? {
+        if !filters_call_python(&rows)? {
             return Ok(None);
         }
         let mut here = SessionStateBuilder::new_from_existing(state.clone())
@@ -93,13 +101,28 @@ impl CountingClientPlanner {
         else {
             return Ok(None);
         };
+        let encoded = encode_bucket_rows(&buckets);
+        if encoded.len() > MAX_COUNT_BYTES {
+            return Err(DataFusionError::ResourcesExhausted(format!(
+                "SHUFFLE BY POSITION on a cluster places rows by the counts of what its \
+                 filter keeps, counted here since the filter calls a Python function; \
+                 they take {} bytes, more than the {MAX_COUNT_BYTES} a job carries (the \
+                 files' row groups have irregular sizes, so they are counted in buckets of \
+                 {} rows): rewrite the files with row groups of equal rows, filter without \
+                 the Python function, or use SHUFFLE",
+                encoded.len(),
+                buckets.0
+            )));
+        }
         let mut config = state.config().clone();
         if let Some(options) = config.options_mut().extensions.get_mut::<SqlfeedOptions>()
         {
-            options.position_bucket_rows = encode_bucket_rows(&buckets);
+            options.position_bucket_rows = encoded;
         }
+        // The session's id kept: the scheduler's session is the client's.
         Ok(Some(
             SessionStateBuilder::new_from_existing(state.clone())
+                .with_session_id(state.session_id().to_string())
                 .with_config(config)
                 .build(),
         ))
@@ -166,6 +189,36 @@ impl ExecutionPlan for CountedJobExec {
     fn execute(&self, partition: usize, _ctx: Arc<TaskContext>) -> Result<BatchStream> {
         self.input.execute(partition, Arc::clone(&self.task_ctx))
     }
+}
+
+/// The most bytes of counts a plain query's job carries (Ballista's
+/// messages are limited to 16 MiB, and the setting travels to every task).
+pub(crate) const MAX_COUNT_BYTES: usize = 1 << 20;
+
+/// Whether a filter in `rows` (or pushed into its scans) calls a Python
+/// function: on the scheduler such a function is only declared.
+fn filters_call_python(rows: &LogicalPlan) -> Result<bool> {
+    let calls_python = |expr: &Expr| {
+        expr.exists(|e| {
+            Ok(matches!(e, Expr::ScalarFunction(call)
+            if sqlfeed_udfs::user::as_user_function(&call.func).is_some_and(|user| {
+                matches!(user.origin(), FunctionOrigin::Python { .. })
+            })))
+        })
+    };
+    rows.exists(|node| {
+        Ok(match node {
+            LogicalPlan::Filter(filter) => calls_python(&filter.predicate)?,
+            LogicalPlan::TableScan(scan) => {
+                let mut any = false;
+                for filter in &scan.filters {
+                    any |= calls_python(filter)?;
+                }
+                any
+            }
+            _ => false,
+        })
+    })
 }
 
 /// The input of `logical`'s shuffle by position, if it has exactly one.

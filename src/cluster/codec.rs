@@ -53,10 +53,10 @@ use datafusion_proto::physical_plan::{
 use sqlfeed_udfs::user::{FunctionOrigin, as_user_function};
 
 use super::declared::{PythonDeclaration, declared_function};
-use super::row_index::RowIndexScanExec;
 use super::wire::WireNode;
 use crate::cache::CachedTable;
 use crate::cache::shared::{SharedEntryWriteExec, SharedEntryWriteNode};
+use crate::exec::row_index::RowIndexScanExec;
 use crate::shuffle::mix::pattern::Turns;
 use crate::shuffle::mix::{MixExec, MixNode, MixSource, MixWindowExec};
 use crate::shuffle::{

@@ -159,8 +159,8 @@ pub async fn run_scheduler(
 /// the rest, sized to their cores),
 /// and [`super::BalanceScanRows`] after the distribution rules, so that the
 /// stage-1 tasks of a shuffle read equal numbers of rows; last,
-/// [`super::row_index::CarryRowIndexes`], so that a shuffle by position's
-/// scans reach the executors with their row indexes.
+/// [`crate::exec::row_index::CarryRowIndexes`], so that scans reading row
+/// indexes reach the executors with them.
 fn scheduler_physical_rules()
 -> Vec<Arc<dyn datafusion::physical_optimizer::PhysicalOptimizerRule + Send + Sync>> {
     let mut rules = crate::sql::rules::physical_optimizer_rules(false);
@@ -170,6 +170,6 @@ fn scheduler_physical_rules()
         .map_or(rules.len(), |i| i + 1);
     rules.insert(at, Arc::new(super::BalanceScanRows));
     // Last: the scans it carries are final.
-    rules.push(Arc::new(super::row_index::CarryRowIndexes));
+    rules.push(Arc::new(crate::exec::row_index::CarryRowIndexes));
     rules
 }

@@ -18,6 +18,7 @@ pub(crate) mod lanes;
 pub(crate) mod panics;
 pub(crate) mod plan;
 pub(crate) mod row_errors;
+pub(crate) mod row_index;
 pub(crate) mod rule;
 pub(crate) mod sequence;
 

@@ -502,8 +502,7 @@ async fn plan_positioned_input(
     // On a scheduler the input went through its last rule too, which
     // carries scans reading row indexes for the wire: the outer plan cuts
     // and places this input's scan, and carries it at its own end.
-    #[cfg(feature = "ballista")]
-    let input = crate::cluster::uncarried_row_indexes(input)?;
+    let input = crate::exec::row_index::uncarried(input)?;
     Ok(input)
 }
 

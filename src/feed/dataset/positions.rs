@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
-use datafusion::arrow::compute::{concat_batches, interleave_record_batch};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_datafusion_err, internal_err, plan_err};
@@ -187,7 +187,7 @@ impl Positions {
             RecordBatch::new_empty(Arc::clone(&schema))
         } else {
             let batches: Vec<&RecordBatch> = read.iter().map(GroupRead::rows).collect();
-            let gathered = interleave_record_batch(&batches, &indices)?;
+            let gathered = crate::exec::batches::interleave_rows(&batches, &indices)?;
             // As the shuffle gives them: its schema, not its input's.
             RecordBatch::try_new_with_options(
                 schema,

@@ -620,9 +620,10 @@ impl Overflow {
     }
 }
 
-/// That the epoch does not fit, with what was held when it was found.
-/// The first filter under `input` whose predicate calls a volatile
-/// function (`random()`), as it reads.
+/// The first filter under `input` whose predicate calls one of
+/// DataFusion's volatile functions (`random()`), as it reads. A user's
+/// function declared volatile may be so only to stay out of caches; if it
+/// does keep other rows on the second read, the spilled ranges say so.
 fn volatile_filter(input: &Arc<dyn ExecutionPlan>) -> Result<Option<String>> {
     let mut found = None;
     input.apply(|node| {
@@ -631,6 +632,7 @@ fn volatile_filter(input: &Arc<dyn ExecutionPlan>) -> Result<Option<String>> {
             filter.predicate().apply(|e| {
                 if let Some(function) = e.downcast_ref::<ScalarFunctionExpr>()
                     && function.fun().signature().volatility == Volatility::Volatile
+                    && sqlfeed_udfs::user::as_user_function(function.fun()).is_none()
                 {
                     volatile = true;
                     return Ok(TreeNodeRecursion::Stop);
@@ -647,6 +649,7 @@ fn volatile_filter(input: &Arc<dyn ExecutionPlan>) -> Result<Option<String>> {
     Ok(found)
 }
 
+/// That the epoch does not fit, with what was held when it was found.
 fn does_not_fit(held: &Fitted, refused: &str) -> String {
     format!(
         "SHUFFLE BY POSITION holds the whole epoch in memory, and it does not fit \
