@@ -1214,7 +1214,9 @@ async fn a_volatile_filter_is_refused_when_its_epoch_spills_naming_it() -> Resul
 /// `SET sqlfeed.…` reached the scheduler only for feeds (DataFusion lists an
 /// extension's settings without their prefix, which the scheduler cannot
 /// set). A damaged count set by hand is read there and named; unset, the
-/// filtered query gives the embedded order (its rows counted by the client).
+/// filtered query gives the embedded order (its rows counted by the
+/// scheduler: the client counts only filters calling a Python function,
+/// see the Python cluster tests).
 #[cfg(feature = "ballista")]
 #[test]
 fn a_plain_cluster_query_carries_the_sessions_sqlfeed_settings() -> Result<()> {
