@@ -45,7 +45,7 @@ use sqlfeed_udfs::user::FunctionOrigin;
 use crate::config::SqlfeedOptions;
 use crate::exec::BatchStream;
 use crate::shuffle::{
-    ShuffleNode, ShuffleSpec, encode_bucket_rows, position_bucket_rows,
+    ShuffleNode, ShuffleSpec, encode_bucket_rows, position_bucket_rows, with_bucket_rows,
 };
 
 /// Ballista's client planner, after the client counted a shuffle by
@@ -114,16 +114,10 @@ impl CountingClientPlanner {
                 buckets.0
             )));
         }
-        let mut config = state.config().clone();
-        if let Some(options) = config.options_mut().extensions.get_mut::<SqlfeedOptions>()
-        {
-            options.position_bucket_rows = encoded;
-        }
         // The session's id kept: the scheduler's session is the client's.
         Ok(Some(
-            SessionStateBuilder::new_from_existing(state.clone())
+            with_bucket_rows(state, encoded)
                 .with_session_id(state.session_id().to_string())
-                .with_config(config)
                 .build(),
         ))
     }

@@ -405,6 +405,51 @@ impl SqlfeedPhysicalCodec {
             inner: BallistaPhysicalExtensionCodec::default(),
         }
     }
+
+    /// Each expression of `projection` as DataFusion's encoded
+    /// `PhysicalExprNode`, and each output name.
+    fn encode_projection(
+        &self,
+        projection: &[ProjectionExpr],
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<(Vec<Vec<u8>>, Vec<String>)> {
+        projection
+            .iter()
+            .map(|e| {
+                let bytes = proto_converter
+                    .physical_expr_to_proto(&e.expr, self)?
+                    .encode_to_vec();
+                Ok((bytes, e.alias.clone()))
+            })
+            .collect()
+    }
+
+    /// The projection [`Self::encode_projection`] wrote, over `input`'s
+    /// columns; an error names the column and `of` (the node it is in).
+    fn decode_projection(
+        &self,
+        (exprs, names): (&[Vec<u8>], Vec<String>),
+        input: &Arc<dyn ExecutionPlan>,
+        (ctx, proto_converter): (&TaskContext, &dyn PhysicalProtoConverterExtension),
+        of: &str,
+    ) -> Result<Vec<ProjectionExpr>> {
+        let decoding = PhysicalPlanDecodeContext::new(ctx, self);
+        let schema = input.schema();
+        exprs
+            .iter()
+            .zip(names)
+            .map(|(bytes, name)| {
+                let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(|e| {
+                    plan_datafusion_err!(
+                        "cannot decode the expression of column '{name}' of {of}: {e}"
+                    )
+                })?;
+                let expr =
+                    proto_converter.proto_to_physical_expr(&node, &schema, &decoding)?;
+                Ok(ProjectionExpr::new(expr, name))
+            })
+            .collect()
+    }
 }
 
 impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
@@ -446,23 +491,12 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 batch_bytes,
                 isolate_row_errors,
             } => {
-                let decoding = PhysicalPlanDecodeContext::new(ctx, self);
-                let schema = input.schema();
-                let exprs = exprs
-                    .iter()
-                    .zip(names)
-                    .map(|(bytes, name)| {
-                        let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(|e| {
-                            plan_datafusion_err!(
-                                "cannot decode the expression of column '{name}' of a \
-                                 ParallelProjectionExec: {e}"
-                            )
-                        })?;
-                        let expr =
-                            proto_converter.proto_to_physical_expr(&node, &schema, &decoding)?;
-                        Ok(ProjectionExpr::new(expr, name))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let exprs = self.decode_projection(
+                    (&exprs, names),
+                    &input,
+                    (ctx, proto_converter),
+                    "a ParallelProjectionExec",
+                )?;
                 let projection = ProjectionExec::try_new(exprs, input)?;
                 if isolate_row_errors {
                     Arc::new(ParallelProjectionExec::isolating_row_errors(
@@ -500,23 +534,12 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
             ),
             // The scan without its row index, restored (`row_index.rs`).
             WireNode::RowIndexScan { exprs, names } => {
-                let decoding = PhysicalPlanDecodeContext::new(ctx, self);
-                let schema = input.schema();
-                let projection = exprs
-                    .iter()
-                    .zip(names)
-                    .map(|(bytes, name)| {
-                        let node = PhysicalExprNode::decode(bytes.as_slice()).map_err(|e| {
-                            plan_datafusion_err!(
-                                "cannot decode the expression of column '{name}' of a \
-                                 Parquet scan reading row indexes: {e}"
-                            )
-                        })?;
-                        let expr =
-                            proto_converter.proto_to_physical_expr(&node, &schema, &decoding)?;
-                        Ok(ProjectionExpr::new(expr, name))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
+                let projection = self.decode_projection(
+                    (&exprs, names),
+                    &input,
+                    (ctx, proto_converter),
+                    "a Parquet scan reading row indexes",
+                )?;
                 RowIndexScanExec::restore(&input, &ProjectionExprs::new(projection))?
             }
             WireNode::PositionKey { keys } => {
@@ -585,16 +608,8 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
                 copies: root.copies(),
             }
         } else if let Some(scan) = plan.downcast_ref::<RowIndexScanExec>() {
-            let (exprs, names) = scan
-                .projection()
-                .iter()
-                .map(|e| {
-                    let bytes = proto_converter
-                        .physical_expr_to_proto(&e.expr, self)?
-                        .encode_to_vec();
-                    Ok((bytes, e.alias.clone()))
-                })
-                .collect::<Result<(Vec<_>, Vec<_>)>>()?;
+            let (exprs, names) =
+                self.encode_projection(scan.projection().as_ref(), proto_converter)?;
             WireNode::RowIndexScan { exprs, names }
         } else if let Some(keyed) = plan.downcast_ref::<PositionKeyExec>() {
             WireNode::PositionKey {
@@ -613,18 +628,11 @@ impl PhysicalExtensionCodec for SqlfeedPhysicalCodec {
         } else if plan.downcast_ref::<RankShardExec>().is_some() {
             WireNode::RankShard
         } else if let Some(parallel) = plan.downcast_ref::<ParallelProjectionExec>() {
-            let exprs = parallel
-                .exprs()
-                .iter()
-                .map(|e| {
-                    Ok(proto_converter
-                        .physical_expr_to_proto(&e.expr, self)?
-                        .encode_to_vec())
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let (exprs, names) =
+                self.encode_projection(parallel.exprs(), proto_converter)?;
             WireNode::ParallelProjection {
                 exprs,
-                names: parallel.exprs().iter().map(|e| e.alias.clone()).collect(),
+                names,
                 workers: parallel.workers(),
                 batch_bytes: parallel.batch_bytes(),
                 isolate_row_errors: parallel.isolates_row_errors(),

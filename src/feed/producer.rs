@@ -39,7 +39,8 @@ use crate::session::{
 };
 use crate::shuffle::{
     BucketRows, EpochSpan, ShuffleSpec, encode_bucket_rows, filters_may_change,
-    position_bucket_rows, shuffle, window_count, window_rows, with_only_window,
+    position_bucket_rows, shuffle, window_count, window_rows, with_bucket_rows,
+    with_only_window,
 };
 
 /// How often the look-ahead, waiting for the current epoch's first batch,
@@ -480,17 +481,7 @@ impl Producer {
             return Ok(df);
         };
         let (state, plan) = df.into_parts();
-        let mut config = state.config().clone();
-        if let Some(options) = config
-            .options_mut()
-            .extensions
-            .get_mut::<crate::config::SqlfeedOptions>()
-        {
-            options.position_bucket_rows = encode_bucket_rows(&buckets);
-        }
-        let state = SessionStateBuilder::new_from_existing(state)
-            .with_config(config)
-            .build();
+        let state = with_bucket_rows(&state, encode_bucket_rows(&buckets)).build();
         Ok(DataFrame::new(state, plan))
     }
 

@@ -147,7 +147,7 @@ pub use window_units::{WindowUnitFile, is_window_scan};
 pub use windowed::{
     BucketRows, WINDOWS_AHEAD, WindowedShuffleExec, count_rows_by_bucket,
     decode_bucket_rows, encode_bucket_rows, filters_may_change, position_bucket_rows,
-    why_not_windowable, window_count, window_rows, with_only_window,
+    why_not_windowable, window_count, window_rows, with_bucket_rows, with_only_window,
 };
 
 /// What a `SHUFFLE` clause asks for.

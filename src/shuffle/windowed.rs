@@ -564,6 +564,25 @@ pub async fn position_bucket_rows(
     Ok(Some((grain, buckets)))
 }
 
+/// A builder of `state` with `encoded` (of [`encode_bucket_rows`]) as its
+/// `sqlfeed.position_bucket_rows`: what a cluster job placing rows by
+/// position is planned with.
+pub fn with_bucket_rows(
+    state: &SessionState,
+    encoded: String,
+) -> datafusion::execution::SessionStateBuilder {
+    let mut config = state.config().clone();
+    if let Some(options) = config
+        .options_mut()
+        .extensions
+        .get_mut::<crate::config::SqlfeedOptions>()
+    {
+        options.position_bucket_rows = encoded;
+    }
+    datafusion::execution::SessionStateBuilder::new_from_existing(state.clone())
+        .with_config(config)
+}
+
 /// `buckets` as `sqlfeed.position_bucket_rows` carries them.
 pub fn encode_bucket_rows((grain, buckets): &BucketRows) -> String {
     let rows: Vec<(&str, u64, u64)> = buckets
